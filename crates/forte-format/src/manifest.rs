@@ -1,0 +1,342 @@
+//! The per-file manifest: what it holds, its canonical JSON form, and its signature.
+//!
+//! The signed bytes are a context string followed by the manifest's canonical JSON (RFC 8785
+//! style: object keys sorted, no white space, integers only) without its `signature` member.
+//! Verification re-derives those bytes from the parsed document, so a reader in any language
+//! with a JCS library can check a signature without our code.
+
+use base64::Engine;
+use ed25519_dalek::{Signature, Signer, VerifyingKey};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::keys::{edge_key_id, EdgeKey, TrustedEdges};
+use crate::object::ObjectId;
+
+/// The value of every v1 manifest's `format` member.
+pub const FORMAT: &str = "forte-object/1";
+
+/// Prefixed to the canonical JSON before signing, so an edge key's signature over a manifest
+/// can never be taken for a signature over anything else.
+const SIGNING_CONTEXT: &[u8] = b"forte-object/1 manifest\n";
+
+/// The only codec of format v1.
+pub const CODEC_ZSTD: &str = "zstd";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    File,
+    /// A directory, recorded so that empty directories survive the trip. It has no parts.
+    Dir,
+}
+
+/// One part: a slice of the file's raw bytes, compressed as one zstd frame and encrypted as one
+/// age file named `part-NNNNNN.zst.age`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PartEntry {
+    pub index: u32,
+    pub raw_offset: u64,
+    pub raw_length: u64,
+    pub raw_sha256: String,
+    pub ciphertext_length: u64,
+    pub ciphertext_sha256: String,
+    pub codec: String,
+    pub level: i32,
+}
+
+/// Everything the core needs to restore and verify one file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: String,
+    pub id: ObjectId,
+    /// The batch the file belongs to; empty for `forte pack`.
+    pub batch: String,
+    /// Relative path, `/`-separated, validated by [`validate_path`].
+    pub path: String,
+    pub kind: Kind,
+    pub size: u64,
+    /// Unix permission bits (`mode & 0o777`).
+    pub mode: u32,
+    /// Modification time: seconds since the Unix epoch and the nanoseconds within.
+    pub mtime_s: i64,
+    pub mtime_ns: u32,
+    /// SHA-256 of the whole file's raw bytes, lower-case hex.
+    pub sha256: String,
+    pub part_size: u64,
+    pub parts: Vec<PartEntry>,
+}
+
+/// Why a manifest was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("is not a JSON object: {0}")]
+    NotJson(String),
+    #[error("has format {0:?}; this forte reads {FORMAT:?} only")]
+    UnsupportedFormat(String),
+    #[error("has no valid signature member: {0}")]
+    Unsigned(String),
+    #[error("signature does not verify: the manifest was altered or signed by another key")]
+    BadSignature,
+    #[error("is signed by edge key {0}, which is not among the trusted edge keys (--trust)")]
+    UntrustedSigner(String),
+    #[error("is malformed: {0}")]
+    Invalid(String),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignatureMember {
+    alg: String,
+    key: String,
+    sig: String,
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// The canonical bytes of a JSON value: serde_json's map is ordered by key and its compact
+/// output has no white space, which together with integer-only numbers is RFC 8785.
+fn canonical(value: &Value) -> Vec<u8> {
+    serde_json::to_vec(value).expect("a JSON value always serialises")
+}
+
+fn signed_message(unsigned: &Value) -> Vec<u8> {
+    let mut message = SIGNING_CONTEXT.to_vec();
+    message.extend_from_slice(&canonical(unsigned));
+    message
+}
+
+impl Manifest {
+    /// The signed, canonical JSON document: this manifest plus a `signature` member.
+    pub fn sign(&self, key: &EdgeKey) -> Vec<u8> {
+        let mut value = serde_json::to_value(self).expect("a manifest always serialises");
+        let signature = key.0.sign(&signed_message(&value));
+        let member = SignatureMember {
+            alg: "ed25519".into(),
+            key: edge_key_id(&key.0.verifying_key()),
+            sig: b64().encode(signature.to_bytes()),
+        };
+        value.as_object_mut().expect("a manifest is an object").insert(
+            "signature".into(),
+            serde_json::to_value(member).expect("serialises"),
+        );
+        canonical(&value)
+    }
+
+    /// Parses a signed manifest, checks its signature against the trusted edge keys and
+    /// validates its structure. Nothing of an unverified manifest is ever returned.
+    pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
+        let mut value: Value =
+            serde_json::from_slice(document).map_err(|e| ManifestError::NotJson(e.to_string()))?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| ManifestError::NotJson("top level is not an object".into()))?;
+        match object.get("format") {
+            Some(Value::String(f)) if f == FORMAT => {}
+            Some(Value::String(f)) => return Err(ManifestError::UnsupportedFormat(f.clone())),
+            _ => return Err(ManifestError::Invalid("no format member".into())),
+        }
+        let member = object
+            .remove("signature")
+            .ok_or_else(|| ManifestError::Unsigned("missing".into()))?;
+        let member: SignatureMember =
+            serde_json::from_value(member).map_err(|e| ManifestError::Unsigned(e.to_string()))?;
+        if member.alg != "ed25519" {
+            return Err(ManifestError::Unsigned(format!("unknown alg {:?}", member.alg)));
+        }
+        let key = decode_fixed::<32>(&member.key)
+            .and_then(|k| VerifyingKey::from_bytes(&k).ok())
+            .ok_or_else(|| ManifestError::Unsigned("key is not an Ed25519 public key".into()))?;
+        let sig = decode_fixed::<64>(&member.sig)
+            .map(|s| Signature::from_bytes(&s))
+            .ok_or_else(|| ManifestError::Unsigned("sig is not 64 base64 bytes".into()))?;
+        key.verify_strict(&signed_message(&value), &sig)
+            .map_err(|_| ManifestError::BadSignature)?;
+        if !trusted.trusts(&key) {
+            return Err(ManifestError::UntrustedSigner(member.key));
+        }
+        let manifest: Manifest =
+            serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
+        manifest.validate().map_err(ManifestError::Invalid)?;
+        Ok(manifest)
+    }
+
+    /// Checks the invariants a reader relies on: a safe relative path, and parts that tile the
+    /// file exactly in order.
+    pub fn validate(&self) -> Result<(), String> {
+        validate_path(&self.path)?;
+        check_hex(&self.sha256, "sha256")?;
+        if self.mtime_ns >= 1_000_000_000 {
+            return Err(format!("mtime_ns {} is not below one second", self.mtime_ns));
+        }
+        if self.kind == Kind::Dir {
+            return if self.size == 0 && self.parts.is_empty() {
+                Ok(())
+            } else {
+                Err("a directory has size 0 and no parts".into())
+            };
+        }
+        if self.part_size == 0 {
+            return Err("part_size is 0".into());
+        }
+        let expected_parts = self.size.div_ceil(self.part_size);
+        if self.parts.len() as u64 != expected_parts {
+            return Err(format!(
+                "{} parts listed, but size {} in parts of {} needs {expected_parts}",
+                self.parts.len(),
+                self.size,
+                self.part_size
+            ));
+        }
+        let mut offset = 0u64;
+        for (i, part) in self.parts.iter().enumerate() {
+            let expected_len = self.part_size.min(self.size - offset);
+            if part.index as usize != i || part.raw_offset != offset || part.raw_length != expected_len
+            {
+                return Err(format!(
+                    "part {i} has index {}, offset {}, length {}; expected index {i}, offset {offset}, length {expected_len}",
+                    part.index, part.raw_offset, part.raw_length
+                ));
+            }
+            if part.codec != CODEC_ZSTD {
+                return Err(format!("part {i} has codec {:?}; v1 knows only zstd", part.codec));
+            }
+            check_hex(&part.raw_sha256, "raw_sha256")?;
+            check_hex(&part.ciphertext_sha256, "ciphertext_sha256")?;
+            offset += expected_len;
+        }
+        Ok(())
+    }
+}
+
+fn decode_fixed<const N: usize>(text: &str) -> Option<[u8; N]> {
+    b64().decode(text).ok()?.try_into().ok()
+}
+
+fn check_hex(s: &str, what: &str) -> Result<(), String> {
+    if s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        Ok(())
+    } else {
+        Err(format!("{what} {s:?} is not 64 lower-case hex digits"))
+    }
+}
+
+/// Accepts only relative, normalised, `/`-separated paths: no empty, `.` or `..` components, no
+/// leading `/`, no NUL, at most 4096 bytes with components of at most 255. Anything else could
+/// write outside the destination.
+pub fn validate_path(path: &str) -> Result<(), String> {
+    if path.is_empty() || path.len() > 4096 {
+        return Err(format!("path {path:?} is empty or longer than 4096 bytes"));
+    }
+    if path.starts_with('/') || path.contains('\0') {
+        return Err(format!("path {path:?} is absolute or contains NUL"));
+    }
+    for component in path.split('/') {
+        if component.is_empty() || component == "." || component == ".." || component.len() > 255 {
+            return Err(format!(
+                "path {path:?} has an empty, '.', '..' or over-long component"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::SigningKey;
+
+    fn key(seed: u8) -> EdgeKey {
+        EdgeKey(SigningKey::from_bytes(&[seed; 32]))
+    }
+
+    fn trusted(k: &EdgeKey) -> TrustedEdges {
+        TrustedEdges(vec![k.0.verifying_key()])
+    }
+
+    fn sample() -> Manifest {
+        let h = "ab".repeat(32);
+        Manifest {
+            format: FORMAT.into(),
+            id: ObjectId::random(),
+            batch: String::new(),
+            path: "dir/ünïcode file.bin".into(),
+            kind: Kind::File,
+            size: 10,
+            mode: 0o644,
+            mtime_s: 1_700_000_000,
+            mtime_ns: 5,
+            sha256: h.clone(),
+            part_size: 8,
+            parts: (0..2)
+                .map(|i| PartEntry {
+                    index: i,
+                    raw_offset: 8 * i as u64,
+                    raw_length: if i == 0 { 8 } else { 2 },
+                    raw_sha256: h.clone(),
+                    ciphertext_length: 100,
+                    ciphertext_sha256: h.clone(),
+                    codec: CODEC_ZSTD.into(),
+                    level: 3,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn signed_manifest_opens_and_is_canonical() {
+        let k = key(1);
+        let m = sample();
+        let doc = m.sign(&k);
+        assert_eq!(Manifest::open(&doc, &trusted(&k)).unwrap(), m);
+        let text = String::from_utf8(doc).unwrap();
+        assert!(text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/1\",\"id\":"), "{text}");
+        assert!(!text.contains(' ') || text.contains("ünïcode file"), "{text}");
+    }
+
+    #[test]
+    fn altered_or_foreign_manifests_are_refused() {
+        let k = key(1);
+        let doc = String::from_utf8(sample().sign(&k)).unwrap();
+        let altered = doc.replace("\"size\":10", "\"size\":11");
+        assert!(matches!(
+            Manifest::open(altered.as_bytes(), &trusted(&k)),
+            Err(ManifestError::BadSignature)
+        ));
+        let other = key(2);
+        let e = Manifest::open(sample().sign(&other).as_slice(), &trusted(&k)).unwrap_err();
+        assert!(matches!(e, ManifestError::UntrustedSigner(_)), "{e}");
+        let unsigned = serde_json::to_vec(&sample()).unwrap();
+        assert!(matches!(
+            Manifest::open(&unsigned, &trusted(&k)),
+            Err(ManifestError::Unsigned(_))
+        ));
+    }
+
+    #[test]
+    fn signed_but_malformed_manifests_are_refused() {
+        let k = key(1);
+        let mut m = sample();
+        m.path = "../etc/passwd".into();
+        let e = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap_err().to_string();
+        assert!(e.contains("..") && e.contains("malformed"), "{e}");
+        let mut m = sample();
+        m.parts.swap(0, 1);
+        let e = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap_err().to_string();
+        assert!(e.contains("part 0 has index 1"), "{e}");
+    }
+
+    #[test]
+    fn paths_escaping_the_destination_are_invalid() {
+        for bad in ["", "/etc/passwd", "a/../b", "a//b", "./a", "a/", "..", "a\0b"] {
+            assert!(validate_path(bad).is_err(), "{bad:?}");
+        }
+        for good in ["a", "a/b/c", "ünï/ cödé ", "..a/b..", ".hidden"] {
+            assert!(validate_path(good).is_ok(), "{good:?}");
+        }
+    }
+}

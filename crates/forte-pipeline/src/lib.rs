@@ -1,0 +1,384 @@
+//! Stages joined by bounded queues, with their depth and service rate observable while they run.
+//!
+//! A [`Pipeline`] is a set of named stages. Each stage owns a bounded input queue and a fixed
+//! number of worker threads that take items from it, do one job, and hand zero or more results
+//! to the next stage's queue. Bounded queues are the memory bound and the backpressure: a slow
+//! stage fills the queue in front of it and the stages upstream block.
+//!
+//! Stages that burn CPU (hashing, compression, encryption) take a token from a shared
+//! [`CpuBudget`] for the time they compute, so the whole pipeline never runs more CPU-bound
+//! workers at once than the budget allows, however many threads the stages own. I/O stages
+//! (reading files, writing or uploading) do not take tokens: they mostly wait.
+//!
+//! Every stage keeps counters ([`StageStats`]) that anyone holding the pipeline can read at any
+//! time through [`Pipeline::snapshot`]: queue depth, items and bytes in and out, and the time
+//! its workers were busy, which gives the stage's service rate. Progress bars, `--json`
+//! summaries, and later the scheduler and the KPI reports read these numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::Scope;
+use std::time::{Duration, Instant};
+
+pub use crossbeam_channel::{Receiver, Sender};
+
+/// How many bytes an item carries, for the stage counters.
+pub trait Weigh {
+    fn weight(&self) -> u64;
+}
+
+impl<T: Weigh, E> Weigh for Result<T, E> {
+    fn weight(&self) -> u64 {
+        self.as_ref().map_or(0, Weigh::weight)
+    }
+}
+
+/// A counting semaphore bounding how many CPU-bound workers compute at once.
+#[derive(Debug)]
+pub struct CpuBudget {
+    free: Mutex<usize>,
+    wake: Condvar,
+    total: usize,
+}
+
+impl CpuBudget {
+    pub fn new(tokens: usize) -> Arc<Self> {
+        let tokens = tokens.max(1);
+        Arc::new(Self {
+            free: Mutex::new(tokens),
+            wake: Condvar::new(),
+            total: tokens,
+        })
+    }
+
+    /// The number of tokens: the most CPU-bound workers that run at once.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    fn acquire(&self) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free == 0 {
+            free = self.wake.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= 1;
+    }
+
+    fn release(&self) {
+        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.wake.notify_one();
+    }
+}
+
+/// Counters of one stage, updated by its workers and readable at any time.
+pub struct StageStats {
+    name: &'static str,
+    workers: usize,
+    capacity: usize,
+    depth: Box<dyn Fn() -> usize + Send + Sync>,
+    items_in: AtomicU64,
+    items_out: AtomicU64,
+    bytes_in: AtomicU64,
+    bytes_out: AtomicU64,
+    busy_nanos: AtomicU64,
+}
+
+/// A point-in-time reading of one stage.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageSnapshot {
+    pub name: &'static str,
+    pub workers: usize,
+    /// Items waiting in the stage's input queue.
+    pub queue_depth: usize,
+    pub queue_capacity: usize,
+    pub items_in: u64,
+    pub items_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Summed over workers; time blocked on a full output queue is not counted.
+    pub busy_seconds: f64,
+    /// Input bytes per busy second of one worker: what the stage can do per worker.
+    pub service_rate_bytes_per_sec: f64,
+}
+
+impl StageStats {
+    pub fn snapshot(&self) -> StageSnapshot {
+        let bytes_in = self.bytes_in.load(Ordering::Relaxed);
+        let busy_seconds = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        StageSnapshot {
+            name: self.name,
+            workers: self.workers,
+            queue_depth: (self.depth)(),
+            queue_capacity: self.capacity,
+            items_in: self.items_in.load(Ordering::Relaxed),
+            items_out: self.items_out.load(Ordering::Relaxed),
+            bytes_in,
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            busy_seconds,
+            service_rate_bytes_per_sec: if busy_seconds > 0.0 {
+                bytes_in as f64 / busy_seconds
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for StageStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.snapshot().fmt(f)
+    }
+}
+
+/// How a stage's worker hands results on. Sending blocks while the next queue is full; the
+/// worker's CPU token is given back for that time so a blocked producer never starves the
+/// consumer it waits for.
+pub struct Emit<'a, O> {
+    tx: &'a Sender<O>,
+    stats: &'a StageStats,
+    budget: Option<&'a CpuBudget>,
+    blocked: Duration,
+}
+
+impl<O: Weigh> Emit<'_, O> {
+    /// Passes an item to the next stage. Returns `false` when the next stage has shut down,
+    /// after which the worker should stop producing.
+    pub fn send(&mut self, item: O) -> bool {
+        let weight = item.weight();
+        let item = match self.tx.try_send(item) {
+            Ok(()) => return self.sent(weight),
+            Err(crossbeam_channel::TrySendError::Disconnected(_)) => return false,
+            Err(crossbeam_channel::TrySendError::Full(item)) => item,
+        };
+        let start = Instant::now();
+        if let Some(budget) = self.budget {
+            budget.release();
+        }
+        let ok = self.tx.send(item).is_ok();
+        if let Some(budget) = self.budget {
+            budget.acquire();
+        }
+        self.blocked += start.elapsed();
+        ok && self.sent(weight)
+    }
+
+    fn sent(&self, weight: u64) -> bool {
+        self.stats.items_out.fetch_add(1, Ordering::Relaxed);
+        self.stats.bytes_out.fetch_add(weight, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Whether a stage's workers compute (and so take [`CpuBudget`] tokens) or mostly wait on I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    Cpu,
+    Io,
+}
+
+/// The registry of a running pipeline's stages.
+#[derive(Debug, Clone)]
+pub struct Pipeline {
+    budget: Arc<CpuBudget>,
+    stages: Arc<Mutex<Vec<Arc<StageStats>>>>,
+    started: Instant,
+}
+
+impl Pipeline {
+    pub fn new(budget: Arc<CpuBudget>) -> Self {
+        Self {
+            budget,
+            stages: Arc::default(),
+            started: Instant::now(),
+        }
+    }
+
+    pub fn budget(&self) -> &Arc<CpuBudget> {
+        &self.budget
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Readings of every stage, in the order they were added.
+    pub fn snapshot(&self) -> Vec<StageSnapshot> {
+        let stages = self.stages.lock().unwrap_or_else(|e| e.into_inner());
+        stages.iter().map(|s| s.snapshot()).collect()
+    }
+
+    fn register<I: Send + 'static>(
+        &self,
+        name: &'static str,
+        workers: usize,
+        input: &Receiver<I>,
+    ) -> Arc<StageStats> {
+        let probe = input.clone();
+        let stats = Arc::new(StageStats {
+            name,
+            workers,
+            capacity: input.capacity().unwrap_or(0),
+            depth: Box::new(move || probe.len()),
+            items_in: AtomicU64::new(0),
+            items_out: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
+            busy_nanos: AtomicU64::new(0),
+        });
+        self.stages
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(stats.clone());
+        stats
+    }
+
+    /// Starts `workers` threads that apply `job` to every item of `input`, emitting results to
+    /// `output`. The stage ends when `input` is closed and drained; its output closes when the
+    /// last worker ends.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stage<'scope, I, O, F>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        name: &'static str,
+        work: Work,
+        workers: usize,
+        input: Receiver<I>,
+        output: Sender<O>,
+        job: F,
+    ) where
+        I: Weigh + Send + 'static,
+        O: Weigh + Send + 'static,
+        F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
+    {
+        let workers = workers.max(1);
+        let stats = self.register(name, workers, &input);
+        let job = Arc::new(job);
+        for _ in 0..workers {
+            let (input, output, stats, job) =
+                (input.clone(), output.clone(), stats.clone(), job.clone());
+            let budget = (work == Work::Cpu).then(|| self.budget.clone());
+            std::thread::Builder::new()
+                .name(format!("forte-{name}"))
+                .spawn_scoped(scope, move || {
+                    for item in input.iter() {
+                        stats.items_in.fetch_add(1, Ordering::Relaxed);
+                        stats.bytes_in.fetch_add(item.weight(), Ordering::Relaxed);
+                        if let Some(b) = &budget {
+                            b.acquire();
+                        }
+                        let start = Instant::now();
+                        let mut emit = Emit {
+                            tx: &output,
+                            stats: &stats,
+                            budget: budget.as_deref(),
+                            blocked: Duration::ZERO,
+                        };
+                        job(item, &mut emit);
+                        let busy = start.elapsed().saturating_sub(emit.blocked);
+                        if let Some(b) = &budget {
+                            b.release();
+                        }
+                        stats
+                            .busy_nanos
+                            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
+                    }
+                })
+                .expect("spawning a pipeline worker thread");
+        }
+    }
+
+    /// Starts the last stage: `workers` threads that consume every item of `input`.
+    pub fn sink<'scope, I, F>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        name: &'static str,
+        workers: usize,
+        input: Receiver<I>,
+        job: F,
+    ) where
+        I: Weigh + Send + 'static,
+        F: Fn(I) + Send + Sync + 'scope,
+    {
+        let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
+        self.stage(scope, name, Work::Io, workers, input, never_tx, move |item, _| {
+            job(item)
+        });
+    }
+}
+
+/// The nothing a sink emits.
+struct Done;
+
+impl Weigh for Done {
+    fn weight(&self) -> u64 {
+        0
+    }
+}
+
+/// A bounded queue between two stages.
+pub fn queue<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    crossbeam_channel::bounded(capacity.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    impl Weigh for u64 {
+        fn weight(&self) -> u64 {
+            *self
+        }
+    }
+
+    #[test]
+    fn items_flow_through_stages_and_counters_add_up() {
+        let pipeline = Pipeline::new(CpuBudget::new(2));
+        let (src_tx, src_rx) = queue::<u64>(2);
+        let (mid_tx, mid_rx) = queue::<u64>(2);
+        let total = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            pipeline.stage(s, "double", Work::Cpu, 3, src_rx, mid_tx, |x, emit| {
+                emit.send(x);
+                emit.send(x);
+            });
+            pipeline.sink(s, "sum", 1, mid_rx, |x| {
+                total.fetch_add(x, Ordering::Relaxed);
+            });
+            for i in 1..=100 {
+                src_tx.send(i).unwrap();
+            }
+            drop(src_tx);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 2 * 5050);
+        let snap = pipeline.snapshot();
+        assert_eq!(snap[0].name, "double");
+        assert_eq!((snap[0].items_in, snap[0].items_out), (100, 200));
+        assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
+        assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
+        assert_eq!(snap[0].queue_capacity, 2);
+    }
+
+    #[test]
+    fn cpu_budget_bounds_concurrent_workers() {
+        let pipeline = Pipeline::new(CpuBudget::new(2));
+        let (tx, rx) = queue::<u64>(8);
+        let (out_tx, out_rx) = queue::<u64>(8);
+        let running = AtomicU64::new(0);
+        let peak = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            pipeline.stage(s, "work", Work::Cpu, 6, rx, out_tx, |x, emit| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+                running.fetch_sub(1, Ordering::SeqCst);
+                emit.send(x);
+            });
+            pipeline.sink(s, "drain", 1, out_rx, |_| {});
+            for i in 0..60 {
+                tx.send(i).unwrap();
+            }
+            drop(tx);
+        });
+        assert_eq!(peak.load(Ordering::SeqCst), 2);
+    }
+}
