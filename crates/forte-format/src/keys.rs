@@ -65,9 +65,15 @@ impl KeyPaths {
 /// Writes a fresh core key pair and edge key pair into `dir`. Secret files get mode 0600.
 /// Refuses to overwrite any existing key file, and writes nothing if one exists.
 pub fn generate(dir: &Path) -> Result<KeyPaths> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating key directory {}", dir.display()))?;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating key directory {}", dir.display()))?;
     let paths = KeyPaths::in_dir(dir);
-    for p in [&paths.core_key, &paths.core_pub, &paths.edge_key, &paths.edge_pub] {
+    for p in [
+        &paths.core_key,
+        &paths.core_pub,
+        &paths.edge_key,
+        &paths.edge_pub,
+    ] {
         if p.exists() {
             bail!(
                 "{} already exists; keygen never overwrites keys (move the old ones away or choose another --dir)",
@@ -92,7 +98,9 @@ pub fn generate(dir: &Path) -> Result<KeyPaths> {
         .as_bytes(),
     )?;
     write_new(&paths.core_pub, 0o644, format!("{core_pub}\n").as_bytes())?;
-    let edge_pem = edge.to_pkcs8_pem(line_ending).context("encoding the edge key")?;
+    let edge_pem = edge
+        .to_pkcs8_pem(line_ending)
+        .context("encoding the edge key")?;
     write_new(&paths.edge_key, 0o600, edge_pem.as_bytes())?;
     let edge_pub = edge
         .verifying_key()
@@ -115,7 +123,8 @@ fn write_new(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
 }
 
 fn read_text(path: &Path, what: &str) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {what} file {}", path.display()))
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read {what} file {}", path.display()))
 }
 
 /// Lines that carry a key: not blank, not a `#` comment.
@@ -141,7 +150,10 @@ impl Recipients {
             recipients.push(r);
         }
         if recipients.is_empty() {
-            bail!("{}: no age recipient found; expected a line starting with age1", path.display());
+            bail!(
+                "{}: no age recipient found; expected a line starting with age1",
+                path.display()
+            );
         }
         Ok(Self(recipients))
     }
@@ -162,7 +174,10 @@ impl Identities {
             identities.push(id);
         }
         if identities.is_empty() {
-            bail!("{}: no age identity found; expected a line starting with AGE-SECRET-KEY-1", path.display());
+            bail!(
+                "{}: no age identity found; expected a line starting with AGE-SECRET-KEY-1",
+                path.display()
+            );
         }
         Ok(Self(identities))
     }
@@ -203,7 +218,10 @@ impl TrustedEdges {
                 keys.push(key);
             }
             if keys.len() == before {
-                bail!("{}: no PEM public key found; use edge.pub from `forte keygen`", path.display());
+                bail!(
+                    "{}: no PEM public key found; use edge.pub from `forte keygen`",
+                    path.display()
+                );
             }
         }
         Ok(Self(keys))
@@ -246,7 +264,10 @@ mod tests {
         assert!(e.contains("bogus.pub:1") && e.contains("age1"), "{e}");
         let e = EdgeKey::load(&bogus).err().unwrap().to_string();
         assert!(e.contains("bogus.pub") && e.contains("PKCS#8"), "{e}");
-        let e = Identities::load(&dir.path().join("missing.key")).err().unwrap().to_string();
+        let e = Identities::load(&dir.path().join("missing.key"))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("missing.key"), "{e}");
     }
 }

@@ -120,10 +120,13 @@ impl Manifest {
             key: edge_key_id(&key.0.verifying_key()),
             sig: b64().encode(signature.to_bytes()),
         };
-        value.as_object_mut().expect("a manifest is an object").insert(
-            "signature".into(),
-            serde_json::to_value(member).expect("serialises"),
-        );
+        value
+            .as_object_mut()
+            .expect("a manifest is an object")
+            .insert(
+                "signature".into(),
+                serde_json::to_value(member).expect("serialises"),
+            );
         canonical(&value)
     }
 
@@ -146,7 +149,10 @@ impl Manifest {
         let member: SignatureMember =
             serde_json::from_value(member).map_err(|e| ManifestError::Unsigned(e.to_string()))?;
         if member.alg != "ed25519" {
-            return Err(ManifestError::Unsigned(format!("unknown alg {:?}", member.alg)));
+            return Err(ManifestError::Unsigned(format!(
+                "unknown alg {:?}",
+                member.alg
+            )));
         }
         let key = decode_fixed::<32>(&member.key)
             .and_then(|k| VerifyingKey::from_bytes(&k).ok())
@@ -171,7 +177,10 @@ impl Manifest {
         validate_path(&self.path)?;
         check_hex(&self.sha256, "sha256")?;
         if self.mtime_ns >= 1_000_000_000 {
-            return Err(format!("mtime_ns {} is not below one second", self.mtime_ns));
+            return Err(format!(
+                "mtime_ns {} is not below one second",
+                self.mtime_ns
+            ));
         }
         if self.kind == Kind::Dir {
             return if self.size == 0 && self.parts.is_empty() {
@@ -195,7 +204,9 @@ impl Manifest {
         let mut offset = 0u64;
         for (i, part) in self.parts.iter().enumerate() {
             let expected_len = self.part_size.min(self.size - offset);
-            if part.index as usize != i || part.raw_offset != offset || part.raw_length != expected_len
+            if part.index as usize != i
+                || part.raw_offset != offset
+                || part.raw_length != expected_len
             {
                 return Err(format!(
                     "part {i} has index {}, offset {}, length {}; expected index {i}, offset {offset}, length {expected_len}",
@@ -203,7 +214,10 @@ impl Manifest {
                 ));
             }
             if part.codec != CODEC_ZSTD {
-                return Err(format!("part {i} has codec {:?}; v1 knows only zstd", part.codec));
+                return Err(format!(
+                    "part {i} has codec {:?}; v1 knows only zstd",
+                    part.codec
+                ));
             }
             check_hex(&part.raw_sha256, "raw_sha256")?;
             check_hex(&part.ciphertext_sha256, "ciphertext_sha256")?;
@@ -294,8 +308,14 @@ mod tests {
         let doc = m.sign(&k);
         assert_eq!(Manifest::open(&doc, &trusted(&k)).unwrap(), m);
         let text = String::from_utf8(doc).unwrap();
-        assert!(text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/1\",\"id\":"), "{text}");
-        assert!(!text.contains(' ') || text.contains("ünïcode file"), "{text}");
+        assert!(
+            text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/1\",\"id\":"),
+            "{text}"
+        );
+        assert!(
+            !text.contains(' ') || text.contains("ünïcode file"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -322,17 +342,30 @@ mod tests {
         let k = key(1);
         let mut m = sample();
         m.path = "../etc/passwd".into();
-        let e = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap_err().to_string();
+        let e = Manifest::open(&m.sign(&k), &trusted(&k))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("..") && e.contains("malformed"), "{e}");
         let mut m = sample();
         m.parts.swap(0, 1);
-        let e = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap_err().to_string();
+        let e = Manifest::open(&m.sign(&k), &trusted(&k))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("part 0 has index 1"), "{e}");
     }
 
     #[test]
     fn paths_escaping_the_destination_are_invalid() {
-        for bad in ["", "/etc/passwd", "a/../b", "a//b", "./a", "a/", "..", "a\0b"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a/",
+            "..",
+            "a\0b",
+        ] {
             assert!(validate_path(bad).is_err(), "{bad:?}");
         }
         for good in ["a", "a/b/c", "ünï/ cödé ", "..a/b..", ".hidden"] {

@@ -37,7 +37,9 @@ impl FromStr for ObjectId {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut bytes = [0u8; 16];
         if s.len() != 32 || s.bytes().any(|b| b.is_ascii_uppercase()) {
-            return Err(format!("{s:?} is not an object id (32 lower-case hex digits)"));
+            return Err(format!(
+                "{s:?} is not an object id (32 lower-case hex digits)"
+            ));
         }
         hex::decode_to_slice(s, &mut bytes)
             .map_err(|_| format!("{s:?} is not an object id (32 lower-case hex digits)"))?;
@@ -66,7 +68,13 @@ mod tests {
     fn ids_round_trip_and_reject_other_names() {
         let id = ObjectId::random();
         assert_eq!(id.to_string().parse::<ObjectId>().unwrap(), id);
-        for bad in ["", "..", "ABCDEF0123456789abcdef0123456789", "0123", "g123456789abcdef0123456789abcdef"] {
+        for bad in [
+            "",
+            "..",
+            "ABCDEF0123456789abcdef0123456789",
+            "0123",
+            "g123456789abcdef0123456789abcdef",
+        ] {
             assert!(bad.parse::<ObjectId>().is_err(), "{bad}");
         }
         assert_eq!(part_file_name(7), "part-000007.zst.age");

@@ -27,6 +27,12 @@ pub trait Weigh {
     fn weight(&self) -> u64;
 }
 
+impl<T: Weigh> Weigh for Arc<T> {
+    fn weight(&self) -> u64 {
+        T::weight(self)
+    }
+}
+
 impl<T: Weigh, E> Weigh for Result<T, E> {
     fn weight(&self) -> u64 {
         self.as_ref().map_or(0, Weigh::weight)
@@ -300,9 +306,15 @@ impl Pipeline {
         F: Fn(I) + Send + Sync + 'scope,
     {
         let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
-        self.stage(scope, name, Work::Io, workers, input, never_tx, move |item, _| {
-            job(item)
-        });
+        self.stage(
+            scope,
+            name,
+            Work::Io,
+            workers,
+            input,
+            never_tx,
+            move |item, _| job(item),
+        );
     }
 }
 

@@ -1,1 +1,531 @@
+//! The core's restore path: verify, decrypt, decompress, verify again, then deliver atomically.
+//!
+//! ```text
+//! read ─▶ verify_ciphertext ─▶ decrypt ─▶ decompress ─▶ assemble (in order, whole-file hash)
+//! ```
+//!
+//! Every byte is checked three times before anything becomes visible: the ciphertext SHA-256
+//! against the signed manifest before decryption, the AEAD during decryption, and the raw
+//! SHA-256 of each part and of the whole file after decompression. Files are assembled in a
+//! staging directory inside the destination (same file system, so the final rename is atomic)
+//! and only moved into place when *every* object verified; any failure removes the staging
+//! directory and leaves the destination as it was.
 
+mod objects;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+use forte_format::seal::{decrypt, sha256_hex};
+use forte_format::{part_file_name, Identities, Kind, Manifest, TrustedEdges};
+use forte_pipeline::{queue, CpuBudget, Emit, Pipeline, Weigh, Work};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+pub use objects::{open_objects, Object};
+
+/// Knobs of the restore path.
+#[derive(Debug, Clone)]
+pub struct RestoreConfig {
+    pub cpu: usize,
+    /// Parts between being read and being written; bounds memory as in the prepare path.
+    pub parts_in_flight: usize,
+    /// Replace files that already exist at the destination.
+    pub overwrite: bool,
+}
+
+impl RestoreConfig {
+    pub fn for_this_machine() -> Self {
+        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            cpu,
+            parts_in_flight: cpu + 4,
+            overwrite: false,
+        }
+    }
+}
+
+/// Running totals, readable while the restore works.
+#[derive(Debug, Default, Serialize)]
+pub struct Totals {
+    pub files_done: AtomicU64,
+    pub raw_bytes: AtomicU64,
+    pub sealed_bytes: AtomicU64,
+}
+
+/// What a successful restore delivered.
+#[derive(Debug, Serialize)]
+pub struct Delivered {
+    pub files: usize,
+    pub directories: usize,
+    pub bytes: u64,
+}
+
+/// One restore run.
+pub struct Restore<'k> {
+    config: RestoreConfig,
+    identities: &'k Identities,
+    trusted: &'k TrustedEdges,
+    pub pipeline: Pipeline,
+    pub totals: Arc<Totals>,
+}
+
+/// Assembly state of one file in the staging directory.
+struct Assembly {
+    file: Option<File>,
+    next: u32,
+    /// Parts that arrived before their predecessors, with their in-flight slots.
+    pending: BTreeMap<u32, (Vec<u8>, Permit)>,
+    whole: Sha256,
+}
+
+struct Job {
+    object: Object,
+    staged: PathBuf,
+    assembly: Mutex<Assembly>,
+}
+
+impl Weigh for Job {
+    fn weight(&self) -> u64 {
+        self.object.manifest.size
+    }
+}
+
+struct Permit(Sender<()>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+struct Piece {
+    job: Arc<Job>,
+    index: u32,
+    /// Sealed bytes, then compressed, then raw.
+    data: Vec<u8>,
+    permit: Permit,
+}
+
+impl Weigh for Piece {
+    fn weight(&self) -> u64 {
+        self.data.len() as u64
+    }
+}
+
+impl Piece {
+    fn context(&self) -> String {
+        let m = &self.job.object.manifest;
+        format!("{} (object {}), part {}", m.path, m.id, self.index)
+    }
+}
+
+impl<'k> Restore<'k> {
+    pub fn new(
+        config: RestoreConfig,
+        identities: &'k Identities,
+        trusted: &'k TrustedEdges,
+    ) -> Self {
+        let pipeline = Pipeline::new(CpuBudget::new(config.cpu));
+        Self {
+            config,
+            identities,
+            trusted,
+            pipeline,
+            totals: Arc::default(),
+        }
+    }
+
+    /// Restores every object under `objects` into `dest`, all or nothing. On failure the
+    /// error lists every problem found, each naming the file, object and part.
+    pub fn run(&self, objects: &Path, dest: &Path) -> Result<Delivered> {
+        let opened = open_objects(objects, self.identities, self.trusted)?;
+        check_destination(&opened, dest, self.config.overwrite)?;
+        std::fs::create_dir_all(dest)
+            .with_context(|| format!("cannot create destination {}", dest.display()))?;
+        let staging = tempdir_in(dest)?;
+        let result = self
+            .stage_all(opened, &staging)
+            .and_then(|jobs| commit(&jobs, &staging, dest));
+        let _ = std::fs::remove_dir_all(&staging);
+        result
+    }
+
+    fn stage_all(&self, objects: Vec<Object>, staging: &Path) -> Result<Vec<Arc<Job>>> {
+        let jobs: Vec<Arc<Job>> = objects
+            .into_iter()
+            .map(|object| {
+                Arc::new(Job {
+                    staged: staging.join(object.manifest.id.to_string()),
+                    object,
+                    assembly: Mutex::new(Assembly {
+                        file: None,
+                        next: 0,
+                        pending: BTreeMap::new(),
+                        whole: Sha256::new(),
+                    }),
+                })
+            })
+            .collect();
+        let errors: Mutex<Vec<String>> = Mutex::default();
+        let stop = OnceLock::<()>::new();
+        let fail = |error: String| {
+            let _ = stop.set(());
+            errors.lock().unwrap_or_else(|e| e.into_inner()).push(error);
+        };
+
+        let in_flight = self.config.parts_in_flight.max(1);
+        let (permit_tx, permit_rx) = crossbeam_channel::bounded(in_flight);
+        for _ in 0..in_flight {
+            permit_tx.send(()).expect("sized for this");
+        }
+        let cpu = self.config.cpu.max(1);
+        let (jobs_tx, jobs_rx) = queue::<Arc<Job>>(64);
+        let (read_tx, read_rx) = queue::<Piece>(2);
+        let (verified_tx, verified_rx) = queue::<Piece>(cpu);
+        let (decrypted_tx, decrypted_rx) = queue::<Piece>(cpu);
+        let (raw_tx, raw_rx) = queue::<Piece>(cpu);
+        let p = &self.pipeline;
+        std::thread::scope(|s| {
+            p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
+                if stop.get().is_none() {
+                    if let Err(e) = read_parts(&job, &permit_rx, &permit_tx, &stop, emit) {
+                        fail(e);
+                    }
+                }
+            });
+            p.stage(
+                s,
+                "verify_ciphertext",
+                Work::Cpu,
+                cpu,
+                read_rx,
+                verified_tx,
+                |piece, emit| match verify_ciphertext(&piece) {
+                    Ok(()) => {
+                        emit.send(piece);
+                    }
+                    Err(e) => fail(format!("{}: {e}", piece.context())),
+                },
+            );
+            p.stage(
+                s,
+                "decrypt",
+                Work::Cpu,
+                cpu,
+                verified_rx,
+                decrypted_tx,
+                |mut piece, emit| {
+                    let entry = &piece.job.object.manifest.parts[piece.index as usize];
+                    let bound = entry.raw_length + entry.raw_length / 64 + (1 << 20);
+                    match decrypt(&self.identities.0, &piece.data, bound) {
+                        Ok(compressed) => {
+                            self.totals
+                                .sealed_bytes
+                                .fetch_add(piece.data.len() as u64, Ordering::Relaxed);
+                            piece.data = compressed;
+                            emit.send(piece);
+                        }
+                        Err(e) => fail(format!("{}: cannot decrypt: {e}", piece.context())),
+                    }
+                },
+            );
+            p.stage(
+                s,
+                "decompress",
+                Work::Cpu,
+                cpu,
+                decrypted_rx,
+                raw_tx,
+                |mut piece, emit| match decompress_and_verify(&piece) {
+                    Ok(raw) => {
+                        piece.data = raw;
+                        emit.send(piece);
+                    }
+                    Err(e) => fail(format!("{}: {e}", piece.context())),
+                },
+            );
+            p.sink(s, "assemble", 2, raw_rx, |piece| {
+                let context = piece.context();
+                if let Err(e) = self.assemble(piece) {
+                    fail(format!("{context}: {e:#}"));
+                }
+            });
+            for job in &jobs {
+                if stop.get().is_some() || jobs_tx.send(job.clone()).is_err() {
+                    break;
+                }
+            }
+            drop(jobs_tx);
+        });
+
+        let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+        if !errors.is_empty() {
+            bail!(
+                "nothing was restored to the destination; {} problem(s):\n  {}",
+                errors.len(),
+                errors.join("\n  ")
+            );
+        }
+        Ok(jobs)
+    }
+
+    /// Writes parts to the staged file in order, hashing the whole file as it goes; parts that
+    /// come early wait in memory (bounded by the in-flight slots they hold).
+    fn assemble(&self, piece: Piece) -> Result<()> {
+        let job = piece.job.clone();
+        let manifest = &job.object.manifest;
+        let mut asm = job.assembly.lock().unwrap_or_else(|e| e.into_inner());
+        asm.pending.insert(piece.index, (piece.data, piece.permit));
+        while let Some((data, _permit)) = {
+            let next = asm.next;
+            asm.pending.remove(&next)
+        } {
+            if asm.file.is_none() {
+                asm.file = Some(create_staged(&job.staged)?);
+            }
+            asm.whole.update(&data);
+            asm.file
+                .as_mut()
+                .expect("created above")
+                .write_all(&data)
+                .with_context(|| format!("cannot write {}", job.staged.display()))?;
+            asm.next += 1;
+            self.totals
+                .raw_bytes
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+        }
+        if asm.next as usize == manifest.parts.len() {
+            let found = hex::encode(std::mem::take(&mut asm.whole).finalize());
+            if found != manifest.sha256 {
+                bail!(
+                    "whole-file SHA-256 mismatch: manifest says {}, restored bytes hash to {found}",
+                    manifest.sha256
+                );
+            }
+            asm.file = None;
+            self.totals.files_done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+fn create_staged(path: &Path) -> Result<File> {
+    File::create(path).with_context(|| format!("cannot create staging file {}", path.display()))
+}
+
+/// The `read` stage: reads every sealed part of an object in order.
+fn read_parts(
+    job: &Arc<Job>,
+    permits: &Receiver<()>,
+    permit_home: &Sender<()>,
+    stop: &OnceLock<()>,
+    emit: &mut Emit<'_, Piece>,
+) -> Result<(), String> {
+    let manifest = &job.object.manifest;
+    for entry in &manifest.parts {
+        if permits.recv().is_err() || stop.get().is_some() {
+            return Ok(());
+        }
+        let permit = Permit(permit_home.clone());
+        let path = job.object.dir.join(part_file_name(entry.index));
+        let context = || {
+            format!(
+                "{} (object {}), part {}",
+                manifest.path, manifest.id, entry.index
+            )
+        };
+        let mut data = Vec::with_capacity(entry.ciphertext_length as usize);
+        File::open(&path)
+            .and_then(|f| f.take(entry.ciphertext_length + 1).read_to_end(&mut data))
+            .map_err(|e| format!("{}: cannot read {}: {e}", context(), path.display()))?;
+        if data.len() as u64 != entry.ciphertext_length {
+            let how = if (data.len() as u64) < entry.ciphertext_length {
+                "truncated"
+            } else {
+                "too long"
+            };
+            return Err(format!(
+                "{}: {} is {how}: manifest says {} bytes",
+                context(),
+                path.display(),
+                entry.ciphertext_length
+            ));
+        }
+        if !emit.send(Piece {
+            job: job.clone(),
+            index: entry.index,
+            data,
+            permit,
+        }) {
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+fn verify_ciphertext(piece: &Piece) -> Result<(), String> {
+    let expected = &piece.job.object.manifest.parts[piece.index as usize].ciphertext_sha256;
+    let found = sha256_hex(&piece.data);
+    if &found != expected {
+        return Err(format!(
+            "ciphertext SHA-256 mismatch (manifest {expected}, file {found}): the part was altered, replaced or swapped"
+        ));
+    }
+    Ok(())
+}
+
+fn decompress_and_verify(piece: &Piece) -> Result<Vec<u8>, String> {
+    let entry = &piece.job.object.manifest.parts[piece.index as usize];
+    let raw = zstd::bulk::decompress(&piece.data, entry.raw_length as usize)
+        .map_err(|e| format!("not a valid zstd frame of {} bytes: {e}", entry.raw_length))?;
+    if raw.len() as u64 != entry.raw_length {
+        return Err(format!(
+            "decompresses to {} bytes, manifest says {}",
+            raw.len(),
+            entry.raw_length
+        ));
+    }
+    let found = sha256_hex(&raw);
+    if found != entry.raw_sha256 {
+        return Err(format!(
+            "raw SHA-256 mismatch (manifest {}, restored {found})",
+            entry.raw_sha256
+        ));
+    }
+    Ok(raw)
+}
+
+/// Refuses before any work if two objects claim one path or a target exists (unless
+/// `overwrite`), so a long restore cannot fail at its very end for a reason known at the start.
+fn check_destination(objects: &[Object], dest: &Path, overwrite: bool) -> Result<()> {
+    let mut seen: BTreeMap<&str, &Object> = BTreeMap::new();
+    for object in objects {
+        let m = &object.manifest;
+        if let Some(other) = seen.insert(&m.path, object) {
+            bail!(
+                "objects {} and {} both restore to {}; refusing to choose",
+                other.manifest.id,
+                m.id,
+                m.path
+            );
+        }
+    }
+    for (path, object) in &seen {
+        let target = dest.join(path);
+        let is_dir = object.manifest.kind == Kind::Dir;
+        match std::fs::symlink_metadata(&target) {
+            Ok(meta) if is_dir && meta.is_dir() => {}
+            Ok(meta) if overwrite && meta.is_file() && !is_dir => {}
+            Ok(_) => bail!(
+                "{} already exists; nothing was restored (pass --overwrite to replace files)",
+                target.display()
+            ),
+            Err(_) => {}
+        }
+        // A file cannot also be the parent directory of another restored path.
+        let prefix = format!("{path}/");
+        if !is_dir {
+            if let Some((child, _)) = seen.range(prefix.as_str()..).next() {
+                if child.starts_with(&prefix) {
+                    bail!("{path} is a file in one object and a directory of {child} in another");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A fresh staging directory inside the destination.
+fn tempdir_in(dest: &Path) -> Result<PathBuf> {
+    for attempt in 0..100u32 {
+        let path = dest.join(format!(".forte-staging-{}-{attempt}", std::process::id()));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot create staging directory in {}", dest.display())
+                })
+            }
+        }
+    }
+    bail!(
+        "cannot find a free staging directory name in {}",
+        dest.display()
+    )
+}
+
+fn syncfs(path: &Path) -> Result<()> {
+    let dir = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // SAFETY: `dir` is an open descriptor for the duration of the call.
+    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("cannot flush {} to disk", path.display()));
+    }
+    Ok(())
+}
+
+fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode & 0o777))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    let mtime = filetime::FileTime::from_unix_time(m.mtime_s, m.mtime_ns);
+    filetime::set_symlink_file_times(path, mtime, mtime)
+        .with_context(|| format!("cannot set the modification time of {}", path.display()))
+}
+
+/// Moves every verified file from staging into place. The staged data is flushed to disk first,
+/// so a crash during the renames leaves whole files, never torn ones.
+fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
+    let mut delivered = Delivered {
+        files: 0,
+        directories: 0,
+        bytes: 0,
+    };
+    for job in jobs {
+        let m = &job.object.manifest;
+        if m.kind == Kind::File {
+            if m.parts.is_empty() {
+                create_staged(&job.staged)?;
+            }
+            set_times_and_mode(&job.staged, m)?;
+        }
+    }
+    syncfs(staging)?;
+    for job in jobs {
+        let m = &job.object.manifest;
+        let target = dest.join(&m.path);
+        let parent = target.parent().unwrap_or(dest);
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create directory {}", parent.display()))?;
+        match m.kind {
+            Kind::File => {
+                std::fs::rename(&job.staged, &target).with_context(|| {
+                    format!(
+                        "cannot move {} into place at {}",
+                        job.staged.display(),
+                        target.display()
+                    )
+                })?;
+                delivered.files += 1;
+                delivered.bytes += m.size;
+            }
+            Kind::Dir => {
+                std::fs::create_dir_all(&target)
+                    .with_context(|| format!("cannot create directory {}", target.display()))?;
+                set_times_and_mode(&target, m)?;
+                delivered.directories += 1;
+            }
+        }
+    }
+    syncfs(dest)?;
+    Ok(delivered)
+}

@@ -1,1 +1,51 @@
-fn main() {}
+//! `forte`: one binary for the whole path, edge → relay → core. See ARCHITECTURE.md.
+
+mod commands;
+mod config;
+mod progress;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "forte", version, about, long_about = None)]
+struct Cli {
+    /// Configuration file (TOML); flags override its values.
+    #[arg(long, global = true, env = "FORTE_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the core's age key pair and the edge's Ed25519 signing key pair.
+    Keygen(commands::keygen::Args),
+    /// Prepare a file or directory tree into encrypted, signed objects in one pass.
+    Pack(commands::pack::Args),
+    /// Verify, decrypt and restore packed objects; all or nothing.
+    Unpack(commands::unpack::Args),
+    /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
+    Demo(commands::demo::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = config::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
+        Command::Keygen(args) => commands::keygen::run(args),
+        Command::Pack(args) => commands::pack::run(args, &config),
+        Command::Unpack(args) => commands::unpack::run(args, &config),
+        Command::Demo(args) => commands::demo::run(args),
+    });
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,648 @@
+//! The prepare pipeline's stages and the bookkeeping that turns parts back into whole files.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crossbeam_channel::{Receiver, Sender};
+use forte_format::manifest::CODEC_ZSTD;
+use forte_format::seal::encrypt;
+use forte_format::{EdgeKey, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
+use forte_pipeline::{queue, CpuBudget, Emit, Pipeline, Weigh, Work};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::sink::Sink;
+use crate::source::SourceFile;
+
+/// Knobs of the prepare path.
+#[derive(Debug, Clone)]
+pub struct PrepareConfig {
+    /// Raw bytes per part: the unit of compression, encryption, transfer and retry.
+    pub part_size: u64,
+    /// zstd level of every part.
+    pub level: i32,
+    /// CPU budget: the most workers hashing, compressing or encrypting at once.
+    pub cpu: usize,
+    /// Parts between being read and being stored. Memory stays below about
+    /// `parts_in_flight × 2 × part_size` (raw and compressed copies of incompressible data).
+    pub parts_in_flight: usize,
+    /// Workers of the sink stage (writers or uploaders).
+    pub sink_workers: usize,
+    /// The batch name recorded in every manifest.
+    pub batch: String,
+}
+
+impl PrepareConfig {
+    pub const DEFAULT_PART_SIZE: u64 = 16 << 20;
+    pub const DEFAULT_LEVEL: i32 = 3;
+
+    /// Defaults for this machine: all cores, and enough parts in flight to keep them busy.
+    pub fn for_this_machine() -> Self {
+        let cpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self {
+            part_size: Self::DEFAULT_PART_SIZE,
+            level: Self::DEFAULT_LEVEL,
+            cpu,
+            parts_in_flight: cpu + 4,
+            sink_workers: cpu.max(2),
+            batch: String::new(),
+        }
+    }
+}
+
+/// Running totals, readable while the pipeline works (for progress bars).
+#[derive(Debug, Default, Serialize)]
+pub struct Totals {
+    pub files_done: AtomicU64,
+    pub files_failed: AtomicU64,
+    /// Raw bytes of parts stored by the sink.
+    pub raw_bytes: AtomicU64,
+    pub compressed_bytes: AtomicU64,
+    /// Bytes handed to the sink: sealed parts and manifests.
+    pub sealed_bytes: AtomicU64,
+}
+
+/// What became of one source file.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileOutcome {
+    pub path: String,
+    pub id: ObjectId,
+    pub size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One prepare run: its configuration, keys, and live counters.
+pub struct Prepare<'k> {
+    config: PrepareConfig,
+    recipients: &'k Recipients,
+    key: &'k EdgeKey,
+    /// Stage counters, readable from another thread while [`Prepare::run`] works.
+    pub pipeline: Pipeline,
+    pub totals: Arc<Totals>,
+}
+
+/// A file on its way through the pipeline, shared by all its pieces.
+struct FileJob {
+    source: SourceFile,
+    id: ObjectId,
+    part_size: u64,
+    parts: u32,
+    state: Mutex<FileState>,
+}
+
+#[derive(Default)]
+struct FileState {
+    /// The whole-file hash, fed part by part in order by the single `hash` worker.
+    whole: Option<Sha256>,
+    sha256: Option<String>,
+    entries: Vec<Option<PartEntry>>,
+    hashed: u32,
+    /// Pieces that reached the sink, counted in units of [`FileJob::units`].
+    accounted: u32,
+    manifest: Option<(Manifest, Vec<u8>)>,
+    error: Option<String>,
+}
+
+impl FileJob {
+    /// How many units of work the sink must see before the file is settled: one per part, or
+    /// one for a file without parts (empty file, directory).
+    fn units(&self) -> u32 {
+        self.parts.max(1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Weigh for FileJob {
+    fn weight(&self) -> u64 {
+        self.source.size
+    }
+}
+
+/// Returns its slot to the pool of parts in flight when dropped.
+struct Permit(Sender<()>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let _ = self.0.send(());
+    }
+}
+
+enum Body {
+    /// Part `index`; `data` holds raw bytes, then compressed, then sealed bytes.
+    Part {
+        index: u32,
+        data: Vec<u8>,
+        raw_len: u64,
+        compressed_len: u64,
+    },
+    /// The only piece of a file without parts.
+    Whole,
+    /// The file failed; this piece stands for `covers` units that will never arrive.
+    Failed { covers: u32, error: String },
+}
+
+struct Piece {
+    file: Arc<FileJob>,
+    body: Body,
+    /// Set by `seal` on the piece that completed the file.
+    manifest: Option<(Manifest, Vec<u8>)>,
+    _permit: Option<Permit>,
+}
+
+impl Weigh for Piece {
+    fn weight(&self) -> u64 {
+        match &self.body {
+            Body::Part { data, .. } => data.len() as u64,
+            _ => 0,
+        }
+    }
+}
+
+impl Piece {
+    fn fail(&mut self, error: String) {
+        self.body = Body::Failed { covers: 1, error };
+    }
+}
+
+thread_local! {
+    /// One zstd context per compress worker, reused across parts: creating one per part costs
+    /// more than compressing a small file.
+    static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
+}
+
+fn compress(level: i32, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.as_ref().is_none_or(|(l, _)| *l != level) {
+            *cell = Some((level, zstd::bulk::Compressor::new(level)?));
+        }
+        let (_, compressor) = cell.as_mut().expect("set above");
+        compressor.compress(raw)
+    })
+}
+
+impl<'k> Prepare<'k> {
+    pub fn new(config: PrepareConfig, recipients: &'k Recipients, key: &'k EdgeKey) -> Self {
+        let pipeline = Pipeline::new(CpuBudget::new(config.cpu));
+        Self {
+            config,
+            recipients,
+            key,
+            pipeline,
+            totals: Arc::default(),
+        }
+    }
+
+    /// Prepares every file and hands the results to `sink`. Returns one outcome per file, in
+    /// the order the files were given. A failing file does not stop the others, except that a
+    /// sink failure (disk full, relay gone) stops reading new files.
+    pub fn run(&self, files: Vec<SourceFile>, sink: &dyn Sink) -> Vec<FileOutcome> {
+        let cfg = &self.config;
+        let part_size = cfg.part_size.max(1);
+        let jobs: Vec<Arc<FileJob>> = files
+            .into_iter()
+            .map(|source| {
+                let parts = u32::try_from(source.size.div_ceil(part_size))
+                    .expect("a file of over 2^32 parts");
+                Arc::new(FileJob {
+                    id: ObjectId::random(),
+                    part_size,
+                    parts,
+                    state: Mutex::new(FileState {
+                        entries: vec![None; parts as usize],
+                        whole: (parts > 1).then(Sha256::new),
+                        ..FileState::default()
+                    }),
+                    source,
+                })
+            })
+            .collect();
+        let outcomes: Mutex<Vec<Option<FileOutcome>>> = Mutex::new(vec![None; jobs.len()]);
+        let index_of: std::collections::HashMap<ObjectId, usize> =
+            jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
+        let stop: OnceLock<String> = OnceLock::new();
+
+        let (permit_tx, permit_rx) = crossbeam_channel::bounded(cfg.parts_in_flight.max(1));
+        for _ in 0..cfg.parts_in_flight.max(1) {
+            permit_tx.send(()).expect("channel sized for this");
+        }
+        let cpu = cfg.cpu.max(1);
+        let (jobs_tx, jobs_rx) = queue::<Arc<FileJob>>(64);
+        let (read_tx, read_rx) = queue::<Piece>(2);
+        let (hash_tx, hash_rx) = queue::<Piece>(cpu);
+        let (compress_tx, compress_rx) = queue::<Piece>(cpu);
+        let (encrypt_tx, encrypt_rx) = queue::<Piece>(cpu);
+        let (hashed_tx, hashed_rx) = queue::<Piece>(cpu);
+        let (seal_tx, seal_rx) = queue::<Piece>(cpu);
+        let p = &self.pipeline;
+
+        std::thread::scope(|s| {
+            p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
+                read_file(job, part_size, &permit_rx, &permit_tx, &stop, emit)
+            });
+            p.stage(
+                s,
+                "hash",
+                Work::Cpu,
+                1,
+                read_rx,
+                hash_tx,
+                |mut piece, emit| {
+                    hash_raw(&mut piece);
+                    emit.send(piece);
+                },
+            );
+            p.stage(
+                s,
+                "compress",
+                Work::Cpu,
+                cpu,
+                hash_rx,
+                compress_tx,
+                |mut piece, emit| {
+                    if let Body::Part {
+                        data,
+                        compressed_len,
+                        index,
+                        ..
+                    } = &mut piece.body
+                    {
+                        match compress(cfg.level, data) {
+                            Ok(out) => {
+                                *compressed_len = out.len() as u64;
+                                *data = out;
+                            }
+                            Err(e) => {
+                                let error = format!("part {index}: compression failed: {e}");
+                                piece.fail(error);
+                            }
+                        }
+                    }
+                    emit.send(piece);
+                },
+            );
+            p.stage(
+                s,
+                "encrypt",
+                Work::Cpu,
+                cpu,
+                compress_rx,
+                encrypt_tx,
+                |mut piece, emit| {
+                    if let Body::Part { data, .. } = &mut piece.body {
+                        let mut sealed = Vec::with_capacity(data.len() + data.len() / 4096 + 512);
+                        encrypt(&self.recipients.0, data, &mut sealed);
+                        *data = sealed;
+                    }
+                    emit.send(piece);
+                },
+            );
+            p.stage(
+                s,
+                "hash_ciphertext",
+                Work::Cpu,
+                cpu,
+                encrypt_rx,
+                hashed_tx,
+                |piece, emit| {
+                    record_part(&piece, cfg.level);
+                    emit.send(piece);
+                },
+            );
+            p.stage(
+                s,
+                "seal",
+                Work::Cpu,
+                cpu,
+                hashed_rx,
+                seal_tx,
+                |mut piece, emit| {
+                    self.seal_if_complete(&mut piece);
+                    emit.send(piece);
+                },
+            );
+            p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
+                let file = piece.file.clone();
+                if let Some(outcome) = self.store(piece, sink, &stop) {
+                    let slot = index_of[&file.id];
+                    outcomes.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(outcome);
+                }
+            });
+            for job in &jobs {
+                if jobs_tx.send(job.clone()).is_err() {
+                    break;
+                }
+            }
+            drop(jobs_tx);
+        });
+
+        outcomes
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner())
+            .into_iter()
+            .zip(&jobs)
+            .map(|(outcome, job)| {
+                outcome.unwrap_or_else(|| FileOutcome {
+                    path: job.source.path.clone(),
+                    id: job.id,
+                    size: job.source.size,
+                    error: Some("never finished (internal error)".into()),
+                })
+            })
+            .collect()
+    }
+
+    /// Builds, signs and encrypts the manifest once the last part of the file was hashed.
+    fn seal_if_complete(&self, piece: &mut Piece) {
+        let complete = match piece.body {
+            Body::Failed { .. } => false,
+            Body::Whole => true,
+            Body::Part { .. } => {
+                let mut state = piece.file.lock();
+                state.hashed += 1;
+                state.hashed == piece.file.parts
+            }
+        };
+        if !complete {
+            return;
+        }
+        let job = &piece.file;
+        let (sha256, parts) = {
+            let state = job.lock();
+            let parts: Option<Vec<PartEntry>> = state.entries.iter().cloned().collect();
+            (state.sha256.clone(), parts)
+        };
+        let (Some(sha256), Some(parts)) = (sha256, parts) else {
+            piece.fail("internal error: file complete without all hashes".into());
+            return;
+        };
+        let src = &job.source;
+        let manifest = Manifest {
+            format: FORMAT.into(),
+            id: job.id,
+            batch: self.config.batch.clone(),
+            path: src.path.clone(),
+            kind: src.kind,
+            size: src.size,
+            mode: src.mode,
+            mtime_s: src.mtime_s,
+            mtime_ns: src.mtime_ns,
+            sha256,
+            part_size: job.part_size,
+            parts,
+        };
+        let document = manifest.sign(self.key);
+        let mut sealed = Vec::with_capacity(document.len() + 512);
+        encrypt(&self.recipients.0, &document, &mut sealed);
+        piece.manifest = Some((manifest, sealed));
+    }
+
+    /// Hands a piece to the sink and settles its file once every unit arrived. Returns the
+    /// file's outcome when this piece settled it.
+    fn store(&self, piece: Piece, sink: &dyn Sink, stop: &OnceLock<String>) -> Option<FileOutcome> {
+        let Piece {
+            file,
+            body,
+            manifest,
+            _permit,
+        } = piece;
+        let already_failed = file.lock().error.is_some();
+        let (covers, error) = match body {
+            Body::Failed { covers, error } => (covers, Some(error)),
+            Body::Whole => (1, None),
+            Body::Part { .. } if already_failed => (1, None),
+            Body::Part {
+                index,
+                data,
+                raw_len,
+                compressed_len,
+            } => match sink.put_part(file.id, index, &data) {
+                Ok(()) => {
+                    self.totals.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+                    self.totals
+                        .compressed_bytes
+                        .fetch_add(compressed_len, Ordering::Relaxed);
+                    self.totals
+                        .sealed_bytes
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    (1, None)
+                }
+                Err(e) => {
+                    let error = format!("part {index}: {e:#}");
+                    let _ = stop.set(format!("{}: {error}", file.source.path));
+                    (1, Some(error))
+                }
+            },
+        };
+        drop(_permit);
+        let mut state = file.lock();
+        if let Some(error) = error {
+            state.error.get_or_insert(error);
+        }
+        if manifest.is_some() {
+            state.manifest = manifest;
+        }
+        state.accounted += covers;
+        if state.accounted < file.units() {
+            return None;
+        }
+        if state.error.is_none() {
+            let (manifest, sealed) = state
+                .manifest
+                .take()
+                .expect("the last hashed piece carries it");
+            match sink.put_manifest(&manifest, &sealed) {
+                Ok(()) => {
+                    self.totals
+                        .sealed_bytes
+                        .fetch_add(sealed.len() as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let error = format!("manifest: {e:#}");
+                    let _ = stop.set(format!("{}: {error}", file.source.path));
+                    state.error = Some(error);
+                }
+            }
+        }
+        let error = state.error.take();
+        if error.is_some() {
+            sink.abandon(file.id);
+            self.totals.files_failed.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.totals.files_done.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(FileOutcome {
+            path: file.source.path.clone(),
+            id: file.id,
+            size: file.source.size,
+            error,
+        })
+    }
+}
+
+/// The `read` stage: reads a file once, part by part, each into its own buffer. Checks that the
+/// file did not change while it was read before letting its last part go.
+fn read_file(
+    job: Arc<FileJob>,
+    part_size: u64,
+    permits: &Receiver<()>,
+    permit_home: &Sender<()>,
+    stop: &OnceLock<String>,
+    emit: &mut Emit<'_, Piece>,
+) {
+    let failed = |emitted: u32, error: String| Piece {
+        body: Body::Failed {
+            covers: job.units() - emitted,
+            error,
+        },
+        file: job.clone(),
+        manifest: None,
+        _permit: None,
+    };
+    if let Some(why) = stop.get() {
+        emit.send(failed(
+            0,
+            format!("not prepared: stopped after an earlier error ({why})"),
+        ));
+        return;
+    }
+    if job.parts == 0 {
+        emit.send(Piece {
+            file: job.clone(),
+            body: Body::Whole,
+            manifest: None,
+            _permit: None,
+        });
+        return;
+    }
+    let src = &job.source;
+    let mut file = match File::open(&src.local) {
+        Ok(f) => f,
+        Err(e) => {
+            emit.send(failed(
+                0,
+                format!("cannot open {}: {e}", src.local.display()),
+            ));
+            return;
+        }
+    };
+    for index in 0..job.parts {
+        if permits.recv().is_err() {
+            return;
+        }
+        let permit = Permit(permit_home.clone());
+        if let Some(why) = stop.get() {
+            emit.send(failed(
+                index,
+                format!("stopped after an earlier error ({why})"),
+            ));
+            return;
+        }
+        let offset = u64::from(index) * part_size;
+        let len = part_size.min(src.size - offset);
+        let mut data = Vec::with_capacity(len as usize);
+        let read = (&mut file).take(len).read_to_end(&mut data);
+        let changed = match read {
+            Err(e) => Some(format!(
+                "part {index}: cannot read {}: {e}",
+                src.local.display()
+            )),
+            Ok(n) if n as u64 != len => Some(format!(
+                "part {index}: {} shrank while being read; send it again once it is complete",
+                src.local.display()
+            )),
+            Ok(_) if index + 1 == job.parts => unchanged_since_listing(&file, src).err(),
+            Ok(_) => None,
+        };
+        if let Some(error) = changed {
+            emit.send(failed(index, error));
+            return;
+        }
+        let piece = Piece {
+            file: job.clone(),
+            body: Body::Part {
+                index,
+                data,
+                raw_len: len,
+                compressed_len: 0,
+            },
+            manifest: None,
+            _permit: Some(permit),
+        };
+        if !emit.send(piece) {
+            return;
+        }
+    }
+}
+
+fn unchanged_since_listing(file: &File, src: &SourceFile) -> Result<(), String> {
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot stat {}: {e}", src.local.display()))?;
+    if meta.len() != src.size
+        || meta.mtime() != src.mtime_s
+        || meta.mtime_nsec() as u32 != src.mtime_ns
+    {
+        return Err(format!(
+            "{} changed while being read; send it again once it is complete",
+            src.local.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The `hash` stage: SHA-256 of each raw part, and of the whole file in part order. A file of
+/// one part is hashed once, its part hash being the file hash.
+fn hash_raw(piece: &mut Piece) {
+    let mut state = piece.file.lock();
+    match &piece.body {
+        Body::Part { index, data, .. } => {
+            let part_hash = Sha256::digest(data);
+            if let Some(whole) = state.whole.as_mut() {
+                whole.update(data);
+            }
+            if *index + 1 == piece.file.parts {
+                state.sha256 = Some(match state.whole.take() {
+                    Some(whole) => hex::encode(whole.finalize()),
+                    None => hex::encode(part_hash),
+                });
+            }
+            let entry = &mut state.entries[*index as usize];
+            *entry = Some(PartEntry {
+                index: *index,
+                raw_offset: u64::from(*index) * piece.file.part_size,
+                raw_length: data.len() as u64,
+                raw_sha256: hex::encode(part_hash),
+                ciphertext_length: 0,
+                ciphertext_sha256: String::new(),
+                codec: CODEC_ZSTD.into(),
+                level: 0,
+            });
+        }
+        Body::Whole => state.sha256 = Some(hex::encode(Sha256::digest([]))),
+        Body::Failed { .. } => {}
+    }
+}
+
+/// The `hash_ciphertext` stage: completes the part's manifest entry with the hash and length of
+/// its sealed bytes.
+fn record_part(piece: &Piece, level: i32) {
+    if let Body::Part { index, data, .. } = &piece.body {
+        let digest = hex::encode(Sha256::digest(data));
+        let mut state = piece.file.lock();
+        let entry = state.entries[*index as usize]
+            .as_mut()
+            .expect("hashed before");
+        entry.ciphertext_sha256 = digest;
+        entry.ciphertext_length = data.len() as u64;
+        entry.level = level;
+    }
+}

@@ -1,0 +1,142 @@
+//! The configuration file: one TOML file (`--config` or `$FORTE_CONFIG`); flags override it.
+//!
+//! ```toml
+//! [keys]
+//! recipient = "keys/core.pub"   # pack: encrypt to this age recipient file
+//! sign = "keys/edge.key"        # pack: sign manifests with this edge key
+//! identity = "keys/core.key"    # unpack: decrypt with this age identity file
+//! trust = ["keys/edge.pub"]     # unpack: accept manifests signed by these edge keys
+//!
+//! [prepare]
+//! part_size = "16MiB"
+//! level = 3
+//! cpu = 2                # default: all cores
+//! parts_in_flight = 6    # default: cpu + 4
+//! ```
+//!
+//! Relative paths are relative to the directory of the configuration file.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::units::parse_size;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub keys: KeysSection,
+    #[serde(default)]
+    pub prepare: PrepareSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysSection {
+    pub recipient: Option<PathBuf>,
+    pub sign: Option<PathBuf>,
+    pub identity: Option<PathBuf>,
+    #[serde(default)]
+    pub trust: Vec<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PrepareSection {
+    pub part_size: Option<Size>,
+    pub level: Option<i32>,
+    pub cpu: Option<usize>,
+    pub parts_in_flight: Option<usize>,
+}
+
+/// A byte size written as a number or a string such as `"16MiB"`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(try_from = "SizeText")]
+pub struct Size(pub u64);
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SizeText {
+    Number(u64),
+    Text(String),
+}
+
+impl TryFrom<SizeText> for Size {
+    type Error = String;
+    fn try_from(v: SizeText) -> Result<Self, String> {
+        match v {
+            SizeText::Number(n) => Ok(Size(n)),
+            SizeText::Text(t) => parse_size(&t).map(Size),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file if one is given; no file means all defaults.
+    pub fn load(path: Option<&Path>) -> Result<Self> {
+        let Some(path) = path else {
+            return Ok(Self::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        let mut config: Config = toml::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("config file {} is not valid: {e}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let k = &mut config.keys;
+        for p in [&mut k.recipient, &mut k.sign, &mut k.identity]
+            .into_iter()
+            .flatten()
+        {
+            *p = base.join(&*p);
+        }
+        for p in &mut k.trust {
+            *p = base.join(&*p);
+        }
+        if let Some(level) = config.prepare.level {
+            check_level(level)
+                .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
+        }
+        Ok(config)
+    }
+}
+
+/// Levels zstd accepts; negative levels are its fast modes.
+pub fn check_level(level: i32) -> Result<()> {
+    if !(-7..=22).contains(&level) || level == 0 {
+        bail!("zstd level {level} is out of range (use 1 to 22, or -1 to -7 for the fast modes)");
+    }
+    Ok(())
+}
+
+/// The flag if given, else the configuration's value, else an error saying how to give it.
+pub fn required<T>(flag: Option<T>, config: Option<T>, what: &str) -> Result<T> {
+    flag.or(config).with_context(|| what.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_resolves_relative_paths_and_rejects_typos() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("forte.toml");
+        std::fs::write(
+            &file,
+            "[keys]\nrecipient = \"k/core.pub\"\n[prepare]\npart_size = \"8MiB\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&file)).unwrap();
+        assert_eq!(c.keys.recipient.unwrap(), dir.path().join("k/core.pub"));
+        assert_eq!(c.prepare.part_size.unwrap().0, 8 << 20);
+
+        std::fs::write(&file, "[prepare]\npart_sise = 3\n").unwrap();
+        let e = Config::load(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("forte.toml") && e.contains("part_sise"), "{e}");
+        std::fs::write(&file, "[prepare]\nlevel = 99\n").unwrap();
+        let e = Config::load(Some(&file)).unwrap_err().to_string();
+        assert!(e.contains("level 99"), "{e}");
+    }
+}
