@@ -6,7 +6,7 @@
 //! stage fills the queue in front of it and the stages upstream block.
 //!
 //! Stages that burn CPU (hashing, compression, encryption) take a token from a shared
-//! [`CpuBudget`] for the time they compute, so the whole pipeline never runs more CPU-bound
+//! [`Budget`] for the time they compute, so the whole pipeline never runs more CPU-bound
 //! workers at once than the budget allows, however many threads the stages own. I/O stages
 //! (reading files, writing or uploading) do not take tokens: they mostly wait.
 //!
@@ -39,40 +39,105 @@ impl<T: Weigh, E> Weigh for Result<T, E> {
     }
 }
 
-/// A counting semaphore bounding how many CPU-bound workers compute at once.
+/// A weighted counting semaphore: the CPU budget (one unit per computing worker) and the
+/// memory budget of parts in flight (one unit per byte) are both one of these.
 #[derive(Debug)]
-pub struct CpuBudget {
-    free: Mutex<usize>,
+pub struct Budget {
+    free: Mutex<u64>,
     wake: Condvar,
-    total: usize,
+    total: u64,
 }
 
-impl CpuBudget {
-    pub fn new(tokens: usize) -> Arc<Self> {
-        let tokens = tokens.max(1);
+/// Units taken from a [`Budget`], given back when dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<Budget>,
+    units: u64,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.release(self.units);
+    }
+}
+
+impl Budget {
+    pub fn new(total: u64) -> Arc<Self> {
+        let total = total.max(1);
         Arc::new(Self {
-            free: Mutex::new(tokens),
+            free: Mutex::new(total),
             wake: Condvar::new(),
-            total: tokens,
+            total,
         })
     }
 
-    /// The number of tokens: the most CPU-bound workers that run at once.
-    pub fn total(&self) -> usize {
+    pub fn total(&self) -> u64 {
         self.total
     }
 
-    fn acquire(&self) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        while *free == 0 {
-            free = self.wake.wait(free).unwrap_or_else(|e| e.into_inner());
-        }
-        *free -= 1;
+    /// Units not taken right now.
+    pub fn free(&self) -> u64 {
+        *self.free.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn release(&self) {
-        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        self.wake.notify_one();
+    /// Waits until `units` are free and takes them. A request above the total takes the
+    /// whole budget, so one oversized item still proceeds, alone.
+    pub fn charge(self: &Arc<Self>, units: u64) -> Charge {
+        let units = units.min(self.total);
+        self.acquire(units);
+        Charge {
+            budget: self.clone(),
+            units,
+        }
+    }
+
+    fn acquire(&self, units: u64) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        while *free < units {
+            free = self.wake.wait(free).unwrap_or_else(|e| e.into_inner());
+        }
+        *free -= units;
+    }
+
+    fn release(&self, units: u64) {
+        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += units;
+        self.wake.notify_all();
+    }
+}
+
+/// Large byte buffers recycled between stages, so parts in flight reuse the same memory
+/// instead of asking the allocator (and the kernel, page by page) for fresh megabytes.
+#[derive(Debug, Clone)]
+pub struct BufferPool {
+    tx: Sender<Vec<u8>>,
+    rx: Receiver<Vec<u8>>,
+    /// Requests below this go to the allocator; small buffers are cheap and pooling them
+    /// would pin large ones for tiny files.
+    min_size: usize,
+}
+
+impl BufferPool {
+    pub fn new(buffers: usize, min_size: usize) -> Self {
+        let (tx, rx) = crossbeam_channel::bounded(buffers.max(1));
+        Self { tx, rx, min_size }
+    }
+
+    /// An empty buffer with at least `capacity` bytes of room.
+    pub fn take(&self, capacity: usize) -> Vec<u8> {
+        if capacity < self.min_size {
+            return Vec::with_capacity(capacity);
+        }
+        let mut buf = self.rx.try_recv().unwrap_or_default();
+        buf.clear();
+        buf.reserve(capacity);
+        buf
+    }
+
+    /// Returns a buffer for reuse; dropped when the pool is full or it is small.
+    pub fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() >= self.min_size {
+            let _ = self.tx.try_send(buf);
+        }
     }
 }
 
@@ -142,7 +207,7 @@ impl std::fmt::Debug for StageStats {
 pub struct Emit<'a, O> {
     tx: &'a Sender<O>,
     stats: &'a StageStats,
-    budget: Option<&'a CpuBudget>,
+    budget: Option<&'a Budget>,
     blocked: Duration,
 }
 
@@ -158,11 +223,11 @@ impl<O: Weigh> Emit<'_, O> {
         };
         let start = Instant::now();
         if let Some(budget) = self.budget {
-            budget.release();
+            budget.release(1);
         }
         let ok = self.tx.send(item).is_ok();
         if let Some(budget) = self.budget {
-            budget.acquire();
+            budget.acquire(1);
         }
         self.blocked += start.elapsed();
         ok && self.sent(weight)
@@ -175,7 +240,7 @@ impl<O: Weigh> Emit<'_, O> {
     }
 }
 
-/// Whether a stage's workers compute (and so take [`CpuBudget`] tokens) or mostly wait on I/O.
+/// Whether a stage's workers compute (and so take [`Budget`] tokens) or mostly wait on I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Work {
     Cpu,
@@ -185,13 +250,13 @@ pub enum Work {
 /// The registry of a running pipeline's stages.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
-    budget: Arc<CpuBudget>,
+    budget: Arc<Budget>,
     stages: Arc<Mutex<Vec<Arc<StageStats>>>>,
     started: Instant,
 }
 
 impl Pipeline {
-    pub fn new(budget: Arc<CpuBudget>) -> Self {
+    pub fn new(budget: Arc<Budget>) -> Self {
         Self {
             budget,
             stages: Arc::default(),
@@ -199,7 +264,7 @@ impl Pipeline {
         }
     }
 
-    pub fn budget(&self) -> &Arc<CpuBudget> {
+    pub fn budget(&self) -> &Arc<Budget> {
         &self.budget
     }
 
@@ -270,7 +335,7 @@ impl Pipeline {
                         stats.items_in.fetch_add(1, Ordering::Relaxed);
                         stats.bytes_in.fetch_add(item.weight(), Ordering::Relaxed);
                         if let Some(b) = &budget {
-                            b.acquire();
+                            b.acquire(1);
                         }
                         let start = Instant::now();
                         let mut emit = Emit {
@@ -282,7 +347,7 @@ impl Pipeline {
                         job(item, &mut emit);
                         let busy = start.elapsed().saturating_sub(emit.blocked);
                         if let Some(b) = &budget {
-                            b.release();
+                            b.release(1);
                         }
                         stats
                             .busy_nanos
@@ -344,7 +409,7 @@ mod tests {
 
     #[test]
     fn items_flow_through_stages_and_counters_add_up() {
-        let pipeline = Pipeline::new(CpuBudget::new(2));
+        let pipeline = Pipeline::new(Budget::new(2));
         let (src_tx, src_rx) = queue::<u64>(2);
         let (mid_tx, mid_rx) = queue::<u64>(2);
         let total = AtomicU64::new(0);
@@ -372,7 +437,7 @@ mod tests {
 
     #[test]
     fn cpu_budget_bounds_concurrent_workers() {
-        let pipeline = Pipeline::new(CpuBudget::new(2));
+        let pipeline = Pipeline::new(Budget::new(2));
         let (tx, rx) = queue::<u64>(8);
         let (out_tx, out_rx) = queue::<u64>(8);
         let running = AtomicU64::new(0);

@@ -7,11 +7,10 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crossbeam_channel::{Receiver, Sender};
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{EdgeKey, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
-use forte_pipeline::{queue, CpuBudget, Emit, Pipeline, Weigh, Work};
+use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -27,8 +26,9 @@ pub struct PrepareConfig {
     pub level: i32,
     /// CPU budget: the most workers hashing, compressing or encrypting at once.
     pub cpu: usize,
-    /// Parts between being read and being stored. Memory stays below about
-    /// `parts_in_flight × 2 × part_size` (raw and compressed copies of incompressible data).
+    /// Raw bytes between being read and being stored, in units of `part_size`: the memory
+    /// budget. Memory stays below about `parts_in_flight × 2 × part_size` (raw and compressed
+    /// copies of incompressible data); small files share the budget by their size.
     pub parts_in_flight: usize,
     /// Workers of the sink stage (writers or uploaders).
     pub sink_workers: usize,
@@ -126,15 +126,6 @@ impl Weigh for FileJob {
     }
 }
 
-/// Returns its slot to the pool of parts in flight when dropped.
-struct Permit(Sender<()>);
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let _ = self.0.send(());
-    }
-}
-
 enum Body {
     /// Part `index`; `data` holds raw bytes, then compressed, then sealed bytes.
     Part {
@@ -154,7 +145,8 @@ struct Piece {
     body: Body,
     /// Set by `seal` on the piece that completed the file.
     manifest: Option<(Manifest, Vec<u8>)>,
-    _permit: Option<Permit>,
+    /// This piece's share of the memory budget, held until the sink is done with it.
+    charge: Option<Charge>,
 }
 
 impl Weigh for Piece {
@@ -172,26 +164,40 @@ impl Piece {
     }
 }
 
+/// Buffers of at least this size are recycled through [`BufferPool`]s.
+const POOLED_BUFFER: usize = 1 << 20;
+
+/// The least a piece charges the memory budget: its bookkeeping costs something even when the
+/// file is tiny.
+const MIN_CHARGE: u64 = 4096;
+
+/// Recycled buffers for each representation of a part.
+struct Pools {
+    raw: BufferPool,
+    compressed: BufferPool,
+    sealed: BufferPool,
+}
+
 thread_local! {
     /// One zstd context per compress worker, reused across parts: creating one per part costs
     /// more than compressing a small file.
     static COMPRESSOR: RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { RefCell::new(None) };
 }
 
-fn compress(level: i32, raw: &[u8]) -> std::io::Result<Vec<u8>> {
+fn compress(level: i32, raw: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
     COMPRESSOR.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.as_ref().is_none_or(|(l, _)| *l != level) {
             *cell = Some((level, zstd::bulk::Compressor::new(level)?));
         }
         let (_, compressor) = cell.as_mut().expect("set above");
-        compressor.compress(raw)
+        compressor.compress_to_buffer(raw, out).map(|_| ())
     })
 }
 
 impl<'k> Prepare<'k> {
     pub fn new(config: PrepareConfig, recipients: &'k Recipients, key: &'k EdgeKey) -> Self {
-        let pipeline = Pipeline::new(CpuBudget::new(config.cpu));
+        let pipeline = Pipeline::new(Budget::new(config.cpu as u64));
         Self {
             config,
             recipients,
@@ -230,23 +236,29 @@ impl<'k> Prepare<'k> {
             jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
         let stop: OnceLock<String> = OnceLock::new();
 
-        let (permit_tx, permit_rx) = crossbeam_channel::bounded(cfg.parts_in_flight.max(1));
-        for _ in 0..cfg.parts_in_flight.max(1) {
-            permit_tx.send(()).expect("channel sized for this");
-        }
+        let in_flight = cfg.parts_in_flight.max(1);
         let cpu = cfg.cpu.max(1);
+        let memory = Budget::new(in_flight as u64 * part_size);
+        let pools = Pools {
+            raw: BufferPool::new(cpu, POOLED_BUFFER),
+            compressed: BufferPool::new(cpu, POOLED_BUFFER),
+            sealed: BufferPool::new(cpu, POOLED_BUFFER),
+        };
+        // Queues bound item counts; bytes are bounded by `memory`. Room for several items
+        // keeps every stage fed when files are small.
+        let depth = 4 * cpu + 4;
         let (jobs_tx, jobs_rx) = queue::<Arc<FileJob>>(64);
-        let (read_tx, read_rx) = queue::<Piece>(2);
-        let (hash_tx, hash_rx) = queue::<Piece>(cpu);
-        let (compress_tx, compress_rx) = queue::<Piece>(cpu);
-        let (encrypt_tx, encrypt_rx) = queue::<Piece>(cpu);
-        let (hashed_tx, hashed_rx) = queue::<Piece>(cpu);
-        let (seal_tx, seal_rx) = queue::<Piece>(cpu);
+        let (read_tx, read_rx) = queue::<Piece>(depth);
+        let (hash_tx, hash_rx) = queue::<Piece>(depth);
+        let (compress_tx, compress_rx) = queue::<Piece>(depth);
+        let (encrypt_tx, encrypt_rx) = queue::<Piece>(depth);
+        let (hashed_tx, hashed_rx) = queue::<Piece>(depth);
+        let (seal_tx, seal_rx) = queue::<Piece>(depth);
         let p = &self.pipeline;
 
         std::thread::scope(|s| {
             p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
-                read_file(job, part_size, &permit_rx, &permit_tx, &stop, emit)
+                read_file(job, part_size, &memory, &pools.raw, &stop, emit)
             });
             p.stage(
                 s,
@@ -275,10 +287,12 @@ impl<'k> Prepare<'k> {
                         ..
                     } = &mut piece.body
                     {
-                        match compress(cfg.level, data) {
-                            Ok(out) => {
+                        let bound = zstd::zstd_safe::compress_bound(data.len());
+                        let mut out = pools.compressed.take(bound);
+                        match compress(cfg.level, data, &mut out) {
+                            Ok(()) => {
                                 *compressed_len = out.len() as u64;
-                                *data = out;
+                                pools.raw.give(std::mem::replace(data, out));
                             }
                             Err(e) => {
                                 let error = format!("part {index}: compression failed: {e}");
@@ -298,9 +312,9 @@ impl<'k> Prepare<'k> {
                 encrypt_tx,
                 |mut piece, emit| {
                     if let Body::Part { data, .. } = &mut piece.body {
-                        let mut sealed = Vec::with_capacity(data.len() + data.len() / 4096 + 512);
+                        let mut sealed = pools.sealed.take(data.len() + data.len() / 4096 + 512);
                         encrypt(&self.recipients.0, data, &mut sealed);
-                        *data = sealed;
+                        pools.compressed.give(std::mem::replace(data, sealed));
                     }
                     emit.send(piece);
                 },
@@ -331,7 +345,7 @@ impl<'k> Prepare<'k> {
             );
             p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
                 let file = piece.file.clone();
-                if let Some(outcome) = self.store(piece, sink, &stop) {
+                if let Some(outcome) = self.store(piece, sink, &pools.sealed, &stop) {
                     let slot = index_of[&file.id];
                     outcomes.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(outcome);
                 }
@@ -407,12 +421,18 @@ impl<'k> Prepare<'k> {
 
     /// Hands a piece to the sink and settles its file once every unit arrived. Returns the
     /// file's outcome when this piece settled it.
-    fn store(&self, piece: Piece, sink: &dyn Sink, stop: &OnceLock<String>) -> Option<FileOutcome> {
+    fn store(
+        &self,
+        piece: Piece,
+        sink: &dyn Sink,
+        buffers: &BufferPool,
+        stop: &OnceLock<String>,
+    ) -> Option<FileOutcome> {
         let Piece {
             file,
             body,
             manifest,
-            _permit,
+            charge,
         } = piece;
         let already_failed = file.lock().error.is_some();
         let (covers, error) = match body {
@@ -424,25 +444,28 @@ impl<'k> Prepare<'k> {
                 data,
                 raw_len,
                 compressed_len,
-            } => match sink.put_part(file.id, index, &data) {
-                Ok(()) => {
-                    self.totals.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
-                    self.totals
-                        .compressed_bytes
-                        .fetch_add(compressed_len, Ordering::Relaxed);
-                    self.totals
-                        .sealed_bytes
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
-                    (1, None)
+            } => {
+                let stored = sink.put_part(file.id, index, &data);
+                let sealed_len = data.len() as u64;
+                buffers.give(data);
+                match stored {
+                    Ok(()) => {
+                        let t = &self.totals;
+                        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+                        t.compressed_bytes
+                            .fetch_add(compressed_len, Ordering::Relaxed);
+                        t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
+                        (1, None)
+                    }
+                    Err(e) => {
+                        let error = format!("part {index}: {e:#}");
+                        let _ = stop.set(format!("{}: {error}", file.source.path));
+                        (1, Some(error))
+                    }
                 }
-                Err(e) => {
-                    let error = format!("part {index}: {e:#}");
-                    let _ = stop.set(format!("{}: {error}", file.source.path));
-                    (1, Some(error))
-                }
-            },
+            }
         };
-        drop(_permit);
+        drop(charge);
         let mut state = file.lock();
         if let Some(error) = error {
             state.error.get_or_insert(error);
@@ -493,8 +516,8 @@ impl<'k> Prepare<'k> {
 fn read_file(
     job: Arc<FileJob>,
     part_size: u64,
-    permits: &Receiver<()>,
-    permit_home: &Sender<()>,
+    memory: &Arc<Budget>,
+    buffers: &BufferPool,
     stop: &OnceLock<String>,
     emit: &mut Emit<'_, Piece>,
 ) {
@@ -505,7 +528,7 @@ fn read_file(
         },
         file: job.clone(),
         manifest: None,
-        _permit: None,
+        charge: None,
     };
     if let Some(why) = stop.get() {
         emit.send(failed(
@@ -519,7 +542,7 @@ fn read_file(
             file: job.clone(),
             body: Body::Whole,
             manifest: None,
-            _permit: None,
+            charge: None,
         });
         return;
     }
@@ -535,10 +558,9 @@ fn read_file(
         }
     };
     for index in 0..job.parts {
-        if permits.recv().is_err() {
-            return;
-        }
-        let permit = Permit(permit_home.clone());
+        let offset = u64::from(index) * part_size;
+        let len = part_size.min(src.size - offset);
+        let charge = memory.charge(len.max(MIN_CHARGE));
         if let Some(why) = stop.get() {
             emit.send(failed(
                 index,
@@ -546,9 +568,7 @@ fn read_file(
             ));
             return;
         }
-        let offset = u64::from(index) * part_size;
-        let len = part_size.min(src.size - offset);
-        let mut data = Vec::with_capacity(len as usize);
+        let mut data = buffers.take(len as usize);
         let read = (&mut file).take(len).read_to_end(&mut data);
         let changed = match read {
             Err(e) => Some(format!(
@@ -575,7 +595,7 @@ fn read_file(
                 compressed_len: 0,
             },
             manifest: None,
-            _permit: Some(permit),
+            charge: Some(charge),
         };
         if !emit.send(piece) {
             return;

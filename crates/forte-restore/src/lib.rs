@@ -26,7 +26,7 @@ use anyhow::{bail, Context, Result};
 use crossbeam_channel::{Receiver, Sender};
 use forte_format::seal::{decrypt, sha256_hex};
 use forte_format::{part_file_name, Identities, Kind, Manifest, TrustedEdges};
-use forte_pipeline::{queue, CpuBudget, Emit, Pipeline, Weigh, Work};
+use forte_pipeline::{queue, Budget, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -134,7 +134,7 @@ impl<'k> Restore<'k> {
         identities: &'k Identities,
         trusted: &'k TrustedEdges,
     ) -> Self {
-        let pipeline = Pipeline::new(CpuBudget::new(config.cpu));
+        let pipeline = Pipeline::new(Budget::new(config.cpu as u64));
         Self {
             config,
             identities,
