@@ -98,9 +98,13 @@ pub fn generate(dir: &Path) -> Result<KeyPaths> {
         .as_bytes(),
     )?;
     write_new(&paths.core_pub, 0o644, format!("{core_pub}\n").as_bytes())?;
-    let edge_pem = edge
-        .to_pkcs8_pem(line_ending)
-        .context("encoding the edge key")?;
+    // PKCS#8 v1 (RFC 8410, no embedded public key): the form OpenSSL 3.0 reads.
+    let edge_pem = ed25519_dalek::pkcs8::KeypairBytes {
+        secret_key: seed,
+        public_key: None,
+    }
+    .to_pkcs8_pem(line_ending)
+    .context("encoding the edge key")?;
     write_new(&paths.edge_key, 0o600, edge_pem.as_bytes())?;
     let edge_pub = edge
         .verifying_key()

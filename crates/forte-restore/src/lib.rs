@@ -348,13 +348,9 @@ fn read_parts(
             .and_then(|f| f.take(entry.ciphertext_length + 1).read_to_end(&mut data))
             .map_err(|e| format!("{}: cannot read {}: {e}", context(), path.display()))?;
         if data.len() as u64 != entry.ciphertext_length {
-            let how = if (data.len() as u64) < entry.ciphertext_length {
-                "truncated"
-            } else {
-                "too long"
-            };
+            let actual = std::fs::metadata(&path).map_or(data.len() as u64, |m| m.len());
             return Err(format!(
-                "{}: {} is {how}: manifest says {} bytes",
+                "{}: {} has {actual} bytes, the manifest says {}: truncated, extended or replaced",
                 context(),
                 path.display(),
                 entry.ciphertext_length

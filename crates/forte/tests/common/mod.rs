@@ -1,0 +1,230 @@
+//! Helpers shared by the integration tests: run the real `forte` binary on real files.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::{Digest, Sha256};
+
+/// Command-line arguments of mixed types (strings, paths) as `OsString`s.
+#[macro_export]
+macro_rules! args {
+    ($($a:expr),* $(,)?) => { vec![$(std::ffi::OsString::from($a)),*] };
+}
+
+pub type Args = Vec<std::ffi::OsString>;
+
+pub fn forte() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_forte"))
+}
+
+/// Runs forte with `args`, returning its output whatever the exit status.
+pub fn run(args: &Args) -> Output {
+    forte()
+        .args(args)
+        .output()
+        .expect("running the forte binary")
+}
+
+/// Runs forte and fails the test with its stderr if it did not succeed.
+pub fn ok(args: &Args) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "forte failed ({}):\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs forte, expects failure, returns stderr.
+pub fn fails(args: &Args) -> String {
+    let out = run(args);
+    assert!(
+        !out.status.success(),
+        "forte unexpectedly succeeded:\n{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(out.status.code(), Some(1), "exit code");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+/// A stock command-line tool the test needs. Missing tools fail the test (CI installs them:
+/// see .ci/run); they are never skipped.
+pub fn tool(name: &str) -> Command {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        found,
+        "this test needs `{name}` on PATH (apt-get install {name}); .ci/run installs it"
+    );
+    Command::new(name)
+}
+
+pub struct Keys {
+    pub dir: PathBuf,
+    pub core_key: PathBuf,
+    pub core_pub: PathBuf,
+    pub edge_key: PathBuf,
+    pub edge_pub: PathBuf,
+}
+
+pub fn keygen(dir: &Path) -> Keys {
+    ok(&args!["keygen", "--dir", dir]);
+    Keys {
+        dir: dir.to_path_buf(),
+        core_key: dir.join("core.key"),
+        core_pub: dir.join("core.pub"),
+        edge_key: dir.join("edge.key"),
+        edge_pub: dir.join("edge.pub"),
+    }
+}
+
+pub fn pack(keys: &Keys, src: &Path, to: &Path) -> String {
+    ok(&args![
+        "pack",
+        src,
+        "--to",
+        to,
+        "--recipient",
+        &keys.core_pub,
+        "--sign",
+        &keys.edge_key,
+        "-q",
+    ])
+}
+
+pub fn unpack_args(keys: &Keys, dir: &Path, to: &Path) -> Args {
+    args![
+        "unpack",
+        dir,
+        "--to",
+        to,
+        "--identity",
+        &keys.core_key,
+        "--trust",
+        &keys.edge_pub,
+        "-q"
+    ]
+}
+
+pub fn write(path: &Path, bytes: &[u8]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::File::create(path)
+        .unwrap()
+        .write_all(bytes)
+        .unwrap();
+}
+
+/// Deterministic, moderately compressible bytes.
+pub fn sample_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let word = format!("{:08} sensor={} ", x % 100_000_000, x % 7);
+        out.extend_from_slice(word.as_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Relative path → "sha256 mtime_ns mode" for files and "dir" for empty directories, computed
+/// with streaming reads so gigabyte files do not need gigabytes of memory.
+pub fn tree(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        let mut empty = true;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let entry = entry.unwrap();
+            empty = false;
+            let path = entry.path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let mut hasher = Sha256::new();
+                std::io::copy(&mut std::fs::File::open(&path).unwrap(), &mut hasher).unwrap();
+                let mtime = meta
+                    .modified()
+                    .unwrap()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap();
+                use std::os::unix::fs::PermissionsExt;
+                out.insert(
+                    rel,
+                    format!(
+                        "{} {} {:o}",
+                        hex::encode(hasher.finalize()),
+                        mtime.as_nanos(),
+                        meta.permissions().mode() & 0o777
+                    ),
+                );
+            }
+        }
+        if empty && dir != root {
+            out.insert(
+                dir.strip_prefix(root)
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
+                "dir".into(),
+            );
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// The object directories under a pack output, sorted.
+pub fn objects(packed: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(packed)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Decrypts an object's manifest with the stock `age` tool and parses it.
+pub fn manifest_json(keys: &Keys, object: &Path) -> serde_json::Value {
+    let out = tool("age")
+        .arg("-d")
+        .arg("-i")
+        .arg(&keys.core_key)
+        .arg(object.join("manifest.age"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "age -d: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The object directory whose manifest has `path`.
+pub fn object_for(keys: &Keys, packed: &Path, path: &str) -> PathBuf {
+    objects(packed)
+        .into_iter()
+        .find(|o| manifest_json(keys, o)["path"] == path)
+        .unwrap_or_else(|| panic!("no object for {path}"))
+}
+
+pub fn is_empty_dir(dir: &Path) -> bool {
+    !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
+}
