@@ -27,7 +27,7 @@ fn stock_age_and_zstd_restore_every_part() {
     let mut joined = Vec::new();
     for i in 0..parts.len() {
         let part = objects[0].join(format!("part-{i:06}.zst.age"));
-        let age = tool("age")
+        let mut age = tool("age")
             .arg("-d")
             .arg("-i")
             .arg(&keys.core_key)
@@ -37,9 +37,10 @@ fn stock_age_and_zstd_restore_every_part() {
             .unwrap();
         let zstd = tool("zstd")
             .args(["-d", "-q", "-c"])
-            .stdin(age.stdout.unwrap())
+            .stdin(age.stdout.take().unwrap())
             .output()
             .unwrap();
+        assert!(age.wait().unwrap().success(), "age -d on {}", part.display());
         assert!(
             zstd.status.success(),
             "zstd -d on {}: {}",

@@ -1,0 +1,120 @@
+//! The command line: help everywhere, and clear errors that name the file and the fix.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn every_command_has_help() {
+    for command in [vec!["--help"], vec!["keygen", "--help"], vec!["pack", "--help"], vec!["unpack", "--help"], vec!["demo", "--help"]] {
+        let out = forte().args(&command).output().unwrap();
+        assert!(out.status.success(), "{command:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(text.contains("Usage: forte"), "{command:?}: {text}");
+    }
+}
+
+#[test]
+fn missing_keys_say_which_flag_or_config_key_to_set() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    write(&src.join("a"), b"a");
+    let err = fails(&args!["pack", &src, "--to", tmp.path().join("out")]);
+    assert!(err.contains("--recipient") && err.contains("keys.recipient"), "{err}");
+    let err = fails(&args!["unpack", tmp.path().join("out"), "--to", tmp.path().join("d")]);
+    assert!(err.contains("--identity") && err.contains("keys.identity"), "{err}");
+}
+
+#[test]
+fn keys_can_come_from_the_config_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let config = tmp.path().join("forte.toml");
+    write(
+        &config,
+        b"[keys]\nrecipient = \"keys/core.pub\"\nsign = \"keys/edge.key\"\nidentity = \"keys/core.key\"\ntrust = [\"keys/edge.pub\"]\n[prepare]\npart_size = \"1MiB\"\n",
+    );
+    let src = tmp.path().join("src");
+    write(&src.join("data.bin"), &sample_bytes(3 << 20, 5));
+    let packed = tmp.path().join("packed");
+    ok(&args!["--config", &config, "pack", &src, "--to", &packed, "-q"]);
+    let object = objects(&packed).pop().unwrap();
+    assert_eq!(manifest_json(&keys, &object)["parts"].as_array().unwrap().len(), 3);
+    let dest = tmp.path().join("dest");
+    ok(&args!["--config", &config, "unpack", &packed, "--to", &dest, "-q"]);
+    assert_eq!(tree(&src), tree(&dest));
+}
+
+#[test]
+fn a_malformed_config_names_the_file_and_the_problem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("bad.toml");
+    write(&config, b"[prepare]\nlevel = \"three\"\n");
+    let err = fails(&args!["--config", &config, "pack", tmp.path(), "--to", tmp.path().join("o")]);
+    assert!(err.contains("bad.toml") && err.contains("level"), "{err}");
+    assert!(!tmp.path().join("o").exists());
+}
+
+#[test]
+fn wrong_key_files_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("a"), b"a");
+    // The edge's private key given where the core's public key belongs.
+    let err = fails(&args![
+        "pack", &src, "--to", tmp.path().join("o"), "--recipient", &keys.edge_key, "--sign", &keys.edge_key,
+    ]);
+    assert!(err.contains("edge.key") && err.contains("age1"), "{err}");
+    let err = fails(&args!["keygen", "--dir", &keys.dir]);
+    assert!(err.contains("already exists"), "{err}");
+}
+
+#[test]
+fn output_inside_the_source_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("a"), b"a");
+    let err = fails(&args![
+        "pack", &src, "--to", src.join("out"), "--recipient", &keys.core_pub, "--sign", &keys.edge_key,
+    ]);
+    assert!(err.contains("inside the source"), "{err}");
+}
+
+#[test]
+fn symlinks_and_special_files_are_skipped_and_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("real.txt"), b"real\n");
+    std::os::unix::fs::symlink("/etc/passwd", src.join("passwd-link")).unwrap();
+    let fifo = src.join("pipe");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let out = run(&args![
+        "pack", &src, "--to", tmp.path().join("packed"), "--recipient", &keys.core_pub, "--sign", &keys.edge_key,
+    ]);
+    assert!(out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("passwd-link") && err.contains("symbolic link"), "{err}");
+    assert!(err.contains("pipe") && err.contains("not a regular file"), "{err}");
+    let dest = tmp.path().join("dest");
+    ok(&unpack_args(&keys, &tmp.path().join("packed"), &dest));
+    assert_eq!(tree(&dest).keys().collect::<Vec<_>>(), ["real.txt"]);
+}
+
+#[test]
+fn demo_runs_and_verifies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("demo");
+    let out = ok(&args!["demo", "--dir", &dir]);
+    assert!(out.contains("identical to the source"), "{out}");
+    // A second run replaces its own directory.
+    ok(&args!["demo", "--dir", &dir]);
+    // It never clears a directory it did not make.
+    let other = tmp.path().join("precious");
+    write(&other.join("keep.txt"), b"keep");
+    let err = fails(&args!["demo", "--dir", &other]);
+    assert!(err.contains("not made by `forte demo`"), "{err}");
+    assert!(other.join("keep.txt").exists());
+}
