@@ -6,7 +6,13 @@ use common::*;
 
 #[test]
 fn every_command_has_help() {
-    for command in [vec!["--help"], vec!["keygen", "--help"], vec!["pack", "--help"], vec!["unpack", "--help"], vec!["demo", "--help"]] {
+    for command in [
+        vec!["--help"],
+        vec!["keygen", "--help"],
+        vec!["pack", "--help"],
+        vec!["unpack", "--help"],
+        vec!["demo", "--help"],
+    ] {
         let out = forte().args(&command).output().unwrap();
         assert!(out.status.success(), "{command:?}");
         let text = String::from_utf8(out.stdout).unwrap();
@@ -20,9 +26,20 @@ fn missing_keys_say_which_flag_or_config_key_to_set() {
     let src = tmp.path().join("src");
     write(&src.join("a"), b"a");
     let err = fails(&args!["pack", &src, "--to", tmp.path().join("out")]);
-    assert!(err.contains("--recipient") && err.contains("keys.recipient"), "{err}");
-    let err = fails(&args!["unpack", tmp.path().join("out"), "--to", tmp.path().join("d")]);
-    assert!(err.contains("--identity") && err.contains("keys.identity"), "{err}");
+    assert!(
+        err.contains("--recipient") && err.contains("keys.recipient"),
+        "{err}"
+    );
+    let err = fails(&args![
+        "unpack",
+        tmp.path().join("out"),
+        "--to",
+        tmp.path().join("d")
+    ]);
+    assert!(
+        err.contains("--identity") && err.contains("keys.identity"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -37,11 +54,21 @@ fn keys_can_come_from_the_config_file() {
     let src = tmp.path().join("src");
     write(&src.join("data.bin"), &sample_bytes(3 << 20, 5));
     let packed = tmp.path().join("packed");
-    ok(&args!["--config", &config, "pack", &src, "--to", &packed, "-q"]);
+    ok(&args![
+        "--config", &config, "pack", &src, "--to", &packed, "-q"
+    ]);
     let object = objects(&packed).pop().unwrap();
-    assert_eq!(manifest_json(&keys, &object)["parts"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        manifest_json(&keys, &object)["parts"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
     let dest = tmp.path().join("dest");
-    ok(&args!["--config", &config, "unpack", &packed, "--to", &dest, "-q"]);
+    ok(&args![
+        "--config", &config, "unpack", &packed, "--to", &dest, "-q"
+    ]);
     assert_eq!(tree(&src), tree(&dest));
 }
 
@@ -50,7 +77,14 @@ fn a_malformed_config_names_the_file_and_the_problem() {
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("bad.toml");
     write(&config, b"[prepare]\nlevel = \"three\"\n");
-    let err = fails(&args!["--config", &config, "pack", tmp.path(), "--to", tmp.path().join("o")]);
+    let err = fails(&args![
+        "--config",
+        &config,
+        "pack",
+        tmp.path(),
+        "--to",
+        tmp.path().join("o")
+    ]);
     assert!(err.contains("bad.toml") && err.contains("level"), "{err}");
     assert!(!tmp.path().join("o").exists());
 }
@@ -63,7 +97,14 @@ fn wrong_key_files_are_named() {
     write(&src.join("a"), b"a");
     // The edge's private key given where the core's public key belongs.
     let err = fails(&args![
-        "pack", &src, "--to", tmp.path().join("o"), "--recipient", &keys.edge_key, "--sign", &keys.edge_key,
+        "pack",
+        &src,
+        "--to",
+        tmp.path().join("o"),
+        "--recipient",
+        &keys.edge_key,
+        "--sign",
+        &keys.edge_key,
     ]);
     assert!(err.contains("edge.key") && err.contains("age1"), "{err}");
     let err = fails(&args!["keygen", "--dir", &keys.dir]);
@@ -77,7 +118,14 @@ fn output_inside_the_source_is_refused() {
     let src = tmp.path().join("src");
     write(&src.join("a"), b"a");
     let err = fails(&args![
-        "pack", &src, "--to", src.join("out"), "--recipient", &keys.core_pub, "--sign", &keys.edge_key,
+        "pack",
+        &src,
+        "--to",
+        src.join("out"),
+        "--recipient",
+        &keys.core_pub,
+        "--sign",
+        &keys.edge_key,
     ]);
     assert!(err.contains("inside the source"), "{err}");
 }
@@ -90,14 +138,31 @@ fn symlinks_and_special_files_are_skipped_and_reported() {
     write(&src.join("real.txt"), b"real\n");
     std::os::unix::fs::symlink("/etc/passwd", src.join("passwd-link")).unwrap();
     let fifo = src.join("pipe");
-    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let out = run(&args![
-        "pack", &src, "--to", tmp.path().join("packed"), "--recipient", &keys.core_pub, "--sign", &keys.edge_key,
+        "pack",
+        &src,
+        "--to",
+        tmp.path().join("packed"),
+        "--recipient",
+        &keys.core_pub,
+        "--sign",
+        &keys.edge_key,
     ]);
     assert!(out.status.success());
     let err = String::from_utf8(out.stderr).unwrap();
-    assert!(err.contains("passwd-link") && err.contains("symbolic link"), "{err}");
-    assert!(err.contains("pipe") && err.contains("not a regular file"), "{err}");
+    assert!(
+        err.contains("passwd-link") && err.contains("symbolic link"),
+        "{err}"
+    );
+    assert!(
+        err.contains("pipe") && err.contains("not a regular file"),
+        "{err}"
+    );
     let dest = tmp.path().join("dest");
     ok(&unpack_args(&keys, &tmp.path().join("packed"), &dest));
     assert_eq!(tree(&dest).keys().collect::<Vec<_>>(), ["real.txt"]);

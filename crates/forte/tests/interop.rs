@@ -40,7 +40,11 @@ fn stock_age_and_zstd_restore_every_part() {
             .stdin(age.stdout.take().unwrap())
             .output()
             .unwrap();
-        assert!(age.wait().unwrap().success(), "age -d on {}", part.display());
+        assert!(
+            age.wait().unwrap().success(),
+            "age -d on {}",
+            part.display()
+        );
         assert!(
             zstd.status.success(),
             "zstd -d on {}: {}",

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Prepare-path throughput: `forte pack` against zstd alone and the papers' shell pipe chain.
+
+Every contender reads the same corpus (≥ 1 GB of real files: system libraries, toolchain
+files, text) from the page cache and writes to tmpfs, so the numbers compare CPU work, not the
+disk. Rounds are interleaved (each round runs every contender once) and the median of the
+rounds is reported, because these machines are shared and noisy.
+
+Contenders
+  forte pack          one pass per file: SHA-256 → zstd -3 → age → SHA-256, per-file objects
+  zstd -r (files)     `zstd -3 -T2 -r --output-dir-mirror`: compression only, per-file outputs
+  tar | zstd (stream) `tar -c | zstd -3 -T2`: compression only, one stream, no per-file work
+  pipe chain (CB-IM)  per file `tee >(sha256sum) | zstd -3 | gpg -e | tee >(sha256sum)`,
+                      two files at a time (one per core), output discarded
+
+Usage: bench/prepare.py [--runs 3] [--corpus DIR] [--skip-chain]
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORTE = ROOT / "target" / "release" / "forte"
+WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench"))
+OUT = Path("/dev/shm/forte-bench-out")
+CORPUS_BYTES = 1_200_000_000
+
+
+def sh(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def corpus_sources():
+    sysroot = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True).stdout.strip()
+    return [
+        Path("/usr/lib/x86_64-linux-gnu"),  # system libraries
+        Path(sysroot) / "lib",  # toolchain files
+        Path("/usr/share/doc"),  # text
+        Path("/usr/include"),  # text (C headers)
+    ]
+
+
+def build_corpus(dest: Path) -> None:
+    """Copies regular files (no links) from the sources until the corpus holds enough bytes."""
+    print(f"building corpus in {dest} …", file=sys.stderr)
+    total = 0
+    for src in corpus_sources():
+        for dirpath, _dirs, files in os.walk(src):
+            for name in sorted(files):
+                path = Path(dirpath) / name
+                if path.is_symlink() or not path.is_file():
+                    continue
+                target = dest / path.relative_to("/")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copy2(path, target)
+                except OSError:
+                    continue
+                total += target.stat().st_size
+        if total >= CORPUS_BYTES:
+            break
+    if total < 1_000_000_000:
+        sys.exit(f"corpus has only {total} bytes; need at least 1 GB of real files")
+
+
+def corpus_stats(corpus: Path):
+    files = [p for p in corpus.rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def ensure_gpg_key(home: Path) -> str:
+    uid = "bench@forte.invalid"
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    env = dict(os.environ, GNUPGHOME=str(home))
+    listed = subprocess.run(["gpg", "--list-keys", uid], env=env, capture_output=True)
+    if listed.returncode != 0:
+        sh(["gpg", "--batch", "--passphrase", "", "--quick-gen-key", uid, "default", "default", "never"],
+           env=env, capture_output=True)
+    return uid
+
+
+def contenders(corpus: Path, keys: Path, skip_chain: bool):
+    out = {}
+    out["forte pack"] = [str(FORTE), "pack", str(corpus), "--to", str(OUT / "forte"),
+                         "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "-q"]
+    out["zstd -3 -T2 -r (files)"] = ["zstd", "-3", "-T2", "-r", "-q", "--output-dir-mirror",
+                                     str(OUT / "zstd"), str(corpus)]
+    out["tar | zstd -3 -T2 (stream)"] = ["sh", "-c",
+                                         f"tar -cf - -C '{corpus}' . | zstd -3 -T2 -q -c > '{OUT}/stream.zst'"]
+    if not skip_chain:
+        uid = ensure_gpg_key(WORK / "gnupg")
+        per_file = ('for f; do tee >(sha256sum >/dev/null) < "$f" | zstd -3 -q -c '
+                    f'| gpg -e -r {uid} --batch --trust-model always -q '
+                    '| tee >(sha256sum >/dev/null) >/dev/null; done')
+        out["pipe chain sha256|zstd|gpg|sha256 (CB-IM)"] = [
+            "bash", "-c",
+            f"export GNUPGHOME='{WORK}/gnupg'; find '{corpus}' -type f -print0 "
+            f"| xargs -0 -P2 -n 64 bash -c '{per_file}' _"]
+    return out
+
+
+def timed(cmd) -> float:
+    shutil.rmtree(OUT, ignore_errors=True)
+    OUT.mkdir(parents=True)
+    start = time.perf_counter()
+    sh(cmd, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
+    ap.add_argument("--skip-chain", action="store_true", help="skip the slow shell pipe chain")
+    args = ap.parse_args()
+
+    sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
+    if not args.corpus.exists():
+        build_corpus(args.corpus)
+    keys = WORK / "keys"
+    if not keys.exists():
+        sh([str(FORTE), "keygen", "--dir", str(keys)], stdout=subprocess.DEVNULL)
+    nfiles, nbytes = corpus_stats(args.corpus)
+    runs = contenders(args.corpus, keys, args.skip_chain)
+
+    sh(["sh", "-c", f"tar -cf - -C '{args.corpus}' . > /dev/null"])  # warm the page cache
+    times = {name: [] for name in runs}
+    for r in range(args.runs):
+        for name, cmd in runs.items():
+            t = timed(cmd)
+            times[name].append(t)
+            print(f"round {r + 1}: {name}: {t:.2f} s", file=sys.stderr)
+    shutil.rmtree(OUT, ignore_errors=True)
+
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    forte = med["forte pack"]
+    cpu = os.cpu_count()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"\nCorpus: {nfiles} files, {nbytes / 1e9:.2f} GB ({args.corpus}); machine: {cpu} cores, "
+          f"{mem:.0f} GiB; median of {args.runs} interleaved rounds; output on tmpfs.\n")
+    print("| contender | median s | MB/s | forte pack speed-up |")
+    print("|---|---:|---:|---:|")
+    for name, t in med.items():
+        print(f"| {name} | {t:.2f} | {nbytes / 1e6 / t:.0f} | {t / forte:.2f}× |")
+    print("\nAll rounds (s): " + "; ".join(f"{n}: {', '.join(f'{t:.2f}' for t in ts)}" for n, ts in times.items()))
+
+
+if __name__ == "__main__":
+    main()
