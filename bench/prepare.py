@@ -18,6 +18,7 @@ Usage: bench/prepare.py [--runs 3] [--corpus DIR] [--skip-chain]
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -105,12 +106,17 @@ def contenders(corpus: Path, keys: Path, skip_chain: bool):
     return out
 
 
-def timed(cmd) -> float:
+def timed(cmd):
+    """Wall seconds and CPU seconds (user + system of all the command's processes)."""
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     sh(cmd, stdout=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 def main():
@@ -131,23 +137,28 @@ def main():
 
     sh(["sh", "-c", f"tar -cf - -C '{args.corpus}' . > /dev/null"])  # warm the page cache
     times = {name: [] for name in runs}
+    cpus = {name: [] for name in runs}
     for r in range(args.runs):
         for name, cmd in runs.items():
-            t = timed(cmd)
-            times[name].append(t)
-            print(f"round {r + 1}: {name}: {t:.2f} s", file=sys.stderr)
+            wall, cpu = timed(cmd)
+            times[name].append(wall)
+            cpus[name].append(cpu)
+            print(f"round {r + 1}: {name}: {wall:.2f} s wall, {cpu:.2f} s CPU", file=sys.stderr)
     shutil.rmtree(OUT, ignore_errors=True)
 
     med = {name: statistics.median(ts) for name, ts in times.items()}
+    med_cpu = {name: statistics.median(ts) for name, ts in cpus.items()}
     forte = med["forte pack"]
     cpu = os.cpu_count()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     print(f"\nCorpus: {nfiles} files, {nbytes / 1e9:.2f} GB ({args.corpus}); machine: {cpu} cores, "
           f"{mem:.0f} GiB; median of {args.runs} interleaved rounds; output on tmpfs.\n")
-    print("| contender | median s | MB/s | forte pack speed-up |")
-    print("|---|---:|---:|---:|")
+    print("| contender | median wall s | MB/s | forte pack speed-up (wall) | median CPU s | CPU s per GB |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name, t in med.items():
-        print(f"| {name} | {t:.2f} | {nbytes / 1e6 / t:.0f} | {t / forte:.2f}× |")
+        label = name.replace("|", "\\|")
+        print(f"| {label} | {t:.2f} | {nbytes / 1e6 / t:.0f} | {t / forte:.2f}× | {med_cpu[name]:.2f} "
+              f"| {med_cpu[name] / (nbytes / 1e9):.2f} |")
     print("\nAll rounds (s): " + "; ".join(f"{n}: {', '.join(f'{t:.2f}' for t in ts)}" for n, ts in times.items()))
 
 

@@ -221,16 +221,24 @@ impl<O: Weigh> Emit<'_, O> {
             Err(crossbeam_channel::TrySendError::Disconnected(_)) => return false,
             Err(crossbeam_channel::TrySendError::Full(item)) => item,
         };
+        let tx = self.tx;
+        let ok = self.waiting(|| tx.send(item).is_ok());
+        ok && self.sent(weight)
+    }
+
+    /// Runs `wait`, something that blocks on a resource (a memory budget, a connection slot),
+    /// without counting the time as busy and without holding a CPU token meanwhile.
+    pub fn waiting<R>(&mut self, wait: impl FnOnce() -> R) -> R {
         let start = Instant::now();
         if let Some(budget) = self.budget {
             budget.release(1);
         }
-        let ok = self.tx.send(item).is_ok();
+        let result = wait();
         if let Some(budget) = self.budget {
             budget.acquire(1);
         }
         self.blocked += start.elapsed();
-        ok && self.sent(weight)
+        result
     }
 
     fn sent(&self, weight: u64) -> bool {

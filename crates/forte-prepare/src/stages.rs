@@ -563,7 +563,7 @@ fn read_file(
     for index in 0..job.parts {
         let offset = u64::from(index) * part_size;
         let len = part_size.min(src.size - offset);
-        let charge = memory.charge(len.max(MIN_CHARGE));
+        let charge = emit.waiting(|| memory.charge(len.max(MIN_CHARGE)));
         if let Some(why) = stop.get() {
             emit.send(failed(
                 index,

@@ -23,10 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use crossbeam_channel::{Receiver, Sender};
 use forte_format::seal::{decrypt, sha256_hex};
 use forte_format::{part_file_name, Identities, Kind, Manifest, TrustedEdges};
-use forte_pipeline::{queue, Budget, Emit, Pipeline, Weigh, Work};
+use forte_pipeline::{queue, Budget, Charge, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -83,7 +82,7 @@ struct Assembly {
     file: Option<File>,
     next: u32,
     /// Parts that arrived before their predecessors, with their in-flight slots.
-    pending: BTreeMap<u32, (Vec<u8>, Permit)>,
+    pending: BTreeMap<u32, (Vec<u8>, Charge)>,
     whole: Sha256,
 }
 
@@ -99,20 +98,13 @@ impl Weigh for Job {
     }
 }
 
-struct Permit(Sender<()>);
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        let _ = self.0.send(());
-    }
-}
-
 struct Piece {
     job: Arc<Job>,
     index: u32,
     /// Sealed bytes, then compressed, then raw.
     data: Vec<u8>,
-    permit: Permit,
+    /// This piece's share of the memory budget, held until it is written.
+    charge: Charge,
 }
 
 impl Weigh for Piece {
@@ -183,10 +175,9 @@ impl<'k> Restore<'k> {
         };
 
         let in_flight = self.config.parts_in_flight.max(1);
-        let (permit_tx, permit_rx) = crossbeam_channel::bounded(in_flight);
-        for _ in 0..in_flight {
-            permit_tx.send(()).expect("sized for this");
-        }
+        // Sealed parts are about their raw size or smaller; charging the raw length bounds
+        // the decompressed copies too.
+        let memory = Budget::new(in_flight as u64 * max_part_size(&jobs));
         let cpu = self.config.cpu.max(1);
         let (jobs_tx, jobs_rx) = queue::<Arc<Job>>(64);
         let (read_tx, read_rx) = queue::<Piece>(2);
@@ -197,7 +188,7 @@ impl<'k> Restore<'k> {
         std::thread::scope(|s| {
             p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
                 if stop.get().is_none() {
-                    if let Err(e) = read_parts(&job, &permit_rx, &permit_tx, &stop, emit) {
+                    if let Err(e) = read_parts(&job, &memory, &stop, emit) {
                         fail(e);
                     }
                 }
@@ -284,8 +275,8 @@ impl<'k> Restore<'k> {
         let job = piece.job.clone();
         let manifest = &job.object.manifest;
         let mut asm = job.assembly.lock().unwrap_or_else(|e| e.into_inner());
-        asm.pending.insert(piece.index, (piece.data, piece.permit));
-        while let Some((data, _permit)) = {
+        asm.pending.insert(piece.index, (piece.data, piece.charge));
+        while let Some((data, _charge)) = {
             let next = asm.next;
             asm.pending.remove(&next)
         } {
@@ -325,17 +316,16 @@ fn create_staged(path: &Path) -> Result<File> {
 /// The `read` stage: reads every sealed part of an object in order.
 fn read_parts(
     job: &Arc<Job>,
-    permits: &Receiver<()>,
-    permit_home: &Sender<()>,
+    memory: &Arc<Budget>,
     stop: &OnceLock<()>,
     emit: &mut Emit<'_, Piece>,
 ) -> Result<(), String> {
     let manifest = &job.object.manifest;
     for entry in &manifest.parts {
-        if permits.recv().is_err() || stop.get().is_some() {
+        let charge = emit.waiting(|| memory.charge(entry.raw_length.max(MIN_CHARGE)));
+        if stop.get().is_some() {
             return Ok(());
         }
-        let permit = Permit(permit_home.clone());
         let path = job.object.dir.join(part_file_name(entry.index));
         let context = || {
             format!(
@@ -360,12 +350,24 @@ fn read_parts(
             job: job.clone(),
             index: entry.index,
             data,
-            permit,
+            charge,
         }) {
             return Ok(());
         }
     }
     Ok(())
+}
+
+/// The least a piece charges the memory budget.
+const MIN_CHARGE: u64 = 4096;
+
+/// The largest part among the objects: the memory budget's unit.
+fn max_part_size(jobs: &[Arc<Job>]) -> u64 {
+    jobs.iter()
+        .flat_map(|j| j.object.manifest.parts.iter().map(|p| p.raw_length))
+        .max()
+        .unwrap_or(1)
+        .max(1)
 }
 
 fn verify_ciphertext(piece: &Piece) -> Result<(), String> {
