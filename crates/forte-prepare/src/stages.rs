@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
-use forte_format::{EdgeKey, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
+use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
 use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -70,6 +70,7 @@ pub struct Totals {
 #[derive(Debug, Clone, Serialize)]
 pub struct FileOutcome {
     pub path: String,
+    pub kind: Kind,
     pub id: ObjectId,
     pub size: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -369,6 +370,7 @@ impl<'k> Prepare<'k> {
             .map(|(outcome, job)| {
                 outcome.unwrap_or_else(|| FileOutcome {
                     path: job.source.path.clone(),
+                    kind: job.source.kind,
                     id: job.id,
                     size: job.source.size,
                     error: Some("never finished (internal error)".into()),
@@ -507,6 +509,7 @@ impl<'k> Prepare<'k> {
         }
         Some(FileOutcome {
             path: file.source.path.clone(),
+            kind: file.source.kind,
             id: file.id,
             size: file.source.size,
             error,

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use forte_format::{EdgeKey, Recipients};
+use forte_format::{EdgeKey, Kind, Recipients};
 use forte_pipeline::StageSnapshot;
 use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig};
 use serde::Serialize;
@@ -49,7 +49,9 @@ pub struct Args {
 #[derive(Serialize)]
 pub struct Summary {
     pub command: &'static str,
+    /// Regular files, and empty directories, each one object.
     pub files: usize,
+    pub directories: usize,
     pub failed: usize,
     pub raw_bytes: u64,
     pub compressed_bytes: u64,
@@ -184,7 +186,8 @@ pub fn pack(
     let compressed_bytes = t.compressed_bytes.load(Ordering::Relaxed);
     Ok(Summary {
         command: "pack",
-        files: outcomes.len(),
+        files: outcomes.iter().filter(|o| o.kind == Kind::File).count(),
+        directories: outcomes.iter().filter(|o| o.kind == Kind::Dir).count(),
         failed: outcomes.iter().filter(|o| o.error.is_some()).count(),
         raw_bytes,
         compressed_bytes,
@@ -221,9 +224,11 @@ fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "packed {} of {} files ({}) into {} in {:.2} s: {:.1} MB/s, ratio {:.2}, {} sealed",
-        s.files - s.failed,
+        "packed {} of {} objects ({} files, {} empty directories; {}) into {} in {:.2} s: {:.1} MB/s, ratio {:.2}, {} sealed",
+        s.files + s.directories - s.failed,
+        s.files + s.directories,
         s.files,
+        s.directories,
         human(s.raw_bytes),
         to.display(),
         s.seconds,
