@@ -139,51 +139,49 @@ fn key_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
         .filter(|(_, l)| !l.is_empty() && !l.starts_with('#'))
 }
 
+/// Parses every key line of `path` with `T::from_str`; `what` and `expected` word the errors.
+fn load_key_lines<T: FromStr>(path: &Path, what: &str, expected: &str) -> Result<Vec<T>>
+where
+    T::Err: std::fmt::Display,
+{
+    let text = read_text(path, what)?;
+    let keys = key_lines(&text)
+        .map(|(n, line)| {
+            T::from_str(line).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}:{n}: not an {what} ({e}); expected {expected}",
+                    path.display()
+                )
+            })
+        })
+        .collect::<Result<Vec<T>>>()?;
+    if keys.is_empty() {
+        bail!("{}: no {what} found; expected {expected}", path.display());
+    }
+    Ok(keys)
+}
+
 impl Recipients {
     /// Reads an age recipients file: one `age1…` recipient per line, `#` comments allowed.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = read_text(path, "recipient")?;
-        let mut recipients = Vec::new();
-        for (n, line) in key_lines(&text) {
-            let r = x25519::Recipient::from_str(line).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}:{n}: not an age X25519 recipient ({e}); expected a line starting with age1, as in core.pub from `forte keygen`",
-                    path.display()
-                )
-            })?;
-            recipients.push(r);
-        }
-        if recipients.is_empty() {
-            bail!(
-                "{}: no age recipient found; expected a line starting with age1",
-                path.display()
-            );
-        }
-        Ok(Self(recipients))
+        load_key_lines(
+            path,
+            "age X25519 recipient",
+            "a line starting with age1, as in core.pub from `forte keygen`",
+        )
+        .map(Self)
     }
 }
 
 impl Identities {
     /// Reads an age identity file as written by `age-keygen` or `forte keygen`.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = read_text(path, "identity")?;
-        let mut identities = Vec::new();
-        for (n, line) in key_lines(&text) {
-            let id = x25519::Identity::from_str(line).map_err(|e| {
-                anyhow::anyhow!(
-                    "{}:{n}: not an age X25519 identity ({e}); expected a line starting with AGE-SECRET-KEY-1, as in core.key from `forte keygen`",
-                    path.display()
-                )
-            })?;
-            identities.push(id);
-        }
-        if identities.is_empty() {
-            bail!(
-                "{}: no age identity found; expected a line starting with AGE-SECRET-KEY-1",
-                path.display()
-            );
-        }
-        Ok(Self(identities))
+        load_key_lines(
+            path,
+            "age X25519 identity",
+            "a line starting with AGE-SECRET-KEY-1, as in core.key from `forte keygen`",
+        )
+        .map(Self)
     }
 }
 

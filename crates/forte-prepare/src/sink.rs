@@ -1,7 +1,6 @@
 //! Where sealed parts and manifests go.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
@@ -39,14 +38,7 @@ impl DirSink {
 
     /// Flushes everything written to stable storage.
     pub fn finish(&self) -> Result<()> {
-        let dir = std::fs::File::open(&self.root)
-            .with_context(|| format!("cannot open {}", self.root.display()))?;
-        // SAFETY: syncfs takes a valid open descriptor, which `dir` holds for the call.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot flush {} to disk", self.root.display()));
-        }
-        Ok(())
+        forte_fs::syncfs(&self.root)
     }
 }
 

@@ -16,7 +16,6 @@ mod objects;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -462,16 +461,6 @@ fn tempdir_in(dest: &Path) -> Result<PathBuf> {
     )
 }
 
-fn syncfs(path: &Path) -> Result<()> {
-    let dir = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: `dir` is an open descriptor for the duration of the call.
-    if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("cannot flush {} to disk", path.display()));
-    }
-    Ok(())
-}
-
 fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode & 0o777))
         .with_context(|| format!("cannot set the mode of {}", path.display()))?;
@@ -497,7 +486,7 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
             set_times_and_mode(&job.staged, m)?;
         }
     }
-    syncfs(staging)?;
+    forte_fs::syncfs(staging)?;
     for job in jobs {
         let m = &job.object.manifest;
         let target = dest.join(&m.path);
@@ -524,6 +513,6 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
             }
         }
     }
-    syncfs(dest)?;
+    forte_fs::syncfs(dest)?;
     Ok(delivered)
 }

@@ -58,8 +58,7 @@ fn stock_age_and_zstd_restore_every_part() {
         "age -d | zstd -d of the parts, concatenated, differs from the source"
     );
 
-    let sha = tool("sha256sum").arg(&file).output().unwrap();
-    let sha = String::from_utf8(sha.stdout).unwrap();
+    let sha = String::from_utf8(stdout_of(tool("sha256sum").arg(&file))).unwrap();
     assert_eq!(
         manifest["sha256"].as_str().unwrap(),
         sha.split_whitespace().next().unwrap()
@@ -71,35 +70,15 @@ fn keys_are_standard_formats() {
     let tmp = tempfile::tempdir().unwrap();
     let keys = keygen(&tmp.path().join("keys"));
     // The age identity gives the recipient we wrote.
-    let out = tool("age-keygen")
-        .arg("-y")
-        .arg(&keys.core_key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        std::fs::read_to_string(&keys.core_pub).unwrap()
-    );
+    let recipient = stdout_of(tool("age-keygen").arg("-y").arg(&keys.core_key));
+    assert_eq!(recipient, std::fs::read(&keys.core_pub).unwrap());
     // The edge key is PKCS#8 Ed25519 whose public half is edge.pub.
-    let out = tool("openssl")
-        .args(["pkey", "-pubout", "-in"])
-        .arg(&keys.edge_key)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let public = stdout_of(
+        tool("openssl")
+            .args(["pkey", "-pubout", "-in"])
+            .arg(&keys.edge_key),
     );
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        std::fs::read_to_string(&keys.edge_pub).unwrap()
-    );
+    assert_eq!(public, std::fs::read(&keys.edge_pub).unwrap());
 }
 
 #[test]

@@ -68,6 +68,17 @@ pub fn tool(name: &str) -> Command {
     Command::new(name)
 }
 
+/// Runs a command, fails the test with its stderr unless it succeeds, and returns its stdout.
+pub fn stdout_of(cmd: &mut Command) -> Vec<u8> {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
+}
+
 pub struct Keys {
     pub dir: PathBuf,
     pub core_key: PathBuf,
@@ -202,19 +213,14 @@ pub fn objects(packed: &Path) -> Vec<PathBuf> {
 
 /// Decrypts an object's manifest with the stock `age` tool and parses it.
 pub fn manifest_json(keys: &Keys, object: &Path) -> serde_json::Value {
-    let out = tool("age")
-        .arg("-d")
-        .arg("-i")
-        .arg(&keys.core_key)
-        .arg(object.join("manifest.age"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "age -d: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let json = stdout_of(
+        tool("age")
+            .arg("-d")
+            .arg("-i")
+            .arg(&keys.core_key)
+            .arg(object.join("manifest.age")),
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&json).unwrap()
 }
 
 /// The object directory whose manifest has `path`.
