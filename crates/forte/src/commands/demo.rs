@@ -67,8 +67,14 @@ pub fn run(args: Args) -> Result<bool> {
         true,
     )?;
     println!(
-        "3. pack: {} files in one pass (hash, zstd -{}, age, hash) into {} objects in {}: {:.1} MB/s, ratio {:.2}",
-        summary.files, summary.level, summary.files + summary.directories - summary.failed, packed.display(), summary.raw_mb_per_s, summary.ratio
+        "3. pack: {} files and {} empty directories in one pass (hash, zstd -{}, age, hash) into {} objects in {}: {:.1} MB/s, ratio {:.2}",
+        summary.files,
+        summary.directories,
+        summary.level,
+        summary.files + summary.directories - summary.failed,
+        packed.display(),
+        summary.raw_mb_per_s,
+        summary.ratio
     );
     if summary.failed > 0 {
         bail!("{} files failed to pack", summary.failed);
