@@ -1,0 +1,96 @@
+//! The relay's wire protocol, version 1.
+//!
+//! | method | path | who | does |
+//! |---|---|---|---|
+//! | PUT | `/v1/objects/{id}/parts/{index}` | edge | store a sealed part; header `x-forte-sha256` is checked before answering |
+//! | GET | `/v1/objects/{id}` | edge | which parts of the object the relay holds, and its state |
+//! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
+//! | GET | `/v1/ready` | core | complete objects waiting for pull ([`ReadyObject`]) |
+//! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
+//! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
+//! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
+//! | DELETE | `/v1/sites/{site}/objects/{id}` | core | acknowledge delivery: the relay deletes the object |
+//!
+//! Every request carries `Authorization: Bearer <token>`. An edge token belongs to one site and
+//! sees only that site's objects; a core token lists the sites it may pull.
+
+use forte_format::ObjectId;
+use serde::{Deserialize, Serialize};
+
+/// Header carrying the SHA-256 (lower-case hex) of a request body.
+pub const SHA256_HEADER: &str = "x-forte-sha256";
+
+/// The largest request body the relay accepts: a 16 MiB part sealed, with room for larger
+/// configured part sizes. Bigger bodies get 413.
+pub const MAX_BODY: usize = 1 << 30;
+
+/// A stored part as the relay sees it: a hash and a length.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartRef {
+    pub index: u32,
+    pub sha256: String,
+    pub length: u64,
+}
+
+/// The state of one object at the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ObjectState {
+    /// Parts arriving; not sealed yet (or a part was rejected since).
+    Open,
+    /// Sealed: every part and the manifest are present and waiting for pull.
+    Complete,
+    /// The core acknowledged delivery; the data is gone from the relay.
+    Delivered,
+}
+
+/// Answer to `GET /v1/objects/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ObjectStatus {
+    pub state: ObjectState,
+    pub parts: Vec<PartRef>,
+}
+
+/// Body of `PUT /v1/objects/{id}`: completes an object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Seal {
+    /// An opaque batch id: objects of one batch are pulled together.
+    pub batch: String,
+    /// Every part, in order; the relay must hold each with exactly this hash and length.
+    pub parts: Vec<PartRef>,
+    /// The sealed manifest (`manifest.age`), standard base64.
+    pub manifest: String,
+}
+
+/// One entry of `GET /v1/ready`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadyObject {
+    pub site: String,
+    pub id: ObjectId,
+    pub batch: String,
+    pub parts: Vec<PartRef>,
+    /// Seconds since the Unix epoch when the object was sealed.
+    pub sealed_at: u64,
+}
+
+/// The JSON body of every error answer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ApiError {
+    pub error: String,
+}
+
+/// Site names: 1–64 of `[A-Za-z0-9._-]`, not starting with a dot. They name directories.
+pub fn valid_site(site: &str) -> bool {
+    !site.is_empty()
+        && site.len() <= 64
+        && !site.starts_with('.')
+        && site.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+/// Batch ids follow the same rule as site names.
+pub fn valid_batch(batch: &str) -> bool {
+    valid_site(batch)
+}
+
+/// The largest part index the relay accepts (a 16 TiB file in 16 MiB parts).
+pub const MAX_PART_INDEX: u32 = 1 << 20;

@@ -1,0 +1,319 @@
+//! `forte relay`: the HTTPS server in the DMZ.
+
+mod auth;
+mod store;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use base64::Engine;
+use forte_format::ObjectId;
+
+pub use auth::{Principal, Tokens};
+use store::{Store, StoreError, Stored};
+
+use crate::api::{ApiError, ObjectStatus, ReadyObject, Seal, MAX_BODY, MAX_PART_INDEX, SHA256_HEADER};
+use crate::tls::server_identity;
+
+/// How to run a relay.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    pub listen: SocketAddr,
+    /// Where objects and the relay's records live.
+    pub store: PathBuf,
+    pub tokens: PathBuf,
+    pub tls_cert: Option<PathBuf>,
+    pub tls_key: Option<PathBuf>,
+    /// Host names and addresses for a self-signed certificate.
+    pub tls_names: Vec<String>,
+    /// Most bytes one site may hold at the relay.
+    pub quota_per_site: Option<u64>,
+}
+
+struct Relay {
+    store: Store,
+    tokens: Tokens,
+}
+
+/// A relay running on a background runtime (for tests and `forte demo`).
+pub struct RunningRelay {
+    pub addr: SocketAddr,
+    pub fingerprint: String,
+    pub cert_path: PathBuf,
+    handle: axum_server::Handle<SocketAddr>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningRelay {
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+}
+
+impl Drop for RunningRelay {
+    fn drop(&mut self) {
+        self.handle.shutdown();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Binds, then serves on a runtime of its own in a background thread.
+pub fn start(config: RelayConfig) -> Result<RunningRelay> {
+    let (relay, identity) = prepare(&config)?;
+    let listener = std::net::TcpListener::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?;
+    let handle = axum_server::Handle::new();
+    let server_handle = handle.clone();
+    let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(identity.config));
+    let thread = std::thread::Builder::new().name("forte-relay".into()).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+        runtime.block_on(async move {
+            let server = axum_server::from_tcp_rustls(listener, tls).expect("a bound listener").handle(server_handle);
+            if let Err(e) = server.serve(router(relay).into_make_service()).await {
+                tracing::error!("relay stopped: {e}");
+            }
+        });
+    })?;
+    Ok(RunningRelay { addr, fingerprint: identity.fingerprint, cert_path: identity.cert_path, handle, thread: Some(thread) })
+}
+
+/// Serves in the foreground until interrupted; prints where and how to pin the certificate.
+pub fn run(config: RelayConfig) -> Result<()> {
+    let relay = start(config)?;
+    println!("relay listening on {}", relay.url());
+    println!("certificate {} (sha256 fingerprint {})", relay.cert_path.display(), relay.fingerprint);
+    println!("senders and pullers: --relay {} --relay-fingerprint {}", relay.url(), relay.fingerprint);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(tokio::signal::ctrl_c()).context("waiting for Ctrl-C")?;
+    println!("relay shutting down");
+    Ok(())
+}
+
+fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdentity)> {
+    let tokens = Tokens::load(&config.tokens)?;
+    let store = Store::open(&config.store, config.quota_per_site)?;
+    let identity = server_identity(
+        config.tls_cert.as_deref(),
+        config.tls_key.as_deref(),
+        &config.store.join("tls"),
+        &config.tls_names,
+    )?;
+    Ok((Arc::new(Relay { store, tokens }), identity))
+}
+
+fn router(relay: Arc<Relay>) -> Router {
+    Router::new()
+        .route("/v1/objects/{id}", get(object_status).put(seal))
+        .route("/v1/objects/{id}/parts/{index}", put(put_part))
+        .route("/v1/ready", get(ready))
+        .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
+        .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
+        .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
+        .route("/v1/sites/{site}/objects/{id}/parts/{index}/reject", post(reject))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(relay)
+}
+
+/// An error answer: a status and a JSON body that says what and why.
+struct Failure(StatusCode, String);
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> Response {
+        if self.0 == StatusCode::UNAUTHORIZED {
+            tracing::warn!(status = 401, "refused: {}", self.1);
+            let mut r = (self.0, Json(ApiError { error: self.1 })).into_response();
+            r.headers_mut().insert("www-authenticate", "Bearer".parse().expect("valid header"));
+            return r;
+        }
+        tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
+        (self.0, Json(ApiError { error: self.1 })).into_response()
+    }
+}
+
+impl From<StoreError> for Failure {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(m) => Failure(StatusCode::NOT_FOUND, m),
+            StoreError::Conflict(m) => Failure(StatusCode::CONFLICT, m),
+            StoreError::Invalid(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, m),
+            StoreError::Full(m) => Failure(StatusCode::INSUFFICIENT_STORAGE, m),
+            StoreError::Io(m) => Failure(StatusCode::INTERNAL_SERVER_ERROR, m),
+        }
+    }
+}
+
+type Answer<T> = std::result::Result<T, Failure>;
+
+fn principal(relay: &Relay, headers: &HeaderMap) -> Answer<Principal> {
+    let token = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+    relay
+        .tokens
+        .lookup(token)
+        .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "unknown token".into()))
+}
+
+fn edge_site(relay: &Relay, headers: &HeaderMap) -> Answer<String> {
+    match principal(relay, headers)? {
+        Principal::Edge { site } => Ok(site),
+        Principal::Core { .. } => Err(Failure(StatusCode::FORBIDDEN, "a core token cannot upload".into())),
+    }
+}
+
+fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
+    let who = principal(relay, headers)?;
+    if who.pulls(site) {
+        Ok(())
+    } else {
+        // Not 403: a token must not learn which other sites exist.
+        Err(Failure(StatusCode::NOT_FOUND, format!("no site {site} for this token")))
+    }
+}
+
+fn object_id(text: &str) -> Answer<ObjectId> {
+    text.parse().map_err(|e: String| Failure(StatusCode::BAD_REQUEST, e))
+}
+
+fn part_index(index: u32) -> Answer<u32> {
+    if index > MAX_PART_INDEX {
+        return Err(Failure(StatusCode::BAD_REQUEST, format!("part index {index} is out of range")));
+    }
+    Ok(index)
+}
+
+/// Runs blocking store work (disk, hashing) off the async workers.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> std::result::Result<T, StoreError> + Send + 'static,
+) -> Answer<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("worker failed: {e}")))?
+        .map_err(Failure::from)
+}
+
+async fn put_part(
+    State(relay): State<Arc<Relay>>,
+    Path((id, index)): Path<(String, u32)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer<StatusCode> {
+    let site = edge_site(&relay, &headers)?;
+    let (id, index) = (object_id(&id)?, part_index(index)?);
+    let sha256 = headers
+        .get(SHA256_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| Failure(StatusCode::BAD_REQUEST, format!("missing {SHA256_HEADER} header")))?;
+    let r = relay.clone();
+    let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
+    Ok(match stored {
+        Stored::New => {
+            tracing::info!(object = %id, part = index, "part stored");
+            StatusCode::CREATED
+        }
+        Stored::AlreadyHeld => StatusCode::OK,
+    })
+}
+
+async fn object_status(
+    State(relay): State<Arc<Relay>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Answer<Json<ObjectStatus>> {
+    let site = edge_site(&relay, &headers)?;
+    let id = object_id(&id)?;
+    let r = relay.clone();
+    Ok(Json(blocking(move || r.store.status(&site, id)).await?))
+}
+
+async fn seal(
+    State(relay): State<Arc<Relay>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    Json(seal): Json<Seal>,
+) -> Answer<StatusCode> {
+    let site = edge_site(&relay, &headers)?;
+    let id = object_id(&id)?;
+    if !crate::api::valid_batch(&seal.batch) {
+        return Err(Failure(StatusCode::BAD_REQUEST, format!("batch id {:?} is not valid", seal.batch)));
+    }
+    let manifest = base64::engine::general_purpose::STANDARD
+        .decode(&seal.manifest)
+        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("manifest is not base64: {e}")))?;
+    let r = relay.clone();
+    blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
+    tracing::info!(object = %id, "object sealed");
+    Ok(StatusCode::CREATED)
+}
+
+async fn ready(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> Answer<Json<Vec<ReadyObject>>> {
+    let sites = match principal(&relay, &headers)? {
+        Principal::Core { sites } => sites,
+        Principal::Edge { .. } => return Err(Failure(StatusCode::FORBIDDEN, "an edge token cannot pull".into())),
+    };
+    let r = relay.clone();
+    Ok(Json(blocking(move || Ok(r.store.ready(&sites))).await?))
+}
+
+async fn get_manifest(
+    State(relay): State<Arc<Relay>>,
+    Path((site, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Answer<Vec<u8>> {
+    core_for(&relay, &headers, &site)?;
+    let id = object_id(&id)?;
+    let r = relay.clone();
+    blocking(move || r.store.read_manifest(&site, id)).await
+}
+
+async fn get_part(
+    State(relay): State<Arc<Relay>>,
+    Path((site, id, index)): Path<(String, String, u32)>,
+    headers: HeaderMap,
+) -> Answer<Vec<u8>> {
+    core_for(&relay, &headers, &site)?;
+    let (id, index) = (object_id(&id)?, part_index(index)?);
+    let r = relay.clone();
+    blocking(move || r.store.read_part(&site, id, index)).await
+}
+
+async fn ack(
+    State(relay): State<Arc<Relay>>,
+    Path((site, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Answer<StatusCode> {
+    core_for(&relay, &headers, &site)?;
+    let id = object_id(&id)?;
+    let r = relay.clone();
+    blocking(move || r.store.ack(&site, id)).await?;
+    tracing::info!(object = %id, "delivery acknowledged; object deleted");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn reject(
+    State(relay): State<Arc<Relay>>,
+    Path((site, id, index)): Path<(String, String, u32)>,
+    headers: HeaderMap,
+) -> Answer<StatusCode> {
+    core_for(&relay, &headers, &site)?;
+    let (id, index) = (object_id(&id)?, part_index(index)?);
+    let r = relay.clone();
+    blocking(move || r.store.reject(&site, id, index)).await?;
+    tracing::warn!(object = %id, part = index, "part reported damaged by the core; dropped");
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,329 @@
+//! The relay's disk: ciphertext objects in the pack layout, plus the relay's own small records.
+//!
+//! ```text
+//! STORE/sites/<site>/objects/<id>/manifest.age, part-NNNNNN.zst.age   (as `forte pack` writes)
+//! STORE/sites/<site>/meta/<id>/part-NNNNNN.sha256   "<sha256> <length>": the part is held
+//! STORE/sites/<site>/meta/<id>/sealed.json          the object is complete (a ReadyObject)
+//! STORE/sites/<site>/acked/<id>                     the core acknowledged delivery
+//! STORE/sites/<site>/tmp/                           bodies being written
+//! ```
+//!
+//! Every write goes to `tmp/`, is fsynced, then renamed into place, and the directory is
+//! fsynced: a part's record is written before the part is renamed in, and a part counts as held
+//! only when both exist, so a crash at any point leaves either the old state or the new one.
+
+use std::collections::HashMap;
+use std::io::{ErrorKind, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use forte_format::{part_file_name, ObjectId, MANIFEST_FILE};
+use sha2::{Digest, Sha256};
+
+use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject, Seal};
+
+/// Why a store operation was refused.
+#[derive(Debug)]
+pub enum StoreError {
+    NotFound(String),
+    /// The request contradicts what is stored (missing parts at seal, delivered object).
+    Conflict(String),
+    /// The request itself is wrong (hash mismatch, bad part list).
+    Invalid(String),
+    /// Quota or disk full.
+    Full(String),
+    Io(String),
+}
+
+impl StoreError {
+    fn io(what: &str, path: &Path, e: std::io::Error) -> Self {
+        if e.raw_os_error() == Some(28) || e.kind() == ErrorKind::StorageFull {
+            return StoreError::Full(format!("relay disk full while writing {what}"));
+        }
+        StoreError::Io(format!("{what}: {}: {e}", path.display()))
+    }
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// What a part upload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    New,
+    AlreadyHeld,
+}
+
+pub struct Store {
+    root: PathBuf,
+    quota: Option<u64>,
+    /// Bytes held per site, for the quota; rebuilt from disk at start.
+    usage: Mutex<HashMap<String, u64>>,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+fn record_name(index: u32) -> String {
+    format!("part-{index:06}.sha256")
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map_or(0, |m| m.len()),
+        })
+        .sum()
+}
+
+impl Store {
+    pub fn open(root: &Path, quota: Option<u64>) -> anyhow::Result<Self> {
+        let sites = root.join("sites");
+        std::fs::create_dir_all(&sites)
+            .map_err(|e| anyhow::anyhow!("cannot create relay store {}: {e}", sites.display()))?;
+        let mut usage = HashMap::new();
+        for entry in std::fs::read_dir(&sites)?.flatten() {
+            let site = entry.file_name().to_string_lossy().into_owned();
+            usage.insert(site, dir_bytes(&entry.path().join("objects")));
+            let _ = std::fs::remove_dir_all(entry.path().join("tmp"));
+        }
+        Ok(Self { root: root.to_path_buf(), quota, usage: Mutex::new(usage) })
+    }
+
+    fn site(&self, site: &str) -> PathBuf {
+        self.root.join("sites").join(site)
+    }
+
+    fn object_dir(&self, site: &str, id: ObjectId) -> PathBuf {
+        self.site(site).join("objects").join(id.to_string())
+    }
+
+    fn meta_dir(&self, site: &str, id: ObjectId) -> PathBuf {
+        self.site(site).join("meta").join(id.to_string())
+    }
+
+    fn acked(&self, site: &str, id: ObjectId) -> PathBuf {
+        self.site(site).join("acked").join(id.to_string())
+    }
+
+    /// Writes `bytes` durably at `target`: temp file in the site's tmp/, fsync, rename, fsync
+    /// of the target directory.
+    fn write_durably(&self, site: &str, target: &Path, bytes: &[u8], what: &str) -> Result<()> {
+        let tmp_dir = self.site(site).join("tmp");
+        let dir = target.parent().expect("targets live in a directory");
+        for d in [&tmp_dir, &dir.to_path_buf()] {
+            std::fs::create_dir_all(d).map_err(|e| StoreError::io(what, d, e))?;
+        }
+        let mut suffix = [0u8; 8];
+        getrandom::getrandom(&mut suffix).map_err(|e| StoreError::Io(e.to_string()))?;
+        let tmp = tmp_dir.join(hex::encode(suffix));
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            f.write_all(bytes)?;
+            f.sync_all()
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(StoreError::io(what, &tmp, e));
+        }
+        std::fs::rename(&tmp, target).map_err(|e| StoreError::io(what, target, e))?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| StoreError::io(what, dir, e))
+    }
+
+    /// The parts of an object the relay holds: record and file both present.
+    fn held_parts(&self, site: &str, id: ObjectId) -> Vec<PartRef> {
+        let meta = self.meta_dir(site, id);
+        let objects = self.object_dir(site, id);
+        let mut parts: Vec<PartRef> = std::fs::read_dir(&meta)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let index: u32 = name.strip_prefix("part-")?.strip_suffix(".sha256")?.parse().ok()?;
+                let text = std::fs::read_to_string(e.path()).ok()?;
+                let (sha256, length) = text.trim().split_once(' ')?;
+                let length = length.parse().ok()?;
+                objects.join(part_file_name(index)).exists().then(|| PartRef {
+                    index,
+                    sha256: sha256.to_string(),
+                    length,
+                })
+            })
+            .collect();
+        parts.sort_by_key(|p| p.index);
+        parts
+    }
+
+    fn add_usage(&self, site: &str, delta: i64) {
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let used = usage.entry(site.to_string()).or_default();
+        *used = used.saturating_add_signed(delta);
+    }
+
+    pub fn put_part(&self, site: &str, id: ObjectId, index: u32, sha256: &str, body: &[u8]) -> Result<Stored> {
+        if self.acked(site, id).exists() {
+            return Err(StoreError::Conflict(format!("object {id} was already delivered")));
+        }
+        let previous = self.held_parts(site, id).into_iter().find(|p| p.index == index);
+        if let Some(p) = &previous {
+            if p.sha256 == sha256 && p.length == body.len() as u64 {
+                return Ok(Stored::AlreadyHeld);
+            }
+        }
+        let found = hex::encode(Sha256::digest(body));
+        if found != sha256 {
+            return Err(StoreError::Invalid(format!(
+                "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
+            )));
+        }
+        if let Some(quota) = self.quota {
+            let used = *self.usage.lock().unwrap_or_else(|e| e.into_inner()).get(site).unwrap_or(&0);
+            if used + body.len() as u64 > quota {
+                return Err(StoreError::Full(format!(
+                    "site {site} is at its quota ({used} of {quota} bytes held); retry after the core has pulled"
+                )));
+            }
+        }
+        let what = format!("part {index} of object {id}");
+        self.write_durably(
+            site,
+            &self.meta_dir(site, id).join(record_name(index)),
+            format!("{sha256} {}\n", body.len()).as_bytes(),
+            &what,
+        )?;
+        self.write_durably(site, &self.object_dir(site, id).join(part_file_name(index)), body, &what)?;
+        self.add_usage(site, body.len() as i64 - previous.map_or(0, |p| p.length as i64));
+        Ok(Stored::New)
+    }
+
+    pub fn status(&self, site: &str, id: ObjectId) -> Result<ObjectStatus> {
+        if self.acked(site, id).exists() {
+            return Ok(ObjectStatus { state: ObjectState::Delivered, parts: vec![] });
+        }
+        if !self.meta_dir(site, id).exists() {
+            return Err(StoreError::NotFound(format!("object {id} is not at the relay")));
+        }
+        let state = if self.meta_dir(site, id).join("sealed.json").exists() {
+            ObjectState::Complete
+        } else {
+            ObjectState::Open
+        };
+        Ok(ObjectStatus { state, parts: self.held_parts(site, id) })
+    }
+
+    pub fn seal(&self, site: &str, id: ObjectId, seal: &Seal, manifest: &[u8]) -> Result<()> {
+        if self.acked(site, id).exists() {
+            return Err(StoreError::Conflict(format!("object {id} was already delivered")));
+        }
+        for (i, p) in seal.parts.iter().enumerate() {
+            if p.index as usize != i {
+                return Err(StoreError::Invalid(format!("part list of object {id} is not in order at {i}")));
+            }
+        }
+        let held = self.held_parts(site, id);
+        let missing: Vec<u32> = seal
+            .parts
+            .iter()
+            .filter(|p| !held.contains(p))
+            .map(|p| p.index)
+            .collect();
+        if !missing.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "object {id} cannot be sealed: parts {missing:?} are missing or differ"
+            )));
+        }
+        let what = format!("manifest of object {id}");
+        self.write_durably(site, &self.object_dir(site, id).join(MANIFEST_FILE), manifest, &what)?;
+        self.add_usage(site, manifest.len() as i64);
+        let ready = ReadyObject {
+            site: site.to_string(),
+            id,
+            batch: seal.batch.clone(),
+            parts: seal.parts.clone(),
+            sealed_at: now(),
+        };
+        let record = serde_json::to_vec(&ready).expect("serialises");
+        self.write_durably(site, &self.meta_dir(site, id).join("sealed.json"), &record, &what)
+    }
+
+    /// Complete objects of the given sites, oldest first.
+    pub fn ready(&self, sites: &[String]) -> Vec<ReadyObject> {
+        let all_sites: Vec<String> = if sites.iter().any(|s| s == "*") {
+            std::fs::read_dir(self.root.join("sites"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        } else {
+            sites.to_vec()
+        };
+        let mut ready: Vec<ReadyObject> = all_sites
+            .iter()
+            .flat_map(|site| std::fs::read_dir(self.site(site).join("meta")).into_iter().flatten().flatten())
+            .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
+            .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+            .collect();
+        ready.sort_by(|a, b| (a.sealed_at, &a.batch, a.id).cmp(&(b.sealed_at, &b.batch, b.id)));
+        ready
+    }
+
+    pub fn read_manifest(&self, site: &str, id: ObjectId) -> Result<Vec<u8>> {
+        if !self.meta_dir(site, id).join("sealed.json").exists() {
+            return Err(StoreError::NotFound(format!("object {id} of site {site} is not complete")));
+        }
+        let path = self.object_dir(site, id).join(MANIFEST_FILE);
+        std::fs::read(&path).map_err(|e| StoreError::io("manifest", &path, e))
+    }
+
+    pub fn read_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
+        let path = self.object_dir(site, id).join(part_file_name(index));
+        std::fs::read(&path).map_err(|e| match e.kind() {
+            ErrorKind::NotFound => StoreError::NotFound(format!("part {index} of object {id} is not at the relay")),
+            _ => StoreError::io("part", &path, e),
+        })
+    }
+
+    /// Delivery acknowledged: delete the object, keep a tombstone so the edge can learn it.
+    pub fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
+        if self.acked(site, id).exists() {
+            return Ok(());
+        }
+        if !self.meta_dir(site, id).join("sealed.json").exists() {
+            return Err(StoreError::NotFound(format!("object {id} of site {site} is not complete")));
+        }
+        let what = format!("acknowledgement of object {id}");
+        self.write_durably(site, &self.acked(site, id), &now().to_string().into_bytes(), &what)?;
+        let dir = self.object_dir(site, id);
+        let freed = dir_bytes(&dir);
+        for d in [dir, self.meta_dir(site, id)] {
+            std::fs::remove_dir_all(&d).map_err(|e| StoreError::io(&what, &d, e))?;
+        }
+        self.add_usage(site, -(freed as i64));
+        Ok(())
+    }
+
+    /// A damaged part reported by the core: drop it and reopen the object, so the edge
+    /// uploads the part again and re-seals.
+    pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
+        let meta = self.meta_dir(site, id);
+        let part = self.object_dir(site, id).join(part_file_name(index));
+        let length = std::fs::metadata(&part).map_or(0, |m| m.len());
+        for path in [meta.join("sealed.json"), meta.join(record_name(index)), part] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io("rejected part", &path, e)),
+            }
+        }
+        self.add_usage(site, -(length as i64));
+        Ok(())
+    }
+}
