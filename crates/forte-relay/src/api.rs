@@ -84,7 +84,9 @@ pub fn valid_site(site: &str) -> bool {
     !site.is_empty()
         && site.len() <= 64
         && !site.starts_with('.')
-        && site.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && site
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
 /// Batch ids follow the same rule as site names.

@@ -54,7 +54,11 @@ impl RelayClient {
             .timeout(timeout)
             .build()
             .map_err(|e| anyhow::anyhow!("cannot build the HTTPS client: {e}"))?;
-        Ok(Self { http, base: endpoint.url.trim_end_matches('/').to_string(), token: endpoint.token.clone() })
+        Ok(Self {
+            http,
+            base: endpoint.url.trim_end_matches('/').to_string(),
+            token: endpoint.token.clone(),
+        })
     }
 
     fn url(&self, path: &str) -> String {
@@ -62,11 +66,14 @@ impl RelayClient {
     }
 
     fn send(&self, url: String, request: RequestBuilder) -> Result<Response> {
-        let response = request.bearer_auth(&self.token).send().map_err(|e| RelayError {
-            url: url.clone(),
-            status: None,
-            message: format!("{e}{}", source_chain(&e)),
-        })?;
+        let response = request
+            .bearer_auth(&self.token)
+            .send()
+            .map_err(|e| RelayError {
+                url: url.clone(),
+                status: None,
+                message: format!("{e}{}", source_chain(&e)),
+            })?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -75,27 +82,43 @@ impl RelayClient {
             .json::<ApiError>()
             .map(|e| e.error)
             .unwrap_or_else(|_| status.canonical_reason().unwrap_or("error").to_string());
-        Err(RelayError { url, status: Some(status.as_u16()), message: format!("{status}: {message}") })
+        Err(RelayError {
+            url,
+            status: Some(status.as_u16()),
+            message: format!("{status}: {message}"),
+        })
     }
 
     fn body(url: &str, response: Response) -> Result<Vec<u8>> {
         response
             .bytes()
             .map(|b| b.to_vec())
-            .map_err(|e| RelayError { url: url.to_string(), status: None, message: format!("reading the answer: {e}") })
+            .map_err(|e| RelayError {
+                url: url.to_string(),
+                status: None,
+                message: format!("reading the answer: {e}"),
+            })
     }
 
     fn json<T: serde::de::DeserializeOwned>(url: &str, response: Response) -> Result<T> {
-        response
-            .json()
-            .map_err(|e| RelayError { url: url.to_string(), status: None, message: format!("unexpected answer: {e}") })
+        response.json().map_err(|e| RelayError {
+            url: url.to_string(),
+            status: None,
+            message: format!("unexpected answer: {e}"),
+        })
     }
 
     /// Uploads a sealed part; the relay checks `sha256` before answering.
     pub fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let url = self.url(&format!("/v1/objects/{id}/parts/{index}"));
-        self.send(url.clone(), self.http.put(&url).header(SHA256_HEADER, sha256).body(sealed.to_vec()))
-            .map(drop)
+        self.send(
+            url.clone(),
+            self.http
+                .put(&url)
+                .header(SHA256_HEADER, sha256)
+                .body(sealed.to_vec()),
+        )
+        .map(drop)
     }
 
     /// What the relay holds of an object; `None` if it has never heard of it.
@@ -108,14 +131,21 @@ impl RelayClient {
         }
     }
 
-    pub fn seal(&self, id: ObjectId, batch: &str, parts: Vec<PartRef>, manifest: &[u8]) -> Result<()> {
+    pub fn seal(
+        &self,
+        id: ObjectId,
+        batch: &str,
+        parts: Vec<PartRef>,
+        manifest: &[u8],
+    ) -> Result<()> {
         let url = self.url(&format!("/v1/objects/{id}"));
         let seal = Seal {
             batch: batch.to_string(),
             parts,
             manifest: base64::engine::general_purpose::STANDARD.encode(manifest),
         };
-        self.send(url.clone(), self.http.put(&url).json(&seal)).map(drop)
+        self.send(url.clone(), self.http.put(&url).json(&seal))
+            .map(drop)
     }
 
     pub fn ready(&self) -> Result<Vec<ReadyObject>> {
@@ -142,7 +172,9 @@ impl RelayClient {
     }
 
     pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
-        let url = self.url(&format!("/v1/sites/{site}/objects/{id}/parts/{index}/reject"));
+        let url = self.url(&format!(
+            "/v1/sites/{site}/objects/{id}/parts/{index}/reject"
+        ));
         self.send(url.clone(), self.http.post(&url)).map(drop)
     }
 }

@@ -66,8 +66,18 @@ pub fn server_identity(
         .context("TLS protocol versions")?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .with_context(|| format!("{} and {} do not form a usable pair", cert_path.display(), key_path.display()))?;
-    Ok(ServerIdentity { config, fingerprint, cert_path })
+        .with_context(|| {
+            format!(
+                "{} and {} do not form a usable pair",
+                cert_path.display(),
+                key_path.display()
+            )
+        })?;
+    Ok(ServerIdentity {
+        config,
+        fingerprint,
+        cert_path,
+    })
 }
 
 fn generate_self_signed(cert: &Path, key: &Path, names: &[String]) -> Result<()> {
@@ -105,14 +115,23 @@ pub fn client_config(trust: &RelayTrust) -> Result<rustls::ClientConfig> {
         .context("TLS protocol versions")?;
     let config = match trust {
         RelayTrust::Fingerprint(pin) => {
-            let cleaned: String = pin.chars().filter(|c| *c != ':').collect::<String>().to_lowercase();
+            let cleaned: String = pin
+                .chars()
+                .filter(|c| *c != ':')
+                .collect::<String>()
+                .to_lowercase();
             let mut bytes = [0u8; 32];
             hex::decode_to_slice(&cleaned, &mut bytes).map_err(|_| {
-                anyhow::anyhow!("relay fingerprint {pin:?} is not 64 hex digits (the relay prints it at start)")
+                anyhow::anyhow!(
+                    "relay fingerprint {pin:?} is not 64 hex digits (the relay prints it at start)"
+                )
             })?;
             builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedCertificate { sha256: bytes, provider: provider() }))
+                .with_custom_certificate_verifier(Arc::new(PinnedCertificate {
+                    sha256: bytes,
+                    provider: provider(),
+                }))
                 .with_no_client_auth()
         }
         RelayTrust::CaFile(path) => {
@@ -121,7 +140,9 @@ pub fn client_config(trust: &RelayTrust) -> Result<rustls::ClientConfig> {
                 .with_context(|| format!("cannot read CA file {}", path.display()))?
             {
                 let cert = cert.with_context(|| format!("bad PEM in {}", path.display()))?;
-                roots.add(cert).with_context(|| format!("unusable certificate in {}", path.display()))?;
+                roots
+                    .add(cert)
+                    .with_context(|| format!("unusable certificate in {}", path.display()))?;
             }
             builder.with_root_certificates(roots).with_no_client_auth()
         }
@@ -164,7 +185,12 @@ impl ServerCertVerifier for PinnedCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn verify_tls13_signature(
@@ -173,10 +199,17 @@ impl ServerCertVerifier for PinnedCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }

@@ -20,7 +20,9 @@ use forte_format::ObjectId;
 pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
-use crate::api::{ApiError, ObjectStatus, ReadyObject, Seal, MAX_BODY, MAX_PART_INDEX, SHA256_HEADER};
+use crate::api::{
+    ApiError, ObjectStatus, ReadyObject, Seal, MAX_BODY, MAX_PART_INDEX, SHA256_HEADER,
+};
 use crate::tls::server_identity;
 
 /// How to run a relay.
@@ -77,26 +79,51 @@ pub fn start(config: RelayConfig) -> Result<RunningRelay> {
     let handle = axum_server::Handle::new();
     let server_handle = handle.clone();
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(Arc::new(identity.config));
-    let thread = std::thread::Builder::new().name("forte-relay".into()).spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-        runtime.block_on(async move {
-            let server = axum_server::from_tcp_rustls(listener, tls).expect("a bound listener").handle(server_handle);
-            if let Err(e) = server.serve(router(relay).into_make_service()).await {
-                tracing::error!("relay stopped: {e}");
-            }
-        });
-    })?;
-    Ok(RunningRelay { addr, fingerprint: identity.fingerprint, cert_path: identity.cert_path, handle, thread: Some(thread) })
+    let thread = std::thread::Builder::new()
+        .name("forte-relay".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            runtime.block_on(async move {
+                let server = axum_server::from_tcp_rustls(listener, tls)
+                    .expect("a bound listener")
+                    .handle(server_handle);
+                if let Err(e) = server.serve(router(relay).into_make_service()).await {
+                    tracing::error!("relay stopped: {e}");
+                }
+            });
+        })?;
+    Ok(RunningRelay {
+        addr,
+        fingerprint: identity.fingerprint,
+        cert_path: identity.cert_path,
+        handle,
+        thread: Some(thread),
+    })
 }
 
 /// Serves in the foreground until interrupted; prints where and how to pin the certificate.
 pub fn run(config: RelayConfig) -> Result<()> {
     let relay = start(config)?;
     println!("relay listening on {}", relay.url());
-    println!("certificate {} (sha256 fingerprint {})", relay.cert_path.display(), relay.fingerprint);
-    println!("senders and pullers: --relay {} --relay-fingerprint {}", relay.url(), relay.fingerprint);
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    runtime.block_on(tokio::signal::ctrl_c()).context("waiting for Ctrl-C")?;
+    println!(
+        "certificate {} (sha256 fingerprint {})",
+        relay.cert_path.display(),
+        relay.fingerprint
+    );
+    println!(
+        "senders and pullers: --relay {} --relay-fingerprint {}",
+        relay.url(),
+        relay.fingerprint
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime
+        .block_on(tokio::signal::ctrl_c())
+        .context("waiting for Ctrl-C")?;
     println!("relay shutting down");
     Ok(())
 }
@@ -121,7 +148,10 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
         .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
-        .route("/v1/sites/{site}/objects/{id}/parts/{index}/reject", post(reject))
+        .route(
+            "/v1/sites/{site}/objects/{id}/parts/{index}/reject",
+            post(reject),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(relay)
 }
@@ -134,7 +164,8 @@ impl IntoResponse for Failure {
         if self.0 == StatusCode::UNAUTHORIZED {
             tracing::warn!(status = 401, "refused: {}", self.1);
             let mut r = (self.0, Json(ApiError { error: self.1 })).into_response();
-            r.headers_mut().insert("www-authenticate", "Bearer".parse().expect("valid header"));
+            r.headers_mut()
+                .insert("www-authenticate", "Bearer".parse().expect("valid header"));
             return r;
         }
         tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
@@ -171,7 +202,10 @@ fn principal(relay: &Relay, headers: &HeaderMap) -> Answer<Principal> {
 fn edge_site(relay: &Relay, headers: &HeaderMap) -> Answer<String> {
     match principal(relay, headers)? {
         Principal::Edge { site } => Ok(site),
-        Principal::Core { .. } => Err(Failure(StatusCode::FORBIDDEN, "a core token cannot upload".into())),
+        Principal::Core { .. } => Err(Failure(
+            StatusCode::FORBIDDEN,
+            "a core token cannot upload".into(),
+        )),
     }
 }
 
@@ -181,17 +215,24 @@ fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
         Ok(())
     } else {
         // Not 403: a token must not learn which other sites exist.
-        Err(Failure(StatusCode::NOT_FOUND, format!("no site {site} for this token")))
+        Err(Failure(
+            StatusCode::NOT_FOUND,
+            format!("no site {site} for this token"),
+        ))
     }
 }
 
 fn object_id(text: &str) -> Answer<ObjectId> {
-    text.parse().map_err(|e: String| Failure(StatusCode::BAD_REQUEST, e))
+    text.parse()
+        .map_err(|e: String| Failure(StatusCode::BAD_REQUEST, e))
 }
 
 fn part_index(index: u32) -> Answer<u32> {
     if index > MAX_PART_INDEX {
-        return Err(Failure(StatusCode::BAD_REQUEST, format!("part index {index} is out of range")));
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("part index {index} is out of range"),
+        ));
     }
     Ok(index)
 }
@@ -202,7 +243,12 @@ async fn blocking<T: Send + 'static>(
 ) -> Answer<T> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| Failure(StatusCode::INTERNAL_SERVER_ERROR, format!("worker failed: {e}")))?
+        .map_err(|e| {
+            Failure(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("worker failed: {e}"),
+            )
+        })?
         .map_err(Failure::from)
 }
 
@@ -218,7 +264,12 @@ async fn put_part(
         .get(SHA256_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-        .ok_or_else(|| Failure(StatusCode::BAD_REQUEST, format!("missing {SHA256_HEADER} header")))?;
+        .ok_or_else(|| {
+            Failure(
+                StatusCode::BAD_REQUEST,
+                format!("missing {SHA256_HEADER} header"),
+            )
+        })?;
     let r = relay.clone();
     let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
     Ok(match stored {
@@ -250,21 +301,37 @@ async fn seal(
     let site = edge_site(&relay, &headers)?;
     let id = object_id(&id)?;
     if !crate::api::valid_batch(&seal.batch) {
-        return Err(Failure(StatusCode::BAD_REQUEST, format!("batch id {:?} is not valid", seal.batch)));
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {:?} is not valid", seal.batch),
+        ));
     }
     let manifest = base64::engine::general_purpose::STANDARD
         .decode(&seal.manifest)
-        .map_err(|e| Failure(StatusCode::BAD_REQUEST, format!("manifest is not base64: {e}")))?;
+        .map_err(|e| {
+            Failure(
+                StatusCode::BAD_REQUEST,
+                format!("manifest is not base64: {e}"),
+            )
+        })?;
     let r = relay.clone();
     blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
     tracing::info!(object = %id, "object sealed");
     Ok(StatusCode::CREATED)
 }
 
-async fn ready(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> Answer<Json<Vec<ReadyObject>>> {
+async fn ready(
+    State(relay): State<Arc<Relay>>,
+    headers: HeaderMap,
+) -> Answer<Json<Vec<ReadyObject>>> {
     let sites = match principal(&relay, &headers)? {
         Principal::Core { sites } => sites,
-        Principal::Edge { .. } => return Err(Failure(StatusCode::FORBIDDEN, "an edge token cannot pull".into())),
+        Principal::Edge { .. } => {
+            return Err(Failure(
+                StatusCode::FORBIDDEN,
+                "an edge token cannot pull".into(),
+            ))
+        }
     };
     let r = relay.clone();
     Ok(Json(blocking(move || Ok(r.store.ready(&sites))).await?))

@@ -62,7 +62,9 @@ pub struct Store {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 fn record_name(index: u32) -> String {
@@ -92,7 +94,11 @@ impl Store {
             usage.insert(site, dir_bytes(&entry.path().join("objects")));
             let _ = std::fs::remove_dir_all(entry.path().join("tmp"));
         }
-        Ok(Self { root: root.to_path_buf(), quota, usage: Mutex::new(usage) })
+        Ok(Self {
+            root: root.to_path_buf(),
+            quota,
+            usage: Mutex::new(usage),
+        })
     }
 
     fn site(&self, site: &str) -> PathBuf {
@@ -146,15 +152,22 @@ impl Store {
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                let index: u32 = name.strip_prefix("part-")?.strip_suffix(".sha256")?.parse().ok()?;
+                let index: u32 = name
+                    .strip_prefix("part-")?
+                    .strip_suffix(".sha256")?
+                    .parse()
+                    .ok()?;
                 let text = std::fs::read_to_string(e.path()).ok()?;
                 let (sha256, length) = text.trim().split_once(' ')?;
                 let length = length.parse().ok()?;
-                objects.join(part_file_name(index)).exists().then(|| PartRef {
-                    index,
-                    sha256: sha256.to_string(),
-                    length,
-                })
+                objects
+                    .join(part_file_name(index))
+                    .exists()
+                    .then(|| PartRef {
+                        index,
+                        sha256: sha256.to_string(),
+                        length,
+                    })
             })
             .collect();
         parts.sort_by_key(|p| p.index);
@@ -167,11 +180,23 @@ impl Store {
         *used = used.saturating_add_signed(delta);
     }
 
-    pub fn put_part(&self, site: &str, id: ObjectId, index: u32, sha256: &str, body: &[u8]) -> Result<Stored> {
+    pub fn put_part(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<Stored> {
         if self.acked(site, id).exists() {
-            return Err(StoreError::Conflict(format!("object {id} was already delivered")));
+            return Err(StoreError::Conflict(format!(
+                "object {id} was already delivered"
+            )));
         }
-        let previous = self.held_parts(site, id).into_iter().find(|p| p.index == index);
+        let previous = self
+            .held_parts(site, id)
+            .into_iter()
+            .find(|p| p.index == index);
         if let Some(p) = &previous {
             if p.sha256 == sha256 && p.length == body.len() as u64 {
                 return Ok(Stored::AlreadyHeld);
@@ -184,7 +209,12 @@ impl Store {
             )));
         }
         if let Some(quota) = self.quota {
-            let used = *self.usage.lock().unwrap_or_else(|e| e.into_inner()).get(site).unwrap_or(&0);
+            let used = *self
+                .usage
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(site)
+                .unwrap_or(&0);
             if used + body.len() as u64 > quota {
                 return Err(StoreError::Full(format!(
                     "site {site} is at its quota ({used} of {quota} bytes held); retry after the core has pulled"
@@ -198,33 +228,53 @@ impl Store {
             format!("{sha256} {}\n", body.len()).as_bytes(),
             &what,
         )?;
-        self.write_durably(site, &self.object_dir(site, id).join(part_file_name(index)), body, &what)?;
-        self.add_usage(site, body.len() as i64 - previous.map_or(0, |p| p.length as i64));
+        self.write_durably(
+            site,
+            &self.object_dir(site, id).join(part_file_name(index)),
+            body,
+            &what,
+        )?;
+        self.add_usage(
+            site,
+            body.len() as i64 - previous.map_or(0, |p| p.length as i64),
+        );
         Ok(Stored::New)
     }
 
     pub fn status(&self, site: &str, id: ObjectId) -> Result<ObjectStatus> {
         if self.acked(site, id).exists() {
-            return Ok(ObjectStatus { state: ObjectState::Delivered, parts: vec![] });
+            return Ok(ObjectStatus {
+                state: ObjectState::Delivered,
+                parts: vec![],
+            });
         }
         if !self.meta_dir(site, id).exists() {
-            return Err(StoreError::NotFound(format!("object {id} is not at the relay")));
+            return Err(StoreError::NotFound(format!(
+                "object {id} is not at the relay"
+            )));
         }
         let state = if self.meta_dir(site, id).join("sealed.json").exists() {
             ObjectState::Complete
         } else {
             ObjectState::Open
         };
-        Ok(ObjectStatus { state, parts: self.held_parts(site, id) })
+        Ok(ObjectStatus {
+            state,
+            parts: self.held_parts(site, id),
+        })
     }
 
     pub fn seal(&self, site: &str, id: ObjectId, seal: &Seal, manifest: &[u8]) -> Result<()> {
         if self.acked(site, id).exists() {
-            return Err(StoreError::Conflict(format!("object {id} was already delivered")));
+            return Err(StoreError::Conflict(format!(
+                "object {id} was already delivered"
+            )));
         }
         for (i, p) in seal.parts.iter().enumerate() {
             if p.index as usize != i {
-                return Err(StoreError::Invalid(format!("part list of object {id} is not in order at {i}")));
+                return Err(StoreError::Invalid(format!(
+                    "part list of object {id} is not in order at {i}"
+                )));
             }
         }
         let held = self.held_parts(site, id);
@@ -240,7 +290,12 @@ impl Store {
             )));
         }
         let what = format!("manifest of object {id}");
-        self.write_durably(site, &self.object_dir(site, id).join(MANIFEST_FILE), manifest, &what)?;
+        self.write_durably(
+            site,
+            &self.object_dir(site, id).join(MANIFEST_FILE),
+            manifest,
+            &what,
+        )?;
         self.add_usage(site, manifest.len() as i64);
         let ready = ReadyObject {
             site: site.to_string(),
@@ -250,7 +305,12 @@ impl Store {
             sealed_at: now(),
         };
         let record = serde_json::to_vec(&ready).expect("serialises");
-        self.write_durably(site, &self.meta_dir(site, id).join("sealed.json"), &record, &what)
+        self.write_durably(
+            site,
+            &self.meta_dir(site, id).join("sealed.json"),
+            &record,
+            &what,
+        )
     }
 
     /// Complete objects of the given sites, oldest first.
@@ -267,7 +327,12 @@ impl Store {
         };
         let mut ready: Vec<ReadyObject> = all_sites
             .iter()
-            .flat_map(|site| std::fs::read_dir(self.site(site).join("meta")).into_iter().flatten().flatten())
+            .flat_map(|site| {
+                std::fs::read_dir(self.site(site).join("meta"))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
             .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
             .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
             .collect();
@@ -277,7 +342,9 @@ impl Store {
 
     pub fn read_manifest(&self, site: &str, id: ObjectId) -> Result<Vec<u8>> {
         if !self.meta_dir(site, id).join("sealed.json").exists() {
-            return Err(StoreError::NotFound(format!("object {id} of site {site} is not complete")));
+            return Err(StoreError::NotFound(format!(
+                "object {id} of site {site} is not complete"
+            )));
         }
         let path = self.object_dir(site, id).join(MANIFEST_FILE);
         std::fs::read(&path).map_err(|e| StoreError::io("manifest", &path, e))
@@ -286,7 +353,9 @@ impl Store {
     pub fn read_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
         let path = self.object_dir(site, id).join(part_file_name(index));
         std::fs::read(&path).map_err(|e| match e.kind() {
-            ErrorKind::NotFound => StoreError::NotFound(format!("part {index} of object {id} is not at the relay")),
+            ErrorKind::NotFound => {
+                StoreError::NotFound(format!("part {index} of object {id} is not at the relay"))
+            }
             _ => StoreError::io("part", &path, e),
         })
     }
@@ -297,10 +366,17 @@ impl Store {
             return Ok(());
         }
         if !self.meta_dir(site, id).join("sealed.json").exists() {
-            return Err(StoreError::NotFound(format!("object {id} of site {site} is not complete")));
+            return Err(StoreError::NotFound(format!(
+                "object {id} of site {site} is not complete"
+            )));
         }
         let what = format!("acknowledgement of object {id}");
-        self.write_durably(site, &self.acked(site, id), &now().to_string().into_bytes(), &what)?;
+        self.write_durably(
+            site,
+            &self.acked(site, id),
+            &now().to_string().into_bytes(),
+            &what,
+        )?;
         let dir = self.object_dir(site, id);
         let freed = dir_bytes(&dir);
         for d in [dir, self.meta_dir(site, id)] {
@@ -316,7 +392,11 @@ impl Store {
         let meta = self.meta_dir(site, id);
         let part = self.object_dir(site, id).join(part_file_name(index));
         let length = std::fs::metadata(&part).map_or(0, |m| m.len());
-        for path in [meta.join("sealed.json"), meta.join(record_name(index)), part] {
+        for path in [
+            meta.join("sealed.json"),
+            meta.join(record_name(index)),
+            part,
+        ] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}

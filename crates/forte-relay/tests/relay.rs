@@ -1,0 +1,238 @@
+//! The relay over real TLS and real sockets, driven by the real client.
+
+use std::path::Path;
+use std::time::Duration;
+
+use forte_format::ObjectId;
+use forte_relay::api::{ObjectState, PartRef};
+use forte_relay::client::{RelayClient, RelayEndpoint};
+use forte_relay::server::{start, RelayConfig, RunningRelay};
+use forte_relay::tls::RelayTrust;
+use sha2::{Digest, Sha256};
+
+const EDGE_A: &str = "edge-a-token-0123456789";
+const EDGE_B: &str = "edge-b-token-0123456789";
+const CORE_A: &str = "core-a-token-0123456789";
+const CORE_ALL: &str = "core-all-token-0123456789";
+
+fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
+    let tokens = dir.join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[[token]]\ntoken = \"{EDGE_A}\"\nrole = \"edge\"\nsite = \"site-a\"\n\
+             [[token]]\ntoken = \"{EDGE_B}\"\nrole = \"edge\"\nsite = \"site-b\"\n\
+             [[token]]\ntoken = \"{CORE_A}\"\nrole = \"core\"\nsites = [\"site-a\"]\n\
+             [[token]]\ntoken = \"{CORE_ALL}\"\nrole = \"core\"\nsites = [\"*\"]\n"
+        ),
+    )
+    .unwrap();
+    start(RelayConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        store: dir.join("store"),
+        tokens,
+        tls_cert: None,
+        tls_key: None,
+        tls_names: vec!["localhost".into(), "127.0.0.1".into()],
+        quota_per_site: quota,
+    })
+    .unwrap()
+}
+
+fn client(relay: &RunningRelay, token: &str) -> RelayClient {
+    let endpoint = RelayEndpoint {
+        url: relay.url(),
+        token: token.into(),
+        trust: RelayTrust::Fingerprint(relay.fingerprint.clone()),
+    };
+    RelayClient::new(&endpoint, Duration::from_secs(30)).unwrap()
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn part(index: u32, bytes: &[u8]) -> PartRef {
+    PartRef {
+        index,
+        sha256: sha(bytes),
+        length: bytes.len() as u64,
+    }
+}
+
+fn files_under(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            if e.file_type().unwrap().is_dir() {
+                files_under(&e.path())
+            } else {
+                1
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn upload_seal_pull_ack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let edge = client(&relay, EDGE_A);
+    let core = client(&relay, CORE_A);
+    let id = ObjectId::random();
+    let (p0, p1, manifest) = (vec![1u8; 1000], vec![2u8; 10], b"sealed manifest".to_vec());
+
+    edge.put_part(id, 0, &p0, &sha(&p0)).unwrap();
+    edge.put_part(id, 0, &p0, &sha(&p0)).unwrap(); // idempotent
+    let status = edge.status(id).unwrap().unwrap();
+    assert_eq!(
+        (status.state, status.parts),
+        (ObjectState::Open, vec![part(0, &p0)])
+    );
+
+    // Sealing before every part is there is refused, naming the missing part.
+    let err = edge
+        .seal(id, "batch-1", vec![part(0, &p0), part(1, &p1)], &manifest)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409));
+    assert!(err.message.contains("[1]"), "{err}");
+    assert!(core.ready().unwrap().is_empty());
+
+    edge.put_part(id, 1, &p1, &sha(&p1)).unwrap();
+    edge.seal(id, "batch-1", vec![part(0, &p0), part(1, &p1)], &manifest)
+        .unwrap();
+    let ready = core.ready().unwrap();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(
+        (ready[0].site.as_str(), ready[0].id, ready[0].batch.as_str()),
+        ("site-a", id, "batch-1")
+    );
+    assert_eq!(core.manifest("site-a", id).unwrap(), manifest);
+    assert_eq!(core.part("site-a", id, 1).unwrap(), p1);
+    // The store is in the pack layout.
+    let object = tmp.path().join(format!("store/sites/site-a/objects/{id}"));
+    assert_eq!(
+        std::fs::read(object.join("part-000000.zst.age")).unwrap(),
+        p0
+    );
+
+    core.ack("site-a", id).unwrap();
+    assert!(!object.exists());
+    assert_eq!(
+        edge.status(id).unwrap().unwrap().state,
+        ObjectState::Delivered
+    );
+    assert!(core.ready().unwrap().is_empty());
+    let err = edge.put_part(id, 0, &p0, &sha(&p0)).unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+}
+
+#[test]
+fn a_part_whose_hash_does_not_match_is_not_stored() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let edge = client(&relay, EDGE_A);
+    let id = ObjectId::random();
+    let err = edge
+        .put_part(id, 0, b"payload", &sha(b"other"))
+        .unwrap_err();
+    assert_eq!(err.status, Some(422));
+    assert!(err.message.contains("ciphertext SHA-256 mismatch"), "{err}");
+    assert_eq!(files_under(&tmp.path().join("store/sites")), 0);
+}
+
+#[test]
+fn tokens_are_checked_and_sites_are_separate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let id = ObjectId::random();
+    for bad in ["", "wrong-token-0123456789", &EDGE_A[1..]] {
+        let err = client(&relay, bad)
+            .put_part(id, 0, b"x", &sha(b"x"))
+            .unwrap_err();
+        assert_eq!(err.status, Some(401), "{bad}: {err}");
+        let err = client(&relay, bad).ready().unwrap_err();
+        assert_eq!(err.status, Some(401));
+    }
+    assert_eq!(files_under(&tmp.path().join("store/sites")), 0);
+
+    // Site B's object is invisible to site A's tokens.
+    let edge_b = client(&relay, EDGE_B);
+    edge_b.put_part(id, 0, b"b", &sha(b"b")).unwrap();
+    edge_b.seal(id, "batch", vec![part(0, b"b")], b"m").unwrap();
+    let core_a = client(&relay, CORE_A);
+    assert!(core_a.ready().unwrap().is_empty());
+    assert_eq!(core_a.part("site-b", id, 0).unwrap_err().status, Some(404));
+    assert_eq!(core_a.manifest("site-b", id).unwrap_err().status, Some(404));
+    assert_eq!(core_a.ack("site-b", id).unwrap_err().status, Some(404));
+    assert!(client(&relay, EDGE_A).status(id).unwrap().is_none());
+    // An edge token cannot pull, even its own site.
+    assert_eq!(
+        client(&relay, EDGE_B).ready().unwrap_err().status,
+        Some(403)
+    );
+    // The core token for all sites sees it.
+    assert_eq!(client(&relay, CORE_ALL).ready().unwrap().len(), 1);
+}
+
+#[test]
+fn a_rejected_part_is_dropped_and_the_object_reopened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let id = ObjectId::random();
+    edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
+    edge.seal(id, "b", vec![part(0, b"part")], b"m").unwrap();
+    core.reject("site-a", id, 0).unwrap();
+    assert!(core.ready().unwrap().is_empty());
+    let status = edge.status(id).unwrap().unwrap();
+    assert_eq!((status.state, status.parts.len()), (ObjectState::Open, 0));
+}
+
+#[test]
+fn a_full_quota_answers_507_and_frees_after_ack() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), Some(1500));
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let (a, b) = (ObjectId::random(), ObjectId::random());
+    let big = vec![7u8; 1000];
+    edge.put_part(a, 0, &big, &sha(&big)).unwrap();
+    let err = edge.put_part(b, 0, &big, &sha(&big)).unwrap_err();
+    assert_eq!(err.status, Some(507));
+    assert!(err.is_transient() && err.message.contains("quota"), "{err}");
+    edge.seal(a, "b", vec![part(0, &big)], b"m").unwrap();
+    core.ack("site-a", a).unwrap();
+    edge.put_part(b, 0, &big, &sha(&big)).unwrap();
+}
+
+#[test]
+fn a_wrong_fingerprint_is_refused_before_any_request() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let endpoint = RelayEndpoint {
+        url: relay.url(),
+        token: EDGE_A.into(),
+        trust: RelayTrust::Fingerprint("00".repeat(32)),
+    };
+    let err = RelayClient::new(&endpoint, Duration::from_secs(5))
+        .unwrap()
+        .ready()
+        .unwrap_err();
+    assert_eq!(err.status, None);
+    assert!(err.message.contains("fingerprint"), "{err}");
+    // The relay's own certificate file works as a CA file.
+    let endpoint = RelayEndpoint {
+        trust: RelayTrust::CaFile(relay.cert_path.clone()),
+        ..endpoint
+    };
+    assert_eq!(
+        RelayClient::new(&endpoint, Duration::from_secs(5))
+            .unwrap()
+            .ready()
+            .unwrap_err()
+            .status,
+        Some(403)
+    );
+}
