@@ -18,6 +18,22 @@ pub fn part_file_name(index: u32) -> String {
 pub struct ObjectId([u8; 16]);
 
 impl ObjectId {
+    /// An id derived from a secret and some names: the same inputs give the same id, and
+    /// without the secret nobody can tell which names an id stands for.
+    pub fn derive(secret: &[u8], names: &[&[u8]]) -> Self {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(b"forte object id\n");
+        h.update((secret.len() as u64).to_be_bytes());
+        h.update(secret);
+        for name in names {
+            h.update((name.len() as u64).to_be_bytes());
+            h.update(name);
+        }
+        let digest = h.finalize();
+        Self(digest[..16].try_into().expect("16 of 32 bytes"))
+    }
+
     pub fn random() -> Self {
         let mut bytes = [0u8; 16];
         getrandom::getrandom(&mut bytes).expect("the operating system's random source failed");

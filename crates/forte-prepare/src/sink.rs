@@ -10,7 +10,8 @@ use forte_format::{part_file_name, Manifest, ObjectId, MANIFEST_FILE};
 /// the manifest arrives after every part of its file was accepted. A file that fails is
 /// abandoned, and its stored parts must not be mistaken for a complete object.
 pub trait Sink: Sync {
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8]) -> Result<()>;
+    /// `sha256` is the hex SHA-256 of `sealed`, already computed by the pipeline.
+    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()>;
     fn put_manifest(&self, manifest: &Manifest, sealed: &[u8]) -> Result<()>;
     fn abandon(&self, id: ObjectId);
 }
@@ -49,7 +50,7 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 impl Sink for DirSink {
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8]) -> Result<()> {
+    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], _sha256: &str) -> Result<()> {
         let dir = self.object_dir(id);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;

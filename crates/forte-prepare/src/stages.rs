@@ -1,6 +1,7 @@
 //! The prepare pipeline's stages and the bookkeeping that turns parts back into whole files.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
@@ -77,6 +78,34 @@ pub struct FileOutcome {
     pub error: Option<String>,
 }
 
+/// A part the destination already holds (found when resuming): it is read and hashed again,
+/// for the whole-file hash, but not compressed, encrypted or sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldPart {
+    pub ciphertext_sha256: String,
+    pub ciphertext_length: u64,
+}
+
+/// One file to prepare, under the object id it will have.
+#[derive(Debug, Clone)]
+pub struct PrepareJob {
+    pub source: SourceFile,
+    pub id: ObjectId,
+    /// Parts the sink already holds, by index.
+    pub held: BTreeMap<u32, HeldPart>,
+}
+
+impl PrepareJob {
+    /// A file prepared from scratch under a new random id (`forte pack`).
+    pub fn fresh(source: SourceFile) -> Self {
+        Self {
+            source,
+            id: ObjectId::random(),
+            held: BTreeMap::new(),
+        }
+    }
+}
+
 /// One prepare run: its configuration, keys, and live counters.
 pub struct Prepare<'k> {
     config: PrepareConfig,
@@ -91,6 +120,7 @@ pub struct Prepare<'k> {
 struct FileJob {
     source: SourceFile,
     id: ObjectId,
+    held: BTreeMap<u32, HeldPart>,
     part_size: u64,
     parts: u32,
     state: Mutex<FileState>,
@@ -134,6 +164,12 @@ enum Body {
         data: Vec<u8>,
         raw_len: u64,
         compressed_len: u64,
+    },
+    /// Part `index`, already held by the sink: hashed, then passed through.
+    Held {
+        index: u32,
+        raw_len: u64,
+        sealed: HeldPart,
     },
     /// The only piece of a file without parts.
     Whole,
@@ -214,16 +250,17 @@ impl<'k> Prepare<'k> {
     /// Prepares every file and hands the results to `sink`. Returns one outcome per file, in
     /// the order the files were given. A failing file does not stop the others, except that a
     /// sink failure (disk full, relay gone) stops reading new files.
-    pub fn run(&self, files: Vec<SourceFile>, sink: &dyn Sink) -> Vec<FileOutcome> {
+    pub fn run(&self, files: Vec<PrepareJob>, sink: &dyn Sink) -> Vec<FileOutcome> {
         let cfg = &self.config;
         let part_size = cfg.part_size.max(1);
         let jobs: Vec<Arc<FileJob>> = files
             .into_iter()
-            .map(|source| {
+            .map(|PrepareJob { source, id, held }| {
                 let parts = u32::try_from(source.size.div_ceil(part_size))
                     .expect("a file of over 2^32 parts");
                 Arc::new(FileJob {
-                    id: ObjectId::random(),
+                    id,
+                    held,
                     part_size,
                     parts,
                     state: Mutex::new(FileState {
@@ -384,7 +421,7 @@ impl<'k> Prepare<'k> {
         let complete = match piece.body {
             Body::Failed { .. } => false,
             Body::Whole => true,
-            Body::Part { .. } => {
+            Body::Part { .. } | Body::Held { .. } => {
                 let mut state = piece.file.lock();
                 state.hashed += 1;
                 state.hashed == piece.file.parts
@@ -444,13 +481,21 @@ impl<'k> Prepare<'k> {
             Body::Failed { covers, error } => (covers, Some(error)),
             Body::Whole => (1, None),
             Body::Part { .. } if already_failed => (1, None),
+            Body::Held { raw_len, .. } => {
+                self.totals.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+                (1, None)
+            }
             Body::Part {
                 index,
                 data,
                 raw_len,
                 compressed_len,
             } => {
-                let stored = sink.put_part(file.id, index, &data);
+                let sha256 = file.lock().entries[index as usize]
+                    .as_ref()
+                    .map(|e| e.ciphertext_sha256.clone())
+                    .unwrap_or_default();
+                let stored = sink.put_part(file.id, index, &data, &sha256);
                 let sealed_len = data.len() as u64;
                 buffers.give(data);
                 match stored {
@@ -666,7 +711,16 @@ fn hash_raw(piece: &mut Piece) {
                 codec: CODEC_ZSTD.into(),
                 level: 0,
             });
+            drop(state);
+            if let Some(sealed) = file.held.get(index) {
+                piece.body = Body::Held {
+                    index: *index,
+                    raw_len: data.len() as u64,
+                    sealed: sealed.clone(),
+                };
+            }
         }
+        Body::Held { .. } => unreachable!("parts become held in this stage"),
         Body::Whole => file.lock().sha256 = Some(hex::encode(Sha256::digest([]))),
         Body::Failed { .. } => {}
     }
@@ -675,14 +729,22 @@ fn hash_raw(piece: &mut Piece) {
 /// The `hash_ciphertext` stage: completes the part's manifest entry with the hash and length of
 /// its sealed bytes.
 fn record_part(piece: &Piece, level: i32) {
-    if let Body::Part { index, data, .. } = &piece.body {
-        let digest = hex::encode(Sha256::digest(data));
-        let mut state = piece.file.lock();
-        let entry = state.entries[*index as usize]
-            .as_mut()
-            .expect("hashed before");
-        entry.ciphertext_sha256 = digest;
-        entry.ciphertext_length = data.len() as u64;
-        entry.level = level;
-    }
+    let (index, sha256, length) = match &piece.body {
+        Body::Part { index, data, .. } => {
+            (*index, hex::encode(Sha256::digest(data)), data.len() as u64)
+        }
+        Body::Held { index, sealed, .. } => (
+            *index,
+            sealed.ciphertext_sha256.clone(),
+            sealed.ciphertext_length,
+        ),
+        _ => return,
+    };
+    let mut state = piece.file.lock();
+    let entry = state.entries[index as usize]
+        .as_mut()
+        .expect("hashed before");
+    entry.ciphertext_sha256 = sha256;
+    entry.ciphertext_length = length;
+    entry.level = level;
 }

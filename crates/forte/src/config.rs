@@ -12,6 +12,11 @@
 //! level = 3
 //! cpu = 2                # default: all cores
 //! parts_in_flight = 6    # default: cpu + 4
+//!
+//! [relay]
+//! url = "https://relay.example:8443"
+//! token_file = "keys/site-a.token"
+//! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //! ```
 //!
 //! Relative paths are relative to the directory of the configuration file.
@@ -30,6 +35,17 @@ pub struct Config {
     pub keys: KeysSection,
     #[serde(default)]
     pub prepare: PrepareSection,
+    #[serde(default)]
+    pub relay: RelaySection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    pub url: Option<String>,
+    pub token_file: Option<PathBuf>,
+    pub fingerprint: Option<String>,
+    pub ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -92,6 +108,10 @@ impl Config {
             *p = base.join(&*p);
         }
         for p in &mut k.trust {
+            *p = base.join(&*p);
+        }
+        let r = &mut config.relay;
+        for p in [&mut r.token_file, &mut r.ca].into_iter().flatten() {
             *p = base.join(&*p);
         }
         if let Some(level) = config.prepare.level {

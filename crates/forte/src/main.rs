@@ -3,6 +3,7 @@
 mod commands;
 mod config;
 mod progress;
+mod transfer;
 mod units;
 
 use std::path::PathBuf;
@@ -28,6 +29,10 @@ enum Command {
     Pack(commands::pack::Args),
     /// Verify, decrypt and restore packed objects; all or nothing.
     Unpack(commands::unpack::Args),
+    /// Serve the relay: an HTTPS store of ciphertext between edges and the core.
+    Relay(commands::relay::Args),
+    /// Prepare every ready batch of an inbox in one pass and upload it to the relay.
+    Send(commands::send::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
@@ -38,6 +43,8 @@ fn main() -> ExitCode {
         Command::Keygen(args) => commands::keygen::run(args),
         Command::Pack(args) => commands::pack::run(args, &config),
         Command::Unpack(args) => commands::unpack::run(args, &config),
+        Command::Relay(args) => commands::relay::run(args),
+        Command::Send(args) => commands::send::run(args, &config),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

@@ -4,6 +4,8 @@
 pub mod demo;
 pub mod keygen;
 pub mod pack;
+pub mod relay;
+pub mod send;
 pub mod unpack;
 
 /// Output flags shared by the long-running commands.

@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use forte_format::{EdgeKey, Kind, Recipients};
 use forte_pipeline::StageSnapshot;
-use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig};
+use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig, PrepareJob, Sink};
 use serde::Serialize;
 
 use super::{mb_per_s, ratio, Output};
@@ -20,12 +20,47 @@ pub struct Args {
     /// Output directory: one `<object-id>/` directory per file.
     #[arg(long, value_name = "DIR")]
     to: PathBuf,
+    #[command(flatten)]
+    seal: SealArgs,
+    #[command(flatten)]
+    prepare: PrepareArgs,
+    /// Batch name recorded in every manifest.
+    #[arg(long, default_value = "")]
+    batch: String,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// The keys that seal objects; shared by `pack` and `send`.
+#[derive(clap::Args)]
+pub struct SealArgs {
     /// age recipient file of the core (core.pub) [config: keys.recipient].
     #[arg(long, value_name = "FILE")]
     recipient: Option<PathBuf>,
     /// Ed25519 signing key of this edge (edge.key) [config: keys.sign].
     #[arg(long, value_name = "FILE")]
     sign: Option<PathBuf>,
+}
+
+impl SealArgs {
+    pub fn load(&self, config: &Config) -> Result<(Recipients, EdgeKey)> {
+        let recipient = required(
+            self.recipient.clone(),
+            config.keys.recipient.clone(),
+            "no recipient: pass --recipient core.pub or set keys.recipient in the config file",
+        )?;
+        let sign = required(
+            self.sign.clone(),
+            config.keys.sign.clone(),
+            "no signing key: pass --sign edge.key or set keys.sign in the config file",
+        )?;
+        Ok((Recipients::load(&recipient)?, EdgeKey::load(&sign)?))
+    }
+}
+
+/// Knobs of the prepare pass; shared by `pack` and `send`.
+#[derive(clap::Args)]
+pub struct PrepareArgs {
     /// Raw bytes per part [config: prepare.part_size] [default: 16MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     part_size: Option<u64>,
@@ -38,11 +73,6 @@ pub struct Args {
     /// Parts held in memory at once [config: prepare.parts_in_flight] [default: cpu + 4].
     #[arg(long)]
     parts_in_flight: Option<usize>,
-    /// Batch name recorded in every manifest.
-    #[arg(long, default_value = "")]
-    batch: String,
-    #[command(flatten)]
-    output: Output,
 }
 
 /// What `pack --json` prints.
@@ -73,30 +103,31 @@ pub struct Rejected {
     pub reason: String,
 }
 
-/// Pack settings from flags over the configuration over the machine's defaults.
-pub fn prepare_config(args: &Args, config: &Config) -> Result<PrepareConfig> {
-    let mut p = PrepareConfig::for_this_machine();
-    let c = &config.prepare;
-    if let Some(size) = args.part_size.or(c.part_size.map(|s| s.0)) {
-        if size == 0 || size > 1 << 31 {
-            bail!("part size {size} is out of range (1 byte to 2 GiB; default 16MiB)");
+impl PrepareArgs {
+    /// Settings from flags over the configuration over the machine's defaults.
+    pub fn settings(&self, config: &Config) -> Result<PrepareConfig> {
+        let mut p = PrepareConfig::for_this_machine();
+        let c = &config.prepare;
+        if let Some(size) = self.part_size.or(c.part_size.map(|s| s.0)) {
+            if size == 0 || size > 1 << 31 {
+                bail!("part size {size} is out of range (1 byte to 2 GiB; default 16MiB)");
+            }
+            p.part_size = size;
         }
-        p.part_size = size;
+        if let Some(level) = self.level.or(c.level) {
+            check_level(level)?;
+            p.level = level;
+        }
+        if let Some(cpu) = self.cpu.or(c.cpu) {
+            p.cpu = cpu.max(1);
+            p.parts_in_flight = p.cpu + 4;
+            p.sink_workers = p.cpu.max(2);
+        }
+        if let Some(n) = self.parts_in_flight.or(c.parts_in_flight) {
+            p.parts_in_flight = n.max(1);
+        }
+        Ok(p)
     }
-    if let Some(level) = args.level.or(c.level) {
-        check_level(level)?;
-        p.level = level;
-    }
-    if let Some(cpu) = args.cpu.or(c.cpu) {
-        p.cpu = cpu.max(1);
-        p.parts_in_flight = p.cpu + 4;
-        p.sink_workers = p.cpu.max(2);
-    }
-    if let Some(n) = args.parts_in_flight.or(c.parts_in_flight) {
-        p.parts_in_flight = n.max(1);
-    }
-    p.batch = args.batch.clone();
-    Ok(p)
 }
 
 fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
@@ -124,19 +155,9 @@ fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    let settings = prepare_config(&args, config)?;
-    let recipient = required(
-        args.recipient.clone(),
-        config.keys.recipient.clone(),
-        "no recipient: pass --recipient core.pub or set keys.recipient in the config file",
-    )?;
-    let sign = required(
-        args.sign.clone(),
-        config.keys.sign.clone(),
-        "no signing key: pass --sign edge.key or set keys.sign in the config file",
-    )?;
-    let recipients = Recipients::load(&recipient)?;
-    let key = EdgeKey::load(&sign)?;
+    let mut settings = args.prepare.settings(config)?;
+    settings.batch = args.batch.clone();
+    let (recipients, key) = args.seal.load(config)?;
     refuse_output_inside_source(&args.src, &args.to)?;
     let summary = pack(
         &args.src,
@@ -165,20 +186,8 @@ pub fn pack(
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
     let prepare = Prepare::new(settings, recipients, key);
     let started = Instant::now();
-    let file_count = found.files.len();
-    let outcomes = with_progress(
-        total,
-        quiet,
-        || {
-            let t = &prepare.totals;
-            let raw = t.raw_bytes.load(Ordering::Relaxed);
-            let files =
-                t.files_done.load(Ordering::Relaxed) + t.files_failed.load(Ordering::Relaxed);
-            let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
-            (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
-        },
-        || prepare.run(found.files, &sink),
-    );
+    let jobs = found.files.into_iter().map(PrepareJob::fresh).collect();
+    let outcomes = prepare_with_progress(&prepare, jobs, &sink, total, quiet);
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();
     let t = &prepare.totals;
@@ -206,6 +215,30 @@ pub fn pack(
             .collect(),
         objects: outcomes,
     })
+}
+
+/// Runs a prepare pass with a progress bar: bytes, rate, ratio, files.
+pub fn prepare_with_progress(
+    prepare: &Prepare,
+    jobs: Vec<PrepareJob>,
+    sink: &dyn Sink,
+    total: u64,
+    quiet: bool,
+) -> Vec<FileOutcome> {
+    let file_count = jobs.len();
+    with_progress(
+        total,
+        quiet,
+        || {
+            let t = &prepare.totals;
+            let raw = t.raw_bytes.load(Ordering::Relaxed);
+            let files =
+                t.files_done.load(Ordering::Relaxed) + t.files_failed.load(Ordering::Relaxed);
+            let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
+            (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
+        },
+        || prepare.run(jobs, sink),
+    )
 }
 
 fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {

@@ -1,0 +1,256 @@
+//! `forte send`: every ready batch of an inbox, prepared in one pass and uploaded to the relay.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use forte_format::{EdgeKey, ObjectId};
+use forte_prepare::{discover, Prepare, PrepareJob, SourceFile};
+use forte_relay::client::RelayClient;
+use serde::Serialize;
+
+use super::pack::{prepare_with_progress, PrepareArgs, SealArgs};
+use super::{mb_per_s, Output};
+use crate::config::Config;
+use crate::transfer::retry::Retry;
+use crate::transfer::upload::{at_relay, AtRelay, UploadSink};
+use crate::transfer::{connect, RelayArgs};
+use crate::units::human;
+
+/// The marker file that declares a batch complete without waiting for it to settle.
+pub const READY_MARKER: &str = ".ready";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Inbox directory: each subdirectory is one batch.
+    inbox: PathBuf,
+    #[command(flatten)]
+    relay: RelayArgs,
+    #[command(flatten)]
+    seal: SealArgs,
+    #[command(flatten)]
+    prepare: PrepareArgs,
+    /// Seconds without any change after which a batch without a .ready marker is complete.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    settle: u64,
+    /// Concurrent uploads to the relay.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// What happened to one batch.
+#[derive(Debug, Serialize)]
+pub struct BatchReport {
+    pub batch: String,
+    pub files: usize,
+    pub sent: usize,
+    /// Already sealed at the relay or delivered by an earlier run.
+    pub already_at_relay: usize,
+    pub failed: usize,
+    pub raw_bytes: u64,
+    pub sealed_bytes: u64,
+    pub seconds: f64,
+    pub errors: Vec<String>,
+}
+
+#[derive(Serialize)]
+struct Summary {
+    command: &'static str,
+    batches: Vec<BatchReport>,
+    waiting: Vec<String>,
+}
+
+pub fn run(args: Args, config: &Config) -> Result<bool> {
+    let endpoint = args.relay.endpoint(config)?;
+    let client = connect(&endpoint)?;
+    let (recipients, key) = args.seal.load(config)?;
+    let mut settings = args.prepare.settings(config)?;
+    settings.sink_workers = args.connections.max(1);
+    let retry = Retry::one_shot();
+
+    let (ready, waiting) = ready_batches(&args.inbox, Duration::from_secs(args.settle))?;
+    let mut batches = Vec::new();
+    for (name, dir) in ready {
+        let mut settings = settings.clone();
+        settings.batch = name.clone();
+        let prepare = Prepare::new(settings, &recipients, &key);
+        let report = send_batch(
+            &name,
+            &dir,
+            &prepare,
+            &client,
+            &key,
+            retry,
+            args.output.quiet,
+        )?;
+        if !args.output.json {
+            println!(
+                "batch {}: sent {} of {} files ({} already at the relay, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
+                report.batch,
+                report.sent,
+                report.files,
+                report.already_at_relay,
+                report.failed,
+                human(report.raw_bytes),
+                human(report.sealed_bytes),
+                report.seconds,
+                mb_per_s(report.raw_bytes, report.seconds)
+            );
+        }
+        for e in &report.errors {
+            eprintln!("batch {name}: {e}");
+        }
+        batches.push(report);
+    }
+    if !args.output.json {
+        for name in &waiting {
+            println!(
+                "batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)",
+                args.settle
+            );
+        }
+    }
+    let ok = batches.iter().all(|b| b.failed == 0);
+    if args.output.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Summary {
+                command: "send",
+                batches,
+                waiting
+            })?
+        );
+    }
+    Ok(ok)
+}
+
+/// Batches (subdirectories of the inbox) that are complete: marked ready, or unchanged for
+/// `settle`. Returns them in name order, and the names of those still changing.
+pub fn ready_batches(
+    inbox: &Path,
+    settle: Duration,
+) -> Result<(Vec<(String, PathBuf)>, Vec<String>)> {
+    let mut entries: Vec<_> = std::fs::read_dir(inbox)
+        .with_context(|| format!("cannot list inbox {}", inbox.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot list inbox {}", inbox.display()))?;
+    entries.sort_by_key(|e| e.file_name());
+    let (mut ready, mut waiting) = (Vec::new(), Vec::new());
+    for entry in entries {
+        let dir = entry.path();
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            eprintln!("skipping {}: batch names must be UTF-8", dir.display());
+            continue;
+        };
+        let quiet_since = newest_change(&dir)?
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .unwrap_or(Duration::MAX);
+        if dir.join(READY_MARKER).exists() || quiet_since >= settle {
+            ready.push((name, dir));
+        } else {
+            waiting.push(name);
+        }
+    }
+    Ok((ready, waiting))
+}
+
+fn newest_change(dir: &Path) -> Result<Option<SystemTime>> {
+    let mut newest = std::fs::symlink_metadata(dir)?.modified().ok();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let t = if meta.is_dir() {
+            newest_change(&entry.path())?
+        } else {
+            meta.modified().ok()
+        };
+        newest = newest.max(t);
+    }
+    Ok(newest)
+}
+
+/// The object id of a file: derived from the edge's secret and the file's identity, so a
+/// second run finds what the first one left at the relay.
+fn object_id(key: &EdgeKey, batch: &str, file: &SourceFile) -> ObjectId {
+    ObjectId::derive(
+        key.0.as_bytes(),
+        &[
+            b"object",
+            batch.as_bytes(),
+            file.path.as_bytes(),
+            &file.size.to_be_bytes(),
+            &file.mtime_s.to_be_bytes(),
+            &file.mtime_ns.to_be_bytes(),
+        ],
+    )
+}
+
+/// The batch id the relay sees: opaque, stable across runs.
+fn batch_id(key: &EdgeKey, batch: &str) -> String {
+    ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string()
+}
+
+fn send_batch(
+    name: &str,
+    dir: &Path,
+    prepare: &Prepare,
+    client: &RelayClient,
+    key: &EdgeKey,
+    retry: Retry,
+    quiet: bool,
+) -> Result<BatchReport> {
+    let started = Instant::now();
+    let mut found = discover(dir)?;
+    found.files.retain(|f| f.path != READY_MARKER);
+    let files = found.files.len();
+    let skipped = found
+        .rejected
+        .iter()
+        .map(|(p, why)| format!("skipped {}: {why}", p.display()));
+    let mut errors: Vec<String> = Vec::new();
+    let (mut jobs, mut already) = (Vec::new(), 0);
+    for source in found.files {
+        let id = object_id(key, name, &source);
+        match at_relay(client, &retry, id) {
+            Ok(AtRelay::Done) => already += 1,
+            Ok(AtRelay::Nothing) => jobs.push(PrepareJob {
+                source,
+                id,
+                held: Default::default(),
+            }),
+            Ok(AtRelay::Parts(held)) => jobs.push(PrepareJob { source, id, held }),
+            Err(e) => errors.push(format!("{}: {e:#}", source.path)),
+        }
+    }
+    let total = jobs.iter().map(|j| j.source.size).sum();
+    let sink = UploadSink {
+        client,
+        batch_id: batch_id(key, name),
+        retry,
+    };
+    let outcomes = prepare_with_progress(prepare, jobs, &sink, total, quiet);
+    errors.extend(
+        outcomes
+            .iter()
+            .filter_map(|o| o.error.as_ref().map(|e| format!("{}: {e}", o.path))),
+    );
+    let t = &prepare.totals;
+    let failed = errors.len();
+    Ok(BatchReport {
+        batch: name.to_string(),
+        files,
+        sent: outcomes.iter().filter(|o| o.error.is_none()).count(),
+        already_at_relay: already,
+        failed,
+        raw_bytes: t.raw_bytes.load(Ordering::Relaxed),
+        sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),
+        seconds: started.elapsed().as_secs_f64(),
+        errors: skipped.chain(errors).collect(),
+    })
+}

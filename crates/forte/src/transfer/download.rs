@@ -1,0 +1,1 @@
+//! The source of `forte pull`: objects read from the relay.
