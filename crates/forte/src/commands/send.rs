@@ -71,9 +71,9 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
     settings.sink_workers = args.connections.max(1);
     let retry = Retry::one_shot();
 
-    let (ready, waiting) = ready_batches(&args.inbox, Duration::from_secs(args.settle))?;
+    let Inbox { ready, waiting } = ready_batches(&args.inbox, Duration::from_secs(args.settle))?;
     let mut batches = Vec::new();
-    for (name, dir) in ready {
+    for Batch { name, dir } in ready {
         let mut settings = settings.clone();
         settings.batch = name.clone();
         let prepare = Prepare::new(settings, &recipients, &key);
@@ -127,18 +127,28 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
     Ok(ok)
 }
 
+/// A batch directory of the inbox.
+pub struct Batch {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+/// The inbox at one moment: batches ready to send, and names of those still changing.
+#[derive(Default)]
+pub struct Inbox {
+    pub ready: Vec<Batch>,
+    pub waiting: Vec<String>,
+}
+
 /// Batches (subdirectories of the inbox) that are complete: marked ready, or unchanged for
 /// `settle`. Returns them in name order, and the names of those still changing.
-pub fn ready_batches(
-    inbox: &Path,
-    settle: Duration,
-) -> Result<(Vec<(String, PathBuf)>, Vec<String>)> {
+pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
     let mut entries: Vec<_> = std::fs::read_dir(inbox)
         .with_context(|| format!("cannot list inbox {}", inbox.display()))?
         .collect::<std::io::Result<_>>()
         .with_context(|| format!("cannot list inbox {}", inbox.display()))?;
     entries.sort_by_key(|e| e.file_name());
-    let (mut ready, mut waiting) = (Vec::new(), Vec::new());
+    let mut inbox = Inbox::default();
     for entry in entries {
         let dir = entry.path();
         if !entry.file_type()?.is_dir() {
@@ -152,12 +162,12 @@ pub fn ready_batches(
             .and_then(|t| SystemTime::now().duration_since(t).ok())
             .unwrap_or(Duration::MAX);
         if dir.join(READY_MARKER).exists() || quiet_since >= settle {
-            ready.push((name, dir));
+            inbox.ready.push(Batch { name, dir });
         } else {
-            waiting.push(name);
+            inbox.waiting.push(name);
         }
     }
-    Ok((ready, waiting))
+    Ok(inbox)
 }
 
 fn newest_change(dir: &Path) -> Result<Option<SystemTime>> {
