@@ -12,23 +12,26 @@
 //! directory and leaves the destination as it was.
 
 mod objects;
+mod source;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
+use forte_format::manifest::validate_path;
 use forte_format::seal::{decrypt, sha256_hex};
-use forte_format::{part_file_name, Identities, Kind, Manifest, TrustedEdges};
+use forte_format::{Identities, Kind, Manifest, ObjectId, TrustedEdges};
 use forte_pipeline::{queue, Budget, Charge, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use objects::{open_objects, Object};
+pub use source::{DirSource, ObjectRef, ObjectSource, PartError};
 
 /// Knobs of the restore path.
 #[derive(Debug, Clone)]
@@ -36,8 +39,20 @@ pub struct RestoreConfig {
     pub cpu: usize,
     /// Parts between being read and being written; bounds memory as in the prepare path.
     pub parts_in_flight: usize,
-    /// Replace files that already exist at the destination.
-    pub overwrite: bool,
+    /// What to do about files that already exist at the destination.
+    pub existing: Existing,
+}
+
+/// Files already at the destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Existing {
+    /// Refuse the whole restore.
+    Refuse,
+    /// Replace them.
+    Overwrite,
+    /// Keep a file whose SHA-256 equals the manifest's (an earlier delivery whose
+    /// acknowledgement was lost); refuse others.
+    KeepIdentical,
 }
 
 impl RestoreConfig {
@@ -46,7 +61,7 @@ impl RestoreConfig {
         Self {
             cpu,
             parts_in_flight: cpu + 4,
-            overwrite: false,
+            existing: Existing::Refuse,
         }
     }
 }
@@ -63,9 +78,46 @@ pub struct Totals {
 #[derive(Debug, Serialize)]
 pub struct Delivered {
     pub files: usize,
+    /// Files found already in place, identical (with [`Existing::KeepIdentical`]).
+    pub already: usize,
     pub directories: usize,
     pub bytes: u64,
 }
+
+/// One problem found while restoring, with where it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub object: ObjectId,
+    pub part: Option<u32>,
+    /// The stored copy is wrong (its bytes fail a check), as opposed to unreadable.
+    pub damaged: bool,
+    pub message: String,
+}
+
+/// A restore that delivered nothing, and why.
+#[derive(Debug)]
+pub struct RestoreFailure {
+    pub problems: Vec<Problem>,
+}
+
+impl std::fmt::Display for RestoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nothing was restored to the destination; {} problem(s):",
+            self.problems.len()
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  {}", p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RestoreFailure {}
+
+/// Maps a verified manifest to its relative path at the destination.
+pub type Layout<'a> = &'a (dyn Fn(&Manifest) -> String + Sync);
 
 /// One restore run.
 pub struct Restore<'k> {
@@ -87,6 +139,8 @@ struct Assembly {
 
 struct Job {
     object: Object,
+    /// Relative path at the destination, from the layout.
+    target: String,
     staged: PathBuf,
     assembly: Mutex<Assembly>,
 }
@@ -113,9 +167,14 @@ impl Weigh for Piece {
 }
 
 impl Piece {
-    fn context(&self) -> String {
+    fn problem(&self, damaged: bool, what: impl std::fmt::Display) -> Problem {
         let m = &self.job.object.manifest;
-        format!("{} (object {}), part {}", m.path, m.id, self.index)
+        Problem {
+            object: m.id,
+            part: Some(self.index),
+            damaged,
+            message: format!("{} (object {}), part {}: {what}", m.path, m.id, self.index),
+        }
     }
 }
 
@@ -135,27 +194,54 @@ impl<'k> Restore<'k> {
         }
     }
 
-    /// Restores every object under `objects` into `dest`, all or nothing. On failure the
-    /// error lists every problem found, each naming the file, object and part.
-    pub fn run(&self, objects: &Path, dest: &Path) -> Result<Delivered> {
-        let opened = open_objects(objects, self.identities, self.trusted)?;
-        check_destination(&opened, dest, self.config.overwrite)?;
+    /// Restores every object of `source` into `dest`, each at the path `layout` gives it, all
+    /// or nothing. On failure the error lists every problem found, each naming the file,
+    /// object and part; a [`RestoreFailure`] when the problems are in the objects' bytes.
+    pub fn run(
+        &self,
+        source: &dyn ObjectSource,
+        dest: &Path,
+        layout: Layout<'_>,
+    ) -> Result<Delivered> {
+        let opened = open_objects(source, self.identities, self.trusted)?;
+        let mut placed = Vec::with_capacity(opened.len());
+        for object in opened {
+            let target = layout(&object.manifest);
+            validate_path(&target).map_err(|e| {
+                anyhow::anyhow!(
+                    "the layout puts {} at an unsafe path: {e}",
+                    object.manifest.path
+                )
+            })?;
+            placed.push((object, target));
+        }
+        let already = check_destination(&placed, dest, self.config.existing)?;
+        placed.retain(|(object, _)| !already.contains(&object.manifest.id));
         std::fs::create_dir_all(dest)
             .with_context(|| format!("cannot create destination {}", dest.display()))?;
         let staging = tempdir_in(dest)?;
         let result = self
-            .stage_all(opened, &staging)
+            .stage_all(source, placed, &staging)
             .and_then(|jobs| commit(&jobs, &staging, dest));
         let _ = std::fs::remove_dir_all(&staging);
-        result
+        result.map(|d| Delivered {
+            already: already.len(),
+            ..d
+        })
     }
 
-    fn stage_all(&self, objects: Vec<Object>, staging: &Path) -> Result<Vec<Arc<Job>>> {
+    fn stage_all(
+        &self,
+        source: &dyn ObjectSource,
+        objects: Vec<(Object, String)>,
+        staging: &Path,
+    ) -> Result<Vec<Arc<Job>>> {
         let jobs: Vec<Arc<Job>> = objects
             .into_iter()
-            .map(|object| {
+            .map(|(object, target)| {
                 Arc::new(Job {
                     staged: staging.join(object.manifest.id.to_string()),
+                    target,
                     object,
                     assembly: Mutex::new(Assembly {
                         file: None,
@@ -166,9 +252,9 @@ impl<'k> Restore<'k> {
                 })
             })
             .collect();
-        let errors: Mutex<Vec<String>> = Mutex::default();
+        let errors: Mutex<Vec<Problem>> = Mutex::default();
         let stop = OnceLock::<()>::new();
-        let fail = |error: String| {
+        let fail = |error: Problem| {
             let _ = stop.set(());
             errors.lock().unwrap_or_else(|e| e.into_inner()).push(error);
         };
@@ -187,7 +273,7 @@ impl<'k> Restore<'k> {
         std::thread::scope(|s| {
             p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
                 if stop.get().is_none() {
-                    if let Err(e) = read_parts(&job, &memory, &stop, emit) {
+                    if let Err(e) = read_parts(source, &job, &memory, &stop, emit) {
                         fail(e);
                     }
                 }
@@ -203,7 +289,7 @@ impl<'k> Restore<'k> {
                     Ok(()) => {
                         emit.send(piece);
                     }
-                    Err(e) => fail(format!("{}: {e}", piece.context())),
+                    Err(e) => fail(piece.problem(true, e)),
                 },
             );
             p.stage(
@@ -224,7 +310,7 @@ impl<'k> Restore<'k> {
                             piece.data = compressed;
                             emit.send(piece);
                         }
-                        Err(e) => fail(format!("{}: cannot decrypt: {e}", piece.context())),
+                        Err(e) => fail(piece.problem(true, format!("cannot decrypt: {e}"))),
                     }
                 },
             );
@@ -240,13 +326,19 @@ impl<'k> Restore<'k> {
                         piece.data = raw;
                         emit.send(piece);
                     }
-                    Err(e) => fail(format!("{}: {e}", piece.context())),
+                    Err(e) => fail(piece.problem(true, e)),
                 },
             );
             p.sink(s, "assemble", 2, raw_rx, |piece| {
-                let context = piece.context();
+                let (id, index) = (piece.job.object.manifest.id, piece.index);
+                let path = piece.job.object.manifest.path.clone();
                 if let Err(e) = self.assemble(piece) {
-                    fail(format!("{context}: {e:#}"));
+                    fail(Problem {
+                        object: id,
+                        part: Some(index),
+                        damaged: false,
+                        message: format!("{path} (object {id}), part {index}: {e:#}"),
+                    });
                 }
             });
             for job in &jobs {
@@ -257,13 +349,9 @@ impl<'k> Restore<'k> {
             drop(jobs_tx);
         });
 
-        let errors = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-        if !errors.is_empty() {
-            bail!(
-                "nothing was restored to the destination; {} problem(s):\n  {}",
-                errors.len(),
-                errors.join("\n  ")
-            );
+        let problems = errors.into_inner().unwrap_or_else(|e| e.into_inner());
+        if !problems.is_empty() {
+            return Err(RestoreFailure { problems }.into());
         }
         Ok(jobs)
     }
@@ -314,37 +402,33 @@ fn create_staged(path: &Path) -> Result<File> {
 
 /// The `read` stage: reads every sealed part of an object in order.
 fn read_parts(
+    source: &dyn ObjectSource,
     job: &Arc<Job>,
     memory: &Arc<Budget>,
     stop: &OnceLock<()>,
     emit: &mut Emit<'_, Piece>,
-) -> Result<(), String> {
+) -> Result<(), Problem> {
     let manifest = &job.object.manifest;
     for entry in &manifest.parts {
         let charge = emit.waiting(|| memory.charge(entry.raw_length.max(MIN_CHARGE)));
         if stop.get().is_some() {
             return Ok(());
         }
-        let path = job.object.dir.join(part_file_name(entry.index));
-        let context = || {
-            format!(
-                "{} (object {}), part {}",
+        let problem = |damaged, what: String| Problem {
+            object: manifest.id,
+            part: Some(entry.index),
+            damaged,
+            message: format!(
+                "{} (object {}), part {}: {what}",
                 manifest.path, manifest.id, entry.index
-            )
+            ),
         };
-        let mut data = Vec::with_capacity(entry.ciphertext_length as usize);
-        File::open(&path)
-            .and_then(|f| f.take(entry.ciphertext_length + 1).read_to_end(&mut data))
-            .map_err(|e| format!("{}: cannot read {}: {e}", context(), path.display()))?;
-        if data.len() as u64 != entry.ciphertext_length {
-            let actual = std::fs::metadata(&path).map_or(data.len() as u64, |m| m.len());
-            return Err(format!(
-                "{}: {} has {actual} bytes, the manifest says {}: truncated, extended or replaced",
-                context(),
-                path.display(),
-                entry.ciphertext_length
-            ));
-        }
+        let data = source
+            .part(&job.object.at, entry.index, entry.ciphertext_length)
+            .map_err(|e| match e {
+                PartError::Damaged(what) => problem(true, what),
+                PartError::Unavailable(what) => problem(false, what),
+            })?;
         if !emit.send(Piece {
             job: job.clone(),
             index: entry.index,
@@ -401,32 +485,42 @@ fn decompress_and_verify(piece: &Piece) -> Result<Vec<u8>, String> {
     Ok(raw)
 }
 
-/// Refuses before any work if two objects claim one path or a target exists (unless
-/// `overwrite`), so a long restore cannot fail at its very end for a reason known at the start.
-fn check_destination(objects: &[Object], dest: &Path, overwrite: bool) -> Result<()> {
+/// Refuses before any work if two objects claim one path or a target exists (as `existing`
+/// says), so a long restore cannot fail at its very end for a reason known at the start.
+/// Returns the objects already in place (with [`Existing::KeepIdentical`]).
+fn check_destination(
+    objects: &[(Object, String)],
+    dest: &Path,
+    existing: Existing,
+) -> Result<std::collections::HashSet<ObjectId>> {
     let mut seen: BTreeMap<&str, &Object> = BTreeMap::new();
-    for object in objects {
-        let m = &object.manifest;
-        if let Some(other) = seen.insert(&m.path, object) {
+    for (object, target) in objects {
+        if let Some(other) = seen.insert(target, object) {
             bail!(
-                "objects {} and {} both restore to {}; refusing to choose",
+                "objects {} and {} both restore to {target}; refusing to choose",
                 other.manifest.id,
-                m.id,
-                m.path
+                object.manifest.id
             );
         }
     }
+    let mut already = std::collections::HashSet::new();
     for (path, object) in &seen {
         let target = dest.join(path);
-        let is_dir = object.manifest.kind == Kind::Dir;
-        match std::fs::symlink_metadata(&target) {
-            Ok(meta) if is_dir && meta.is_dir() => {}
-            Ok(meta) if overwrite && meta.is_file() && !is_dir => {}
-            Ok(_) => bail!(
+        let m = &object.manifest;
+        let is_dir = m.kind == Kind::Dir;
+        match (std::fs::symlink_metadata(&target), existing) {
+            (Err(_), _) => {}
+            (Ok(meta), _) if is_dir && meta.is_dir() => {}
+            (Ok(meta), Existing::Overwrite) if meta.is_file() && !is_dir => {}
+            (Ok(meta), Existing::KeepIdentical)
+                if meta.is_file() && meta.len() == m.size && file_sha256(&target)? == m.sha256 =>
+            {
+                already.insert(m.id);
+            }
+            (Ok(_), _) => bail!(
                 "{} already exists; nothing was restored (pass --overwrite to replace files)",
                 target.display()
             ),
-            Err(_) => {}
         }
         // A file cannot also be the parent directory of another restored path.
         let prefix = format!("{path}/");
@@ -438,7 +532,14 @@ fn check_destination(objects: &[Object], dest: &Path, overwrite: bool) -> Result
             }
         }
     }
-    Ok(())
+    Ok(already)
+}
+
+fn file_sha256(path: &Path) -> Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut File::open(path)?, &mut hasher)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(hex::encode(hasher.finalize()))
 }
 
 /// A fresh staging directory inside the destination.
@@ -474,6 +575,7 @@ fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
 fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
     let mut delivered = Delivered {
         files: 0,
+        already: 0,
         directories: 0,
         bytes: 0,
     };
@@ -489,7 +591,7 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
     forte_fs::syncfs(staging)?;
     for job in jobs {
         let m = &job.object.manifest;
-        let target = dest.join(&m.path);
+        let target = dest.join(&job.target);
         let parent = target.parent().unwrap_or(dest);
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create directory {}", parent.display()))?;

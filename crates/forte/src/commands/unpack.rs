@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::Result;
 use forte_format::{Identities, TrustedEdges};
 use forte_pipeline::StageSnapshot;
-use forte_restore::{Delivered, Restore, RestoreConfig};
+use forte_restore::{Delivered, DirSource, Existing, Restore, RestoreConfig};
 use serde::Serialize;
 
 use super::{mb_per_s, Output};
@@ -68,7 +68,9 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         settings.cpu = cpu.max(1);
         settings.parts_in_flight = settings.cpu + 4;
     }
-    settings.overwrite = args.overwrite;
+    if args.overwrite {
+        settings.existing = Existing::Overwrite;
+    }
     let started = Instant::now();
     let (delivered, restore_stages) = unpack(
         &args.dir,
@@ -123,7 +125,15 @@ pub fn unpack(
                 format!("restored {}", human(t.raw_bytes.load(Ordering::Relaxed))),
             )
         },
-        || restore.run(dir, to),
+        || {
+            restore.run(
+                &DirSource {
+                    root: dir.to_path_buf(),
+                },
+                to,
+                &|m| m.path.clone(),
+            )
+        },
     )?;
     Ok((delivered, restore.pipeline.snapshot()))
 }
