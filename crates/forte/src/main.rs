@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod layout;
 mod progress;
 mod transfer;
 mod units;
@@ -33,6 +34,8 @@ enum Command {
     Relay(commands::relay::Args),
     /// Prepare every ready batch of an inbox in one pass and upload it to the relay.
     Send(commands::send::Args),
+    /// Download complete batches from the relay, verify, deliver atomically, acknowledge.
+    Pull(commands::pull::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Unpack(args) => commands::unpack::run(args, &config),
         Command::Relay(args) => commands::relay::run(args),
         Command::Send(args) => commands::send::run(args, &config),
+        Command::Pull(args) => commands::pull::run(args, &config),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

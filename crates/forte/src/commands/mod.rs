@@ -4,6 +4,7 @@
 pub mod demo;
 pub mod keygen;
 pub mod pack;
+pub mod pull;
 pub mod relay;
 pub mod send;
 pub mod unpack;

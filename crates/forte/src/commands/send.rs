@@ -47,7 +47,7 @@ pub struct BatchReport {
     pub batch: String,
     pub files: usize,
     pub sent: usize,
-    /// Already sealed at the relay or delivered by an earlier run.
+    /// Sealed at the relay or delivered by an earlier run: nothing to send.
     pub already_at_relay: usize,
     pub failed: usize,
     pub raw_bytes: u64,
@@ -88,7 +88,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         )?;
         if !args.output.json {
             println!(
-                "batch {}: sent {} of {} files ({} already at the relay, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
+                "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
                 report.batch,
                 report.sent,
                 report.files,

@@ -1,1 +1,72 @@
-//! The source of `forte pull`: objects read from the relay.
+//! The source of `forte pull`: one batch's objects, read from the relay.
+
+use anyhow::Result;
+use forte_format::Manifest;
+use forte_relay::api::ReadyObject;
+use forte_relay::client::RelayClient;
+use forte_restore::{ObjectRef, ObjectSource, PartError};
+
+use super::retry::Retry;
+
+pub struct RelaySource<'a> {
+    pub client: &'a RelayClient,
+    pub retry: Retry,
+    /// The objects of one batch, as the relay listed them.
+    pub objects: Vec<ReadyObject>,
+}
+
+impl RelaySource<'_> {
+    fn site(&self, object: &ObjectRef) -> &str {
+        self.objects
+            .iter()
+            .find(|o| o.id == object.id)
+            .map_or("", |o| o.site.as_str())
+    }
+}
+
+impl ObjectSource for RelaySource<'_> {
+    fn list(&self) -> Result<Vec<ObjectRef>> {
+        Ok(self
+            .objects
+            .iter()
+            .map(|o| ObjectRef {
+                id: o.id,
+                place: format!("relay site {}", o.site),
+            })
+            .collect())
+    }
+
+    fn manifest(&self, object: &ObjectRef, max_len: u64) -> Result<Vec<u8>> {
+        let site = self.site(object);
+        let what = format!("download of the manifest of object {}", object.id);
+        let bytes = self
+            .retry
+            .run(&what, || self.client.manifest(site, object.id))?;
+        anyhow::ensure!(
+            bytes.len() as u64 <= max_len,
+            "manifest of {} bytes is too large",
+            bytes.len()
+        );
+        Ok(bytes)
+    }
+
+    fn part(&self, object: &ObjectRef, index: u32, length: u64) -> Result<Vec<u8>, PartError> {
+        let site = self.site(object);
+        let what = format!("download of part {index} of object {}", object.id);
+        let bytes = self
+            .retry
+            .run(&what, || self.client.part(site, object.id, index))
+            .map_err(|e| PartError::Unavailable(e.to_string()))?;
+        if bytes.len() as u64 != length {
+            return Err(PartError::Damaged(format!(
+                "the relay's copy has {} bytes, the manifest says {length}",
+                bytes.len()
+            )));
+        }
+        Ok(bytes)
+    }
+
+    fn check(&self, _object: &ObjectRef, _manifest: &Manifest) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,228 @@
+//! `forte pull`: complete batches from the relay, verified and delivered whole, then
+//! acknowledged so the relay may delete them.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use forte_format::{Identities, TrustedEdges};
+use forte_relay::api::ReadyObject;
+use forte_relay::client::RelayClient;
+use forte_restore::{Existing, Restore, RestoreConfig, RestoreFailure};
+use serde::Serialize;
+
+use super::{mb_per_s, Output};
+use crate::config::{required, Config};
+use crate::layout::{Fields, Layout};
+use crate::transfer::download::RelaySource;
+use crate::transfer::retry::Retry;
+use crate::transfer::{connect, RelayArgs};
+use crate::units::human;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Destination directory.
+    #[arg(long, value_name = "DEST")]
+    to: PathBuf,
+    #[command(flatten)]
+    relay: RelayArgs,
+    /// age identity file of the core (core.key) [config: keys.identity].
+    #[arg(long, value_name = "FILE")]
+    identity: Option<PathBuf>,
+    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
+    #[arg(long, value_name = "FILE")]
+    trust: Vec<PathBuf>,
+    /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date}.
+    #[arg(long, default_value = "{site}/{batch}/{path}")]
+    layout: String,
+    /// CPU budget [config: prepare.cpu] [default: all cores].
+    #[arg(long)]
+    cpu: Option<usize>,
+    #[command(flatten)]
+    output: Output,
+}
+
+/// What happened to one batch.
+#[derive(Debug, Serialize)]
+pub struct BatchReport {
+    pub site: String,
+    pub batch: String,
+    pub objects: usize,
+    pub delivered_files: usize,
+    /// Already in place from an earlier pull whose acknowledgement was lost.
+    pub already_delivered: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+    /// Parts found damaged at the relay and reported to it.
+    pub rejected_parts: Vec<String>,
+}
+
+pub fn run(args: Args, config: &Config) -> Result<bool> {
+    let layout = Layout::parse(&args.layout)?;
+    let endpoint = args.relay.endpoint(config)?;
+    let client = connect(&endpoint)?;
+    let identity = required(
+        args.identity.clone(),
+        config.keys.identity.clone(),
+        "no identity: pass --identity core.key or set keys.identity in the config file",
+    )?;
+    let trust = if args.trust.is_empty() {
+        config.keys.trust.clone()
+    } else {
+        args.trust.clone()
+    };
+    anyhow::ensure!(
+        !trust.is_empty(),
+        "no trusted edge key: pass --trust edge.pub or set keys.trust in the config file"
+    );
+    let identities = Identities::load(&identity)?;
+    let trusted = TrustedEdges::load(&trust)?;
+    let mut settings = RestoreConfig::for_this_machine();
+    if let Some(cpu) = args.cpu.or(config.prepare.cpu) {
+        settings.cpu = cpu.max(1);
+        settings.parts_in_flight = settings.cpu + 4;
+    }
+    settings.existing = Existing::KeepIdentical;
+    let retry = Retry::one_shot();
+
+    let ready = retry.run("listing of ready objects", || client.ready())?;
+    let mut reports = Vec::new();
+    for batch in group_by_batch(ready) {
+        let restore = Restore::new(settings.clone(), &identities, &trusted);
+        let report = pull_batch(&client, retry, &restore, &layout, &args.to, batch);
+        if !args.output.json {
+            print_report(&report);
+        }
+        reports.push(report);
+    }
+    if args.output.json {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+    } else if reports.is_empty() {
+        println!("nothing waiting at the relay");
+    }
+    Ok(reports.iter().all(|r| r.error.is_none()))
+}
+
+/// Objects grouped by site and batch, in the order the relay listed them (oldest first).
+fn group_by_batch(ready: Vec<ReadyObject>) -> Vec<Vec<ReadyObject>> {
+    let mut groups: Vec<Vec<ReadyObject>> = Vec::new();
+    for object in ready {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].site == object.site && g[0].batch == object.batch)
+        {
+            Some(group) => group.push(object),
+            None => groups.push(vec![object]),
+        }
+    }
+    groups
+}
+
+fn pull_batch(
+    client: &RelayClient,
+    retry: Retry,
+    restore: &Restore,
+    layout: &Layout,
+    dest: &std::path::Path,
+    objects: Vec<ReadyObject>,
+) -> BatchReport {
+    let started = Instant::now();
+    let site = objects[0].site.clone();
+    let batch_time = objects.iter().map(|o| o.sealed_at).min().unwrap_or(0);
+    let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
+    let mut report = BatchReport {
+        site: site.clone(),
+        batch: objects[0].batch.clone(),
+        objects: objects.len(),
+        delivered_files: 0,
+        already_delivered: 0,
+        bytes: 0,
+        seconds: 0.0,
+        error: None,
+        rejected_parts: Vec::new(),
+    };
+    let source = RelaySource {
+        client,
+        retry,
+        objects,
+    };
+    // The relay knows batches by opaque ids; the name is inside the verified manifests.
+    let name = std::sync::Mutex::new(None::<String>);
+    let place = |m: &forte_format::Manifest| {
+        let batch = if m.batch.is_empty() {
+            report.batch.as_str()
+        } else {
+            m.batch.as_str()
+        };
+        name.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(|| batch.to_string());
+        layout.render(&Fields {
+            site: &site,
+            batch,
+            path: &m.path,
+            batch_time,
+        })
+    };
+    let result = restore.run(&source, dest, &place);
+    if let Some(name) = name.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        report.batch = name;
+    }
+    match result {
+        Ok(delivered) => {
+            report.delivered_files = delivered.files;
+            report.already_delivered = delivered.already;
+            report.bytes = delivered.bytes;
+            for id in ids {
+                if let Err(e) = retry.run(&format!("acknowledgement of object {id}"), || {
+                    client.ack(&site, id)
+                }) {
+                    // Delivered but not acknowledged: the next pull finds the files in place
+                    // and acknowledges then.
+                    report.error = Some(format!("delivered, but the acknowledgement failed: {e}"));
+                }
+            }
+        }
+        Err(e) => {
+            if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
+                for p in failure.problems.iter().filter(|p| p.damaged) {
+                    let Some(part) = p.part else { continue };
+                    match client.reject(&site, p.object, part) {
+                        Ok(()) => report
+                            .rejected_parts
+                            .push(format!("object {} part {part}", p.object)),
+                        Err(e) => eprintln!(
+                            "could not report damaged part {part} of object {}: {e}",
+                            p.object
+                        ),
+                    }
+                }
+            }
+            report.error = Some(format!("{e:#}"));
+        }
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    report
+}
+
+fn print_report(r: &BatchReport) {
+    match &r.error {
+        None => println!(
+            "batch {} of {}: delivered {} files ({}) in {:.1} s ({:.1} MB/s){}, verified and acknowledged",
+            r.batch,
+            r.site,
+            r.delivered_files,
+            human(r.bytes),
+            r.seconds,
+            mb_per_s(r.bytes, r.seconds),
+            if r.already_delivered > 0 { format!(", {} already in place", r.already_delivered) } else { String::new() }
+        ),
+        Some(e) => {
+            eprintln!("batch {} of {}: not delivered: {e}", r.batch, r.site);
+            for p in &r.rejected_parts {
+                eprintln!("  reported damaged to the relay, which dropped it for the sender to upload again: {p}");
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Where a delivered file goes: a template such as `{site}/{batch}/{path}`.
+//!
+//! | field | value |
+//! |---|---|
+//! | `{site}` | the site the file came from |
+//! | `{batch}` | the batch name |
+//! | `{path}` | the file's path inside the batch |
+//! | `{yyyy}` `{mm}` `{dd}` `{hh}` | UTC date and hour the batch reached the relay |
+//! | `{date}` | `{yyyy}-{mm}-{dd}` |
+
+use anyhow::{bail, Result};
+
+/// A parsed layout template.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    template: String,
+}
+
+const FIELDS: [&str; 8] = ["site", "batch", "path", "yyyy", "mm", "dd", "hh", "date"];
+
+/// The values of a layout's fields for one file.
+pub struct Fields<'a> {
+    pub site: &'a str,
+    pub batch: &'a str,
+    pub path: &'a str,
+    /// Seconds since the Unix epoch.
+    pub batch_time: u64,
+}
+
+impl Layout {
+    pub fn parse(template: &str) -> Result<Self> {
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            let Some(close) = rest[open..].find('}') else {
+                bail!("layout {template:?} has an unclosed {{");
+            };
+            let field = &rest[open + 1..open + close];
+            if !FIELDS.contains(&field) {
+                bail!(
+                    "layout {template:?} has an unknown field {{{field}}}; known: {}",
+                    FIELDS.map(|f| format!("{{{f}}}")).join(" ")
+                );
+            }
+            rest = &rest[open + close + 1..];
+        }
+        if !template.contains("{path}") {
+            bail!("layout {template:?} must contain {{path}}, or files of a batch would collide");
+        }
+        Ok(Self {
+            template: template.to_string(),
+        })
+    }
+
+    pub fn render(&self, f: &Fields<'_>) -> String {
+        let (y, m, d, h) = civil_time(f.batch_time);
+        self.template
+            .replace("{site}", f.site)
+            .replace("{batch}", f.batch)
+            .replace("{date}", &format!("{y:04}-{m:02}-{d:02}"))
+            .replace("{yyyy}", &format!("{y:04}"))
+            .replace("{mm}", &format!("{m:02}"))
+            .replace("{dd}", &format!("{d:02}"))
+            .replace("{hh}", &format!("{h:02}"))
+            .replace("{path}", f.path)
+    }
+}
+
+/// UTC year, month, day and hour of a Unix time (the days-from-civil algorithm in reverse).
+fn civil_time(secs: u64) -> (i64, u32, u32, u32) {
+    let days = (secs / 86_400) as i64;
+    let hour = ((secs % 86_400) / 3600) as u32;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day, hour)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_render_and_reject_unknown_fields() {
+        let l = Layout::parse("{site}/{yyyy}/{mm}/{dd}/{batch}/{path}").unwrap();
+        let f = Fields {
+            site: "mine-7",
+            batch: "run-42",
+            path: "a/b.bag",
+            batch_time: 1_795_305_600,
+        };
+        assert_eq!(l.render(&f), "mine-7/2026/11/22/run-42/a/b.bag");
+        assert_eq!(
+            Layout::parse("{date}T{hh}/{path}").unwrap().render(&f),
+            "2026-11-22T00/a/b.bag"
+        );
+        assert!(Layout::parse("{site}/{vehicle}/{path}")
+            .unwrap_err()
+            .to_string()
+            .contains("{vehicle}"));
+        assert!(Layout::parse("{site}/{batch}").is_err());
+        assert_eq!(civil_time(0), (1970, 1, 1, 0));
+        assert_eq!(civil_time(951_782_400), (2000, 2, 29, 0));
+    }
+}
