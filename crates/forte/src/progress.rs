@@ -1,6 +1,6 @@
 //! Progress bars on a terminal, silence elsewhere.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -26,18 +26,20 @@ pub fn with_progress<R>(
         .expect("a valid template")
         .progress_chars("=> "),
     );
-    let done = AtomicBool::new(false);
+    // Dropping the sender ends the ticker at once, not at its next tick.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
     std::thread::scope(|s| {
-        s.spawn(|| {
-            while !done.load(Ordering::Relaxed) {
-                let (pos, msg) = poll();
-                bar.set_position(pos);
-                bar.set_message(msg);
-                std::thread::sleep(Duration::from_millis(200));
+        let (poll, bar) = (&poll, &bar);
+        s.spawn(move || loop {
+            let (pos, msg) = poll();
+            bar.set_position(pos);
+            bar.set_message(msg);
+            if finished.recv_timeout(Duration::from_millis(200)) != Err(RecvTimeoutError::Timeout) {
+                break;
             }
         });
         let result = work();
-        done.store(true, Ordering::Relaxed);
+        drop(done);
         bar.finish_and_clear();
         result
     })
