@@ -1,0 +1,690 @@
+//! The catalogue: forte's governance record on every node.
+//!
+//! It records batches, files and parts with their hashes and current state, every state
+//! change with its time (the *events* that make a file's lineage), every attempt of a task
+//! with its outcome and error, and when each stage of a batch started and ended.
+//!
+//! One code path serves both back ends through sqlx's `Any` driver: a SQLite file by default
+//! (no setup; WAL mode), or PostgreSQL when the URL says `postgres://` (a catalogue shared by
+//! several nodes). The SQL is the subset both speak: `$n` placeholders, `BIGINT` and `TEXT`,
+//! `INSERT … ON CONFLICT … DO UPDATE`. The migrations below are the one schema for both.
+//!
+//! The pipelines run on plain threads, so the API is blocking: each call runs on the
+//! catalogue's own small tokio runtime.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Executor, Row};
+
+/// The schema, one migration per entry, applied in order and recorded in `forte_migrations`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE batches (
+        batch_key TEXT PRIMARY KEY,
+        role TEXT NOT NULL,
+        site TEXT NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        files BIGINT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE TABLE files (
+        object_id TEXT PRIMARY KEY,
+        batch_key TEXT NOT NULL,
+        path TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        raw_sha256 TEXT,
+        delivered_to TEXT,
+        state TEXT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE INDEX files_by_batch ON files (batch_key);
+    CREATE INDEX files_by_path ON files (path);
+    CREATE TABLE parts (
+        object_id TEXT NOT NULL,
+        idx BIGINT NOT NULL,
+        raw_sha256 TEXT,
+        ciphertext_sha256 TEXT,
+        ciphertext_length BIGINT,
+        state TEXT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (object_id, idx)
+    );
+    CREATE TABLE events (
+        id TEXT PRIMARY KEY,
+        at BIGINT NOT NULL,
+        batch_key TEXT NOT NULL,
+        object_id TEXT,
+        part BIGINT,
+        state TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE INDEX events_by_object ON events (object_id, at);
+    CREATE TABLE attempts (
+        id TEXT PRIMARY KEY,
+        task TEXT NOT NULL,
+        batch_key TEXT NOT NULL,
+        object_id TEXT,
+        part BIGINT,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT NOT NULL,
+        outcome TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE TABLE stages (
+        batch_key TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT,
+        PRIMARY KEY (batch_key, stage)
+    )",
+];
+
+/// Microseconds since the Unix epoch: the catalogue's clock.
+pub fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 12];
+    getrandom::getrandom(&mut b).expect("the operating system's random source");
+    hex::encode(b)
+}
+
+/// A batch as the catalogue knows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BatchRow {
+    pub batch_key: String,
+    pub role: String,
+    pub site: String,
+    pub name: String,
+    pub state: String,
+    pub files: i64,
+    pub bytes: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// A file as the catalogue knows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FileRow {
+    pub object_id: String,
+    pub batch_key: String,
+    pub path: String,
+    pub size: i64,
+    pub raw_sha256: Option<String>,
+    pub delivered_to: Option<String>,
+    pub state: String,
+    pub updated_at: i64,
+}
+
+/// One state change.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Event {
+    pub at: i64,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub state: String,
+    pub detail: Option<String>,
+}
+
+/// One try of a task.
+#[derive(Debug, Clone)]
+pub struct Attempt<'a> {
+    pub task: &'a str,
+    pub batch_key: &'a str,
+    pub object_id: Option<&'a str>,
+    pub part: Option<u32>,
+    pub started_at: i64,
+    pub ended_at: i64,
+    pub error: Option<&'a str>,
+}
+
+/// A part's hashes, recorded as they become known.
+#[derive(Debug, Clone, Default)]
+pub struct PartHashes<'a> {
+    pub raw_sha256: Option<&'a str>,
+    pub ciphertext_sha256: Option<&'a str>,
+    pub ciphertext_length: Option<u64>,
+}
+
+pub struct Catalog {
+    runtime: tokio::runtime::Runtime,
+    pool: AnyPool,
+    url: String,
+}
+
+impl Catalog {
+    /// Opens (creating if needed) the catalogue at `url`: `postgres://…`, `sqlite://PATH`, or a
+    /// plain file path for SQLite. Applies pending migrations.
+    pub fn open(url: &str) -> Result<Self> {
+        sqlx::any::install_default_drivers();
+        let url = if url.contains("://") {
+            url.to_string()
+        } else {
+            let path = Path::new(url);
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("cannot create the catalogue's directory {}", dir.display())
+                })?;
+            }
+            format!("sqlite://{}?mode=rwc", path.display())
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the catalogue's runtime")?;
+        let shown = redact(&url);
+        let pool = runtime
+            .block_on(
+                AnyPoolOptions::new()
+                    .max_connections(4)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            if conn.backend_name() == "SQLite" {
+                                // WAL lets readers (forte status) work beside the writer; a
+                                // busy timeout makes concurrent writers wait, not fail.
+                                conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 10000")
+                                    .await?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .connect(&url),
+            )
+            .with_context(|| format!("cannot open the catalogue {shown}"))?;
+        let catalog = Self {
+            runtime,
+            pool,
+            url: shown,
+        };
+        catalog.migrate()?;
+        Ok(catalog)
+    }
+
+    /// The catalogue's URL without credentials, for messages.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn migrate(&self) -> Result<()> {
+        self.runtime.block_on(async {
+            self.pool
+                .execute("CREATE TABLE IF NOT EXISTS forte_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+                .await?;
+            let applied: i64 = sqlx::query("SELECT COUNT(*) FROM forte_migrations")
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            for (i, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
+                let mut tx = self.pool.begin().await?;
+                for statement in migration.split(';').filter(|s| !s.trim().is_empty()) {
+                    tx.execute(statement).await?;
+                }
+                sqlx::query("INSERT INTO forte_migrations (version, applied_at) VALUES ($1, $2)")
+                    .bind(i as i64 + 1)
+                    .bind(now_us())
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+            }
+            anyhow::Ok(())
+        })
+        .with_context(|| format!("cannot migrate the catalogue {}", self.url))
+    }
+
+    fn event(
+        &self,
+        batch_key: &str,
+        object_id: Option<&str>,
+        part: Option<u32>,
+        state: &str,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        self.runtime.block_on(
+            sqlx::query("INSERT INTO events (id, at, batch_key, object_id, part, state, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+                .bind(new_id())
+                .bind(now_us())
+                .bind(batch_key)
+                .bind(object_id)
+                .bind(part.map(i64::from))
+                .bind(state)
+                .bind(detail)
+                .execute(&self.pool),
+        )?;
+        Ok(())
+    }
+
+    /// Records a batch's state (creating the batch on first sight) and the change as an event.
+    #[allow(clippy::too_many_arguments)]
+    pub fn batch_state(
+        &self,
+        batch_key: &str,
+        role: &str,
+        site: &str,
+        name: &str,
+        files: u64,
+        bytes: u64,
+        state: &str,
+    ) -> Result<()> {
+        let now = now_us();
+        self.runtime.block_on(
+            sqlx::query(
+                "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+                 ON CONFLICT (batch_key) DO UPDATE SET state = excluded.state, files = excluded.files,
+                     bytes = excluded.bytes, name = excluded.name, updated_at = excluded.updated_at",
+            )
+            .bind(batch_key)
+            .bind(role)
+            .bind(site)
+            .bind(name)
+            .bind(state)
+            .bind(files as i64)
+            .bind(bytes as i64)
+            .bind(now)
+            .execute(&self.pool),
+        )?;
+        self.event(batch_key, None, None, state, None)
+    }
+
+    /// Records a file's state (creating it on first sight) and the change as an event.
+    #[allow(clippy::too_many_arguments)]
+    pub fn file_state(
+        &self,
+        batch_key: &str,
+        object_id: &str,
+        path: &str,
+        size: u64,
+        state: &str,
+        raw_sha256: Option<&str>,
+        delivered_to: Option<&str>,
+        detail: Option<&str>,
+    ) -> Result<()> {
+        self.runtime.block_on(
+            sqlx::query(
+                "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (object_id) DO UPDATE SET state = excluded.state,
+                     raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
+                     delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
+                     updated_at = excluded.updated_at",
+            )
+            .bind(object_id)
+            .bind(batch_key)
+            .bind(path)
+            .bind(size as i64)
+            .bind(raw_sha256)
+            .bind(delivered_to)
+            .bind(state)
+            .bind(now_us())
+            .execute(&self.pool),
+        )?;
+        self.event(batch_key, Some(object_id), None, state, detail)
+    }
+
+    /// Records a part's state and whatever hashes are known, and the change as an event.
+    pub fn part_state(
+        &self,
+        batch_key: &str,
+        object_id: &str,
+        index: u32,
+        state: &str,
+        hashes: &PartHashes<'_>,
+    ) -> Result<()> {
+        self.runtime.block_on(
+            sqlx::query(
+                "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
+                     raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
+                     ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
+                     ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
+                     updated_at = excluded.updated_at",
+            )
+            .bind(object_id)
+            .bind(i64::from(index))
+            .bind(hashes.raw_sha256)
+            .bind(hashes.ciphertext_sha256)
+            .bind(hashes.ciphertext_length.map(|l| l as i64))
+            .bind(state)
+            .bind(now_us())
+            .execute(&self.pool),
+        )?;
+        self.event(batch_key, Some(object_id), Some(index), state, None)
+    }
+
+    /// Records one attempt of a task, successful (`error` is `None`) or not.
+    pub fn attempt(&self, a: &Attempt<'_>) -> Result<()> {
+        self.runtime.block_on(
+            sqlx::query(
+                "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+            )
+            .bind(new_id())
+            .bind(a.task)
+            .bind(a.batch_key)
+            .bind(a.object_id)
+            .bind(a.part.map(i64::from))
+            .bind(a.started_at)
+            .bind(a.ended_at)
+            .bind(if a.error.is_some() { "failed" } else { "ok" })
+            .bind(a.error)
+            .execute(&self.pool),
+        )?;
+        Ok(())
+    }
+
+    /// Records when a stage of a batch started, or (with `ended`) when it ended.
+    pub fn stage(
+        &self,
+        batch_key: &str,
+        stage: &str,
+        started_at: i64,
+        ended_at: Option<i64>,
+    ) -> Result<()> {
+        self.runtime.block_on(
+            sqlx::query(
+                "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (batch_key, stage) DO UPDATE SET ended_at = excluded.ended_at",
+            )
+            .bind(batch_key)
+            .bind(stage)
+            .bind(started_at)
+            .bind(ended_at)
+            .execute(&self.pool),
+        )?;
+        Ok(())
+    }
+
+    pub fn batches(&self) -> Result<Vec<BatchRow>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches ORDER BY created_at, batch_key")
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter().map(batch_row).collect()
+    }
+
+    pub fn files(&self, batch_key: &str) -> Result<Vec<FileRow>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE batch_key = $1 ORDER BY path")
+                .bind(batch_key)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter().map(file_row).collect()
+    }
+
+    /// Files whose path (in the batch) or delivered path is `path`.
+    pub fn files_at(&self, path: &str) -> Result<Vec<FileRow>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE path = $1 OR delivered_to = $1 ORDER BY updated_at")
+                .bind(path)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter().map(file_row).collect()
+    }
+
+    /// Every recorded change of a file and its parts, oldest first: its lineage.
+    pub fn lineage(&self, object_id: &str) -> Result<Vec<Event>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT at, batch_key, object_id, part, state, detail FROM events WHERE object_id = $1 ORDER BY at, id")
+                .bind(object_id)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(Event {
+                    at: r.try_get(0)?,
+                    batch_key: r.try_get(1)?,
+                    object_id: r.try_get(2)?,
+                    part: r.try_get(3)?,
+                    state: r.try_get(4)?,
+                    detail: r.try_get(5)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Parts of an object with their state and hashes.
+    pub fn parts(
+        &self,
+        object_id: &str,
+    ) -> Result<Vec<(i64, String, Option<String>, Option<String>)>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256 FROM parts WHERE object_id = $1 ORDER BY idx")
+                .bind(object_id)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter()
+            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+            .collect()
+    }
+
+    /// Failed attempts, newest first (for `forte status`).
+    pub fn failed_attempts(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<(String, String, Option<String>, Option<i64>, String)>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT task, batch_key, object_id, part, error FROM attempts WHERE outcome = 'failed' ORDER BY ended_at DESC LIMIT $1")
+                .bind(limit)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0)?,
+                    r.try_get(1)?,
+                    r.try_get(2)?,
+                    r.try_get(3)?,
+                    r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+                ))
+            })
+            .collect()
+    }
+}
+
+fn batch_row(r: &AnyRow) -> Result<BatchRow> {
+    Ok(BatchRow {
+        batch_key: r.try_get(0)?,
+        role: r.try_get(1)?,
+        site: r.try_get(2)?,
+        name: r.try_get(3)?,
+        state: r.try_get(4)?,
+        files: r.try_get(5)?,
+        bytes: r.try_get(6)?,
+        created_at: r.try_get(7)?,
+        updated_at: r.try_get(8)?,
+    })
+}
+
+fn file_row(r: &AnyRow) -> Result<FileRow> {
+    Ok(FileRow {
+        object_id: r.try_get(0)?,
+        batch_key: r.try_get(1)?,
+        path: r.try_get(2)?,
+        size: r.try_get(3)?,
+        raw_sha256: r.try_get(4)?,
+        delivered_to: r.try_get(5)?,
+        state: r.try_get(6)?,
+        updated_at: r.try_get(7)?,
+    })
+}
+
+/// A URL with any password replaced, safe to print.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The same checks run on SQLite here and on PostgreSQL in tests/postgres.rs.
+    pub fn exercise(catalog: &Catalog) {
+        catalog
+            .batch_state("b1", "edge", "site-a", "run-1", 2, 300, "discovered")
+            .unwrap();
+        catalog
+            .file_state(
+                "b1",
+                "o1",
+                "bags/a.bag",
+                200,
+                "discovered",
+                None,
+                None,
+                None,
+            )
+            .unwrap();
+        catalog
+            .part_state(
+                "b1",
+                "o1",
+                0,
+                "uploaded",
+                &PartHashes {
+                    raw_sha256: Some("r0"),
+                    ciphertext_sha256: Some("c0"),
+                    ciphertext_length: Some(90),
+                },
+            )
+            .unwrap();
+        catalog
+            .file_state(
+                "b1",
+                "o1",
+                "bags/a.bag",
+                200,
+                "sealed",
+                Some("whole"),
+                None,
+                None,
+            )
+            .unwrap();
+        catalog
+            .file_state(
+                "b1",
+                "o1",
+                "bags/a.bag",
+                200,
+                "delivered",
+                None,
+                Some("site-a/run-1/bags/a.bag"),
+                Some("ok"),
+            )
+            .unwrap();
+        catalog
+            .batch_state("b1", "edge", "site-a", "run-1", 2, 300, "sent")
+            .unwrap();
+        catalog
+            .attempt(&Attempt {
+                task: "upload",
+                batch_key: "b1",
+                object_id: Some("o1"),
+                part: Some(0),
+                started_at: 1,
+                ended_at: 2,
+                error: Some("connection reset"),
+            })
+            .unwrap();
+        catalog.stage("b1", "prepare", 10, None).unwrap();
+        catalog.stage("b1", "prepare", 10, Some(20)).unwrap();
+
+        let batches = catalog.batches().unwrap();
+        assert_eq!(
+            (batches.len(), batches[0].state.as_str(), batches[0].files),
+            (1, "sent", 2)
+        );
+        let files = catalog.files("b1").unwrap();
+        assert_eq!(files[0].state, "delivered");
+        assert_eq!(files[0].raw_sha256.as_deref(), Some("whole"));
+        assert_eq!(
+            catalog.files_at("site-a/run-1/bags/a.bag").unwrap().len(),
+            1
+        );
+        let lineage: Vec<_> = catalog
+            .lineage("o1")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.state)
+            .collect();
+        assert_eq!(lineage, ["discovered", "uploaded", "sealed", "delivered"]);
+        assert_eq!(catalog.parts("o1").unwrap()[0].3.as_deref(), Some("c0"));
+        assert_eq!(catalog.failed_attempts(5).unwrap()[0].4, "connection reset");
+    }
+
+    #[test]
+    fn sqlite_catalogue_records_and_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/catalog.sqlite");
+        exercise(&Catalog::open(path.to_str().unwrap()).unwrap());
+        // Reopening applies no migration twice and keeps the data.
+        let again = Catalog::open(path.to_str().unwrap()).unwrap();
+        assert_eq!(again.batches().unwrap().len(), 1);
+    }
+
+    /// A fresh database on the PostgreSQL server named by `FORTE_TEST_POSTGRES` (`.ci/postgres.sh`
+    /// starts one). Without it the test fails in CI and is skipped, loudly, elsewhere.
+    pub fn fresh_postgres() -> Option<String> {
+        let Ok(base) = std::env::var("FORTE_TEST_POSTGRES") else {
+            if std::env::var("CI").is_ok() {
+                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (.ci/run starts a server)");
+            }
+            eprintln!("SKIPPED: set FORTE_TEST_POSTGRES=postgres://… (see .ci/postgres.sh) to run the PostgreSQL test");
+            return None;
+        };
+        sqlx::any::install_default_drivers();
+        let name = format!("forte_t_{}", new_id());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let pool = AnyPool::connect(&base)
+                .await
+                .expect("connecting to FORTE_TEST_POSTGRES");
+            pool.execute(format!("CREATE DATABASE {name}").as_str())
+                .await
+                .unwrap();
+        });
+        let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
+        Some(format!("{prefix}/{name}"))
+    }
+
+    #[test]
+    fn postgres_catalogue_records_and_reads_back() {
+        let Some(url) = fresh_postgres() else { return };
+        exercise(&Catalog::open(&url).unwrap());
+        let again = Catalog::open(&url).unwrap();
+        assert_eq!(again.batches().unwrap().len(), 1);
+        assert!(again.url().contains("***"), "{}", again.url());
+    }
+
+    #[test]
+    fn passwords_are_not_printed() {
+        assert_eq!(
+            redact("postgres://forte:s3cret@db:5432/forte"),
+            "postgres://forte:***@db:5432/forte"
+        );
+        assert_eq!(redact("sqlite:///tmp/x.sqlite"), "sqlite:///tmp/x.sqlite");
+    }
+}
