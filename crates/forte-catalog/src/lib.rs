@@ -137,6 +137,25 @@ pub struct Event {
     pub detail: Option<String>,
 }
 
+/// A part's state and hashes.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct PartRow {
+    pub index: i64,
+    pub state: String,
+    pub raw_sha256: Option<String>,
+    pub ciphertext_sha256: Option<String>,
+}
+
+/// A failed attempt, for `forte status`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FailedAttempt {
+    pub task: String,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub error: String,
+}
+
 /// One try of a task.
 #[derive(Debug, Clone)]
 pub struct Attempt<'a> {
@@ -455,25 +474,26 @@ impl Catalog {
     }
 
     /// Parts of an object with their state and hashes.
-    pub fn parts(
-        &self,
-        object_id: &str,
-    ) -> Result<Vec<(i64, String, Option<String>, Option<String>)>> {
+    pub fn parts(&self, object_id: &str) -> Result<Vec<PartRow>> {
         let rows = self.runtime.block_on(
             sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256 FROM parts WHERE object_id = $1 ORDER BY idx")
                 .bind(object_id)
                 .fetch_all(&self.pool),
         )?;
         rows.iter()
-            .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?)))
+            .map(|r| {
+                Ok(PartRow {
+                    index: r.try_get(0)?,
+                    state: r.try_get(1)?,
+                    raw_sha256: r.try_get(2)?,
+                    ciphertext_sha256: r.try_get(3)?,
+                })
+            })
             .collect()
     }
 
     /// Failed attempts, newest first (for `forte status`).
-    pub fn failed_attempts(
-        &self,
-        limit: i64,
-    ) -> Result<Vec<(String, String, Option<String>, Option<i64>, String)>> {
+    pub fn failed_attempts(&self, limit: i64) -> Result<Vec<FailedAttempt>> {
         let rows = self.runtime.block_on(
             sqlx::query("SELECT task, batch_key, object_id, part, error FROM attempts WHERE outcome = 'failed' ORDER BY ended_at DESC LIMIT $1")
                 .bind(limit)
@@ -481,13 +501,13 @@ impl Catalog {
         )?;
         rows.iter()
             .map(|r| {
-                Ok((
-                    r.try_get(0)?,
-                    r.try_get(1)?,
-                    r.try_get(2)?,
-                    r.try_get(3)?,
-                    r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
-                ))
+                Ok(FailedAttempt {
+                    task: r.try_get(0)?,
+                    batch_key: r.try_get(1)?,
+                    object_id: r.try_get(2)?,
+                    part: r.try_get(3)?,
+                    error: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+                })
             })
             .collect()
     }
@@ -628,8 +648,14 @@ mod tests {
             .map(|e| e.state)
             .collect();
         assert_eq!(lineage, ["discovered", "uploaded", "sealed", "delivered"]);
-        assert_eq!(catalog.parts("o1").unwrap()[0].3.as_deref(), Some("c0"));
-        assert_eq!(catalog.failed_attempts(5).unwrap()[0].4, "connection reset");
+        assert_eq!(
+            catalog.parts("o1").unwrap()[0].ciphertext_sha256.as_deref(),
+            Some("c0")
+        );
+        assert_eq!(
+            catalog.failed_attempts(5).unwrap()[0].error,
+            "connection reset"
+        );
     }
 
     #[test]
