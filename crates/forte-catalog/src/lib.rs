@@ -198,7 +198,8 @@ impl Catalog {
             }
             format!("sqlite://{}?mode=rwc", path.display())
         };
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .context("starting the catalogue's runtime")?;

@@ -82,6 +82,35 @@ pub struct Delivered {
     pub already: usize,
     pub directories: usize,
     pub bytes: u64,
+    /// Every object now in place at the destination, delivered now or found identical.
+    pub placed: Vec<Placed>,
+}
+
+/// One object in place at the destination.
+#[derive(Debug, Clone, Serialize)]
+pub struct Placed {
+    pub id: ObjectId,
+    /// Its path in the batch (the manifest's).
+    pub path: String,
+    /// Its path under the destination (the layout's).
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Found in place from an earlier delivery rather than written now.
+    pub already: bool,
+}
+
+impl Placed {
+    fn new(m: &Manifest, target: &str, already: bool) -> Self {
+        Self {
+            id: m.id,
+            path: m.path.clone(),
+            target: target.to_string(),
+            size: m.size,
+            sha256: m.sha256.clone(),
+            already,
+        }
+    }
 }
 
 /// One problem found while restoring, with where it is.
@@ -216,6 +245,11 @@ impl<'k> Restore<'k> {
             placed.push((object, target));
         }
         let already = check_destination(&placed, dest, self.config.existing)?;
+        let found: Vec<Placed> = placed
+            .iter()
+            .filter(|(object, _)| already.contains(&object.manifest.id))
+            .map(|(object, target)| Placed::new(&object.manifest, target, true))
+            .collect();
         placed.retain(|(object, _)| !already.contains(&object.manifest.id));
         std::fs::create_dir_all(dest)
             .with_context(|| format!("cannot create destination {}", dest.display()))?;
@@ -224,9 +258,10 @@ impl<'k> Restore<'k> {
             .stage_all(source, placed, &staging)
             .and_then(|jobs| commit(&jobs, &staging, dest));
         let _ = std::fs::remove_dir_all(&staging);
-        result.map(|d| Delivered {
-            already: already.len(),
-            ..d
+        result.map(|mut d| {
+            d.already = found.len();
+            d.placed.extend(found);
+            d
         })
     }
 
@@ -578,6 +613,7 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
         already: 0,
         directories: 0,
         bytes: 0,
+        placed: Vec::new(),
     };
     for job in jobs {
         let m = &job.object.manifest;
@@ -606,6 +642,7 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
                 })?;
                 delivered.files += 1;
                 delivered.bytes += m.size;
+                delivered.placed.push(Placed::new(m, &job.target, false));
             }
             Kind::Dir => {
                 std::fs::create_dir_all(&target)

@@ -65,6 +65,18 @@ impl Layout {
     }
 }
 
+/// A catalogue time (microseconds since the Unix epoch) as `YYYY-MM-DD HH:MM:SS.mmm UTC`.
+pub fn format_utc(micros: i64) -> String {
+    let secs = micros.max(0) as u64 / 1_000_000;
+    let (y, m, d, h) = civil_time(secs);
+    let (min, s, ms) = (
+        (secs % 3600) / 60,
+        secs % 60,
+        (micros.max(0) % 1_000_000) / 1000,
+    );
+    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{ms:03} UTC")
+}
+
 /// UTC year, month, day and hour of a Unix time (the days-from-civil algorithm in reverse).
 fn civil_time(secs: u64) -> (i64, u32, u32, u32) {
     let days = (secs / 86_400) as i64;

@@ -4,6 +4,7 @@ mod commands;
 mod config;
 mod layout;
 mod progress;
+mod record;
 mod transfer;
 mod units;
 
@@ -18,6 +19,9 @@ struct Cli {
     /// Configuration file (TOML); flags override its values.
     #[arg(long, global = true, env = "FORTE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Catalogue: a SQLite file, or postgres://user:pass@host/db [default: ~/.local/state/forte/catalog.sqlite].
+    #[arg(long, global = true, env = "FORTE_CATALOG", value_name = "URL")]
+    catalog: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,6 +40,8 @@ enum Command {
     Send(commands::send::Args),
     /// Download complete batches from the relay, verify, deliver atomically, acknowledge.
     Pull(commands::pull::Args),
+    /// Batches and files in the catalogue with their state; a file's lineage with --file.
+    Status(commands::status::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
@@ -47,8 +53,9 @@ fn main() -> ExitCode {
         Command::Pack(args) => commands::pack::run(args, &config),
         Command::Unpack(args) => commands::unpack::run(args, &config),
         Command::Relay(args) => commands::relay::run(args),
-        Command::Send(args) => commands::send::run(args, &config),
-        Command::Pull(args) => commands::pull::run(args, &config),
+        Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
+        Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
+        Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

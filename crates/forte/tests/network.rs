@@ -73,6 +73,9 @@ struct Site {
     root: PathBuf,
     keys: Keys,
     relay: Relay,
+    /// Catalogue URLs of the edge and the core.
+    edge_catalog: String,
+    core_catalog: String,
 }
 
 impl Site {
@@ -81,12 +84,54 @@ impl Site {
         let root = tmp.path().to_path_buf();
         let keys = keygen(&root.join("keys"));
         let relay = start_relay(&root);
+        let (edge_catalog, core_catalog) = (
+            root.join("edge.sqlite").display().to_string(),
+            root.join("core.sqlite").display().to_string(),
+        );
         Self {
             _tmp: tmp,
             root,
             keys,
             relay,
+            edge_catalog,
+            core_catalog,
         }
+    }
+
+    /// The same site with both catalogues in one fresh PostgreSQL database.
+    fn with_postgres() -> Option<Self> {
+        let base = match std::env::var("FORTE_TEST_POSTGRES") {
+            Ok(url) => url,
+            Err(_) if std::env::var("CI").is_ok() => {
+                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (.ci/run starts a server)")
+            }
+            Err(_) => {
+                eprintln!("SKIPPED: set FORTE_TEST_POSTGRES (see .ci/postgres.sh) to run the PostgreSQL end-to-end test");
+                return None;
+            }
+        };
+        let db = format!("forte_e2e_{}", std::process::id());
+        stdout_of(
+            tool("psql")
+                .arg(&base)
+                .args(["-qAtc", &format!("DROP DATABASE IF EXISTS {db}")]),
+        );
+        stdout_of(
+            tool("psql")
+                .arg(&base)
+                .args(["-qAtc", &format!("CREATE DATABASE {db}")]),
+        );
+        let url = format!("{}/{db}", base.rsplit_once('/').unwrap().0);
+        let mut site = Self::new();
+        site.edge_catalog = url.clone();
+        site.core_catalog = url;
+        Some(site)
+    }
+
+    fn status(&self, catalog: &str, extra: &[&str]) -> String {
+        let mut a = args!["--catalog", catalog, "status"];
+        a.extend(extra.iter().map(Into::into));
+        ok(&a)
     }
 
     fn relay_args(&self, token: &str) -> Args {
@@ -102,6 +147,8 @@ impl Site {
 
     fn send(&self, extra: &[&str]) -> Args {
         let mut a = args![
+            "--catalog",
+            &self.edge_catalog,
             "send",
             self.root.join("inbox"),
             "--recipient",
@@ -116,6 +163,8 @@ impl Site {
 
     fn pull(&self) -> Args {
         let mut a = args![
+            "--catalog",
+            &self.core_catalog,
             "pull",
             "--to",
             self.root.join("dest"),
@@ -169,7 +218,17 @@ fn json(out: &str) -> serde_json::Value {
 
 #[test]
 fn batches_arrive_identical_under_the_layout_and_exactly_once() {
-    let site = Site::new();
+    end_to_end(Site::new());
+}
+
+#[test]
+fn end_to_end_with_the_catalogue_on_postgresql() {
+    if let Some(site) = Site::with_postgres() {
+        end_to_end(site);
+    }
+}
+
+fn end_to_end(site: Site) {
     let inbox = site.root.join("inbox");
     make_batches(&inbox);
 
@@ -206,6 +265,45 @@ fn batches_arrive_identical_under_the_layout_and_exactly_once() {
         .all(|b| b["sent"] == 0 && b["already_at_relay"] == b["files"]));
     let out = ok(&site.pull());
     assert!(out.contains("nothing waiting"), "{out}");
+
+    // The catalogues: every batch sent and delivered, every file with both hashes.
+    let edge: serde_json::Value = json(&site.status(&site.edge_catalog, &["--json"]));
+    let core: serde_json::Value = json(&site.status(&site.core_catalog, &["--json"]));
+    let of_role = |v: &serde_json::Value, role: &str| -> Vec<serde_json::Value> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["role"] == role)
+            .cloned()
+            .collect()
+    };
+    let (sent, delivered) = (of_role(&edge, "edge"), of_role(&core, "core"));
+    assert_eq!(sent.len(), 3, "{edge:#}");
+    assert_eq!(delivered.len(), 3, "{core:#}");
+    assert!(sent.iter().all(|b| b["state"] == "sent"));
+    assert!(delivered.iter().all(|b| b["state"] == "delivered"));
+    for b in &delivered {
+        for f in b["files"].as_array().unwrap() {
+            assert_eq!(f["state"], "acknowledged", "{f:#}");
+            assert_eq!(f["raw_sha256"].as_str().unwrap().len(), 64);
+        }
+    }
+    // A file's lineage, from discovery at the edge to acknowledgement at the core.
+    let text = site.status(
+        &site.core_catalog,
+        &["--file", "site-a/truck-7-run-1/bags/000.bag"],
+    );
+    assert!(
+        text.contains("delivered to site-a/truck-7-run-1/bags/000.bag"),
+        "{text}"
+    );
+    for state in ["delivered", "acknowledged", " UTC"] {
+        assert!(text.contains(state), "{state} in {text}");
+    }
+    let text = site.status(&site.edge_catalog, &["--file", "bags/000.bag"]);
+    for state in ["discovered", "uploaded part 0", "sealed part 2", "sealed"] {
+        assert!(text.contains(state), "{state} in {text}");
+    }
 }
 
 #[test]

@@ -7,6 +7,7 @@ pub mod pack;
 pub mod pull;
 pub mod relay;
 pub mod send;
+pub mod status;
 pub mod unpack;
 
 /// Output flags shared by the long-running commands.

@@ -14,10 +14,12 @@ use serde::Serialize;
 use super::{mb_per_s, Output};
 use crate::config::{required, Config};
 use crate::layout::{Fields, Layout};
+use crate::record::{note, Catalog};
 use crate::transfer::download::RelaySource;
 use crate::transfer::retry::Retry;
 use crate::transfer::{connect, RelayArgs};
 use crate::units::human;
+use forte_catalog::now_us;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -58,7 +60,7 @@ pub struct BatchReport {
     pub rejected_parts: Vec<String>,
 }
 
-pub fn run(args: Args, config: &Config) -> Result<bool> {
+pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let endpoint = args.relay.endpoint(config)?;
     let client = connect(&endpoint)?;
@@ -87,10 +89,17 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
     let retry = Retry::one_shot();
 
     let ready = retry.run("listing of ready objects", || client.ready())?;
+    let core = Core {
+        client: &client,
+        retry,
+        layout: &layout,
+        dest: &args.to,
+        catalog,
+    };
     let mut reports = Vec::new();
     for batch in group_by_batch(ready) {
         let restore = Restore::new(settings.clone(), &identities, &trusted);
-        let report = pull_batch(&client, retry, &restore, &layout, &args.to, batch);
+        let report = core.pull_batch(&restore, batch);
         if !args.output.json {
             print_report(&report);
         }
@@ -119,91 +128,183 @@ fn group_by_batch(ready: Vec<ReadyObject>) -> Vec<Vec<ReadyObject>> {
     groups
 }
 
-fn pull_batch(
-    client: &RelayClient,
+/// What every batch of one `pull` run shares.
+struct Core<'a> {
+    client: &'a RelayClient,
     retry: Retry,
-    restore: &Restore,
-    layout: &Layout,
-    dest: &std::path::Path,
-    objects: Vec<ReadyObject>,
-) -> BatchReport {
-    let started = Instant::now();
-    let site = objects[0].site.clone();
-    let batch_time = objects.iter().map(|o| o.sealed_at).min().unwrap_or(0);
-    let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
-    let mut report = BatchReport {
-        site: site.clone(),
-        batch: objects[0].batch.clone(),
-        objects: objects.len(),
-        delivered_files: 0,
-        already_delivered: 0,
-        bytes: 0,
-        seconds: 0.0,
-        error: None,
-        rejected_parts: Vec::new(),
-    };
-    let source = RelaySource {
-        client,
-        retry,
-        objects,
-    };
-    // The relay knows batches by opaque ids; the name is inside the verified manifests.
-    let name = std::sync::Mutex::new(None::<String>);
-    let place = |m: &forte_format::Manifest| {
-        let batch = if m.batch.is_empty() {
-            report.batch.as_str()
-        } else {
-            m.batch.as_str()
+    layout: &'a Layout,
+    dest: &'a std::path::Path,
+    catalog: &'a Catalog,
+}
+
+impl Core<'_> {
+    fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> BatchReport {
+        let (client, retry, catalog) = (self.client, self.retry, self.catalog);
+        let started = Instant::now();
+        let started_at = now_us();
+        let site = objects[0].site.clone();
+        let batch_key = format!("{site}/{}", objects[0].batch);
+        let sealed_bytes: u64 = objects
+            .iter()
+            .flat_map(|o| &o.parts)
+            .map(|p| p.length)
+            .sum();
+        let count = objects.len() as u64;
+        let record_batch = |name: &str, state: &str| {
+            note(
+                "a batch",
+                catalog.batch_state(&batch_key, "core", &site, name, count, sealed_bytes, state),
+            );
         };
-        name.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(|| batch.to_string());
-        layout.render(&Fields {
-            site: &site,
-            batch,
-            path: &m.path,
-            batch_time,
-        })
-    };
-    let result = restore.run(&source, dest, &place);
-    if let Some(name) = name.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        report.batch = name;
-    }
-    match result {
-        Ok(delivered) => {
-            report.delivered_files = delivered.files;
-            report.already_delivered = delivered.already;
-            report.bytes = delivered.bytes;
-            for id in ids {
-                if let Err(e) = retry.run(&format!("acknowledgement of object {id}"), || {
-                    client.ack(&site, id)
-                }) {
-                    // Delivered but not acknowledged: the next pull finds the files in place
-                    // and acknowledges then.
-                    report.error = Some(format!("delivered, but the acknowledgement failed: {e}"));
-                }
-            }
+        record_batch(&objects[0].batch, "pulling");
+        note(
+            "a stage",
+            catalog.stage(&batch_key, "pull", started_at, None),
+        );
+        let batch_time = objects.iter().map(|o| o.sealed_at).min().unwrap_or(0);
+        let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
+        let mut report = BatchReport {
+            site: site.clone(),
+            batch: objects[0].batch.clone(),
+            objects: objects.len(),
+            delivered_files: 0,
+            already_delivered: 0,
+            bytes: 0,
+            seconds: 0.0,
+            error: None,
+            rejected_parts: Vec::new(),
+        };
+        let source = RelaySource {
+            client,
+            retry,
+            objects,
+        };
+        // The relay knows batches by opaque ids; the name is inside the verified manifests.
+        let name = std::sync::Mutex::new(None::<String>);
+        let place = |m: &forte_format::Manifest| {
+            let batch = if m.batch.is_empty() {
+                report.batch.as_str()
+            } else {
+                m.batch.as_str()
+            };
+            name.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(|| batch.to_string());
+            self.layout.render(&Fields {
+                site: &site,
+                batch,
+                path: &m.path,
+                batch_time,
+            })
+        };
+        let result = restore.run(&source, self.dest, &place);
+        if let Some(name) = name.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            report.batch = name;
         }
-        Err(e) => {
-            if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
-                for p in failure.problems.iter().filter(|p| p.damaged) {
-                    let Some(part) = p.part else { continue };
-                    match client.reject(&site, p.object, part) {
-                        Ok(()) => report
-                            .rejected_parts
-                            .push(format!("object {} part {part}", p.object)),
-                        Err(e) => eprintln!(
-                            "could not report damaged part {part} of object {}: {e}",
-                            p.object
+        match result {
+            Ok(delivered) => {
+                report.delivered_files = delivered.files;
+                report.already_delivered = delivered.already;
+                report.bytes = delivered.bytes;
+                for p in &delivered.placed {
+                    let detail = p.already.then_some("already in place from an earlier pull");
+                    let (object, sha, to) = (
+                        p.id.to_string(),
+                        Some(p.sha256.as_str()),
+                        Some(p.target.as_str()),
+                    );
+                    note(
+                        "a delivered file",
+                        catalog.file_state(
+                            &batch_key,
+                            &object,
+                            &p.path,
+                            p.size,
+                            "delivered",
+                            sha,
+                            to,
+                            detail,
                         ),
+                    );
+                }
+                for id in ids {
+                    match retry.run(&format!("acknowledgement of object {id}"), || {
+                        client.ack(&site, id)
+                    }) {
+                        Ok(()) => {
+                            if let Some(p) = delivered.placed.iter().find(|p| p.id == id) {
+                                let object = id.to_string();
+                                note(
+                                    "an acknowledgement",
+                                    catalog.file_state(
+                                        &batch_key,
+                                        &object,
+                                        &p.path,
+                                        p.size,
+                                        "acknowledged",
+                                        None,
+                                        None,
+                                        None,
+                                    ),
+                                );
+                            }
+                        }
+                        // Delivered but not acknowledged: the next pull finds the files in
+                        // place and acknowledges then.
+                        Err(e) => {
+                            report.error =
+                                Some(format!("delivered, but the acknowledgement failed: {e}"))
+                        }
                     }
                 }
             }
-            report.error = Some(format!("{e:#}"));
+            Err(e) => {
+                if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
+                    for p in &failure.problems {
+                        let state = if p.damaged { "damaged" } else { "failed" };
+                        let (object, part) = (p.object.to_string(), p.part.unwrap_or(0));
+                        note(
+                            "a failed part",
+                            catalog.part_state(
+                                &batch_key,
+                                &object,
+                                part,
+                                state,
+                                &Default::default(),
+                            ),
+                        );
+                    }
+                    for p in failure.problems.iter().filter(|p| p.damaged) {
+                        let Some(part) = p.part else { continue };
+                        match client.reject(&site, p.object, part) {
+                            Ok(()) => report
+                                .rejected_parts
+                                .push(format!("object {} part {part}", p.object)),
+                            Err(e) => eprintln!(
+                                "could not report damaged part {part} of object {}: {e}",
+                                p.object
+                            ),
+                        }
+                    }
+                }
+                report.error = Some(format!("{e:#}"));
+            }
         }
+        report.seconds = started.elapsed().as_secs_f64();
+        record_batch(
+            &report.batch,
+            if report.error.is_none() {
+                "delivered"
+            } else {
+                "failed"
+            },
+        );
+        note(
+            "a stage",
+            catalog.stage(&batch_key, "pull", started_at, Some(now_us())),
+        );
+        report
     }
-    report.seconds = started.elapsed().as_secs_f64();
-    report
 }
 
 fn print_report(r: &BatchReport) {

@@ -13,10 +13,12 @@ use serde::Serialize;
 use super::pack::{prepare_with_progress, PrepareArgs, SealArgs};
 use super::{mb_per_s, Output};
 use crate::config::Config;
+use crate::record::{note, Catalog};
 use crate::transfer::retry::Retry;
 use crate::transfer::upload::{at_relay, AtRelay, UploadSink};
 use crate::transfer::{connect, RelayArgs};
 use crate::units::human;
+use forte_catalog::now_us;
 
 /// The marker file that declares a batch complete without waiting for it to settle.
 pub const READY_MARKER: &str = ".ready";
@@ -63,7 +65,7 @@ struct Summary {
     waiting: Vec<String>,
 }
 
-pub fn run(args: Args, config: &Config) -> Result<bool> {
+pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let endpoint = args.relay.endpoint(config)?;
     let client = connect(&endpoint)?;
     let (recipients, key) = args.seal.load(config)?;
@@ -71,21 +73,20 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
     settings.sink_workers = args.connections.max(1);
     let retry = Retry::one_shot();
 
+    let edge = Edge {
+        client: &client,
+        key: &key,
+        retry,
+        catalog,
+        quiet: args.output.quiet,
+    };
     let Inbox { ready, waiting } = ready_batches(&args.inbox, Duration::from_secs(args.settle))?;
     let mut batches = Vec::new();
     for Batch { name, dir } in ready {
         let mut settings = settings.clone();
         settings.batch = name.clone();
         let prepare = Prepare::new(settings, &recipients, &key);
-        let report = send_batch(
-            &name,
-            &dir,
-            &prepare,
-            &client,
-            &key,
-            retry,
-            args.output.quiet,
-        )?;
+        let report = edge.send_batch(&name, &dir, &prepare)?;
         if !args.output.json {
             println!(
                 "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
@@ -206,61 +207,111 @@ fn batch_id(key: &EdgeKey, batch: &str) -> String {
     ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string()
 }
 
-fn send_batch(
-    name: &str,
-    dir: &Path,
-    prepare: &Prepare,
-    client: &RelayClient,
-    key: &EdgeKey,
+/// What every batch of one `send` run shares.
+struct Edge<'a> {
+    client: &'a RelayClient,
+    key: &'a EdgeKey,
     retry: Retry,
+    catalog: &'a Catalog,
     quiet: bool,
-) -> Result<BatchReport> {
-    let started = Instant::now();
-    let mut found = discover(dir)?;
-    found.files.retain(|f| f.path != READY_MARKER);
-    let files = found.files.len();
-    let skipped = found
-        .rejected
-        .iter()
-        .map(|(p, why)| format!("skipped {}: {why}", p.display()));
-    let mut errors: Vec<String> = Vec::new();
-    let (mut jobs, mut already) = (Vec::new(), 0);
-    for source in found.files {
-        let id = object_id(key, name, &source);
-        match at_relay(client, &retry, id) {
-            Ok(AtRelay::Done) => already += 1,
-            Ok(AtRelay::Nothing) => jobs.push(PrepareJob {
-                source,
-                id,
-                held: Default::default(),
-            }),
-            Ok(AtRelay::Parts(held)) => jobs.push(PrepareJob { source, id, held }),
-            Err(e) => errors.push(format!("{}: {e:#}", source.path)),
-        }
-    }
-    let total = jobs.iter().map(|j| j.source.size).sum();
-    let sink = UploadSink {
-        client,
-        batch_id: batch_id(key, name),
-        retry,
-    };
-    let outcomes = prepare_with_progress(prepare, jobs, &sink, total, quiet);
-    errors.extend(
-        outcomes
+}
+
+impl Edge<'_> {
+    fn send_batch(&self, name: &str, dir: &Path, prepare: &Prepare) -> Result<BatchReport> {
+        let (catalog, key) = (self.catalog, self.key);
+        let started = Instant::now();
+        let mut found = discover(dir)?;
+        found.files.retain(|f| f.path != READY_MARKER);
+        let files = found.files.len();
+        let batch_key = batch_id(key, name);
+        let bytes = found.total_bytes();
+        let started_at = now_us();
+        let record_batch = |state: &str| {
+            note(
+                "a batch",
+                catalog.batch_state(&batch_key, "edge", "", name, files as u64, bytes, state),
+            );
+        };
+        record_batch("sending");
+        note(
+            "a stage",
+            catalog.stage(&batch_key, "send", started_at, None),
+        );
+        let skipped = found
+            .rejected
             .iter()
-            .filter_map(|o| o.error.as_ref().map(|e| format!("{}: {e}", o.path))),
-    );
-    let t = &prepare.totals;
-    let failed = errors.len();
-    Ok(BatchReport {
-        batch: name.to_string(),
-        files,
-        sent: outcomes.iter().filter(|o| o.error.is_none()).count(),
-        already_at_relay: already,
-        failed,
-        raw_bytes: t.raw_bytes.load(Ordering::Relaxed),
-        sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),
-        seconds: started.elapsed().as_secs_f64(),
-        errors: skipped.chain(errors).collect(),
-    })
+            .map(|(p, why)| format!("skipped {}: {why}", p.display()));
+        let mut errors: Vec<String> = Vec::new();
+        let (mut jobs, mut already) = (Vec::new(), 0);
+        for source in found.files {
+            let id = object_id(key, name, &source);
+            let object = id.to_string();
+            let record_file = |state: &str, detail: Option<&str>| {
+                let (path, size) = (&source.path, source.size);
+                note(
+                    "a file",
+                    catalog.file_state(&batch_key, &object, path, size, state, None, None, detail),
+                );
+            };
+            record_file("discovered", None);
+            match at_relay(self.client, &self.retry, id) {
+                Ok(AtRelay::Done) => {
+                    record_file("at_relay", Some("sealed or delivered by an earlier run"));
+                    already += 1;
+                }
+                Ok(AtRelay::Nothing) => jobs.push(PrepareJob {
+                    source,
+                    id,
+                    held: Default::default(),
+                }),
+                Ok(AtRelay::Parts(held)) => jobs.push(PrepareJob { source, id, held }),
+                Err(e) => errors.push(format!("{}: {e:#}", source.path)),
+            }
+        }
+        let total = jobs.iter().map(|j| j.source.size).sum();
+        let sink = UploadSink {
+            client: self.client,
+            batch_id: batch_key.clone(),
+            retry: self.retry,
+            catalog,
+        };
+        let outcomes = prepare_with_progress(prepare, jobs, &sink, total, self.quiet);
+        for o in &outcomes {
+            if let Some(e) = &o.error {
+                let object = o.id.to_string();
+                note(
+                    "a failed file",
+                    catalog.file_state(
+                        &batch_key,
+                        &object,
+                        &o.path,
+                        o.size,
+                        "failed",
+                        None,
+                        None,
+                        Some(e),
+                    ),
+                );
+                errors.push(format!("{}: {e}", o.path));
+            }
+        }
+        let failed = errors.len();
+        record_batch(if failed == 0 { "sent" } else { "failed" });
+        note(
+            "a stage",
+            catalog.stage(&batch_key, "send", started_at, Some(now_us())),
+        );
+        let t = &prepare.totals;
+        Ok(BatchReport {
+            batch: name.to_string(),
+            files,
+            sent: outcomes.iter().filter(|o| o.error.is_none()).count(),
+            already_at_relay: already,
+            failed,
+            raw_bytes: t.raw_bytes.load(Ordering::Relaxed),
+            sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),
+            seconds: started.elapsed().as_secs_f64(),
+            errors: skipped.chain(errors).collect(),
+        })
+    }
 }

@@ -4,25 +4,69 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use forte_catalog::{now_us, Attempt, Catalog, PartHashes};
 use forte_format::{Manifest, ObjectId};
 use forte_prepare::{HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
-use forte_relay::client::RelayClient;
+use forte_relay::client::{RelayClient, RelayError};
 
 use super::retry::Retry;
+use crate::record::note;
 
 pub struct UploadSink<'a> {
     pub client: &'a RelayClient,
-    /// The opaque batch id the relay groups objects by.
+    /// The opaque batch id the relay groups objects by; also the batch's catalogue key.
     pub batch_id: String,
     pub retry: Retry,
+    pub catalog: &'a Catalog,
+}
+
+impl UploadSink<'_> {
+    /// Runs one request, recording the attempt (and its error) in the catalogue.
+    fn attempt<T>(
+        &self,
+        task: &str,
+        id: ObjectId,
+        part: Option<u32>,
+        op: impl FnOnce() -> Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        let started_at = now_us();
+        let result = op();
+        let error = result.as_ref().err().map(ToString::to_string);
+        let object = id.to_string();
+        let attempt = Attempt {
+            task,
+            batch_key: &self.batch_id,
+            object_id: Some(&object),
+            part,
+            started_at,
+            ended_at: now_us(),
+            error: error.as_deref(),
+        };
+        note("an upload attempt", self.catalog.attempt(&attempt));
+        result
+    }
 }
 
 impl Sink for UploadSink<'_> {
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
-        self.retry
-            .run(&what, || self.client.put_part(id, index, sealed, sha256))?;
+        self.retry.run(&what, || {
+            self.attempt("upload", id, Some(index), || {
+                self.client.put_part(id, index, sealed, sha256)
+            })
+        })?;
+        let hashes = PartHashes {
+            ciphertext_sha256: Some(sha256),
+            ciphertext_length: Some(sealed.len() as u64),
+            ..PartHashes::default()
+        };
+        let object = id.to_string();
+        note(
+            "an uploaded part",
+            self.catalog
+                .part_state(&self.batch_id, &object, index, "uploaded", &hashes),
+        );
         Ok(())
     }
 
@@ -38,9 +82,41 @@ impl Sink for UploadSink<'_> {
             .collect();
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
         self.retry.run(&what, || {
-            self.client
-                .seal(manifest.id, &self.batch_id, parts.clone(), sealed)
+            self.attempt("seal", manifest.id, None, || {
+                self.client
+                    .seal(manifest.id, &self.batch_id, parts.clone(), sealed)
+            })
         })?;
+        let object = manifest.id.to_string();
+        for p in &manifest.parts {
+            let hashes = PartHashes {
+                raw_sha256: Some(&p.raw_sha256),
+                ..PartHashes::default()
+            };
+            note(
+                "a sealed part",
+                self.catalog
+                    .part_state(&self.batch_id, &object, p.index, "sealed", &hashes),
+            );
+        }
+        let (path, size, sha) = (
+            &manifest.path,
+            manifest.size,
+            Some(manifest.sha256.as_str()),
+        );
+        note(
+            "a sealed file",
+            self.catalog.file_state(
+                &self.batch_id,
+                &object,
+                path,
+                size,
+                "sealed",
+                sha,
+                None,
+                None,
+            ),
+        );
         Ok(())
     }
 

@@ -1,0 +1,146 @@
+//! `forte status`: what the catalogue knows.
+
+use anyhow::Result;
+use forte_catalog::{BatchRow, Catalog, Event, FileRow, PartRow};
+use serde::Serialize;
+
+use crate::layout::format_utc;
+use crate::units::human;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Show one file's lineage, from discovery to delivery: a path in its batch, or its
+    /// delivered path under the destination.
+    #[arg(long, value_name = "PATH")]
+    file: Option<String>,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Lineage {
+    file: FileRow,
+    parts: Vec<PartRow>,
+    events: Vec<Event>,
+}
+
+pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
+    match &args.file {
+        Some(path) => lineage(catalog, path, args.json),
+        None => overview(catalog, args.json),
+    }
+}
+
+fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
+    let batches = catalog.batches()?;
+    if json {
+        #[derive(Serialize)]
+        struct Batch {
+            #[serde(flatten)]
+            batch: BatchRow,
+            files: Vec<FileRow>,
+        }
+        let full: Vec<Batch> = batches
+            .into_iter()
+            .map(|b| {
+                Ok(Batch {
+                    files: catalog.files(&b.batch_key)?,
+                    batch: b,
+                })
+            })
+            .collect::<Result<_>>()?;
+        println!("{}", serde_json::to_string_pretty(&full)?);
+        return Ok(true);
+    }
+    println!("catalogue {}", catalog.url());
+    if batches.is_empty() {
+        println!("no batches yet");
+    }
+    for b in &batches {
+        println!(
+            "{:<5} {:<24} {:<12} {:>5} files {:>11}  {}  {}",
+            b.role,
+            if b.site.is_empty() {
+                b.name.clone()
+            } else {
+                format!("{}/{}", b.site, b.name)
+            },
+            b.state,
+            b.files,
+            human(b.bytes.max(0) as u64),
+            format_utc(b.updated_at),
+            b.batch_key
+        );
+        for f in catalog.files(&b.batch_key)? {
+            println!(
+                "        {:<12} {:>11}  {}",
+                f.state,
+                human(f.size.max(0) as u64),
+                f.delivered_to.as_deref().unwrap_or(&f.path)
+            );
+        }
+    }
+    let failures = catalog.failed_attempts(10)?;
+    if !failures.is_empty() {
+        println!("recent failed attempts:");
+        for a in failures {
+            let part = a.part.map(|p| format!(" part {p}")).unwrap_or_default();
+            println!(
+                "  {} {}{}: {}",
+                a.task,
+                a.object_id.as_deref().unwrap_or(&a.batch_key),
+                part,
+                a.error
+            );
+        }
+    }
+    Ok(true)
+}
+
+fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<bool> {
+    let files = catalog.files_at(path)?;
+    if files.is_empty() {
+        anyhow::bail!("the catalogue {} knows no file at {path}", catalog.url());
+    }
+    let lineages: Vec<Lineage> = files
+        .into_iter()
+        .map(|file| {
+            Ok(Lineage {
+                parts: catalog.parts(&file.object_id)?,
+                events: catalog.lineage(&file.object_id)?,
+                file,
+            })
+        })
+        .collect::<Result<_>>()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&lineages)?);
+        return Ok(true);
+    }
+    for l in &lineages {
+        let f = &l.file;
+        println!(
+            "{} (object {}, {}), now {}",
+            f.path,
+            f.object_id,
+            human(f.size.max(0) as u64),
+            f.state
+        );
+        if let Some(sha) = &f.raw_sha256 {
+            println!("  sha256 {sha}");
+        }
+        if let Some(to) = &f.delivered_to {
+            println!("  delivered to {to}");
+        }
+        for e in &l.events {
+            let part = e.part.map(|p| format!(" part {p}")).unwrap_or_default();
+            let detail = e
+                .detail
+                .as_deref()
+                .map(|d| format!(": {d}"))
+                .unwrap_or_default();
+            println!("  {}  {}{part}{detail}", format_utc(e.at), e.state);
+        }
+    }
+    Ok(true)
+}
