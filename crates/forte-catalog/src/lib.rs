@@ -4,6 +4,10 @@
 //! change with its time (the *events* that make a file's lineage), every attempt of a task
 //! with its outcome and error, and when each stage of a batch started and ended.
 //!
+//! A file is keyed by its batch (the edge's and the core's batch keys differ) and its object
+//! id, which both ends share: in a catalogue shared by edge and core, a file's events from
+//! discovery at the edge to acknowledgement at the core form one lineage.
+//!
 //! One code path serves both back ends through sqlx's `Any` driver: a SQLite file by default
 //! (no setup; WAL mode), or PostgreSQL when the URL says `postgres://` (a catalogue shared by
 //! several nodes). The SQL is the subset both speak: `$n` placeholders, `BIGINT` and `TEXT`,
@@ -35,16 +39,17 @@ const MIGRATIONS: &[&str] = &[
         updated_at BIGINT NOT NULL
     );
     CREATE TABLE files (
-        object_id TEXT PRIMARY KEY,
+        object_id TEXT NOT NULL,
         batch_key TEXT NOT NULL,
         path TEXT NOT NULL,
         size BIGINT NOT NULL,
         raw_sha256 TEXT,
         delivered_to TEXT,
         state TEXT NOT NULL,
-        updated_at BIGINT NOT NULL
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (batch_key, object_id)
     );
-    CREATE INDEX files_by_batch ON files (batch_key);
+    CREATE INDEX files_by_object ON files (object_id);
     CREATE INDEX files_by_path ON files (path);
     CREATE TABLE parts (
         object_id TEXT NOT NULL,
@@ -334,7 +339,7 @@ impl Catalog {
             sqlx::query(
                 "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (object_id) DO UPDATE SET state = excluded.state,
+                 ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
                      raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
                      delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
                      updated_at = excluded.updated_at",

@@ -166,6 +166,8 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         };
         println!("8. send: each batch in one pass, straight to the relay over 4 connections");
         let status = Command::new(&me)
+            .arg("--catalog")
+            .arg(root.join("edge-catalog.sqlite"))
             .arg("send")
             .arg(&inbox)
             .arg("--recipient")
@@ -179,6 +181,8 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         let delivered = root.join("delivered");
         println!("9. pull: verify, decrypt, deliver each batch atomically under {{site}}/{{batch}}/{{path}}, acknowledge");
         let status = Command::new(&me)
+            .arg("--catalog")
+            .arg(root.join("core-catalog.sqlite"))
             .arg("pull")
             .arg("--to")
             .arg(&delivered)
@@ -205,6 +209,11 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         println!(
             "10. compare: all {} files of 14 batches arrived identical (SHA-256, mtimes); the relay kept nothing after acknowledgement",
             arrived.len()
+        );
+        println!(
+            "11. catalogues: `forte --catalog {0}/core-catalog.sqlite status` lists every batch and file; \
+             `… status --file mine-site/batch-A/vehicle.log` prints its lineage",
+            root.display()
         );
         Ok(true)
     })();
