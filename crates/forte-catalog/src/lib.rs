@@ -439,6 +439,16 @@ impl Catalog {
         rows.iter().map(batch_row).collect()
     }
 
+    /// One batch, if the catalogue has seen it.
+    pub fn batch(&self, batch_key: &str) -> Result<Option<BatchRow>> {
+        let row = self.runtime.block_on(
+            sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches WHERE batch_key = $1")
+                .bind(batch_key)
+                .fetch_optional(&self.pool),
+        )?;
+        row.as_ref().map(batch_row).transpose()
+    }
+
     pub fn files(&self, batch_key: &str) -> Result<Vec<FileRow>> {
         let rows = self.runtime.block_on(
             sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE batch_key = $1 ORDER BY path")

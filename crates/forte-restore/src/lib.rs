@@ -577,6 +577,31 @@ fn file_sha256(path: &Path) -> Result<String> {
     Ok(hex::encode(hasher.finalize()))
 }
 
+/// Removes staging directories left in `dest` by a restore that was killed. Call only when no
+/// other restore writes to `dest`.
+pub fn remove_stale_staging(dest: &Path) -> Result<usize> {
+    let mut removed = 0;
+    let Ok(entries) = std::fs::read_dir(dest) else {
+        return Ok(0);
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".forte-staging-")
+        {
+            std::fs::remove_dir_all(entry.path()).with_context(|| {
+                format!(
+                    "cannot remove stale staging directory {}",
+                    entry.path().display()
+                )
+            })?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// A fresh staging directory inside the destination.
 fn tempdir_in(dest: &Path) -> Result<PathBuf> {
     for attempt in 0..100u32 {

@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod hook;
 mod layout;
 mod progress;
 mod record;
@@ -54,6 +55,14 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    // Structured log lines on stderr; FORTE_LOG sets the level or filter (default: info).
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FORTE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = config::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
         Command::Keygen(args) => commands::keygen::run(args),
         Command::Pack(args) => commands::pack::run(args, &config),

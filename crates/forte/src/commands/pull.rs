@@ -8,11 +8,12 @@ use anyhow::Result;
 use forte_format::{Identities, TrustedEdges};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
-use forte_restore::{Existing, Restore, RestoreConfig, RestoreFailure};
+use forte_restore::{remove_stale_staging, Existing, Restore, RestoreConfig, RestoreFailure};
 use serde::Serialize;
 
 use super::{mb_per_s, Output};
 use crate::config::{required, Config};
+use crate::hook::Failures;
 use crate::layout::{Fields, Layout};
 use crate::record::{note, Catalog};
 use crate::transfer::download::RelaySource;
@@ -40,6 +41,16 @@ pub struct Args {
     /// CPU budget [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     cpu: Option<usize>,
+    /// Keep running: pull batches as they become complete, retrying network failures forever.
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between polls of the relay with --watch.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    interval: u64,
+    /// Command run (sh -c) when a batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE and
+    /// FORTE_ERROR describe the failure.
+    #[arg(long, value_name = "CMD")]
+    on_failure: Option<String>,
     #[command(flatten)]
     output: Output,
 }
@@ -86,9 +97,16 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         settings.parts_in_flight = settings.cpu + 4;
     }
     settings.existing = Existing::KeepIdentical;
-    let retry = Retry::one_shot();
-
-    let ready = retry.run("listing of ready objects", || client.ready())?;
+    // One puller per destination: whatever a killed one left half-staged is garbage.
+    let stale = remove_stale_staging(&args.to)?;
+    if stale > 0 {
+        eprintln!("removed {stale} staging directories left by an interrupted pull");
+    }
+    let retry = if args.watch {
+        Retry::forever()
+    } else {
+        Retry::one_shot()
+    };
     let core = Core {
         client: &client,
         retry,
@@ -96,15 +114,39 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         dest: &args.to,
         catalog,
     };
-    let mut reports = Vec::new();
-    for batch in group_by_batch(ready) {
-        let restore = Restore::new(settings.clone(), &identities, &trusted);
-        let report = core.pull_batch(&restore, batch);
-        if !args.output.json {
-            print_report(&report);
+    let failures = Failures {
+        role: "core",
+        command: args.on_failure.clone(),
+    };
+    let pass = || -> Result<Vec<BatchReport>> {
+        let ready = retry.run("listing of ready objects", || client.ready())?;
+        let mut reports = Vec::new();
+        for batch in group_by_batch(ready) {
+            let restore = Restore::new(settings.clone(), &identities, &trusted);
+            let report = core.pull_batch(&restore, batch);
+            if !args.output.json {
+                print_report(&report);
+            }
+            if let Some(e) = &report.error {
+                failures.report(&report.batch, None, e);
+            }
+            reports.push(report);
         }
-        reports.push(report);
+        Ok(reports)
+    };
+    if args.watch {
+        println!(
+            "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
+            endpoint.url, args.interval
+        );
+        loop {
+            if let Err(e) = pass() {
+                failures.report("", None, &format!("{e:#}"));
+            }
+            std::thread::sleep(std::time::Duration::from_secs(args.interval));
+        }
     }
+    let reports = pass()?;
     if args.output.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else if reports.is_empty() {

@@ -6,13 +6,14 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use forte_format::{EdgeKey, ObjectId};
-use forte_prepare::{discover, Prepare, PrepareJob, SourceFile};
+use forte_prepare::{discover, Prepare, PrepareConfig, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
 use serde::Serialize;
 
 use super::pack::{prepare_with_progress, PrepareArgs, SealArgs};
 use super::{mb_per_s, Output};
 use crate::config::Config;
+use crate::hook::Failures;
 use crate::record::{note, Catalog};
 use crate::transfer::retry::Retry;
 use crate::transfer::upload::{at_relay, AtRelay, UploadSink};
@@ -39,6 +40,19 @@ pub struct Args {
     /// Concurrent uploads to the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// Keep running: send batches as they become ready, retrying network failures forever.
+    #[arg(long)]
+    watch: bool,
+    /// Seconds between inbox scans with --watch.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    interval: u64,
+    /// With --watch: delete a batch's source files once the core acknowledged every one.
+    #[arg(long, requires = "watch")]
+    delete_after_ack: bool,
+    /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
+    /// and FORTE_ERROR describe the failure.
+    #[arg(long, value_name = "CMD")]
+    on_failure: Option<String>,
     #[command(flatten)]
     output: Output,
 }
@@ -71,61 +85,88 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let (recipients, key) = args.seal.load(config)?;
     let mut settings = args.prepare.settings(config)?;
     settings.sink_workers = args.connections.max(1);
-    let retry = Retry::one_shot();
-
     let edge = Edge {
         client: &client,
         key: &key,
-        retry,
+        retry: if args.watch {
+            Retry::forever()
+        } else {
+            Retry::one_shot()
+        },
         catalog,
-        quiet: args.output.quiet,
+        quiet: args.output.quiet || args.watch,
+        failures: Failures {
+            role: "edge",
+            command: args.on_failure.clone(),
+        },
     };
-    let Inbox { ready, waiting } = ready_batches(&args.inbox, Duration::from_secs(args.settle))?;
-    let mut batches = Vec::new();
-    for Batch { name, dir } in ready {
-        let mut settings = settings.clone();
-        settings.batch = name.clone();
-        let prepare = Prepare::new(settings, &recipients, &key);
-        let report = edge.send_batch(&name, &dir, &prepare)?;
+    let settle = Duration::from_secs(args.settle);
+    if !args.watch {
+        let Inbox { ready, waiting } = ready_batches(&args.inbox, settle)?;
+        let mut batches = Vec::new();
+        for Batch { name, dir } in ready {
+            let prepare = Prepare::new(
+                PrepareConfig {
+                    batch: name.clone(),
+                    ..settings.clone()
+                },
+                &recipients,
+                &key,
+            );
+            batches.push(edge.send_and_report(&name, &dir, &prepare, args.output.json)?);
+        }
         if !args.output.json {
+            for name in &waiting {
+                println!("batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)", args.settle);
+            }
+        }
+        let ok = batches.iter().all(|b| b.failed == 0);
+        if args.output.json {
             println!(
-                "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
-                report.batch,
-                report.sent,
-                report.files,
-                report.already_at_relay,
-                report.failed,
-                human(report.raw_bytes),
-                human(report.sealed_bytes),
-                report.seconds,
-                mb_per_s(report.raw_bytes, report.seconds)
+                "{}",
+                serde_json::to_string_pretty(&Summary {
+                    command: "send",
+                    batches,
+                    waiting
+                })?
             );
         }
-        for e in &report.errors {
-            eprintln!("batch {name}: {e}");
+        return Ok(ok);
+    }
+    println!(
+        "watching {} every {} s (Ctrl-C stops; a restart resumes where this left off)",
+        args.inbox.display(),
+        args.interval
+    );
+    loop {
+        match ready_batches(&args.inbox, settle) {
+            Ok(inbox) => {
+                for Batch { name, dir } in inbox.ready {
+                    let key_of_batch = batch_id(&key, &name);
+                    let state = catalog.batch(&key_of_batch).ok().flatten().map(|b| b.state);
+                    if matches!(state.as_deref(), Some("sent" | "source_deleted")) {
+                        continue;
+                    }
+                    let prepare = Prepare::new(
+                        PrepareConfig {
+                            batch: name.clone(),
+                            ..settings.clone()
+                        },
+                        &recipients,
+                        &key,
+                    );
+                    if let Err(e) = edge.send_and_report(&name, &dir, &prepare, false) {
+                        edge.failures.report(&name, None, &format!("{e:#}"));
+                    }
+                }
+            }
+            Err(e) => edge.failures.report("", None, &format!("{e:#}")),
         }
-        batches.push(report);
-    }
-    if !args.output.json {
-        for name in &waiting {
-            println!(
-                "batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)",
-                args.settle
-            );
+        if args.delete_after_ack {
+            edge.delete_acknowledged(&args.inbox);
         }
+        std::thread::sleep(Duration::from_secs(args.interval));
     }
-    let ok = batches.iter().all(|b| b.failed == 0);
-    if args.output.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&Summary {
-                command: "send",
-                batches,
-                waiting
-            })?
-        );
-    }
-    Ok(ok)
 }
 
 /// A batch directory of the inbox.
@@ -214,9 +255,92 @@ struct Edge<'a> {
     retry: Retry,
     catalog: &'a Catalog,
     quiet: bool,
+    failures: Failures,
 }
 
 impl Edge<'_> {
+    fn send_and_report(
+        &self,
+        name: &str,
+        dir: &Path,
+        prepare: &Prepare,
+        json: bool,
+    ) -> Result<BatchReport> {
+        let report = self.send_batch(name, dir, prepare)?;
+        if !json {
+            println!(
+                "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
+                report.batch,
+                report.sent,
+                report.files,
+                report.already_at_relay,
+                report.failed,
+                human(report.raw_bytes),
+                human(report.sealed_bytes),
+                report.seconds,
+                mb_per_s(report.raw_bytes, report.seconds)
+            );
+        }
+        for e in &report.errors {
+            eprintln!("batch {name}: {e}");
+        }
+        Ok(report)
+    }
+
+    /// Deletes the source of every sent batch whose files the core has all acknowledged, and
+    /// nothing else: a batch with files the catalogue does not know is left alone.
+    fn delete_acknowledged(&self, inbox: &Path) {
+        let Ok(batches) = self.catalog.batches() else {
+            return;
+        };
+        for b in batches
+            .into_iter()
+            .filter(|b| b.role == "edge" && b.state == "sent")
+        {
+            let dir = inbox.join(&b.name);
+            let Ok(files) = self.catalog.files(&b.batch_key) else {
+                continue;
+            };
+            let delivered = files.iter().all(|f| {
+                f.object_id.parse().ok().is_some_and(|id| {
+                    matches!(self.client.status(id), Ok(Some(s)) if s.state == forte_relay::api::ObjectState::Delivered)
+                })
+            });
+            let on_disk = discover(&dir).map(|d| {
+                d.files
+                    .into_iter()
+                    .filter(|f| f.path != READY_MARKER)
+                    .count()
+            });
+            if !delivered || on_disk.ok() != Some(files.len()) {
+                continue;
+            }
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {
+                    let (files, bytes) = (b.files as u64, b.bytes as u64);
+                    note(
+                        "a deleted batch",
+                        self.catalog.batch_state(
+                            &b.batch_key,
+                            "edge",
+                            "",
+                            &b.name,
+                            files,
+                            bytes,
+                            "source_deleted",
+                        ),
+                    );
+                    println!("batch {}: acknowledged by the core; source deleted", b.name);
+                }
+                Err(e) => self.failures.report(
+                    &b.name,
+                    None,
+                    &format!("cannot delete {}: {e}", dir.display()),
+                ),
+            }
+        }
+    }
+
     fn send_batch(&self, name: &str, dir: &Path, prepare: &Prepare) -> Result<BatchReport> {
         let (catalog, key) = (self.catalog, self.key);
         let started = Instant::now();
@@ -276,8 +400,12 @@ impl Edge<'_> {
             catalog,
         };
         let outcomes = prepare_with_progress(prepare, jobs, &sink, total, self.quiet);
+        for e in &errors {
+            self.failures.report(name, None, e);
+        }
         for o in &outcomes {
             if let Some(e) = &o.error {
+                self.failures.report(name, Some(&o.path), e);
                 let object = o.id.to_string();
                 note(
                     "a failed file",

@@ -23,6 +23,15 @@ impl Retry {
         }
     }
 
+    /// For daemons: never give up on a transient failure; back off to five minutes.
+    pub fn forever() -> Self {
+        Self {
+            attempts: None,
+            first_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(300),
+        }
+    }
+
     /// Runs `op` until it succeeds, fails for good (not transient), or the attempts run out.
     /// `what` names the operation in the log line of each retry.
     pub fn run<T>(
