@@ -48,13 +48,16 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Like other Unix tools, end quietly when the reader of our output goes away
-    // (`forte status | head`) instead of panicking on a broken pipe.
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let cli = Cli::parse();
+    if matches!(cli.command, Command::Status(_)) {
+        // Like other Unix tools, end quietly when the reader of our output goes away
+        // (`forte status | head`). Only here: a relay or a transfer must never die because
+        // whoever read its log went away.
+        // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Structured log lines on stderr; FORTE_LOG sets the level or filter (default: info).
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -234,3 +234,5 @@ pub fn object_for(keys: &Keys, packed: &Path, path: &str) -> PathBuf {
 pub fn is_empty_dir(dir: &Path) -> bool {
     !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
 }
+
+pub mod site;

@@ -1,0 +1,220 @@
+//! A site with a running `forte relay`, an inbox and a destination: the stage of the network
+//! tests.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use super::*;
+
+pub const EDGE_TOKEN: &str = "edge-site-a-0123456789abcdef";
+pub const CORE_TOKEN: &str = "core-token-0123456789abcdef";
+
+/// A `forte relay` child process, killed when dropped.
+pub struct Relay {
+    pub child: Child,
+    pub url: String,
+    pub fingerprint: String,
+    pub store: PathBuf,
+    pub listen: String,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts a relay on `listen` (`127.0.0.1:0` for any free port).
+pub fn start_relay(root: &Path, listen: &str) -> Relay {
+    let tokens = root.join("tokens.toml");
+    write(
+        &tokens,
+        format!(
+            "[[token]]\ntoken = \"{EDGE_TOKEN}\"\nrole = \"edge\"\nsite = \"site-a\"\n\
+             [[token]]\ntoken = \"{CORE_TOKEN}\"\nrole = \"core\"\nsites = [\"*\"]\n"
+        )
+        .as_bytes(),
+    );
+    let store = root.join("relay");
+    let mut child = forte()
+        .args(["relay", "--listen", listen, "--store"])
+        .arg(&store)
+        .arg("--tokens")
+        .arg(&tokens)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut url, mut fingerprint) = (String::new(), String::new());
+    while url.is_empty() || fingerprint.is_empty() {
+        let line = lines.next().expect("relay output").unwrap();
+        if let Some(u) = line.strip_prefix("relay listening on ") {
+            url = u.to_string();
+        }
+        if let Some(i) = line.find("sha256 fingerprint ") {
+            fingerprint = line[i + 19..].trim_end_matches(')').to_string();
+        }
+    }
+    // Keep draining its output so it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    write(&root.join("edge.token"), EDGE_TOKEN.as_bytes());
+    write(&root.join("core.token"), CORE_TOKEN.as_bytes());
+    let listen = url.trim_start_matches("https://").to_string();
+    Relay {
+        child,
+        url,
+        fingerprint,
+        store,
+        listen,
+    }
+}
+
+pub struct Site {
+    _tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub keys: Keys,
+    pub relay: Relay,
+    /// Catalogue URLs of the edge and the core.
+    pub edge_catalog: String,
+    pub core_catalog: String,
+}
+
+impl Site {
+    pub fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        let keys = keygen(&root.join("keys"));
+        let relay = start_relay(&root, "127.0.0.1:0");
+        let (edge_catalog, core_catalog) = (
+            root.join("edge.sqlite").display().to_string(),
+            root.join("core.sqlite").display().to_string(),
+        );
+        Self {
+            _tmp: tmp,
+            root,
+            keys,
+            relay,
+            edge_catalog,
+            core_catalog,
+        }
+    }
+
+    /// The same site with both catalogues in one fresh PostgreSQL database.
+    pub fn with_postgres() -> Option<Self> {
+        let base = match std::env::var("FORTE_TEST_POSTGRES") {
+            Ok(url) => url,
+            Err(_) if std::env::var("CI").is_ok() => {
+                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (.ci/run starts a server)")
+            }
+            Err(_) => {
+                eprintln!("SKIPPED: set FORTE_TEST_POSTGRES (see .ci/postgres.sh) to run the PostgreSQL end-to-end test");
+                return None;
+            }
+        };
+        let db = format!("forte_e2e_{}", std::process::id());
+        stdout_of(
+            tool("psql")
+                .arg(&base)
+                .args(["-qAtc", &format!("DROP DATABASE IF EXISTS {db}")]),
+        );
+        stdout_of(
+            tool("psql")
+                .arg(&base)
+                .args(["-qAtc", &format!("CREATE DATABASE {db}")]),
+        );
+        let url = format!("{}/{db}", base.rsplit_once('/').unwrap().0);
+        let mut site = Self::new();
+        site.edge_catalog = url.clone();
+        site.core_catalog = url;
+        Some(site)
+    }
+
+    pub fn status(&self, catalog: &str, extra: &[&str]) -> String {
+        let mut a = args!["--catalog", catalog, "status"];
+        a.extend(extra.iter().map(Into::into));
+        ok(&a)
+    }
+
+    pub fn relay_args(&self, token: &str) -> Args {
+        args![
+            "--relay",
+            &self.relay.url,
+            "--relay-fingerprint",
+            &self.relay.fingerprint,
+            "--token-file",
+            self.root.join(token),
+        ]
+    }
+
+    pub fn send(&self, extra: &[&str]) -> Args {
+        let mut a = args![
+            "--catalog",
+            &self.edge_catalog,
+            "send",
+            self.root.join("inbox"),
+            "--recipient",
+            &self.keys.core_pub,
+            "--sign",
+            &self.keys.edge_key
+        ];
+        a.extend(self.relay_args("edge.token"));
+        a.extend(extra.iter().map(Into::into));
+        a
+    }
+
+    pub fn pull(&self) -> Args {
+        let mut a = args![
+            "--catalog",
+            &self.core_catalog,
+            "pull",
+            "--to",
+            self.root.join("dest"),
+            "--identity",
+            &self.keys.core_key,
+            "--trust",
+            &self.keys.edge_pub,
+            "-q",
+        ];
+        a.extend(self.relay_args("core.token"));
+        a
+    }
+
+    /// Parts and manifests stored at the relay right now.
+    pub fn relay_objects(&self) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let objects = self.relay.store.join("sites/site-a/objects");
+        for o in std::fs::read_dir(objects).into_iter().flatten().flatten() {
+            found.extend(
+                std::fs::read_dir(o.path())
+                    .unwrap()
+                    .map(|e| e.unwrap().path()),
+            );
+        }
+        found.sort();
+        found
+    }
+}
+
+impl Site {
+    /// Restarts the relay on the same address and store (after it was killed).
+    pub fn restart_relay(&mut self) {
+        let _ = self.relay.child.kill();
+        let _ = self.relay.child.wait();
+        let listen = self.relay.listen.clone();
+        self.relay = start_relay(&self.root, &listen);
+    }
+}
+
+/// Waits up to `seconds` for `done`, polling; false if it never came.
+pub fn wait_for(seconds: u64, mut done: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while std::time::Instant::now() < until {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    done()
+}

@@ -1,0 +1,245 @@
+//! Long-running roles, failure alerts, and processes killed with SIGKILL at random moments.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+
+use common::site::*;
+use common::*;
+
+/// A child process killed (SIGKILL) when dropped.
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &Args) -> Daemon {
+    Daemon(
+        forte()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn kill(daemon: &mut Daemon) {
+    let _ = daemon.0.kill();
+    let _ = daemon.0.wait();
+}
+
+/// Files visible under `dir` (staging directories are not visible: they are hidden and
+/// removed by the next pull), relative path → SHA-256.
+fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    if !dir.exists() {
+        return Default::default();
+    }
+    tree(dir)
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(".forte-staging-"))
+        .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
+        .collect()
+}
+
+fn source_hashes(batch: &Path) -> std::collections::BTreeMap<String, String> {
+    visible(batch)
+        .into_iter()
+        .filter(|(p, _)| p != ".ready")
+        .collect()
+}
+
+fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathBuf {
+    let dir = inbox.join(name);
+    for i in 0..files {
+        write(
+            &dir.join(format!("bags/{i:03}.bag")),
+            &sample_bytes(size, i as u64 + name.len() as u64),
+        );
+    }
+    write(&dir.join(".ready"), b"");
+    dir
+}
+
+#[test]
+fn daemons_deliver_batches_as_they_come_and_delete_sources_after_ack() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let _send = spawn(&site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--delete-after-ack",
+        "--part-size",
+        "1MiB",
+    ]));
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull);
+
+    let dest = site.root.join("dest/site-a");
+    for (n, name) in ["first", "second"].into_iter().enumerate() {
+        let batch = write_batch(&inbox, name, 2 + n, 1_500_000);
+        let expected = source_hashes(&batch);
+        assert!(
+            wait_for(60, || visible(&dest.join(name)) == expected),
+            "batch {name} did not arrive: {:?}",
+            visible(&dest.join(name))
+        );
+        assert!(
+            wait_for(60, || !batch.exists()),
+            "the source of {name} was not deleted after acknowledgement"
+        );
+    }
+}
+
+#[test]
+fn failures_run_the_hook_with_what_failed() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "run-9", 1, 1000);
+    let intruder = keygen(&site.root.join("intruder"));
+    let mut send = args![
+        "send",
+        &inbox,
+        "--recipient",
+        &site.keys.core_pub,
+        "--sign",
+        &intruder.edge_key,
+        "-q"
+    ];
+    send.extend(site.relay_args("edge.token"));
+    ok(&send);
+
+    let hook_out = site.root.join("alert.txt");
+    let mut pull = site.pull();
+    let hook = format!(
+        "echo \"$FORTE_ROLE|$FORTE_BATCH|$FORTE_ERROR\" > '{}'",
+        hook_out.display()
+    );
+    pull.extend(args!["--on-failure", hook]);
+    let err = fails(&pull);
+    assert!(
+        err.contains("\"event\":\"failure\"") && err.contains("\"role\":\"core\""),
+        "{err}"
+    );
+    let alert = std::fs::read_to_string(&hook_out).expect("the hook ran");
+    assert!(
+        alert.starts_with("core|") && alert.contains("not among the trusted edge keys"),
+        "{alert}"
+    );
+}
+
+/// A pseudo-random delay in milliseconds below `max`, different on every call.
+fn random_ms(max: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    u64::from(nanos) % max
+}
+
+#[test]
+fn killed_senders_resume_without_sending_parts_twice() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "big", 2, 12 << 20);
+    let total_parts = 2 * 12;
+    for round in 0..3 {
+        let mut sender = spawn(&site.send(&["--part-size", "1MiB", "--connections", "2"]));
+        std::thread::sleep(std::time::Duration::from_millis(100 + random_ms(700)));
+        kill(&mut sender);
+        let held = site
+            .relay_objects()
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("part-"))
+            .count();
+        assert!(held <= total_parts, "round {round}: {held} parts");
+    }
+    let before = site
+        .relay_objects()
+        .iter()
+        .filter(|p| p.to_string_lossy().contains("part-"))
+        .count();
+    let out: serde_json::Value =
+        serde_json::from_str(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"]))).unwrap();
+    let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
+    // Parts already at the relay were not sent again: what was sent is at most the rest.
+    let part_sealed = (1u64 << 20) + (1 << 16);
+    assert!(
+        sealed <= (total_parts - before) as u64 * part_sealed + 4096,
+        "{before} parts were held, yet {sealed} bytes were sent again"
+    );
+    ok(&site.pull());
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/big")),
+        source_hashes(&batch)
+    );
+}
+
+#[test]
+fn a_killed_relay_restarts_and_the_sender_carries_on() {
+    let mut site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "run", 3, 6 << 20);
+    let mut sender = spawn(&site.send(&["--part-size", "1MiB", "--watch", "--interval", "1"]));
+    for _ in 0..3 {
+        std::thread::sleep(std::time::Duration::from_millis(200 + random_ms(600)));
+        site.restart_relay();
+    }
+    // The sender keeps retrying until the relay is back, then finishes.
+    assert!(
+        wait_for(90, || ok(&site.pull()).contains("delivered")),
+        "nothing was delivered"
+    );
+    while !ok(&site.pull()).contains("nothing waiting") {}
+    kill(&mut sender);
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/run")),
+        source_hashes(&batch)
+    );
+}
+
+#[test]
+fn killed_pullers_deliver_exactly_once_and_never_show_partial_files() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let mut expected = std::collections::BTreeMap::new();
+    for name in ["a", "b", "c"] {
+        let batch = write_batch(&inbox, name, 2, 5 << 20);
+        for (p, h) in source_hashes(&batch) {
+            expected.insert(format!("site-a/{name}/{p}"), h);
+        }
+    }
+    ok(&site.send(&["--part-size", "1MiB", "-q"]));
+    let dest = site.root.join("dest");
+    for _ in 0..4 {
+        let mut puller = spawn(&site.pull());
+        std::thread::sleep(std::time::Duration::from_millis(50 + random_ms(400)));
+        kill(&mut puller);
+        // Whatever is visible is complete and correct.
+        for (path, hash) in visible(&dest) {
+            assert_eq!(
+                expected.get(&path),
+                Some(&hash),
+                "{path} is visible but not a verified file"
+            );
+        }
+    }
+    ok(&site.pull());
+    assert_eq!(visible(&dest), expected);
+    assert!(
+        site.relay_objects().is_empty(),
+        "everything was acknowledged"
+    );
+    assert!(
+        ok(&site.pull()).contains("nothing waiting"),
+        "nothing is delivered twice"
+    );
+}
