@@ -142,6 +142,14 @@ pub struct Event {
     pub detail: Option<String>,
 }
 
+/// One stage of a batch.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StageRow {
+    pub stage: String,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
+}
+
 /// A part's state and hashes.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PartRow {
@@ -437,6 +445,24 @@ impl Catalog {
                 .fetch_all(&self.pool),
         )?;
         rows.iter().map(batch_row).collect()
+    }
+
+    /// When each stage of a batch started and ended (`None` while it runs).
+    pub fn stages(&self, batch_key: &str) -> Result<Vec<StageRow>> {
+        let rows = self.runtime.block_on(
+            sqlx::query("SELECT stage, started_at, ended_at FROM stages WHERE batch_key = $1 ORDER BY started_at")
+                .bind(batch_key)
+                .fetch_all(&self.pool),
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(StageRow {
+                    stage: r.try_get(0)?,
+                    started_at: r.try_get(1)?,
+                    ended_at: r.try_get(2)?,
+                })
+            })
+            .collect()
     }
 
     /// One batch, if the catalogue has seen it.

@@ -98,6 +98,8 @@ pub struct Placed {
     pub sha256: String,
     /// Found in place from an earlier delivery rather than written now.
     pub already: bool,
+    /// Each part's raw and ciphertext SHA-256, as verified.
+    pub parts: Vec<(u32, String, String)>,
 }
 
 impl Placed {
@@ -109,6 +111,11 @@ impl Placed {
             size: m.size,
             sha256: m.sha256.clone(),
             already,
+            parts: m
+                .parts
+                .iter()
+                .map(|p| (p.index, p.raw_sha256.clone(), p.ciphertext_sha256.clone()))
+                .collect(),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::transfer::download::RelaySource;
 use crate::transfer::retry::Retry;
 use crate::transfer::{connect, RelayArgs};
 use crate::units::human;
-use forte_catalog::now_us;
+use forte_catalog::{now_us, PartHashes};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -249,6 +249,18 @@ impl Core<'_> {
                 report.already_delivered = delivered.already;
                 report.bytes = delivered.bytes;
                 for p in &delivered.placed {
+                    let object = p.id.to_string();
+                    for (index, raw, sealed) in &p.parts {
+                        let hashes = PartHashes {
+                            raw_sha256: Some(raw),
+                            ciphertext_sha256: Some(sealed),
+                            ..Default::default()
+                        };
+                        note(
+                            "a verified part",
+                            catalog.part_state(&batch_key, &object, *index, "verified", &hashes),
+                        );
+                    }
                     let detail = p.already.then_some("already in place from an earlier pull");
                     let (object, sha, to) = (
                         p.id.to_string(),

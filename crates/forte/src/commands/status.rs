@@ -1,7 +1,7 @@
 //! `forte status`: what the catalogue knows.
 
 use anyhow::Result;
-use forte_catalog::{BatchRow, Catalog, Event, FileRow, PartRow};
+use forte_catalog::{BatchRow, Catalog, Event, FileRow, PartRow, StageRow};
 use serde::Serialize;
 
 use crate::layout::format_utc;
@@ -39,12 +39,14 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
         struct Batch {
             #[serde(flatten)]
             batch: BatchRow,
+            stages: Vec<StageRow>,
             files: Vec<FileRow>,
         }
         let full: Vec<Batch> = batches
             .into_iter()
             .map(|b| {
                 Ok(Batch {
+                    stages: catalog.stages(&b.batch_key)?,
                     files: catalog.files(&b.batch_key)?,
                     batch: b,
                 })
@@ -72,6 +74,18 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
             format_utc(b.updated_at),
             b.batch_key
         );
+        for st in catalog.stages(&b.batch_key)? {
+            let end = st.ended_at.map_or("running".to_string(), format_utc);
+            let took = st
+                .ended_at
+                .map(|e| format!(" ({:.2} s)", (e - st.started_at) as f64 / 1e6))
+                .unwrap_or_default();
+            println!(
+                "        stage {:<8} {} → {end}{took}",
+                st.stage,
+                format_utc(st.started_at)
+            );
+        }
         for f in catalog.files(&b.batch_key)? {
             println!(
                 "        {:<12} {:>11}  {}",
