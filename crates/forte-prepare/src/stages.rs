@@ -33,8 +33,6 @@ pub struct PrepareConfig {
     pub parts_in_flight: usize,
     /// Workers of the sink stage (writers or uploaders).
     pub sink_workers: usize,
-    /// The batch name recorded in every manifest.
-    pub batch: String,
 }
 
 impl PrepareConfig {
@@ -50,7 +48,6 @@ impl PrepareConfig {
             cpu,
             parts_in_flight: cpu + 4,
             sink_workers: cpu.max(2),
-            batch: String::new(),
         }
     }
 }
@@ -91,6 +88,8 @@ pub struct HeldPart {
 pub struct PrepareJob {
     pub source: SourceFile,
     pub id: ObjectId,
+    /// The batch name recorded in the manifest.
+    pub batch: String,
     /// Parts the sink already holds, by index.
     pub held: BTreeMap<u32, HeldPart>,
 }
@@ -101,6 +100,7 @@ impl PrepareJob {
         Self {
             source,
             id: ObjectId::random(),
+            batch: String::new(),
             held: BTreeMap::new(),
         }
     }
@@ -120,6 +120,7 @@ pub struct Prepare<'k> {
 struct FileJob {
     source: SourceFile,
     id: ObjectId,
+    batch: String,
     held: BTreeMap<u32, HeldPart>,
     part_size: u64,
     parts: u32,
@@ -255,22 +256,30 @@ impl<'k> Prepare<'k> {
         let part_size = cfg.part_size.max(1);
         let jobs: Vec<Arc<FileJob>> = files
             .into_iter()
-            .map(|PrepareJob { source, id, held }| {
-                let parts = u32::try_from(source.size.div_ceil(part_size))
-                    .expect("a file of over 2^32 parts");
-                Arc::new(FileJob {
-                    id,
-                    held,
-                    part_size,
-                    parts,
-                    state: Mutex::new(FileState {
-                        entries: vec![None; parts as usize],
-                        whole: (parts > 1).then(Sha256::new),
-                        ..FileState::default()
-                    }),
-                    source,
-                })
-            })
+            .map(
+                |PrepareJob {
+                     source,
+                     id,
+                     batch,
+                     held,
+                 }| {
+                    let parts = u32::try_from(source.size.div_ceil(part_size))
+                        .expect("a file of over 2^32 parts");
+                    Arc::new(FileJob {
+                        id,
+                        batch,
+                        held,
+                        part_size,
+                        parts,
+                        state: Mutex::new(FileState {
+                            entries: vec![None; parts as usize],
+                            whole: (parts > 1).then(Sha256::new),
+                            ..FileState::default()
+                        }),
+                        source,
+                    })
+                },
+            )
             .collect();
         let outcomes: Mutex<Vec<Option<FileOutcome>>> = Mutex::new(vec![None; jobs.len()]);
         let index_of: std::collections::HashMap<ObjectId, usize> =
@@ -444,7 +453,7 @@ impl<'k> Prepare<'k> {
         let manifest = Manifest {
             format: FORMAT.into(),
             id: job.id,
-            batch: self.config.batch.clone(),
+            batch: job.batch.clone(),
             path: src.path.clone(),
             kind: src.kind,
             size: src.size,

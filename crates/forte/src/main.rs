@@ -65,6 +65,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = config::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
         Command::Keygen(args) => commands::keygen::run(args),

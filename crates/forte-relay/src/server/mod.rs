@@ -168,7 +168,12 @@ impl IntoResponse for Failure {
                 .insert("www-authenticate", "Bearer".parse().expect("valid header"));
             return r;
         }
-        tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
+        if self.0 == StatusCode::NOT_FOUND {
+            // Asking about objects the relay does not hold is routine (resume, status).
+            tracing::debug!(status = 404, "{}", self.1);
+        } else {
+            tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
+        }
         (self.0, Json(ApiError { error: self.1 })).into_response()
     }
 }

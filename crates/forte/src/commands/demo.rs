@@ -63,6 +63,7 @@ pub fn run(args: Args) -> Result<bool> {
     let summary = super::pack::pack(
         &sample,
         &packed,
+        "sample",
         PrepareConfig::for_this_machine(),
         &recipients,
         &key,

@@ -155,13 +155,13 @@ fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    let mut settings = args.prepare.settings(config)?;
-    settings.batch = args.batch.clone();
+    let settings = args.prepare.settings(config)?;
     let (recipients, key) = args.seal.load(config)?;
     refuse_output_inside_source(&args.src, &args.to)?;
     let summary = pack(
         &args.src,
         &args.to,
+        &args.batch,
         settings,
         &recipients,
         &key,
@@ -172,9 +172,11 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
 }
 
 /// Discovers and packs `src` into `to`; used by `pack` and `demo`.
+#[allow(clippy::too_many_arguments)]
 pub fn pack(
     src: &Path,
     to: &Path,
+    batch: &str,
     settings: PrepareConfig,
     recipients: &Recipients,
     key: &EdgeKey,
@@ -186,7 +188,14 @@ pub fn pack(
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
     let prepare = Prepare::new(settings, recipients, key);
     let started = Instant::now();
-    let jobs = found.files.into_iter().map(PrepareJob::fresh).collect();
+    let jobs = found
+        .files
+        .into_iter()
+        .map(|source| PrepareJob {
+            batch: batch.to_string(),
+            ..PrepareJob::fresh(source)
+        })
+        .collect();
     let outcomes = prepare_with_progress(&prepare, jobs, &sink, total, quiet);
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();

@@ -1,12 +1,12 @@
 //! `forte send`: every ready batch of an inbox, prepared in one pass and uploaded to the relay.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use forte_format::{EdgeKey, ObjectId};
-use forte_prepare::{discover, Prepare, PrepareConfig, PrepareJob, SourceFile};
+use forte_prepare::{discover, Prepare, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
 use serde::Serialize;
 
@@ -103,19 +103,21 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let settle = Duration::from_secs(args.settle);
     if !args.watch {
         let Inbox { ready, waiting } = ready_batches(&args.inbox, settle)?;
-        let mut batches = Vec::new();
-        for Batch { name, dir } in ready {
-            let prepare = Prepare::new(
-                PrepareConfig {
-                    batch: name.clone(),
-                    ..settings.clone()
-                },
-                &recipients,
-                &key,
-            );
-            batches.push(edge.send_and_report(&name, &dir, &prepare, args.output.json)?);
-        }
+        let prepare = Prepare::new(settings, &recipients, &key);
+        let batches = edge.send_batches(&ready, &prepare);
         if !args.output.json {
+            batches.iter().for_each(print_report);
+            if let Some(seconds) = batches.first().map(|b| b.seconds) {
+                let raw: u64 = batches.iter().map(|b| b.raw_bytes).sum();
+                let sealed: u64 = batches.iter().map(|b| b.sealed_bytes).sum();
+                println!(
+                    "sent {} batches in one pass: {} raw as {} sealed in {seconds:.1} s ({:.1} MB/s raw)",
+                    batches.len(),
+                    human(raw),
+                    human(sealed),
+                    mb_per_s(raw, seconds)
+                );
+            }
             for name in &waiting {
                 println!("batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)", args.settle);
             }
@@ -141,23 +143,23 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     loop {
         match ready_batches(&args.inbox, settle) {
             Ok(inbox) => {
-                for Batch { name, dir } in inbox.ready {
-                    let key_of_batch = batch_id(&key, &name);
-                    let state = catalog.batch(&key_of_batch).ok().flatten().map(|b| b.state);
-                    if matches!(state.as_deref(), Some("sent" | "source_deleted")) {
-                        continue;
-                    }
-                    let prepare = Prepare::new(
-                        PrepareConfig {
-                            batch: name.clone(),
-                            ..settings.clone()
-                        },
-                        &recipients,
-                        &key,
-                    );
-                    if let Err(e) = edge.send_and_report(&name, &dir, &prepare, false) {
-                        edge.failures.report(&name, None, &format!("{e:#}"));
-                    }
+                let todo: Vec<Batch> = inbox
+                    .ready
+                    .into_iter()
+                    .filter(|b| {
+                        let state = catalog
+                            .batch(&batch_id(&key, &b.name))
+                            .ok()
+                            .flatten()
+                            .map(|b| b.state);
+                        !matches!(state.as_deref(), Some("sent" | "source_deleted"))
+                    })
+                    .collect();
+                if !todo.is_empty() {
+                    let prepare = Prepare::new(settings.clone(), &recipients, &key);
+                    edge.send_batches(&todo, &prepare)
+                        .iter()
+                        .for_each(print_report);
                 }
             }
             Err(e) => edge.failures.report("", None, &format!("{e:#}")),
@@ -166,6 +168,22 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             edge.delete_acknowledged(&args.inbox);
         }
         std::thread::sleep(Duration::from_secs(args.interval));
+    }
+}
+
+fn print_report(report: &BatchReport) {
+    println!(
+        "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed",
+        report.batch,
+        report.sent,
+        report.files,
+        report.already_at_relay,
+        report.failed,
+        human(report.raw_bytes),
+        human(report.sealed_bytes),
+    );
+    for e in &report.errors {
+        eprintln!("batch {}: {e}", report.batch);
     }
 }
 
@@ -259,34 +277,6 @@ struct Edge<'a> {
 }
 
 impl Edge<'_> {
-    fn send_and_report(
-        &self,
-        name: &str,
-        dir: &Path,
-        prepare: &Prepare,
-        json: bool,
-    ) -> Result<BatchReport> {
-        let report = self.send_batch(name, dir, prepare)?;
-        if !json {
-            println!(
-                "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed in {:.1} s ({:.1} MB/s)",
-                report.batch,
-                report.sent,
-                report.files,
-                report.already_at_relay,
-                report.failed,
-                human(report.raw_bytes),
-                human(report.sealed_bytes),
-                report.seconds,
-                mb_per_s(report.raw_bytes, report.seconds)
-            );
-        }
-        for e in &report.errors {
-            eprintln!("batch {name}: {e}");
-        }
-        Ok(report)
-    }
-
     /// Deletes the source of every sent batch whose files the core has all acknowledged, and
     /// nothing else: a batch with files the catalogue does not know is left alone.
     fn delete_acknowledged(&self, inbox: &Path) {
@@ -341,105 +331,153 @@ impl Edge<'_> {
         }
     }
 
-    fn send_batch(&self, name: &str, dir: &Path, prepare: &Prepare) -> Result<BatchReport> {
+    /// Sends every batch in one prepare pass, so the link stays busy across batch boundaries,
+    /// and reports on each batch.
+    fn send_batches(&self, batches: &[Batch], prepare: &Prepare) -> Vec<BatchReport> {
         let (catalog, key) = (self.catalog, self.key);
         let started = Instant::now();
-        let mut found = discover(dir)?;
-        found.files.retain(|f| f.path != READY_MARKER);
-        let files = found.files.len();
-        let batch_key = batch_id(key, name);
-        let bytes = found.total_bytes();
         let started_at = now_us();
-        let record_batch = |state: &str| {
-            note(
-                "a batch",
-                catalog.batch_state(&batch_key, "edge", "", name, files as u64, bytes, state),
-            );
-        };
-        record_batch("sending");
-        note(
-            "a stage",
-            catalog.stage(&batch_key, "send", started_at, None),
-        );
-        let skipped = found
-            .rejected
-            .iter()
-            .map(|(p, why)| format!("skipped {}: {why}", p.display()));
-        let mut errors: Vec<String> = Vec::new();
-        let (mut jobs, mut already) = (Vec::new(), 0);
-        for source in found.files {
-            let id = object_id(key, name, &source);
-            let object = id.to_string();
-            let record_file = |state: &str, detail: Option<&str>| {
-                let (path, size) = (&source.path, source.size);
-                note(
-                    "a file",
-                    catalog.file_state(&batch_key, &object, path, size, state, None, None, detail),
-                );
+        let mut reports: Vec<BatchReport> = Vec::new();
+        let mut keys: Vec<String> = Vec::new();
+        let mut jobs = Vec::new();
+        let mut batch_of = HashMap::new();
+        for Batch { name, dir } in batches {
+            let mut report = BatchReport {
+                batch: name.clone(),
+                files: 0,
+                sent: 0,
+                already_at_relay: 0,
+                failed: 0,
+                raw_bytes: 0,
+                sealed_bytes: 0,
+                seconds: 0.0,
+                errors: Vec::new(),
             };
-            record_file("discovered", None);
-            match at_relay(self.client, &self.retry, id) {
-                Ok(AtRelay::Done) => {
-                    record_file("at_relay", Some("sealed or delivered by an earlier run"));
-                    already += 1;
+            let batch_key = batch_id(key, name);
+            match discover(dir) {
+                Ok(mut found) => {
+                    found.files.retain(|f| f.path != READY_MARKER);
+                    report.files = found.files.len();
+                    let (files, bytes) = (found.files.len() as u64, found.total_bytes());
+                    note(
+                        "a batch",
+                        catalog.batch_state(&batch_key, "edge", "", name, files, bytes, "sending"),
+                    );
+                    note(
+                        "a stage",
+                        catalog.stage(&batch_key, "send", started_at, None),
+                    );
+                    report.errors.extend(
+                        found
+                            .rejected
+                            .iter()
+                            .map(|(p, why)| format!("skipped {}: {why}", p.display())),
+                    );
+                    for source in found.files {
+                        let id = object_id(key, name, &source);
+                        let object = id.to_string();
+                        let record = |state: &str, detail: Option<&str>| {
+                            let (path, size) = (&source.path, source.size);
+                            note(
+                                "a file",
+                                catalog.file_state(
+                                    &batch_key, &object, path, size, state, None, None, detail,
+                                ),
+                            );
+                        };
+                        record("discovered", None);
+                        let held = match at_relay(self.client, &self.retry, id) {
+                            Ok(AtRelay::Done) => {
+                                record("at_relay", Some("sealed or delivered by an earlier run"));
+                                report.already_at_relay += 1;
+                                continue;
+                            }
+                            Ok(AtRelay::Nothing) => Default::default(),
+                            Ok(AtRelay::Parts(held)) => held,
+                            Err(e) => {
+                                let error = format!("{}: {e:#}", source.path);
+                                self.failures.report(name, Some(&source.path), &error);
+                                report.errors.push(error);
+                                report.failed += 1;
+                                continue;
+                            }
+                        };
+                        batch_of.insert(id, batch_key.clone());
+                        jobs.push(PrepareJob {
+                            source,
+                            id,
+                            batch: name.clone(),
+                            held,
+                        });
+                    }
                 }
-                Ok(AtRelay::Nothing) => jobs.push(PrepareJob {
-                    source,
-                    id,
-                    held: Default::default(),
-                }),
-                Ok(AtRelay::Parts(held)) => jobs.push(PrepareJob { source, id, held }),
-                Err(e) => errors.push(format!("{}: {e:#}", source.path)),
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    self.failures.report(name, None, &error);
+                    report.errors.push(error);
+                    report.failed += 1;
+                }
             }
+            keys.push(batch_key);
+            reports.push(report);
         }
         let total = jobs.iter().map(|j| j.source.size).sum();
         let sink = UploadSink {
             client: self.client,
-            batch_id: batch_key.clone(),
+            batch_of: &batch_of,
             retry: self.retry,
             catalog,
+            sealed: Default::default(),
         };
         let outcomes = prepare_with_progress(prepare, jobs, &sink, total, self.quiet);
-        for e in &errors {
-            self.failures.report(name, None, e);
-        }
         for o in &outcomes {
-            if let Some(e) = &o.error {
-                self.failures.report(name, Some(&o.path), e);
-                let object = o.id.to_string();
-                note(
-                    "a failed file",
-                    catalog.file_state(
-                        &batch_key,
-                        &object,
-                        &o.path,
-                        o.size,
-                        "failed",
-                        None,
-                        None,
-                        Some(e),
-                    ),
-                );
-                errors.push(format!("{}: {e}", o.path));
+            let slot = keys
+                .iter()
+                .position(|k| Some(k) == batch_of.get(&o.id))
+                .expect("every job has its batch");
+            let report = &mut reports[slot];
+            match &o.error {
+                None => {
+                    report.sent += 1;
+                    report.raw_bytes += o.size;
+                }
+                Some(e) => {
+                    self.failures.report(&report.batch, Some(&o.path), e);
+                    let object = o.id.to_string();
+                    note(
+                        "a failed file",
+                        catalog.file_state(
+                            &keys[slot],
+                            &object,
+                            &o.path,
+                            o.size,
+                            "failed",
+                            None,
+                            None,
+                            Some(e),
+                        ),
+                    );
+                    report.errors.push(format!("{}: {e}", o.path));
+                    report.failed += 1;
+                }
             }
         }
-        let failed = errors.len();
-        record_batch(if failed == 0 { "sent" } else { "failed" });
-        note(
-            "a stage",
-            catalog.stage(&batch_key, "send", started_at, Some(now_us())),
-        );
-        let t = &prepare.totals;
-        Ok(BatchReport {
-            batch: name.to_string(),
-            files,
-            sent: outcomes.iter().filter(|o| o.error.is_none()).count(),
-            already_at_relay: already,
-            failed,
-            raw_bytes: t.raw_bytes.load(Ordering::Relaxed),
-            sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),
-            seconds: started.elapsed().as_secs_f64(),
-            errors: skipped.chain(errors).collect(),
-        })
+        let sealed = sink.sealed.into_inner().unwrap_or_else(|e| e.into_inner());
+        let ended_at = now_us();
+        for (report, batch_key) in reports.iter_mut().zip(&keys) {
+            report.sealed_bytes = sealed.get(batch_key).copied().unwrap_or(0);
+            report.seconds = started.elapsed().as_secs_f64();
+            let state = if report.failed == 0 { "sent" } else { "failed" };
+            let (files, bytes) = (report.files as u64, report.raw_bytes);
+            note(
+                "a batch",
+                catalog.batch_state(batch_key, "edge", "", &report.batch, files, bytes, state),
+            );
+            note(
+                "a stage",
+                catalog.stage(batch_key, "send", started_at, Some(ended_at)),
+            );
+        }
+        reports
     }
 }

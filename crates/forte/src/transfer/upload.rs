@@ -1,7 +1,8 @@
 //! The sink of `forte send`: sealed parts and manifests go straight from the prepare pipeline to
 //! the relay, over as many connections as the sink has workers. Nothing is spooled to disk.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
 
 use anyhow::Result;
 use forte_catalog::{now_us, Attempt, Catalog, PartHashes};
@@ -15,13 +16,26 @@ use crate::record::note;
 
 pub struct UploadSink<'a> {
     pub client: &'a RelayClient,
-    /// The opaque batch id the relay groups objects by; also the batch's catalogue key.
-    pub batch_id: String,
+    /// Each object's batch: the opaque id the relay groups objects by, also the batch's
+    /// catalogue key. Objects of several batches flow through one pass, so the link never
+    /// idles between batches.
+    pub batch_of: &'a HashMap<ObjectId, String>,
     pub retry: Retry,
     pub catalog: &'a Catalog,
+    /// Sealed bytes uploaded, per batch.
+    pub sealed: Mutex<HashMap<String, u64>>,
 }
 
 impl UploadSink<'_> {
+    fn batch(&self, id: ObjectId) -> &str {
+        self.batch_of.get(&id).map_or("", String::as_str)
+    }
+
+    fn count(&self, id: ObjectId, bytes: usize) {
+        let mut sealed = self.sealed.lock().unwrap_or_else(|e| e.into_inner());
+        *sealed.entry(self.batch(id).to_string()).or_default() += bytes as u64;
+    }
+
     /// Runs one request, recording the attempt (and its error) in the catalogue.
     fn attempt<T>(
         &self,
@@ -36,7 +50,7 @@ impl UploadSink<'_> {
         let object = id.to_string();
         let attempt = Attempt {
             task,
-            batch_key: &self.batch_id,
+            batch_key: self.batch(id),
             object_id: Some(&object),
             part,
             started_at,
@@ -62,10 +76,11 @@ impl Sink for UploadSink<'_> {
             ..PartHashes::default()
         };
         let object = id.to_string();
+        self.count(id, sealed.len());
         note(
             "an uploaded part",
             self.catalog
-                .part_state(&self.batch_id, &object, index, "uploaded", &hashes),
+                .part_state(self.batch(id), &object, index, "uploaded", &hashes),
         );
         Ok(())
     }
@@ -84,9 +99,10 @@ impl Sink for UploadSink<'_> {
         self.retry.run(&what, || {
             self.attempt("seal", manifest.id, None, || {
                 self.client
-                    .seal(manifest.id, &self.batch_id, parts.clone(), sealed)
+                    .seal(manifest.id, self.batch(manifest.id), parts.clone(), sealed)
             })
         })?;
+        self.count(manifest.id, sealed.len());
         let object = manifest.id.to_string();
         for p in &manifest.parts {
             let hashes = PartHashes {
@@ -95,8 +111,13 @@ impl Sink for UploadSink<'_> {
             };
             note(
                 "a sealed part",
-                self.catalog
-                    .part_state(&self.batch_id, &object, p.index, "sealed", &hashes),
+                self.catalog.part_state(
+                    self.batch(manifest.id),
+                    &object,
+                    p.index,
+                    "sealed",
+                    &hashes,
+                ),
             );
         }
         let (path, size, sha) = (
@@ -107,7 +128,7 @@ impl Sink for UploadSink<'_> {
         note(
             "a sealed file",
             self.catalog.file_state(
-                &self.batch_id,
+                self.batch(manifest.id),
                 &object,
                 path,
                 size,
