@@ -171,7 +171,8 @@ def main():
         start = time.monotonic()
         sent = json.loads(subprocess.run(send, check=True, capture_output=True, text=True).stdout)
         sent_at = time.monotonic() - start
-        delivered_files = lambda: sum(1 for p in dest.rglob("*") if p.is_file() and ".forte-staging" not in str(p))
+        # Delivered files appear only under dest/mine (staging lives beside it and vanishes).
+        delivered_files = lambda: sum(len(files) for _, _, files in os.walk(dest / "mine"))
         while delivered_files() < nfiles:
             time.sleep(0.2)
         elapsed = time.monotonic() - start

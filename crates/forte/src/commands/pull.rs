@@ -140,8 +140,12 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             endpoint.url, args.interval
         );
         loop {
-            if let Err(e) = pass() {
-                failures.report("", None, &format!("{e:#}"));
+            // After a pass that delivered something, look again at once: more is likely
+            // waiting. Sleep only when the relay had nothing (or failed).
+            match pass() {
+                Ok(reports) if reports.iter().any(|r| r.error.is_none()) => continue,
+                Ok(_) => {}
+                Err(e) => failures.report("", None, &format!("{e:#}")),
             }
             std::thread::sleep(std::time::Duration::from_secs(args.interval));
         }
