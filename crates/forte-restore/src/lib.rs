@@ -41,6 +41,9 @@ pub struct RestoreConfig {
     pub parts_in_flight: usize,
     /// What to do about files that already exist at the destination.
     pub existing: Existing,
+    /// Objects read at once: 1 for a local disk; more for a remote source, where each read
+    /// is a round trip (one object's parts are always read in order).
+    pub readers: usize,
 }
 
 /// Files already at the destination.
@@ -62,6 +65,7 @@ impl RestoreConfig {
             cpu,
             parts_in_flight: cpu + 4,
             existing: Existing::Refuse,
+            readers: 1,
         }
     }
 }
@@ -313,13 +317,21 @@ impl<'k> Restore<'k> {
         let (raw_tx, raw_rx) = queue::<Piece>(cpu);
         let p = &self.pipeline;
         std::thread::scope(|s| {
-            p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
-                if stop.get().is_none() {
-                    if let Err(e) = read_parts(source, &job, &memory, &stop, emit) {
-                        fail(e);
+            p.stage(
+                s,
+                "read",
+                Work::Io,
+                self.config.readers,
+                jobs_rx,
+                read_tx,
+                |job, emit| {
+                    if stop.get().is_none() {
+                        if let Err(e) = read_parts(source, &job, &memory, &stop, emit) {
+                            fail(e);
+                        }
                     }
-                }
-            });
+                },
+            );
             p.stage(
                 s,
                 "verify_ciphertext",
@@ -582,6 +594,39 @@ fn file_sha256(path: &Path) -> Result<String> {
     std::io::copy(&mut File::open(path)?, &mut hasher)
         .with_context(|| format!("cannot read {}", path.display()))?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// Copies delivered files from `dest` to a second destination `copy` under the same relative
+/// paths (FORTE's archive and analysts' copies), each atomically: a hidden temporary name in
+/// the target directory, flushed, then renamed. A file already there with the same SHA-256 is
+/// kept; a different one is an error and nothing is overwritten. Returns the files copied.
+pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
+    let mut copied = 0;
+    for p in placed {
+        let (from, to) = (dest.join(&p.target), copy.join(&p.target));
+        if to.exists() {
+            if file_sha256(&to)? == p.sha256 {
+                continue;
+            }
+            bail!(
+                "{} exists with other contents; refusing to overwrite it",
+                to.display()
+            );
+        }
+        let dir = to.parent().unwrap_or(copy);
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let temp = dir.join(format!(".forte-copy-{}-{}", std::process::id(), p.id));
+        std::fs::copy(&from, &temp)
+            .and_then(|_| File::open(&temp)?.sync_all())
+            .with_context(|| format!("cannot copy {} to {}", from.display(), temp.display()))?;
+        std::fs::rename(&temp, &to)
+            .with_context(|| format!("cannot move {} into place", to.display()))?;
+        copied += 1;
+    }
+    if copied > 0 {
+        forte_fs::syncfs(copy)?;
+    }
+    Ok(copied)
 }
 
 /// Removes staging directories left in `dest` by a restore that was killed. Call only when no

@@ -206,3 +206,19 @@ fn batches_wait_until_they_settle_or_are_marked_ready() {
     let out = ok(&site.send(&["--settle", "0"]));
     assert!(out.contains("batch fresh: sent 1 of 1 files"), "{out}");
 }
+
+#[test]
+fn a_second_destination_gets_the_same_files_before_the_relay_may_delete() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    make_batches(&inbox);
+    ok(&site.send(&["--part-size", "1MiB", "-q"]));
+    let copy = site.root.join("analysts");
+    let mut pull = site.pull();
+    pull.extend(args!["--copy-to", &copy]);
+    ok(&pull);
+    let archive = tree(&site.root.join("dest"));
+    assert_eq!(archive.len(), 9);
+    assert_eq!(tree(&copy), archive);
+    assert!(site.relay_objects().is_empty());
+}

@@ -8,7 +8,9 @@ use anyhow::Result;
 use forte_format::{Identities, TrustedEdges};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
-use forte_restore::{remove_stale_staging, Existing, Restore, RestoreConfig, RestoreFailure};
+use forte_restore::{
+    remove_stale_staging, replicate, Existing, Restore, RestoreConfig, RestoreFailure,
+};
 use serde::Serialize;
 
 use super::{mb_per_s, Output};
@@ -41,6 +43,13 @@ pub struct Args {
     /// CPU budget [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     cpu: Option<usize>,
+    /// A second destination (analysts' copy): every delivered file is copied there too,
+    /// atomically, before the relay is told it may delete.
+    #[arg(long, value_name = "DIR")]
+    copy_to: Option<PathBuf>,
+    /// Concurrent downloads from the relay.
+    #[arg(long, default_value_t = 4)]
+    connections: usize,
     /// Keep running: pull batches as they become complete, retrying network failures forever.
     #[arg(long)]
     watch: bool,
@@ -97,6 +106,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         settings.parts_in_flight = settings.cpu + 4;
     }
     settings.existing = Existing::KeepIdentical;
+    settings.readers = args.connections.max(1);
     // One puller per destination: whatever a killed one left half-staged is garbage.
     let stale = remove_stale_staging(&args.to)?;
     if stale > 0 {
@@ -112,6 +122,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         retry,
         layout: &layout,
         dest: &args.to,
+        copy_to: args.copy_to.as_deref(),
         catalog,
     };
     let failures = Failures {
@@ -180,6 +191,7 @@ struct Core<'a> {
     retry: Retry,
     layout: &'a Layout,
     dest: &'a std::path::Path,
+    copy_to: Option<&'a std::path::Path>,
     catalog: &'a Catalog,
 }
 
@@ -247,6 +259,11 @@ impl Core<'_> {
         if let Some(name) = name.into_inner().unwrap_or_else(|e| e.into_inner()) {
             report.batch = name;
         }
+        // The second copy must exist before the relay may delete anything.
+        let result = result.and_then(|delivered| match self.copy_to {
+            Some(copy) => replicate(self.dest, copy, &delivered.placed).map(|_| delivered),
+            None => Ok(delivered),
+        });
         match result {
             Ok(delivered) => {
                 report.delivered_files = delivered.files;
