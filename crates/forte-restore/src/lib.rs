@@ -616,8 +616,14 @@ pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
         let dir = to.parent().unwrap_or(copy);
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let temp = dir.join(format!(".forte-copy-{}-{}", std::process::id(), p.id));
+        // fs::copy keeps the permission bits; the modification time is set like the original's.
         std::fs::copy(&from, &temp)
-            .and_then(|_| File::open(&temp)?.sync_all())
+            .and_then(|_| {
+                let mtime =
+                    filetime::FileTime::from_last_modification_time(&std::fs::metadata(&from)?);
+                filetime::set_file_mtime(&temp, mtime)?;
+                File::open(&temp)?.sync_all()
+            })
             .with_context(|| format!("cannot copy {} to {}", from.display(), temp.display()))?;
         std::fs::rename(&temp, &to)
             .with_context(|| format!("cannot move {} into place", to.display()))?;
