@@ -121,6 +121,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--link-rate", help="shape the site link, e.g. 65MB (needs root)")
     ap.add_argument("--scale", type=float, default=0.001)
+    ap.add_argument("--connections", type=int, default=4, help="send's concurrent uploads")
+    ap.add_argument("--pull-after", action="store_true",
+                    help="start the puller only after send finished (measures the edge leg alone)")
     args = ap.parse_args()
 
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
@@ -160,22 +163,29 @@ def main():
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         core_cat = WORK / "core.sqlite"
         dest = WORK / "dest"
-        puller = subprocess.Popen([FORTE, "--catalog", core_cat, "pull", "--watch", "--interval", "1", "--to", dest,
+        start_puller = lambda: subprocess.Popen([FORTE, "--catalog", core_cat, "pull", "--watch", "--interval", "1", "--to", dest,
                                    "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
                                    *conn, WORK / "core.token", "-q"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        puller = None if args.pull_after else start_puller()
         send = [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--recipient", WORK / "keys/core.pub",
-                "--sign", WORK / "keys/edge.key", *conn, WORK / "edge.token", "--json", "-q"]
+                "--sign", WORK / "keys/edge.key", *conn, WORK / "edge.token", "--connections", str(args.connections),
+                "--json", "-q"]
         if shaped:
             send = ["ip", "netns", "exec", NS, *send]
         start = time.monotonic()
         sent = json.loads(subprocess.run(send, check=True, capture_output=True, text=True).stdout)
         sent_at = time.monotonic() - start
+        puller = puller or start_puller()
         # Delivered files appear only under dest/mine (staging lives beside it and vanishes).
         delivered_files = lambda: sum(len(files) for _, _, files in os.walk(dest / "mine"))
         while delivered_files() < nfiles:
             time.sleep(0.2)
         elapsed = time.monotonic() - start
+        # Let the puller finish acknowledging before stopping it: the relay empties.
+        objects = WORK / "relay" / "sites" / "mine" / "objects"
+        while any(objects.iterdir()):
+            time.sleep(0.2)
         puller.terminate()
         puller.wait()
     finally:
@@ -189,8 +199,9 @@ def main():
     status = json.loads(subprocess.run([FORTE, "--catalog", core_cat, "status", "--json"], check=True,
                                        capture_output=True, text=True).stdout)
     files = [f for b in status for f in b["files"]]
-    assert len(status) == 14 and all(b["state"] == "delivered" for b in status), status
-    assert len(files) == nfiles and all(f["state"] == "acknowledged" and len(f["raw_sha256"]) == 64 for f in files)
+    assert len(status) == 14 and all(b["state"] == "delivered" for b in status), [b["state"] for b in status]
+    assert len(files) == nfiles and all(f["state"] == "acknowledged" and len(f["raw_sha256"]) == 64 for f in files), \
+        "every file acknowledged with its SHA-256"
     assert all(any(s["stage"] == "pull" and s["ended_at"] for s in b["stages"]) for b in status)
     parts = subprocess.run([FORTE, "--catalog", core_cat, "status", "--file", files[0]["delivered_to"], "--json"],
                            check=True, capture_output=True, text=True).stdout
