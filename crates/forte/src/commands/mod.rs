@@ -21,6 +21,21 @@ pub struct Output {
     pub quiet: bool,
 }
 
+/// Running as a daemon, and telling people about failures; shared by `send` and `pull`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Daemon {
+    /// Keep running: handle batches as they become ready, retrying network failures forever.
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between looks for new work with --watch.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub interval: u64,
+    /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
+    /// and FORTE_ERROR describe the failure.
+    #[arg(long, value_name = "CMD")]
+    pub on_failure: Option<String>,
+}
+
 /// `n` in MB/s over `seconds`, in decimal megabytes as storage and links are quoted.
 pub fn mb_per_s(bytes: u64, seconds: f64) -> f64 {
     if seconds > 0.0 {

@@ -5,16 +5,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use forte_format::{Identities, TrustedEdges};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
-use forte_restore::{
-    remove_stale_staging, replicate, Existing, Restore, RestoreConfig, RestoreFailure,
-};
+use forte_restore::{remove_stale_staging, replicate, Existing, Restore, RestoreFailure};
 use serde::Serialize;
 
-use super::{mb_per_s, Output};
-use crate::config::{required, Config};
+use super::unpack::OpenArgs;
+use super::{mb_per_s, Daemon, Output};
+use crate::config::Config;
 use crate::hook::Failures;
 use crate::layout::{Fields, Layout};
 use crate::record::{note, Catalog};
@@ -31,18 +29,11 @@ pub struct Args {
     to: PathBuf,
     #[command(flatten)]
     relay: RelayArgs,
-    /// age identity file of the core (core.key) [config: keys.identity].
-    #[arg(long, value_name = "FILE")]
-    identity: Option<PathBuf>,
-    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
-    #[arg(long, value_name = "FILE")]
-    trust: Vec<PathBuf>,
+    #[command(flatten)]
+    open: OpenArgs,
     /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date}.
     #[arg(long, default_value = "{site}/{batch}/{path}")]
     layout: String,
-    /// CPU budget [config: prepare.cpu] [default: all cores].
-    #[arg(long)]
-    cpu: Option<usize>,
     /// A second destination (analysts' copy): every delivered file is copied there too,
     /// atomically, before the relay is told it may delete.
     #[arg(long, value_name = "DIR")]
@@ -50,16 +41,8 @@ pub struct Args {
     /// Concurrent downloads from the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
-    /// Keep running: pull batches as they become complete, retrying network failures forever.
-    #[arg(long)]
-    watch: bool,
-    /// Seconds between polls of the relay with --watch.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    interval: u64,
-    /// Command run (sh -c) when a batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE and
-    /// FORTE_ERROR describe the failure.
-    #[arg(long, value_name = "CMD")]
-    on_failure: Option<String>,
+    #[command(flatten)]
+    daemon: Daemon,
     #[command(flatten)]
     output: Output,
 }
@@ -84,27 +67,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let endpoint = args.relay.endpoint(config)?;
     let client = connect(&endpoint)?;
-    let identity = required(
-        args.identity.clone(),
-        config.keys.identity.clone(),
-        "no identity: pass --identity core.key or set keys.identity in the config file",
-    )?;
-    let trust = if args.trust.is_empty() {
-        config.keys.trust.clone()
-    } else {
-        args.trust.clone()
-    };
-    anyhow::ensure!(
-        !trust.is_empty(),
-        "no trusted edge key: pass --trust edge.pub or set keys.trust in the config file"
-    );
-    let identities = Identities::load(&identity)?;
-    let trusted = TrustedEdges::load(&trust)?;
-    let mut settings = RestoreConfig::for_this_machine();
-    if let Some(cpu) = args.cpu.or(config.prepare.cpu) {
-        settings.cpu = cpu.max(1);
-        settings.parts_in_flight = settings.cpu + 4;
-    }
+    let (identities, trusted, mut settings) = args.open.load(config)?;
     settings.existing = Existing::KeepIdentical;
     settings.readers = args.connections.max(1);
     // One puller per destination: whatever a killed one left half-staged is garbage.
@@ -112,7 +75,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if stale > 0 {
         eprintln!("removed {stale} staging directories left by an interrupted pull");
     }
-    let retry = if args.watch {
+    let retry = if args.daemon.watch {
         Retry::forever()
     } else {
         Retry::one_shot()
@@ -127,7 +90,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     };
     let failures = Failures {
         role: "core",
-        command: args.on_failure.clone(),
+        command: args.daemon.on_failure.clone(),
     };
     let pass = || -> Result<Vec<BatchReport>> {
         let ready = retry.run("listing of ready objects", || client.ready())?;
@@ -145,10 +108,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         }
         Ok(reports)
     };
-    if args.watch {
+    if args.daemon.watch {
         println!(
             "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
-            endpoint.url, args.interval
+            endpoint.url, args.daemon.interval
         );
         loop {
             // After a pass that delivered something, look again at once: more is likely
@@ -158,7 +121,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
                 Ok(_) => {}
                 Err(e) => failures.report("", None, &format!("{e:#}")),
             }
-            std::thread::sleep(std::time::Duration::from_secs(args.interval));
+            std::thread::sleep(std::time::Duration::from_secs(args.daemon.interval));
         }
     }
     let reports = pass()?;

@@ -11,7 +11,7 @@ use forte_relay::client::RelayClient;
 use serde::Serialize;
 
 use super::pack::{prepare_with_progress, PrepareArgs, SealArgs};
-use super::{mb_per_s, Output};
+use super::{mb_per_s, Daemon, Output};
 use crate::config::Config;
 use crate::hook::Failures;
 use crate::record::{note, Catalog};
@@ -40,19 +40,11 @@ pub struct Args {
     /// Concurrent uploads to the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
-    /// Keep running: send batches as they become ready, retrying network failures forever.
-    #[arg(long)]
-    watch: bool,
-    /// Seconds between inbox scans with --watch.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    interval: u64,
     /// With --watch: delete a batch's source files once the core acknowledged every one.
     #[arg(long, requires = "watch")]
     delete_after_ack: bool,
-    /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
-    /// and FORTE_ERROR describe the failure.
-    #[arg(long, value_name = "CMD")]
-    on_failure: Option<String>,
+    #[command(flatten)]
+    daemon: Daemon,
     #[command(flatten)]
     output: Output,
 }
@@ -88,20 +80,20 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let edge = Edge {
         client: &client,
         key: &key,
-        retry: if args.watch {
+        retry: if args.daemon.watch {
             Retry::forever()
         } else {
             Retry::one_shot()
         },
         catalog,
-        quiet: args.output.quiet || args.watch,
+        quiet: args.output.quiet || args.daemon.watch,
         failures: Failures {
             role: "edge",
-            command: args.on_failure.clone(),
+            command: args.daemon.on_failure.clone(),
         },
     };
     let settle = Duration::from_secs(args.settle);
-    if !args.watch {
+    if !args.daemon.watch {
         let Inbox { ready, waiting } = ready_batches(&args.inbox, settle)?;
         let prepare = Prepare::new(settings, &recipients, &key);
         let batches = edge.send_batches(&ready, &prepare);
@@ -138,7 +130,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     println!(
         "watching {} every {} s (Ctrl-C stops; a restart resumes where this left off)",
         args.inbox.display(),
-        args.interval
+        args.daemon.interval
     );
     loop {
         match ready_batches(&args.inbox, settle) {
@@ -167,7 +159,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         if args.delete_after_ack {
             edge.delete_acknowledged(&args.inbox);
         }
-        std::thread::sleep(Duration::from_secs(args.interval));
+        std::thread::sleep(Duration::from_secs(args.daemon.interval));
     }
 }
 

@@ -20,15 +20,8 @@ pub struct Args {
     /// Destination directory; files appear only after everything verified.
     #[arg(long, value_name = "DEST")]
     to: PathBuf,
-    /// age identity file of the core (core.key) [config: keys.identity].
-    #[arg(long, value_name = "FILE")]
-    identity: Option<PathBuf>,
-    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
-    #[arg(long, value_name = "FILE")]
-    trust: Vec<PathBuf>,
-    /// CPU budget [config: prepare.cpu] [default: all cores].
-    #[arg(long)]
-    cpu: Option<usize>,
+    #[command(flatten)]
+    open: OpenArgs,
     /// Replace files that already exist at the destination.
     #[arg(long)]
     overwrite: bool,
@@ -45,29 +38,54 @@ struct Summary<'a> {
     stages: Vec<StageSnapshot>,
 }
 
+/// The keys and knobs that open objects at the core; shared by `unpack` and `pull`.
+#[derive(clap::Args)]
+pub struct OpenArgs {
+    /// age identity file of the core (core.key) [config: keys.identity].
+    #[arg(long, value_name = "FILE")]
+    identity: Option<PathBuf>,
+    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
+    #[arg(long, value_name = "FILE")]
+    trust: Vec<PathBuf>,
+    /// CPU budget [config: prepare.cpu] [default: all cores].
+    #[arg(long)]
+    cpu: Option<usize>,
+}
+
+impl OpenArgs {
+    /// The core's identities, the trusted edge keys, and restore settings, from flags over
+    /// the configuration.
+    pub fn load(&self, config: &Config) -> Result<(Identities, TrustedEdges, RestoreConfig)> {
+        let identity = required(
+            self.identity.clone(),
+            config.keys.identity.clone(),
+            "no identity: pass --identity core.key or set keys.identity in the config file",
+        )?;
+        let trust = if self.trust.is_empty() {
+            config.keys.trust.clone()
+        } else {
+            self.trust.clone()
+        };
+        if trust.is_empty() {
+            anyhow::bail!(
+                "no trusted edge key: pass --trust edge.pub or set keys.trust in the config file"
+            );
+        }
+        let mut settings = RestoreConfig::for_this_machine();
+        if let Some(cpu) = self.cpu.or(config.prepare.cpu) {
+            settings.cpu = cpu.max(1);
+            settings.parts_in_flight = settings.cpu + 4;
+        }
+        Ok((
+            Identities::load(&identity)?,
+            TrustedEdges::load(&trust)?,
+            settings,
+        ))
+    }
+}
+
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    let identity = required(
-        args.identity.clone(),
-        config.keys.identity.clone(),
-        "no identity: pass --identity core.key or set keys.identity in the config file",
-    )?;
-    let trust = if args.trust.is_empty() {
-        config.keys.trust.clone()
-    } else {
-        args.trust.clone()
-    };
-    if trust.is_empty() {
-        anyhow::bail!(
-            "no trusted edge key: pass --trust edge.pub or set keys.trust in the config file"
-        );
-    }
-    let identities = Identities::load(&identity)?;
-    let trusted = TrustedEdges::load(&trust)?;
-    let mut settings = RestoreConfig::for_this_machine();
-    if let Some(cpu) = args.cpu.or(config.prepare.cpu) {
-        settings.cpu = cpu.max(1);
-        settings.parts_in_flight = settings.cpu + 4;
-    }
+    let (identities, trusted, mut settings) = args.open.load(config)?;
     if args.overwrite {
         settings.existing = Existing::Overwrite;
     }
