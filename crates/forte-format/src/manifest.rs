@@ -220,6 +220,11 @@ impl Manifest {
                 ));
             }
             check_hex(&part.raw_sha256, "raw_sha256")?;
+            // A file of one part is that part: both hashes must agree, and readers may rely
+            // on it to hash such files once.
+            if self.parts.len() == 1 && part.raw_sha256 != self.sha256 {
+                return Err("a one-part file's sha256 differs from its part's raw_sha256".into());
+            }
             check_hex(&part.ciphertext_sha256, "ciphertext_sha256")?;
             offset += expected_len;
         }
@@ -352,6 +357,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("part 0 has index 1"), "{e}");
+    }
+
+    #[test]
+    fn a_one_part_file_hash_must_be_its_part_hash() {
+        let k = key(1);
+        let mut m = sample();
+        m.size = 8;
+        m.parts.truncate(1);
+        m.sha256 = "cd".repeat(32);
+        let e = Manifest::open(&m.sign(&k), &trusted(&k))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("one-part"), "{e}");
+        m.sha256 = m.parts[0].raw_sha256.clone();
+        assert!(Manifest::open(&m.sign(&k), &trusted(&k)).is_ok());
     }
 
     #[test]
