@@ -236,3 +236,50 @@ fn a_wrong_fingerprint_is_refused_before_any_request() {
         Some(403)
     );
 }
+
+#[test]
+fn hostile_names_are_refused_before_touching_the_disk() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let http = reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured(
+            forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let put = |path: &str| {
+        http.put(format!("{}{path}", relay.url()))
+            .bearer_auth(EDGE_A)
+            .header("x-forte-sha256", sha(b"x"))
+            .body(b"x".to_vec())
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    for path in [
+        "/v1/objects/..%2F..%2Fetc/parts/0",
+        "/v1/objects/ABCDEF0123456789ABCDEF0123456789/parts/0",
+        "/v1/objects/0123/parts/0",
+        "/v1/objects/0123456789abcdef0123456789abcdef/parts/99999999",
+        "/v1/objects/0123456789abcdef0123456789abcdef/parts/-1",
+    ] {
+        let status = put(path);
+        assert!((400..500).contains(&status), "{path}: {status}");
+    }
+    let get = |path: &str| {
+        http.get(format!("{}{path}", relay.url()))
+            .bearer_auth(CORE_ALL)
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(
+        get("/v1/sites/..%2Fsite-a/objects/0123456789abcdef0123456789abcdef/manifest"),
+        400
+    );
+    assert_eq!(get("/v1/sites/site-a/objects/..%2F..%2Fx/manifest"), 400);
+    assert_eq!(files_under(&tmp.path().join("store/sites")), 0);
+}

@@ -216,6 +216,13 @@ fn edge_site(relay: &Relay, headers: &HeaderMap) -> Answer<String> {
 
 fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
     let who = principal(relay, headers)?;
+    if !crate::api::valid_site(site) {
+        // Site names become directory names: nothing like `..` gets that far.
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("{site:?} is not a site name"),
+        ));
+    }
     if who.pulls(site) {
         Ok(())
     } else {
