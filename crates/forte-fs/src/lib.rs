@@ -20,3 +20,85 @@ pub fn syncfs(path: &Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// Group commit: many writers, one `syncfs` for all of them.
+///
+/// A writer that needs its writes durable calls [`GroupSync::sync`]. If no flush is running it
+/// becomes the leader and flushes; otherwise it waits for the running flush and, if that one
+/// started before its writes, for the next. Under load one `syncfs` answers many writers, where
+/// an fsync per file and per directory would cost a disk round trip each.
+pub struct GroupSync {
+    path: std::path::PathBuf,
+    state: std::sync::Mutex<SyncState>,
+    flushed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// Writers that asked so far.
+    requested: u64,
+    /// Every writer up to this number is durable.
+    synced: u64,
+    flushing: bool,
+}
+
+impl GroupSync {
+    /// Group commits for the file system holding `path`.
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            state: std::sync::Mutex::default(),
+            flushed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Returns once everything this thread wrote before the call is on stable storage.
+    pub fn sync(&self) -> Result<()> {
+        let lock = || self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut state = lock();
+        state.requested += 1;
+        let me = state.requested;
+        loop {
+            if state.synced >= me {
+                return Ok(());
+            }
+            if !state.flushing {
+                state.flushing = true;
+                let covers = state.requested;
+                drop(state);
+                let result = syncfs(&self.path);
+                state = lock();
+                state.flushing = false;
+                if result.is_ok() {
+                    state.synced = state.synced.max(covers);
+                }
+                self.flushed.notify_all();
+                result?;
+                continue;
+            }
+            state = self.flushed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_writers_share_flushes_and_all_return() {
+        let dir = std::env::temp_dir();
+        let group = GroupSync::new(&dir);
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..5 {
+                        group.sync().unwrap();
+                    }
+                });
+            }
+        });
+        let state = group.state.lock().unwrap();
+        assert_eq!((state.requested, state.synced >= 40), (40, true));
+    }
+}

@@ -8,9 +8,12 @@
 //! STORE/sites/<site>/tmp/                           bodies being written
 //! ```
 //!
-//! Every write goes to `tmp/`, is fsynced, then renamed into place, and the directory is
-//! fsynced: a part's record is written before the part is renamed in, and a part counts as held
-//! only when both exist, so a crash at any point leaves either the old state or the new one.
+//! Every write goes to `tmp/` and is renamed into place; then the file system is flushed with a
+//! group commit (one `syncfs` shared by all uploads waiting at that moment) before the relay
+//! answers. A part's record is written before the part, and a part counts as held only when
+//! both exist. A crash before the flush may leave a record or part that is not what it claims:
+//! the edge was not answered, retries, and the relay re-hashes a held part before trusting it
+//! on a retry; whatever slipped through is caught by the core's ciphertext check.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Write};
@@ -56,6 +59,7 @@ pub enum Stored {
 
 pub struct Store {
     root: PathBuf,
+    group_sync: forte_fs::GroupSync,
     quota: Option<u64>,
     /// Bytes held per site, for the quota; rebuilt from disk at start.
     usage: Mutex<HashMap<String, u64>>,
@@ -96,6 +100,7 @@ impl Store {
         }
         Ok(Self {
             root: root.to_path_buf(),
+            group_sync: forte_fs::GroupSync::new(root),
             quota,
             usage: Mutex::new(usage),
         })
@@ -128,18 +133,17 @@ impl Store {
         let mut suffix = [0u8; 8];
         getrandom::getrandom(&mut suffix).map_err(|e| StoreError::Io(e.to_string()))?;
         let tmp = tmp_dir.join(hex::encode(suffix));
-        let written = std::fs::File::create(&tmp).and_then(|mut f| {
-            f.write_all(bytes)?;
-            f.sync_all()
-        });
+        let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::io(what, &tmp, e));
         }
         std::fs::rename(&tmp, target).map_err(|e| StoreError::io(what, target, e))?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| StoreError::io(what, dir, e))
+        // One flush of the file system covers the data and both directory entries, shared
+        // with every other upload waiting at the same moment.
+        self.group_sync
+            .sync()
+            .map_err(|e| StoreError::Io(format!("{what}: cannot flush to disk: {e:#}")))
     }
 
     /// The parts of an object the relay holds: record and file both present.
@@ -198,7 +202,15 @@ impl Store {
             .into_iter()
             .find(|p| p.index == index);
         if let Some(p) = &previous {
-            if p.sha256 == sha256 && p.length == body.len() as u64 {
+            // A crash between rename and flush can leave a record whose part is not what it
+            // says: trust a held part only after hashing it again (this happens on retries).
+            let path = self.object_dir(site, id).join(part_file_name(index));
+            let intact = std::fs::read(&path)
+                .is_ok_and(|held| hex::encode(Sha256::digest(&held)) == p.sha256);
+            if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
+                self.group_sync.sync().map_err(|e| {
+                    StoreError::Io(format!("part {index} of object {id}: cannot flush: {e:#}"))
+                })?;
                 return Ok(Stored::AlreadyHeld);
             }
         }
