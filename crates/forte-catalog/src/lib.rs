@@ -13,8 +13,11 @@
 //! several nodes). The SQL is the subset both speak: `$n` placeholders, `BIGINT` and `TEXT`,
 //! `INSERT … ON CONFLICT … DO UPDATE`. The migrations below are the one schema for both.
 //!
-//! The pipelines run on plain threads, so the API is blocking: each call runs on the
-//! catalogue's own small tokio runtime.
+//! The pipelines run on plain threads, so the API is blocking. Writes are queued to a writer
+//! thread that commits whatever has accumulated in one transaction (a thousand small files cost
+//! a few commits, and the data path never waits for the database); reads first wait for the
+//! queue to drain, so a process sees its own writes. A process killed with SIGKILL loses the
+//! records still queued (at most one commit's worth), never data.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -22,7 +25,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Executor, Row};
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
+
+use sqlx::{AnyConnection, AnyPool, Executor, Row};
 
 /// The schema, one migration per entry, applied in order and recorded in `forte_migrations`.
 const MIGRATIONS: &[&str] = &[
@@ -190,9 +196,243 @@ pub struct PartHashes<'a> {
 }
 
 pub struct Catalog {
-    runtime: tokio::runtime::Runtime,
+    runtime: Arc<tokio::runtime::Runtime>,
     pool: AnyPool,
     url: String,
+    /// Records go to a writer thread that commits whatever has queued up in one transaction,
+    /// so the data path never waits for the database, and a thousand small files cost a few
+    /// commits, not thousands.
+    writer: Option<(Sender<Msg>, std::thread::JoinHandle<()>)>,
+    /// The last event time handed out: events of one process get strictly increasing times,
+    /// so a lineage keeps its order even when changes come within the same microsecond.
+    last_at: std::sync::atomic::AtomicI64,
+}
+
+/// One change to record, with the time it happened.
+enum Record {
+    Batch {
+        batch_key: String,
+        role: String,
+        site: String,
+        name: String,
+        files: i64,
+        bytes: i64,
+        state: String,
+        at: i64,
+    },
+    File {
+        batch_key: String,
+        object_id: String,
+        path: String,
+        size: i64,
+        state: String,
+        raw_sha256: Option<String>,
+        delivered_to: Option<String>,
+        detail: Option<String>,
+        at: i64,
+    },
+    Part {
+        batch_key: String,
+        object_id: String,
+        index: i64,
+        state: String,
+        raw_sha256: Option<String>,
+        ciphertext_sha256: Option<String>,
+        ciphertext_length: Option<i64>,
+        at: i64,
+    },
+    Attempt {
+        task: String,
+        batch_key: String,
+        object_id: Option<String>,
+        part: Option<i64>,
+        started_at: i64,
+        ended_at: i64,
+        error: Option<String>,
+    },
+    Stage {
+        batch_key: String,
+        stage: String,
+        started_at: i64,
+        ended_at: Option<i64>,
+    },
+}
+
+enum Msg {
+    Record(Record),
+    /// Answered once everything sent before it is committed.
+    Flush(Sender<()>),
+}
+
+async fn event(
+    conn: &mut AnyConnection,
+    at: i64,
+    batch_key: &str,
+    object_id: Option<&str>,
+    part: Option<i64>,
+    state: &str,
+    detail: Option<&str>,
+) -> sqlx::Result<()> {
+    sqlx::query("INSERT INTO events (id, at, batch_key, object_id, part, state, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)")
+        .bind(new_id())
+        .bind(at)
+        .bind(batch_key)
+        .bind(object_id)
+        .bind(part)
+        .bind(state)
+        .bind(detail)
+        .execute(conn)
+        .await
+        .map(drop)
+}
+
+/// Writes one record (and its event) on `conn`.
+async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
+    match record {
+        Record::Batch { batch_key, role, site, name, files, bytes, state, at } => {
+            sqlx::query(
+                "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
+                 ON CONFLICT (batch_key) DO UPDATE SET state = excluded.state, files = excluded.files,
+                     bytes = excluded.bytes, name = excluded.name, updated_at = excluded.updated_at",
+            )
+            .bind(batch_key)
+            .bind(role)
+            .bind(site)
+            .bind(name)
+            .bind(state)
+            .bind(files)
+            .bind(bytes)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            event(conn, *at, batch_key, None, None, state, None).await
+        }
+        Record::File { batch_key, object_id, path, size, state, raw_sha256, delivered_to, detail, at } => {
+            sqlx::query(
+                "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
+                     raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
+                     delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
+                     updated_at = excluded.updated_at",
+            )
+            .bind(object_id)
+            .bind(batch_key)
+            .bind(path)
+            .bind(size)
+            .bind(raw_sha256.as_deref())
+            .bind(delivered_to.as_deref())
+            .bind(state)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            event(conn, *at, batch_key, Some(object_id), None, state, detail.as_deref()).await
+        }
+        Record::Part { batch_key, object_id, index, state, raw_sha256, ciphertext_sha256, ciphertext_length, at } => {
+            sqlx::query(
+                "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
+                 ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
+                     raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
+                     ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
+                     ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
+                     updated_at = excluded.updated_at",
+            )
+            .bind(object_id)
+            .bind(index)
+            .bind(raw_sha256.as_deref())
+            .bind(ciphertext_sha256.as_deref())
+            .bind(ciphertext_length)
+            .bind(state)
+            .bind(at)
+            .execute(&mut *conn)
+            .await?;
+            event(conn, *at, batch_key, Some(object_id), Some(*index), state, None).await
+        }
+        Record::Attempt { task, batch_key, object_id, part, started_at, ended_at, error } => sqlx::query(
+            "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(new_id())
+        .bind(task)
+        .bind(batch_key)
+        .bind(object_id.as_deref())
+        .bind(part)
+        .bind(started_at)
+        .bind(ended_at)
+        .bind(if error.is_some() { "failed" } else { "ok" })
+        .bind(error.as_deref())
+        .execute(conn)
+        .await
+        .map(drop),
+        Record::Stage { batch_key, stage, started_at, ended_at } => sqlx::query(
+            "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (batch_key, stage) DO UPDATE SET ended_at = excluded.ended_at",
+        )
+        .bind(batch_key)
+        .bind(stage)
+        .bind(started_at)
+        .bind(ended_at)
+        .execute(conn)
+        .await
+        .map(drop),
+    }
+}
+
+/// Commits `records` in one transaction; if that fails, record by record, so one bad record
+/// costs only itself. Failures are reported on stderr: the transfer goes on.
+async fn commit(pool: &AnyPool, records: &[Record]) {
+    let together = async {
+        let mut tx = pool.begin().await?;
+        for r in records {
+            apply(&mut tx, r).await?;
+        }
+        tx.commit().await
+    };
+    if together.await.is_ok() {
+        return;
+    }
+    for r in records {
+        let result = async { apply(&mut *pool.acquire().await?, r).await }.await;
+        if let Err(e) = result {
+            eprintln!("warning: catalogue: a record was not written: {e}");
+        }
+    }
+}
+
+fn writer(runtime: Arc<tokio::runtime::Runtime>, pool: AnyPool, inbox: Receiver<Msg>) {
+    while let Ok(first) = inbox.recv() {
+        let (mut records, mut flushes) = (Vec::new(), Vec::new());
+        let mut next = Some(first);
+        // Everything that queued up while the last commit ran goes into this one.
+        while let Some(m) = next {
+            match m {
+                Msg::Record(r) => records.push(r),
+                Msg::Flush(done) => flushes.push(done),
+            }
+            next = if records.len() < 5000 {
+                inbox.try_recv().ok()
+            } else {
+                None
+            };
+        }
+        if !records.is_empty() {
+            runtime.block_on(commit(&pool, &records));
+        }
+        for done in flushes {
+            let _ = done.send(());
+        }
+    }
+}
+
+impl Drop for Catalog {
+    fn drop(&mut self) {
+        if let Some((queue, thread)) = self.writer.take() {
+            drop(queue);
+            let _ = thread.join();
+        }
+    }
 }
 
 impl Catalog {
@@ -211,11 +451,13 @@ impl Catalog {
             }
             format!("sqlite://{}?mode=rwc", path.display())
         };
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .context("starting the catalogue's runtime")?;
+        let runtime = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .context("starting the catalogue's runtime")?,
+        );
         let shown = redact(&url);
         let pool = runtime
             .block_on(
@@ -235,12 +477,21 @@ impl Catalog {
                     .connect(&url),
             )
             .with_context(|| format!("cannot open the catalogue {shown}"))?;
-        let catalog = Self {
+        let mut catalog = Self {
             runtime,
             pool,
             url: shown,
+            writer: None,
+            last_at: Default::default(),
         };
         catalog.migrate()?;
+        let (queue, inbox) = std::sync::mpsc::channel();
+        let (runtime, pool) = (catalog.runtime.clone(), catalog.pool.clone());
+        let thread = std::thread::Builder::new()
+            .name("forte-catalog".into())
+            .spawn(move || writer(runtime, pool, inbox))
+            .context("starting the catalogue writer")?;
+        catalog.writer = Some((queue, thread));
         Ok(catalog)
     }
 
@@ -275,26 +526,41 @@ impl Catalog {
         .with_context(|| format!("cannot migrate the catalogue {}", self.url))
     }
 
-    fn event(
-        &self,
-        batch_key: &str,
-        object_id: Option<&str>,
-        part: Option<u32>,
-        state: &str,
-        detail: Option<&str>,
-    ) -> Result<()> {
-        self.runtime.block_on(
-            sqlx::query("INSERT INTO events (id, at, batch_key, object_id, part, state, detail) VALUES ($1, $2, $3, $4, $5, $6, $7)")
-                .bind(new_id())
-                .bind(now_us())
-                .bind(batch_key)
-                .bind(object_id)
-                .bind(part.map(i64::from))
-                .bind(state)
-                .bind(detail)
-                .execute(&self.pool),
-        )?;
-        Ok(())
+    /// Now, or just after the last time handed out.
+    fn tick(&self) -> i64 {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = now_us();
+        let mut last = self.last_at.load(Relaxed);
+        loop {
+            let next = now.max(last + 1);
+            match self
+                .last_at
+                .compare_exchange_weak(last, next, Relaxed, Relaxed)
+            {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
+    fn submit(&self, record: Record) -> Result<()> {
+        let (queue, _) = self.writer.as_ref().context("the catalogue is closed")?;
+        queue
+            .send(Msg::Record(record))
+            .ok()
+            .context("the catalogue writer stopped")
+    }
+
+    /// Waits until every record submitted so far is committed; reads call it first, so they
+    /// see this process's own writes.
+    pub fn flush(&self) -> Result<()> {
+        let (queue, _) = self.writer.as_ref().context("the catalogue is closed")?;
+        let (done, wait) = std::sync::mpsc::channel();
+        queue
+            .send(Msg::Flush(done))
+            .ok()
+            .context("the catalogue writer stopped")?;
+        wait.recv().ok().context("the catalogue writer stopped")
     }
 
     /// Records a batch's state (creating the batch on first sight) and the change as an event.
@@ -309,25 +575,16 @@ impl Catalog {
         bytes: u64,
         state: &str,
     ) -> Result<()> {
-        let now = now_us();
-        self.runtime.block_on(
-            sqlx::query(
-                "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
-                 ON CONFLICT (batch_key) DO UPDATE SET state = excluded.state, files = excluded.files,
-                     bytes = excluded.bytes, name = excluded.name, updated_at = excluded.updated_at",
-            )
-            .bind(batch_key)
-            .bind(role)
-            .bind(site)
-            .bind(name)
-            .bind(state)
-            .bind(files as i64)
-            .bind(bytes as i64)
-            .bind(now)
-            .execute(&self.pool),
-        )?;
-        self.event(batch_key, None, None, state, None)
+        self.submit(Record::Batch {
+            batch_key: batch_key.into(),
+            role: role.into(),
+            site: site.into(),
+            name: name.into(),
+            files: files as i64,
+            bytes: bytes as i64,
+            state: state.into(),
+            at: self.tick(),
+        })
     }
 
     /// Records a file's state (creating it on first sight) and the change as an event.
@@ -343,26 +600,17 @@ impl Catalog {
         delivered_to: Option<&str>,
         detail: Option<&str>,
     ) -> Result<()> {
-        self.runtime.block_on(
-            sqlx::query(
-                "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
-                     raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
-                     delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
-                     updated_at = excluded.updated_at",
-            )
-            .bind(object_id)
-            .bind(batch_key)
-            .bind(path)
-            .bind(size as i64)
-            .bind(raw_sha256)
-            .bind(delivered_to)
-            .bind(state)
-            .bind(now_us())
-            .execute(&self.pool),
-        )?;
-        self.event(batch_key, Some(object_id), None, state, detail)
+        self.submit(Record::File {
+            batch_key: batch_key.into(),
+            object_id: object_id.into(),
+            path: path.into(),
+            size: size as i64,
+            state: state.into(),
+            raw_sha256: raw_sha256.map(Into::into),
+            delivered_to: delivered_to.map(Into::into),
+            detail: detail.map(Into::into),
+            at: self.tick(),
+        })
     }
 
     /// Records a part's state and whatever hashes are known, and the change as an event.
@@ -374,47 +622,29 @@ impl Catalog {
         state: &str,
         hashes: &PartHashes<'_>,
     ) -> Result<()> {
-        self.runtime.block_on(
-            sqlx::query(
-                "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
-                     raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
-                     ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
-                     ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
-                     updated_at = excluded.updated_at",
-            )
-            .bind(object_id)
-            .bind(i64::from(index))
-            .bind(hashes.raw_sha256)
-            .bind(hashes.ciphertext_sha256)
-            .bind(hashes.ciphertext_length.map(|l| l as i64))
-            .bind(state)
-            .bind(now_us())
-            .execute(&self.pool),
-        )?;
-        self.event(batch_key, Some(object_id), Some(index), state, None)
+        self.submit(Record::Part {
+            batch_key: batch_key.into(),
+            object_id: object_id.into(),
+            index: i64::from(index),
+            state: state.into(),
+            raw_sha256: hashes.raw_sha256.map(Into::into),
+            ciphertext_sha256: hashes.ciphertext_sha256.map(Into::into),
+            ciphertext_length: hashes.ciphertext_length.map(|l| l as i64),
+            at: self.tick(),
+        })
     }
 
     /// Records one attempt of a task, successful (`error` is `None`) or not.
     pub fn attempt(&self, a: &Attempt<'_>) -> Result<()> {
-        self.runtime.block_on(
-            sqlx::query(
-                "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            )
-            .bind(new_id())
-            .bind(a.task)
-            .bind(a.batch_key)
-            .bind(a.object_id)
-            .bind(a.part.map(i64::from))
-            .bind(a.started_at)
-            .bind(a.ended_at)
-            .bind(if a.error.is_some() { "failed" } else { "ok" })
-            .bind(a.error)
-            .execute(&self.pool),
-        )?;
-        Ok(())
+        self.submit(Record::Attempt {
+            task: a.task.into(),
+            batch_key: a.batch_key.into(),
+            object_id: a.object_id.map(Into::into),
+            part: a.part.map(i64::from),
+            started_at: a.started_at,
+            ended_at: a.ended_at,
+            error: a.error.map(Into::into),
+        })
     }
 
     /// Records when a stage of a batch started, or (with `ended`) when it ended.
@@ -425,21 +655,16 @@ impl Catalog {
         started_at: i64,
         ended_at: Option<i64>,
     ) -> Result<()> {
-        self.runtime.block_on(
-            sqlx::query(
-                "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
-                 ON CONFLICT (batch_key, stage) DO UPDATE SET ended_at = excluded.ended_at",
-            )
-            .bind(batch_key)
-            .bind(stage)
-            .bind(started_at)
-            .bind(ended_at)
-            .execute(&self.pool),
-        )?;
-        Ok(())
+        self.submit(Record::Stage {
+            batch_key: batch_key.into(),
+            stage: stage.into(),
+            started_at,
+            ended_at,
+        })
     }
 
     pub fn batches(&self) -> Result<Vec<BatchRow>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches ORDER BY created_at, batch_key")
                 .fetch_all(&self.pool),
@@ -449,6 +674,7 @@ impl Catalog {
 
     /// When each stage of a batch started and ended (`None` while it runs).
     pub fn stages(&self, batch_key: &str) -> Result<Vec<StageRow>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT stage, started_at, ended_at FROM stages WHERE batch_key = $1 ORDER BY started_at")
                 .bind(batch_key)
@@ -467,6 +693,7 @@ impl Catalog {
 
     /// One batch, if the catalogue has seen it.
     pub fn batch(&self, batch_key: &str) -> Result<Option<BatchRow>> {
+        self.flush()?;
         let row = self.runtime.block_on(
             sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches WHERE batch_key = $1")
                 .bind(batch_key)
@@ -476,6 +703,7 @@ impl Catalog {
     }
 
     pub fn files(&self, batch_key: &str) -> Result<Vec<FileRow>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE batch_key = $1 ORDER BY path")
                 .bind(batch_key)
@@ -486,6 +714,7 @@ impl Catalog {
 
     /// Files whose path (in the batch) or delivered path is `path`.
     pub fn files_at(&self, path: &str) -> Result<Vec<FileRow>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE path = $1 OR delivered_to = $1 ORDER BY updated_at")
                 .bind(path)
@@ -496,6 +725,7 @@ impl Catalog {
 
     /// Every recorded change of a file and its parts, oldest first: its lineage.
     pub fn lineage(&self, object_id: &str) -> Result<Vec<Event>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT at, batch_key, object_id, part, state, detail FROM events WHERE object_id = $1 ORDER BY at, id")
                 .bind(object_id)
@@ -517,6 +747,7 @@ impl Catalog {
 
     /// Parts of an object with their state and hashes.
     pub fn parts(&self, object_id: &str) -> Result<Vec<PartRow>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256 FROM parts WHERE object_id = $1 ORDER BY idx")
                 .bind(object_id)
@@ -536,6 +767,7 @@ impl Catalog {
 
     /// Failed attempts, newest first (for `forte status`).
     pub fn failed_attempts(&self, limit: i64) -> Result<Vec<FailedAttempt>> {
+        self.flush()?;
         let rows = self.runtime.block_on(
             sqlx::query("SELECT task, batch_key, object_id, part, error FROM attempts WHERE outcome = 'failed' ORDER BY ended_at DESC LIMIT $1")
                 .bind(limit)
