@@ -5,6 +5,7 @@
 //! | PUT | `/v1/objects/{id}/parts/{index}` | edge | store a sealed part; header `x-forte-sha256` is checked before answering |
 //! | GET | `/v1/objects/{id}` | edge | which parts of the object the relay holds, and its state |
 //! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
+//! | POST | `/v1/objects/status` | edge | the state of many objects at once ([`StatusQuery`]) |
 //! | GET | `/v1/ready` | core | complete objects waiting for pull ([`ReadyObject`]) |
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
@@ -50,6 +51,16 @@ pub struct ObjectStatus {
     pub state: ObjectState,
     pub parts: Vec<PartRef>,
 }
+
+/// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each
+/// id the relay has heard of to its [`ObjectStatus`]; ids it has not are left out.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusQuery {
+    pub ids: Vec<ObjectId>,
+}
+
+/// The most ids one status query may ask about.
+pub const MAX_STATUS_QUERY: usize = 1000;
 
 /// Body of `PUT /v1/objects/{id}`: completes an object.
 #[derive(Debug, Clone, Serialize, Deserialize)]

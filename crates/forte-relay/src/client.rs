@@ -7,7 +7,12 @@ use forte_format::ObjectId;
 use reqwest::blocking::{Client, RequestBuilder, Response};
 use reqwest::StatusCode;
 
-use crate::api::{ApiError, ObjectStatus, PartRef, ReadyObject, Seal, SHA256_HEADER};
+use std::collections::HashMap;
+
+use crate::api::{
+    ApiError, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery, MAX_STATUS_QUERY,
+    SHA256_HEADER,
+};
 use crate::tls::{client_config, RelayTrust};
 
 /// A failed request: the HTTP status if the relay answered, and what it said.
@@ -129,6 +134,26 @@ impl RelayClient {
             Err(e) if e.status == Some(StatusCode::NOT_FOUND.as_u16()) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// What the relay holds of many objects, in queries of at most [`MAX_STATUS_QUERY`] ids;
+    /// objects it has never heard of are absent from the answer.
+    pub fn statuses(&self, ids: &[ObjectId]) -> Result<HashMap<ObjectId, ObjectStatus>> {
+        let url = self.url("/v1/objects/status");
+        let mut all = HashMap::new();
+        for chunk in ids.chunks(MAX_STATUS_QUERY) {
+            let query = StatusQuery {
+                ids: chunk.to_vec(),
+            };
+            let r = self.send(url.clone(), self.http.post(&url).json(&query))?;
+            let answer: HashMap<String, ObjectStatus> = Self::json(&url, r)?;
+            all.extend(
+                answer
+                    .into_iter()
+                    .filter_map(|(id, s)| Some((id.parse().ok()?, s))),
+            );
+        }
+        Ok(all)
     }
 
     pub fn seal(

@@ -21,7 +21,8 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, ObjectStatus, ReadyObject, Seal, MAX_BODY, MAX_PART_INDEX, SHA256_HEADER,
+    ApiError, ObjectStatus, ReadyObject, Seal, StatusQuery, MAX_BODY, MAX_PART_INDEX,
+    MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -142,6 +143,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
 
 fn router(relay: Arc<Relay>) -> Router {
     Router::new()
+        .route("/v1/objects/status", post(object_statuses))
         .route("/v1/objects/{id}", get(object_status).put(seal))
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
         .route("/v1/ready", get(ready))
@@ -302,6 +304,30 @@ async fn object_status(
     let id = object_id(&id)?;
     let r = relay.clone();
     Ok(Json(blocking(move || r.store.status(&site, id)).await?))
+}
+
+async fn object_statuses(
+    State(relay): State<Arc<Relay>>,
+    headers: HeaderMap,
+    Json(query): Json<StatusQuery>,
+) -> Answer<Json<std::collections::BTreeMap<String, ObjectStatus>>> {
+    let site = edge_site(&relay, &headers)?;
+    if query.ids.len() > MAX_STATUS_QUERY {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("at most {MAX_STATUS_QUERY} ids per status query"),
+        ));
+    }
+    let r = relay.clone();
+    let answer = blocking(move || {
+        Ok(query
+            .ids
+            .into_iter()
+            .filter_map(|id| r.store.status(&site, id).ok().map(|s| (id.to_string(), s)))
+            .collect())
+    })
+    .await?;
+    Ok(Json(answer))
 }
 
 async fn seal(

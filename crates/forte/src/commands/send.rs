@@ -365,8 +365,22 @@ impl Edge<'_> {
                             .iter()
                             .map(|(p, why)| format!("skipped {}: {why}", p.display())),
                     );
-                    for source in found.files {
-                        let id = object_id(key, name, &source);
+                    let ids: Vec<ObjectId> = found
+                        .files
+                        .iter()
+                        .map(|f| object_id(key, name, f))
+                        .collect();
+                    let mut at = match at_relay(self.client, &self.retry, &ids) {
+                        Ok(at) => at,
+                        Err(e) => {
+                            let error = format!("cannot ask the relay what it holds: {e:#}");
+                            self.failures.report(name, None, &error);
+                            report.errors.push(error);
+                            report.failed += found.files.len();
+                            Default::default()
+                        }
+                    };
+                    for (source, id) in found.files.into_iter().zip(ids) {
                         let object = id.to_string();
                         let record = |state: &str, detail: Option<&str>| {
                             let (path, size) = (&source.path, source.size);
@@ -378,21 +392,16 @@ impl Edge<'_> {
                             );
                         };
                         record("discovered", None);
-                        let held = match at_relay(self.client, &self.retry, id) {
-                            Ok(AtRelay::Done) => {
+                        let held = match at.remove(&id) {
+                            Some(AtRelay::Done) => {
                                 record("at_relay", Some("sealed or delivered by an earlier run"));
                                 report.already_at_relay += 1;
                                 continue;
                             }
-                            Ok(AtRelay::Nothing) => Default::default(),
-                            Ok(AtRelay::Parts(held)) => held,
-                            Err(e) => {
-                                let error = format!("{}: {e:#}", source.path);
-                                self.failures.report(name, Some(&source.path), &error);
-                                report.errors.push(error);
-                                report.failed += 1;
-                                continue;
-                            }
+                            Some(AtRelay::Nothing) => Default::default(),
+                            Some(AtRelay::Parts(held)) => held,
+                            // The relay could not be asked: already counted as failed above.
+                            None => continue,
                         };
                         batch_of.insert(id, batch_key.clone());
                         jobs.push(PrepareJob {

@@ -156,24 +156,37 @@ pub enum AtRelay {
     Done,
 }
 
-pub fn at_relay(client: &RelayClient, retry: &Retry, id: ObjectId) -> Result<AtRelay> {
-    let status = retry.run(&format!("status of object {id}"), || client.status(id))?;
-    Ok(match status {
-        None => AtRelay::Nothing,
-        Some(s) if s.state == ObjectState::Open => AtRelay::Parts(
-            s.parts
-                .into_iter()
-                .map(|p| {
-                    (
-                        p.index,
-                        HeldPart {
-                            ciphertext_sha256: p.sha256,
-                            ciphertext_length: p.length,
-                        },
-                    )
-                })
-                .collect(),
-        ),
-        Some(_) => AtRelay::Done,
-    })
+/// What the relay holds of each of `ids` (one request per thousand ids).
+pub fn at_relay(
+    client: &RelayClient,
+    retry: &Retry,
+    ids: &[ObjectId],
+) -> Result<HashMap<ObjectId, AtRelay>> {
+    let mut known = retry.run(&format!("status of {} objects", ids.len()), || {
+        client.statuses(ids)
+    })?;
+    Ok(ids
+        .iter()
+        .map(|id| {
+            let found = match known.remove(id) {
+                None => AtRelay::Nothing,
+                Some(s) if s.state == ObjectState::Open => AtRelay::Parts(
+                    s.parts
+                        .into_iter()
+                        .map(|p| {
+                            (
+                                p.index,
+                                HeldPart {
+                                    ciphertext_sha256: p.sha256,
+                                    ciphertext_length: p.length,
+                                },
+                            )
+                        })
+                        .collect(),
+                ),
+                Some(_) => AtRelay::Done,
+            };
+            (*id, found)
+        })
+        .collect())
 }
