@@ -663,22 +663,27 @@ impl Catalog {
         })
     }
 
-    pub fn batches(&self) -> Result<Vec<BatchRow>> {
+    /// Runs a read after every queued write is committed.
+    fn read<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>,
+    ) -> Result<Vec<AnyRow>> {
         self.flush()?;
-        let rows = self.runtime.block_on(
-            sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches ORDER BY created_at, batch_key")
-                .fetch_all(&self.pool),
+        Ok(self.runtime.block_on(query.fetch_all(&self.pool))?)
+    }
+
+    pub fn batches(&self) -> Result<Vec<BatchRow>> {
+        let rows = self.read(
+            sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches ORDER BY created_at, batch_key"),
         )?;
         rows.iter().map(batch_row).collect()
     }
 
     /// When each stage of a batch started and ended (`None` while it runs).
     pub fn stages(&self, batch_key: &str) -> Result<Vec<StageRow>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT stage, started_at, ended_at FROM stages WHERE batch_key = $1 ORDER BY started_at")
-                .bind(batch_key)
-                .fetch_all(&self.pool),
+                .bind(batch_key),
         )?;
         rows.iter()
             .map(|r| {
@@ -693,43 +698,35 @@ impl Catalog {
 
     /// One batch, if the catalogue has seen it.
     pub fn batch(&self, batch_key: &str) -> Result<Option<BatchRow>> {
-        self.flush()?;
-        let row = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT batch_key, role, site, name, state, files, bytes, created_at, updated_at FROM batches WHERE batch_key = $1")
-                .bind(batch_key)
-                .fetch_optional(&self.pool),
+                .bind(batch_key),
         )?;
-        row.as_ref().map(batch_row).transpose()
+        rows.first().map(batch_row).transpose()
     }
 
     pub fn files(&self, batch_key: &str) -> Result<Vec<FileRow>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE batch_key = $1 ORDER BY path")
-                .bind(batch_key)
-                .fetch_all(&self.pool),
+                .bind(batch_key),
         )?;
         rows.iter().map(file_row).collect()
     }
 
     /// Files whose path (in the batch) or delivered path is `path`.
     pub fn files_at(&self, path: &str) -> Result<Vec<FileRow>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files WHERE path = $1 OR delivered_to = $1 ORDER BY updated_at")
-                .bind(path)
-                .fetch_all(&self.pool),
+                .bind(path),
         )?;
         rows.iter().map(file_row).collect()
     }
 
     /// Every recorded change of a file and its parts, oldest first: its lineage.
     pub fn lineage(&self, object_id: &str) -> Result<Vec<Event>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT at, batch_key, object_id, part, state, detail FROM events WHERE object_id = $1 ORDER BY at, id")
-                .bind(object_id)
-                .fetch_all(&self.pool),
+                .bind(object_id),
         )?;
         rows.iter()
             .map(|r| {
@@ -747,11 +744,9 @@ impl Catalog {
 
     /// Parts of an object with their state and hashes.
     pub fn parts(&self, object_id: &str) -> Result<Vec<PartRow>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256 FROM parts WHERE object_id = $1 ORDER BY idx")
-                .bind(object_id)
-                .fetch_all(&self.pool),
+                .bind(object_id),
         )?;
         rows.iter()
             .map(|r| {
@@ -767,11 +762,9 @@ impl Catalog {
 
     /// Failed attempts, newest first (for `forte status`).
     pub fn failed_attempts(&self, limit: i64) -> Result<Vec<FailedAttempt>> {
-        self.flush()?;
-        let rows = self.runtime.block_on(
+        let rows = self.read(
             sqlx::query("SELECT task, batch_key, object_id, part, error FROM attempts WHERE outcome = 'failed' ORDER BY ended_at DESC LIMIT $1")
-                .bind(limit)
-                .fetch_all(&self.pool),
+                .bind(limit),
         )?;
         rows.iter()
             .map(|r| {
