@@ -29,3 +29,29 @@ pub fn note(what: &str, result: Result<()>) {
         eprintln!("warning: catalogue: cannot record {what}: {e:#}");
     }
 }
+
+/// Runs one try of a task on an object, recording it (with its error, if any) in the catalogue.
+pub fn attempt<T, E: std::fmt::Display>(
+    catalog: &Catalog,
+    task: &str,
+    batch_key: &str,
+    object: forte_format::ObjectId,
+    part: Option<u32>,
+    op: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
+    let started_at = forte_catalog::now_us();
+    let result = op();
+    let error = result.as_ref().err().map(ToString::to_string);
+    let object = object.to_string();
+    let record = forte_catalog::Attempt {
+        task,
+        batch_key,
+        object_id: Some(&object),
+        part,
+        started_at,
+        ended_at: forte_catalog::now_us(),
+        error: error.as_deref(),
+    };
+    note("an attempt", catalog.attempt(&record));
+    result
+}

@@ -198,6 +198,8 @@ impl Core<'_> {
         let source = RelaySource {
             client,
             retry,
+            catalog,
+            batch_key: &batch_key,
             objects,
         };
         // The relay knows batches by opaque ids; the name is inside the verified manifests.

@@ -7,10 +7,14 @@ use forte_relay::client::RelayClient;
 use forte_restore::{ObjectRef, ObjectSource, PartError};
 
 use super::retry::Retry;
+use crate::record::{attempt, Catalog};
 
 pub struct RelaySource<'a> {
     pub client: &'a RelayClient,
     pub retry: Retry,
+    /// Where each download attempt is recorded, under this batch key.
+    pub catalog: &'a Catalog,
+    pub batch_key: &'a str,
     /// The objects of one batch, as the relay listed them.
     pub objects: Vec<ReadyObject>,
 }
@@ -39,9 +43,16 @@ impl ObjectSource for RelaySource<'_> {
     fn manifest(&self, object: &ObjectRef, max_len: u64) -> Result<Vec<u8>> {
         let site = self.site(object);
         let what = format!("download of the manifest of object {}", object.id);
-        let bytes = self
-            .retry
-            .run(&what, || self.client.manifest(site, object.id))?;
+        let bytes = self.retry.run(&what, || {
+            attempt(
+                self.catalog,
+                "download",
+                self.batch_key,
+                object.id,
+                None,
+                || self.client.manifest(site, object.id),
+            )
+        })?;
         anyhow::ensure!(
             bytes.len() as u64 <= max_len,
             "manifest of {} bytes is too large",
@@ -55,7 +66,16 @@ impl ObjectSource for RelaySource<'_> {
         let what = format!("download of part {index} of object {}", object.id);
         let bytes = self
             .retry
-            .run(&what, || self.client.part(site, object.id, index))
+            .run(&what, || {
+                attempt(
+                    self.catalog,
+                    "download",
+                    self.batch_key,
+                    object.id,
+                    Some(index),
+                    || self.client.part(site, object.id, index),
+                )
+            })
             .map_err(|e| PartError::Unavailable(e.to_string()))?;
         if bytes.len() as u64 != length {
             return Err(PartError::Damaged(format!(

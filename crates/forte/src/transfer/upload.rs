@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use anyhow::Result;
-use forte_catalog::{now_us, Attempt, Catalog, PartHashes};
+use forte_catalog::{Catalog, PartHashes};
 use forte_format::{Manifest, ObjectId};
 use forte_prepare::{HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
@@ -36,7 +36,6 @@ impl UploadSink<'_> {
         *sealed.entry(self.batch(id).to_string()).or_default() += bytes as u64;
     }
 
-    /// Runs one request, recording the attempt (and its error) in the catalogue.
     fn attempt<T>(
         &self,
         task: &str,
@@ -44,21 +43,7 @@ impl UploadSink<'_> {
         part: Option<u32>,
         op: impl FnOnce() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        let started_at = now_us();
-        let result = op();
-        let error = result.as_ref().err().map(ToString::to_string);
-        let object = id.to_string();
-        let attempt = Attempt {
-            task,
-            batch_key: self.batch(id),
-            object_id: Some(&object),
-            part,
-            started_at,
-            ended_at: now_us(),
-            error: error.as_deref(),
-        };
-        note("an upload attempt", self.catalog.attempt(&attempt));
-        result
+        crate::record::attempt(self.catalog, task, self.batch(id), id, part, op)
     }
 }
 
