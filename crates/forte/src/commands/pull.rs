@@ -1,4 +1,4 @@
-//! `forte pull`: complete batches from the relay, verified and delivered whole, then
+//! `forte pull`: the complete files of each batch at the relay, verified and delivered together, then
 //! acknowledged so the relay may delete them.
 
 use std::path::PathBuf;
