@@ -122,6 +122,7 @@ def main():
     ap.add_argument("--link-rate", help="shape the site link, e.g. 65MB (needs root)")
     ap.add_argument("--scale", type=float, default=0.001)
     ap.add_argument("--connections", type=int, default=4, help="send's concurrent uploads")
+    ap.add_argument("--pull-cpu", type=int, help="CPU budget of the puller (default: all cores)")
     ap.add_argument("--pull-after", action="store_true",
                     help="start the puller only after send finished (measures the edge leg alone)")
     args = ap.parse_args()
@@ -165,6 +166,7 @@ def main():
         dest = WORK / "dest"
         start_puller = lambda: subprocess.Popen([FORTE, "--catalog", core_cat, "pull", "--watch", "--interval", "1", "--to", dest,
                                    "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
+                                   *(["--cpu", str(args.pull_cpu)] if args.pull_cpu else []),
                                    *conn, WORK / "core.token", "-q"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         puller = None if args.pull_after else start_puller()
