@@ -6,7 +6,8 @@
 //! | GET | `/v1/objects/{id}` | edge | which parts of the object the relay holds, and its state |
 //! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
 //! | POST | `/v1/objects/status` | edge | the state of many objects at once ([`StatusQuery`]) |
-//! | GET | `/v1/ready` | core | complete objects waiting for pull ([`ReadyObject`]) |
+//! | PUT | `/v1/batches/{batch}` | edge | the batch is complete: these are all its objects ([`BatchSeal`]) |
+//! | GET | `/v1/ready` | core | objects of complete batches waiting for pull ([`ReadyObject`]) |
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
@@ -50,6 +51,13 @@ pub enum ObjectState {
 pub struct ObjectStatus {
     pub state: ObjectState,
     pub parts: Vec<PartRef>,
+}
+
+/// Body of `PUT /v1/batches/{batch}`: every object of the batch, each already sealed (or
+/// delivered). Only then are the batch's objects offered to the core, so a batch arrives whole.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchSeal {
+    pub objects: Vec<ObjectId>,
 }
 
 /// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each

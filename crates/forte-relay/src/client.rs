@@ -10,7 +10,7 @@ use reqwest::StatusCode;
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery, MAX_STATUS_QUERY,
+    ApiError, BatchSeal, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery, MAX_STATUS_QUERY,
     SHA256_HEADER,
 };
 use crate::tls::{client_config, RelayTrust};
@@ -170,6 +170,16 @@ impl RelayClient {
             manifest: base64::engine::general_purpose::STANDARD.encode(manifest),
         };
         self.send(url.clone(), self.http.put(&url).json(&seal))
+            .map(drop)
+    }
+
+    /// Declares a batch complete: `objects` are all of it, each sealed or delivered.
+    pub fn seal_batch(&self, batch: &str, objects: &[ObjectId]) -> Result<()> {
+        let url = self.url(&format!("/v1/batches/{batch}"));
+        let body = BatchSeal {
+            objects: objects.to_vec(),
+        };
+        self.send(url.clone(), self.http.put(&url).json(&body))
             .map(drop)
     }
 

@@ -103,6 +103,12 @@ fn upload_seal_pull_ack() {
     edge.put_part(id, 1, &p1, &sha(&p1)).unwrap();
     edge.seal(id, "batch-1", vec![part(0, &p0), part(1, &p1)], &manifest)
         .unwrap();
+    // A sealed object is offered only once its batch is sealed: batches arrive whole.
+    assert!(core.ready().unwrap().is_empty());
+    let other = ObjectId::random();
+    let err = edge.seal_batch("batch-1", &[id, other]).unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+    edge.seal_batch("batch-1", &[id]).unwrap();
     let ready = core.ready().unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(
@@ -162,6 +168,7 @@ fn tokens_are_checked_and_sites_are_separate() {
     let edge_b = client(&relay, EDGE_B);
     edge_b.put_part(id, 0, b"b", &sha(b"b")).unwrap();
     edge_b.seal(id, "batch", vec![part(0, b"b")], b"m").unwrap();
+    edge_b.seal_batch("batch", &[id]).unwrap();
     let core_a = client(&relay, CORE_A);
     assert!(core_a.ready().unwrap().is_empty());
     assert_eq!(core_a.part("site-b", id, 0).unwrap_err().status, Some(404));

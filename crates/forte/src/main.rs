@@ -39,7 +39,7 @@ enum Command {
     Relay(commands::relay::Args),
     /// Prepare every ready batch of an inbox in one pass and upload it to the relay.
     Send(commands::send::Args),
-    /// Download complete files from the relay, batch by batch; verify, deliver atomically, acknowledge.
+    /// Download whole batches from the relay; verify, deliver atomically, acknowledge.
     Pull(commands::pull::Args),
     /// Batches and files in the catalogue with their state; a file's lineage with --file.
     Status(commands::status::Args),

@@ -21,7 +21,7 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, ObjectStatus, ReadyObject, Seal, StatusQuery, MAX_BODY, MAX_PART_INDEX,
+    ApiError, BatchSeal, ObjectStatus, ReadyObject, Seal, StatusQuery, MAX_BODY, MAX_PART_INDEX,
     MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::server_identity;
@@ -146,6 +146,7 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/objects/status", post(object_statuses))
         .route("/v1/objects/{id}", get(object_status).put(seal))
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
+        .route("/v1/batches/{batch}", put(seal_batch))
         .route("/v1/ready", get(ready))
         .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
@@ -355,6 +356,27 @@ async fn seal(
     let r = relay.clone();
     blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
     tracing::info!(object = %id, "object sealed");
+    Ok(StatusCode::CREATED)
+}
+
+async fn seal_batch(
+    State(relay): State<Arc<Relay>>,
+    Path(batch): Path<String>,
+    headers: HeaderMap,
+    Json(seal): Json<BatchSeal>,
+) -> Answer<StatusCode> {
+    let site = edge_site(&relay, &headers)?;
+    if !crate::api::valid_batch(&batch) {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {batch:?} is not valid"),
+        ));
+    }
+    let r = relay.clone();
+    let count = seal.objects.len();
+    let b = batch.clone();
+    blocking(move || r.store.seal_batch(&site, &b, &seal.objects)).await?;
+    tracing::info!(batch = %batch, objects = count, "batch sealed");
     Ok(StatusCode::CREATED)
 }
 

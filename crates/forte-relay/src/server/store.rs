@@ -325,7 +325,37 @@ impl Store {
         )
     }
 
-    /// Complete objects of the given sites, oldest first.
+    fn batch_record(&self, site: &str, batch: &str) -> PathBuf {
+        self.site(site)
+            .join("batches")
+            .join(format!("{batch}.json"))
+    }
+
+    /// Declares a batch complete: every listed object must be sealed or already delivered.
+    pub fn seal_batch(&self, site: &str, batch: &str, objects: &[ObjectId]) -> Result<()> {
+        let missing: Vec<String> = objects
+            .iter()
+            .filter(|id| {
+                !self.meta_dir(site, **id).join("sealed.json").exists()
+                    && !self.acked(site, **id).exists()
+            })
+            .map(ToString::to_string)
+            .collect();
+        if !missing.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
+            )));
+        }
+        let record = serde_json::to_vec(objects).expect("serialises");
+        self.write_durably(
+            site,
+            &self.batch_record(site, batch),
+            &record,
+            &format!("batch {batch}"),
+        )
+    }
+
+    /// Objects of sealed batches of the given sites, oldest first.
     pub fn ready(&self, sites: &[String]) -> Vec<ReadyObject> {
         let all_sites: Vec<String> = if sites.iter().any(|s| s == "*") {
             std::fs::read_dir(self.root.join("sites"))
@@ -337,6 +367,12 @@ impl Store {
         } else {
             sites.to_vec()
         };
+        let in_sealed_batch = |o: &ReadyObject| {
+            std::fs::read(self.batch_record(&o.site, &o.batch))
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Vec<ObjectId>>(&bytes).ok())
+                .is_some_and(|ids| ids.contains(&o.id))
+        };
         let mut ready: Vec<ReadyObject> = all_sites
             .iter()
             .flat_map(|site| {
@@ -347,6 +383,7 @@ impl Store {
             })
             .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
             .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
+            .filter(in_sealed_batch)
             .collect();
         ready.sort_by(|a, b| (a.sealed_at, &a.batch, a.id).cmp(&(b.sealed_at, &b.batch, b.id)));
         ready

@@ -1,4 +1,4 @@
-//! `forte pull`: the complete files of each batch at the relay, verified and delivered together, then
+//! `forte pull`: whole batches from the relay, verified and delivered all or nothing, then
 //! acknowledged so the relay may delete them.
 
 use std::path::PathBuf;

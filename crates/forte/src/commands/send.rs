@@ -331,8 +331,11 @@ impl Edge<'_> {
         let started_at = now_us();
         let mut reports: Vec<BatchReport> = Vec::new();
         let mut keys: Vec<String> = Vec::new();
+        // Every object of each batch, sent now or before: the batch's seal lists them all.
+        let mut members: Vec<Vec<ObjectId>> = Vec::new();
         let mut jobs = Vec::new();
         let mut batch_of = HashMap::new();
+        let mut current_members: Vec<ObjectId> = Vec::new();
         for Batch { name, dir } in batches {
             let mut report = BatchReport {
                 batch: name.clone(),
@@ -370,6 +373,7 @@ impl Edge<'_> {
                         .iter()
                         .map(|f| object_id(key, name, f))
                         .collect();
+                    current_members.extend(&ids);
                     let mut at = match at_relay(self.client, &self.retry, &ids) {
                         Ok(at) => at,
                         Err(e) => {
@@ -419,6 +423,7 @@ impl Edge<'_> {
                     report.failed += 1;
                 }
             }
+            members.push(std::mem::take(&mut current_members));
             keys.push(batch_key);
             reports.push(report);
         }
@@ -465,9 +470,22 @@ impl Edge<'_> {
         }
         let sealed = sink.sealed.into_inner().unwrap_or_else(|e| e.into_inner());
         let ended_at = now_us();
-        for (report, batch_key) in reports.iter_mut().zip(&keys) {
+        for ((report, batch_key), objects) in reports.iter_mut().zip(&keys).zip(&members) {
             report.sealed_bytes = sealed.get(batch_key).copied().unwrap_or(0);
             report.seconds = started.elapsed().as_secs_f64();
+            if report.failed == 0 {
+                // Only a whole batch is offered to the core.
+                let what = format!("seal of batch {}", report.batch);
+                if let Err(e) = self
+                    .retry
+                    .run(&what, || self.client.seal_batch(batch_key, objects))
+                {
+                    let error = format!("cannot seal the batch at the relay: {e}");
+                    self.failures.report(&report.batch, None, &error);
+                    report.errors.push(error);
+                    report.failed += 1;
+                }
+            }
             let state = if report.failed == 0 { "sent" } else { "failed" };
             let (files, bytes) = (report.files as u64, report.raw_bytes);
             note(
