@@ -71,15 +71,6 @@ impl Budget {
         })
     }
 
-    pub fn total(&self) -> u64 {
-        self.total
-    }
-
-    /// Units not taken right now.
-    pub fn free(&self) -> u64 {
-        *self.free.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Waits until `units` are free and takes them. A request above the total takes the
     /// whole budget, so one oversized item still proceeds, alone.
     pub fn charge(self: &Arc<Self>, units: u64) -> Charge {
@@ -260,7 +251,6 @@ pub enum Work {
 pub struct Pipeline {
     budget: Arc<Budget>,
     stages: Arc<Mutex<Vec<Arc<StageStats>>>>,
-    started: Instant,
 }
 
 impl Pipeline {
@@ -268,16 +258,7 @@ impl Pipeline {
         Self {
             budget,
             stages: Arc::default(),
-            started: Instant::now(),
         }
-    }
-
-    pub fn budget(&self) -> &Arc<Budget> {
-        &self.budget
-    }
-
-    pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
     }
 
     /// Readings of every stage, in the order they were added.
@@ -441,6 +422,18 @@ mod tests {
         assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
         assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
         assert_eq!(snap[0].queue_capacity, 2);
+    }
+
+    #[test]
+    fn an_oversized_charge_takes_the_whole_budget_and_gives_it_back() {
+        let budget = Budget::new(10);
+        let big = budget.charge(25);
+        assert_eq!(*budget.free.lock().unwrap(), 0);
+        drop(big);
+        let (a, b) = (budget.charge(4), budget.charge(6));
+        assert_eq!(*budget.free.lock().unwrap(), 0);
+        drop((a, b));
+        assert_eq!(*budget.free.lock().unwrap(), 10);
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! The source of `forte pull`: one batch's objects, read from the relay.
 
 use anyhow::Result;
-use forte_format::Manifest;
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use forte_restore::{ObjectRef, ObjectSource, PartError};
@@ -84,9 +83,5 @@ impl ObjectSource for RelaySource<'_> {
             )));
         }
         Ok(bytes)
-    }
-
-    fn check(&self, _object: &ObjectRef, _manifest: &Manifest) -> Result<()> {
-        Ok(())
     }
 }
