@@ -12,6 +12,7 @@
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
 //! | DELETE | `/v1/sites/{site}/objects/{id}` | core | acknowledge delivery: the relay deletes the object |
+//! | GET | `/metrics` | core | Prometheus counters: parts and bytes stored, objects and batches sealed, acknowledgements, rejections, refusals by status |
 //!
 //! Every request carries `Authorization: Bearer <token>`. An edge token belongs to one site and
 //! sees only that site's objects; a core token lists the sites it may pull.

@@ -290,3 +290,35 @@ fn hostile_names_are_refused_before_touching_the_disk() {
     assert_eq!(get("/v1/sites/site-a/objects/..%2F..%2Fx/manifest"), 400);
     assert_eq!(files_under(&tmp.path().join("store/sites")), 0);
 }
+
+#[test]
+fn metrics_count_what_the_relay_did_for_core_tokens_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let edge = client(&relay, EDGE_A);
+    let id = ObjectId::random();
+    edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
+    let _ = edge.put_part(id, 1, b"x", &sha(b"y"));
+    let http = reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured(
+            forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let get = |token: &str| {
+        http.get(format!("{}/metrics", relay.url()))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+    };
+    let text = get(CORE_A).text().unwrap();
+    assert!(text.contains("forte_relay_parts_stored_total"), "{text}");
+    assert!(text.contains("forte_relay_part_bytes_total"), "{text}");
+    assert!(
+        text.contains("forte_relay_refused_total{status=\"422\"}"),
+        "{text}"
+    );
+    assert_eq!(get(EDGE_A).status().as_u16(), 403);
+    assert_eq!(get("wrong-token-0123456789").status().as_u16(), 401);
+}

@@ -1,6 +1,7 @@
 //! `forte relay`: the HTTPS server in the DMZ.
 
 mod auth;
+mod metrics;
 mod store;
 
 use std::net::SocketAddr;
@@ -130,6 +131,7 @@ pub fn run(config: RelayConfig) -> Result<()> {
 }
 
 fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdentity)> {
+    metrics::install();
     let tokens = Tokens::load(&config.tokens)?;
     let store = Store::open(&config.store, config.quota_per_site)?;
     let identity = server_identity(
@@ -148,6 +150,7 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
         .route("/v1/batches/{batch}", put(seal_batch))
         .route("/v1/ready", get(ready))
+        .route("/metrics", get(render_metrics))
         .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
         .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
@@ -164,6 +167,8 @@ struct Failure(StatusCode, String);
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
+        ::metrics::counter!("forte_relay_refused_total", "status" => self.0.as_u16().to_string())
+            .increment(1);
         if self.0 == StatusCode::UNAUTHORIZED {
             tracing::warn!(status = 401, "refused: {}", self.1);
             let mut r = (self.0, Json(ApiError { error: self.1 })).into_response();
@@ -286,13 +291,19 @@ async fn put_part(
             )
         })?;
     let r = relay.clone();
+    let length = body.len() as u64;
     let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
     Ok(match stored {
         Stored::New => {
             tracing::info!(object = %id, part = index, "part stored");
+            ::metrics::counter!("forte_relay_parts_stored_total").increment(1);
+            ::metrics::counter!("forte_relay_part_bytes_total").increment(length);
             StatusCode::CREATED
         }
-        Stored::AlreadyHeld => StatusCode::OK,
+        Stored::AlreadyHeld => {
+            ::metrics::counter!("forte_relay_parts_already_held_total").increment(1);
+            StatusCode::OK
+        }
     })
 }
 
@@ -356,6 +367,7 @@ async fn seal(
     let r = relay.clone();
     blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
     tracing::info!(object = %id, "object sealed");
+    ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
 }
 
@@ -377,7 +389,19 @@ async fn seal_batch(
     let b = batch.clone();
     blocking(move || r.store.seal_batch(&site, &b, &seal.objects)).await?;
     tracing::info!(batch = %batch, objects = count, "batch sealed");
+    ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
+}
+
+/// Prometheus metrics, for a core token (scrapers authenticate like pullers).
+async fn render_metrics(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> Answer<String> {
+    match principal(&relay, &headers)? {
+        Principal::Core { .. } => Ok(metrics::render()),
+        Principal::Edge { .. } => Err(Failure(
+            StatusCode::FORBIDDEN,
+            "metrics need a core token".into(),
+        )),
+    }
 }
 
 async fn ready(
@@ -429,6 +453,7 @@ async fn ack(
     let r = relay.clone();
     blocking(move || r.store.ack(&site, id)).await?;
     tracing::info!(object = %id, "delivery acknowledged; object deleted");
+    ::metrics::counter!("forte_relay_objects_acknowledged_total").increment(1);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -442,5 +467,6 @@ async fn reject(
     let r = relay.clone();
     blocking(move || r.store.reject(&site, id, index)).await?;
     tracing::warn!(object = %id, part = index, "part reported damaged by the core; dropped");
+    ::metrics::counter!("forte_relay_parts_rejected_total").increment(1);
     Ok(StatusCode::NO_CONTENT)
 }
