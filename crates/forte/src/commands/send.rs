@@ -283,10 +283,16 @@ impl Edge<'_> {
             let Ok(files) = self.catalog.files(&b.batch_key) else {
                 continue;
             };
-            let delivered = files.iter().all(|f| {
-                f.object_id.parse().ok().is_some_and(|id| {
-                    matches!(self.client.status(id), Ok(Some(s)) if s.state == forte_relay::api::ObjectState::Delivered)
-                })
+            let ids: Option<Vec<ObjectId>> =
+                files.iter().map(|f| f.object_id.parse().ok()).collect();
+            let Some(ids) = ids else { continue };
+            let Ok(known) = self.client.statuses(&ids) else {
+                continue;
+            };
+            let delivered = ids.iter().all(|id| {
+                known
+                    .get(id)
+                    .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered)
             });
             let on_disk = discover(&dir).map(|d| {
                 d.files
