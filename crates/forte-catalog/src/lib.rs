@@ -95,6 +95,19 @@ const MIGRATIONS: &[&str] = &[
         ended_at BIGINT,
         PRIMARY KEY (batch_key, stage)
     )",
+    // 2: resource utilisation, sampled once a second on each node.
+    "CREATE TABLE usage (
+        node TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        seconds DOUBLE PRECISION NOT NULL,
+        cpu_percent DOUBLE PRECISION NOT NULL,
+        memory_used BIGINT NOT NULL,
+        disk_read_bps DOUBLE PRECISION NOT NULL,
+        disk_write_bps DOUBLE PRECISION NOT NULL,
+        net_rx_bps DOUBLE PRECISION NOT NULL,
+        net_tx_bps DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, at)
+    )",
 ];
 
 /// Microseconds since the Unix epoch: the catalogue's clock.
@@ -146,6 +159,30 @@ pub struct Event {
     pub part: Option<i64>,
     pub state: String,
     pub detail: Option<String>,
+}
+
+/// Resource utilisation of one node over one interval ending at `at`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct UsageRow {
+    pub node: String,
+    pub at: i64,
+    pub seconds: f64,
+    pub cpu_percent: f64,
+    pub memory_used: i64,
+    pub disk_read_bps: f64,
+    pub disk_write_bps: f64,
+    pub net_rx_bps: f64,
+    pub net_tx_bps: f64,
+}
+
+/// Records utilisation samples into a catalogue from any thread.
+#[derive(Clone)]
+pub struct UsageRecorder(Sender<Msg>);
+
+impl UsageRecorder {
+    pub fn record(&self, row: UsageRow) {
+        let _ = self.0.send(Msg::Record(Record::Usage(row)));
+    }
 }
 
 /// One stage of a batch.
@@ -256,6 +293,7 @@ enum Record {
         started_at: i64,
         ended_at: Option<i64>,
     },
+    Usage(UsageRow),
 }
 
 enum Msg {
@@ -363,6 +401,22 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
         .bind(ended_at)
         .bind(if error.is_some() { "failed" } else { "ok" })
         .bind(error.as_deref())
+        .execute(conn)
+        .await
+        .map(drop),
+        Record::Usage(u) => sqlx::query(
+            "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, at) DO NOTHING",
+        )
+        .bind(&u.node)
+        .bind(u.at)
+        .bind(u.seconds)
+        .bind(u.cpu_percent)
+        .bind(u.memory_used)
+        .bind(u.disk_read_bps)
+        .bind(u.disk_write_bps)
+        .bind(u.net_rx_bps)
+        .bind(u.net_tx_bps)
         .execute(conn)
         .await
         .map(drop),
@@ -663,6 +717,47 @@ impl Catalog {
         })
     }
 
+    /// Records one utilisation sample.
+    pub fn usage(&self, row: UsageRow) -> Result<()> {
+        self.submit(Record::Usage(row))
+    }
+
+    /// A handle another thread (a sampler) can record utilisation through. Drop it before the
+    /// catalogue: the catalogue waits for every such handle when it closes.
+    pub fn usage_recorder(&self) -> Option<UsageRecorder> {
+        self.writer
+            .as_ref()
+            .map(|(queue, _)| UsageRecorder(queue.clone()))
+    }
+
+    /// Utilisation samples of one node (or of every node), oldest first.
+    pub fn usage_of(&self, node: Option<&str>) -> Result<Vec<UsageRow>> {
+        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps FROM usage";
+        let (by_node, all) = (
+            format!("{COLUMNS} WHERE node = $1 ORDER BY at"),
+            format!("{COLUMNS} ORDER BY node, at"),
+        );
+        let rows = match node {
+            Some(node) => self.read(sqlx::query(&by_node).bind(node))?,
+            None => self.read(sqlx::query(&all))?,
+        };
+        rows.iter()
+            .map(|r| {
+                Ok(UsageRow {
+                    node: r.try_get(0)?,
+                    at: r.try_get(1)?,
+                    seconds: r.try_get(2)?,
+                    cpu_percent: r.try_get(3)?,
+                    memory_used: r.try_get(4)?,
+                    disk_read_bps: r.try_get(5)?,
+                    disk_write_bps: r.try_get(6)?,
+                    net_rx_bps: r.try_get(7)?,
+                    net_tx_bps: r.try_get(8)?,
+                })
+            })
+            .collect()
+    }
+
     /// Runs a read after every queued write is committed.
     fn read<'q>(
         &self,
@@ -919,6 +1014,20 @@ mod tests {
             catalog.parts("o1").unwrap()[0].ciphertext_sha256.as_deref(),
             Some("c0")
         );
+        let row = UsageRow {
+            node: "edge@test".into(),
+            at: 5,
+            seconds: 1.0,
+            cpu_percent: 42.5,
+            memory_used: 1 << 30,
+            disk_read_bps: 1.5e6,
+            disk_write_bps: 2.5e6,
+            net_rx_bps: 100.0,
+            net_tx_bps: 65e6,
+        };
+        catalog.usage(row.clone()).unwrap();
+        assert_eq!(catalog.usage_of(Some("edge@test")).unwrap(), [row.clone()]);
+        assert_eq!(catalog.usage_of(None).unwrap(), [row]);
         assert_eq!(
             catalog.failed_attempts(5).unwrap()[0].error,
             "connection reset"

@@ -55,3 +55,31 @@ pub fn attempt<T, E: std::fmt::Display>(
     note("an attempt", catalog.attempt(&record));
     result
 }
+
+/// Samples this machine's utilisation once a second into the catalogue while the returned
+/// sampler lives (FORTE's 1 Hz CPU, memory, disk and network measurements), as `role@host`.
+pub fn sample_usage(catalog: &Catalog, role: &str) -> Option<forte_usage::Sampler> {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let node = format!("{role}@{}", host.trim());
+    let recorder = catalog.usage_recorder()?;
+    let record = move |s: forte_usage::Sample| {
+        recorder.record(forte_catalog::UsageRow {
+            node: node.clone(),
+            at: forte_catalog::now_us(),
+            seconds: s.seconds,
+            cpu_percent: s.cpu_percent,
+            memory_used: s.memory_used_bytes as i64,
+            disk_read_bps: s.disk_read_bytes_per_sec,
+            disk_write_bps: s.disk_write_bytes_per_sec,
+            net_rx_bps: s.net_rx_bytes_per_sec,
+            net_tx_bps: s.net_tx_bytes_per_sec,
+        })
+    };
+    match forte_usage::Sampler::start(std::time::Duration::from_secs(1), record) {
+        Ok(sampler) => Some(sampler),
+        Err(e) => {
+            eprintln!("warning: no utilisation samples: {e:#}");
+            None
+        }
+    }
+}

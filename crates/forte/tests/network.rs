@@ -101,6 +101,24 @@ fn end_to_end(site: Site) {
             assert_eq!(f["raw_sha256"].as_str().unwrap().len(), 64);
         }
     }
+    // Utilisation was sampled on both nodes while they worked.
+    for (catalog, role) in [(&site.edge_catalog, "edge@"), (&site.core_catalog, "core@")] {
+        let usage = json(&site.status(catalog, &["--usage", "--json"]));
+        let mine: Vec<_> = usage
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|u| u["node"].as_str().unwrap().starts_with(role))
+            .collect();
+        assert!(!mine.is_empty(), "no {role} samples: {usage:#}");
+        for u in mine {
+            let cpu = u["cpu_percent"].as_f64().unwrap();
+            assert!(
+                (0.0..=100.0).contains(&cpu) && u["memory_used"].as_i64().unwrap() > 0,
+                "{u:#}"
+            );
+        }
+    }
     // A file's lineage, from discovery at the edge to acknowledgement at the core.
     let text = site.status(
         &site.core_catalog,

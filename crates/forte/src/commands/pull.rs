@@ -66,6 +66,7 @@ pub struct BatchReport {
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let endpoint = args.relay.endpoint(config)?;
+    let _usage = crate::record::sample_usage(catalog, "core");
     let client = connect(&endpoint)?;
     let (identities, trusted, mut settings) = args.open.load(config)?;
     settings.existing = Existing::KeepIdentical;

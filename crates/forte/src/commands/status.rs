@@ -13,6 +13,9 @@ pub struct Args {
     /// delivered path under the destination.
     #[arg(long, value_name = "PATH")]
     file: Option<String>,
+    /// Show the resource utilisation samples (1 Hz: CPU, memory, disk, network) instead.
+    #[arg(long, conflicts_with = "file")]
+    usage: bool,
     /// Print JSON instead of text.
     #[arg(long)]
     json: bool,
@@ -28,8 +31,36 @@ struct Lineage {
 pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     match &args.file {
         Some(path) => lineage(catalog, path, args.json),
+        None if args.usage => usage(catalog, args.json),
         None => overview(catalog, args.json),
     }
+}
+
+fn usage(catalog: &Catalog, json: bool) -> Result<bool> {
+    let rows = catalog.usage_of(None)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(true);
+    }
+    println!(
+        "{:<28} {:<27} {:>6} {:>11} {:>12} {:>12} {:>12} {:>12}",
+        "node", "time", "cpu %", "memory", "disk read/s", "disk write/s", "net rx/s", "net tx/s"
+    );
+    for u in rows {
+        let b = |v: f64| human(v.max(0.0) as u64);
+        println!(
+            "{:<28} {:<27} {:>6.1} {:>11} {:>12} {:>12} {:>12} {:>12}",
+            u.node,
+            format_utc(u.at),
+            u.cpu_percent,
+            human(u.memory_used.max(0) as u64),
+            b(u.disk_read_bps),
+            b(u.disk_write_bps),
+            b(u.net_rx_bps),
+            b(u.net_tx_bps)
+        );
+    }
+    Ok(true)
 }
 
 fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
