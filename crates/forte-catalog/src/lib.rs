@@ -1026,7 +1026,10 @@ mod tests {
             net_tx_bps: 65e6,
         };
         catalog.usage(row.clone()).unwrap();
-        assert_eq!(catalog.usage_of(Some("edge@test")).unwrap(), std::slice::from_ref(&row));
+        assert_eq!(
+            catalog.usage_of(Some("edge@test")).unwrap(),
+            std::slice::from_ref(&row)
+        );
         assert_eq!(catalog.usage_of(None).unwrap(), [row]);
         assert_eq!(
             catalog.failed_attempts(5).unwrap()[0].error,
