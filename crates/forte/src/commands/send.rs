@@ -342,8 +342,8 @@ impl Edge<'_> {
         let mut members: Vec<Vec<ObjectId>> = Vec::new();
         let mut jobs = Vec::new();
         let mut batch_of = HashMap::new();
-        let mut current_members: Vec<ObjectId> = Vec::new();
         for Batch { name, dir } in batches {
+            let mut batch_members = Vec::new();
             let mut report = BatchReport {
                 batch: name.clone(),
                 files: 0,
@@ -380,7 +380,7 @@ impl Edge<'_> {
                         .iter()
                         .map(|f| object_id(key, name, f))
                         .collect();
-                    current_members.extend(&ids);
+                    batch_members.clone_from(&ids);
                     let mut at = match at_relay(self.client, &self.retry, &ids) {
                         Ok(at) => at,
                         Err(e) => {
@@ -430,7 +430,7 @@ impl Edge<'_> {
                     report.failed += 1;
                 }
             }
-            members.push(std::mem::take(&mut current_members));
+            members.push(batch_members);
             keys.push(batch_key);
             reports.push(report);
         }
