@@ -48,6 +48,15 @@ fn client(relay: &RunningRelay, token: &str) -> RelayClient {
     RelayClient::new(&endpoint, Duration::from_secs(30)).unwrap()
 }
 
+/// A plain HTTPS client pinned to the relay, for requests the forte client never makes.
+fn raw_http(relay: &RunningRelay) -> reqwest::blocking::Client {
+    let tls = forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()));
+    reqwest::blocking::Client::builder()
+        .tls_backend_preconfigured(tls.unwrap())
+        .build()
+        .unwrap()
+}
+
 fn sha(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -248,13 +257,7 @@ fn a_wrong_fingerprint_is_refused_before_any_request() {
 fn hostile_names_are_refused_before_touching_the_disk() {
     let tmp = tempfile::tempdir().unwrap();
     let relay = relay(tmp.path(), None);
-    let http = reqwest::blocking::Client::builder()
-        .tls_backend_preconfigured(
-            forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let http = raw_http(&relay);
     let put = |path: &str| {
         http.put(format!("{}{path}", relay.url()))
             .bearer_auth(EDGE_A)
@@ -299,13 +302,7 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
     let id = ObjectId::random();
     edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
     let _ = edge.put_part(id, 1, b"x", &sha(b"y"));
-    let http = reqwest::blocking::Client::builder()
-        .tls_backend_preconfigured(
-            forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
+    let http = raw_http(&relay);
     let get = |token: &str| {
         http.get(format!("{}/metrics", relay.url()))
             .bearer_auth(token)

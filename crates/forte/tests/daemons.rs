@@ -105,17 +105,7 @@ fn failures_run_the_hook_with_what_failed() {
     let inbox = site.root.join("inbox");
     write_batch(&inbox, "run-9", 1, 1000);
     let intruder = keygen(&site.root.join("intruder"));
-    let mut send = args![
-        "send",
-        &inbox,
-        "--recipient",
-        &site.keys.core_pub,
-        "--sign",
-        &intruder.edge_key,
-        "-q"
-    ];
-    send.extend(site.relay_args("edge.token"));
-    ok(&send);
+    ok(&site.send_signed_by(&intruder));
 
     let hook_out = site.root.join("alert.txt");
     let mut pull = site.pull();

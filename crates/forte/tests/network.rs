@@ -193,17 +193,7 @@ fn a_batch_signed_by_an_untrusted_edge_is_not_delivered() {
     write(&inbox.join("run/file.bin"), b"payload");
     write(&inbox.join("run/.ready"), b"");
     let intruder = keygen(&site.root.join("intruder"));
-    let mut send = args![
-        "send",
-        &inbox,
-        "--recipient",
-        &site.keys.core_pub,
-        "--sign",
-        &intruder.edge_key,
-        "-q"
-    ];
-    send.extend(site.relay_args("edge.token"));
-    ok(&send);
+    ok(&site.send_signed_by(&intruder));
     let err = fails(&site.pull());
     assert!(err.contains("not among the trusted edge keys"), "{err}");
     assert!(!site.root.join("dest/site-a").exists());

@@ -198,6 +198,21 @@ impl Site {
 }
 
 impl Site {
+    /// `send` of the inbox with the core's recipient but another edge's signing key.
+    pub fn send_signed_by(&self, edge: &Keys) -> Args {
+        let mut a = args![
+            "send",
+            self.root.join("inbox"),
+            "--recipient",
+            &self.keys.core_pub,
+            "--sign",
+            &edge.edge_key,
+            "-q"
+        ];
+        a.extend(self.relay_args("edge.token"));
+        a
+    }
+
     /// Restarts the relay on the same address and store (after it was killed).
     pub fn restart_relay(&mut self) {
         let _ = self.relay.child.kill();
