@@ -15,4 +15,4 @@ mod stages;
 
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};
-pub use stages::{FileOutcome, HeldPart, Prepare, PrepareConfig, PrepareJob, Totals};
+pub use stages::{FileOutcome, HeldPart, JobQueue, Prepare, PrepareConfig, PrepareJob, Totals};

@@ -1,19 +1,22 @@
 //! Where sealed parts and manifests go.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use forte_format::{part_file_name, Manifest, ObjectId, MANIFEST_FILE};
 
+use crate::FileOutcome;
+
 /// The end of the prepare path. Parts of one file arrive in any order and from several threads;
-/// the manifest arrives after every part of its file was accepted. A file that fails is
-/// abandoned, and its stored parts must not be mistaken for a complete object.
+/// the manifest arrives after every part of its file was accepted. Then [`Sink::done`] says
+/// how the file ended; the stored parts of a file that failed must not be mistaken for a
+/// complete object.
 pub trait Sink: Sync {
     /// `sha256` is the hex SHA-256 of `sealed`, already computed by the pipeline.
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()>;
     fn put_manifest(&self, manifest: &Manifest, sealed: &[u8]) -> Result<()>;
-    fn abandon(&self, id: ObjectId);
+    /// Called once per file, after its manifest was stored or once it failed.
+    fn done(&self, outcome: &FileOutcome);
 }
 
 /// Writes objects as directories `<id>/` under one output directory, the on-disk layout of the
@@ -44,9 +47,7 @@ impl DirSink {
 }
 
 fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    std::fs::File::create(path)
-        .and_then(|mut f| f.write_all(bytes))
-        .with_context(|| format!("cannot write {}", path.display()))
+    forte_fs::create_with(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }
 
 impl Sink for DirSink {
@@ -68,8 +69,11 @@ impl Sink for DirSink {
             .with_context(|| format!("cannot rename into {}", done.display()))
     }
 
-    fn abandon(&self, id: ObjectId) {
-        // Best effort: an object without manifest.age is incomplete whether or not this works.
-        let _ = std::fs::remove_dir_all(self.object_dir(id));
+    fn done(&self, outcome: &FileOutcome) {
+        if outcome.error.is_some() {
+            // Best effort: an object without manifest.age is incomplete whether or not this
+            // works.
+            let _ = std::fs::remove_dir_all(self.object_dir(outcome.id));
+        }
     }
 }

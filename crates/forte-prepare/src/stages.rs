@@ -106,6 +106,17 @@ impl PrepareJob {
     }
 }
 
+/// Where a prepare pass takes its files from, one at a time; `None` ends the pass.
+pub trait JobQueue: Sync {
+    fn next(&self) -> Option<PrepareJob>;
+}
+
+impl<I: Iterator<Item = PrepareJob> + Send> JobQueue for Mutex<I> {
+    fn next(&self) -> Option<PrepareJob> {
+        self.lock().unwrap_or_else(|e| e.into_inner()).next()
+    }
+}
+
 /// One prepare run: its configuration, keys, and live counters.
 pub struct Prepare<'k> {
     config: PrepareConfig,
@@ -141,6 +152,30 @@ struct FileState {
 }
 
 impl FileJob {
+    fn new(job: PrepareJob, part_size: u64) -> Self {
+        let PrepareJob {
+            source,
+            id,
+            batch,
+            held,
+        } = job;
+        let parts =
+            u32::try_from(source.size.div_ceil(part_size)).expect("a file of over 2^32 parts");
+        Self {
+            id,
+            batch,
+            held,
+            part_size,
+            parts,
+            state: Mutex::new(FileState {
+                entries: vec![None; parts as usize],
+                whole: (parts > 1).then(Sha256::new),
+                ..FileState::default()
+            }),
+            source,
+        }
+    }
+
     /// How many units of work the sink must see before the file is settled: one per part, or
     /// one for a file without parts (empty file, directory).
     fn units(&self) -> u32 {
@@ -252,38 +287,35 @@ impl<'k> Prepare<'k> {
     /// the order the files were given. A failing file does not stop the others, except that a
     /// sink failure (disk full, relay gone) stops reading new files.
     pub fn run(&self, files: Vec<PrepareJob>, sink: &dyn Sink) -> Vec<FileOutcome> {
+        let unfinished: Vec<FileOutcome> = files
+            .iter()
+            .map(|f| FileOutcome {
+                path: f.source.path.clone(),
+                kind: f.source.kind,
+                id: f.id,
+                size: f.source.size,
+                error: Some("not prepared: an earlier failure stopped the pass".into()),
+            })
+            .collect();
+        let mut outcomes: std::collections::HashMap<ObjectId, FileOutcome> = self
+            .run_from(&Mutex::new(files.into_iter()), sink)
+            .into_iter()
+            .map(|o| (o.id, o))
+            .collect();
+        unfinished
+            .into_iter()
+            .map(|u| outcomes.remove(&u.id).unwrap_or(u))
+            .collect()
+    }
+
+    /// Prepares files as `jobs` hands them out, until it has no more, and hands the results
+    /// to `sink`. Returns the outcomes in the order the files finished. The next file is
+    /// asked for only when the read stage is free, so the queue decides the order as late
+    /// as possible.
+    pub fn run_from(&self, jobs: &dyn JobQueue, sink: &dyn Sink) -> Vec<FileOutcome> {
         let cfg = &self.config;
         let part_size = cfg.part_size.max(1);
-        let jobs: Vec<Arc<FileJob>> = files
-            .into_iter()
-            .map(
-                |PrepareJob {
-                     source,
-                     id,
-                     batch,
-                     held,
-                 }| {
-                    let parts = u32::try_from(source.size.div_ceil(part_size))
-                        .expect("a file of over 2^32 parts");
-                    Arc::new(FileJob {
-                        id,
-                        batch,
-                        held,
-                        part_size,
-                        parts,
-                        state: Mutex::new(FileState {
-                            entries: vec![None; parts as usize],
-                            whole: (parts > 1).then(Sha256::new),
-                            ..FileState::default()
-                        }),
-                        source,
-                    })
-                },
-            )
-            .collect();
-        let outcomes: Mutex<Vec<Option<FileOutcome>>> = Mutex::new(vec![None; jobs.len()]);
-        let index_of: std::collections::HashMap<ObjectId, usize> =
-            jobs.iter().enumerate().map(|(i, j)| (j.id, i)).collect();
+        let outcomes: Mutex<Vec<FileOutcome>> = Mutex::default();
         let stop: OnceLock<String> = OnceLock::new();
 
         let in_flight = cfg.parts_in_flight.max(1);
@@ -297,7 +329,8 @@ impl<'k> Prepare<'k> {
         // Queues bound item counts; bytes are bounded by `memory`. Room for several items
         // keeps every stage fed when files are small.
         let depth = 4 * cpu + 4;
-        let (jobs_tx, jobs_rx) = queue::<Arc<FileJob>>(64);
+        // One file waits for the reader: the queue's choice is made as late as possible.
+        let (jobs_tx, jobs_rx) = queue::<Arc<FileJob>>(1);
         let (read_tx, read_rx) = queue::<Piece>(depth);
         let (hash_tx, hash_rx) = queue::<Piece>(depth);
         let (compress_tx, compress_rx) = queue::<Piece>(depth);
@@ -394,35 +427,26 @@ impl<'k> Prepare<'k> {
                 },
             );
             p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
-                let file = piece.file.clone();
                 if let Some(outcome) = self.store(piece, sink, &pools.sealed, &stop) {
-                    let slot = index_of[&file.id];
-                    outcomes.lock().unwrap_or_else(|e| e.into_inner())[slot] = Some(outcome);
+                    sink.done(&outcome);
+                    outcomes
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(outcome);
                 }
             });
-            for job in &jobs {
-                if jobs_tx.send(job.clone()).is_err() {
+            while stop.get().is_none() {
+                let Some(job) = jobs.next() else { break };
+                if jobs_tx
+                    .send(Arc::new(FileJob::new(job, part_size)))
+                    .is_err()
+                {
                     break;
                 }
             }
             drop(jobs_tx);
         });
-
-        outcomes
-            .into_inner()
-            .unwrap_or_else(|e| e.into_inner())
-            .into_iter()
-            .zip(&jobs)
-            .map(|(outcome, job)| {
-                outcome.unwrap_or_else(|| FileOutcome {
-                    path: job.source.path.clone(),
-                    kind: job.source.kind,
-                    id: job.id,
-                    size: job.source.size,
-                    error: Some("never finished (internal error)".into()),
-                })
-            })
-            .collect()
+        outcomes.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Builds, signs and encrypts the manifest once the last part of the file was hashed.
@@ -556,7 +580,6 @@ impl<'k> Prepare<'k> {
         }
         let error = state.error.take();
         if error.is_some() {
-            sink.abandon(file.id);
             self.totals.files_failed.fetch_add(1, Ordering::Relaxed);
         } else {
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);

@@ -16,7 +16,6 @@ mod source;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -429,10 +428,7 @@ impl<'k> Restore<'k> {
             if manifest.parts.len() > 1 {
                 asm.whole.update(&data);
             }
-            asm.file
-                .as_mut()
-                .expect("created above")
-                .write_all(&data)
+            forte_fs::write_in_slices(asm.file.as_mut().expect("created above"), &data)
                 .with_context(|| format!("cannot write {}", job.staged.display()))?;
             asm.next += 1;
             self.totals

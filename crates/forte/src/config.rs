@@ -17,6 +17,12 @@
 //! url = "https://relay.example:8443"
 //! token_file = "keys/site-a.token"
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
+//!
+//! [schedule]
+//! policy = "sjf-aging"           # fifo, sjf, sjf-aging, priority, lanes
+//! max_wait = "1h"
+//! small_share = 0.25             # lanes: share of bytes for the smallest batch
+//! priority = ["incident-*=10"]   # priority: batch-name rules
 //! ```
 //!
 //! Relative paths are relative to the directory of the configuration file.
@@ -37,6 +43,8 @@ pub struct Config {
     pub prepare: PrepareSection,
     #[serde(default)]
     pub relay: RelaySection,
+    #[serde(default)]
+    pub schedule: crate::schedule::ScheduleSection,
 }
 
 #[derive(Debug, Default, Deserialize)]

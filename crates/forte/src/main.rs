@@ -6,6 +6,7 @@ mod hook;
 mod layout;
 mod progress;
 mod record;
+mod schedule;
 mod transfer;
 mod units;
 

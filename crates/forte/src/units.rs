@@ -25,6 +25,27 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// Parses a duration: a number with `s`, `m`, `h` or `d` (`90s`, `30m`, `1h`); a bare
+/// number is seconds.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (examples: 90s, 30m, 1h)"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} has an unknown unit (use s, m, h or d)")),
+    };
+    Ok(std::time::Duration::from_secs(
+        number.saturating_mul(seconds),
+    ))
+}
+
 /// A size for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -44,6 +65,22 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(
+            parse_duration("90s"),
+            Ok(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(
+            parse_duration("1h"),
+            Ok(std::time::Duration::from_secs(3600))
+        );
+        assert_eq!(parse_duration("45"), Ok(std::time::Duration::from_secs(45)));
+        assert!(parse_duration("1 week")
+            .unwrap_err()
+            .contains("unknown unit"));
+    }
 
     #[test]
     fn sizes_parse() {

@@ -16,7 +16,7 @@
 //! on a retry; whatever slipped through is caught by the core's ciphertext check.
 
 use std::collections::HashMap;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -133,7 +133,7 @@ impl Store {
         let mut suffix = [0u8; 8];
         getrandom::getrandom(&mut suffix).map_err(|e| StoreError::Io(e.to_string()))?;
         let tmp = tmp_dir.join(hex::encode(suffix));
-        let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(bytes));
+        let written = forte_fs::create_with(&tmp, bytes);
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::io(what, &tmp, e));

@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use forte_format::{EdgeKey, Kind, Recipients};
 use forte_pipeline::StageSnapshot;
-use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig, PrepareJob, Sink};
+use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig, PrepareJob};
 use serde::Serialize;
 
 use super::{mb_per_s, ratio, Output};
@@ -188,7 +188,7 @@ pub fn pack(
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
     let prepare = Prepare::new(settings, recipients, key);
     let started = Instant::now();
-    let jobs = found
+    let jobs: Vec<PrepareJob> = found
         .files
         .into_iter()
         .map(|source| PrepareJob {
@@ -196,7 +196,9 @@ pub fn pack(
             ..PrepareJob::fresh(source)
         })
         .collect();
-    let outcomes = prepare_with_progress(&prepare, jobs, &sink, total, quiet);
+    let outcomes = prepare_with_progress(&prepare, jobs.len(), total, quiet, || {
+        prepare.run(jobs, &sink)
+    });
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();
     let t = &prepare.totals;
@@ -226,15 +228,14 @@ pub fn pack(
     })
 }
 
-/// Runs a prepare pass with a progress bar: bytes, rate, ratio, files.
-pub fn prepare_with_progress(
+/// Runs a prepare pass (`run`) with a progress bar: bytes, rate, ratio, files.
+pub fn prepare_with_progress<R>(
     prepare: &Prepare,
-    jobs: Vec<PrepareJob>,
-    sink: &dyn Sink,
+    file_count: usize,
     total: u64,
     quiet: bool,
-) -> Vec<FileOutcome> {
-    let file_count = jobs.len();
+    run: impl FnOnce() -> R,
+) -> R {
     with_progress(
         total,
         quiet,
@@ -246,7 +247,7 @@ pub fn prepare_with_progress(
             let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
             (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
         },
-        || prepare.run(jobs, sink),
+        run,
     )
 }
 

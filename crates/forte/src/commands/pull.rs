@@ -2,7 +2,7 @@
 //! acknowledged so the relay may delete them.
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use forte_relay::api::ReadyObject;
@@ -16,6 +16,7 @@ use crate::config::Config;
 use crate::hook::Failures;
 use crate::layout::{Fields, Layout};
 use crate::record::{note, Catalog};
+use crate::schedule::{ScheduleArgs, Waiting};
 use crate::transfer::download::RelaySource;
 use crate::transfer::retry::Retry;
 use crate::transfer::{connect, RelayArgs};
@@ -41,6 +42,8 @@ pub struct Args {
     /// Concurrent downloads from the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    #[command(flatten)]
+    schedule: ScheduleArgs,
     #[command(flatten)]
     daemon: Daemon,
     #[command(flatten)]
@@ -93,21 +96,41 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         role: "core",
         command: args.daemon.on_failure.clone(),
     };
-    let pass = || -> Result<Vec<BatchReport>> {
+    let policy = args.schedule.policy(&config.schedule)?;
+    // The ready batches in the order the policy serves them now. The relay knows batches only
+    // by opaque ids, so name rules of the priority policy cannot apply here.
+    let listing = || -> Result<Vec<Vec<ReadyObject>>> {
         let ready = retry.run("listing of ready objects", || client.ready())?;
-        let mut reports = Vec::new();
-        for batch in group_by_batch(ready) {
-            let restore = Restore::new(settings.clone(), &identities, &trusted);
-            let report = core.pull_batch(&restore, batch);
-            if !args.output.json {
-                print_report(&report);
-            }
-            if let Some(e) = &report.error {
-                failures.report(&report.batch, None, e);
-            }
-            reports.push(report);
+        let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
+        let waiting = group_by_batch(ready)
+            .into_iter()
+            .map(|objects| {
+                let sealed_at = objects.iter().map(|o| o.sealed_at).max().unwrap_or(0);
+                let age = Duration::from_secs((epoch as u64).saturating_sub(sealed_at));
+                let waiting = Waiting {
+                    arrived: now.checked_sub(age).unwrap_or(now),
+                    remaining: objects
+                        .iter()
+                        .flat_map(|o| &o.parts)
+                        .map(|p| p.length)
+                        .sum(),
+                    priority: 0,
+                };
+                (waiting, objects)
+            })
+            .collect();
+        Ok(policy.order(waiting, now))
+    };
+    let pull = |batch: Vec<ReadyObject>| -> BatchReport {
+        let restore = Restore::new(settings.clone(), &identities, &trusted);
+        let report = core.pull_batch(&restore, batch);
+        if !args.output.json {
+            print_report(&report);
         }
-        Ok(reports)
+        if let Some(e) = &report.error {
+            failures.report(&report.batch, None, e);
+        }
+        report
     };
     if args.daemon.watch {
         println!(
@@ -115,17 +138,21 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             endpoint.url, args.daemon.interval
         );
         loop {
-            // After a pass that delivered something, look again at once: more is likely
-            // waiting. Sleep only when the relay had nothing (or failed).
-            match pass() {
-                Ok(reports) if reports.iter().any(|r| r.error.is_none()) => continue,
-                Ok(_) => {}
+            // One batch per listing, so a batch sealed meanwhile can go next if the policy
+            // says so; after a delivery look again at once, sleep only when nothing could be
+            // delivered.
+            match listing() {
+                Ok(batches) => {
+                    if batches.into_iter().any(|b| pull(b).error.is_none()) {
+                        continue;
+                    }
+                }
                 Err(e) => failures.report("", None, &format!("{e:#}")),
             }
-            std::thread::sleep(std::time::Duration::from_secs(args.daemon.interval));
+            std::thread::sleep(Duration::from_secs(args.daemon.interval));
         }
     }
-    let reports = pass()?;
+    let reports: Vec<BatchReport> = listing()?.into_iter().map(pull).collect();
     if args.output.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else if reports.is_empty() {

@@ -1,12 +1,17 @@
-//! `forte send`: every ready batch of an inbox, prepared in one pass and uploaded to the relay.
+//! `forte send`: the ready batches of an inbox, prepared and uploaded to the relay in one
+//! streaming pass, in the order of the queue policy, each sealed at the relay as soon as its
+//! last file is.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use forte_format::{EdgeKey, ObjectId};
-use forte_prepare::{discover, Prepare, PrepareJob, SourceFile};
+use forte_format::{EdgeKey, ObjectId, Recipients};
+use forte_prepare::{
+    discover, FileOutcome, JobQueue, Prepare, PrepareConfig, PrepareJob, SourceFile,
+};
 use forte_relay::client::RelayClient;
 use serde::Serialize;
 
@@ -15,6 +20,7 @@ use super::{mb_per_s, Daemon, Output};
 use crate::config::Config;
 use crate::hook::Failures;
 use crate::record::{note, Catalog};
+use crate::schedule::{BatchQueue, Policy, ScheduleArgs};
 use crate::transfer::retry::Retry;
 use crate::transfer::upload::{at_relay, AtRelay, UploadSink};
 use crate::transfer::{connect, RelayArgs};
@@ -43,6 +49,8 @@ pub struct Args {
     /// With --watch: delete a batch's source files once the core acknowledged every one.
     #[arg(long, requires = "watch")]
     delete_after_ack: bool,
+    #[command(flatten)]
+    schedule: ScheduleArgs,
     #[command(flatten)]
     daemon: Daemon,
     #[command(flatten)]
@@ -78,6 +86,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let (recipients, key) = args.seal.load(config)?;
     let mut settings = args.prepare.settings(config)?;
     settings.sink_workers = args.connections.max(1);
+    let policy = args.schedule.policy(&config.schedule)?;
     let edge = Edge {
         client: &client,
         key: &key,
@@ -87,30 +96,43 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             Retry::one_shot()
         },
         catalog,
-        quiet: args.output.quiet || args.daemon.watch,
+        queue: BatchQueue::new(policy.clone()),
+        policy,
         failures: Failures {
             role: "edge",
             command: args.daemon.on_failure.clone(),
         },
+        print_each: args.daemon.watch,
+        batch_of: Mutex::default(),
+        in_flight: Mutex::default(),
+        finished: Mutex::default(),
     };
     let settle = Duration::from_secs(args.settle);
     if !args.daemon.watch {
+        let started = Instant::now();
         let Inbox { ready, waiting } = ready_batches(&args.inbox, settle)?;
-        let prepare = Prepare::new(settings, &recipients, &key);
-        let batches = edge.send_batches(&ready, &prepare);
+        edge.admit(&ready);
+        edge.queue.close();
+        let quiet = args.output.quiet || args.output.json;
+        edge.send_queued(&settings, &recipients, quiet);
+        let mut batches = edge
+            .finished
+            .into_inner()
+            .unwrap_or_else(|e| e.into_inner());
+        // Report in inbox order, whatever order the policy finished them in.
+        batches.sort_by(|a, b| a.batch.cmp(&b.batch));
         if !args.output.json {
             batches.iter().for_each(print_report);
-            if let Some(seconds) = batches.first().map(|b| b.seconds) {
-                let raw: u64 = batches.iter().map(|b| b.raw_bytes).sum();
-                let sealed: u64 = batches.iter().map(|b| b.sealed_bytes).sum();
-                println!(
-                    "sent {} batches in one pass: {} raw as {} sealed in {seconds:.1} s ({:.1} MB/s raw)",
-                    batches.len(),
-                    human(raw),
-                    human(sealed),
-                    mb_per_s(raw, seconds)
-                );
-            }
+            let seconds = started.elapsed().as_secs_f64();
+            let raw: u64 = batches.iter().map(|b| b.raw_bytes).sum();
+            let sealed: u64 = batches.iter().map(|b| b.sealed_bytes).sum();
+            println!(
+                "sent {} batches: {} raw as {} sealed in {seconds:.1} s ({:.1} MB/s raw)",
+                batches.len(),
+                human(raw),
+                human(sealed),
+                mb_per_s(raw, seconds)
+            );
             for name in &waiting {
                 println!("batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)", args.settle);
             }
@@ -133,35 +155,42 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         args.inbox.display(),
         args.daemon.interval
     );
-    loop {
-        match ready_batches(&args.inbox, settle) {
-            Ok(inbox) => {
-                let todo: Vec<Batch> = inbox
-                    .ready
-                    .into_iter()
-                    .filter(|b| {
-                        let state = catalog
-                            .batch(&batch_id(&key, &b.name))
-                            .ok()
-                            .flatten()
-                            .map(|b| b.state);
-                        !matches!(state.as_deref(), Some("sent" | "source_deleted"))
-                    })
-                    .collect();
-                if !todo.is_empty() {
-                    let prepare = Prepare::new(settings.clone(), &recipients, &key);
-                    edge.send_batches(&todo, &prepare)
-                        .iter()
-                        .for_each(print_report);
+    let interval = Duration::from_secs(args.daemon.interval);
+    std::thread::scope(|s| {
+        let (edge, key) = (&edge, &key);
+        let inbox = &args.inbox;
+        s.spawn(move || loop {
+            match ready_batches(inbox, settle) {
+                Ok(found) => {
+                    let todo: Vec<Batch> = found
+                        .ready
+                        .into_iter()
+                        .filter(|b| {
+                            let state = catalog
+                                .batch(&batch_id(key, &b.name))
+                                .ok()
+                                .flatten()
+                                .map(|b| b.state);
+                            !matches!(state.as_deref(), Some("sent" | "source_deleted"))
+                        })
+                        .collect();
+                    edge.admit(&todo);
                 }
+                Err(e) => edge.failures.report("", None, &format!("{e:#}")),
             }
-            Err(e) => edge.failures.report("", None, &format!("{e:#}")),
+            if args.delete_after_ack {
+                edge.delete_acknowledged(inbox);
+            }
+            lock(&edge.finished).clear();
+            std::thread::sleep(interval);
+        });
+        // The queue never closes: a pass ends only when a failure stops it, and then its
+        // unfinished batches are admitted again by the next scan.
+        loop {
+            edge.send_queued(&settings, &recipients, true);
+            std::thread::sleep(interval);
         }
-        if args.delete_after_ack {
-            edge.delete_acknowledged(&args.inbox);
-        }
-        std::thread::sleep(Duration::from_secs(args.daemon.interval));
-    }
+    })
 }
 
 fn print_report(report: &BatchReport) {
@@ -259,17 +288,305 @@ fn batch_id(key: &EdgeKey, batch: &str) -> String {
     ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string()
 }
 
-/// What every batch of one `send` run shares.
+/// A batch between its admission to the queue and its seal at the relay.
+struct InFlight {
+    report: BatchReport,
+    name: String,
+    /// Every object of the batch, sent now or before: the batch's seal lists them all.
+    members: Vec<ObjectId>,
+    /// Files handed to the prepare pass or still queued, not yet finished.
+    pending: usize,
+    admitted: Instant,
+    /// When its first file left the queue.
+    started_at: Option<i64>,
+}
+
+/// What every batch of a `send` run shares: the relay, the queue and the batches in flight.
+/// Batches are admitted while earlier ones are being sent, the queue's policy decides which
+/// file goes next, and each batch is sealed at the relay the moment its last file is.
 struct Edge<'a> {
     client: &'a RelayClient,
     key: &'a EdgeKey,
     retry: Retry,
     catalog: &'a Catalog,
-    quiet: bool,
+    policy: Policy,
     failures: Failures,
+    /// Print each batch's report as it finishes (daemon mode).
+    print_each: bool,
+    queue: BatchQueue<PrepareJob>,
+    batch_of: Mutex<HashMap<ObjectId, String>>,
+    in_flight: Mutex<HashMap<String, InFlight>>,
+    finished: Mutex<Vec<BatchReport>>,
+}
+
+impl JobQueue for Edge<'_> {
+    fn next(&self) -> Option<PrepareJob> {
+        let job = self.queue.next()?;
+        let key = batch_id(self.key, &job.batch);
+        let mut flights = lock(&self.in_flight);
+        if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
+            let now = now_us();
+            flight.started_at = Some(now);
+            let (files, bytes) = (flight.report.files as u64, flight.report.raw_bytes);
+            note(
+                "a batch",
+                self.catalog
+                    .batch_state(&key, "edge", "", &flight.name, files, bytes, "sending"),
+            );
+            note("a stage", self.catalog.stage(&key, "send", now, None));
+        }
+        Some(job)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Edge<'_> {
+    /// Queues every batch not already in flight: discovers its files, asks the relay what it
+    /// holds, and records the batch as queued (its arrival). A batch with nothing left to send
+    /// is finished at once.
+    fn admit(&self, batches: &[Batch]) {
+        let (catalog, key) = (self.catalog, self.key);
+        for Batch { name, dir } in batches {
+            let batch_key = batch_id(key, name);
+            if lock(&self.in_flight).contains_key(&batch_key) {
+                continue;
+            }
+            let admitted = Instant::now();
+            let mut flight = InFlight {
+                report: BatchReport {
+                    batch: name.clone(),
+                    files: 0,
+                    sent: 0,
+                    already_at_relay: 0,
+                    failed: 0,
+                    raw_bytes: 0,
+                    sealed_bytes: 0,
+                    seconds: 0.0,
+                    errors: Vec::new(),
+                },
+                name: name.clone(),
+                members: Vec::new(),
+                pending: 0,
+                admitted,
+                started_at: None,
+            };
+            let mut jobs = Vec::new();
+            match discover(dir) {
+                Ok(mut found) => {
+                    found.files.retain(|f| f.path != READY_MARKER);
+                    let report = &mut flight.report;
+                    report.files = found.files.len();
+                    let (files, bytes) = (found.files.len() as u64, found.total_bytes());
+                    note(
+                        "a batch",
+                        catalog.batch_state(&batch_key, "edge", "", name, files, bytes, "queued"),
+                    );
+                    report.errors.extend(
+                        found
+                            .rejected
+                            .iter()
+                            .map(|(p, why)| format!("skipped {}: {why}", p.display())),
+                    );
+                    let ids: Vec<ObjectId> = found
+                        .files
+                        .iter()
+                        .map(|f| object_id(key, name, f))
+                        .collect();
+                    flight.members.clone_from(&ids);
+                    let mut at = match at_relay(self.client, &self.retry, &ids) {
+                        Ok(at) => at,
+                        Err(e) => {
+                            let error = format!("cannot ask the relay what it holds: {e:#}");
+                            self.failures.report(name, None, &error);
+                            report.errors.push(error);
+                            report.failed += found.files.len();
+                            Default::default()
+                        }
+                    };
+                    for (source, id) in found.files.into_iter().zip(ids) {
+                        let object = id.to_string();
+                        let record = |state: &str, detail: Option<&str>| {
+                            let (path, size) = (&source.path, source.size);
+                            note(
+                                "a file",
+                                catalog.file_state(
+                                    &batch_key, &object, path, size, state, None, None, detail,
+                                ),
+                            );
+                        };
+                        record("discovered", None);
+                        let held = match at.remove(&id) {
+                            Some(AtRelay::Done) => {
+                                record("at_relay", Some("sealed or delivered by an earlier run"));
+                                report.already_at_relay += 1;
+                                continue;
+                            }
+                            Some(AtRelay::Nothing) => Default::default(),
+                            Some(AtRelay::Parts(held)) => held,
+                            // The relay could not be asked: already counted as failed above.
+                            None => continue,
+                        };
+                        lock(&self.batch_of).insert(id, batch_key.clone());
+                        let size = source.size;
+                        jobs.push((
+                            PrepareJob {
+                                source,
+                                id,
+                                batch: name.clone(),
+                                held,
+                            },
+                            size,
+                        ));
+                    }
+                }
+                Err(e) => {
+                    let error = format!("{e:#}");
+                    self.failures.report(name, None, &error);
+                    flight.report.errors.push(error);
+                    flight.report.failed += 1;
+                }
+            }
+            flight.pending = jobs.len();
+            if jobs.is_empty() {
+                self.finish(&batch_key, flight);
+                continue;
+            }
+            let priority = self.policy.priority_of(name, Some(&dir.join(READY_MARKER)));
+            lock(&self.in_flight).insert(batch_key, flight);
+            self.queue.admit(admitted, priority, jobs);
+        }
+    }
+
+    /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
+    /// was the last.
+    fn file_done(&self, outcome: &FileOutcome, sealed_bytes: u64) {
+        let Some(batch_key) = lock(&self.batch_of).remove(&outcome.id) else {
+            return;
+        };
+        let mut flights = lock(&self.in_flight);
+        let Some(flight) = flights.get_mut(&batch_key) else {
+            return;
+        };
+        let report = &mut flight.report;
+        report.sealed_bytes += sealed_bytes;
+        match &outcome.error {
+            None => {
+                report.sent += 1;
+                report.raw_bytes += outcome.size;
+            }
+            Some(e) => {
+                self.failures.report(&report.batch, Some(&outcome.path), e);
+                let object = outcome.id.to_string();
+                note(
+                    "a failed file",
+                    self.catalog.file_state(
+                        &batch_key,
+                        &object,
+                        &outcome.path,
+                        outcome.size,
+                        "failed",
+                        None,
+                        None,
+                        Some(e),
+                    ),
+                );
+                report.errors.push(format!("{}: {e}", outcome.path));
+                report.failed += 1;
+            }
+        }
+        flight.pending -= 1;
+        if flight.pending == 0 {
+            let flight = flights.remove(&batch_key).expect("looked up above");
+            drop(flights);
+            self.finish(&batch_key, flight);
+        }
+    }
+
+    /// Seals a batch whose every file is at the relay (only a whole batch is offered to the
+    /// core) and records how it ended.
+    fn finish(&self, batch_key: &str, flight: InFlight) {
+        let InFlight {
+            mut report,
+            members,
+            admitted,
+            started_at,
+            ..
+        } = flight;
+        report.seconds = admitted.elapsed().as_secs_f64();
+        if report.failed == 0 {
+            let what = format!("seal of batch {}", report.batch);
+            if let Err(e) = self
+                .retry
+                .run(&what, || self.client.seal_batch(batch_key, &members))
+            {
+                let error = format!("cannot seal the batch at the relay: {e}");
+                self.failures.report(&report.batch, None, &error);
+                report.errors.push(error);
+                report.failed += 1;
+            }
+        }
+        let state = if report.failed == 0 { "sent" } else { "failed" };
+        let (files, bytes) = (report.files as u64, report.raw_bytes);
+        let ended_at = now_us();
+        note(
+            "a batch",
+            self.catalog
+                .batch_state(batch_key, "edge", "", &report.batch, files, bytes, state),
+        );
+        note(
+            "a stage",
+            self.catalog.stage(
+                batch_key,
+                "send",
+                started_at.unwrap_or(ended_at),
+                Some(ended_at),
+            ),
+        );
+        if self.print_each {
+            print_report(&report);
+        }
+        lock(&self.finished).push(report);
+    }
+
+    /// After a prepare pass ended early (a sink failure stops it): every batch still queued
+    /// or unfinished fails, to be admitted again by a later scan or run.
+    fn abandon_unfinished(&self) {
+        while let Some(job) = self.queue.take_any() {
+            lock(&self.batch_of).remove(&job.id);
+        }
+        let flights: Vec<(String, InFlight)> = lock(&self.in_flight).drain().collect();
+        for (key, mut flight) in flights {
+            let error = format!(
+                "{} files not sent: an earlier failure stopped the pass",
+                flight.pending
+            );
+            flight.report.failed += flight.pending;
+            flight.report.errors.push(error);
+            self.finish(&key, flight);
+        }
+    }
+
+    /// Sends until the queue is closed and empty, each batch sealed as it completes.
+    fn send_queued(&self, settings: &PrepareConfig, recipients: &Recipients, quiet: bool) {
+        let prepare = Prepare::new(settings.clone(), recipients, self.key);
+        let sink = UploadSink {
+            client: self.client,
+            batch_of: &self.batch_of,
+            retry: self.retry,
+            catalog: self.catalog,
+            sealed: Default::default(),
+            on_done: &|outcome, sealed| self.file_done(outcome, sealed),
+        };
+        let (files, bytes) = self.queue.totals();
+        prepare_with_progress(&prepare, files, bytes, quiet, || {
+            prepare.run_from(self, &sink)
+        });
+        self.abandon_unfinished();
+    }
+
     /// Deletes the source of every sent batch whose files the core has all acknowledged, and
     /// nothing else: a batch with files the catalogue does not know is left alone.
     fn delete_acknowledged(&self, inbox: &Path) {
@@ -328,182 +645,5 @@ impl Edge<'_> {
                 ),
             }
         }
-    }
-
-    /// Sends every batch in one prepare pass, so the link stays busy across batch boundaries,
-    /// and reports on each batch.
-    fn send_batches(&self, batches: &[Batch], prepare: &Prepare) -> Vec<BatchReport> {
-        let (catalog, key) = (self.catalog, self.key);
-        let started = Instant::now();
-        let started_at = now_us();
-        let mut reports: Vec<BatchReport> = Vec::new();
-        let mut keys: Vec<String> = Vec::new();
-        // Every object of each batch, sent now or before: the batch's seal lists them all.
-        let mut members: Vec<Vec<ObjectId>> = Vec::new();
-        let mut jobs = Vec::new();
-        let mut batch_of = HashMap::new();
-        for Batch { name, dir } in batches {
-            let mut batch_members = Vec::new();
-            let mut report = BatchReport {
-                batch: name.clone(),
-                files: 0,
-                sent: 0,
-                already_at_relay: 0,
-                failed: 0,
-                raw_bytes: 0,
-                sealed_bytes: 0,
-                seconds: 0.0,
-                errors: Vec::new(),
-            };
-            let batch_key = batch_id(key, name);
-            match discover(dir) {
-                Ok(mut found) => {
-                    found.files.retain(|f| f.path != READY_MARKER);
-                    report.files = found.files.len();
-                    let (files, bytes) = (found.files.len() as u64, found.total_bytes());
-                    note(
-                        "a batch",
-                        catalog.batch_state(&batch_key, "edge", "", name, files, bytes, "sending"),
-                    );
-                    note(
-                        "a stage",
-                        catalog.stage(&batch_key, "send", started_at, None),
-                    );
-                    report.errors.extend(
-                        found
-                            .rejected
-                            .iter()
-                            .map(|(p, why)| format!("skipped {}: {why}", p.display())),
-                    );
-                    let ids: Vec<ObjectId> = found
-                        .files
-                        .iter()
-                        .map(|f| object_id(key, name, f))
-                        .collect();
-                    batch_members.clone_from(&ids);
-                    let mut at = match at_relay(self.client, &self.retry, &ids) {
-                        Ok(at) => at,
-                        Err(e) => {
-                            let error = format!("cannot ask the relay what it holds: {e:#}");
-                            self.failures.report(name, None, &error);
-                            report.errors.push(error);
-                            report.failed += found.files.len();
-                            Default::default()
-                        }
-                    };
-                    for (source, id) in found.files.into_iter().zip(ids) {
-                        let object = id.to_string();
-                        let record = |state: &str, detail: Option<&str>| {
-                            let (path, size) = (&source.path, source.size);
-                            note(
-                                "a file",
-                                catalog.file_state(
-                                    &batch_key, &object, path, size, state, None, None, detail,
-                                ),
-                            );
-                        };
-                        record("discovered", None);
-                        let held = match at.remove(&id) {
-                            Some(AtRelay::Done) => {
-                                record("at_relay", Some("sealed or delivered by an earlier run"));
-                                report.already_at_relay += 1;
-                                continue;
-                            }
-                            Some(AtRelay::Nothing) => Default::default(),
-                            Some(AtRelay::Parts(held)) => held,
-                            // The relay could not be asked: already counted as failed above.
-                            None => continue,
-                        };
-                        batch_of.insert(id, batch_key.clone());
-                        jobs.push(PrepareJob {
-                            source,
-                            id,
-                            batch: name.clone(),
-                            held,
-                        });
-                    }
-                }
-                Err(e) => {
-                    let error = format!("{e:#}");
-                    self.failures.report(name, None, &error);
-                    report.errors.push(error);
-                    report.failed += 1;
-                }
-            }
-            members.push(batch_members);
-            keys.push(batch_key);
-            reports.push(report);
-        }
-        let total = jobs.iter().map(|j| j.source.size).sum();
-        let sink = UploadSink {
-            client: self.client,
-            batch_of: &batch_of,
-            retry: self.retry,
-            catalog,
-            sealed: Default::default(),
-        };
-        let outcomes = prepare_with_progress(prepare, jobs, &sink, total, self.quiet);
-        for o in &outcomes {
-            let slot = keys
-                .iter()
-                .position(|k| Some(k) == batch_of.get(&o.id))
-                .expect("every job has its batch");
-            let report = &mut reports[slot];
-            match &o.error {
-                None => {
-                    report.sent += 1;
-                    report.raw_bytes += o.size;
-                }
-                Some(e) => {
-                    self.failures.report(&report.batch, Some(&o.path), e);
-                    let object = o.id.to_string();
-                    note(
-                        "a failed file",
-                        catalog.file_state(
-                            &keys[slot],
-                            &object,
-                            &o.path,
-                            o.size,
-                            "failed",
-                            None,
-                            None,
-                            Some(e),
-                        ),
-                    );
-                    report.errors.push(format!("{}: {e}", o.path));
-                    report.failed += 1;
-                }
-            }
-        }
-        let sealed = sink.sealed.into_inner().unwrap_or_else(|e| e.into_inner());
-        let ended_at = now_us();
-        for ((report, batch_key), objects) in reports.iter_mut().zip(&keys).zip(&members) {
-            report.sealed_bytes = sealed.get(batch_key).copied().unwrap_or(0);
-            report.seconds = started.elapsed().as_secs_f64();
-            if report.failed == 0 {
-                // Only a whole batch is offered to the core.
-                let what = format!("seal of batch {}", report.batch);
-                if let Err(e) = self
-                    .retry
-                    .run(&what, || self.client.seal_batch(batch_key, objects))
-                {
-                    let error = format!("cannot seal the batch at the relay: {e}");
-                    self.failures.report(&report.batch, None, &error);
-                    report.errors.push(error);
-                    report.failed += 1;
-                }
-            }
-            let state = if report.failed == 0 { "sent" } else { "failed" };
-            let (files, bytes) = (report.files as u64, report.raw_bytes);
-            note(
-                "a batch",
-                catalog.batch_state(batch_key, "edge", "", &report.batch, files, bytes, state),
-            );
-            note(
-                "a stage",
-                catalog.stage(batch_key, "send", started_at, Some(ended_at)),
-            );
-        }
-        reports
     }
 }

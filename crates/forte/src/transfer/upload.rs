@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use anyhow::Result;
 use forte_catalog::{Catalog, PartHashes};
 use forte_format::{Manifest, ObjectId};
-use forte_prepare::{HeldPart, Sink};
+use forte_prepare::{FileOutcome, HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
 use forte_relay::client::{RelayClient, RelayError};
 
@@ -19,21 +19,24 @@ pub struct UploadSink<'a> {
     /// Each object's batch: the opaque id the relay groups objects by, also the batch's
     /// catalogue key. Objects of several batches flow through one pass, so the link never
     /// idles between batches.
-    pub batch_of: &'a HashMap<ObjectId, String>,
+    pub batch_of: &'a Mutex<HashMap<ObjectId, String>>,
     pub retry: Retry,
     pub catalog: &'a Catalog,
-    /// Sealed bytes uploaded, per batch.
-    pub sealed: Mutex<HashMap<String, u64>>,
+    /// Sealed bytes uploaded so far, per object.
+    pub sealed: Mutex<HashMap<ObjectId, u64>>,
+    /// Told of every finished file with its sealed bytes.
+    pub on_done: &'a (dyn Fn(&FileOutcome, u64) + Sync),
 }
 
 impl UploadSink<'_> {
-    fn batch(&self, id: ObjectId) -> &str {
-        self.batch_of.get(&id).map_or("", String::as_str)
+    fn batch(&self, id: ObjectId) -> String {
+        let batch_of = self.batch_of.lock().unwrap_or_else(|e| e.into_inner());
+        batch_of.get(&id).cloned().unwrap_or_default()
     }
 
     fn count(&self, id: ObjectId, bytes: usize) {
         let mut sealed = self.sealed.lock().unwrap_or_else(|e| e.into_inner());
-        *sealed.entry(self.batch(id).to_string()).or_default() += bytes as u64;
+        *sealed.entry(id).or_default() += bytes as u64;
     }
 
     fn attempt<T>(
@@ -43,7 +46,7 @@ impl UploadSink<'_> {
         part: Option<u32>,
         op: impl FnOnce() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        crate::record::attempt(self.catalog, task, self.batch(id), id, part, op)
+        crate::record::attempt(self.catalog, task, &self.batch(id), id, part, op)
     }
 }
 
@@ -65,7 +68,7 @@ impl Sink for UploadSink<'_> {
         note(
             "an uploaded part",
             self.catalog
-                .part_state(self.batch(id), &object, index, "uploaded", &hashes),
+                .part_state(&self.batch(id), &object, index, "uploaded", &hashes),
         );
         Ok(())
     }
@@ -81,10 +84,10 @@ impl Sink for UploadSink<'_> {
             })
             .collect();
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
+        let batch = self.batch(manifest.id);
         self.retry.run(&what, || {
             self.attempt("seal", manifest.id, None, || {
-                self.client
-                    .seal(manifest.id, self.batch(manifest.id), parts.clone(), sealed)
+                self.client.seal(manifest.id, &batch, parts.clone(), sealed)
             })
         })?;
         self.count(manifest.id, sealed.len());
@@ -96,13 +99,8 @@ impl Sink for UploadSink<'_> {
             };
             note(
                 "a sealed part",
-                self.catalog.part_state(
-                    self.batch(manifest.id),
-                    &object,
-                    p.index,
-                    "sealed",
-                    &hashes,
-                ),
+                self.catalog
+                    .part_state(&batch, &object, p.index, "sealed", &hashes),
             );
         }
         let (path, size, sha) = (
@@ -112,22 +110,22 @@ impl Sink for UploadSink<'_> {
         );
         note(
             "a sealed file",
-            self.catalog.file_state(
-                self.batch(manifest.id),
-                &object,
-                path,
-                size,
-                "sealed",
-                sha,
-                None,
-                None,
-            ),
+            self.catalog
+                .file_state(&batch, &object, path, size, "sealed", sha, None, None),
         );
         Ok(())
     }
 
-    fn abandon(&self, _id: ObjectId) {
-        // Parts already at the relay stay there unsealed: the next run of send resumes them.
+    fn done(&self, outcome: &FileOutcome) {
+        // A failed file's parts already at the relay stay there unsealed: the next run of send
+        // resumes them.
+        let bytes = self
+            .sealed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&outcome.id)
+            .unwrap_or(0);
+        (self.on_done)(outcome, bytes);
     }
 }
 
