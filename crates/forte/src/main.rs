@@ -44,13 +44,16 @@ enum Command {
     Pull(commands::pull::Args),
     /// Batches and files in the catalogue with their state; a file's lineage with --file.
     Status(commands::status::Args),
+    /// The pipeline's KPIs: batch latency (queueing and processing per task), R_b, R_P,
+    /// daily capacity; a timeline and utilisation charts.
+    Report(commands::report::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Status(_)) {
+    if matches!(cli.command, Command::Status(_) | Command::Report(_)) {
         // Like other Unix tools, end quietly when the reader of our output goes away
         // (`forte status | head`). Only here: a relay or a transfer must never die because
         // whoever read its log went away.
@@ -76,6 +79,7 @@ fn main() -> ExitCode {
         Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
         Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
         Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
+        Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

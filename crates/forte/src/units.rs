@@ -46,6 +46,51 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     ))
 }
 
+/// Parses a data rate into bytes per second: a decimal number, a unit (`B`, `kB`, `MB`,
+/// `GB`, `TB` decimal as links and storage are quoted; `KiB`… binary; `mbit`, `gbit`) and an
+/// optional period (`/s` default, `/h`, `/day`): `65MB`, `520mbit`, `3.36TB/day`.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let (amount, period) = t.split_once('/').unwrap_or((t, "s"));
+    let per_second = match period.trim() {
+        "s" | "sec" => 1.0,
+        "min" => 60.0,
+        "h" => 3600.0,
+        "d" | "day" => 86_400.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown period {other:?} (use /s, /h or /day)"
+            ))
+        }
+    };
+    let digits = amount
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(amount.len());
+    let (number, unit) = amount.split_at(digits);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a rate (examples: 65MB, 520mbit, 3.36TB/day)"))?;
+    let bytes = match unit.trim() {
+        "" | "B" => 1.0,
+        "k" | "kB" | "KB" => 1e3,
+        "M" | "MB" => 1e6,
+        "G" | "GB" => 1e9,
+        "T" | "TB" => 1e12,
+        "KiB" => 1024.0,
+        "MiB" => 1024.0 * 1024.0,
+        "GiB" => 1024.0 * 1024.0 * 1024.0,
+        "kbit" => 1e3 / 8.0,
+        "mbit" | "Mbit" => 1e6 / 8.0,
+        "gbit" | "Gbit" => 1e9 / 8.0,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?} (use B, kB, MB, GB, TB, MiB or mbit)"
+            ))
+        }
+    };
+    Ok(number * bytes / per_second)
+}
+
 /// A size for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -65,6 +110,16 @@ pub fn human(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_parse() {
+        assert_eq!(parse_rate("65MB"), Ok(65e6));
+        assert_eq!(parse_rate("520mbit"), Ok(65e6));
+        assert_eq!(parse_rate("3.36TB/day"), Ok(3.36e12 / 86_400.0));
+        assert!(parse_rate("3 bananas")
+            .unwrap_err()
+            .contains("unknown unit"));
+    }
 
     #[test]
     fn durations_parse() {

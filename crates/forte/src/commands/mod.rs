@@ -6,6 +6,7 @@ pub mod keygen;
 pub mod pack;
 pub mod pull;
 pub mod relay;
+pub mod report;
 pub mod send;
 pub mod status;
 pub mod unpack;

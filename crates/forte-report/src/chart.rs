@@ -1,0 +1,250 @@
+//! Charts as SVG written by hand (plain rectangles, lines and text: no font is needed to write
+//! them), and PNG rendered from that SVG with resvg.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use forte_catalog::UsageRow;
+
+use crate::kpi::BatchKpi;
+
+const WIDTH: f64 = 1000.0;
+const LEFT: f64 = 150.0;
+const RIGHT: f64 = 20.0;
+const ROW: f64 = 22.0;
+const TOP: f64 = 50.0;
+
+/// Colours of the timeline: queueing before a task, then the task itself.
+const QUEUE_SEND: &str = "#c8c8c8";
+const SEND: &str = "#1f77b4";
+const QUEUE_PULL: &str = "#ffbb78";
+const PULL: &str = "#2ca02c";
+
+/// A Gantt chart: one row per batch in arrival order; for each, the time queued before
+/// `send`, `send`, the time waiting at the relay, and `pull`. The x axis is seconds since the
+/// first arrival.
+pub fn timeline_svg(title: &str, batches: &[BatchKpi]) -> String {
+    let t0 = batches.iter().map(|b| b.arrived).min().unwrap_or(0);
+    let t1 = batches
+        .iter()
+        .flat_map(|b| b.stages.iter().map(|s| s.ended))
+        .max()
+        .unwrap_or(t0 + 1)
+        .max(t0 + 1);
+    let span = (t1 - t0) as f64 / 1e6;
+    let x = |t: i64| LEFT + (t - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
+    let height = TOP + ROW * batches.len() as f64 + 60.0;
+    let mut svg = header(WIDTH, height, title);
+    axis(
+        &mut svg,
+        span,
+        TOP + ROW * batches.len() as f64,
+        LEFT,
+        WIDTH - RIGHT,
+    );
+    for (i, b) in batches.iter().enumerate() {
+        let y = TOP + ROW * i as f64;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="12" text-anchor="end">{} ({})</text>"#,
+            LEFT - 6.0,
+            y + 15.0,
+            escape(&b.name),
+            short_bytes(b.raw_bytes)
+        );
+        for s in &b.stages {
+            let (queue, work) = if s.stage == "send" {
+                (QUEUE_SEND, SEND)
+            } else {
+                (QUEUE_PULL, PULL)
+            };
+            bar(&mut svg, x(s.queued_from), x(s.started), y + 3.0, queue);
+            bar(&mut svg, x(s.started), x(s.ended), y + 3.0, work);
+        }
+    }
+    let legend_y = TOP + ROW * batches.len() as f64 + 40.0;
+    let items = [
+        (QUEUE_SEND, "queued at the edge"),
+        (SEND, "send (prepare + upload)"),
+        (QUEUE_PULL, "waiting at the relay"),
+        (PULL, "pull (verify + deliver)"),
+    ];
+    for (i, (colour, label)) in items.iter().enumerate() {
+        let lx = LEFT + i as f64 * 200.0;
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{lx}" y="{}" width="14" height="12" fill="{colour}"/><text x="{}" y="{}" font-size="12">{label}</text>"#,
+            legend_y - 10.0,
+            lx + 18.0,
+            legend_y
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Utilisation over time, one panel per measure, one line per node: CPU %, memory, disk
+/// read + write, network send and receive.
+pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
+    type Measure = (&'static str, fn(&UsageRow) -> f64, &'static str);
+    let measures: [Measure; 5] = [
+        ("CPU", |u| u.cpu_percent, "%"),
+        ("memory", |u| u.memory_used as f64 / 1e6, "MB"),
+        (
+            "disk read + write",
+            |u| (u.disk_read_bps + u.disk_write_bps) / 1e6,
+            "MB/s",
+        ),
+        ("network send", |u| u.net_tx_bps / 1e6, "MB/s"),
+        ("network receive", |u| u.net_rx_bps / 1e6, "MB/s"),
+    ];
+    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+    let mut nodes: Vec<&str> = rows.iter().map(|u| u.node.as_str()).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let t0 = rows.iter().map(|u| u.at).min().unwrap_or(0);
+    let t1 = rows
+        .iter()
+        .map(|u| u.at)
+        .max()
+        .unwrap_or(t0 + 1)
+        .max(t0 + 1);
+    let span = (t1 - t0) as f64 / 1e6;
+    let panel = 150.0;
+    let height = TOP + panel * measures.len() as f64 + 40.0;
+    let mut svg = header(WIDTH, height, title);
+    for (m, (name, value, unit)) in measures.iter().enumerate() {
+        let top = TOP + panel * m as f64;
+        let bottom = top + panel - 40.0;
+        let max = rows.iter().map(value).fold(0.0, f64::max).max(1e-9);
+        let _ = writeln!(
+            svg,
+            r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {max:.1} {unit})</text>"#,
+            top - 4.0
+        );
+        axis(&mut svg, span, bottom, LEFT, WIDTH - RIGHT);
+        for (n, node) in nodes.iter().enumerate() {
+            let points: String = rows
+                .iter()
+                .filter(|u| u.node == *node)
+                .map(|u| {
+                    let px = LEFT + (u.at - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
+                    let py = bottom - value(u) / max * (bottom - top - 6.0);
+                    format!("{px:.1},{py:.1} ")
+                })
+                .collect();
+            let colour = colours[n % colours.len()];
+            let _ = writeln!(
+                svg,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>"#
+            );
+            if m == 0 {
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{}" y="{}" font-size="12" fill="{colour}">{}</text>"#,
+                    WIDTH - RIGHT - 220.0,
+                    top + 14.0 * (n as f64 + 1.0),
+                    escape(node)
+                );
+            }
+        }
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// Writes `svg` to `path` and a PNG of it next to it (same name, `.png`).
+pub fn write_svg_and_png(svg: &str, path: &Path) -> Result<()> {
+    std::fs::write(path, svg).with_context(|| format!("cannot write {}", path.display()))?;
+    let png = path.with_extension("png");
+    let mut options = resvg::usvg::Options::default();
+    options.fontdb_mut().load_system_fonts();
+    if options.fontdb.is_empty() {
+        anyhow::bail!(
+            "no fonts found for the labels of {}: install a TrueType font (Debian: fonts-dejavu-core)",
+            png.display()
+        );
+    }
+    let tree = resvg::usvg::Tree::from_str(svg, &options)
+        .with_context(|| format!("cannot read back the chart {}", path.display()))?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height())
+        .context("the chart has no area")?;
+    pixmap.fill(resvg::tiny_skia::Color::WHITE);
+    resvg::render(
+        &tree,
+        resvg::tiny_skia::Transform::default(),
+        &mut pixmap.as_mut(),
+    );
+    pixmap
+        .save_png(&png)
+        .with_context(|| format!("cannot write {}", png.display()))
+}
+
+fn header(width: f64, height: f64, title: &str) -> String {
+    format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif">
+<rect width="100%" height="100%" fill="white"/>
+<text x="{LEFT}" y="24" font-size="16" font-weight="bold">{}</text>
+"#,
+        escape(title)
+    )
+}
+
+fn bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
+    if x1 > x0 {
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{}" fill="{colour}"/>"#,
+            x1 - x0,
+            ROW - 6.0
+        );
+    }
+}
+
+/// A time axis at `y` from `x0` to `x1` over `span` seconds, with about ten ticks.
+fn axis(svg: &mut String, span: f64, y: f64, x0: f64, x1: f64) {
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#444"/>"##
+    );
+    let raw = span / 10.0;
+    let magnitude = 10f64.powf(raw.max(1e-9).log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * magnitude)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * magnitude);
+    let decimals = if step >= 1.0 { 0 } else { 1 };
+    let mut tick = 0u32;
+    loop {
+        let t = f64::from(tick) * step;
+        if t > span + 1e-9 {
+            break;
+        }
+        let x = x0 + t / span * (x1 - x0);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x:.1}" y1="{y}" x2="{x:.1}" y2="{}" stroke="#444"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{t:.decimals$} s</text>"##,
+            y + 4.0,
+            y + 16.0
+        );
+        tick += 1;
+    }
+}
+
+fn short_bytes(bytes: u64) -> String {
+    match bytes {
+        b if b >= 1_000_000_000 => format!("{:.1} GB", b as f64 / 1e9),
+        b if b >= 1_000_000 => format!("{:.0} MB", b as f64 / 1e6),
+        b => format!("{:.0} kB", b as f64 / 1e3),
+    }
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}

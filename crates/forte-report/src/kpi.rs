@@ -1,0 +1,346 @@
+//! The KPIs of FORTE §2.2, from what the edge's and the core's catalogues recorded.
+//!
+//! A batch passes two tasks: `send` on the edge (prepare and upload; it starts when the
+//! batch's first file leaves the queue and ends when the batch is sealed at the relay) and
+//! `pull` on the core (download, verify, deliver; it starts when the core takes the batch).
+//! Its queueing before `send` runs from its arrival (when the edge found it ready) to the start
+//! of `send`; its queueing before `pull` is its time at the relay. So
+//!
+//! ```text
+//! l_b = q_send + t_send + q_pull + t_pull = pull end − arrival,   R_b = size(b) / l_b
+//! R_P = Σ size(b) / (last pull end − first send start)
+//! ```
+//!
+//! Times come from two machines' clocks when edge and core are separate; they must be
+//! synchronised (NTP) for the queueing at the relay to be meaningful.
+
+use forte_catalog::{BatchRow, StageRow, UsageRow};
+use serde::Serialize;
+
+/// One task of one batch: queued from `queued_from`, worked on from `started` to `ended`
+/// (microseconds since the Unix epoch).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct StageSpan {
+    pub stage: String,
+    pub queued_from: i64,
+    pub started: i64,
+    pub ended: i64,
+}
+
+impl StageSpan {
+    pub fn queueing_s(&self) -> f64 {
+        seconds(self.started - self.queued_from)
+    }
+
+    pub fn processing_s(&self) -> f64 {
+        seconds(self.ended - self.started)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct BatchKpi {
+    pub name: String,
+    pub site: String,
+    /// The opaque id the relay knows the batch by.
+    pub batch_id: String,
+    pub files: i64,
+    pub raw_bytes: u64,
+    /// Bytes on the wire (sealed parts and manifests); 0 when the core's record is missing.
+    pub sealed_bytes: u64,
+    pub arrived: i64,
+    pub stages: Vec<StageSpan>,
+    /// l_b in seconds; `None` while the batch is not delivered.
+    pub latency_s: Option<f64>,
+    pub queueing_s: f64,
+    pub processing_s: f64,
+    /// R_b in MB/s (decimal).
+    pub rate_mb_s: Option<f64>,
+}
+
+impl BatchKpi {
+    /// The share of the batch's latency spent queueing.
+    pub fn queueing_share(&self) -> Option<f64> {
+        self.latency_s
+            .filter(|l| *l > 0.0)
+            .map(|l| self.queueing_s / l)
+    }
+
+    pub fn delivered_at(&self) -> Option<i64> {
+        self.latency_s
+            .and_then(|_| self.stages.last().map(|s| s.ended))
+    }
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct RunKpi {
+    pub batches: usize,
+    pub delivered: usize,
+    pub raw_bytes: u64,
+    pub sealed_bytes: u64,
+    /// Pipeline start: the first batch begins its first task.
+    pub started: i64,
+    /// Pipeline end: the last delivered batch finishes its last task.
+    pub ended: i64,
+    pub seconds: f64,
+    /// R_P in MB/s over delivered batches.
+    pub rate_mb_s: f64,
+    /// R_P × 86 400 s, in bytes.
+    pub daily_capacity_bytes: f64,
+    /// Raw bytes over bytes on the wire.
+    pub compression_ratio: f64,
+    pub mean_latency_s: f64,
+    pub max_latency_s: f64,
+}
+
+/// Batch KPIs from every batch row (any role, any number of catalogues) with its stages.
+/// Edge rows carry arrival, size and `send`; core rows (keyed `site/id`) carry `pull`.
+pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
+    let core = |id: &str| {
+        rows.iter().find(|(b, _)| {
+            b.role == "core" && b.batch_key.rsplit_once('/').map(|(_, k)| k) == Some(id)
+        })
+    };
+    let stage = |stages: &[StageRow], name: &str| {
+        stages
+            .iter()
+            .find(|s| s.stage == name)
+            .and_then(|s| Some((s.started_at, s.ended_at?)))
+    };
+    let mut out: Vec<BatchKpi> = rows
+        .iter()
+        .filter(|(b, _)| b.role == "edge")
+        .map(|(edge, edge_stages)| {
+            let core = core(&edge.batch_key);
+            let mut spans = Vec::new();
+            if let Some((started, ended)) = stage(edge_stages, "send") {
+                spans.push(StageSpan {
+                    stage: "send".into(),
+                    queued_from: edge.created_at.min(started),
+                    started,
+                    ended,
+                });
+                if let Some((pull_started, pull_ended)) =
+                    core.and_then(|(_, stages)| stage(stages, "pull"))
+                {
+                    spans.push(StageSpan {
+                        stage: "pull".into(),
+                        queued_from: ended.min(pull_started),
+                        started: pull_started,
+                        ended: pull_ended,
+                    });
+                }
+            }
+            let delivered = spans.len() == 2;
+            let latency_s = delivered.then(|| seconds(spans[1].ended - edge.created_at));
+            let raw_bytes = edge.bytes.max(0) as u64;
+            BatchKpi {
+                name: edge.name.clone(),
+                site: core.map(|(b, _)| b.site.clone()).unwrap_or_default(),
+                batch_id: edge.batch_key.clone(),
+                files: edge.files,
+                raw_bytes,
+                sealed_bytes: core.map_or(0, |(b, _)| b.bytes.max(0) as u64),
+                arrived: edge.created_at,
+                queueing_s: spans.iter().map(StageSpan::queueing_s).sum(),
+                processing_s: spans.iter().map(StageSpan::processing_s).sum(),
+                rate_mb_s: latency_s
+                    .filter(|l| *l > 0.0)
+                    .map(|l| raw_bytes as f64 / 1e6 / l),
+                latency_s,
+                stages: spans,
+            }
+        })
+        .collect();
+    out.sort_by_key(|b| (b.arrived, b.name.clone()));
+    out
+}
+
+/// The run's KPIs over the delivered batches; `None` when none was delivered.
+pub fn run(batches: &[BatchKpi]) -> Option<RunKpi> {
+    let delivered: Vec<&BatchKpi> = batches.iter().filter(|b| b.latency_s.is_some()).collect();
+    let started = delivered
+        .iter()
+        .filter_map(|b| b.stages.first().map(|s| s.started))
+        .min()?;
+    let ended = delivered.iter().filter_map(|b| b.delivered_at()).max()?;
+    let raw_bytes: u64 = delivered.iter().map(|b| b.raw_bytes).sum();
+    let sealed_bytes: u64 = delivered.iter().map(|b| b.sealed_bytes).sum();
+    let secs = seconds(ended - started);
+    let rate = if secs > 0.0 {
+        raw_bytes as f64 / secs
+    } else {
+        0.0
+    };
+    let latencies: Vec<f64> = delivered.iter().filter_map(|b| b.latency_s).collect();
+    Some(RunKpi {
+        batches: batches.len(),
+        delivered: delivered.len(),
+        raw_bytes,
+        sealed_bytes,
+        started,
+        ended,
+        seconds: secs,
+        rate_mb_s: rate / 1e6,
+        daily_capacity_bytes: rate * 86_400.0,
+        compression_ratio: if sealed_bytes > 0 {
+            raw_bytes as f64 / sealed_bytes as f64
+        } else {
+            0.0
+        },
+        mean_latency_s: latencies.iter().sum::<f64>() / latencies.len() as f64,
+        max_latency_s: latencies.iter().copied().fold(0.0, f64::max),
+    })
+}
+
+/// How busy the edge's link was while batches waited for it.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LinkUse {
+    pub link_rate_bytes_s: f64,
+    /// One-second samples lying wholly within a time when some batch had arrived and was not
+    /// yet sent.
+    pub samples: usize,
+    /// The share of those samples sending at ≥ 90 % of the link rate.
+    pub share_at_90_percent: f64,
+    pub min_share_of_link: f64,
+    pub median_share_of_link: f64,
+    pub mean_share_of_link: f64,
+}
+
+/// The edge's network send rate (from its utilisation samples, nodes named `edge@…`) while any
+/// batch waited to be sent, against `link_rate` bytes per second.
+pub fn link_use(batches: &[BatchKpi], usage: &[UsageRow], link_rate: f64) -> Option<LinkUse> {
+    let busy: Vec<(i64, i64)> = batches
+        .iter()
+        .filter_map(|b| b.stages.first().map(|s| (b.arrived, s.ended)))
+        .collect();
+    let waiting = |from: i64, to: i64| {
+        // Some batch is waiting at every moment of [from, to]: the union of the busy
+        // intervals covers it.
+        let mut covered = from;
+        let mut spans: Vec<&(i64, i64)> =
+            busy.iter().filter(|(a, e)| *e > from && *a < to).collect();
+        spans.sort();
+        for (a, e) in spans {
+            if *a > covered {
+                return false;
+            }
+            covered = covered.max(*e);
+        }
+        covered >= to
+    };
+    let mut shares: Vec<f64> = usage
+        .iter()
+        .filter(|u| u.node.starts_with("edge@"))
+        .filter(|u| waiting(u.at - (u.seconds * 1e6) as i64, u.at))
+        .map(|u| u.net_tx_bps / link_rate)
+        .collect();
+    if shares.is_empty() {
+        return None;
+    }
+    shares.sort_by(f64::total_cmp);
+    let n = shares.len();
+    Some(LinkUse {
+        link_rate_bytes_s: link_rate,
+        samples: n,
+        share_at_90_percent: shares.iter().filter(|s| **s >= 0.9).count() as f64 / n as f64,
+        min_share_of_link: shares[0],
+        median_share_of_link: shares[n / 2],
+        mean_share_of_link: shares.iter().sum::<f64>() / n as f64,
+    })
+}
+
+/// Whether a daily capacity sustains a nominal rate (bytes per day), in words with numbers.
+pub fn verdict(daily_capacity_bytes: f64, nominal_bytes_per_day: f64) -> String {
+    let tb = |b: f64| b / 1e12;
+    if daily_capacity_bytes >= nominal_bytes_per_day {
+        format!(
+            "sustainable: {:.2} TB/day of capacity for {:.2} TB/day nominal ({:.1}× headroom)",
+            tb(daily_capacity_bytes),
+            tb(nominal_bytes_per_day),
+            daily_capacity_bytes / nominal_bytes_per_day
+        )
+    } else {
+        format!(
+            "NOT sustainable: {:.2} TB/day of capacity for {:.2} TB/day nominal, short by {:.2} TB/day ({:.0} %)",
+            tb(daily_capacity_bytes),
+            tb(nominal_bytes_per_day),
+            tb(nominal_bytes_per_day - daily_capacity_bytes),
+            100.0 * (1.0 - daily_capacity_bytes / nominal_bytes_per_day)
+        )
+    }
+}
+
+fn seconds(us: i64) -> f64 {
+    us as f64 / 1e6
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(role: &str, key: &str, name: &str, bytes: i64, created: i64) -> BatchRow {
+        BatchRow {
+            batch_key: key.into(),
+            role: role.into(),
+            site: if role == "core" {
+                "mine".into()
+            } else {
+                "".into()
+            },
+            name: name.into(),
+            state: "x".into(),
+            files: 2,
+            bytes,
+            created_at: created,
+            updated_at: created,
+        }
+    }
+
+    fn stage(name: &str, s: i64, e: i64) -> StageRow {
+        StageRow {
+            stage: name.into(),
+            started_at: s * 1_000_000,
+            ended_at: Some(e * 1_000_000),
+        }
+    }
+
+    #[test]
+    fn latency_is_queueing_plus_processing_across_both_nodes() {
+        let rows = vec![
+            (
+                row("edge", "b1", "A", 100_000_000, 0),
+                vec![stage("send", 2, 6)],
+            ),
+            (
+                row("core", "mine/b1", "", 40_000_000, 7_000_000),
+                vec![stage("pull", 7, 10)],
+            ),
+            (
+                row("edge", "b2", "B", 50_000_000, 1_000_000),
+                vec![stage("send", 6, 8)],
+            ),
+        ];
+        let kpis = batches(&rows);
+        let a = &kpis[0];
+        assert_eq!(a.latency_s, Some(10.0));
+        assert_eq!(a.queueing_s, 2.0 + 1.0);
+        assert_eq!(a.processing_s, 4.0 + 3.0);
+        assert_eq!(a.rate_mb_s, Some(10.0));
+        assert_eq!(a.queueing_share(), Some(0.3));
+        // B is not delivered: no latency, and not counted in R_P.
+        assert_eq!(kpis[1].latency_s, None);
+        let run = run(&kpis).unwrap();
+        assert_eq!((run.delivered, run.batches), (1, 2));
+        assert_eq!(run.seconds, 8.0);
+        assert_eq!(run.rate_mb_s, 12.5);
+        assert_eq!(run.daily_capacity_bytes, 12.5e6 * 86_400.0);
+        assert_eq!(run.compression_ratio, 2.5);
+    }
+
+    #[test]
+    fn verdict_says_by_how_much() {
+        assert!(verdict(4e12, 3.36e12).starts_with("sustainable"));
+        let short = verdict(2.16e12, 3.36e12);
+        assert!(short.contains("short by 1.20 TB/day (36 %)"), "{short}");
+    }
+}
