@@ -28,6 +28,7 @@ struct LogLine<'a> {
 
 impl Failures {
     pub fn report(&self, batch: &str, file: Option<&str>, error: &str) {
+        crate::monitor::failure(self.role);
         let line = LogLine {
             at: format_utc(forte_catalog::now_us()),
             level: "error",

@@ -4,6 +4,7 @@ mod commands;
 mod config;
 mod hook;
 mod layout;
+mod monitor;
 mod progress;
 mod record;
 mod schedule;

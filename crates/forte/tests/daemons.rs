@@ -238,3 +238,74 @@ fn killed_pullers_deliver_exactly_once_and_never_show_partial_files() {
         "nothing is delivered twice"
     );
 }
+
+#[test]
+fn sender_and_puller_serve_prometheus_metrics() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let (edge_addr, core_addr) = (free_addr(), free_addr());
+    let _send = spawn(&site.send(&["--watch", "--interval", "1", "--metrics", &edge_addr]));
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1", "--metrics", &core_addr]);
+    let _pull = spawn(&pull);
+    let batch = write_batch(&inbox, "measured", 3, 1_200_000);
+    let expected = source_hashes(&batch);
+    let dest = site.root.join("dest/site-a/measured");
+    assert!(
+        wait_for(60, || visible(&dest) == expected),
+        "batch not delivered"
+    );
+
+    let edge_sent = || {
+        scrape(&edge_addr).and_then(|s| {
+            sample(
+                &s,
+                "forte_batches_total",
+                &[("role", "edge"), ("outcome", "sent")],
+            )
+        })
+    };
+    assert!(
+        wait_for(20, || edge_sent() == Some(1.0)),
+        "{:?}",
+        edge_sent()
+    );
+    let edge = scrape(&edge_addr).unwrap();
+    let compressed = sample(
+        &edge,
+        "forte_stage_bytes_in_total",
+        &[("role", "edge"), ("stage", "compress")],
+    );
+    assert_eq!(
+        compressed,
+        Some(3.0 * 1_200_000.0),
+        "raw bytes into compress"
+    );
+    assert_eq!(
+        sample(&edge, "forte_queue_files", &[("role", "edge")]),
+        Some(0.0)
+    );
+
+    let core_delivered = || {
+        scrape(&core_addr).and_then(|s| {
+            sample(
+                &s,
+                "forte_batches_total",
+                &[("role", "core"), ("outcome", "delivered")],
+            )
+        })
+    };
+    assert!(
+        wait_for(20, || core_delivered() == Some(1.0)),
+        "{:?}",
+        core_delivered()
+    );
+    let core = scrape(&core_addr).unwrap();
+    let verified = sample(
+        &core,
+        "forte_stage_items_total",
+        &[("role", "core"), ("stage", "verify_ciphertext")],
+    );
+    assert_eq!(verified, Some(3.0), "one part per file verified");
+}

@@ -35,6 +35,9 @@ pub struct Daemon {
     /// and FORTE_ERROR describe the failure.
     #[arg(long, value_name = "CMD")]
     pub on_failure: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 /// `n` in MB/s over `seconds`, in decimal megabytes as storage and links are quoted.

@@ -119,11 +119,38 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
                 (waiting, objects)
             })
             .collect();
-        Ok(policy.order(waiting, now))
+        let ordered = policy.order(waiting, now);
+        let bytes = ordered
+            .iter()
+            .flatten()
+            .flat_map(|o| &o.parts)
+            .map(|p| p.length)
+            .sum();
+        crate::monitor::queue(
+            "core",
+            ordered.len(),
+            ordered.iter().map(Vec::len).sum(),
+            bytes,
+        );
+        Ok(ordered)
     };
+    if let Some(addr) = args.daemon.metrics {
+        crate::monitor::serve(addr)?;
+    }
     let pull = |batch: Vec<ReadyObject>| -> BatchReport {
         let restore = Restore::new(settings.clone(), &identities, &trusted);
-        let report = core.pull_batch(&restore, batch);
+        let report = crate::monitor::while_running(
+            "core",
+            &restore.pipeline,
+            || {},
+            || core.pull_batch(&restore, batch),
+        );
+        let outcome = if report.error.is_none() {
+            "delivered"
+        } else {
+            "failed"
+        };
+        crate::monitor::batch_done("core", outcome);
         if !args.output.json {
             print_report(&report);
         }

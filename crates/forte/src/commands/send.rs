@@ -107,6 +107,9 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         in_flight: Mutex::default(),
         finished: Mutex::default(),
     };
+    if let Some(addr) = args.daemon.metrics {
+        crate::monitor::serve(addr)?;
+    }
     let settle = Duration::from_secs(args.settle);
     if !args.daemon.watch {
         let started = Instant::now();
@@ -529,6 +532,7 @@ impl Edge<'_> {
             }
         }
         let state = if report.failed == 0 { "sent" } else { "failed" };
+        crate::monitor::batch_done("edge", state);
         let (files, bytes) = (report.files as u64, report.raw_bytes);
         let ended_at = now_us();
         note(
@@ -581,8 +585,14 @@ impl Edge<'_> {
             on_done: &|outcome, sealed| self.file_done(outcome, sealed),
         };
         let (files, bytes) = self.queue.totals();
-        prepare_with_progress(&prepare, files, bytes, quiet, || {
-            prepare.run_from(self, &sink)
+        let publish_queue = || {
+            let (files, bytes) = self.queue.totals();
+            crate::monitor::queue("edge", lock(&self.in_flight).len(), files, bytes);
+        };
+        crate::monitor::while_running("edge", &prepare.pipeline, publish_queue, || {
+            prepare_with_progress(&prepare, files, bytes, quiet, || {
+                prepare.run_from(self, &sink)
+            })
         });
         self.abandon_unfinished();
     }

@@ -48,6 +48,7 @@ impl Retry {
                 Err(e) if self.attempts.is_some_and(|n| attempt >= n) => return Err(e),
                 Err(e) => {
                     let wait = jitter(delay);
+                    crate::monitor::retry();
                     eprintln!(
                         "retrying {what} in {:.1} s (attempt {attempt}): {e}",
                         wait.as_secs_f64()

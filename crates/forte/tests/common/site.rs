@@ -233,3 +233,45 @@ pub fn wait_for(seconds: u64, mut done: impl FnMut() -> bool) -> bool {
     }
     done()
 }
+
+/// A loopback address with a port free at the moment of asking.
+pub fn free_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// `GET /metrics` at `addr`, parsed as Prometheus' text format; `None` while not served.
+pub fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    Some(prometheus_parse::Scrape::parse(lines).expect("Prometheus text format"))
+}
+
+/// The value of the sample `metric` whose labels include all of `labels`, if any.
+pub fn sample(
+    scrape: &prometheus_parse::Scrape,
+    metric: &str,
+    labels: &[(&str, &str)],
+) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => panic!("{metric} is not a single number"),
+        })
+}
