@@ -43,6 +43,8 @@ pub struct RestoreConfig {
     /// Objects read at once: 1 for a local disk; more for a remote source, where each read
     /// is a round trip (one object's parts are always read in order).
     pub readers: usize,
+    /// Files written to the destination at once.
+    pub writers: usize,
 }
 
 /// Files already at the destination.
@@ -65,6 +67,7 @@ impl RestoreConfig {
             parts_in_flight: cpu + 4,
             existing: Existing::Refuse,
             readers: 1,
+            writers: 2,
         }
     }
 }
@@ -382,7 +385,7 @@ impl<'k> Restore<'k> {
                     Err(e) => fail(piece.problem(true, e)),
                 },
             );
-            p.sink(s, "assemble", 2, raw_rx, |piece| {
+            p.sink(s, "assemble", self.config.writers.max(1), raw_rx, |piece| {
                 let (id, index) = (piece.job.object.manifest.id, piece.index);
                 let path = piece.job.object.manifest.path.clone();
                 if let Err(e) = self.assemble(piece) {

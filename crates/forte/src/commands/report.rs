@@ -53,6 +53,13 @@ struct Report {
 }
 
 pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
+    let rate = |flag: &str, text: &Option<String>| -> Result<Option<f64>> {
+        text.as_deref()
+            .map(|t| parse_rate(t).map_err(|e| anyhow::anyhow!("--{flag}: {e}")))
+            .transpose()
+    };
+    let nominal = rate("nominal-rate", &args.nominal_rate)?;
+    let link_rate = rate("link-rate", &args.link_rate)?;
     let mut catalogs = vec![];
     for url in &args.with {
         catalogs.push(record::open(Some(url.clone()))?);
@@ -69,20 +76,14 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     usage.sort_by_key(|u| u.at);
     let batches = kpi::batches(&rows);
     let run = kpi::run(&batches);
-    let verdict = match (&args.nominal_rate, &run) {
-        (Some(text), Some(run)) => {
-            let nominal = parse_rate(text).map_err(anyhow::Error::msg)? * 86_400.0;
-            Some(kpi::verdict(run.daily_capacity_bytes, nominal))
-        }
+    let verdict = match (nominal, &run) {
+        (Some(per_second), Some(run)) => Some(kpi::verdict(
+            run.daily_capacity_bytes,
+            per_second * 86_400.0,
+        )),
         _ => None,
     };
-    let link = match &args.link_rate {
-        Some(text) => {
-            let rate = parse_rate(text).map_err(anyhow::Error::msg)?;
-            kpi::link_use(&batches, &usage, rate)
-        }
-        None => None,
-    };
+    let link = link_rate.and_then(|rate| kpi::link_use(&batches, &usage, rate));
     if let Some(dir) = &args.charts {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create chart directory {}", dir.display()))?;

@@ -50,6 +50,9 @@ pub struct OpenArgs {
     /// CPU budget [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     cpu: Option<usize>,
+    /// Files written to the destination at once [default: 2].
+    #[arg(long, value_name = "N")]
+    writers: Option<usize>,
 }
 
 impl OpenArgs {
@@ -75,6 +78,9 @@ impl OpenArgs {
         if let Some(cpu) = self.cpu.or(config.prepare.cpu) {
             settings.cpu = cpu.max(1);
             settings.parts_in_flight = settings.cpu + 4;
+        }
+        if let Some(writers) = self.writers {
+            settings.writers = writers.max(1);
         }
         Ok((
             Identities::load(&identity)?,

@@ -1,0 +1,146 @@
+//! `forte report` on a real run: batch latency split into queueing and processing per task,
+//! the order a queue policy imposes, and the charts.
+
+mod common;
+
+use common::site::*;
+use common::*;
+
+/// A large batch that sorts (and so arrives) first, then a small one; sent in one pass with
+/// `policy`, then pulled. Returns the site and the report as JSON.
+fn run_with(policy: &str) -> (Site, serde_json::Value) {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for i in 0..4 {
+        write(
+            &inbox.join(format!("a-large/bags/{i}.bag")),
+            &sample_bytes(2 << 20, i),
+        );
+    }
+    write(&inbox.join("a-large/.ready"), b"");
+    write(&inbox.join("b-small/log.txt"), &sample_bytes(100_000, 9));
+    write(&inbox.join("b-small/.ready"), b"");
+    ok(&site.send(&["--policy", policy, "--cpu", "1", "-q"]));
+    ok(&site.pull());
+    let report = ok(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--with",
+        &site.core_catalog,
+        "--format",
+        "json"
+    ]);
+    (site, serde_json::from_str(&report).unwrap())
+}
+
+fn batch<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    report["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == name)
+        .unwrap_or_else(|| panic!("no batch {name} in {report}"))
+}
+
+fn send_started(report: &serde_json::Value, name: &str) -> i64 {
+    batch(report, name)["stages"][0]["started"]
+        .as_i64()
+        .unwrap()
+}
+
+#[test]
+fn latency_is_queueing_plus_processing_per_task() {
+    let (_site, report) = run_with("fifo");
+    for name in ["a-large", "b-small"] {
+        let b = batch(&report, name);
+        let stages = b["stages"].as_array().unwrap();
+        assert_eq!(
+            stages
+                .iter()
+                .map(|s| s["stage"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            ["send", "pull"]
+        );
+        let latency = b["latency_s"].as_f64().unwrap();
+        let sum = b["queueing_s"].as_f64().unwrap() + b["processing_s"].as_f64().unwrap();
+        assert!((latency - sum).abs() < 1e-3, "{name}: {latency} != {sum}");
+        let end = stages[1]["ended"].as_i64().unwrap();
+        let arrived = b["arrived"].as_i64().unwrap();
+        assert!((latency - (end - arrived) as f64 / 1e6).abs() < 1e-3);
+        assert!(b["sealed_bytes"].as_u64().unwrap() > 0);
+    }
+    let run = &report["run"];
+    assert_eq!(run["delivered"], 2);
+    assert_eq!(
+        run["raw_bytes"].as_u64().unwrap(),
+        4 * (2 << 20) + 100_000,
+        "every raw byte of both batches"
+    );
+    let rate = run["rate_mb_s"].as_f64().unwrap();
+    let daily = run["daily_capacity_bytes"].as_f64().unwrap();
+    assert!((daily - rate * 1e6 * 86_400.0).abs() < 1.0);
+}
+
+#[test]
+fn fifo_serves_the_first_arrival_and_sjf_the_smallest() {
+    let (_fifo_site, fifo) = run_with("fifo");
+    assert!(send_started(&fifo, "a-large") < send_started(&fifo, "b-small"));
+    let (_sjf_site, sjf) = run_with("sjf");
+    assert!(send_started(&sjf, "b-small") < send_started(&sjf, "a-large"));
+}
+
+#[test]
+fn report_prints_the_verdict_and_writes_charts() {
+    let (site, _) = run_with("sjf-aging");
+    let charts = site.root.join("charts");
+    let text = ok(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--with",
+        &site.core_catalog,
+        "--nominal-rate",
+        "3.36TB/day",
+        "--charts",
+        &charts,
+        "--title",
+        "test run"
+    ]);
+    assert!(text.contains("R_P = "), "{text}");
+    assert!(
+        text.contains("verdict: sustainable") || text.contains("verdict: NOT sustainable"),
+        "{text}"
+    );
+    assert!(text.contains("3.36 TB/day nominal"), "{text}");
+    for chart in ["timeline", "utilisation"] {
+        let svg = std::fs::read_to_string(charts.join(format!("{chart}.svg"))).unwrap();
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        let png = std::fs::read(charts.join(format!("{chart}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{chart}.png is a PNG");
+    }
+    let timeline = std::fs::read_to_string(charts.join("timeline.svg")).unwrap();
+    assert!(timeline.contains("a-large") && timeline.contains("b-small"));
+
+    let csv = ok(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--with",
+        &site.core_catalog,
+        "--format",
+        "csv"
+    ]);
+    let lines: Vec<&str> = csv.lines().collect();
+    assert!(lines[0].starts_with("batch,raw_bytes,sealed_bytes,arrived_us,q_send_s"));
+    assert_eq!(lines.len(), 3, "{csv}");
+
+    let bad = fails(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--nominal-rate",
+        "lots"
+    ]);
+    assert!(bad.contains("\"lots\" is not a rate"), "{bad}");
+}
