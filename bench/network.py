@@ -129,6 +129,7 @@ def main():
     ap.add_argument("--scale", type=float, default=0.001)
     ap.add_argument("--connections", type=int, default=4, help="send's concurrent uploads")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of the puller (default: all cores)")
+    ap.add_argument("--level", type=int, default=3, help="zstd level of pack and send")
     ap.add_argument("--pull-after", action="store_true",
                     help="start the puller only after send finished (measures the edge leg alone)")
     args = ap.parse_args()
@@ -150,7 +151,8 @@ def main():
     # The baseline of the same invocation: forte pack of the same inbox, to tmpfs.
     out = Path("/dev/shm/forte-bench-network-pack")
     shutil.rmtree(out, ignore_errors=True)
-    pack = json.loads(subprocess.run([FORTE, "pack", inbox, "--to", out, "--recipient", WORK / "keys/core.pub",
+    pack = json.loads(subprocess.run([FORTE, "pack", inbox, "--to", out, "--level", str(args.level),
+                                      "--recipient", WORK / "keys/core.pub",
                                       "--sign", WORK / "keys/edge.key", "--json", "-q"],
                                      check=True, capture_output=True, text=True).stdout)
     shutil.rmtree(out, ignore_errors=True)
@@ -178,6 +180,7 @@ def main():
         puller = None if args.pull_after else start_puller()
         send = [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--recipient", WORK / "keys/core.pub",
                 "--sign", WORK / "keys/edge.key", *conn, WORK / "edge.token", "--connections", str(args.connections),
+                "--level", str(args.level),
                 "--json", "-q"]
         if shaped:
             send = ["ip", "netns", "exec", NS, *send]
