@@ -7,7 +7,7 @@
 //! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
 //! | POST | `/v1/objects/status` | edge | the state of many objects at once ([`StatusQuery`]) |
 //! | PUT | `/v1/batches/{batch}` | edge | the batch is complete: these are all its objects ([`BatchSeal`]) |
-//! | GET | `/v1/ready` | core | objects of complete batches waiting for pull ([`ReadyObject`]) |
+//! | GET | `/v1/ready` | core | objects of complete batches waiting for pull ([`ReadyObject`]); `?open=true` adds sealed objects of batches still being sent |
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
@@ -91,6 +91,18 @@ pub struct ReadyObject {
     pub parts: Vec<PartRef>,
     /// Seconds since the Unix epoch when the object was sealed.
     pub sealed_at: u64,
+    /// Whether the object's batch is sealed (complete). Only with `?open=true` are objects of
+    /// batches still being sent listed, for the core to fetch and verify ahead.
+    #[serde(default)]
+    pub batch_sealed: bool,
+}
+
+/// Query of `GET /v1/ready`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReadyQuery {
+    /// Also list sealed objects of batches not sealed yet.
+    #[serde(default)]
+    pub open: bool,
 }
 
 /// The JSON body of every error answer.

@@ -183,8 +183,14 @@ impl RelayClient {
             .map(drop)
     }
 
-    pub fn ready(&self) -> Result<Vec<ReadyObject>> {
-        let url = self.url("/v1/ready");
+    /// Objects of complete batches; with `open`, also sealed objects of batches still being
+    /// sent (each says whether its batch is sealed).
+    pub fn ready(&self, open: bool) -> Result<Vec<ReadyObject>> {
+        let url = self.url(if open {
+            "/v1/ready?open=true"
+        } else {
+            "/v1/ready"
+        });
         let r = self.send(url.clone(), self.http.get(&url))?;
         Self::json(&url, r)
     }

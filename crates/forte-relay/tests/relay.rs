@@ -107,19 +107,27 @@ fn upload_seal_pull_ack() {
         .unwrap_err();
     assert_eq!(err.status, Some(409));
     assert!(err.message.contains("[1]"), "{err}");
-    assert!(core.ready().unwrap().is_empty());
+    assert!(core.ready(false).unwrap().is_empty());
 
     edge.put_part(id, 1, &p1, &sha(&p1)).unwrap();
     edge.seal(id, "batch-1", vec![part(0, &p0), part(1, &p1)], &manifest)
         .unwrap();
-    // A sealed object is offered only once its batch is sealed: batches arrive whole.
-    assert!(core.ready().unwrap().is_empty());
+    // A sealed object is offered only once its batch is sealed: batches arrive whole. Asked
+    // for open batches too, the relay lists it as such, so the core can fetch ahead.
+    assert!(core.ready(false).unwrap().is_empty());
+    let open = core.ready(true).unwrap();
+    assert_eq!(
+        (open.len(), open[0].id, open[0].batch_sealed),
+        (1, id, false)
+    );
     let other = ObjectId::random();
     let err = edge.seal_batch("batch-1", &[id, other]).unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
     edge.seal_batch("batch-1", &[id]).unwrap();
-    let ready = core.ready().unwrap();
+    let ready = core.ready(false).unwrap();
     assert_eq!(ready.len(), 1);
+    assert!(ready[0].batch_sealed);
+    assert_eq!(core.ready(true).unwrap(), ready);
     assert_eq!(
         (ready[0].site.as_str(), ready[0].id, ready[0].batch.as_str()),
         ("site-a", id, "batch-1")
@@ -139,7 +147,7 @@ fn upload_seal_pull_ack() {
         edge.status(id).unwrap().unwrap().state,
         ObjectState::Delivered
     );
-    assert!(core.ready().unwrap().is_empty());
+    assert!(core.ready(false).unwrap().is_empty());
     let err = edge.put_part(id, 0, &p0, &sha(&p0)).unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
 }
@@ -168,7 +176,7 @@ fn tokens_are_checked_and_sites_are_separate() {
             .put_part(id, 0, b"x", &sha(b"x"))
             .unwrap_err();
         assert_eq!(err.status, Some(401), "{bad}: {err}");
-        let err = client(&relay, bad).ready().unwrap_err();
+        let err = client(&relay, bad).ready(false).unwrap_err();
         assert_eq!(err.status, Some(401));
     }
     assert_eq!(files_under(&tmp.path().join("store/sites")), 0);
@@ -179,18 +187,18 @@ fn tokens_are_checked_and_sites_are_separate() {
     edge_b.seal(id, "batch", vec![part(0, b"b")], b"m").unwrap();
     edge_b.seal_batch("batch", &[id]).unwrap();
     let core_a = client(&relay, CORE_A);
-    assert!(core_a.ready().unwrap().is_empty());
+    assert!(core_a.ready(false).unwrap().is_empty());
     assert_eq!(core_a.part("site-b", id, 0).unwrap_err().status, Some(404));
     assert_eq!(core_a.manifest("site-b", id).unwrap_err().status, Some(404));
     assert_eq!(core_a.ack("site-b", id).unwrap_err().status, Some(404));
     assert!(client(&relay, EDGE_A).status(id).unwrap().is_none());
     // An edge token cannot pull, even its own site.
     assert_eq!(
-        client(&relay, EDGE_B).ready().unwrap_err().status,
+        client(&relay, EDGE_B).ready(false).unwrap_err().status,
         Some(403)
     );
     // The core token for all sites sees it.
-    assert_eq!(client(&relay, CORE_ALL).ready().unwrap().len(), 1);
+    assert_eq!(client(&relay, CORE_ALL).ready(false).unwrap().len(), 1);
 }
 
 #[test]
@@ -202,7 +210,7 @@ fn a_rejected_part_is_dropped_and_the_object_reopened() {
     edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
     edge.seal(id, "b", vec![part(0, b"part")], b"m").unwrap();
     core.reject("site-a", id, 0).unwrap();
-    assert!(core.ready().unwrap().is_empty());
+    assert!(core.ready(false).unwrap().is_empty());
     let status = edge.status(id).unwrap().unwrap();
     assert_eq!((status.state, status.parts.len()), (ObjectState::Open, 0));
 }
@@ -234,7 +242,7 @@ fn a_wrong_fingerprint_is_refused_before_any_request() {
     };
     let err = RelayClient::new(&endpoint, Duration::from_secs(5))
         .unwrap()
-        .ready()
+        .ready(false)
         .unwrap_err();
     assert_eq!(err.status, None);
     assert!(err.message.contains("fingerprint"), "{err}");
@@ -246,7 +254,7 @@ fn a_wrong_fingerprint_is_refused_before_any_request() {
     assert_eq!(
         RelayClient::new(&endpoint, Duration::from_secs(5))
             .unwrap()
-            .ready()
+            .ready(false)
             .unwrap_err()
             .status,
         Some(403)

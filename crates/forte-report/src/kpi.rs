@@ -11,6 +11,9 @@
 //! R_P = Σ size(b) / (last pull end − first send start)
 //! ```
 //!
+//! When the core fetches a batch ahead (its first files while the edge still sends the rest),
+//! `pull` counts from the end of `send`.
+//!
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
 
@@ -122,11 +125,14 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
                 if let Some((pull_started, pull_ended)) =
                     core.and_then(|(_, stages)| stage(stages, "pull"))
                 {
+                    // The core fetches a batch's first files while the edge still sends the
+                    // rest; that overlap counts as the edge's task, so the tasks stay in
+                    // sequence and l_b stays their sum.
                     spans.push(StageSpan {
                         stage: "pull".into(),
-                        queued_from: ended.min(pull_started),
-                        started: pull_started,
-                        ended: pull_ended,
+                        queued_from: ended,
+                        started: pull_started.max(ended),
+                        ended: pull_ended.max(ended),
                     });
                 }
             }

@@ -161,6 +161,35 @@ impl std::error::Error for RestoreFailure {}
 /// Maps a verified manifest to its relative path at the destination.
 pub type Layout<'a> = &'a (dyn Fn(&Manifest) -> String + Sync);
 
+/// Objects verified and written to a staging directory, not yet visible at the destination.
+#[derive(Default)]
+pub struct Staged {
+    jobs: Vec<Arc<Job>>,
+    /// Found already in place (with [`Existing::KeepIdentical`]).
+    found: Vec<Placed>,
+}
+
+impl Staged {
+    /// Every object staged or found in place.
+    pub fn ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
+        let staged = self.jobs.iter().map(|j| j.object.manifest.id);
+        staged.chain(self.found.iter().map(|p| p.id))
+    }
+
+    /// Adds what a later [`Restore::stage`] call into the same staging directory staged.
+    pub fn extend(&mut self, more: Staged) {
+        self.jobs.extend(more.jobs);
+        self.found.extend(more.found);
+    }
+}
+
+/// Creates a fresh staging directory on `dest`'s file system, for [`Restore::stage`].
+pub fn new_staging(dest: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dest)
+        .with_context(|| format!("cannot create destination {}", dest.display()))?;
+    tempdir_in(dest)
+}
+
 /// One restore run.
 pub struct Restore<'k> {
     config: RestoreConfig,
@@ -245,6 +274,25 @@ impl<'k> Restore<'k> {
         dest: &Path,
         layout: Layout<'_>,
     ) -> Result<Delivered> {
+        let staging = new_staging(dest)?;
+        let result = self
+            .stage(source, dest, layout, &staging)
+            .and_then(|staged| commit(staged, &staging, dest));
+        let _ = std::fs::remove_dir_all(&staging);
+        result
+    }
+
+    /// Verifies every object of `source` and writes it into `staging` (from [`new_staging`]),
+    /// making nothing visible at `dest`: the first half of [`Restore::run`]. Objects of one
+    /// delivery can be staged in several calls as they become available, then moved into
+    /// place together with [`Restore::commit`].
+    pub fn stage(
+        &self,
+        source: &dyn ObjectSource,
+        dest: &Path,
+        layout: Layout<'_>,
+        staging: &Path,
+    ) -> Result<Staged> {
         let opened = open_objects(source, self.identities, self.trusted)?;
         let mut placed = Vec::with_capacity(opened.len());
         for object in opened {
@@ -264,18 +312,14 @@ impl<'k> Restore<'k> {
             .map(|(object, target)| Placed::new(&object.manifest, target, true))
             .collect();
         placed.retain(|(object, _)| !already.contains(&object.manifest.id));
-        std::fs::create_dir_all(dest)
-            .with_context(|| format!("cannot create destination {}", dest.display()))?;
-        let staging = tempdir_in(dest)?;
-        let result = self
-            .stage_all(source, placed, &staging)
-            .and_then(|jobs| commit(&jobs, &staging, dest));
-        let _ = std::fs::remove_dir_all(&staging);
-        result.map(|mut d| {
-            d.already = found.len();
-            d.placed.extend(found);
-            d
-        })
+        let jobs = self.stage_all(source, placed, staging)?;
+        Ok(Staged { jobs, found })
+    }
+
+    /// Moves everything staged in `staging` into place at `dest`: the second half of
+    /// [`Restore::run`].
+    pub fn commit(&self, staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
+        commit(staged, staging, dest)
     }
 
     fn stage_all(
@@ -693,15 +737,27 @@ fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
 
 /// Moves every verified file from staging into place. The staged data is flushed to disk first,
 /// so a crash during the renames leaves whole files, never torn ones.
-fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
+fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
+    let Staged { jobs, found } = staged;
+    // Staged in several calls, two objects could still claim one path.
+    let mut targets = std::collections::HashSet::new();
+    for job in &jobs {
+        if !targets.insert(job.target.as_str()) {
+            bail!(
+                "two objects claim {}: {} and another; nothing was delivered",
+                job.target,
+                job.object.manifest.path
+            );
+        }
+    }
     let mut delivered = Delivered {
         files: 0,
-        already: 0,
+        already: found.len(),
         directories: 0,
         bytes: 0,
-        placed: Vec::new(),
+        placed: found,
     };
-    for job in jobs {
+    for job in &jobs {
         let m = &job.object.manifest;
         if m.kind == Kind::File {
             if m.parts.is_empty() {
@@ -711,7 +767,7 @@ fn commit(jobs: &[Arc<Job>], staging: &Path, dest: &Path) -> Result<Delivered> {
         }
     }
     forte_fs::syncfs(staging)?;
-    for job in jobs {
+    for job in &jobs {
         let m = &job.object.manifest;
         let target = dest.join(&job.target);
         let parent = target.parent().unwrap_or(dest);

@@ -271,17 +271,22 @@ fn sender_and_puller_serve_prometheus_metrics() {
         "{:?}",
         edge_sent()
     );
+    // Stage counters are published once a second.
+    let compressed = || {
+        scrape(&edge_addr).and_then(|s| {
+            sample(
+                &s,
+                "forte_stage_bytes_in_total",
+                &[("role", "edge"), ("stage", "compress")],
+            )
+        })
+    };
+    assert!(
+        wait_for(10, || compressed() == Some(3.0 * 1_200_000.0)),
+        "raw bytes into compress: {:?}",
+        compressed()
+    );
     let edge = scrape(&edge_addr).unwrap();
-    let compressed = sample(
-        &edge,
-        "forte_stage_bytes_in_total",
-        &[("role", "edge"), ("stage", "compress")],
-    );
-    assert_eq!(
-        compressed,
-        Some(3.0 * 1_200_000.0),
-        "raw bytes into compress"
-    );
     assert_eq!(
         sample(&edge, "forte_queue_files", &[("role", "edge")]),
         Some(0.0)
@@ -308,4 +313,118 @@ fn sender_and_puller_serve_prometheus_metrics() {
         &[("role", "core"), ("stage", "verify_ciphertext")],
     );
     assert_eq!(verified, Some(3.0), "one part per file verified");
+}
+
+/// Objects of a batch the edge has not finished are fetched, verified and staged by a
+/// watching puller, but nothing is visible at the destination and nothing is acknowledged
+/// until the batch is sealed; then it is delivered at once.
+#[test]
+fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
+    use forte_relay::client::{RelayClient, RelayEndpoint};
+    use forte_relay::tls::RelayTrust;
+    use sha2::Digest;
+
+    let site = Site::new();
+    let src = site.root.join("src");
+    for i in 0..3 {
+        write(
+            &src.join(format!("bags/{i}.bag")),
+            &sample_bytes(600_000, i),
+        );
+    }
+    let packed = site.root.join("packed");
+    pack(&site.keys, &src, &packed);
+    let edge = RelayClient::new(
+        &RelayEndpoint {
+            url: site.relay.url.clone(),
+            token: EDGE_TOKEN.into(),
+            trust: RelayTrust::Fingerprint(site.relay.fingerprint.clone()),
+        },
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    // Upload and seal every object of the batch, but not the batch itself.
+    let mut ids = Vec::new();
+    for object in objects(&packed) {
+        let id: forte_format::ObjectId = object
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut parts = Vec::new();
+        for index in 0.. {
+            let Ok(bytes) = std::fs::read(object.join(forte_format::part_file_name(index))) else {
+                break;
+            };
+            let sha = hex::encode(sha2::Sha256::digest(&bytes));
+            edge.put_part(id, index, &bytes, &sha).unwrap();
+            parts.push(forte_relay::api::PartRef {
+                index,
+                sha256: sha,
+                length: bytes.len() as u64,
+            });
+        }
+        let manifest = std::fs::read(object.join(forte_format::MANIFEST_FILE)).unwrap();
+        edge.seal(id, "batch-ahead", parts, &manifest).unwrap();
+        ids.push(id);
+    }
+    let at_relay = site.relay_objects().len();
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull);
+    let dest = site.root.join("dest");
+    let staged_files = || {
+        std::fs::read_dir(&dest)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".forte-staging-")
+            })
+            .map(|e| std::fs::read_dir(e.path()).map_or(0, |d| d.count()))
+            .sum::<usize>()
+    };
+    assert!(
+        wait_for(30, || staged_files() == ids.len()),
+        "the sealed objects were not fetched ahead: {} staged",
+        staged_files()
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        visible(&dest).is_empty(),
+        "visible before the batch was sealed: {:?}",
+        visible(&dest)
+    );
+    assert_eq!(
+        site.relay_objects().len(),
+        at_relay,
+        "nothing acknowledged yet"
+    );
+
+    edge.seal_batch("batch-ahead", &ids).unwrap();
+    let expected: std::collections::BTreeMap<String, String> = source_hashes(&src)
+        .into_iter()
+        .map(|(p, h)| (format!("site-a/batch-ahead/{p}"), h))
+        .collect();
+    // The manifests carry no batch name (pack), so the layout uses the relay's batch id.
+    assert!(
+        wait_for(30, || visible(&dest).len() == expected.len()),
+        "not delivered after the seal: {:?}",
+        visible(&dest)
+    );
+    let got: Vec<String> = visible(&dest).into_values().collect();
+    let want: Vec<String> = expected.into_values().collect();
+    assert_eq!(
+        got.iter().collect::<std::collections::BTreeSet<_>>(),
+        want.iter().collect()
+    );
+    assert!(
+        wait_for(30, || site.relay_objects().is_empty()),
+        "acknowledged after delivery"
+    );
+    assert_eq!(staged_files(), 0, "staging removed");
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -22,8 +22,8 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchSeal, ObjectStatus, ReadyObject, Seal, StatusQuery, MAX_BODY, MAX_PART_INDEX,
-    MAX_STATUS_QUERY, SHA256_HEADER,
+    ApiError, BatchSeal, ObjectStatus, ReadyObject, ReadyQuery, Seal, StatusQuery, MAX_BODY,
+    MAX_PART_INDEX, MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -407,6 +407,7 @@ async fn render_metrics(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> 
 async fn ready(
     State(relay): State<Arc<Relay>>,
     headers: HeaderMap,
+    Query(query): Query<ReadyQuery>,
 ) -> Answer<Json<Vec<ReadyObject>>> {
     let sites = match principal(&relay, &headers)? {
         Principal::Core { sites } => sites,
@@ -418,7 +419,9 @@ async fn ready(
         }
     };
     let r = relay.clone();
-    Ok(Json(blocking(move || Ok(r.store.ready(&sites))).await?))
+    Ok(Json(
+        blocking(move || Ok(r.store.ready(&sites, query.open))).await?,
+    ))
 }
 
 async fn get_manifest(

@@ -315,6 +315,7 @@ impl Store {
             batch: seal.batch.clone(),
             parts: seal.parts.clone(),
             sealed_at: now(),
+            batch_sealed: false,
         };
         let record = serde_json::to_vec(&ready).expect("serialises");
         self.write_durably(
@@ -355,8 +356,9 @@ impl Store {
         )
     }
 
-    /// Objects of sealed batches of the given sites, oldest first.
-    pub fn ready(&self, sites: &[String]) -> Vec<ReadyObject> {
+    /// Objects of sealed batches of the given sites, oldest first; with `open`, also the
+    /// sealed objects of batches not sealed yet.
+    pub fn ready(&self, sites: &[String], open: bool) -> Vec<ReadyObject> {
         let all_sites: Vec<String> = if sites.iter().any(|s| s == "*") {
             std::fs::read_dir(self.root.join("sites"))
                 .into_iter()
@@ -367,12 +369,8 @@ impl Store {
         } else {
             sites.to_vec()
         };
-        let in_sealed_batch = |o: &ReadyObject| {
-            std::fs::read(self.batch_record(&o.site, &o.batch))
-                .ok()
-                .and_then(|bytes| serde_json::from_slice::<Vec<ObjectId>>(&bytes).ok())
-                .is_some_and(|ids| ids.contains(&o.id))
-        };
+        // Each batch record read once per listing, not once per object.
+        let mut batches: HashMap<(String, String), Option<Vec<ObjectId>>> = HashMap::new();
         let mut ready: Vec<ReadyObject> = all_sites
             .iter()
             .flat_map(|site| {
@@ -382,8 +380,18 @@ impl Store {
                     .flatten()
             })
             .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
-            .filter_map(|bytes| serde_json::from_slice(&bytes).ok())
-            .filter(in_sealed_batch)
+            .filter_map(|bytes| serde_json::from_slice::<ReadyObject>(&bytes).ok())
+            .filter_map(|mut o| {
+                let members = batches
+                    .entry((o.site.clone(), o.batch.clone()))
+                    .or_insert_with(|| {
+                        std::fs::read(self.batch_record(&o.site, &o.batch))
+                            .ok()
+                            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                    });
+                o.batch_sealed = members.as_ref().is_some_and(|ids| ids.contains(&o.id));
+                (o.batch_sealed || open).then_some(o)
+            })
             .collect();
         ready.sort_by(|a, b| (a.sealed_at, &a.batch, a.id).cmp(&(b.sealed_at, &b.batch, b.id)));
         ready

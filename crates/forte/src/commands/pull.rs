@@ -1,13 +1,18 @@
 //! `forte pull`: whole batches from the relay, verified and delivered all or nothing, then
 //! acknowledged so the relay may delete them.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use forte_format::ObjectId;
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
-use forte_restore::{remove_stale_staging, replicate, Existing, Restore, RestoreFailure};
+use forte_restore::{
+    new_staging, remove_stale_staging, replicate, Existing, Restore, RestoreFailure, Staged,
+};
 use serde::Serialize;
 
 use super::unpack::OpenArgs;
@@ -91,6 +96,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         dest: &args.to,
         copy_to: args.copy_to.as_deref(),
         catalog,
+        ahead: Mutex::default(),
     };
     let failures = Failures {
         role: "core",
@@ -99,8 +105,8 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let policy = args.schedule.policy(&config.schedule)?;
     // The ready batches in the order the policy serves them now. The relay knows batches only
     // by opaque ids, so name rules of the priority policy cannot apply here.
-    let listing = || -> Result<Vec<Vec<ReadyObject>>> {
-        let ready = retry.run("listing of ready objects", || client.ready())?;
+    let listing = |open: bool| -> Result<Vec<Vec<ReadyObject>>> {
+        let ready = retry.run("listing of ready objects", || client.ready(open))?;
         let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
         let waiting = group_by_batch(ready)
             .into_iter()
@@ -164,22 +170,34 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
             endpoint.url, args.daemon.interval
         );
+        // While the edge is still sending a batch, look often: the core fetches and verifies
+        // its sealed files ahead, and takes the batch as soon as it is sealed.
+        let busy_poll = Duration::from_millis(200);
         loop {
             // One batch per listing, so a batch sealed meanwhile can go next if the policy
-            // says so; after a delivery look again at once, sleep only when nothing could be
-            // delivered.
-            match listing() {
+            // says so; after a delivery look again at once.
+            let mut pause = Duration::from_secs(args.daemon.interval);
+            match listing(true) {
                 Ok(batches) => {
-                    if batches.into_iter().any(|b| pull(b).error.is_none()) {
+                    let (sealed, open): (Vec<_>, Vec<_>) =
+                        batches.into_iter().partition(|b| b[0].batch_sealed);
+                    if sealed.into_iter().any(|b| pull(b).error.is_none()) {
                         continue;
+                    }
+                    if !open.is_empty() {
+                        pause = busy_poll;
+                        let restore = Restore::new(settings.clone(), &identities, &trusted);
+                        if open.into_iter().any(|b| core.fetch_ahead(&restore, b)) {
+                            continue;
+                        }
                     }
                 }
                 Err(e) => failures.report("", None, &format!("{e:#}")),
             }
-            std::thread::sleep(Duration::from_secs(args.daemon.interval));
+            std::thread::sleep(pause);
         }
     }
-    let reports: Vec<BatchReport> = listing()?.into_iter().map(pull).collect();
+    let reports: Vec<BatchReport> = listing(false)?.into_iter().map(pull).collect();
     if args.output.json {
         println!("{}", serde_json::to_string_pretty(&reports)?);
     } else if reports.is_empty() {
@@ -211,57 +229,115 @@ struct Core<'a> {
     dest: &'a std::path::Path,
     copy_to: Option<&'a std::path::Path>,
     catalog: &'a Catalog,
+    /// Batches still being sent whose sealed objects are already verified and staged, by
+    /// batch key.
+    ahead: Mutex<HashMap<String, Ahead>>,
+}
+
+/// A batch fetched ahead of its seal: objects verified and staged, nothing visible yet.
+struct Ahead {
+    staging: PathBuf,
+    staged: Staged,
+    started_at: i64,
+    started: Instant,
+    /// Fixed by the first objects fetched, so every file of the batch gets the same layout.
+    batch_time: u64,
+    name: Option<String>,
+    /// Fetching ahead failed once: the batch is left for the whole pull after its seal,
+    /// which reports what is wrong.
+    failed: bool,
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.staging);
+    }
+}
+
+fn batch_key_of(objects: &[ReadyObject]) -> String {
+    format!("{}/{}", objects[0].site, objects[0].batch)
 }
 
 impl Core<'_> {
-    fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> BatchReport {
-        let (client, retry, catalog) = (self.client, self.retry, self.catalog);
-        let started = Instant::now();
-        let started_at = now_us();
-        let site = objects[0].site.clone();
-        let batch_key = format!("{site}/{}", objects[0].batch);
-        let sealed_bytes: u64 = objects
-            .iter()
-            .flat_map(|o| &o.parts)
-            .map(|p| p.length)
-            .sum();
-        let count = objects.len() as u64;
-        let record_batch = |name: &str, state: &str| {
+    /// Verifies and stages the sealed objects of a batch the edge is still sending, so that
+    /// little is left to do when its seal arrives. Nothing becomes visible and nothing is
+    /// acknowledged. Returns whether there was anything new to fetch.
+    fn fetch_ahead(&self, restore: &Restore, objects: Vec<ReadyObject>) -> bool {
+        let batch_key = batch_key_of(&objects);
+        let mut all = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if all.get(&batch_key).is_some_and(|a| a.failed) {
+            return false;
+        }
+        if !all.contains_key(&batch_key) {
+            let Ok(ahead) = self.fresh_ahead(&objects, Instant::now(), now_us()) else {
+                return false;
+            };
             note(
-                "a batch",
-                catalog.batch_state(&batch_key, "core", &site, name, count, sealed_bytes, state),
+                "a stage",
+                self.catalog
+                    .stage(&batch_key, "pull", ahead.started_at, None),
             );
-        };
-        record_batch(&objects[0].batch, "pulling");
-        note(
-            "a stage",
-            catalog.stage(&batch_key, "pull", started_at, None),
-        );
-        let batch_time = objects.iter().map(|o| o.sealed_at).min().unwrap_or(0);
-        let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
-        let mut report = BatchReport {
-            site: site.clone(),
-            batch: objects[0].batch.clone(),
-            objects: objects.len(),
-            delivered_files: 0,
-            already_delivered: 0,
-            bytes: 0,
-            seconds: 0.0,
-            error: None,
-            rejected_parts: Vec::new(),
-        };
+            all.insert(batch_key.clone(), ahead);
+        }
+        let ahead = all.get_mut(&batch_key).expect("inserted above");
+        let held: std::collections::HashSet<ObjectId> = ahead.staged.ids().collect();
+        let new: Vec<ReadyObject> = objects
+            .into_iter()
+            .filter(|o| !held.contains(&o.id))
+            .collect();
+        if new.is_empty() {
+            return false;
+        }
+        match self.stage(restore, new, &batch_key, ahead) {
+            Ok(more) => ahead.staged.extend(more),
+            Err(e) => {
+                eprintln!("batch {batch_key}: fetching ahead failed, the batch will be pulled whole after its seal: {e:#}");
+                ahead.failed = true;
+            }
+        }
+        true
+    }
+
+    fn fresh_ahead(
+        &self,
+        objects: &[ReadyObject],
+        started: Instant,
+        started_at: i64,
+    ) -> Result<Ahead> {
+        Ok(Ahead {
+            staging: new_staging(self.dest)?,
+            staged: Staged::default(),
+            started_at,
+            started,
+            batch_time: objects.iter().map(|o| o.sealed_at).min().unwrap_or(0),
+            name: None,
+            failed: false,
+        })
+    }
+
+    /// Verifies `objects` and stages them in the batch's staging directory.
+    fn stage(
+        &self,
+        restore: &Restore,
+        objects: Vec<ReadyObject>,
+        batch_key: &str,
+        ahead: &mut Ahead,
+    ) -> Result<Staged> {
+        let site = objects[0].site.clone();
+        let fallback = objects[0].batch.clone();
         let source = RelaySource {
-            client,
-            retry,
-            catalog,
-            batch_key: &batch_key,
+            client: self.client,
+            retry: self.retry,
+            catalog: self.catalog,
+            batch_key,
             objects,
         };
         // The relay knows batches by opaque ids; the name is inside the verified manifests.
-        let name = std::sync::Mutex::new(None::<String>);
+        let name = Mutex::new(ahead.name.clone());
+        let batch_time = ahead.batch_time;
         let place = |m: &forte_format::Manifest| {
             let batch = if m.batch.is_empty() {
-                report.batch.as_str()
+                fallback.as_str()
             } else {
                 m.batch.as_str()
             };
@@ -275,8 +351,76 @@ impl Core<'_> {
                 batch_time,
             })
         };
-        let result = restore.run(&source, self.dest, &place);
-        if let Some(name) = name.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let staged = restore.stage(&source, self.dest, &place, &ahead.staging);
+        ahead.name = name.into_inner().unwrap_or_else(|e| e.into_inner());
+        staged
+    }
+
+    fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> BatchReport {
+        let (client, retry, catalog) = (self.client, self.retry, self.catalog);
+        let site = objects[0].site.clone();
+        let batch_key = batch_key_of(&objects);
+        let sealed_bytes: u64 = objects
+            .iter()
+            .flat_map(|o| &o.parts)
+            .map(|p| p.length)
+            .sum();
+        let count = objects.len() as u64;
+        let record_batch = |name: &str, state: &str| {
+            note(
+                "a batch",
+                catalog.batch_state(&batch_key, "core", &site, name, count, sealed_bytes, state),
+            );
+        };
+        record_batch(&objects[0].batch, "pulling");
+        // What was fetched ahead is kept only if it all verified; else start afresh.
+        let fetched = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&batch_key)
+            .filter(|a| !a.failed);
+        let (started, started_at) = fetched
+            .as_ref()
+            .map_or_else(|| (Instant::now(), now_us()), |a| (a.started, a.started_at));
+        if fetched.is_none() {
+            note(
+                "a stage",
+                catalog.stage(&batch_key, "pull", started_at, None),
+            );
+        }
+        let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
+        let mut report = BatchReport {
+            site: site.clone(),
+            batch: objects[0].batch.clone(),
+            objects: objects.len(),
+            delivered_files: 0,
+            already_delivered: 0,
+            bytes: 0,
+            seconds: 0.0,
+            error: None,
+            rejected_parts: Vec::new(),
+        };
+        let mut name = None;
+        let ahead = match fetched {
+            Some(ahead) => Ok(ahead),
+            None => self.fresh_ahead(&objects, started, started_at),
+        };
+        let result = ahead.and_then(|mut ahead| {
+            let held: std::collections::HashSet<ObjectId> = ahead.staged.ids().collect();
+            let rest: Vec<ReadyObject> = objects
+                .into_iter()
+                .filter(|o| !held.contains(&o.id))
+                .collect();
+            if !rest.is_empty() {
+                let more = self.stage(restore, rest, &batch_key, &mut ahead);
+                name.clone_from(&ahead.name);
+                ahead.staged.extend(more?);
+            }
+            name.clone_from(&ahead.name);
+            restore.commit(std::mem::take(&mut ahead.staged), &ahead.staging, self.dest)
+        });
+        if let Some(name) = name {
             report.batch = name;
         }
         // The second copy must exist before the relay may delete anything.
