@@ -669,6 +669,10 @@ fn read_file(
             emit.send(failed(index, error));
             return;
         }
+        if index + 1 == job.parts {
+            // Each source byte is read once.
+            forte_fs::drop_from_cache(&file);
+        }
         let piece = Piece {
             file: job.clone(),
             body: Body::Part {

@@ -767,6 +767,12 @@ fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
         }
     }
     forte_fs::syncfs(staging)?;
+    // Now clean, the delivered bytes need not stay in the page cache.
+    for job in jobs.iter().filter(|j| j.object.manifest.kind == Kind::File) {
+        if let Ok(file) = File::open(&job.staged) {
+            forte_fs::drop_from_cache(&file);
+        }
+    }
     for job in &jobs {
         let m = &job.object.manifest;
         let target = dest.join(&job.target);
