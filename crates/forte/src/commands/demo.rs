@@ -216,6 +216,12 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
              `… status --file mine-site/batch-A/vehicle.log` prints its lineage",
             root.display()
         );
+        println!(
+            "12. KPIs: `forte --catalog {0}/edge-catalog.sqlite report --with {0}/core-catalog.sqlite \
+             --nominal-rate 3.36TB/day --charts {0}/charts` splits each batch's latency into queueing and \
+             processing per task and draws its timeline",
+            root.display()
+        );
         Ok(true)
     })();
     let _ = relay.kill();
