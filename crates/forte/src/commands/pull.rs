@@ -75,7 +75,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let endpoint = args.relay.endpoint(config)?;
     let _usage = crate::record::sample_usage(catalog, "core");
-    let client = connect(&endpoint)?;
+    let client = connect(&endpoint, &args.relay)?;
     let (identities, trusted, mut settings) = args.open.load(config)?;
     settings.existing = Existing::KeepIdentical;
     settings.readers = args.connections.max(1);

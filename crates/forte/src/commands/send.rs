@@ -82,7 +82,7 @@ struct Summary {
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let endpoint = args.relay.endpoint(config)?;
     let _usage = crate::record::sample_usage(catalog, "edge");
-    let client = connect(&endpoint)?;
+    let client = connect(&endpoint, &args.relay)?;
     let (recipients, key) = args.seal.load(config)?;
     let mut settings = args.prepare.settings(config)?;
     settings.sink_workers = args.connections.max(1);

@@ -29,6 +29,10 @@ pub struct RelayArgs {
     /// CA certificate (PEM) the relay's certificate chains to, instead of a fingerprint [config: relay.ca].
     #[arg(long, value_name = "FILE")]
     pub relay_ca: Option<PathBuf>,
+    /// Seconds a request to the relay may take before it is abandoned and retried: how long a
+    /// stalled link goes unnoticed. A whole part must cross the link within it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub timeout: u64,
 }
 
 impl RelayArgs {
@@ -62,7 +66,7 @@ impl RelayArgs {
     }
 }
 
-/// A client with the timeouts transfers use: generous, as a part crosses a slow link.
-pub fn connect(endpoint: &RelayEndpoint) -> Result<RelayClient> {
-    RelayClient::new(endpoint, Duration::from_secs(600))
+/// A client whose requests are abandoned (and retried) after `--timeout` seconds.
+pub fn connect(endpoint: &RelayEndpoint, args: &RelayArgs) -> Result<RelayClient> {
+    RelayClient::new(endpoint, Duration::from_secs(args.timeout.max(1)))
 }

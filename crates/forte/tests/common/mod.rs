@@ -235,4 +235,5 @@ pub fn is_empty_dir(dir: &Path) -> bool {
     !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
 }
 
+pub mod proxy;
 pub mod site;

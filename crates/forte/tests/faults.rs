@@ -1,0 +1,221 @@
+//! Network faults between the edge and the relay, injected by a TCP proxy on real
+//! connections: resets in the middle of parts, a link collapsing to a few kB/s, a relay that
+//! is unreachable for a while. The watching sender recovers by itself and everything arrives
+//! identical, with the failed attempts in the catalogue.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::proxy::{Fault, FaultProxy};
+use common::site::*;
+use common::*;
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a daemon whose output goes to `log`, shown when the test fails.
+fn spawn(args: &Args, log: &std::path::Path) -> Daemon {
+    let out = std::fs::File::create(log).unwrap();
+    Daemon(
+        forte()
+            .args(args)
+            .env(
+                "FORTE_LOG",
+                std::env::var("FORTE_TEST_LOG").unwrap_or("info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The files under `dir`, relative path → SHA-256 (staging excluded).
+fn hashes(dir: &std::path::Path) -> BTreeMap<String, String> {
+    if !dir.exists() {
+        return BTreeMap::new();
+    }
+    tree(dir)
+        .into_iter()
+        .filter(|(p, v)| !p.starts_with(".forte-staging-") && p != ".ready" && !v.ends_with('/'))
+        .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
+        .collect()
+}
+
+fn random_bytes(len: u64) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .take(len)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
+#[test]
+fn a_sender_survives_resets_a_collapsed_link_and_an_outage() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let mut expected = BTreeMap::new();
+    for b in 0..3 {
+        let name = format!("run-{b}");
+        for f in 0..3 {
+            let rel = format!("bags/{f}.bag");
+            // Incompressible: the bytes on the wire are the bytes of the files.
+            write(&inbox.join(&name).join(&rel), &random_bytes(2_500_000));
+        }
+        write(&inbox.join(&name).join(".ready"), b"");
+        for (p, h) in hashes(&inbox.join(&name)) {
+            expected.insert(format!("site-a/{name}/{p}"), h);
+        }
+    }
+    let relay_addr = site.relay.url.trim_start_matches("https://").to_string();
+    let proxy = FaultProxy::start(&relay_addr);
+    let proxied = format!("https://{}", proxy.addr);
+    let send: Args = site
+        .send(&["--watch", "--interval", "1", "--part-size", "1MiB"])
+        .into_iter()
+        .map(|a| {
+            if a == *site.relay.url {
+                proxied.clone().into()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let send_log = site.root.join("send.log");
+    let _send = spawn(&send, &send_log);
+    let log = || std::fs::read_to_string(&send_log).unwrap_or_default();
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull, &site.root.join("pull.log"));
+
+    let sent = || proxy.forwarded.load(Ordering::Relaxed);
+    // 1. Every connection reset while parts are in flight.
+    assert!(wait_for(60, || sent() > 3_000_000), "uploads did not start");
+    proxy.reset_all();
+    // 2. The link collapses to 20 kB/s for three seconds.
+    assert!(
+        wait_for(60, || sent() > 9_000_000),
+        "uploads did not resume after the resets ({} bytes): {}",
+        sent(),
+        log()
+    );
+    proxy.set(Fault::Throttle(20_000));
+    std::thread::sleep(Duration::from_secs(3));
+    proxy.set(Fault::None);
+    // 3. The relay is unreachable for six seconds (open connections reset, new ones refused).
+    assert!(
+        wait_for(60, || sent() > 15_000_000),
+        "uploads did not resume after the collapse"
+    );
+    proxy.set(Fault::Down);
+    std::thread::sleep(Duration::from_secs(6));
+    proxy.set(Fault::None);
+
+    let dest = site.root.join("dest");
+    assert!(
+        wait_for(120, || hashes(&dest) == expected),
+        "not everything arrived identical: {} of {} files",
+        hashes(&dest).len(),
+        expected.len()
+    );
+    let status = site.status(&site.edge_catalog, &[]);
+    assert!(status.contains("recent failed attempts:"), "{status}");
+    assert!(
+        wait_for(30, || site.relay_objects().is_empty()),
+        "all acknowledged"
+    );
+}
+
+#[test]
+fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let mut expected = BTreeMap::new();
+    for b in 0..2 {
+        let name = format!("core-{b}");
+        for f in 0..3 {
+            write(
+                &inbox.join(&name).join(format!("{f}.bin")),
+                &random_bytes(2_000_000),
+            );
+        }
+        write(&inbox.join(&name).join(".ready"), b"");
+        for (p, h) in hashes(&inbox.join(&name)) {
+            expected.insert(format!("site-a/{name}/{p}"), h);
+        }
+    }
+    // Everything reaches the relay first; then the core pulls through the proxy.
+    ok(&site.send(&["--part-size", "512KiB", "-q"]));
+    let relay_addr = site.relay.url.trim_start_matches("https://").to_string();
+    let proxy = FaultProxy::start(&relay_addr);
+    let proxied = format!("https://{}", proxy.addr);
+    let mut pull: Args = site
+        .pull()
+        .into_iter()
+        .map(|a| {
+            if a == *site.relay.url {
+                proxied.clone().into()
+            } else {
+                a
+            }
+        })
+        .collect();
+    pull.extend(args![
+        "--watch",
+        "--interval",
+        "1",
+        "--timeout",
+        "3",
+        "--connections",
+        "2"
+    ]);
+    // The core's requests are small; its downloads are what crosses the proxy back.
+    proxy.set(Fault::Throttle(300_000));
+    let pull_log = site.root.join("pull.log");
+    let _pull = spawn(&pull, &pull_log);
+    let log = || std::fs::read_to_string(&pull_log).unwrap_or_default();
+    std::thread::sleep(Duration::from_secs(2));
+    // 1. A stall of 6 s, twice the request timeout: requests are abandoned and retried.
+    proxy.set(Fault::Stall);
+    std::thread::sleep(Duration::from_secs(6));
+    proxy.set(Fault::Throttle(300_000));
+    std::thread::sleep(Duration::from_secs(2));
+    // 2. Every connection reset, then the relay unreachable for 4 s.
+    proxy.reset_all();
+    proxy.set(Fault::Down);
+    std::thread::sleep(Duration::from_secs(4));
+    proxy.set(Fault::None);
+
+    let dest = site.root.join("dest");
+    assert!(
+        wait_for(120, || hashes(&dest) == expected),
+        "not everything arrived identical: {} of {} files\n{}",
+        hashes(&dest).len(),
+        expected.len(),
+        log()
+    );
+    assert!(
+        log().contains("retrying"),
+        "the faults were noticed and retried: {}",
+        log()
+    );
+    assert!(
+        wait_for(30, || site.relay_objects().is_empty()),
+        "all acknowledged"
+    );
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(status.contains("recent failed attempts:"), "{status}");
+}
