@@ -306,6 +306,61 @@ mod tests {
         }
     }
 
+    // Fuzzing the parser that every untrusted byte from the relay reaches first. Cases per
+    // property: PROPTEST_CASES (256 by default in `cargo test`; the soak runs far more).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any bytes at all: an error, never a panic.
+            #[test]
+            fn arbitrary_bytes_are_refused(doc in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                prop_assert!(Manifest::open(&doc, &trusted(&key(1))).is_err());
+            }
+
+            /// A signed manifest with bytes flipped, cut or inserted anywhere: refused, or (if
+            /// the change did not alter the JSON value) exactly the original.
+            #[test]
+            fn mutated_manifests_are_refused(
+                at in any::<prop::sample::Index>(),
+                byte in any::<u8>(),
+                how in 0..3u8,
+            ) {
+                let k = key(1);
+                let m = sample();
+                let mut doc = m.sign(&k);
+                let i = at.index(doc.len());
+                match how {
+                    0 => doc[i] ^= byte.max(1),
+                    1 => doc.truncate(i),
+                    _ => doc.insert(i, byte),
+                }
+                if let Ok(opened) = Manifest::open(&doc, &trusted(&k)) {
+                    prop_assert_eq!(opened, m);
+                }
+            }
+
+            /// Correctly signed manifests with any path: accepted only if the path is a safe
+            /// relative one (no `..`, no absolute or empty components, no NUL).
+            #[test]
+            fn signed_hostile_paths_never_escape(path in "[a-z./\\\\\x00]{0,12}|(\\.\\./)+[a-z]{1,3}|/[a-z]{1,5}") {
+                let k = key(1);
+                let mut m = sample();
+                m.path = path.clone();
+                let doc = m.sign(&k);
+                if Manifest::open(&doc, &trusted(&k)).is_ok() {
+                    prop_assert!(!path.starts_with('/') && !path.contains('\0'), "{:?}", path);
+                    prop_assert!(
+                        path.split('/').all(|c| !c.is_empty() && c != ".." && c != "."),
+                        "{:?}",
+                        path
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn signed_manifest_opens_and_is_canonical() {
         let k = key(1);

@@ -342,3 +342,103 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
     assert_eq!(get(EDGE_A).status().as_u16(), 403);
     assert_eq!(get("wrong-token-0123456789").status().as_u16(), 401);
 }
+
+mod fuzz {
+    //! Random requests at every endpoint: hostile path segments, methods, tokens, headers and
+    //! bodies. The relay must answer each with a client error (or 507), never a server error,
+    //! never crash, and never create anything outside its store's layout. Cases:
+    //! PROPTEST_CASES (256 by default).
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    struct Shared {
+        _dir: tempfile::TempDir,
+        store: std::path::PathBuf,
+        relay: RunningRelay,
+        http: reqwest::blocking::Client,
+    }
+
+    fn shared() -> &'static Shared {
+        static SHARED: OnceLock<Shared> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let relay = relay(dir.path(), Some(1 << 20));
+            let http = raw_http(&relay);
+            Shared {
+                store: dir.path().join("store"),
+                _dir: dir,
+                relay,
+                http,
+            }
+        })
+    }
+
+    fn segment() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("v1".to_string()),
+            Just("sites".to_string()),
+            Just("site-a".to_string()),
+            Just("site-b".to_string()),
+            Just("objects".to_string()),
+            Just("parts".to_string()),
+            Just("manifest".to_string()),
+            Just("status".to_string()),
+            Just("batches".to_string()),
+            Just("ready".to_string()),
+            Just("reject".to_string()),
+            Just("..".to_string()),
+            Just("%2e%2e".to_string()),
+            Just("..%2F..%2Fetc".to_string()),
+            Just("0123456789abcdef0123456789abcdef".to_string()),
+            Just("99999999999999999999".to_string()),
+            "[0-9]{1,6}",
+            "[ -~]{0,12}".prop_map(|s| s.replace(['/', '?', '#'], "")),
+            "\\PC{0,6}",
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn hostile_requests_get_client_errors_and_change_nothing_outside_the_layout(
+            method in 0..4usize,
+            segments in proptest::collection::vec(segment(), 1..7),
+            token in 0..4usize,
+            sha_header in proptest::option::of("[0-9a-f]{0,70}"),
+            body in proptest::collection::vec(any::<u8>(), 0..3000),
+        ) {
+            let s = shared();
+            let url = format!("{}/{}", s.relay.url(), segments.join("/"));
+            let Ok(parsed) = reqwest::Url::parse(&url) else { return Ok(()) };
+            let mut request = match method {
+                0 => s.http.get(parsed),
+                1 => s.http.put(parsed),
+                2 => s.http.post(parsed),
+                _ => s.http.delete(parsed),
+            };
+            if let Some(t) = [Some(EDGE_A), Some(CORE_A), Some("wrong-token-0123456789"), None][token] {
+                request = request.bearer_auth(t);
+            }
+            if let Some(h) = sha_header {
+                request = request.header(forte_relay::api::SHA256_HEADER, h);
+            }
+            let status = request.body(body).send().unwrap().status().as_u16();
+            prop_assert!(status < 500 || status == 507, "{url}: {status}");
+            // Only the store's own layout exists: sites/<valid site>/… and nothing else.
+            let store = &s.store;
+            for entry in std::fs::read_dir(store).unwrap().flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                prop_assert!(
+                    ["sites", "tls", "tokens"].iter().any(|k| name.starts_with(k)),
+                    "unexpected {name} in the store after {url}"
+                );
+            }
+            if let Ok(sites) = std::fs::read_dir(store.join("sites")) {
+                for site in sites.flatten() {
+                    let name = site.file_name().to_string_lossy().into_owned();
+                    prop_assert!(name == "site-a" || name == "site-b", "site directory {name:?} after {url}");
+                }
+            }
+        }
+    }
+}
