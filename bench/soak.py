@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Soak: a stream of batches through edge → relay → core under random faults, for --minutes.
+
+Runs a relay, a watching puller and a watching sender. The sender reaches the relay through a
+fault proxy, and so does the puller. Meanwhile:
+
+- a generator drops a new batch into the inbox every few seconds (1–8 files of 4 kB–6 MB,
+  random bytes or text), each marked ready;
+- the proxies inject random faults: connection resets, links throttled to a few kB/s, stalls
+  longer than the request timeout, outages of several seconds;
+- random kill -9 of the sender, the puller or the relay, each restarted after a pause.
+
+Then the generator stops, the faults stop, and the soak waits until everything is delivered.
+It checks every file of every batch: arrived exactly once, byte-identical (SHA-256), no file
+outside the expected set, no staging directory left behind, and the relay empty after
+acknowledgement. It prints a summary with the counts.
+
+Usage: bench/soak.py [--minutes 30] [--seed N]
+"""
+
+import argparse
+import hashlib
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORTE = ROOT / "target" / "release" / "forte"
+WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "soak"
+
+
+class FaultProxy:
+    """TCP proxy whose live connections can be reset, throttled, stalled, or refused."""
+
+    def __init__(self, target_port):
+        self.target = ("127.0.0.1", target_port)
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.mode = ("none", 0)
+        self.generation = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def set(self, mode, arg=0):
+        with self.lock:
+            self.mode = (mode, arg)
+            if mode == "down":
+                self.generation += 1
+
+    def reset_all(self):
+        with self.lock:
+            self.generation += 1
+
+    def _accept(self):
+        while True:
+            client, _ = self.sock.accept()
+            if self.mode[0] == "down":
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            born = self.generation
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b, born), daemon=True).start()
+
+    def _pump(self, src, dst, born):
+        src.settimeout(0.05)
+        try:
+            while self.generation == born:
+                mode, arg = self.mode
+                if mode == "stall":
+                    time.sleep(0.05)
+                    continue
+                size = max(1, arg // 20) if mode == "throttle" else 65536
+                try:
+                    data = src.recv(size)
+                except socket.timeout:
+                    continue
+                if not data:
+                    break
+                dst.sendall(data)
+                if mode == "throttle":
+                    time.sleep(0.05)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--seed", type=int, default=int(time.time()))
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+
+    subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    inbox, dest = WORK / "inbox", WORK / "dest"
+    inbox.mkdir()
+    subprocess.run([FORTE, "keygen", "--dir", WORK / "keys"], check=True, stdout=subprocess.DEVNULL)
+    (WORK / "tokens.toml").write_text(
+        '[[token]]\ntoken = "soak-edge-token-0123456789"\nrole = "edge"\nsite = "soak"\n'
+        '[[token]]\ntoken = "soak-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
+    (WORK / "edge.token").write_text("soak-edge-token-0123456789")
+    (WORK / "core.token").write_text("soak-core-token-0123456789")
+
+    relay_port = free_port()
+    procs = {}
+    logs = {name: open(WORK / f"{name}.log", "ab") for name in ("relay", "send", "pull")}
+    fingerprint = None
+
+    def start_relay():
+        nonlocal fingerprint
+        p = subprocess.Popen([FORTE, "relay", "--listen", f"127.0.0.1:{relay_port}", "--store", WORK / "relay",
+                              "--tokens", WORK / "tokens.toml"], stdout=subprocess.PIPE, stderr=logs["relay"],
+                             text=True)
+        p.stdout.readline()
+        fingerprint = p.stdout.readline().split()[-1].rstrip(")")
+        threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
+        procs["relay"] = p
+
+    start_relay()
+    edge_proxy, core_proxy = FaultProxy(relay_port), FaultProxy(relay_port)
+
+    def conn(proxy, token):
+        return ["--relay", f"https://127.0.0.1:{proxy.port}", "--relay-fingerprint", fingerprint,
+                "--token-file", WORK / token, "--timeout", "10"]
+
+    def start_send():
+        procs["send"] = subprocess.Popen(
+            [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--watch", "--interval", "1",
+             "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "--part-size", "2MiB",
+             *conn(edge_proxy, "edge.token")], stdout=subprocess.DEVNULL, stderr=logs["send"])
+
+    def start_pull():
+        procs["pull"] = subprocess.Popen(
+            [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
+             "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
+             *conn(core_proxy, "core.token")], stdout=subprocess.DEVNULL, stderr=logs["pull"])
+
+    starters = {"relay": start_relay, "send": start_send, "pull": start_pull}
+    start_send()
+    start_pull()
+
+    expected = {}  # relative path under dest → sha256
+    counts = {"batches": 0, "files": 0, "bytes": 0, "resets": 0, "throttles": 0, "stalls": 0, "outages": 0,
+              "kills": {"send": 0, "pull": 0, "relay": 0}}
+    text = (ROOT / "README.md").read_bytes()
+    end = time.monotonic() + args.minutes * 60
+    next_batch = next_fault = next_kill = time.monotonic()
+    print(f"soak for {args.minutes:g} min, seed {args.seed}, work in {WORK}", file=sys.stderr)
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if now >= next_batch:
+            name = f"batch-{counts['batches']:05d}"
+            staged = WORK / f"staging-{name}"
+            for i in range(rng.randint(1, 8)):
+                size = rng.choice([4_000, 60_000, 700_000, 2_500_000, 6_000_000])
+                data = os.urandom(size) if rng.random() < 0.5 else (text * (size // len(text) + 1))[:size]
+                rel = f"data/{i:02d}.bin"
+                (staged / "data").mkdir(parents=True, exist_ok=True)
+                (staged / rel).write_bytes(data)
+                expected[f"soak/{name}/{rel}"] = hashlib.sha256(data).hexdigest()
+                counts["files"] += 1
+                counts["bytes"] += size
+            os.rename(staged, inbox / name)
+            (inbox / name / ".ready").touch()
+            counts["batches"] += 1
+            next_batch = now + rng.uniform(1, 6)
+        if now >= next_fault:
+            proxy = rng.choice([edge_proxy, core_proxy])
+            fault = rng.choice(["reset", "throttle", "stall", "down"])
+            if fault == "reset":
+                proxy.reset_all()
+                counts["resets"] += 1
+            else:
+                proxy.set(fault, rng.choice([5_000, 50_000, 500_000]))
+                counts[{"throttle": "throttles", "stall": "stalls", "down": "outages"}[fault]] += 1
+                hold = rng.uniform(2, 25 if fault == "stall" else 10)
+                threading.Timer(hold, lambda p=proxy: p.set("none")).start()
+            next_fault = now + rng.uniform(5, 30)
+        if now >= next_kill:
+            victim = rng.choice(["send", "pull", "relay"])
+            procs[victim].send_signal(signal.SIGKILL)
+            procs[victim].wait()
+            counts["kills"][victim] += 1
+            time.sleep(rng.uniform(0.5, 5))
+            starters[victim]()
+            next_kill = now + rng.uniform(20, 90)
+        time.sleep(0.2)
+
+    edge_proxy.set("none")
+    core_proxy.set("none")
+    print(f"generation over: {counts}; waiting for delivery", file=sys.stderr)
+
+    def delivered():
+        found = {}
+        if dest.exists():
+            for dirpath, dirnames, files in os.walk(dest):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".forte-staging-")]
+                for f in files:
+                    p = Path(dirpath) / f
+                    found[str(p.relative_to(dest))] = p
+        return found
+
+    deadline = time.monotonic() + 1800
+    while set(delivered()) != set(expected) and time.monotonic() < deadline:
+        time.sleep(2)
+    found = delivered()
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    corrupt = sorted(p for p in expected if p in found and sha256(found[p]) != expected[p])
+    relay_objects = WORK / "relay" / "sites" / "soak" / "objects"
+    deadline = time.monotonic() + 300
+    while relay_objects.exists() and any(relay_objects.iterdir()) and time.monotonic() < deadline:
+        time.sleep(2)
+    left_at_relay = len(list(relay_objects.iterdir())) if relay_objects.exists() else 0
+    for p in procs.values():
+        p.send_signal(signal.SIGTERM)
+        p.wait()
+    staging = [d for d in dest.iterdir() if d.name.startswith(".forte-staging-")] if dest.exists() else []
+
+    minutes = args.minutes
+    print(f"\nsoak: {minutes:g} min of random faults, seed {args.seed}, 2 cores")
+    print(f"batches {counts['batches']}, files {counts['files']}, {counts['bytes'] / 1e6:.0f} MB")
+    print(f"faults: {counts['resets']} resets, {counts['throttles']} throttles, {counts['stalls']} stalls "
+          f"(up to 25 s, request timeout 10 s), {counts['outages']} outages; kill -9: "
+          f"{counts['kills']['send']} sender, {counts['kills']['pull']} puller, {counts['kills']['relay']} relay")
+    print(f"lost {len(missing)}, duplicated or unexpected {len(extra)}, corrupted {len(corrupt)}, "
+          f"left at the relay {left_at_relay}, staging directories left {len(staging)}")
+    ok = not (missing or extra or corrupt or left_at_relay)
+    for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt)):
+        for item in items[:10]:
+            print(f"  {name}: {item}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
