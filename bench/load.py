@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Load: many small files in one batch, and many batches at once, through relay on loopback.
+
+Two runs, each `forte send` (one shot) then `forte pull` (one shot), each under
+`/usr/bin/time` for its peak memory:
+
+1. one batch of --files small files (1–500 kB, half random bytes, half text);
+2. --batches batches of 20 files (1–500 kB) each, all ready at once.
+
+Reports files/s and MB/s of each leg and the peak RSS of each process, and checks every file
+arrived byte-identical.
+
+Usage: bench/load.py [--files 10000] [--batches 50]
+"""
+
+import argparse
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FORTE = ROOT / "target" / "release" / "forte"
+WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "load"
+
+
+def timed(cmd):
+    """Runs cmd; returns (seconds, peak RSS in MiB)."""
+    start = time.monotonic()
+    out = subprocess.run(["/usr/bin/time", "-f", "maxrss %M", *map(str, cmd)], check=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True).stderr
+    rss = int(re.search(r"maxrss (\d+)", out).group(1)) / 1024
+    return time.monotonic() - start, rss
+
+
+def make_files(batch: Path, count: int, rng: random.Random, text: bytes) -> int:
+    total = 0
+    for i in range(count):
+        size = rng.randint(1_000, 500_000)
+        data = os.urandom(size) if i % 2 else (text * (size // len(text) + 1))[:size]
+        path = batch / f"d{i // 1000:02d}" / f"f{i:05d}.dat"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        total += size
+    (batch / ".ready").touch()
+    return total
+
+
+def run(name, make):
+    work = WORK / name
+    shutil.rmtree(work, ignore_errors=True)
+    inbox, dest = work / "inbox", work / "dest"
+    inbox.mkdir(parents=True)
+    files, raw = make(inbox)
+    subprocess.run([FORTE, "keygen", "--dir", work / "keys"], check=True, stdout=subprocess.DEVNULL)
+    (work / "tokens.toml").write_text(
+        '[[token]]\ntoken = "load-edge-token-0123456789"\nrole = "edge"\nsite = "load"\n'
+        '[[token]]\ntoken = "load-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
+    (work / "edge.token").write_text("load-edge-token-0123456789")
+    (work / "core.token").write_text("load-core-token-0123456789")
+    relay = subprocess.Popen([FORTE, "relay", "--listen", "127.0.0.1:0", "--store", work / "relay",
+                              "--tokens", work / "tokens.toml"], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        url = relay.stdout.readline().split()[-1]
+        fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
+        threading.Thread(target=lambda: [None for _ in relay.stdout], daemon=True).start()
+        conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
+        send_s, send_rss = timed([FORTE, "--catalog", work / "edge.sqlite", "send", inbox, "-q",
+                                  "--recipient", work / "keys/core.pub", "--sign", work / "keys/edge.key",
+                                  *conn, work / "edge.token"])
+        pull_s, pull_rss = timed([FORTE, "--catalog", work / "core.sqlite", "pull", "--to", dest, "-q",
+                                  "--identity", work / "keys/core.key", "--trust", work / "keys/edge.pub",
+                                  *conn, work / "core.token"])
+    finally:
+        relay.terminate()
+        relay.wait()
+    for batch in inbox.iterdir():
+        subprocess.run(["diff", "-r", "-x", ".ready", batch, dest / "load" / batch.name], check=True)
+    print(f"| {name} | {files} files, {raw / 1e6:.0f} MB | send {send_s:.1f} s: {files / send_s:.0f} files/s, "
+          f"{raw / 1e6 / send_s:.0f} MB/s, peak RSS {send_rss:.0f} MiB | pull {pull_s:.1f} s: "
+          f"{files / pull_s:.0f} files/s, {raw / 1e6 / pull_s:.0f} MB/s, peak RSS {pull_rss:.0f} MiB |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--batches", type=int, default=50)
+    args = ap.parse_args()
+    subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    rng = random.Random(1)
+    text = (ROOT / "README.md").read_bytes()
+    print(f"machine: {os.cpu_count()} cores; relay on loopback; every file checked with diff -r")
+    print("| run | data | edge (send) | core (pull) |")
+    print("|---|---|---|---|")
+    run("one-batch", lambda inbox: (args.files, make_files(inbox / "many", args.files, rng, text)))
+
+    def many(inbox):
+        raw = sum(make_files(inbox / f"batch-{b:03d}", 20, rng, text) for b in range(args.batches))
+        return args.batches * 20, raw
+
+    run(f"{args.batches}-batches", many)
+
+
+if __name__ == "__main__":
+    main()
