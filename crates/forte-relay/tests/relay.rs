@@ -442,3 +442,87 @@ mod fuzz {
         }
     }
 }
+
+/// A raw HTTP/1.1 exchange over TLS pinned to the relay: writes `head` (and no body), returns
+/// the status line, or `None` if the relay closed the connection without answering.
+fn raw_exchange(relay: &RunningRelay, head: &[u8]) -> Option<String> {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::Arc;
+    let config =
+        forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
+            .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
+    let tcp = std::net::TcpStream::connect(relay.addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    tls.write_all(head).ok()?;
+    tls.flush().ok()?;
+    let mut line = String::new();
+    BufReader::new(tls).read_line(&mut line).ok()?;
+    (!line.is_empty()).then(|| line.trim_end().to_string())
+}
+
+#[test]
+fn oversize_requests_and_slow_clients_do_not_hurt_anyone_else() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let core = client(&relay, CORE_A);
+    let id = ObjectId::random();
+
+    // A body announced larger than any part is refused before it is read.
+    let head = format!(
+        "PUT /v1/objects/{id}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_A}\r\n\
+         {}: {}\r\nContent-Length: {}\r\n\r\n",
+        forte_relay::api::SHA256_HEADER,
+        "0".repeat(64),
+        (forte_relay::api::MAX_BODY as u64) * 4
+    );
+    let status = raw_exchange(&relay, head.as_bytes()).unwrap();
+    assert!(status.contains(" 413 "), "{status}");
+
+    // Without a valid token nothing is read: 401 before the announced body arrives.
+    let head = format!(
+        "PUT /v1/objects/{id}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer wrong-token-0123456789\r\n\
+         Content-Length: 100000000\r\n\r\n"
+    );
+    let status = raw_exchange(&relay, head.as_bytes()).unwrap();
+    assert!(status.contains(" 401 "), "{status}");
+
+    // A header of 1 MiB (hyper buffers at most about 400 KiB of head): refused (431) or the
+    // connection is closed; nothing else happens.
+    let head = format!(
+        "GET /v1/ready HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {CORE_A}\r\nX-Junk: {}\r\n\r\n",
+        "j".repeat(1 << 20)
+    );
+    if let Some(status) = raw_exchange(&relay, head.as_bytes()) {
+        assert!(
+            status.contains(" 431 ") || status.contains(" 400 "),
+            "{status}"
+        );
+    }
+
+    // Forty clients that connect and then send nothing (or half a request) hold their
+    // connections open; everyone else is still served at once.
+    let mut idle = Vec::new();
+    for i in 0..40 {
+        let mut tcp = std::net::TcpStream::connect(relay.addr).unwrap();
+        if i % 2 == 0 {
+            use std::io::Write;
+            let _ = tcp.write_all(&[0x16, 0x03, 0x01]);
+        }
+        idle.push(tcp);
+    }
+    let started = std::time::Instant::now();
+    assert!(core.ready(false).unwrap().is_empty());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a normal request waited {:?} behind slow clients",
+        started.elapsed()
+    );
+    assert_eq!(
+        files_under(&tmp.path().join("store/sites")),
+        0,
+        "nothing was stored"
+    );
+}

@@ -159,7 +159,34 @@ fn router(relay: Arc<Relay>) -> Router {
             post(reject),
         )
         .layer(DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn_with_state(relay.clone(), gate))
         .with_state(relay)
+}
+
+/// Runs before any handler reads a body: a request without a known token gets 401, and one
+/// announcing a body over [`MAX_BODY`] gets 413, without a byte of the body being read. Only
+/// authenticated sites can make the relay buffer a part.
+async fn gate(
+    State(relay): State<Arc<Relay>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Err(refused) = principal(&relay, request.headers()) {
+        return refused.into_response();
+    }
+    let announced = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY as u64) {
+        return Failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("a body of at most {MAX_BODY} bytes is accepted"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// An error answer: a status and a JSON body that says what and why.
