@@ -9,6 +9,7 @@
 //! budget bounds how many workers compute at once. The sink decides where sealed parts and
 //! manifests go: a directory for `forte pack` ([`DirSink`]), the relay for `forte send`.
 
+mod adapt;
 mod sink;
 mod source;
 mod stages;

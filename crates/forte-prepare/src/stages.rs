@@ -12,6 +12,8 @@ use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
 use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, Weigh, Work};
+
+use crate::adapt::{LevelControl, Pressure};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -23,8 +25,10 @@ use crate::source::SourceFile;
 pub struct PrepareConfig {
     /// Raw bytes per part: the unit of compression, encryption, transfer and retry.
     pub part_size: u64,
-    /// zstd level of every part.
+    /// zstd level of every part, or the first level when `adapt` is set.
     pub level: i32,
+    /// Adapt the level within these bounds to the slower of CPU and sink (`--level auto`).
+    pub adapt: Option<(i32, i32)>,
     /// CPU budget: the most workers hashing, compressing or encrypting at once.
     pub cpu: usize,
     /// Raw bytes between being read and being stored, in units of `part_size`: the memory
@@ -45,6 +49,7 @@ impl PrepareConfig {
         Self {
             part_size: Self::DEFAULT_PART_SIZE,
             level: Self::DEFAULT_LEVEL,
+            adapt: None,
             cpu,
             parts_in_flight: cpu + 4,
             sink_workers: cpu.max(2),
@@ -200,6 +205,8 @@ enum Body {
         data: Vec<u8>,
         raw_len: u64,
         compressed_len: u64,
+        /// The zstd level it was compressed at.
+        level: i32,
     },
     /// Part `index`, already held by the sink: hashed, then passed through.
     Held {
@@ -316,6 +323,7 @@ impl<'k> Prepare<'k> {
         let cfg = &self.config;
         let part_size = cfg.part_size.max(1);
         let outcomes: Mutex<Vec<FileOutcome>> = Mutex::default();
+        let levels = LevelControl::new(cfg.level, cfg.adapt);
         let stop: OnceLock<String> = OnceLock::new();
 
         let in_flight = cfg.parts_in_flight.max(1);
@@ -367,15 +375,20 @@ impl<'k> Prepare<'k> {
                         data,
                         compressed_len,
                         index,
+                        level,
                         ..
                     } = &mut piece.body
                     {
                         let bound = zstd::zstd_safe::compress_bound(data.len());
                         let mut out = pools.compressed.take(bound);
-                        match compress(cfg.level, data, &mut out) {
+                        *level = levels.current();
+                        match compress(*level, data, &mut out) {
                             Ok(()) => {
                                 *compressed_len = out.len() as u64;
                                 pools.raw.give(std::mem::replace(data, out));
+                                if levels.is_adaptive() {
+                                    levels.observe(self.pressure());
+                                }
                             }
                             Err(e) => {
                                 let error = format!("part {index}: compression failed: {e}");
@@ -410,7 +423,7 @@ impl<'k> Prepare<'k> {
                 encrypt_rx,
                 hashed_tx,
                 |piece, emit| {
-                    record_part(&piece, cfg.level);
+                    record_part(&piece);
                     emit.send(piece);
                 },
             );
@@ -447,6 +460,20 @@ impl<'k> Prepare<'k> {
             drop(jobs_tx);
         });
         outcomes.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How full the queues before `compress` and before the sink are.
+    fn pressure(&self) -> Pressure {
+        let stages = self.pipeline.snapshot();
+        let fill = |name: &str| {
+            stages.iter().find(|s| s.name == name).map_or(0.0, |s| {
+                s.queue_depth as f64 / s.queue_capacity.max(1) as f64
+            })
+        };
+        Pressure {
+            waiting_to_compress: fill("compress"),
+            waiting_for_sink: fill("sink"),
+        }
     }
 
     /// Builds, signs and encrypts the manifest once the last part of the file was hashed.
@@ -523,6 +550,7 @@ impl<'k> Prepare<'k> {
                 data,
                 raw_len,
                 compressed_len,
+                ..
             } => {
                 let sha256 = file.lock().entries[index as usize]
                     .as_ref()
@@ -680,6 +708,7 @@ fn read_file(
                 data,
                 raw_len: len,
                 compressed_len: 0,
+                level: 0,
             },
             manifest: None,
             charge: Some(charge),
@@ -764,15 +793,22 @@ fn hash_raw(piece: &mut Piece) {
 
 /// The `hash_ciphertext` stage: completes the part's manifest entry with the hash and length of
 /// its sealed bytes.
-fn record_part(piece: &Piece, level: i32) {
-    let (index, sha256, length) = match &piece.body {
-        Body::Part { index, data, .. } => {
-            (*index, hex::encode(Sha256::digest(data)), data.len() as u64)
-        }
+fn record_part(piece: &Piece) {
+    let (index, sha256, length, level) = match &piece.body {
+        Body::Part {
+            index, data, level, ..
+        } => (
+            *index,
+            hex::encode(Sha256::digest(data)),
+            data.len() as u64,
+            *level,
+        ),
+        // Already at the sink from an earlier run, at a level this run does not know.
         Body::Held { index, sealed, .. } => (
             *index,
             sealed.ciphertext_sha256.clone(),
             sealed.ciphertext_length,
+            0,
         ),
         _ => return,
     };

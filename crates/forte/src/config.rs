@@ -9,7 +9,7 @@
 //!
 //! [prepare]
 //! part_size = "16MiB"
-//! level = 3
+//! level = 3            # or "auto": adapted to the slower of CPU and link
 //! cpu = 2                # default: all cores
 //! parts_in_flight = 6    # default: cpu + 4
 //!
@@ -70,9 +70,48 @@ pub struct KeysSection {
 #[serde(deny_unknown_fields)]
 pub struct PrepareSection {
     pub part_size: Option<Size>,
-    pub level: Option<i32>,
+    pub level: Option<Level>,
     pub cpu: Option<usize>,
     pub parts_in_flight: Option<usize>,
+}
+
+/// A zstd level, or `auto`: adapted between 1 and 9 to whichever of CPU and link is slower.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "SizeText")]
+pub enum Level {
+    Fixed(i32),
+    Auto,
+}
+
+impl Level {
+    /// The bounds `auto` adapts within: level 1 is fast enough for any link a CPU can feed;
+    /// above 9 the ratio grows little for much more CPU.
+    pub const AUTO_BOUNDS: (i32, i32) = (1, 9);
+}
+
+impl std::str::FromStr for Level {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "auto" => Ok(Level::Auto),
+            t => t
+                .parse()
+                .map(Level::Fixed)
+                .map_err(|_| format!("{text:?} is not a zstd level (a number such as 3, or auto)")),
+        }
+    }
+}
+
+impl TryFrom<SizeText> for Level {
+    type Error = String;
+    fn try_from(v: SizeText) -> Result<Self, String> {
+        match v {
+            SizeText::Number(n) => i32::try_from(n)
+                .map(Level::Fixed)
+                .map_err(|_| format!("zstd level {n} is out of range")),
+            SizeText::Text(t) => t.parse(),
+        }
+    }
 }
 
 /// A byte size written as a number or a string such as `"16MiB"`.
@@ -122,7 +161,7 @@ impl Config {
         for p in [&mut r.token_file, &mut r.ca].into_iter().flatten() {
             *p = base.join(&*p);
         }
-        if let Some(level) = config.prepare.level {
+        if let Some(Level::Fixed(level)) = config.prepare.level {
             check_level(level)
                 .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;
         }

@@ -183,3 +183,57 @@ fn demo_runs_and_verifies() {
     assert!(err.contains("not made by `forte demo`"), "{err}");
     assert!(other.join("keep.txt").exists());
 }
+
+#[test]
+fn level_auto_adapts_within_its_bounds_and_restores_identically() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    for i in 0..6 {
+        write(&src.join(format!("{i}.log")), &sample_bytes(3 << 20, i));
+    }
+    let config = tmp.path().join("forte.toml");
+    write(
+        &config,
+        b"[prepare]\nlevel = \"auto\"\npart_size = \"1MiB\"\n",
+    );
+    let packed = tmp.path().join("packed");
+    ok(&args![
+        "--config",
+        &config,
+        "pack",
+        &src,
+        "--to",
+        &packed,
+        "--recipient",
+        &keys.core_pub,
+        "--sign",
+        &keys.edge_key,
+        "-q"
+    ]);
+    for object in objects(&packed) {
+        let manifest = manifest_json(&keys, &object);
+        for part in manifest["parts"].as_array().unwrap() {
+            let level = part["level"].as_i64().unwrap();
+            assert!(
+                (1..=9).contains(&level),
+                "level {level} outside auto's bounds"
+            );
+        }
+    }
+    let out = tmp.path().join("out");
+    ok(&unpack_args(&keys, &packed, &out));
+    assert_eq!(tree(&out), tree(&src));
+    // A usage error, as clap reports them: exit code 2.
+    let out = run(&args![
+        "pack",
+        &src,
+        "--to",
+        tmp.path().join("o"),
+        "--level",
+        "fastest"
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("\"fastest\" is not a zstd level"), "{err}");
+}

@@ -9,7 +9,7 @@ use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig, Prep
 use serde::Serialize;
 
 use super::{mb_per_s, ratio, Output};
-use crate::config::{check_level, required, Config};
+use crate::config::{check_level, required, Config, Level};
 use crate::progress::with_progress;
 use crate::units::{human, parse_size};
 
@@ -64,9 +64,10 @@ pub struct PrepareArgs {
     /// Raw bytes per part [config: prepare.part_size] [default: 16MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     part_size: Option<u64>,
-    /// zstd level [config: prepare.level] [default: 3].
-    #[arg(long, allow_negative_numbers = true)]
-    level: Option<i32>,
+    /// zstd level, or auto: adapted between 1 and 9 to whichever of CPU and link is slower
+    /// [config: prepare.level] [default: 3].
+    #[arg(long, allow_negative_numbers = true, value_name = "LEVEL|auto")]
+    level: Option<Level>,
     /// CPU budget: workers computing at once [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     cpu: Option<usize>,
@@ -114,9 +115,13 @@ impl PrepareArgs {
             }
             p.part_size = size;
         }
-        if let Some(level) = self.level.or(c.level) {
-            check_level(level)?;
-            p.level = level;
+        match self.level.or(c.level) {
+            Some(Level::Fixed(level)) => {
+                check_level(level)?;
+                p.level = level;
+            }
+            Some(Level::Auto) => p.adapt = Some(Level::AUTO_BOUNDS),
+            None => {}
         }
         if let Some(cpu) = self.cpu.or(c.cpu) {
             p.cpu = cpu.max(1);
