@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--scale", type=float, default=0.001)
     ap.add_argument("--connections", type=int, default=4, help="send's concurrent uploads")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of the puller (default: all cores)")
-    ap.add_argument("--level", type=int, default=3, help="zstd level of pack and send")
+    ap.add_argument("--level", default="3", help="zstd level of pack and send (a number, or auto)")
     ap.add_argument("--drop-caches", action="store_true",
                     help="free the page cache before the transfer (root): on a VM, page cache growing into "
                          "never-touched memory makes every written page fault on the host")
