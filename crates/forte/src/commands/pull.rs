@@ -187,7 +187,13 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
                     if !open.is_empty() {
                         pause = busy_poll;
                         let restore = Restore::new(settings.clone(), &identities, &trusted);
-                        if open.into_iter().any(|b| core.fetch_ahead(&restore, b)) {
+                        let fetched = crate::monitor::while_running(
+                            "core",
+                            &restore.pipeline,
+                            || {},
+                            || open.into_iter().any(|b| core.fetch_ahead(&restore, b)),
+                        );
+                        if fetched {
                             continue;
                         }
                     }
