@@ -3,56 +3,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 
 use common::site::*;
 use common::*;
-
-/// A child process killed (SIGKILL) when dropped.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(args: &Args) -> Daemon {
-    Daemon(
-        forte()
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    )
-}
-
-fn kill(daemon: &mut Daemon) {
-    let _ = daemon.0.kill();
-    let _ = daemon.0.wait();
-}
-
-/// Files visible under `dir` (staging directories are not visible: they are hidden and
-/// removed by the next pull), relative path → SHA-256.
-fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
-    if !dir.exists() {
-        return Default::default();
-    }
-    tree(dir)
-        .into_iter()
-        .filter(|(p, _)| !p.starts_with(".forte-staging-"))
-        .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
-        .collect()
-}
-
-fn source_hashes(batch: &Path) -> std::collections::BTreeMap<String, String> {
-    visible(batch)
-        .into_iter()
-        .filter(|(p, _)| p != ".ready")
-        .collect()
-}
 
 fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathBuf {
     let dir = inbox.join(name);

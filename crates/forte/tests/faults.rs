@@ -6,7 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::process::{Child, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -14,41 +13,17 @@ use common::proxy::{Fault, FaultProxy};
 use common::site::*;
 use common::*;
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a daemon whose output goes to `log`, shown when the test fails.
-fn spawn(args: &Args, log: &std::path::Path) -> Daemon {
-    let out = std::fs::File::create(log).unwrap();
-    Daemon(
-        forte()
-            .args(args)
-            .env(
-                "FORTE_LOG",
-                std::env::var("FORTE_TEST_LOG").unwrap_or("info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(out)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-/// The files under `dir`, relative path → SHA-256 (staging excluded).
-fn hashes(dir: &std::path::Path) -> BTreeMap<String, String> {
-    if !dir.exists() {
-        return BTreeMap::new();
-    }
-    tree(dir)
-        .into_iter()
-        .filter(|(p, v)| !p.starts_with(".forte-staging-") && p != ".ready" && !v.ends_with('/'))
-        .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
+/// `args` with the relay's URL replaced by the proxy's, so that role talks through it.
+fn via(proxy: &FaultProxy, site: &Site, args: Args) -> Args {
+    let proxied = format!("https://{}", proxy.addr);
+    args.into_iter()
+        .map(|a| {
+            if a == *site.relay.url {
+                proxied.clone().into()
+            } else {
+                a
+            }
+        })
         .collect()
 }
 
@@ -76,30 +51,23 @@ fn a_sender_survives_resets_a_collapsed_link_and_an_outage() {
             write(&inbox.join(&name).join(&rel), &random_bytes(2_500_000));
         }
         write(&inbox.join(&name).join(".ready"), b"");
-        for (p, h) in hashes(&inbox.join(&name)) {
+        for (p, h) in source_hashes(&inbox.join(&name)) {
             expected.insert(format!("site-a/{name}/{p}"), h);
         }
     }
     let relay_addr = site.relay.url.trim_start_matches("https://").to_string();
     let proxy = FaultProxy::start(&relay_addr);
-    let proxied = format!("https://{}", proxy.addr);
-    let send: Args = site
-        .send(&["--watch", "--interval", "1", "--part-size", "1MiB"])
-        .into_iter()
-        .map(|a| {
-            if a == *site.relay.url {
-                proxied.clone().into()
-            } else {
-                a
-            }
-        })
-        .collect();
+    let send = via(
+        &proxy,
+        &site,
+        site.send(&["--watch", "--interval", "1", "--part-size", "1MiB"]),
+    );
     let send_log = site.root.join("send.log");
-    let _send = spawn(&send, &send_log);
+    let _send = spawn_logged(&send, &send_log);
     let log = || std::fs::read_to_string(&send_log).unwrap_or_default();
     let mut pull = site.pull();
     pull.extend(args!["--watch", "--interval", "1"]);
-    let _pull = spawn(&pull, &site.root.join("pull.log"));
+    let _pull = spawn_logged(&pull, &site.root.join("pull.log"));
 
     let sent = || proxy.forwarded.load(Ordering::Relaxed);
     // 1. Every connection reset while parts are in flight.
@@ -126,9 +94,9 @@ fn a_sender_survives_resets_a_collapsed_link_and_an_outage() {
 
     let dest = site.root.join("dest");
     assert!(
-        wait_for(120, || hashes(&dest) == expected),
+        wait_for(120, || visible(&dest) == expected),
         "not everything arrived identical: {} of {} files",
-        hashes(&dest).len(),
+        visible(&dest).len(),
         expected.len()
     );
     let status = site.status(&site.edge_catalog, &[]);
@@ -153,7 +121,7 @@ fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
             );
         }
         write(&inbox.join(&name).join(".ready"), b"");
-        for (p, h) in hashes(&inbox.join(&name)) {
+        for (p, h) in source_hashes(&inbox.join(&name)) {
             expected.insert(format!("site-a/{name}/{p}"), h);
         }
     }
@@ -161,18 +129,7 @@ fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
     ok(&site.send(&["--part-size", "512KiB", "-q"]));
     let relay_addr = site.relay.url.trim_start_matches("https://").to_string();
     let proxy = FaultProxy::start(&relay_addr);
-    let proxied = format!("https://{}", proxy.addr);
-    let mut pull: Args = site
-        .pull()
-        .into_iter()
-        .map(|a| {
-            if a == *site.relay.url {
-                proxied.clone().into()
-            } else {
-                a
-            }
-        })
-        .collect();
+    let mut pull = via(&proxy, &site, site.pull());
     pull.extend(args![
         "--watch",
         "--interval",
@@ -185,7 +142,7 @@ fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
     // The core's requests are small; its downloads are what crosses the proxy back.
     proxy.set(Fault::Throttle(300_000));
     let pull_log = site.root.join("pull.log");
-    let _pull = spawn(&pull, &pull_log);
+    let _pull = spawn_logged(&pull, &pull_log);
     let log = || std::fs::read_to_string(&pull_log).unwrap_or_default();
     std::thread::sleep(Duration::from_secs(2));
     // 1. A stall of 6 s, twice the request timeout: requests are abandoned and retried.
@@ -201,9 +158,9 @@ fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
 
     let dest = site.root.join("dest");
     assert!(
-        wait_for(120, || hashes(&dest) == expected),
+        wait_for(120, || visible(&dest) == expected),
         "not everything arrived identical: {} of {} files\n{}",
-        hashes(&dest).len(),
+        visible(&dest).len(),
         expected.len(),
         log()
     );

@@ -22,16 +22,21 @@ fn run_with(policy: &str) -> (Site, serde_json::Value) {
     write(&inbox.join("b-small/.ready"), b"");
     ok(&site.send(&["--policy", policy, "--cpu", "1", "-q"]));
     ok(&site.pull());
-    let report = ok(&args![
+    let report = ok(&report_args(&site, args!["--format", "json"]));
+    (site, serde_json::from_str(&report).unwrap())
+}
+
+/// `forte report` over the site's edge and core catalogues, with `extra` flags.
+fn report_args(site: &Site, extra: Args) -> Args {
+    let mut a = args![
         "--catalog",
         &site.edge_catalog,
         "report",
         "--with",
-        &site.core_catalog,
-        "--format",
-        "json"
-    ]);
-    (site, serde_json::from_str(&report).unwrap())
+        &site.core_catalog
+    ];
+    a.extend(extra);
+    a
 }
 
 fn batch<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
@@ -94,19 +99,17 @@ fn fifo_serves_the_first_arrival_and_sjf_the_smallest() {
 fn report_prints_the_verdict_and_writes_charts() {
     let (site, _) = run_with("sjf-aging");
     let charts = site.root.join("charts");
-    let text = ok(&args![
-        "--catalog",
-        &site.edge_catalog,
-        "report",
-        "--with",
-        &site.core_catalog,
-        "--nominal-rate",
-        "3.36TB/day",
-        "--charts",
-        &charts,
-        "--title",
-        "test run"
-    ]);
+    let text = ok(&report_args(
+        &site,
+        args![
+            "--nominal-rate",
+            "3.36TB/day",
+            "--charts",
+            &charts,
+            "--title",
+            "test run"
+        ],
+    ));
     assert!(text.contains("R_P = "), "{text}");
     assert!(
         text.contains("verdict: sustainable") || text.contains("verdict: NOT sustainable"),
@@ -122,15 +125,7 @@ fn report_prints_the_verdict_and_writes_charts() {
     let timeline = std::fs::read_to_string(charts.join("timeline.svg")).unwrap();
     assert!(timeline.contains("a-large") && timeline.contains("b-small"));
 
-    let csv = ok(&args![
-        "--catalog",
-        &site.edge_catalog,
-        "report",
-        "--with",
-        &site.core_catalog,
-        "--format",
-        "csv"
-    ]);
+    let csv = ok(&report_args(&site, args!["--format", "csv"]));
     let lines: Vec<&str> = csv.lines().collect();
     assert!(lines[0].starts_with("batch,raw_bytes,sealed_bytes,arrived_us,q_send_s"));
     assert_eq!(lines.len(), 3, "{csv}");

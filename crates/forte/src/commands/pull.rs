@@ -254,6 +254,17 @@ struct Ahead {
     failed: bool,
 }
 
+impl Ahead {
+    /// Those of `objects` not staged yet.
+    fn not_staged(&self, objects: Vec<ReadyObject>) -> Vec<ReadyObject> {
+        let held: std::collections::HashSet<ObjectId> = self.staged.ids().collect();
+        objects
+            .into_iter()
+            .filter(|o| !held.contains(&o.id))
+            .collect()
+    }
+}
+
 impl Drop for Ahead {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.staging);
@@ -286,11 +297,7 @@ impl Core<'_> {
             all.insert(batch_key.clone(), ahead);
         }
         let ahead = all.get_mut(&batch_key).expect("inserted above");
-        let held: std::collections::HashSet<ObjectId> = ahead.staged.ids().collect();
-        let new: Vec<ReadyObject> = objects
-            .into_iter()
-            .filter(|o| !held.contains(&o.id))
-            .collect();
+        let new = ahead.not_staged(objects);
         if new.is_empty() {
             return false;
         }
@@ -413,11 +420,7 @@ impl Core<'_> {
             None => self.fresh_ahead(&objects, started, started_at),
         };
         let result = ahead.and_then(|mut ahead| {
-            let held: std::collections::HashSet<ObjectId> = ahead.staged.ids().collect();
-            let rest: Vec<ReadyObject> = objects
-                .into_iter()
-                .filter(|o| !held.contains(&o.id))
-                .collect();
+            let rest = ahead.not_staged(objects);
             if !rest.is_empty() {
                 let more = self.stage(restore, rest, &batch_key, &mut ahead);
                 name.clone_from(&ahead.name);

@@ -275,3 +275,67 @@ pub fn sample(
             _ => panic!("{metric} is not a single number"),
         })
 }
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Daemon(pub Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn spawn(args: &Args) -> Daemon {
+    Daemon(
+        forte()
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
+pub fn kill(daemon: &mut Daemon) {
+    let _ = daemon.0.kill();
+    let _ = daemon.0.wait();
+}
+
+/// Files visible under `dir` (staging directories are not visible: they are hidden and
+/// removed by the next pull), relative path → SHA-256.
+pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
+    if !dir.exists() {
+        return Default::default();
+    }
+    tree(dir)
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with(".forte-staging-"))
+        .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
+        .collect()
+}
+
+pub fn source_hashes(batch: &Path) -> std::collections::BTreeMap<String, String> {
+    visible(batch)
+        .into_iter()
+        .filter(|(p, _)| p != ".ready")
+        .collect()
+}
+
+/// Like [`spawn`], with the daemon's log lines in `log` (level from `FORTE_TEST_LOG`, default
+/// info), for tests to show when they fail.
+pub fn spawn_logged(args: &Args, log: &Path) -> Daemon {
+    let out = std::fs::File::create(log).unwrap();
+    Daemon(
+        forte()
+            .args(args)
+            .env(
+                "FORTE_LOG",
+                std::env::var("FORTE_TEST_LOG").unwrap_or("info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(out)
+            .spawn()
+            .unwrap(),
+    )
+}
