@@ -20,9 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from site_setup import make_site, start_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
@@ -57,19 +58,9 @@ def run(name, make):
     inbox, dest = work / "inbox", work / "dest"
     inbox.mkdir(parents=True)
     files, raw = make(inbox)
-    subprocess.run([FORTE, "keygen", "--dir", work / "keys"], check=True, stdout=subprocess.DEVNULL)
-    (work / "tokens.toml").write_text(
-        '[[token]]\ntoken = "load-edge-token-0123456789"\nrole = "edge"\nsite = "load"\n'
-        '[[token]]\ntoken = "load-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
-    (work / "edge.token").write_text("load-edge-token-0123456789")
-    (work / "core.token").write_text("load-core-token-0123456789")
-    relay = subprocess.Popen([FORTE, "relay", "--listen", "127.0.0.1:0", "--store", work / "relay",
-                              "--tokens", work / "tokens.toml"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    make_site(FORTE, work, "load")
+    relay, url, fingerprint = start_relay(FORTE, work / "relay", work / "tokens.toml", "127.0.0.1:0")
     try:
-        url = relay.stdout.readline().split()[-1]
-        fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
-        threading.Thread(target=lambda: [None for _ in relay.stdout], daemon=True).start()
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         send_s, send_rss = timed([FORTE, "--catalog", work / "edge.sqlite", "send", inbox, "-q",
                                   "--recipient", work / "keys/core.pub", "--sign", work / "keys/edge.key",

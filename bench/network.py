@@ -25,9 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from site_setup import make_site, start_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
@@ -144,12 +145,7 @@ def main():
     raw = build_inbox(inbox, args.scale)
     nfiles = sum(1 for p in inbox.rglob("*") if p.is_file() and p.name != ".ready")
     print(f"inbox: 14 batches, {nfiles} files, {raw / 1e6:.0f} MB", file=sys.stderr)
-    sh([FORTE, "keygen", "--dir", WORK / "keys"], stdout=subprocess.DEVNULL)
-    (WORK / "tokens.toml").write_text(
-        '[[token]]\ntoken = "bench-edge-token-0123456789"\nrole = "edge"\nsite = "mine"\n'
-        '[[token]]\ntoken = "bench-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
-    (WORK / "edge.token").write_text("bench-edge-token-0123456789")
-    (WORK / "core.token").write_text("bench-core-token-0123456789")
+    make_site(FORTE, WORK, "mine")
 
     # The baseline of the same invocation: forte pack of the same inbox, to tmpfs.
     out = Path("/dev/shm/forte-bench-network-pack")
@@ -168,13 +164,9 @@ def main():
     host = "10.77.0.2" if shaped else "127.0.0.1"
     if shaped:
         setup_link(parse_rate(args.link_rate))
-    relay = subprocess.Popen([FORTE, "relay", "--listen", f"{host}:0", "--store", WORK / "relay",
-                              "--tokens", WORK / "tokens.toml"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True)
+    relay = None
     try:
-        url = relay.stdout.readline().split()[-1]
-        fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
-        threading.Thread(target=lambda: [None for _ in relay.stdout], daemon=True).start()
+        relay, url, fingerprint = start_relay(FORTE, WORK / "relay", WORK / "tokens.toml", f"{host}:0")
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         core_cat = WORK / "core.sqlite"
         dest = WORK / "dest"
@@ -212,8 +204,9 @@ def main():
         puller.terminate()
         puller.wait()
     finally:
-        relay.terminate()
-        relay.wait()
+        if relay:
+            relay.terminate()
+            relay.wait()
         if shaped:
             teardown_link()
 

@@ -19,13 +19,13 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from network import (BATCHES, FORTE, NS, ROOT, build_inbox, parse_rate, setup_link,  # noqa: E402
                      sh, teardown_link)
+from site_setup import make_site, start_relay  # noqa: E402
 
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "policies"
 
@@ -36,14 +36,9 @@ def run_policy(policy, args, source, nfiles):
     inbox, dest = run / "inbox", run / "dest"
     inbox.mkdir(parents=True)
     schedule = ["--policy", policy, "--max-wait", args.max_wait]
-    relay = subprocess.Popen([FORTE, "relay", "--listen", "10.77.0.2:0", "--store", run / "relay",
-                              "--tokens", WORK / "tokens.toml"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    relay, url, fingerprint = start_relay(FORTE, run / "relay", WORK / "tokens.toml", "10.77.0.2:0")
     procs = []
     try:
-        url = relay.stdout.readline().split()[-1]
-        fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
-        threading.Thread(target=lambda: [None for _ in relay.stdout], daemon=True).start()
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         procs.append(subprocess.Popen(
             [FORTE, "--catalog", run / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
@@ -108,12 +103,7 @@ def main():
     raw = build_inbox(source, args.scale)
     nfiles = sum(1 for p in source.rglob("*") if p.is_file() and p.name != ".ready")
     print(f"14 batches, {nfiles} files, {raw / 1e6:.0f} MB raw", file=sys.stderr)
-    sh([FORTE, "keygen", "--dir", WORK / "keys"], stdout=subprocess.DEVNULL)
-    (WORK / "tokens.toml").write_text(
-        '[[token]]\ntoken = "bench-edge-token-0123456789"\nrole = "edge"\nsite = "mine"\n'
-        '[[token]]\ntoken = "bench-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
-    (WORK / "edge.token").write_text("bench-edge-token-0123456789")
-    (WORK / "core.token").write_text("bench-core-token-0123456789")
+    make_site(FORTE, WORK, "mine")
 
     setup_link(parse_rate(args.link_rate))
     reports = {}

@@ -31,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 
+from site_setup import make_site, start_relay
+
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "soak"
@@ -132,29 +134,19 @@ def main():
     WORK.mkdir(parents=True)
     inbox, dest = WORK / "inbox", WORK / "dest"
     inbox.mkdir()
-    subprocess.run([FORTE, "keygen", "--dir", WORK / "keys"], check=True, stdout=subprocess.DEVNULL)
-    (WORK / "tokens.toml").write_text(
-        '[[token]]\ntoken = "soak-edge-token-0123456789"\nrole = "edge"\nsite = "soak"\n'
-        '[[token]]\ntoken = "soak-core-token-0123456789"\nrole = "core"\nsites = ["*"]\n')
-    (WORK / "edge.token").write_text("soak-edge-token-0123456789")
-    (WORK / "core.token").write_text("soak-core-token-0123456789")
+    make_site(FORTE, WORK, "soak")
 
     relay_port = free_port()
     procs = {}
     logs = {name: open(WORK / f"{name}.log", "ab") for name in ("relay", "send", "pull")}
     fingerprint = None
 
-    def start_relay():
+    def restart_relay():
         nonlocal fingerprint
-        p = subprocess.Popen([FORTE, "relay", "--listen", f"127.0.0.1:{relay_port}", "--store", WORK / "relay",
-                              "--tokens", WORK / "tokens.toml"], stdout=subprocess.PIPE, stderr=logs["relay"],
-                             text=True)
-        p.stdout.readline()
-        fingerprint = p.stdout.readline().split()[-1].rstrip(")")
-        threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
-        procs["relay"] = p
+        procs["relay"], _, fingerprint = start_relay(FORTE, WORK / "relay", WORK / "tokens.toml",
+                                                     f"127.0.0.1:{relay_port}", stderr=logs["relay"])
 
-    start_relay()
+    restart_relay()
     edge_proxy, core_proxy = FaultProxy(relay_port), FaultProxy(relay_port)
 
     def conn(proxy, token):
@@ -173,7 +165,7 @@ def main():
              "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
              *conn(core_proxy, "core.token")], stdout=subprocess.DEVNULL, stderr=logs["pull"])
 
-    starters = {"relay": start_relay, "send": start_send, "pull": start_pull}
+    starters = {"relay": restart_relay, "send": start_send, "pull": start_pull}
     start_send()
     start_pull()
 

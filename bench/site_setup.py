@@ -1,0 +1,27 @@
+"""What every end-to-end bench sets up: keys, relay tokens, and a running relay."""
+
+import subprocess
+import threading
+
+
+def make_site(forte, work, site):
+    """Keys in work/keys; tokens.toml with an edge token for `site` and a core token for all
+    sites; the tokens themselves in work/edge.token and work/core.token."""
+    subprocess.run([forte, "keygen", "--dir", work / "keys"], check=True, stdout=subprocess.DEVNULL)
+    edge, core = f"{site}-edge-token-0123456789", f"{site}-core-token-0123456789"
+    (work / "tokens.toml").write_text(
+        f'[[token]]\ntoken = "{edge}"\nrole = "edge"\nsite = "{site}"\n'
+        f'[[token]]\ntoken = "{core}"\nrole = "core"\nsites = ["*"]\n')
+    (work / "edge.token").write_text(edge)
+    (work / "core.token").write_text(core)
+
+
+def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL):
+    """Starts `forte relay`; returns the process, its URL and its certificate fingerprint."""
+    relay = subprocess.Popen([forte, "relay", "--listen", listen, "--store", store, "--tokens", tokens],
+                             stdout=subprocess.PIPE, stderr=stderr, text=True)
+    url = relay.stdout.readline().split()[-1]
+    fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
+    # Keep reading its output so that it never blocks on a full pipe.
+    threading.Thread(target=lambda: [None for _ in relay.stdout], daemon=True).start()
+    return relay, url, fingerprint
