@@ -463,11 +463,15 @@ impl<'k> Prepare<'k> {
     }
 
     /// How full the queues before `compress` and before the sink are.
+    ///
+    /// Against the most parts that can wait there: the memory budget (`parts_in_flight`)
+    /// holds fewer parts than a queue has room for, so a queue's capacity is never reached.
     fn pressure(&self) -> Pressure {
         let stages = self.pipeline.snapshot();
         let fill = |name: &str| {
             stages.iter().find(|s| s.name == name).map_or(0.0, |s| {
-                s.queue_depth as f64 / s.queue_capacity.max(1) as f64
+                let room = s.queue_capacity.min(self.config.parts_in_flight).max(1);
+                (s.queue_depth as f64 / room as f64).min(1.0)
             })
         };
         Pressure {

@@ -211,6 +211,7 @@ fn level_auto_adapts_within_its_bounds_and_restores_identically() {
         &keys.edge_key,
         "-q"
     ]);
+    let mut levels = Vec::new();
     for object in objects(&packed) {
         let manifest = manifest_json(&keys, &object);
         for part in manifest["parts"].as_array().unwrap() {
@@ -219,8 +220,15 @@ fn level_auto_adapts_within_its_bounds_and_restores_identically() {
                 (1..=9).contains(&level),
                 "level {level} outside auto's bounds"
             );
+            levels.push(level);
         }
     }
+    // Packing to a local directory, compression is the bottleneck: the level comes down from
+    // where it starts (3).
+    assert!(
+        levels.iter().any(|l| *l < 3),
+        "the level never adapted: {levels:?}"
+    );
     let out = tmp.path().join("out");
     ok(&unpack_args(&keys, &packed, &out));
     assert_eq!(tree(&out), tree(&src));
