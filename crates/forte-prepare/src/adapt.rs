@@ -56,6 +56,14 @@ impl LevelControl {
     }
 }
 
+/// How full a queue holding `depth` parts is, against the most parts that can wait in it:
+/// its capacity, or the memory budget's `parts_in_flight` when that is smaller (it usually
+/// is, so against the capacity alone a queue would never look full).
+pub fn fill(depth: usize, capacity: usize, parts_in_flight: usize) -> f64 {
+    let room = capacity.min(parts_in_flight).max(1);
+    (depth as f64 / room as f64).min(1.0)
+}
+
 fn next_level(level: i32, lo: i32, hi: i32, p: Pressure) -> i32 {
     if p.waiting_for_sink >= 0.5 && p.waiting_to_compress < 0.25 {
         (level + 1).min(hi)
@@ -88,6 +96,17 @@ mod tests {
         // Balanced, or both full: stay.
         assert_eq!(next_level(3, 1, 9, p(0.3, 0.3)), 3);
         assert_eq!(next_level(3, 1, 9, p(1.0, 1.0)), 3);
+    }
+
+    #[test]
+    fn fill_counts_against_what_the_memory_budget_lets_wait() {
+        // 4 parts waiting in a queue of 12 with 6 parts in flight (2 cores): more than half of
+        // what can wait, so compression is the bottleneck and the level may step down.
+        assert!(fill(4, 12, 6) > 0.5);
+        assert_eq!(fill(4, 12, 6), 4.0 / 6.0);
+        assert_eq!(fill(3, 4, 100), 0.75);
+        assert_eq!(fill(20, 12, 6), 1.0);
+        assert_eq!(next_level(3, 1, 9, p(fill(4, 12, 6), 0.0)), 2);
     }
 
     #[test]

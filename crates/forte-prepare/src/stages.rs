@@ -13,7 +13,7 @@ use forte_format::seal::encrypt;
 use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
 use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, Weigh, Work};
 
-use crate::adapt::{LevelControl, Pressure};
+use crate::adapt::{fill, LevelControl, Pressure};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -470,8 +470,7 @@ impl<'k> Prepare<'k> {
         let stages = self.pipeline.snapshot();
         let fill = |name: &str| {
             stages.iter().find(|s| s.name == name).map_or(0.0, |s| {
-                let room = s.queue_capacity.min(self.config.parts_in_flight).max(1);
-                (s.queue_depth as f64 / room as f64).min(1.0)
+                fill(s.queue_depth, s.queue_capacity, self.config.parts_in_flight)
             })
         };
         Pressure {
