@@ -151,11 +151,24 @@ pub fn sample_bytes(len: usize, seed: u64) -> Vec<u8> {
 
 /// Relative path → "sha256 mtime_ns mode" for files and "dir" for empty directories, computed
 /// with streaming reads so gigabyte files do not need gigabytes of memory.
+///
+/// The tree may be live (a daemon delivering into it): an entry that vanishes between listing
+/// and reading, such as a temporary file renamed into place, is skipped rather than fatal.
 pub fn tree(root: &Path) -> BTreeMap<String, String> {
+    fn gone<T>(result: std::io::Result<T>) -> Option<T> {
+        match result {
+            Ok(value) => Some(value),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => panic!("walking a tree: {e}"),
+        }
+    }
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         let mut empty = true;
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let entry = entry.unwrap();
+        let Some(entries) = gone(std::fs::read_dir(dir)) else {
+            return;
+        };
+        for entry in entries {
+            let Some(entry) = gone(entry) else { continue };
             empty = false;
             let path = entry.path();
             let rel = path
@@ -163,12 +176,17 @@ pub fn tree(root: &Path) -> BTreeMap<String, String> {
                 .unwrap()
                 .to_string_lossy()
                 .into_owned();
-            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let Some(meta) = gone(std::fs::symlink_metadata(&path)) else {
+                continue;
+            };
             if meta.is_dir() {
                 walk(root, &path, out);
             } else {
+                let Some(mut file) = gone(std::fs::File::open(&path)) else {
+                    continue;
+                };
                 let mut hasher = Sha256::new();
-                std::io::copy(&mut std::fs::File::open(&path).unwrap(), &mut hasher).unwrap();
+                std::io::copy(&mut file, &mut hasher).unwrap();
                 let mtime = meta
                     .modified()
                     .unwrap()
