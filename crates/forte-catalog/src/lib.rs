@@ -15,9 +15,14 @@
 //!
 //! The pipelines run on plain threads, so the API is blocking. Writes are queued to a writer
 //! thread that commits whatever has accumulated in one transaction (a thousand small files cost
-//! a few commits, and the data path never waits for the database); reads first wait for the
+//! a few commits, and the data path does not wait for the database); reads first wait for the
 //! queue to drain, so a process sees its own writes. A process killed with SIGKILL loses the
 //! records still queued (at most one commit's worth), never data.
+//!
+//! When the database is unavailable (a PostgreSQL server restarting, a SQLite file locked by
+//! another process) the writer keeps its records and retries with backoff. The queue is
+//! bounded: an outage long enough to fill it makes the daemons wait for the database rather
+//! than lose their history or grow without limit.
 
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -25,7 +30,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::Serialize;
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender, SyncSender};
 use std::sync::Arc;
 
 use sqlx::{AnyConnection, AnyPool, Executor, Row};
@@ -177,7 +182,7 @@ pub struct UsageRow {
 
 /// Records utilisation samples into a catalogue from any thread.
 #[derive(Clone)]
-pub struct UsageRecorder(Sender<Msg>);
+pub struct UsageRecorder(SyncSender<Msg>);
 
 impl UsageRecorder {
     pub fn record(&self, row: UsageRow) {
@@ -239,7 +244,7 @@ pub struct Catalog {
     /// Records go to a writer thread that commits whatever has queued up in one transaction,
     /// so the data path never waits for the database, and a thousand small files cost a few
     /// commits, not thousands.
-    writer: Option<(Sender<Msg>, std::thread::JoinHandle<()>)>,
+    writer: Option<(SyncSender<Msg>, std::thread::JoinHandle<()>)>,
     /// The last event time handed out: events of one process get strictly increasing times,
     /// so a lineage keeps its order even when changes come within the same microsecond.
     last_at: std::sync::atomic::AtomicI64,
@@ -434,9 +439,54 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
     }
 }
 
-/// Commits `records` in one transaction; if that fails, record by record, so one bad record
-/// costs only itself. Failures are reported on stderr: the transfer goes on.
-async fn commit(pool: &AnyPool, records: &[Record]) {
+/// Brings the schema up to date on `conn`, inside the caller's transaction.
+async fn apply_migrations(conn: &mut AnyConnection) -> std::result::Result<(), sqlx::Error> {
+    conn.execute("CREATE TABLE IF NOT EXISTS forte_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+        .await?;
+    let applied: i64 = sqlx::query("SELECT COUNT(*) FROM forte_migrations")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    for (i, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
+        for statement in migration.split(';').filter(|s| !s.trim().is_empty()) {
+            conn.execute(statement).await?;
+        }
+        sqlx::query("INSERT INTO forte_migrations (version, applied_at) VALUES ($1, $2)")
+            .bind(i as i64 + 1)
+            .bind(now_us())
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Whether `e` means the database cannot be reached or is busy right now (a server restarting,
+/// a dropped connection, a SQLite file locked by another process for longer than the busy
+/// timeout), as opposed to a record it refuses. Records are kept and retried through the first
+/// kind; the second costs only the record.
+fn unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // PostgreSQL: connection exceptions (08…), shutting down or starting up (57P0…),
+            // too many connections, serialization failure or deadlock. SQLite: BUSY and
+            // LOCKED with their extended codes (primary code in the low byte).
+            code.starts_with("08")
+                || code.starts_with("57P0")
+                || matches!(code.as_ref(), "53300" | "40001" | "40P01")
+                || code.parse::<i32>().is_ok_and(|c| matches!(c & 0xff, 5 | 6))
+        }),
+        _ => false,
+    }
+}
+
+/// Commits `records` in one transaction; if the database refuses that, record by record, so
+/// one bad record costs only itself (reported on stderr: the transfer goes on). Fails only when
+/// the database is unavailable, with how many leading records are already committed.
+async fn commit(
+    pool: &AnyPool,
+    records: &[Record],
+) -> std::result::Result<(), (usize, sqlx::Error)> {
     let together = async {
         let mut tx = pool.begin().await?;
         for r in records {
@@ -444,37 +494,77 @@ async fn commit(pool: &AnyPool, records: &[Record]) {
         }
         tx.commit().await
     };
-    if together.await.is_ok() {
-        return;
+    match together.await {
+        Ok(()) => return Ok(()),
+        Err(e) if unavailable(&e) => return Err((0, e)),
+        Err(_) => {}
     }
-    for r in records {
+    for (done, r) in records.iter().enumerate() {
         let result = async { apply(&mut *pool.acquire().await?, r).await }.await;
-        if let Err(e) = result {
-            eprintln!("warning: catalogue: a record was not written: {e}");
+        match result {
+            Ok(()) => {}
+            Err(e) if unavailable(&e) => return Err((done, e)),
+            Err(e) => eprintln!("warning: catalogue: a record was not written: {e}"),
         }
     }
+    Ok(())
 }
 
-fn writer(runtime: Arc<tokio::runtime::Runtime>, pool: AnyPool, inbox: Receiver<Msg>) {
-    while let Ok(first) = inbox.recv() {
-        let (mut records, mut flushes) = (Vec::new(), Vec::new());
-        let mut next = Some(first);
-        // Everything that queued up while the last commit ran goes into this one.
-        while let Some(m) = next {
-            match m {
-                Msg::Record(r) => records.push(r),
-                Msg::Flush(done) => flushes.push(done),
-            }
-            next = if records.len() < 5000 {
-                inbox.try_recv().ok()
+/// Records queued for the writer before `submit` blocks. While the database is unavailable the
+/// writer holds what it has and stops taking more, so a long outage makes the daemons wait here
+/// with bounded memory instead of dropping their history.
+const QUEUE_CAPACITY: usize = 20_000;
+
+/// Most records in one transaction.
+const RECORDS_PER_COMMIT: usize = 5_000;
+
+fn writer(runtime: Arc<tokio::runtime::Runtime>, pool: AnyPool, url: String, inbox: Receiver<Msg>) {
+    let (mut records, mut flushes) = (Vec::new(), Vec::new());
+    let mut outage: Option<(std::time::Instant, std::time::Duration)> = None;
+    loop {
+        // Everything that queued up while the last commit ran goes into this one; block for
+        // the first message only when nothing is waiting to be committed.
+        while records.len() < RECORDS_PER_COMMIT {
+            let next = if records.is_empty() && flushes.is_empty() {
+                inbox.recv().ok()
             } else {
-                None
+                inbox.try_recv().ok()
             };
+            match next {
+                Some(Msg::Record(r)) => records.push(r),
+                Some(Msg::Flush(done)) => flushes.push(done),
+                None => break,
+            }
+        }
+        if records.is_empty() && flushes.is_empty() {
+            return; // every sender is gone
         }
         if !records.is_empty() {
-            runtime.block_on(commit(&pool, &records));
+            if let Err((done, e)) = runtime.block_on(commit(&pool, &records)) {
+                records.drain(..done);
+                let (since, delay) = outage.get_or_insert((
+                    std::time::Instant::now(),
+                    std::time::Duration::from_millis(250),
+                ));
+                eprintln!(
+                    "warning: catalogue {url} unavailable for {:.0} s ({e}); holding {} records, retrying in {:.1} s",
+                    since.elapsed().as_secs_f64(),
+                    records.len(),
+                    delay.as_secs_f64()
+                );
+                std::thread::sleep(*delay);
+                *delay = (*delay * 2).min(std::time::Duration::from_secs(10));
+                continue;
+            }
+            if let Some((since, _)) = outage.take() {
+                eprintln!(
+                    "catalogue {url} available again after {:.0} s; the held records are written",
+                    since.elapsed().as_secs_f64()
+                );
+            }
+            records.clear();
         }
-        for done in flushes {
+        for done in flushes.drain(..) {
             let _ = done.send(());
         }
     }
@@ -517,6 +607,9 @@ impl Catalog {
             .block_on(
                 AnyPoolOptions::new()
                     .max_connections(4)
+                    // Past this, a write is held and retried by the writer (which says so) and
+                    // a read fails with the reason, instead of hanging silently.
+                    .acquire_timeout(std::time::Duration::from_secs(5))
                     .after_connect(|conn, _| {
                         Box::pin(async move {
                             if conn.backend_name() == "SQLite" {
@@ -539,11 +632,12 @@ impl Catalog {
             last_at: Default::default(),
         };
         catalog.migrate()?;
-        let (queue, inbox) = std::sync::mpsc::channel();
+        let (queue, inbox) = std::sync::mpsc::sync_channel(QUEUE_CAPACITY);
         let (runtime, pool) = (catalog.runtime.clone(), catalog.pool.clone());
+        let url = catalog.url.clone();
         let thread = std::thread::Builder::new()
             .name("forte-catalog".into())
-            .spawn(move || writer(runtime, pool, inbox))
+            .spawn(move || writer(runtime, pool, url, inbox))
             .context("starting the catalogue writer")?;
         catalog.writer = Some((queue, thread));
         Ok(catalog)
@@ -555,29 +649,32 @@ impl Catalog {
     }
 
     fn migrate(&self) -> Result<()> {
-        self.runtime.block_on(async {
-            self.pool
-                .execute("CREATE TABLE IF NOT EXISTS forte_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
-                .await?;
-            let applied: i64 = sqlx::query("SELECT COUNT(*) FROM forte_migrations")
-                .fetch_one(&self.pool)
-                .await?
-                .try_get(0)?;
-            for (i, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
-                let mut tx = self.pool.begin().await?;
-                for statement in migration.split(';').filter(|s| !s.trim().is_empty()) {
-                    tx.execute(statement).await?;
+        self.runtime
+            .block_on(async {
+                let mut conn = self.pool.acquire().await?;
+                // One migrator at a time: daemons starting together on a fresh catalogue would
+                // otherwise all create the schema (PostgreSQL fails such a race with a
+                // duplicate key in its own catalogue). SQLite takes the write lock at BEGIN
+                // IMMEDIATE; PostgreSQL holds an advisory lock around one transaction.
+                let (lock, done, undo) = if conn.backend_name() == "SQLite" {
+                    ("BEGIN IMMEDIATE", "COMMIT", "ROLLBACK")
+                } else {
+                    (
+                        "SELECT pg_advisory_lock(435459733093); BEGIN",
+                        "COMMIT; SELECT pg_advisory_unlock(435459733093)",
+                        "ROLLBACK; SELECT pg_advisory_unlock(435459733093)",
+                    )
+                };
+                conn.execute(lock).await?;
+                match apply_migrations(&mut conn).await {
+                    Ok(()) => conn.execute(done).await.map(drop),
+                    Err(e) => {
+                        let _ = conn.execute(undo).await;
+                        Err(e)
+                    }
                 }
-                sqlx::query("INSERT INTO forte_migrations (version, applied_at) VALUES ($1, $2)")
-                    .bind(i as i64 + 1)
-                    .bind(now_us())
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-            }
-            anyhow::Ok(())
-        })
-        .with_context(|| format!("cannot migrate the catalogue {}", self.url))
+            })
+            .with_context(|| format!("cannot migrate the catalogue {}", self.url))
     }
 
     /// Now, or just after the last time handed out.
@@ -1047,6 +1144,56 @@ mod tests {
         assert_eq!(again.batches().unwrap().len(), 1);
     }
 
+    /// A catalogue file locked by another process for longer than the busy timeout: the writer
+    /// holds its records, retries, and writes every one once the lock is released.
+    #[test]
+    fn records_wait_out_a_locked_sqlite_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("catalog.sqlite");
+        let catalog = Catalog::open(path.to_str().unwrap()).unwrap();
+        let url = format!("sqlite://{}", path.display());
+        let (locked, release) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                use sqlx::Connection;
+                let mut conn = AnyConnection::connect(&url).await.unwrap();
+                conn.execute("BEGIN EXCLUSIVE").await.unwrap();
+                locked.send(()).unwrap();
+                release_rx.recv().unwrap();
+                conn.execute("COMMIT").await.unwrap();
+            });
+        });
+        release.recv().unwrap();
+        for i in 0..100 {
+            catalog
+                .batch_state(&format!("b{i}"), "edge", "s", "n", 1, 1, "queued")
+                .unwrap();
+        }
+        let flushed = std::sync::atomic::AtomicBool::new(false);
+        let flushed_while_locked = std::thread::scope(|scope| {
+            scope.spawn(|| {
+                catalog.flush().unwrap();
+                flushed.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            // Past the 10 s busy timeout: the records are held, not dropped.
+            std::thread::sleep(std::time::Duration::from_secs(12));
+            let during = flushed.load(std::sync::atomic::Ordering::SeqCst);
+            release_tx.send(()).unwrap();
+            during
+        });
+        holder.join().unwrap();
+        assert!(
+            !flushed_while_locked,
+            "the flush returned while the file was locked"
+        );
+        assert_eq!(catalog.batches().unwrap().len(), 100);
+    }
+
     /// A fresh database on the PostgreSQL server named by `FORTE_TEST_POSTGRES` (`.ci/postgres.sh`
     /// starts one). Without it the test fails in CI and is skipped, loudly, elsewhere.
     pub fn fresh_postgres() -> Option<String> {
@@ -1082,6 +1229,26 @@ mod tests {
         let again = Catalog::open(&url).unwrap();
         assert_eq!(again.batches().unwrap().len(), 1);
         assert!(again.url().contains("***"), "{}", again.url());
+    }
+
+    /// Daemons starting together on a fresh catalogue: one migrates, the others wait for it.
+    fn open_together(url: &str) {
+        std::thread::scope(|scope| {
+            let opening: Vec<_> = (0..4).map(|_| scope.spawn(|| Catalog::open(url))).collect();
+            for o in opening {
+                let catalog = o.join().unwrap().unwrap();
+                assert!(catalog.batches().unwrap().is_empty());
+            }
+        });
+    }
+
+    #[test]
+    fn fresh_catalogues_opened_together_are_migrated_once() {
+        let dir = tempfile::tempdir().unwrap();
+        open_together(dir.path().join("c.sqlite").to_str().unwrap());
+        if let Some(url) = fresh_postgres() {
+            open_together(&url);
+        }
     }
 
     #[test]

@@ -27,17 +27,6 @@ fn via(proxy: &FaultProxy, site: &Site, args: Args) -> Args {
         .collect()
 }
 
-fn random_bytes(len: u64) -> Vec<u8> {
-    use std::io::Read;
-    let mut out = Vec::new();
-    std::fs::File::open("/dev/urandom")
-        .unwrap()
-        .take(len)
-        .read_to_end(&mut out)
-        .unwrap();
-    out
-}
-
 #[test]
 fn a_sender_survives_resets_a_collapsed_link_and_an_outage() {
     let site = Site::new();

@@ -134,6 +134,18 @@ pub fn write(path: &Path, bytes: &[u8]) {
         .unwrap();
 }
 
+/// Incompressible bytes: on the wire and at the relay they take their own size.
+pub fn random_bytes(len: u64) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .take(len)
+        .read_to_end(&mut out)
+        .unwrap();
+    out
+}
+
 /// Deterministic, moderately compressible bytes.
 pub fn sample_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -253,5 +265,6 @@ pub fn is_empty_dir(dir: &Path) -> bool {
     !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
 }
 
+pub mod machine;
 pub mod proxy;
 pub mod site;
