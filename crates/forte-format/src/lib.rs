@@ -10,6 +10,7 @@ pub mod keys;
 pub mod manifest;
 pub mod object;
 pub mod seal;
+pub mod time;
 
 pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};
 pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT};

@@ -9,6 +9,7 @@
 //! | `{date}` | `{yyyy}-{mm}-{dd}` |
 
 use anyhow::{bail, Result};
+use forte_format::time::civil_time;
 
 /// A parsed layout template.
 #[derive(Debug, Clone)]
@@ -77,22 +78,6 @@ pub fn format_utc(micros: i64) -> String {
     format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{ms:03} UTC")
 }
 
-/// UTC year, month, day and hour of a Unix time (the days-from-civil algorithm in reverse).
-fn civil_time(secs: u64) -> (i64, u32, u32, u32) {
-    let days = (secs / 86_400) as i64;
-    let hour = ((secs % 86_400) / 3600) as u32;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day, hour)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,7 +101,5 @@ mod tests {
             .to_string()
             .contains("{vehicle}"));
         assert!(Layout::parse("{site}/{batch}").is_err());
-        assert_eq!(civil_time(0), (1970, 1, 1, 0));
-        assert_eq!(civil_time(951_782_400), (2000, 2, 29, 0));
     }
 }

@@ -1,0 +1,268 @@
+//! Row groups into a Parquet file with arrow-rs's low-level column writer, one call per column,
+//! and the file's atomic publication into the outbox as a batch `forte send` picks up.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use parquet::basic::{
+    Compression, Encoding as ParquetEncoding, LogicalType, Repetition, TimeUnit, Type as Physical,
+};
+use parquet::data_type::{DoubleType, FloatType, Int32Type, Int64Type};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::{ColumnPath, Type};
+
+use crate::rowgroup::{RowGroup, Values};
+use crate::schema::{Encoding, Kind, Schema};
+
+/// The page codec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    None,
+    Snappy,
+    Lz4,
+    Zstd(i32),
+}
+
+impl FromStr for Codec {
+    type Err = anyhow::Error;
+
+    /// `zstd` (level 1), `zstd:LEVEL`, `lz4`, `snappy` or `none`.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.split_once(':') {
+            None if s == "zstd" => Codec::Zstd(1),
+            None if s == "lz4" => Codec::Lz4,
+            None if s == "snappy" => Codec::Snappy,
+            None if s == "none" => Codec::None,
+            Some(("zstd", level)) => {
+                let level: i32 = level
+                    .parse()
+                    .with_context(|| format!("zstd level {level:?} is not a number"))?;
+                if !(1..=22).contains(&level) {
+                    bail!("zstd level {level} is outside 1..=22");
+                }
+                Codec::Zstd(level)
+            }
+            _ => bail!("unknown codec {s:?}: use zstd, zstd:LEVEL, lz4, snappy or none"),
+        })
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Codec::None => f.write_str("none"),
+            Codec::Snappy => f.write_str("snappy"),
+            Codec::Lz4 => f.write_str("lz4"),
+            Codec::Zstd(level) => write!(f, "zstd:{level}"),
+        }
+    }
+}
+
+impl Codec {
+    fn parquet(self) -> Compression {
+        match self {
+            Codec::None => Compression::UNCOMPRESSED,
+            Codec::Snappy => Compression::SNAPPY,
+            // LZ4_RAW: the plain LZ4 block format that Parquet readers agree on (the older
+            // Hadoop-framed LZ4 is deprecated).
+            Codec::Lz4 => Compression::LZ4_RAW,
+            Codec::Zstd(level) => Compression::ZSTD(
+                parquet::basic::ZstdLevel::try_new(level).expect("a level checked at parsing"),
+            ),
+        }
+    }
+}
+
+/// How the Parquet files are written.
+#[derive(Debug, Clone)]
+pub struct FileOptions {
+    pub codec: Codec,
+    /// Ignore the schema's encodings and write every column plain (the comparison runs).
+    pub plain: bool,
+}
+
+impl Default for FileOptions {
+    fn default() -> Self {
+        Self {
+            codec: Codec::Zstd(1),
+            plain: false,
+        }
+    }
+}
+
+/// The Parquet schema of a stream's rows: required columns (rows have no nulls), the timestamp
+/// as an int64 TIMESTAMP(NANOS, UTC).
+pub fn parquet_schema(schema: &Schema) -> Result<Arc<Type>> {
+    let mut fields = Vec::new();
+    if let Some(name) = &schema.timestamp {
+        fields.push(Arc::new(
+            Type::primitive_type_builder(name, Physical::INT64)
+                .with_repetition(Repetition::REQUIRED)
+                .with_logical_type(Some(LogicalType::timestamp(true, TimeUnit::NANOS)))
+                .build()?,
+        ));
+    }
+    for column in &schema.columns {
+        let physical = match column.kind {
+            Kind::Float32 => Physical::FLOAT,
+            Kind::Float64 => Physical::DOUBLE,
+            Kind::Int32 => Physical::INT32,
+            Kind::Int64 => Physical::INT64,
+        };
+        fields.push(Arc::new(
+            Type::primitive_type_builder(&column.name, physical)
+                .with_repetition(Repetition::REQUIRED)
+                .build()?,
+        ));
+    }
+    Ok(Arc::new(
+        Type::group_type_builder("sensors")
+            .with_fields(fields)
+            .build()?,
+    ))
+}
+
+/// Writer properties for a stream's files.
+///
+/// arrow-rs uses a column's chosen encoding only as the fallback of dictionary encoding, so
+/// dictionary is turned off wherever an encoding is chosen (BYTE_STREAM_SPLIT for floats,
+/// DELTA_BINARY_PACKED for the timestamp, which rises steadily).
+pub fn properties(schema: &Schema, options: &FileOptions) -> Arc<WriterProperties> {
+    let mut builder = WriterProperties::builder()
+        .set_compression(options.codec.parquet())
+        .set_dictionary_enabled(false)
+        .set_created_by(format!("forte ingest {}", env!("CARGO_PKG_VERSION")))
+        // Min/max per column chunk lets readers skip row groups by value; per-page statistics
+        // would cost a second pass over every page for little gain on sensor data.
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        // The column writer checks the page size after each mini-batch: larger ones cost less.
+        .set_write_batch_size(8192)
+        .set_data_page_size_limit(1 << 20);
+    if let Some(name) = &schema.timestamp {
+        builder = builder.set_column_encoding(
+            ColumnPath::from(name.as_str()),
+            if options.plain {
+                ParquetEncoding::PLAIN
+            } else {
+                ParquetEncoding::DELTA_BINARY_PACKED
+            },
+        );
+    }
+    for column in &schema.columns {
+        let encoding = match (options.plain, column.encoding) {
+            (true, _) | (false, Encoding::Plain) => ParquetEncoding::PLAIN,
+            (false, Encoding::ByteStreamSplit) => ParquetEncoding::BYTE_STREAM_SPLIT,
+            (false, Encoding::DeltaBinaryPacked) => ParquetEncoding::DELTA_BINARY_PACKED,
+        };
+        builder = builder.set_column_encoding(ColumnPath::from(column.name.as_str()), encoding);
+    }
+    Arc::new(builder.build())
+}
+
+/// A Parquet file being written: row groups go in as they fill; it is visible in the outbox
+/// only once closed.
+pub struct OpenFile {
+    writer: SerializedFileWriter<File>,
+    /// The batch directory, under the outbox's hidden work directory until published.
+    staging: PathBuf,
+    name: String,
+    pub row_groups: usize,
+    pub rows: u64,
+}
+
+impl OpenFile {
+    /// Starts `name` (a batch name, unique in the outbox) in the outbox's work directory.
+    pub fn create(
+        outbox: &Path,
+        name: &str,
+        schema: &Arc<Type>,
+        props: &Arc<WriterProperties>,
+    ) -> Result<Self> {
+        let staging = work_dir(outbox).join(name);
+        std::fs::create_dir_all(&staging)
+            .with_context(|| format!("cannot create {}", staging.display()))?;
+        let path = staging.join(format!("{name}.parquet"));
+        let file =
+            File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
+        let writer = SerializedFileWriter::new(file, schema.clone(), props.clone())
+            .with_context(|| format!("cannot start the Parquet file {}", path.display()))?;
+        Ok(Self {
+            writer,
+            staging,
+            name: name.to_string(),
+            row_groups: 0,
+            rows: 0,
+        })
+    }
+
+    /// Appends `group` as one row group, handing each column to the writer in one call.
+    pub fn write(&mut self, group: &RowGroup) -> Result<()> {
+        let context = || format!("writing row group {} of {}", self.row_groups, self.name);
+        let mut row_group = self.writer.next_row_group().with_context(context)?;
+        let mut values = group.columns.iter();
+        while let Some(mut column) = row_group.next_column().with_context(context)? {
+            let written = match values.next().expect("a column per schema field") {
+                Values::Float32(v) => column.typed::<FloatType>().write_batch(v, None, None),
+                Values::Float64(v) => column.typed::<DoubleType>().write_batch(v, None, None),
+                Values::Int32(v) => column.typed::<Int32Type>().write_batch(v, None, None),
+                Values::Int64(v) => column.typed::<Int64Type>().write_batch(v, None, None),
+            };
+            written.with_context(context)?;
+            column.close().with_context(context)?;
+        }
+        row_group.close().with_context(context)?;
+        self.row_groups += 1;
+        self.rows += group.rows() as u64;
+        Ok(())
+    }
+
+    /// Writes the footer, makes the file durable and moves its batch directory, marked ready,
+    /// into the outbox in one rename. Returns the published file.
+    pub fn publish(self, outbox: &Path) -> Result<PathBuf> {
+        let file = self
+            .writer
+            .into_inner()
+            .with_context(|| format!("cannot finish the Parquet file {}", self.name))?;
+        file.sync_all()
+            .with_context(|| format!("cannot sync {}", self.name))?;
+        drop(file);
+        let marker = self.staging.join(".ready");
+        File::create(&marker)
+            .and_then(|f| f.sync_all())
+            .with_context(|| format!("cannot mark {} ready", self.staging.display()))?;
+        let target = outbox.join(&self.name);
+        std::fs::rename(&self.staging, &target)
+            .with_context(|| format!("cannot move {} into {}", self.name, outbox.display()))?;
+        File::open(outbox)
+            .and_then(|d| d.sync_all())
+            .with_context(|| format!("cannot sync {}", outbox.display()))?;
+        Ok(target.join(format!("{}.parquet", self.name)))
+    }
+}
+
+/// Where files are written until they are closed. Hidden, so `forte send` never takes it for
+/// a batch.
+pub fn work_dir(outbox: &Path) -> PathBuf {
+    outbox.join(".forte-ingest")
+}
+
+/// Removes what a killed ingest left half-written (files without a footer cannot be read);
+/// returns how many files that was.
+pub fn remove_unfinished(outbox: &Path) -> Result<usize> {
+    let work = work_dir(outbox);
+    let Ok(entries) = std::fs::read_dir(&work) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let path = entry?.path();
+        std::fs::remove_dir_all(&path)
+            .with_context(|| format!("cannot remove the unfinished {}", path.display()))?;
+        removed += 1;
+    }
+    Ok(removed)
+}

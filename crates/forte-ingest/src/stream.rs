@@ -1,0 +1,337 @@
+//! Streams of rows into Parquet files: each stream fills one of its two row-group buffers
+//! while a writer from a shared pool writes the other.
+//!
+//! Back-pressure, not loss: a stream whose writer has not handed back the other buffer waits,
+//! and while it waits it does not read its input, so a TCP sender is slowed by TCP itself.
+//! That wait is the paper's "gap"; each stream reports its longest.
+
+use std::io::{ErrorKind, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context, Result};
+use crossbeam_channel::{Receiver, Sender};
+use parquet::file::properties::WriterProperties;
+use parquet::schema::types::Type;
+
+use crate::parquet_file::{self, FileOptions, OpenFile};
+use crate::rowgroup::RowGroup;
+use crate::schema::Schema;
+
+#[derive(Debug, Clone)]
+pub struct IngestOptions {
+    /// Rows per row group: the size of each of a stream's two buffers.
+    pub rows_per_group: usize,
+    /// A file is closed and published after this many row groups.
+    pub row_groups_per_file: usize,
+    /// A partly filled buffer is written after this long, so slow streams still publish.
+    pub flush_after: Duration,
+    /// Threads writing row groups, shared by all streams.
+    pub writers: usize,
+    pub file: FileOptions,
+}
+
+impl Default for IngestOptions {
+    fn default() -> Self {
+        Self {
+            rows_per_group: 65_536,
+            row_groups_per_file: 16,
+            flush_after: Duration::from_secs(10),
+            writers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            file: FileOptions::default(),
+        }
+    }
+}
+
+/// What one stream delivered.
+#[derive(Debug, Clone, Default)]
+pub struct StreamStats {
+    pub source: String,
+    pub rows: u64,
+    /// Row bytes received.
+    pub bytes: u64,
+    pub row_groups: u64,
+    /// Published files, in order.
+    pub files: Vec<PathBuf>,
+    /// The longest time the stream waited for a free buffer (not reading its input).
+    pub longest_stall: Duration,
+    pub total_stall: Duration,
+    pub seconds: f64,
+}
+
+/// A stream's output side: the file being written and what was published. Only one of a
+/// stream's buffers is ever with a writer, so the lock is never contended.
+struct Output {
+    source: String,
+    file: Option<OpenFile>,
+    published: Vec<PathBuf>,
+    row_groups: u64,
+    error: Option<String>,
+}
+
+struct Job {
+    output: Arc<Mutex<Output>>,
+    group: RowGroup,
+    /// Close the file after this group: the stream ended.
+    last: bool,
+    back: Sender<RowGroup>,
+}
+
+/// The ingest of one outbox: a pool of writers and any number of streams.
+pub struct Ingest {
+    outbox: PathBuf,
+    schema: Arc<Schema>,
+    parquet_schema: Arc<Type>,
+    props: Arc<WriterProperties>,
+    options: IngestOptions,
+    jobs: Option<Sender<Job>>,
+    writers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Ingest {
+    /// Prepares `outbox` (removing files a killed run left unfinished) and starts the writers.
+    /// Returns the ingest and how many unfinished files were removed.
+    pub fn start(outbox: &Path, schema: Schema, options: IngestOptions) -> Result<(Self, usize)> {
+        if options.rows_per_group == 0 || options.row_groups_per_file == 0 {
+            bail!("rows per row group and row groups per file must be at least 1");
+        }
+        std::fs::create_dir_all(outbox)
+            .with_context(|| format!("cannot create the outbox {}", outbox.display()))?;
+        let removed = parquet_file::remove_unfinished(outbox)?;
+        let parquet_schema = parquet_file::parquet_schema(&schema)?;
+        let props = parquet_file::properties(&schema, &options.file);
+        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
+        let writers = (0..options.writers.max(1))
+            .map(|i| {
+                let queue = queue.clone();
+                let (outbox, schema, props) =
+                    (outbox.to_path_buf(), parquet_schema.clone(), props.clone());
+                let per_file = options.row_groups_per_file;
+                std::thread::Builder::new()
+                    .name(format!("ingest-writer-{i}"))
+                    .spawn(move || write_jobs(&queue, &outbox, &schema, &props, per_file))
+                    .context("starting an ingest writer")
+            })
+            .collect::<Result<_>>()?;
+        Ok((
+            Self {
+                outbox: outbox.to_path_buf(),
+                schema: Arc::new(schema),
+                parquet_schema,
+                props,
+                options,
+                jobs: Some(jobs),
+                writers,
+            },
+            removed,
+        ))
+    }
+
+    pub fn schema(&self) -> &Schema {
+        &self.schema
+    }
+
+    /// Memory the buffers of one stream take: two row groups.
+    pub fn bytes_per_stream(&self) -> usize {
+        2 * self.options.rows_per_group * self.schema.row_width()
+    }
+
+    /// Reads rows from `input` until it ends, writing them into files named after `source`.
+    /// Reads that time out (a socket's read timeout) only give the flush timer a chance.
+    pub fn stream(&self, source: &str, input: &mut dyn Read) -> Result<StreamStats> {
+        let started = Instant::now();
+        let width = self.schema.row_width();
+        let jobs = self.jobs.as_ref().context("the ingest is shut down")?;
+        let (back, spare) = crossbeam_channel::bounded::<RowGroup>(2);
+        for _ in 0..2 {
+            back.send(RowGroup::new(&self.schema, self.options.rows_per_group))
+                .expect("room for two buffers");
+        }
+        let output = Arc::new(Mutex::new(Output {
+            source: source.to_string(),
+            file: None,
+            published: Vec::new(),
+            row_groups: 0,
+            error: None,
+        }));
+        let mut stats = StreamStats {
+            source: source.to_string(),
+            ..Default::default()
+        };
+        let take_buffer = |stats: &mut StreamStats| -> Result<RowGroup> {
+            let waited = Instant::now();
+            let group = spare.recv().context("the ingest writers stopped")?;
+            let stall = waited.elapsed();
+            stats.longest_stall = stats.longest_stall.max(stall);
+            stats.total_stall += stall;
+            if let Some(e) = &output.lock().unwrap_or_else(|e| e.into_inner()).error {
+                bail!("stream {source}: {e}");
+            }
+            Ok(group)
+        };
+        let submit = |group: RowGroup, last: bool| {
+            jobs.send(Job {
+                output: output.clone(),
+                group,
+                last,
+                back: back.clone(),
+            })
+            .map_err(|_| anyhow::anyhow!("the ingest writers stopped"))
+        };
+        let mut filling = take_buffer(&mut stats)?;
+        let mut filling_since: Option<Instant> = None;
+        // Whole rows are scattered straight from this buffer; a row cut by a read waits here
+        // for its remaining bytes.
+        let mut pending = vec![0u8; (1 << 20) / width * width + width];
+        let mut held = 0;
+        loop {
+            let read = match input.read(&mut pending[held..]) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => 0,
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e).with_context(|| format!("reading stream {source}")),
+            };
+            held += read;
+            stats.bytes += read as u64;
+            let whole = held / width * width;
+            let mut at = 0;
+            while at < whole {
+                let rows = ((whole - at) / width).min(filling.room());
+                filling.push_rows(&pending[at..at + rows * width]);
+                filling_since.get_or_insert_with(Instant::now);
+                at += rows * width;
+                if filling.room() == 0 {
+                    submit(filling, false)?;
+                    filling = take_buffer(&mut stats)?;
+                    filling_since = None;
+                }
+            }
+            pending.copy_within(at..held, 0);
+            held -= at;
+            if filling_since.is_some_and(|t| t.elapsed() >= self.options.flush_after) {
+                submit(filling, false)?;
+                filling = take_buffer(&mut stats)?;
+                filling_since = None;
+            }
+        }
+        stats.rows = (stats.bytes - held as u64) / width as u64;
+        // The last rows, and the file closed: wait until both buffers are back.
+        submit(filling, true)?;
+        take_buffer(&mut stats)?;
+        take_buffer(&mut stats)?;
+        let output = output.lock().unwrap_or_else(|e| e.into_inner());
+        stats.files = output.published.clone();
+        stats.row_groups = output.row_groups;
+        stats.seconds = started.elapsed().as_secs_f64();
+        if held > 0 {
+            bail!(
+                "stream {source} ended inside a row ({held} of its {width} bytes): the rows before it are in {} files",
+                stats.files.len()
+            );
+        }
+        Ok(stats)
+    }
+
+    /// Waits for the writers to finish what they have.
+    pub fn shut_down(mut self) {
+        self.jobs.take();
+        for w in self.writers.drain(..) {
+            let _ = w.join();
+        }
+    }
+
+    pub fn outbox(&self) -> &Path {
+        &self.outbox
+    }
+
+    pub fn parquet_schema(&self) -> &Arc<Type> {
+        &self.parquet_schema
+    }
+
+    pub fn properties(&self) -> &Arc<WriterProperties> {
+        &self.props
+    }
+}
+
+fn write_jobs(
+    queue: &Receiver<Job>,
+    outbox: &Path,
+    schema: &Arc<Type>,
+    props: &Arc<WriterProperties>,
+    per_file: usize,
+) {
+    for mut job in queue {
+        {
+            let mut out = job.output.lock().unwrap_or_else(|e| e.into_inner());
+            if out.error.is_none() {
+                if let Err(e) = write_group(
+                    &mut out, &job.group, job.last, outbox, schema, props, per_file,
+                ) {
+                    out.error = Some(format!("{e:#}"));
+                }
+            }
+        }
+        job.group.clear();
+        let _ = job.back.send(job.group);
+    }
+}
+
+fn write_group(
+    out: &mut Output,
+    group: &RowGroup,
+    last: bool,
+    outbox: &Path,
+    schema: &Arc<Type>,
+    props: &Arc<WriterProperties>,
+    per_file: usize,
+) -> Result<()> {
+    if !group.is_empty() {
+        if out.file.is_none() {
+            let name = batch_name(&out.source);
+            out.file = Some(OpenFile::create(outbox, &name, schema, props)?);
+        }
+        let file = out.file.as_mut().expect("opened above");
+        file.write(group)?;
+        out.row_groups += 1;
+    }
+    let full = out.file.as_ref().is_some_and(|f| f.row_groups >= per_file);
+    if full || last {
+        if let Some(file) = out.file.take() {
+            let published = file.publish(outbox)?;
+            out.published.push(published);
+        }
+    }
+    Ok(())
+}
+
+/// `SOURCE-YYYYMMDDTHHMMSS.mmmZ-PID-N`: sorted by time; unique across restarts (the process
+/// id) and for two streams of one source (the counter).
+fn batch_name(source: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    format!(
+        "{source}-{}-{}-{seq}",
+        forte_format::time::compact_utc(millis),
+        std::process::id()
+    )
+}
+
+/// Checks a source name from the wire: it names files, so only `[A-Za-z0-9._-]`, not
+/// starting with a dot, at most 64 characters.
+pub fn valid_source(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !ok {
+        bail!("source name {name:?}: use 1–64 of A–Z a–z 0–9 . _ -, not starting with a dot");
+    }
+    Ok(())
+}
