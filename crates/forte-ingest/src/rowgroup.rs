@@ -35,12 +35,13 @@ impl Values {
 
     /// Appends the value at byte `offset` of each `width`-byte row in `rows`.
     fn scatter(&mut self, rows: &[u8], width: usize, offset: usize) {
+        // Generic over the conversion (not a fn pointer) so it inlines into the loop.
         fn take<const N: usize, T>(
             rows: &[u8],
             width: usize,
             offset: usize,
             out: &mut Vec<T>,
-            from: fn([u8; N]) -> T,
+            from: impl Fn([u8; N]) -> T,
         ) {
             out.extend(
                 rows.chunks_exact(width)

@@ -45,6 +45,8 @@ pub struct Config {
     pub relay: RelaySection,
     #[serde(default)]
     pub schedule: crate::schedule::ScheduleSection,
+    #[serde(default)]
+    pub ingest: crate::commands::ingest::IngestSection,
 }
 
 #[derive(Debug, Default, Deserialize)]

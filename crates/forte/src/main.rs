@@ -48,6 +48,9 @@ enum Command {
     /// The pipeline's KPIs: batch latency (queueing and processing per task), R_b, R_P,
     /// daily capacity; a timeline and utilisation charts.
     Report(commands::report::Args),
+    /// Capture row streams from sensors into Parquet files (BYTE_STREAM_SPLIT + zstd) that
+    /// become batches for `send`.
+    Ingest(commands::ingest::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
         Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
         Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
+        Command::Ingest(args) => commands::ingest::run(args, &config),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

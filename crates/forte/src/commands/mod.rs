@@ -2,6 +2,7 @@
 //! it finished but some items failed (already reported), and `Err` when it could not run.
 
 pub mod demo;
+pub mod ingest;
 pub mod keygen;
 pub mod pack;
 pub mod pull;

@@ -225,7 +225,7 @@ pub struct Inbox {
     pub waiting: Vec<String>,
 }
 
-/// Batches (subdirectories of the inbox) that are complete: marked ready, or unchanged for
+/// Batches (subdirectories of the inbox, except hidden ones) that are complete: marked ready, or unchanged for
 /// `settle`. Returns them in name order, and the names of those still changing.
 pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
     let mut entries: Vec<_> = std::fs::read_dir(inbox)
@@ -243,6 +243,11 @@ pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
             eprintln!("skipping {}: batch names must be UTF-8", dir.display());
             continue;
         };
+        // Hidden directories are where tools (forte ingest among them) write before they
+        // rename a finished batch into place.
+        if name.starts_with('.') {
+            continue;
+        }
         let quiet_since = newest_change(&dir)?
             .and_then(|t| SystemTime::now().duration_since(t).ok())
             .unwrap_or(Duration::MAX);

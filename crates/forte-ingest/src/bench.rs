@@ -1,0 +1,268 @@
+//! What `forte bench ingest` measures: synthetic sensor rows, forte's ingest of them from
+//! memory, and the buffered-writer baseline of the paper (arrow-rs `ArrowWriter` fed by
+//! appending each row to array builders), on the same row bytes with the same encodings and
+//! codec.
+
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use arrow_array::builder::{Float32Builder, Float64Builder, Int32Builder, Int64Builder};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, TimeUnit};
+use parquet::arrow::ArrowWriter;
+
+use crate::parquet_file::properties;
+use crate::schema::{Kind, Schema};
+use crate::stream::{Ingest, IngestOptions};
+
+/// `rows` rows of `schema` that look like noisy sensors: a slow sine per column plus noise of
+/// a few percent, sampled at 25.6 kHz (the paper's turbines).
+pub fn synthetic_rows(schema: &Schema, rows: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rows * schema.row_width());
+    let mut x = seed | 1;
+    let mut noise = move || {
+        // xorshift, then the sum of four uniforms: roughly normal, cheap.
+        let mut sum = 0.0;
+        for _ in 0..4 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            sum += (x >> 11) as f64 / (1u64 << 53) as f64;
+        }
+        sum - 2.0
+    };
+    let start_ns = 1_795_305_600_000_000_000i64;
+    for r in 0..rows {
+        let t = r as f64 / 25_600.0;
+        if schema.timestamp.is_some() {
+            out.extend_from_slice(&(start_ns + (t * 1e9) as i64).to_le_bytes());
+        }
+        for (c, column) in schema.columns.iter().enumerate() {
+            let v = 100.0
+                + c as f64
+                + 5.0 * (std::f64::consts::TAU * (50.0 + c as f64) * t).sin()
+                + 0.5 * noise();
+            match column.kind {
+                Kind::Float32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
+                Kind::Float64 => out.extend_from_slice(&v.to_le_bytes()),
+                Kind::Int32 => out.extend_from_slice(&((v * 100.0) as i32).to_le_bytes()),
+                Kind::Int64 => out.extend_from_slice(&((v * 100.0) as i64).to_le_bytes()),
+            }
+        }
+    }
+    out
+}
+
+/// One measured write of the row bytes into Parquet.
+#[derive(Debug, Clone, Copy)]
+pub struct Run {
+    pub seconds: f64,
+    /// Bytes of Parquet written.
+    pub written: u64,
+}
+
+impl Run {
+    pub fn mb_per_s(&self, raw: usize) -> f64 {
+        raw as f64 / 1e6 / self.seconds
+    }
+
+    pub fn ratio(&self, raw: usize) -> f64 {
+        raw as f64 / self.written as f64
+    }
+}
+
+/// forte's ingest of `rows` (one stream, one writer) into a fresh directory under `work`.
+pub fn forte_run(
+    schema: &Schema,
+    rows: &[u8],
+    options: &IngestOptions,
+    work: &Path,
+) -> Result<Run> {
+    let out = fresh(work, "forte")?;
+    let options = IngestOptions {
+        writers: 1,
+        ..options.clone()
+    };
+    let (ingest, _) = Ingest::start(&out, schema.clone(), options)?;
+    let start = Instant::now();
+    let stats = ingest.stream("bench", &mut Cursor::new(rows))?;
+    let seconds = start.elapsed().as_secs_f64();
+    ingest.shut_down();
+    let written = stats
+        .files
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()))
+        .sum::<std::io::Result<u64>>()?;
+    Ok(Run { seconds, written })
+}
+
+/// The paper's baseline: every row appended value by value to Arrow array builders, a record
+/// batch per row group handed to `ArrowWriter`, with forte's writer properties.
+pub fn arrow_builder_run(
+    schema: &Schema,
+    rows: &[u8],
+    options: &IngestOptions,
+    work: &Path,
+) -> Result<Run> {
+    let out = fresh(work, "arrow")?;
+    let path = out.join("arrow.parquet");
+    let mut fields = Vec::new();
+    if let Some(name) = &schema.timestamp {
+        fields.push(Field::new(
+            name,
+            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+            false,
+        ));
+    }
+    for c in &schema.columns {
+        let t = match c.kind {
+            Kind::Float32 => DataType::Float32,
+            Kind::Float64 => DataType::Float64,
+            Kind::Int32 => DataType::Int32,
+            Kind::Int64 => DataType::Int64,
+        };
+        fields.push(Field::new(&c.name, t, false));
+    }
+    let arrow_schema = Arc::new(arrow_schema::Schema::new(fields));
+    let start = Instant::now();
+    let file = std::fs::File::create(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    let props = (*properties(schema, &options.file)).clone();
+    let mut writer = ArrowWriter::try_new(file, arrow_schema.clone(), Some(props))?;
+    let group = options.rows_per_group;
+    let mut builders = Builders::new(schema, group);
+    for row in rows.chunks_exact(schema.row_width()) {
+        builders.append(schema, row);
+        if builders.rows == group {
+            writer.write(&builders.finish(&arrow_schema)?)?;
+            writer.flush()?;
+        }
+    }
+    if builders.rows > 0 {
+        writer.write(&builders.finish(&arrow_schema)?)?;
+    }
+    writer.close()?;
+    let seconds = start.elapsed().as_secs_f64();
+    Ok(Run {
+        seconds,
+        written: std::fs::metadata(&path)?.len(),
+    })
+}
+
+enum Builder {
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+}
+
+struct Builders {
+    timestamp: Option<Int64Builder>,
+    columns: Vec<Builder>,
+    rows: usize,
+}
+
+impl Builders {
+    fn new(schema: &Schema, capacity: usize) -> Self {
+        Self {
+            timestamp: schema
+                .timestamp
+                .as_ref()
+                .map(|_| Int64Builder::with_capacity(capacity)),
+            columns: schema
+                .columns
+                .iter()
+                .map(|c| match c.kind {
+                    Kind::Float32 => Builder::Float32(Float32Builder::with_capacity(capacity)),
+                    Kind::Float64 => Builder::Float64(Float64Builder::with_capacity(capacity)),
+                    Kind::Int32 => Builder::Int32(Int32Builder::with_capacity(capacity)),
+                    Kind::Int64 => Builder::Int64(Int64Builder::with_capacity(capacity)),
+                })
+                .collect(),
+            rows: 0,
+        }
+    }
+
+    fn append(&mut self, _schema: &Schema, row: &[u8]) {
+        let mut at = 0;
+        let mut next = |n: usize| {
+            let bytes = &row[at..at + n];
+            at += n;
+            bytes
+        };
+        if let Some(b) = &mut self.timestamp {
+            b.append_value(i64::from_le_bytes(next(8).try_into().unwrap()));
+        }
+        for b in &mut self.columns {
+            match b {
+                Builder::Float32(b) => {
+                    b.append_value(f32::from_le_bytes(next(4).try_into().unwrap()))
+                }
+                Builder::Float64(b) => {
+                    b.append_value(f64::from_le_bytes(next(8).try_into().unwrap()))
+                }
+                Builder::Int32(b) => {
+                    b.append_value(i32::from_le_bytes(next(4).try_into().unwrap()))
+                }
+                Builder::Int64(b) => {
+                    b.append_value(i64::from_le_bytes(next(8).try_into().unwrap()))
+                }
+            }
+        }
+        self.rows += 1;
+    }
+
+    fn finish(&mut self, schema: &Arc<arrow_schema::Schema>) -> Result<RecordBatch> {
+        let mut arrays: Vec<ArrayRef> = Vec::new();
+        if let Some(b) = &mut self.timestamp {
+            arrays.push(Arc::new(
+                b.finish()
+                    .reinterpret_cast::<arrow_array::types::TimestampNanosecondType>()
+                    .with_timezone("UTC"),
+            ));
+        }
+        for b in &mut self.columns {
+            arrays.push(match b {
+                Builder::Float32(b) => Arc::new(b.finish()),
+                Builder::Float64(b) => Arc::new(b.finish()),
+                Builder::Int32(b) => Arc::new(b.finish()),
+                Builder::Int64(b) => Arc::new(b.finish()),
+            });
+        }
+        self.rows = 0;
+        Ok(RecordBatch::try_new(schema.clone(), arrays)?)
+    }
+}
+
+/// The median of `runs` runs of `run`, by time.
+pub fn median(runs: usize, mut run: impl FnMut() -> Result<Run>) -> Result<Run> {
+    let mut all = (0..runs.max(1))
+        .map(|_| run())
+        .collect::<Result<Vec<_>>>()?;
+    all.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    Ok(all[all.len() / 2])
+}
+
+fn fresh(work: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let dir = work.join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Keeps the calling thread, and the threads it starts afterwards, on one CPU: the paper's
+/// comparison is per core.
+pub fn pin_to_one_cpu(cpu: usize) -> Result<()> {
+    // SAFETY: the set is a plain bit mask we own; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error()).context("pinning to one CPU");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! `forte ingest`: capture row streams (TCP, or recordings replayed from files) into Parquet
+//! files that appear in an outbox as ready batches for `forte send`.
+
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use forte_ingest::wire::{self, MAGIC};
+use forte_ingest::{Codec, FileOptions, Ingest, IngestOptions, Schema, StreamStats};
+
+use crate::config::Config;
+use crate::units::{human, parse_duration};
+
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "WIRE FORMAT: one TCP connection per stream. It starts with the line \
+`FORTE-INGEST 1 SOURCE` and a newline, then rows back to back: the int64 timestamp \
+(nanoseconds since the epoch) if the schema has one, then each column in schema order, all \
+little-endian. A recording replayed with --from-file holds the same rows, with or without \
+that first line (without it the file's name is the source).\n\n\
+SCHEMA (TOML):\n  timestamp = \"time\"            # or false\n  [[column]]\n  name = \"s\"\n  \
+count = 32                     # s00 … s31\n  type = \"float32\"              # float32 float64 int32 int64\n  \
+# encoding = \"plain\"          # floats default to byte_stream_split"
+)]
+pub struct Args {
+    /// Accept streams on this address (e.g. 0.0.0.0:7000); runs until stopped.
+    #[arg(long, value_name = "ADDR", required_unless_present = "from_file")]
+    listen: Option<SocketAddr>,
+    /// Replay recordings (one stream each, all at once) instead of listening.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    from_file: Vec<PathBuf>,
+    /// The rows' layout (TOML; see below). Default: [ingest] schema in the config.
+    #[arg(long, value_name = "FILE")]
+    schema: Option<PathBuf>,
+    /// Where finished files appear, one batch directory each. Default: [ingest] out.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Page codec: zstd (level 1), zstd:LEVEL, lz4, snappy or none.
+    #[arg(long, value_parser = parse_codec)]
+    codec: Option<Codec>,
+    /// Rows per row group; each stream holds two row groups in memory.
+    #[arg(long, value_name = "N")]
+    rows_per_group: Option<usize>,
+    /// Close and publish a file after this many row groups.
+    #[arg(long, value_name = "N")]
+    row_groups_per_file: Option<usize>,
+    /// Write a partly filled row group after this long without filling (e.g. 10s).
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    flush_after: Option<Duration>,
+    /// Threads writing row groups (default: one per core).
+    #[arg(long, value_name = "N")]
+    writers: Option<usize>,
+}
+
+/// `[ingest]` in the config file; flags override it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestSection {
+    pub schema: Option<PathBuf>,
+    pub out: Option<PathBuf>,
+    pub codec: Option<String>,
+    pub rows_per_group: Option<usize>,
+    pub row_groups_per_file: Option<usize>,
+    pub flush_after: Option<String>,
+    pub writers: Option<usize>,
+}
+
+pub fn run(args: Args, config: &Config) -> Result<bool> {
+    let section = &config.ingest;
+    let schema_path = args
+        .schema
+        .clone()
+        .or_else(|| section.schema.clone())
+        .context("no schema: give --schema FILE or set schema in [ingest] of the config")?;
+    let out = args
+        .out
+        .clone()
+        .or_else(|| section.out.clone())
+        .context("no outbox: give --out DIR or set out in [ingest] of the config")?;
+    let schema = Schema::load(&schema_path)?;
+    let options = options(&args, section)?;
+    let (ingest, removed) = Ingest::start(&out, schema, options.clone())?;
+    if removed > 0 {
+        eprintln!(
+            "removed {removed} unfinished files left in {} by an interrupted ingest",
+            out.display()
+        );
+    }
+    let per_stream = ingest.bytes_per_stream() as u64;
+    let ingest = Arc::new(ingest);
+    if args.from_file.is_empty() {
+        let addr = args
+            .listen
+            .expect("clap requires --listen without --from-file");
+        let listener =
+            TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        println!(
+            "ingest listening on {} into {} ({} rows per row group, {} per stream in memory, {})",
+            listener.local_addr()?,
+            out.display(),
+            options.rows_per_group,
+            human(per_stream),
+            options.file.codec
+        );
+        wire::serve(ingest, listener, |outcome| match outcome {
+            Ok(stats) => println!("{}", summary(&stats)),
+            Err(e) => eprintln!("error: {e:#}"),
+        })?;
+        return Ok(true);
+    }
+    let outcomes: Vec<Result<StreamStats>> = std::thread::scope(|scope| {
+        let replays: Vec<_> = args
+            .from_file
+            .iter()
+            .map(|file| {
+                let ingest = ingest.clone();
+                scope.spawn(move || replay(&ingest, file))
+            })
+            .collect();
+        replays
+            .into_iter()
+            .map(|r| r.join().expect("a replay thread"))
+            .collect()
+    });
+    let mut all_ok = true;
+    for outcome in outcomes {
+        match outcome {
+            Ok(stats) => println!("{}", summary(&stats)),
+            Err(e) => {
+                all_ok = false;
+                eprintln!("error: {e:#}");
+            }
+        }
+    }
+    if let Ok(ingest) = Arc::try_unwrap(ingest) {
+        ingest.shut_down();
+    }
+    Ok(all_ok)
+}
+
+fn parse_codec(text: &str) -> Result<Codec, String> {
+    text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+fn options(args: &Args, section: &IngestSection) -> Result<IngestOptions> {
+    let defaults = IngestOptions::default();
+    let codec = match (&args.codec, &section.codec) {
+        (Some(c), _) => *c,
+        (None, Some(text)) => text.parse().context("codec in [ingest] of the config")?,
+        (None, None) => defaults.file.codec,
+    };
+    let flush_after = match (args.flush_after, &section.flush_after) {
+        (Some(d), _) => d,
+        (None, Some(text)) => parse_duration(text)
+            .map_err(anyhow::Error::msg)
+            .context("flush_after in [ingest] of the config")?,
+        (None, None) => defaults.flush_after,
+    };
+    Ok(IngestOptions {
+        rows_per_group: args
+            .rows_per_group
+            .or(section.rows_per_group)
+            .unwrap_or(defaults.rows_per_group),
+        row_groups_per_file: args
+            .row_groups_per_file
+            .or(section.row_groups_per_file)
+            .unwrap_or(defaults.row_groups_per_file),
+        flush_after,
+        writers: args.writers.or(section.writers).unwrap_or(defaults.writers),
+        file: FileOptions {
+            codec,
+            plain: false,
+        },
+    })
+}
+
+/// One recording as one stream: its first line names the source if it has one, else the
+/// file's name does.
+fn replay(ingest: &Ingest, file: &Path) -> Result<StreamStats> {
+    let opened =
+        std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+    let mut input = BufReader::with_capacity(1 << 16, opened);
+    let has_header = input
+        .fill_buf()
+        .with_context(|| format!("cannot read {}", file.display()))?
+        .starts_with(MAGIC.as_bytes());
+    let source = if has_header {
+        wire::read_header(&mut input).with_context(|| format!("in {}", file.display()))?
+    } else {
+        let stem = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        if forte_ingest::stream::valid_source(&stem).is_err() {
+            bail!(
+                "{}: the file has no `{MAGIC} SOURCE` line and its name is not a valid source name",
+                file.display()
+            );
+        }
+        stem
+    };
+    ingest
+        .stream(&source, &mut input)
+        .with_context(|| format!("replaying {}", file.display()))
+}
+
+fn summary(s: &StreamStats) -> String {
+    format!(
+        "stream {} ended: {} rows ({}) in {} row groups, {} files; longest stall {:.3} s",
+        s.source,
+        s.rows,
+        human(s.bytes),
+        s.row_groups,
+        s.files.len(),
+        s.longest_stall.as_secs_f64()
+    )
+}
