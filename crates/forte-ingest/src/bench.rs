@@ -6,7 +6,7 @@
 use std::io::Cursor;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use arrow_array::builder::{Float32Builder, Float64Builder, Int32Builder, Int64Builder};
@@ -265,4 +265,213 @@ pub fn pin_to_one_cpu(cpu: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The schema as baseline_pyarrow.py (and the tests' readback) take it.
+pub fn schema_json(schema: &Schema) -> String {
+    let kind = |k: Kind| match k {
+        Kind::Float32 => "float32",
+        Kind::Float64 => "float64",
+        Kind::Int32 => "int32",
+        Kind::Int64 => "int64",
+    };
+    let columns: Vec<String> = schema
+        .columns
+        .iter()
+        .map(|c| format!("[\"{}\", \"{}\"]", c.name, kind(c.kind)))
+        .collect();
+    let timestamp = schema
+        .timestamp
+        .as_ref()
+        .map_or("null".to_string(), |t| format!("\"{t}\""));
+    format!(
+        "{{\"timestamp\": {timestamp}, \"columns\": [{}]}}",
+        columns.join(", ")
+    )
+}
+
+/// Baseline (a): pyarrow on the rows in `rows_file`, `runs` times in one interpreter.
+pub fn pyarrow_runs(
+    python: &Path,
+    schema: &Schema,
+    rows_file: &Path,
+    options: &IngestOptions,
+    work: &Path,
+    runs: usize,
+) -> Result<Vec<Run>> {
+    let out = fresh(work, "pyarrow")?;
+    let script = out.join("baseline_pyarrow.py");
+    std::fs::write(&script, include_str!("baseline_pyarrow.py"))?;
+    let (codec, level) = match options.file.codec {
+        crate::Codec::Zstd(level) => ("zstd", level),
+        crate::Codec::Lz4 => ("lz4", 0),
+        crate::Codec::Snappy => ("snappy", 0),
+        crate::Codec::None => ("none", 0),
+    };
+    let output = std::process::Command::new(python)
+        .arg(&script)
+        .arg(rows_file)
+        .arg(schema_json(schema))
+        .arg(out.join("pyarrow.parquet"))
+        .args([codec, &level.to_string()])
+        .arg(if options.file.plain { "0" } else { "1" })
+        .arg(options.rows_per_group.to_string())
+        .arg(runs.to_string())
+        .output()
+        .with_context(|| format!("cannot run {}", python.display()))?;
+    if !output.status.success() {
+        anyhow::bail!(
+            "the pyarrow baseline failed (does {} have pyarrow and numpy? pip install pyarrow numpy): {}",
+            python.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let printed = String::from_utf8_lossy(&output.stdout);
+    let (seconds, written) = parse_baseline(&printed)
+        .with_context(|| format!("unexpected output of the pyarrow baseline: {printed}"))?;
+    Ok(seconds
+        .into_iter()
+        .map(|seconds| Run { seconds, written })
+        .collect())
+}
+
+/// `{"seconds": [a, b, …], "bytes": n}` without a JSON dependency in this crate.
+fn parse_baseline(text: &str) -> Option<(Vec<f64>, u64)> {
+    let list = text.split_once("\"seconds\": [")?.1.split_once(']')?.0;
+    let seconds = list
+        .split(',')
+        .map(|s| s.trim().parse().ok())
+        .collect::<Option<Vec<f64>>>()?;
+    let bytes = text
+        .split_once("\"bytes\": ")?
+        .1
+        .trim_end()
+        .trim_end_matches('}')
+        .trim()
+        .parse()
+        .ok()?;
+    Some((seconds, bytes))
+}
+
+/// What `streams` generators at `rate` bytes/s each saw over one trial.
+#[derive(Debug, Clone)]
+pub struct Trial {
+    pub streams: usize,
+    /// The furthest any generator fell behind its schedule: time it was blocked by TCP
+    /// back-pressure beyond what the socket buffers absorbed.
+    pub worst_lateness: Duration,
+    /// The longest any stream waited inside ingest for a free buffer.
+    pub longest_stall: Duration,
+    /// Row bytes delivered per second, all streams together.
+    pub bytes_per_s: f64,
+    /// This process's resident memory half way through (ingest and generators).
+    pub rss_mid_trial: u64,
+}
+
+/// Runs `streams` TCP streams of `rows` (looped) at `rate` bytes/s each for `seconds` into a
+/// fresh ingest, like the paper's turbines.
+pub fn stream_trial(
+    schema: &Schema,
+    rows: &[u8],
+    options: &IngestOptions,
+    work: &Path,
+    streams: usize,
+    rate: f64,
+    seconds: f64,
+) -> Result<Trial> {
+    let out = fresh(work, "streams")?;
+    let (ingest, _) = Ingest::start(&out, schema.clone(), options.clone())?;
+    let ingest = Arc::new(ingest);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let stalls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The listener thread outlives the trial, idle in accept, until the bench exits.
+    {
+        let (ingest, stalls) = (ingest.clone(), stalls.clone());
+        std::thread::spawn(move || {
+            crate::wire::serve(ingest, listener, move |outcome| {
+                stalls
+                    .lock()
+                    .unwrap()
+                    .push(outcome.map_err(|e| format!("{e:#}")));
+            })
+        });
+    }
+    // Ticks of 10 ms: each sends its share of the rate in whole rows.
+    let width = schema.row_width();
+    let tick = Duration::from_millis(10);
+    let per_tick = ((rate * tick.as_secs_f64()) as usize / width).max(1) * width;
+    let started = Instant::now();
+    let mut rss_mid_trial = 0;
+    let lateness: Vec<Duration> = std::thread::scope(|scope| {
+        let generators: Vec<_> = (0..streams)
+            .map(|i| {
+                scope.spawn(move || -> Result<Duration> {
+                    use std::io::Write;
+                    let mut conn = std::net::TcpStream::connect(addr)?;
+                    conn.write_all(crate::wire::header(&format!("turbine-{i:03}")).as_bytes())?;
+                    let (mut worst, mut at, mut k) =
+                        (Duration::ZERO, (i * per_tick * 7) % rows.len(), 0u32);
+                    let begin = Instant::now();
+                    while begin.elapsed().as_secs_f64() < seconds {
+                        let due = begin + tick * k;
+                        let now = Instant::now();
+                        if now < due {
+                            std::thread::sleep(due - now);
+                        } else {
+                            worst = worst.max(now - due);
+                        }
+                        let mut left = per_tick;
+                        while left > 0 {
+                            let n = left.min(rows.len() - at);
+                            conn.write_all(&rows[at..at + n])?;
+                            at = (at + n) % rows.len();
+                            left -= n;
+                        }
+                        k += 1;
+                    }
+                    Ok(worst)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs_f64(seconds / 2.0));
+        rss_mid_trial = resident_bytes();
+        generators
+            .into_iter()
+            .map(|g| g.join().expect("a generator").unwrap_or(Duration::MAX))
+            .collect()
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    // Each stream ends when its generator closes: wait for all reports.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stalls.lock().unwrap().len() < streams && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let reports = std::mem::take(&mut *stalls.lock().unwrap());
+    let mut longest_stall = Duration::ZERO;
+    let mut bytes = 0;
+    for r in reports {
+        let stats = r.map_err(anyhow::Error::msg)?;
+        longest_stall = longest_stall.max(stats.longest_stall);
+        bytes += stats.bytes;
+    }
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(Trial {
+        streams,
+        worst_lateness: lateness.into_iter().max().unwrap_or_default(),
+        longest_stall,
+        bytes_per_s: bytes as f64 / elapsed,
+        rss_mid_trial,
+    })
+}
+
+/// VmRSS of this process, from /proc.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("VmRSS:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kib| kib * 1024)
 }

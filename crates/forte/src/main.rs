@@ -51,6 +51,9 @@ enum Command {
     /// Capture row streams from sensors into Parquet files (BYTE_STREAM_SPLIT + zstd) that
     /// become batches for `send`.
     Ingest(commands::ingest::Args),
+    /// Measure forte against its baselines in one run (ingest: BYTE_STREAM_SPLIT, pyarrow,
+    /// ArrowWriter, streams without a gap).
+    Bench(commands::bench::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
 }
@@ -85,6 +88,7 @@ fn main() -> ExitCode {
         Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
         Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
         Command::Ingest(args) => commands::ingest::run(args, &config),
+        Command::Bench(args) => commands::bench::run(args),
         Command::Demo(args) => commands::demo::run(args),
     });
     match result {

@@ -25,8 +25,8 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
-/// Parses a duration: a number with `s`, `m`, `h` or `d` (`90s`, `30m`, `1h`); a bare
-/// number is seconds.
+/// Parses a duration: a number with `ms`, `s`, `m`, `h` or `d` (`250ms`, `90s`, `30m`, `1h`);
+/// a bare number is seconds.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
@@ -34,15 +34,20 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let number: u64 = number
         .parse()
         .map_err(|_| format!("{text:?} is not a duration (examples: 90s, 30m, 1h)"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => 1,
-        "m" | "min" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?} has an unknown unit (use s, m, h or d)")),
+    let millis = match unit.trim() {
+        "ms" => 1,
+        "" | "s" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => {
+            return Err(format!(
+                "{text:?} has an unknown unit (use ms, s, m, h or d)"
+            ))
+        }
     };
-    Ok(std::time::Duration::from_secs(
-        number.saturating_mul(seconds),
+    Ok(std::time::Duration::from_millis(
+        number.saturating_mul(millis),
     ))
 }
 
@@ -132,6 +137,10 @@ mod tests {
             Ok(std::time::Duration::from_secs(3600))
         );
         assert_eq!(parse_duration("45"), Ok(std::time::Duration::from_secs(45)));
+        assert_eq!(
+            parse_duration("250ms"),
+            Ok(std::time::Duration::from_millis(250))
+        );
         assert!(parse_duration("1 week")
             .unwrap_err()
             .contains("unknown unit"));

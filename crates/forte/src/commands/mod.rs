@@ -1,6 +1,7 @@
 //! One module per subcommand. Each `run` returns `Ok(true)` on full success, `Ok(false)` when
 //! it finished but some items failed (already reported), and `Err` when it could not run.
 
+pub mod bench;
 pub mod demo;
 pub mod ingest;
 pub mod keygen;
