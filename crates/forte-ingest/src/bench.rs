@@ -239,11 +239,15 @@ impl Builders {
 
 /// The median of `runs` runs of `run`, by time.
 pub fn median(runs: usize, mut run: impl FnMut() -> Result<Run>) -> Result<Run> {
-    let mut all = (0..runs.max(1))
-        .map(|_| run())
-        .collect::<Result<Vec<_>>>()?;
-    all.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    Ok(all[all.len() / 2])
+    Ok(median_of(
+        (0..runs.max(1)).map(|_| run()).collect::<Result<_>>()?,
+    ))
+}
+
+/// The run of median time among `runs` (at least one).
+pub fn median_of(mut runs: Vec<Run>) -> Run {
+    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    runs[runs.len() / 2]
 }
 
 fn fresh(work: &Path, name: &str) -> Result<std::path::PathBuf> {

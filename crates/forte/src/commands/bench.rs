@@ -147,7 +147,7 @@ fn ingest(b: IngestBench) -> Result<bool> {
         })?;
         let pyarrow =
             bench::pyarrow_runs(&b.python, &schema, &rows_file, &one_core, &b.work, b.runs)
-                .map(|runs| median_of(runs));
+                .map(bench::median_of);
         Ok((forte, arrow, pyarrow))
     })?;
     let line = |name: &str, r: &Run| {
@@ -188,11 +188,6 @@ fn on_one_core<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
             .join()
             .expect("the pinned thread")
     })
-}
-
-fn median_of(mut runs: Vec<Run>) -> Run {
-    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
-    runs[runs.len() / 2]
 }
 
 /// The largest number of streams at the given rate with no gap: up in steps of four until a
