@@ -163,6 +163,10 @@ impl Config {
         for p in [&mut r.token_file, &mut r.ca].into_iter().flatten() {
             *p = base.join(&*p);
         }
+        let i = &mut config.ingest;
+        for p in [&mut i.schema, &mut i.out].into_iter().flatten() {
+            *p = base.join(&*p);
+        }
         if let Some(Level::Fixed(level)) = config.prepare.level {
             check_level(level)
                 .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?;

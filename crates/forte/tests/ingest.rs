@@ -337,6 +337,46 @@ fn a_killed_ingest_loses_only_open_row_groups_and_a_restart_goes_on() {
 }
 
 #[test]
+fn the_config_file_sets_what_flags_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("conf/turbine.toml"), SCHEMA.as_bytes());
+    write(
+        &dir.path().join("conf/forte.toml"),
+        b"[ingest]\nschema = \"turbine.toml\"\nout = \"outbox\"\nrows_per_group = 100\nrow_groups_per_file = 1\ncodec = \"snappy\"\n",
+    );
+    let recording = dir.path().join("unit-9.bin");
+    write(&recording, &rows(250, 9));
+    let printed = ok(&args![
+        "--config",
+        dir.path().join("conf/forte.toml"),
+        "ingest",
+        "--from-file",
+        &recording
+    ]);
+    assert!(
+        printed.contains("250 rows") && printed.contains("3 files"),
+        "{printed}"
+    );
+    assert_eq!(files_of(&dir.path().join("conf/outbox"), "unit-9").len(), 3);
+    write(&dir.path().join("bad.toml"), b"[ingest]\ncodec = \"zip\"\n");
+    let err = fails(&args![
+        "--config",
+        dir.path().join("bad.toml"),
+        "ingest",
+        "--schema",
+        dir.path().join("conf/turbine.toml"),
+        "--out",
+        dir.path().join("o"),
+        "--from-file",
+        &recording
+    ]);
+    assert!(
+        err.contains("codec in [ingest]") && err.contains("zip"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_schemas_and_missing_settings_say_what_to_fix() {
     let dir = tempfile::tempdir().unwrap();
     let schema = dir.path().join("bad.toml");
