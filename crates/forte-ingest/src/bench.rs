@@ -288,13 +288,27 @@ pub fn schema_json(schema: &Schema) -> String {
         .timestamp
         .as_ref()
         .map_or("null".to_string(), |t| format!("\"{t}\""));
+    let statistics: Vec<String> = schema
+        .timestamp
+        .iter()
+        .chain(
+            schema
+                .columns
+                .iter()
+                .filter(|c| c.statistics)
+                .map(|c| &c.name),
+        )
+        .map(|n| format!("\"{n}\""))
+        .collect();
     format!(
-        "{{\"timestamp\": {timestamp}, \"columns\": [{}]}}",
-        columns.join(", ")
+        "{{\"timestamp\": {timestamp}, \"columns\": [{}], \"statistics\": [{}]}}",
+        columns.join(", "),
+        statistics.join(", ")
     )
 }
 
-/// Baseline (a): pyarrow on the rows in `rows_file`, `runs` times in one interpreter.
+/// Baseline (a): pyarrow on the rows in `rows_file`, `runs` times in one interpreter, with
+/// forte's page layout (`same_pages`) or pyarrow's default one (pages cut at 20 000 rows).
 pub fn pyarrow_runs(
     python: &Path,
     schema: &Schema,
@@ -302,6 +316,7 @@ pub fn pyarrow_runs(
     options: &IngestOptions,
     work: &Path,
     runs: usize,
+    same_pages: bool,
 ) -> Result<Vec<Run>> {
     let out = fresh(work, "pyarrow")?;
     let script = out.join("baseline_pyarrow.py");
@@ -321,6 +336,7 @@ pub fn pyarrow_runs(
         .arg(if options.file.plain { "0" } else { "1" })
         .arg(options.rows_per_group.to_string())
         .arg(runs.to_string())
+        .arg(if same_pages { "forte" } else { "default" })
         .output()
         .with_context(|| format!("cannot run {}", python.display()))?;
     if !output.status.success() {

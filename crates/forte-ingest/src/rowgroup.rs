@@ -116,9 +116,13 @@ impl RowGroup {
             "{rows} rows do not fit in {}",
             self.room()
         );
-        // Column by column over a slice of rows: each pass writes one contiguous column.
-        for (values, &offset) in self.columns.iter_mut().zip(&self.offsets) {
-            values.scatter(bytes, self.width, offset);
+        // Column by column over a tile of rows small enough to stay in L1 while every column
+        // takes its values from it: each pass appends to one contiguous column.
+        let tile = (16 * 1024 / self.width).max(1) * self.width;
+        for rows in bytes.chunks(tile) {
+            for (values, &offset) in self.columns.iter_mut().zip(&self.offsets) {
+                values.scatter(rows, self.width, offset);
+            }
         }
         self.rows += rows;
     }

@@ -8,7 +8,13 @@
 //! count = 32
 //! type = "float32"            # float32 | float64 | int32 | int64
 //! # encoding = "byte_stream_split" is the default for floats; "plain" turns it off
+//! # statistics = true          min/max per row group; default only for integers
 //! ```
+//!
+//! The timestamp always has min/max per row group, so readers skip row groups by time. Float
+//! columns have none by default: over the tens of thousands of samples of a row group, a noisy
+//! sensor's min and max span nearly its whole range and would prune nothing, while computing
+//! them costs a pass over every value.
 
 use std::path::Path;
 
@@ -56,6 +62,8 @@ pub struct Column {
     pub name: String,
     pub kind: Kind,
     pub encoding: Encoding,
+    /// Min/max per row group in the file's metadata.
+    pub statistics: bool,
 }
 
 /// The fixed layout of a stream's rows.
@@ -96,6 +104,7 @@ struct ColumnEntry {
     kind: Kind,
     count: Option<usize>,
     encoding: Option<Encoding>,
+    statistics: Option<bool>,
 }
 
 impl Schema {
@@ -108,6 +117,7 @@ impl Schema {
                     name: format!("s{i:02}"),
                     kind: Kind::Float32,
                     encoding: Encoding::ByteStreamSplit,
+                    statistics: false,
                 })
                 .collect(),
         }
@@ -139,11 +149,13 @@ impl Schema {
                     entry.name
                 );
             }
+            let statistics = entry.statistics.unwrap_or(!entry.kind.is_float());
             match entry.count {
                 None => columns.push(Column {
                     name: entry.name,
                     kind: entry.kind,
                     encoding,
+                    statistics,
                 }),
                 Some(0) => bail!("column {}: count must be at least 1", entry.name),
                 Some(n) => {
@@ -152,6 +164,7 @@ impl Schema {
                         name: format!("{}{i:0digits$}", entry.name),
                         kind: entry.kind,
                         encoding,
+                        statistics,
                     }))
                 }
             }
@@ -206,6 +219,8 @@ mod tests {
         assert_eq!(s.columns[0].encoding, Encoding::ByteStreamSplit);
         assert_eq!(s.columns[3].encoding, Encoding::Plain);
         assert_eq!(s.columns[4].encoding, Encoding::Plain);
+        let stats: Vec<_> = s.columns.iter().map(|c| c.statistics).collect();
+        assert_eq!(stats, [false, false, false, true, false]);
         assert_eq!(s.row_width(), 8 + 3 * 4 + 8 + 8);
         assert_eq!(s.timestamp.as_deref(), Some("t"));
     }

@@ -145,9 +145,12 @@ fn ingest(b: IngestBench) -> Result<bool> {
         let arrow = bench::median(b.runs, || {
             bench::arrow_builder_run(&schema, &rows, &one_core, &b.work)
         })?;
-        let pyarrow =
-            bench::pyarrow_runs(&b.python, &schema, &rows_file, &one_core, &b.work, b.runs)
-                .map(bench::median_of);
+        let pyarrow = [true, false].map(|same_pages| {
+            bench::pyarrow_runs(
+                &b.python, &schema, &rows_file, &one_core, &b.work, b.runs, same_pages,
+            )
+            .map(bench::median_of)
+        });
         Ok((forte, arrow, pyarrow))
     })?;
     let line = |name: &str, r: &Run| {
@@ -165,15 +168,19 @@ fn ingest(b: IngestBench) -> Result<bool> {
         "(b) arrow-rs ArrowWriter fed row by row through builders",
         &arrow,
     );
-    match &pyarrow {
-        Ok(r) => line("(a) pyarrow: frombuffer, columns, write_table", r),
-        Err(e) => println!("| (a) pyarrow | not measured: {e:#} | | |"),
+    let pages = ["forte's pages", "its default 20 000-row pages"];
+    for (result, pages) in pyarrow.iter().zip(pages) {
+        let name = format!("(a) pyarrow: frombuffer, columns, write_table; {pages}");
+        match result {
+            Ok(r) => line(&name, r),
+            Err(e) => println!("| {name} | not measured: {e:#} | | |"),
+        }
     }
 
     if !b.no_streams {
         streams(&b, &schema, &rows, &options(b.codec, false))?;
     }
-    Ok(pyarrow.is_ok())
+    Ok(pyarrow.iter().all(Result::is_ok))
 }
 
 /// Runs `f` on a thread pinned to one CPU; the threads it starts (ingest's writer) and the
