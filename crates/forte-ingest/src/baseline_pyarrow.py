@@ -30,7 +30,7 @@ def main():
     floats = [n for n, k in schema["columns"] if k.startswith("float")]
     encoding = {n: ("BYTE_STREAM_SPLIT" if bss else "PLAIN") for n in floats}
     if ts:
-        encoding[ts] = "DELTA_BINARY_PACKED" if bss else "PLAIN"
+        encoding[ts] = "DELTA_BINARY_PACKED"
     layout = {"data_page_size": 1 << 20, "max_rows_per_page": group} if pages == "forte" else {}
     with open(rows_file, "rb") as f:
         raw = f.read()
