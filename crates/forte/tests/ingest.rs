@@ -414,3 +414,47 @@ fn bad_schemas_and_missing_settings_say_what_to_fix() {
     ]);
     assert!(err.contains("not a valid source name"), "{err}");
 }
+
+#[test]
+fn ingested_files_travel_as_batches_through_send_and_pull() {
+    let site = common::site::Site::new();
+    let inbox = site.root.join("inbox");
+    write(&site.root.join("schema.toml"), SCHEMA.as_bytes());
+    let recording = site.root.join("rig-3.bin");
+    write(&recording, &rows(2_500, 5));
+    ok(&args![
+        "ingest",
+        "--schema",
+        site.root.join("schema.toml"),
+        "--out",
+        &inbox,
+        "--rows-per-group",
+        "1000",
+        "--row-groups-per-file",
+        "2",
+        "--from-file",
+        &recording
+    ]);
+    let published = files_of(&inbox, "rig-3");
+    assert_eq!(published.len(), 2);
+    // The ingest's work directory is hidden: send takes only the published batches.
+    assert!(inbox.join(".forte-ingest").is_dir());
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let dest = site.root.join("dest");
+    let mut expected = std::collections::BTreeMap::new();
+    for file in &published {
+        let batch = file
+            .parent()
+            .unwrap()
+            .file_name()
+            .unwrap()
+            .to_string_lossy();
+        let name = file.file_name().unwrap().to_string_lossy();
+        expected.insert(
+            format!("site-a/{batch}/{name}"),
+            common::site::source_hashes(file.parent().unwrap())[&*name].clone(),
+        );
+    }
+    assert_eq!(common::site::visible(&dest), expected);
+}
