@@ -7,6 +7,7 @@
 
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,6 +59,8 @@ pub struct StreamStats {
     pub longest_stall: Duration,
     pub total_stall: Duration,
     pub seconds: f64,
+    /// Ended by [`Ingest::stop`], not by its input; a row cut by the stop is dropped.
+    pub stopped: bool,
 }
 
 /// A stream's output side: the file being written and what was published. Only one of a
@@ -87,6 +90,9 @@ pub struct Ingest {
     options: IngestOptions,
     jobs: Option<Sender<Job>>,
     writers: Vec<std::thread::JoinHandle<()>>,
+    /// Set by [`Ingest::stop`]: streams end as if their input had ended.
+    stopping: AtomicBool,
+    active: AtomicUsize,
 }
 
 impl Ingest {
@@ -123,6 +129,8 @@ impl Ingest {
                 options,
                 jobs: Some(jobs),
                 writers,
+                stopping: AtomicBool::new(false),
+                active: AtomicUsize::new(0),
             },
             removed,
         ))
@@ -137,9 +145,28 @@ impl Ingest {
         2 * self.options.rows_per_group * self.schema.row_width()
     }
 
+    /// Ends every stream at its next read (within a socket's read timeout) as if its input had
+    /// ended: what was received is written and published. For a clean stop on a signal.
+    pub fn stop(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Streams still running.
+    pub fn active_streams(&self) -> usize {
+        self.active.load(Ordering::SeqCst)
+    }
+
     /// Reads rows from `input` until it ends, writing them into files named after `source`.
     /// Reads that time out (a socket's read timeout) only give the flush timer a chance.
     pub fn stream(&self, source: &str, input: &mut dyn Read) -> Result<StreamStats> {
+        struct Active<'a>(&'a AtomicUsize);
+        impl Drop for Active<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.active.fetch_add(1, Ordering::SeqCst);
+        let _active = Active(&self.active);
         let started = Instant::now();
         let width = self.schema.row_width();
         let jobs = self.jobs.as_ref().context("the ingest is shut down")?;
@@ -185,7 +212,7 @@ impl Ingest {
         // for its remaining bytes.
         let mut pending = vec![0u8; (1 << 20) / width * width + width];
         let mut held = 0;
-        loop {
+        while !self.stopping.load(Ordering::SeqCst) {
             let read = match input.read(&mut pending[held..]) {
                 Ok(0) => break,
                 Ok(n) => n,
@@ -225,7 +252,8 @@ impl Ingest {
         stats.files = output.published.clone();
         stats.row_groups = output.row_groups;
         stats.seconds = started.elapsed().as_secs_f64();
-        if held > 0 {
+        stats.stopped = self.stopping.load(Ordering::SeqCst);
+        if held > 0 && !stats.stopped {
             bail!(
                 "stream {source} ended inside a row ({held} of its {width} bytes): the rows before it are in {} files",
                 stats.files.len()

@@ -458,3 +458,35 @@ fn ingested_files_travel_as_batches_through_send_and_pull() {
     }
     assert_eq!(common::site::visible(&dest), expected);
 }
+
+#[test]
+fn a_stopped_ingest_publishes_every_row_it_received() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let mut args = ingest_args(dir.path());
+    args.extend(args!["--listen", &addr]);
+    let mut ingest = spawn_logged(&args, &dir.path().join("ingest.log"));
+    assert!(wait_for(30, || TcpStream::connect(&addr).is_ok()));
+    // The stream stays open: only the signal ends it, in the middle of a row group.
+    let sent = rows(4_321, 6);
+    let conn = send_stream(&addr, "stop-me", &sent);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // SAFETY: signalling our own child process.
+    unsafe { libc::kill(ingest.0.id() as i32, libc::SIGTERM) };
+    let mut status = None;
+    assert!(wait_for(30, || {
+        status = ingest.0.try_wait().unwrap();
+        status.is_some()
+    }));
+    assert!(status.unwrap().success(), "{:?}", status);
+    let files = files_of(&dir.path().join("outbox"), "stop-me");
+    let (back, _) = read_back(&python, "pyarrow", &files, dir.path());
+    assert!(
+        back == sent,
+        "{} of {} rows published",
+        back.len() / ROW,
+        sent.len() / ROW
+    );
+    drop(conn);
+}

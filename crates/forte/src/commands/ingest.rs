@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -105,11 +106,26 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             human(per_stream),
             options.file.codec
         );
-        wire::serve(ingest, listener, |outcome| match outcome {
-            Ok(stats) => println!("{}", summary(&stats)),
-            Err(e) => eprintln!("error: {e:#}"),
-        })?;
+        let server = ingest.clone();
+        std::thread::spawn(move || {
+            wire::serve(server, listener, |outcome| match outcome {
+                Ok(stats) => println!("{}", summary(&stats)),
+                Err(e) => eprintln!("error: {e:#}"),
+            })
+        });
+        stop_on_signal();
+        wait_for_stop();
+        finish(&ingest);
         return Ok(true);
+    }
+    // Replays stop early on a signal too, publishing what they read.
+    stop_on_signal();
+    {
+        let ingest = ingest.clone();
+        std::thread::spawn(move || {
+            wait_for_stop();
+            ingest.stop();
+        });
     }
     let outcomes: Vec<Result<StreamStats>> = std::thread::scope(|scope| {
         let replays: Vec<_> = args
@@ -135,10 +151,39 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             }
         }
     }
-    if let Ok(ingest) = Arc::try_unwrap(ingest) {
-        ingest.shut_down();
-    }
+    // Each stream returned only once its last file was published: nothing is left to write.
     Ok(all_ok)
+}
+
+/// Set by SIGINT or SIGTERM.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// A signal stops the ingest cleanly: every stream publishes what it received.
+fn stop_on_signal() {
+    extern "C" fn on_signal(_: libc::c_int) {
+        STOP.store(true, Ordering::SeqCst);
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn wait_for_stop() {
+    while !STOP.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Ends every stream at its next read, waits until they have all published, and says so.
+fn finish(ingest: &Ingest) {
+    eprintln!("stopping: publishing what every stream has received");
+    ingest.stop();
+    while ingest.active_streams() > 0 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("stopped: every row received is in a published file");
 }
 
 fn parse_codec(text: &str) -> Result<Codec, String> {
@@ -210,8 +255,9 @@ fn replay(ingest: &Ingest, file: &Path) -> Result<StreamStats> {
 
 fn summary(s: &StreamStats) -> String {
     format!(
-        "stream {} ended: {} rows ({}) in {} row groups, {} files; longest stall {:.3} s",
+        "stream {} {}: {} rows ({}) in {} row groups, {} files; longest stall {:.3} s",
         s.source,
+        if s.stopped { "stopped" } else { "ended" },
         s.rows,
         human(s.bytes),
         s.row_groups,
