@@ -12,6 +12,15 @@ fn every_command_has_help() {
         vec!["pack", "--help"],
         vec!["unpack", "--help"],
         vec!["demo", "--help"],
+        vec!["relay", "--help"],
+        vec!["send", "--help"],
+        vec!["pull", "--help"],
+        vec!["status", "--help"],
+        vec!["report", "--help"],
+        vec!["ingest", "--help"],
+        vec!["bench", "--help"],
+        vec!["bench", "compress", "--help"],
+        vec!["bench", "ingest", "--help"],
     ] {
         let out = forte().args(&command).output().unwrap();
         assert!(out.status.success(), "{command:?}");
@@ -241,4 +250,39 @@ fn level_auto_adapts_within_its_bounds_and_restores_identically() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("\"fastest\" is not a zstd level"), "{err}");
+}
+
+#[test]
+fn bench_compress_prints_the_sweep_a_recommendation_and_a_chart() {
+    let dir = tempfile::tempdir().unwrap();
+    write(&dir.path().join("data/a.log"), &sample_bytes(1_500_000, 1));
+    write(&dir.path().join("data/sub/b.bin"), &random_bytes(500_000));
+    let out = ok(&args![
+        "bench",
+        "compress",
+        dir.path().join("data"),
+        "--sample-size",
+        "1MiB",
+        "--part-size",
+        "256KiB",
+        "--link",
+        "10MB",
+        "--plot",
+        dir.path().join("chart")
+    ]);
+    for row in [
+        "| zstd -5 |",
+        "| zstd 3 |",
+        "| zstd 22 |",
+        "| lz4 |",
+        "| gzip 9 |",
+    ] {
+        assert!(out.contains(row), "{row} missing:\n{out}");
+    }
+    assert!(out.contains("●"), "no Pareto front:\n{out}");
+    assert!(out.contains("recommended: "), "{out}");
+    let png = std::fs::read(dir.path().join("chart/compress.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let err = fails(&args!["bench", "compress", dir.path().join("missing")]);
+    assert!(err.contains("missing"), "{err}");
 }

@@ -186,7 +186,7 @@ fn finish(ingest: &Ingest) {
     println!("stopped: every row received is in a published file");
 }
 
-fn parse_codec(text: &str) -> Result<Codec, String> {
+pub fn parse_codec(text: &str) -> Result<Codec, String> {
     text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
 }
 

@@ -1,5 +1,5 @@
-//! `forte bench`: measurements that need forte's own internals, run side by side with their
-//! baselines in one invocation so the ratios hold on a noisy machine.
+//! `forte bench ingest`: compression with and without BYTE_STREAM_SPLIT, throughput on one
+//! core against pyarrow and ArrowWriter, and the largest paper-rate stream count without a gap.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,20 +11,7 @@ use forte_ingest::{Codec, FileOptions, IngestOptions, Schema};
 use crate::units::{parse_duration, parse_rate};
 
 #[derive(clap::Args)]
-pub struct Args {
-    #[command(subcommand)]
-    what: What,
-}
-
-#[derive(clap::Subcommand)]
-enum What {
-    /// Ingest: compression with and without BYTE_STREAM_SPLIT, throughput on one core against
-    /// pyarrow and arrow-rs's ArrowWriter, and how many paper-rate streams run without a gap.
-    Ingest(IngestBench),
-}
-
-#[derive(clap::Args)]
-struct IngestBench {
+pub struct IngestBench {
     /// Rows to use: a recording (wire format, with or without its first line). Default:
     /// synthetic noisy sensors.
     #[arg(long, value_name = "FILE", requires = "schema")]
@@ -39,10 +26,10 @@ struct IngestBench {
     #[arg(long, default_value_t = 32)]
     columns: usize,
     /// Codec of the throughput and stream runs.
-    #[arg(long, default_value = "zstd", value_parser = parse_codec)]
+    #[arg(long, default_value = "zstd", value_parser = crate::commands::ingest::parse_codec)]
     codec: Codec,
     /// Codecs whose compression ratio is compared with and without BYTE_STREAM_SPLIT.
-    #[arg(long, value_delimiter = ',', default_value = "zstd:1,zstd:3,lz4,snappy", value_parser = parse_codec)]
+    #[arg(long, value_delimiter = ',', default_value = "zstd:1,zstd:3,lz4,snappy", value_parser = crate::commands::ingest::parse_codec)]
     ratio_codecs: Vec<Codec>,
     /// Rows per row group.
     #[arg(long, default_value_t = 65_536)]
@@ -73,17 +60,7 @@ struct IngestBench {
     work: PathBuf,
 }
 
-fn parse_codec(text: &str) -> Result<Codec, String> {
-    text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
-}
-
-pub fn run(args: Args) -> Result<bool> {
-    match args.what {
-        What::Ingest(b) => ingest(b),
-    }
-}
-
-fn ingest(b: IngestBench) -> Result<bool> {
+pub fn run(b: IngestBench) -> Result<bool> {
     std::fs::create_dir_all(&b.work)
         .with_context(|| format!("cannot create {}", b.work.display()))?;
     let (schema, rows, what) = match (&b.from_file, &b.schema) {
