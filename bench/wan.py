@@ -1,0 +1,262 @@
+#!/usr/bin/env python3
+"""End to end over an emulated WAN: forte against what people use today, same data, same link.
+
+The site (edge) runs in a network namespace behind a veth pair whose egress is shaped by tbf
+to --link-rate (default the papers' 65 MB/s); Toxiproxy, on the data-centre side, adds
+--latency-ms (default 20) to every byte the site sends, so each contender crosses the same
+link with the same added round-trip time. The data is the FORTE test set's 14 batches A–N
+(bench/network.py's builder, --scale of the papers' 337 GB).
+
+Contenders, each timed from start to the moment the last file is in its final place:
+  forte            send (edge) → relay → pull --watch (core): encrypted, signed, verified,
+                   catalogued, delivered under {site}/{batch}/{path}
+  rsync + copy     the papers' baseline: rsync of the raw files to the DMZ (rsync daemon), then
+                   a second copy step into storage
+  CB-IM + rsync    the papers' pipe chain at the edge (sha256sum | zstd -3 | gpg -e | sha256sum,
+                   two files at a time), rsync of the results, then gpg -d | zstd -d at the core
+  rsync -z zstd    `rsync -z --compress-choice=zstd --compress-level=3` straight to storage
+                   (what a careful admin would do; no encryption, no end-to-end check)
+  rclone copy      `rclone copy --transfers 4` to `rclone serve webdav` at the data centre
+
+Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
+are interleaved (each round runs every contender once); medians are reported.
+
+Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server
+(`go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0`; found on PATH or in ~/go/bin).
+
+Usage: sudo bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from network import NS, build_inbox, parse_rate, setup_link, teardown_link
+from site_setup import make_site, start_relay
+
+ROOT = Path(__file__).resolve().parent.parent
+FORTE = ROOT / "target" / "release" / "forte"
+WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "wan"
+DC = "10.77.0.2"  # the data-centre end of the veth pair
+API = "http://127.0.0.1:8474"
+
+
+def sh(cmd, **kw):
+    return subprocess.run([str(c) for c in cmd], check=True, **kw)
+
+
+def at_site(cmd):
+    """A command run in the site's namespace, behind the shaped link."""
+    return ["ip", "netns", "exec", NS, *map(str, cmd)]
+
+
+def toxiproxy_server():
+    for candidate in [shutil.which("toxiproxy-server"), Path.home() / "go/bin/server"]:
+        if candidate and Path(candidate).exists():
+            return str(candidate)
+    sys.exit("Toxiproxy's server is missing: go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0")
+
+
+def api(method, path, body=None):
+    req = urllib.request.Request(API + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return r.read()
+
+
+def delayed(name, listen_port, upstream, latency_ms):
+    """A Toxiproxy proxy on the data-centre address adding latency to what the site sends."""
+    api("POST", "/proxies", {"name": name, "listen": f"{DC}:{listen_port}", "upstream": upstream})
+    api("POST", f"/proxies/{name}/toxics",
+        {"type": "latency", "stream": "upstream", "attributes": {"latency": latency_ms}})
+    return f"{DC}:{listen_port}"
+
+
+def digest_tree(root: Path):
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != ".ready":
+            out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def fresh(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+class Contenders:
+    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str):
+        self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
+
+    def forte(self, out: Path):
+        relay_dir, dest = WORK / "relay", fresh(out)
+        shutil.rmtree(relay_dir, ignore_errors=True)
+        relay, url, fingerprint = start_relay(FORTE, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443")
+        try:
+            conn = ["--relay-fingerprint", fingerprint, "--token-file"]
+            for cat in ("edge.sqlite", "core.sqlite"):
+                (WORK / cat).unlink(missing_ok=True)
+            puller = subprocess.Popen(
+                [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
+                 "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "--relay", url,
+                 *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            start = time.monotonic()
+            sh(at_site([FORTE, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
+                        "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
+                        "--level", self.level,
+                        "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
+               stdout=subprocess.DEVNULL)
+            want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
+            while sum(len(f) for _, _, f in os.walk(dest / "wan")) < want:
+                time.sleep(0.1)
+            elapsed = time.monotonic() - start
+            puller.terminate()
+            puller.wait()
+        finally:
+            relay.terminate()
+            relay.wait()
+        return elapsed, dest / "wan"
+
+    def rsync_copy(self, out: Path):
+        dmz, store = fresh(WORK / "rsync-dmz"), fresh(out)
+        start = time.monotonic()
+        sh(at_site(["rsync", "-a", "--exclude", ".ready", f"{self.inbox}/",
+                    f"rsync://{self.proxies['rsync']}/dmz/"]))
+        sh(["cp", "-a", f"{dmz}/.", store])
+        return time.monotonic() - start, store
+
+    def rsync_zstd(self, out: Path):
+        store = fresh(out)
+        start = time.monotonic()
+        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", "--compress-level=3", "--exclude", ".ready",
+                    f"{self.inbox}/", f"rsync://{self.proxies['rsync']}/store/"]))
+        return time.monotonic() - start, store
+
+    def rclone(self, out: Path):
+        store = fresh(out)
+        server = subprocess.Popen(["rclone", "serve", "webdav", store, "--addr", "127.0.0.1:7080"],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(1)
+            start = time.monotonic()
+            sh(at_site(["rclone", "copy", self.inbox, ":webdav:", "--webdav-url", f"http://{self.proxies['rclone']}",
+                        "--transfers", "4", "--exclude", ".ready"]), stdout=subprocess.DEVNULL)
+            return time.monotonic() - start, store
+        finally:
+            server.terminate()
+            server.wait()
+
+    def cb_im_rsync(self, out: Path):
+        staged, dmz, store = fresh(WORK / "cbim-staged"), fresh(WORK / "rsync-dmz"), fresh(out)
+        env = f"export GNUPGHOME='{self.gpg_home}';"
+        start = time.monotonic()
+        # Edge: the pipe chain per file, two at a time; the sums go beside the results.
+        sh(at_site(["bash", "-c", env + f" cd '{self.inbox}' && find . -type f ! -name .ready -print0 | "
+                    "xargs -0 -P2 -I{} bash -c 'mkdir -p \"" + str(staged) + "/$(dirname {})\" && "
+                    "tee < {} >(sha256sum > /dev/null) | zstd -3 -q -c | gpg -q --batch --trust-model always "
+                    "-e -r forte-bench | tee \"" + str(staged) + "/{}.zst.gpg\" | sha256sum > \"" + str(staged) +
+                    "/{}.sha256\"'"]))
+        sh(at_site(["rsync", "-a", f"{staged}/", f"rsync://{self.proxies['rsync']}/dmz/"]))
+        # Core: decrypt and decompress each file, two at a time, into storage.
+        sh(["bash", "-c", env + f" cd '{dmz}' && find . -name '*.zst.gpg' -print0 | xargs -0 -P2 -I{{}} "
+            f"bash -c 'f={{}}; mkdir -p \"{store}/$(dirname $f)\" && gpg -q --batch -d \"$f\" | zstd -d -q -c "
+            f"> \"{store}/${{f%.zst.gpg}}\"'"])
+        return time.monotonic() - start, store
+
+
+def slug(name: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in name)
+
+
+def gpg_key(home: Path):
+    fresh(home)
+    home.chmod(0o700)
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    sh(["gpg", "-q", "--batch", "--passphrase", "", "--quick-gen-key", "forte-bench", "default", "default", "never"],
+       env=env)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--link-rate", default="65MB")
+    ap.add_argument("--latency-ms", type=int, default=20)
+    ap.add_argument("--scale", type=float, default=0.003)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--only", help="comma-separated contenders to run")
+    ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
+    args = ap.parse_args()
+    for tool in ["rsync", "rclone", "gpg", "zstd"]:
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is missing: apt-get install {tool}")
+    sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
+    fresh(WORK)
+    inbox = WORK / "inbox"
+    raw = build_inbox(inbox, args.scale)
+    make_site(FORTE, WORK, "wan")
+    gpg_key(WORK / "gnupg")
+    source = digest_tree(inbox)
+    print(f"data: 14 batches, {len(source)} files, {raw / 1e6:.0f} MB; link {args.link_rate}, "
+          f"+{args.latency_ms} ms; 2 cores", file=sys.stderr)
+
+    setup_link(parse_rate(args.link_rate))
+    rsyncd_conf = WORK / "rsyncd.conf"
+    rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {WORK}/rsync-dmz\nread only = no\n"
+                           f"[store]\npath = {WORK}/out/{slug('rsync -z zstd')}\nread only = no\n")
+    daemons = [subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "127.0.0.1", "--port", "7873",
+                                 "--config", rsyncd_conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+               subprocess.Popen([toxiproxy_server(), "-host", "127.0.0.1", "-port", "8474"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(1)
+        proxies = {
+            "forte": delayed("forte", 17443, "127.0.0.1:7443", args.latency_ms),
+            "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
+            "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
+        }
+        c = Contenders(inbox, proxies, WORK / "gnupg", args.level)
+        contenders = {"forte": c.forte, "rsync + copy (papers' baseline)": c.rsync_copy,
+                      "CB-IM + rsync": c.cb_im_rsync, "rsync -z zstd": c.rsync_zstd, "rclone copy": c.rclone}
+        if args.only:
+            keep = args.only.split(",")
+            contenders = {k: v for k, v in contenders.items() if any(k.startswith(o) for o in keep)}
+        times = {name: [] for name in contenders}
+        for r in range(args.runs):
+            for name, run in contenders.items():
+                subprocess.run(["sync"])
+                seconds, result = run(WORK / "out" / slug(name))
+                got = digest_tree(result)
+                if got != source:
+                    missing = len(set(source) - set(got))
+                    differ = sum(1 for k in source if k in got and got[k] != source[k])
+                    sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
+                times[name].append(seconds)
+                print(f"round {r + 1}: {name}: {seconds:.1f} s, {raw / 1e6 / seconds:.1f} MB/s", file=sys.stderr)
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait()
+        teardown_link()
+
+    base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
+    forte = statistics.median(times.get("forte", [float("nan")]))
+    print(f"| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | all runs (s) |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, ts in times.items():
+        m = statistics.median(ts)
+        print(f"| {name} | {m:.1f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
+              f"{', '.join(f'{t:.1f}' for t in ts)} |")
+
+
+if __name__ == "__main__":
+    main()
