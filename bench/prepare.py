@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare-path throughput: `forte pack` against zstd alone and the papers' shell pipe chain.
+"""Prepare-path throughput: `forte pack` against zstd alone and the papers' two shell chains.
 
 Every contender reads the same corpus (≥ 1 GB of real files: system libraries, toolchain
 files, text) from the page cache and writes to tmpfs, so the numbers compare CPU work, not the
@@ -12,6 +12,10 @@ Contenders
   tar | zstd (stream) `tar -c | zstd -3 -T2`: compression only, one stream, no per-file work
   pipe chain (CB-IM)  per file `tee >(sha256sum) | zstd -3 | gpg -e | tee >(sha256sum)`,
                       two files at a time (one per core), output discarded
+  step by step (CB)   per file the same four steps as separate commands, each writing an
+                      intermediate file to the output dir: `sha256sum` > NAME.sha256,
+                      `zstd -3` → NAME.zst, `gpg -e` → NAME.zst.gpg (NAME.zst removed after),
+                      `sha256sum` > NAME.zst.gpg.sha256; two files at a time (one per core)
 
 Usage: bench/prepare.py [--runs 3] [--corpus DIR] [--skip-chain]
 """
@@ -86,6 +90,16 @@ def ensure_gpg_key(home: Path) -> str:
     return uid
 
 
+def chain(corpus: Path, per_file: str, prelude: str = "") -> list:
+    """Runs the bash loop `per_file` (over its arguments "$@", paths like ./dir/name relative to the
+    corpus) on every corpus file, two processes at a time (one per core), 64 files per process,
+    with GNUPGHOME set for the benchmark key. `prelude` (a shell command list ending in `&&` or `;`)
+    runs first, in the corpus directory. `per_file` may not contain a single quote."""
+    return ["bash", "-c",
+            f"export GNUPGHOME='{WORK}/gnupg'; cd '{corpus}' && {prelude}"
+            f"find . -type f -print0 | xargs -0 -P2 -n 64 bash -c '{per_file}' _"]
+
+
 def contenders(corpus: Path, keys: Path, skip_chain: bool):
     out = {}
     out["forte pack"] = [str(FORTE), "pack", str(corpus), "--to", str(OUT / "forte"),
@@ -95,14 +109,17 @@ def contenders(corpus: Path, keys: Path, skip_chain: bool):
     out["tar | zstd -3 -T2 (stream)"] = ["sh", "-c",
                                          f"tar -cf - -C '{corpus}' . | zstd -3 -T2 -q -c > '{OUT}/stream.zst'"]
     if not skip_chain:
-        uid = ensure_gpg_key(WORK / "gnupg")
-        per_file = ('for f; do tee >(sha256sum >/dev/null) < "$f" | zstd -3 -q -c '
-                    f'| gpg -e -r {uid} --batch --trust-model always -q '
-                    '| tee >(sha256sum >/dev/null) >/dev/null; done')
-        out["pipe chain sha256|zstd|gpg|sha256 (CB-IM)"] = [
-            "bash", "-c",
-            f"export GNUPGHOME='{WORK}/gnupg'; find '{corpus}' -type f -print0 "
-            f"| xargs -0 -P2 -n 64 bash -c '{per_file}' _"]
+        gpg = f"gpg -e -r {ensure_gpg_key(WORK / 'gnupg')} --batch --trust-model always -q"
+        out["pipe chain sha256|zstd|gpg|sha256 (CB-IM)"] = chain(corpus, (
+            'for f; do tee >(sha256sum >/dev/null) < "$f" | zstd -3 -q -c '
+            f'| {gpg} | tee >(sha256sum >/dev/null) >/dev/null; done'))
+        cb = OUT / "cb"  # mirrors the corpus tree; the directories are made once, before the files
+        out["step by step with intermediate files (CB)"] = chain(corpus, (
+            f'set -e; for f; do o="{cb}/$f"; sha256sum "$f" > "$o.sha256"; '
+            'zstd -3 -q "$f" -o "$o.zst"; '
+            f'{gpg} -o "$o.zst.gpg" "$o.zst"; rm "$o.zst"; '
+            'sha256sum "$o.zst.gpg" > "$o.zst.gpg.sha256"; done'),
+            prelude=f"find . -type d -printf '{cb}/%p\\0' | xargs -0 mkdir -p && ")
     return out
 
 
@@ -123,7 +140,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
-    ap.add_argument("--skip-chain", action="store_true", help="skip the slow shell pipe chain")
+    ap.add_argument("--skip-chain", action="store_true", help="skip the slow shell chains (CB-IM and CB)")
     args = ap.parse_args()
 
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)

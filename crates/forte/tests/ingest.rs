@@ -224,19 +224,25 @@ fn send_stream(addr: &str, source: &str, rows: &[u8]) -> TcpStream {
     conn
 }
 
-#[test]
-fn concurrent_tcp_streams_each_become_their_own_files() {
-    let Some(python) = python() else { return };
-    let dir = tempfile::tempdir().unwrap();
+/// `forte ingest --listen` on a free port, logging to `log`, once it accepts connections.
+fn listening(dir: &Path, log: &str) -> (Args, String, common::site::Daemon) {
     let addr = free_addr();
-    let mut args = ingest_args(dir.path());
+    let mut args = ingest_args(dir);
     args.extend(args!["--listen", &addr]);
-    let log = dir.path().join("ingest.log");
-    let _ingest = spawn_logged(&args, &log);
+    let ingest = spawn_logged(&args, &dir.join(log));
     assert!(
         wait_for(30, || TcpStream::connect(&addr).is_ok()),
         "ingest did not listen"
     );
+    (args, addr, ingest)
+}
+
+#[test]
+fn concurrent_tcp_streams_each_become_their_own_files() {
+    let Some(python) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (_, addr, _ingest) = listening(dir.path(), "ingest.log");
+    let log = dir.path().join("ingest.log");
 
     let streams: Vec<(String, Vec<u8>)> = (0..3)
         .map(|i| (format!("unit-{i}"), rows(2_500 + i * 1_000, i as u64 + 10)))
@@ -276,11 +282,7 @@ fn concurrent_tcp_streams_each_become_their_own_files() {
 fn a_killed_ingest_loses_only_open_row_groups_and_a_restart_goes_on() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut args = ingest_args(dir.path());
-    args.extend(args!["--listen", &addr]);
-    let mut ingest = spawn_logged(&args, &dir.path().join("ingest.log"));
-    assert!(wait_for(30, || TcpStream::connect(&addr).is_ok()));
+    let (args, addr, mut ingest) = listening(dir.path(), "ingest.log");
     let outbox = dir.path().join("outbox");
 
     // A long stream: kill -9 once two files are out and the third is open.
@@ -463,11 +465,7 @@ fn ingested_files_travel_as_batches_through_send_and_pull() {
 fn a_stopped_ingest_publishes_every_row_it_received() {
     let Some(python) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let addr = free_addr();
-    let mut args = ingest_args(dir.path());
-    args.extend(args!["--listen", &addr]);
-    let mut ingest = spawn_logged(&args, &dir.path().join("ingest.log"));
-    assert!(wait_for(30, || TcpStream::connect(&addr).is_ok()));
+    let (_, addr, mut ingest) = listening(dir.path(), "ingest.log");
     // The stream stays open: only the signal ends it, in the middle of a row group.
     let sent = rows(4_321, 6);
     let conn = send_stream(&addr, "stop-me", &sent);
