@@ -409,7 +409,7 @@ pub fn stream_trial(
     {
         let (ingest, stalls) = (ingest.clone(), stalls.clone());
         std::thread::spawn(move || {
-            crate::wire::serve(ingest, listener, move |outcome| {
+            crate::wire::serve(ingest, listener, usize::MAX, move |outcome| {
                 stalls
                     .lock()
                     .unwrap()

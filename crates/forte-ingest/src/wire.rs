@@ -10,6 +10,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,14 +43,17 @@ pub fn read_header(input: &mut impl BufRead) -> Result<String> {
     Ok(source.to_string())
 }
 
-/// Accepts streams on `listener` forever, each on its own thread; `report` gets each one's
-/// outcome when it ends.
+/// Accepts streams on `listener` forever, each on its own thread, at most `max_streams` at
+/// once (each holds two row groups of memory: the cap bounds what connecting clients can make
+/// it allocate); `report` gets each one's outcome when it ends.
 pub fn serve(
     ingest: Arc<Ingest>,
     listener: TcpListener,
+    max_streams: usize,
     report: impl Fn(Result<StreamStats>) + Send + Sync + 'static,
 ) -> Result<()> {
     let report = Arc::new(report);
+    let open = Arc::new(AtomicUsize::new(0));
     for conn in listener.incoming() {
         let conn = match conn {
             Ok(c) => c,
@@ -58,7 +62,17 @@ pub fn serve(
                 continue;
             }
         };
-        let (ingest, report) = (ingest.clone(), report.clone());
+        if open.load(Ordering::SeqCst) >= max_streams {
+            let peer = conn
+                .peer_addr()
+                .map_or_else(|_| "?".into(), |a| a.to_string());
+            report(Err(anyhow::anyhow!(
+                "refused the stream from {peer}: {max_streams} streams are open (--max-streams)"
+            )));
+            continue;
+        }
+        open.fetch_add(1, Ordering::SeqCst);
+        let (ingest, report, open) = (ingest.clone(), report.clone(), open.clone());
         std::thread::spawn(move || {
             let peer = conn
                 .peer_addr()
@@ -73,6 +87,7 @@ pub fn serve(
                     .set_read_timeout(Some(Duration::from_millis(250)))?;
                 ingest.stream(&source, &mut input)
             })();
+            open.fetch_sub(1, Ordering::SeqCst);
             report(outcome.with_context(|| format!("the stream from {peer}")));
         });
     }

@@ -488,3 +488,30 @@ fn a_stopped_ingest_publishes_every_row_it_received() {
     );
     drop(conn);
 }
+
+#[test]
+fn streams_beyond_the_limit_are_refused_and_the_others_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr();
+    let mut args = ingest_args(dir.path());
+    args.extend(args!["--listen", &addr, "--max-streams", "1"]);
+    let log = dir.path().join("ingest.log");
+    let _ingest = spawn_logged(&args, &log);
+    assert!(wait_for(30, || TcpStream::connect(&addr).is_ok()));
+    // The probes above ended at once; wait until the ingest saw them go.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let sent = rows(500, 7);
+    let first = send_stream(&addr, "first", &sent);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(send_stream(&addr, "second", &rows(10, 8)));
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(10, || read().contains("1 streams are open (--max-streams)")),
+        "{}",
+        read()
+    );
+    drop(first);
+    let outbox = dir.path().join("outbox");
+    assert!(wait_for(30, || files_of(&outbox, "first").len() == 1));
+    assert!(files_of(&outbox, "second").is_empty());
+}

@@ -54,6 +54,10 @@ pub struct Args {
     /// Threads writing row groups (default: one per core).
     #[arg(long, value_name = "N")]
     writers: Option<usize>,
+    /// Most streams at once; more connections are refused. Memory is at most this many times
+    /// two row groups.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_streams: usize,
 }
 
 /// `[ingest]` in the config file; flags override it.
@@ -99,16 +103,18 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         let listener =
             TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
         println!(
-            "ingest listening on {} into {} ({} rows per row group, {} per stream in memory, {})",
+            "ingest listening on {} into {} ({} rows per row group, {} per stream in memory, at most {} streams, {})",
             listener.local_addr()?,
             out.display(),
             options.rows_per_group,
             human(per_stream),
+            args.max_streams,
             options.file.codec
         );
+        let max_streams = args.max_streams;
         let server = ingest.clone();
         std::thread::spawn(move || {
-            wire::serve(server, listener, |outcome| match outcome {
+            wire::serve(server, listener, max_streams, |outcome| match outcome {
                 Ok(stats) => println!("{}", summary(&stats)),
                 Err(e) => eprintln!("error: {e:#}"),
             })
