@@ -96,8 +96,9 @@ def fresh(path: Path) -> Path:
 
 
 class Contenders:
-    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str):
+    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu):
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
+        self.pull_cpu = pull_cpu
 
     def forte(self, out: Path):
         relay_dir, dest = WORK / "relay", fresh(out)
@@ -110,6 +111,7 @@ class Contenders:
             puller = subprocess.Popen(
                 [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
                  "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "--relay", url,
+                 *(["--cpu", str(self.pull_cpu)] if self.pull_cpu else []),
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
             sh(at_site([FORTE, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
@@ -195,6 +197,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
+    ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
     args = ap.parse_args()
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
@@ -224,7 +227,7 @@ def main():
             "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
             "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
         }
-        c = Contenders(inbox, proxies, WORK / "gnupg", args.level)
+        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu)
         contenders = {"forte": c.forte, "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync, "rsync -z zstd": c.rsync_zstd, "rclone copy": c.rclone}
         if args.only:
