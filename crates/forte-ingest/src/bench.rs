@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use arrow_array::builder::{Float32Builder, Float64Builder, Int32Builder, Int64Builder};
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{DataType, Field, TimeUnit};
+use arrow_schema::DataType;
 use parquet::arrow::ArrowWriter;
+use parquet::schema::types::SchemaDescriptor;
 
-use crate::parquet_file::properties;
+use crate::parquet_file::{parquet_schema, properties};
 use crate::schema::{Kind, Schema};
 use crate::stream::{Ingest, IngestOptions};
 
@@ -109,24 +110,11 @@ pub fn arrow_builder_run(
 ) -> Result<Run> {
     let out = fresh(work, "arrow")?;
     let path = out.join("arrow.parquet");
-    let mut fields = Vec::new();
-    if let Some(name) = &schema.timestamp {
-        fields.push(Field::new(
-            name,
-            DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
-            false,
-        ));
-    }
-    for c in &schema.columns {
-        let t = match c.kind {
-            Kind::Float32 => DataType::Float32,
-            Kind::Float64 => DataType::Float64,
-            Kind::Int32 => DataType::Int32,
-            Kind::Int64 => DataType::Int64,
-        };
-        fields.push(Field::new(&c.name, t, false));
-    }
-    let arrow_schema = Arc::new(arrow_schema::Schema::new(fields));
+    // The Arrow schema of forte's own Parquet schema, so both writers write the same columns.
+    let arrow_schema = Arc::new(parquet::arrow::parquet_to_arrow_schema(
+        &SchemaDescriptor::new(parquet_schema(schema)?),
+        None,
+    )?);
     let start = Instant::now();
     let file = std::fs::File::create(&path)
         .with_context(|| format!("cannot create {}", path.display()))?;
@@ -135,7 +123,7 @@ pub fn arrow_builder_run(
     let group = options.rows_per_group;
     let mut builders = Builders::new(schema, group);
     for row in rows.chunks_exact(schema.row_width()) {
-        builders.append(schema, row);
+        builders.append(row);
         if builders.rows == group {
             writer.write(&builders.finish(&arrow_schema)?)?;
             writer.flush()?;
@@ -186,7 +174,7 @@ impl Builders {
         }
     }
 
-    fn append(&mut self, _schema: &Schema, row: &[u8]) {
+    fn append(&mut self, row: &[u8]) {
         let mut at = 0;
         let mut next = |n: usize| {
             let bytes = &row[at..at + n];
@@ -218,10 +206,13 @@ impl Builders {
     fn finish(&mut self, schema: &Arc<arrow_schema::Schema>) -> Result<RecordBatch> {
         let mut arrays: Vec<ArrayRef> = Vec::new();
         if let Some(b) = &mut self.timestamp {
+            let DataType::Timestamp(_, zone) = schema.field(0).data_type() else {
+                anyhow::bail!("the first column of a schema with a timestamp is the timestamp");
+            };
             arrays.push(Arc::new(
                 b.finish()
                     .reinterpret_cast::<arrow_array::types::TimestampNanosecondType>()
-                    .with_timezone("UTC"),
+                    .with_timezone_opt(zone.clone()),
             ));
         }
         for b in &mut self.columns {
@@ -404,13 +395,13 @@ pub fn stream_trial(
     let ingest = Arc::new(ingest);
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let stalls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
     // The listener thread outlives the trial, idle in accept, until the bench exits.
     {
-        let (ingest, stalls) = (ingest.clone(), stalls.clone());
+        let (ingest, outcomes) = (ingest.clone(), outcomes.clone());
         std::thread::spawn(move || {
             crate::wire::serve(ingest, listener, usize::MAX, move |outcome| {
-                stalls
+                outcomes
                     .lock()
                     .unwrap()
                     .push(outcome.map_err(|e| format!("{e:#}")));
@@ -464,10 +455,10 @@ pub fn stream_trial(
     let elapsed = started.elapsed().as_secs_f64();
     // Each stream ends when its generator closes: wait for all reports.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while stalls.lock().unwrap().len() < streams && Instant::now() < deadline {
+    while outcomes.lock().unwrap().len() < streams && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let reports = std::mem::take(&mut *stalls.lock().unwrap());
+    let reports = std::mem::take(&mut *outcomes.lock().unwrap());
     let mut longest_stall = Duration::ZERO;
     let mut bytes = 0;
     for r in reports {

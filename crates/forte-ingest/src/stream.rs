@@ -83,10 +83,7 @@ struct Job {
 
 /// The ingest of one outbox: a pool of writers and any number of streams.
 pub struct Ingest {
-    outbox: PathBuf,
     schema: Arc<Schema>,
-    parquet_schema: Arc<Type>,
-    props: Arc<WriterProperties>,
     options: IngestOptions,
     jobs: Option<Sender<Job>>,
     writers: Vec<std::thread::JoinHandle<()>>,
@@ -122,10 +119,7 @@ impl Ingest {
             .collect::<Result<_>>()?;
         Ok((
             Self {
-                outbox: outbox.to_path_buf(),
                 schema: Arc::new(schema),
-                parquet_schema,
-                props,
                 options,
                 jobs: Some(jobs),
                 writers,
@@ -134,10 +128,6 @@ impl Ingest {
             },
             removed,
         ))
-    }
-
-    pub fn schema(&self) -> &Schema {
-        &self.schema
     }
 
     /// Memory the buffers of one stream take: two row groups.
@@ -268,18 +258,6 @@ impl Ingest {
         for w in self.writers.drain(..) {
             let _ = w.join();
         }
-    }
-
-    pub fn outbox(&self) -> &Path {
-        &self.outbox
-    }
-
-    pub fn parquet_schema(&self) -> &Arc<Type> {
-        &self.parquet_schema
-    }
-
-    pub fn properties(&self) -> &Arc<WriterProperties> {
-        &self.props
     }
 }
 

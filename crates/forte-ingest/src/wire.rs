@@ -43,6 +43,16 @@ pub fn read_header(input: &mut impl BufRead) -> Result<String> {
     Ok(source.to_string())
 }
 
+/// The source named by a recording's first line, if it starts with one (recordings may be
+/// bare rows); the line is consumed, the rows are left.
+pub fn read_optional_header(input: &mut impl BufRead) -> Result<Option<String>> {
+    if input.fill_buf()?.starts_with(MAGIC.as_bytes()) {
+        read_header(input).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
 /// Accepts streams on `listener` forever, each on its own thread, at most `max_streams` at
 /// once (each holds two row groups of memory: the cap bounds what connecting clients can make
 /// it allocate); `report` gets each one's outcome when it ends.

@@ -1,7 +1,7 @@
 //! `forte ingest`: capture row streams (TCP, or recordings replayed from files) into Parquet
 //! files that appear in an outbox as ready batches for `forte send`.
 
-use std::io::{BufRead, BufReader};
+use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -234,12 +234,10 @@ fn replay(ingest: &Ingest, file: &Path) -> Result<StreamStats> {
     let opened =
         std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
     let mut input = BufReader::with_capacity(1 << 16, opened);
-    let has_header = input
-        .fill_buf()
-        .with_context(|| format!("cannot read {}", file.display()))?
-        .starts_with(MAGIC.as_bytes());
-    let source = if has_header {
-        wire::read_header(&mut input).with_context(|| format!("in {}", file.display()))?
+    let named = wire::read_optional_header(&mut input)
+        .with_context(|| format!("reading the first line of {}", file.display()))?;
+    let source = if let Some(source) = named {
+        source
     } else {
         let stem = file
             .file_stem()

@@ -249,10 +249,11 @@ fn streams(b: &IngestBench, schema: &Schema, rows: &[u8], options: &IngestOption
 fn recording_rows(file: &Path, width: usize) -> Result<Vec<u8>> {
     let mut bytes =
         std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    if bytes.starts_with(forte_ingest::wire::MAGIC.as_bytes()) {
-        let end = bytes.iter().position(|&b| b == b'\n').unwrap_or(0);
-        bytes.drain(..=end);
-    }
+    let mut rows = std::io::Cursor::new(&bytes);
+    forte_ingest::wire::read_optional_header(&mut rows)
+        .with_context(|| format!("reading the first line of {}", file.display()))?;
+    let header = rows.position() as usize;
+    bytes.drain(..header);
     if bytes.len() % width != 0 || bytes.is_empty() {
         anyhow::bail!(
             "{}: {} bytes of rows is not a whole number of {width}-byte rows of the schema",
