@@ -28,66 +28,17 @@ import sys
 import time
 from pathlib import Path
 
+from corpus import BATCHES, build_inbox  # noqa: F401 (policies.py and wan.py take them from here)
 from site_setup import make_site, start_relay
 
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "network"
-BATCHES = [("A", 0.9), ("B", 2.7), ("C", 30.0), ("D", 24.3), ("E", 5.9), ("F", 29.5), ("G", 21.2),
-           ("H", 27.4), ("I", 94.8), ("J", 39.7), ("K", 43.6), ("L", 4.5), ("M", 3.1), ("N", 9.3)]
 NS = "forte-site"
 
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
-
-
-def real_bytes():
-    """An endless stream of real file contents (the prepare corpus, else system files)."""
-    corpus = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "corpus"
-    roots = [corpus] if corpus.exists() else [Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/share/doc")]
-    while True:
-        for r in roots:
-            for dirpath, _, files in os.walk(r):
-                for f in sorted(files):
-                    p = Path(dirpath) / f
-                    if p.is_file() and not p.is_symlink():
-                        try:
-                            yield p.read_bytes()
-                        except OSError:
-                            pass
-
-
-def text_bytes(n):
-    out = bytearray()
-    for dirpath, _, files in os.walk("/usr/share/doc"):
-        for f in files:
-            p = Path(dirpath) / f
-            if p.suffix in ("", ".txt") and p.is_file() and not p.is_symlink():
-                out += p.read_bytes()[:50_000]
-                if len(out) >= n:
-                    return bytes(out[:n])
-    return bytes(out.ljust(n, b"."))
-
-
-def build_inbox(inbox: Path, scale: float) -> int:
-    stream, pending, total = real_bytes(), bytearray(), 0
-    log = text_bytes(350_000)
-    for name, gb in BATCHES:
-        batch = inbox / f"batch-{name}"
-        (batch / "bags").mkdir(parents=True)
-        left, n = int(gb * 1e9 * scale), 0
-        while left > 0:
-            size = min(left, 8_000_000)
-            while len(pending) < size:
-                pending += next(stream)
-            (batch / "bags" / f"{n:04d}.bag").write_bytes(pending[:size])
-            del pending[:size]
-            left, n, total = left - size, n + 1, total + size
-        (batch / "vehicle.log").write_bytes(log)
-        (batch / ".ready").touch()
-        total += len(log)
-    return total
 
 
 def cpu_seconds(pid: int) -> float:

@@ -30,48 +30,16 @@ import sys
 import time
 from pathlib import Path
 
+from corpus import ensure_corpus
+
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench"))
 OUT = Path("/dev/shm/forte-bench-out")
-CORPUS_BYTES = 1_200_000_000
 
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
-
-
-def corpus_sources():
-    sysroot = subprocess.run(["rustc", "--print", "sysroot"], capture_output=True, text=True).stdout.strip()
-    return [
-        Path("/usr/lib/x86_64-linux-gnu"),  # system libraries
-        Path(sysroot) / "lib",  # toolchain files
-        Path("/usr/share/doc"),  # text
-        Path("/usr/include"),  # text (C headers)
-    ]
-
-
-def build_corpus(dest: Path) -> None:
-    """Copies regular files (no links) from the sources until the corpus holds enough bytes."""
-    print(f"building corpus in {dest} …", file=sys.stderr)
-    total = 0
-    for src in corpus_sources():
-        for dirpath, _dirs, files in os.walk(src):
-            for name in sorted(files):
-                path = Path(dirpath) / name
-                if path.is_symlink() or not path.is_file():
-                    continue
-                target = dest / path.relative_to("/")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    shutil.copy2(path, target)
-                except OSError:
-                    continue
-                total += target.stat().st_size
-        if total >= CORPUS_BYTES:
-            break
-    if total < 1_000_000_000:
-        sys.exit(f"corpus has only {total} bytes; need at least 1 GB of real files")
 
 
 def corpus_stats(corpus: Path):
@@ -144,8 +112,7 @@ def main():
     args = ap.parse_args()
 
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
-    if not args.corpus.exists():
-        build_corpus(args.corpus)
+    ensure_corpus(args.corpus)
     keys = WORK / "keys"
     if not keys.exists():
         sh([str(FORTE), "keygen", "--dir", str(keys)], stdout=subprocess.DEVNULL)
