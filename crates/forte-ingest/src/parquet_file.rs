@@ -1,5 +1,10 @@
 //! Row groups into a Parquet file with arrow-rs's low-level column writer, one call per column,
 //! and the file's atomic publication into the outbox as a batch `forte send` picks up.
+//!
+//! Columns the row group already holds BYTE_STREAM_SPLIT-encoded skip the column writer: their
+//! streams are compressed as one data page and the chunk is spliced into the row group with
+//! `append_column`. Everything else (the delta-encoded timestamp, plain columns, columns with
+//! statistics) goes through the column writer.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -7,15 +12,21 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use parquet::basic::{
-    Compression, Encoding as ParquetEncoding, LogicalType, Repetition, TimeUnit, Type as Physical,
+    Compression, Encoding as ParquetEncoding, EncodingMask, LogicalType, PageType, Repetition,
+    TimeUnit, Type as Physical,
 };
+use parquet::column::page::{CompressedPage, Page, PageWriter};
+use parquet::column::writer::ColumnCloseResult;
 use parquet::data_type::{DoubleType, FloatType, Int32Type, Int64Type};
+use parquet::file::metadata::{ColumnChunkMetaData, PageEncodingStats};
+use parquet::file::page_index::offset_index::{OffsetIndexMetaData, PageLocation};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::{ColumnPath, Type};
+use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
+use parquet::schema::types::{ColumnDescPtr, ColumnPath, Type};
 
-use crate::rowgroup::{RowGroup, Values};
+use crate::rowgroup::{RowGroup, Split, Values};
 use crate::schema::{Encoding, Kind, Schema};
 
 /// The page codec.
@@ -172,6 +183,12 @@ pub fn properties(schema: &Schema, options: &FileOptions) -> Arc<WriterPropertie
 /// only once closed.
 pub struct OpenFile {
     writer: SerializedFileWriter<File>,
+    columns: Vec<ColumnDescPtr>,
+    compression: Compression,
+    /// The codec of the split columns' pages, made once per file.
+    codec: PageCodec,
+    /// The compressed page, reused.
+    page: Vec<u8>,
     /// The batch directory, under the outbox's hidden work directory until published.
     staging: PathBuf,
     name: String,
@@ -195,8 +212,15 @@ impl OpenFile {
             File::create(&path).with_context(|| format!("cannot create {}", path.display()))?;
         let writer = SerializedFileWriter::new(file, schema.clone(), props.clone())
             .with_context(|| format!("cannot start the Parquet file {}", path.display()))?;
+        let columns = writer.schema_descr().columns().to_vec();
+        let compression = props.compression(&ColumnPath::new(Vec::new()));
+        let codec = PageCodec::new(compression)?;
         Ok(Self {
             writer,
+            columns,
+            compression,
+            codec,
+            page: Vec::new(),
             staging,
             name: name.to_string(),
             row_groups: 0,
@@ -204,22 +228,52 @@ impl OpenFile {
         })
     }
 
-    /// Appends `group` as one row group, handing each column to the writer in one call.
-    pub fn write(&mut self, group: &RowGroup) -> Result<()> {
-        let context = || format!("writing row group {} of {}", self.row_groups, self.name);
-        let mut row_group = self.writer.next_row_group().with_context(context)?;
-        let mut values = group.columns.iter();
-        while let Some(mut column) = row_group.next_column().with_context(context)? {
-            let written = match values.next().expect("a column per schema field") {
+    /// Appends `group` as one row group, handing each column to the writer in one call (split
+    /// columns as one finished page each).
+    pub fn write(&mut self, group: &mut RowGroup) -> Result<()> {
+        let (name, index) = (self.name.clone(), self.row_groups);
+        let context = |column: &ColumnDescPtr| {
+            format!(
+                "writing column {} of row group {index} of {name}",
+                column.name()
+            )
+        };
+        let mut row_group = self
+            .writer
+            .next_row_group()
+            .with_context(|| format!("starting row group {index} of {name}"))?;
+        for (values, descr) in group.columns.iter_mut().zip(&self.columns) {
+            if let Values::Split(split) = values {
+                let (chunk, close) = split_chunk(
+                    split,
+                    descr,
+                    self.compression,
+                    &mut self.codec,
+                    &mut self.page,
+                )
+                .with_context(|| context(descr))?;
+                row_group
+                    .append_column(&chunk, close)
+                    .with_context(|| context(descr))?;
+                continue;
+            }
+            let mut column = row_group
+                .next_column()
+                .with_context(|| context(descr))?
+                .expect("a column writer per schema field");
+            let written = match values {
                 Values::Float32(v) => column.typed::<FloatType>().write_batch(v, None, None),
                 Values::Float64(v) => column.typed::<DoubleType>().write_batch(v, None, None),
                 Values::Int32(v) => column.typed::<Int32Type>().write_batch(v, None, None),
                 Values::Int64(v) => column.typed::<Int64Type>().write_batch(v, None, None),
+                Values::Split(_) => unreachable!("split columns are appended above"),
             };
-            written.with_context(context)?;
-            column.close().with_context(context)?;
+            written.with_context(|| context(descr))?;
+            column.close().with_context(|| context(descr))?;
         }
-        row_group.close().with_context(context)?;
+        row_group
+            .close()
+            .with_context(|| format!("closing row group {index} of {name}"))?;
         self.row_groups += 1;
         self.rows += group.rows() as u64;
         Ok(())
@@ -247,6 +301,112 @@ impl OpenFile {
             .with_context(|| format!("cannot sync {}", outbox.display()))?;
         Ok(target.join(format!("{}.parquet", self.name)))
     }
+}
+
+/// The codecs of [`Codec`], for pages forte compresses itself; each makes the bytes arrow-rs's
+/// own codec would (zstd frames with their content size, raw LZ4 blocks, raw Snappy).
+enum PageCodec {
+    None,
+    Snappy(snap::raw::Encoder),
+    Lz4,
+    /// One context for every page of the file.
+    Zstd(zstd::bulk::Compressor<'static>),
+}
+
+impl PageCodec {
+    fn new(compression: Compression) -> Result<Self> {
+        Ok(match compression {
+            Compression::UNCOMPRESSED => PageCodec::None,
+            Compression::SNAPPY => PageCodec::Snappy(snap::raw::Encoder::new()),
+            Compression::LZ4_RAW => PageCodec::Lz4,
+            Compression::ZSTD(level) => PageCodec::Zstd(
+                zstd::bulk::Compressor::new(level.compression_level())
+                    .context("cannot make a zstd context")?,
+            ),
+            other => bail!("{other} is not a codec of forte ingest"),
+        })
+    }
+
+    /// `input` compressed into `out` (replacing what it held).
+    fn compress(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        match self {
+            PageCodec::None => out.extend_from_slice(input),
+            PageCodec::Snappy(encoder) => {
+                out.resize(snap::raw::max_compress_len(input.len()), 0);
+                let n = encoder.compress(input, out)?;
+                out.truncate(n);
+            }
+            PageCodec::Lz4 => {
+                out.resize(lz4_flex::block::get_maximum_output_size(input.len()), 0);
+                let n = lz4_flex::block::compress_into(input, out)?;
+                out.truncate(n);
+            }
+            PageCodec::Zstd(context) => {
+                out.reserve(zstd::zstd_safe::compress_bound(input.len()));
+                context.compress_to_buffer(input, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A split column's chunk: its streams compressed as one data page (v1, as the column writer
+/// writes them), and the metadata the column writer would have given it.
+fn split_chunk(
+    split: &mut Split,
+    descr: &ColumnDescPtr,
+    compression: Compression,
+    codec: &mut PageCodec,
+    page: &mut Vec<u8>,
+) -> Result<(Bytes, ColumnCloseResult)> {
+    let values = split.len();
+    let encoded = split.encoded();
+    codec.compress(encoded, page)?;
+    let data_page = Page::DataPage {
+        buf: Bytes::copy_from_slice(page),
+        num_values: values as u32,
+        encoding: ParquetEncoding::BYTE_STREAM_SPLIT,
+        // Required columns have no levels; these name what the levels would use.
+        def_level_encoding: ParquetEncoding::RLE,
+        rep_level_encoding: ParquetEncoding::RLE,
+        statistics: None,
+    };
+    let mut sink = TrackedWrite::new(Vec::with_capacity(page.len() + 64));
+    let spec = SerializedPageWriter::new(&mut sink)
+        .write_page(CompressedPage::new(data_page, encoded.len()))?;
+    let chunk = Bytes::from(sink.into_inner()?);
+    let encodings = [ParquetEncoding::BYTE_STREAM_SPLIT, ParquetEncoding::RLE];
+    let metadata = ColumnChunkMetaData::builder(descr.clone())
+        .set_compression(compression)
+        .set_encodings_mask(EncodingMask::new_from_encodings(encodings.iter()))
+        .set_page_encoding_stats(vec![PageEncodingStats {
+            page_type: PageType::DATA_PAGE,
+            encoding: ParquetEncoding::BYTE_STREAM_SPLIT,
+            count: 1,
+        }])
+        .set_total_compressed_size(spec.compressed_size as i64)
+        .set_total_uncompressed_size(spec.uncompressed_size as i64)
+        .set_num_values(values as i64)
+        .set_data_page_offset(0)
+        .build()?;
+    let offset_index = OffsetIndexMetaData {
+        page_locations: vec![PageLocation {
+            offset: 0,
+            compressed_page_size: spec.compressed_size as i32,
+            first_row_index: 0,
+        }],
+        unencoded_byte_array_data_bytes: None,
+    };
+    let close = ColumnCloseResult {
+        bytes_written: chunk.len() as u64,
+        rows_written: values as u64,
+        metadata,
+        bloom_filter: None,
+        column_index: None,
+        offset_index: Some(offset_index),
+    };
+    Ok((chunk, close))
 }
 
 /// Where files are written until they are closed. Hidden, so `forte send` never takes it for

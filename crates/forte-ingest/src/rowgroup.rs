@@ -2,8 +2,92 @@
 //!
 //! The buffer is allocated once at its full size (rows × Σ column widths) and reused: rows are
 //! scattered into it as they arrive, and the writer hands each column to Parquet in one call.
+//! Columns written with BYTE_STREAM_SPLIT are scattered straight into their byte streams, so
+//! the buffer already holds the page's encoded bytes: no encoder pass and no copy before the
+//! codec.
 
-use crate::schema::{Kind, Schema};
+use crate::schema::{Column, Encoding, Kind, Schema};
+
+/// A column kept as its BYTE_STREAM_SPLIT encoding: byte k of every value in stream k.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Split {
+    /// Bytes per value: the number of streams.
+    width: usize,
+    capacity: usize,
+    len: usize,
+    /// Stream k at `k × capacity`.
+    streams: Vec<u8>,
+}
+
+impl Split {
+    /// Values transposed at a time.
+    const TILE: usize = 64;
+
+    fn new(width: usize, capacity: usize) -> Self {
+        Self {
+            width,
+            capacity,
+            len: 0,
+            streams: vec![0; width * capacity],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The encoded values: the streams one after the other. A partly filled buffer has its
+    /// streams moved together first (which is why this needs `&mut`); the buffer is cleared
+    /// after writing anyway.
+    pub fn encoded(&mut self) -> &[u8] {
+        if self.len < self.capacity {
+            for k in 1..self.width {
+                let from = k * self.capacity;
+                self.streams
+                    .copy_within(from..from + self.len, k * self.len);
+            }
+            // The layout is now the packed one; only `clear` may follow.
+            self.capacity = self.len;
+        }
+        &self.streams[..self.width * self.len]
+    }
+
+    /// Appends byte k of the `N`-byte value at `offset` of each `width`-byte row to stream k.
+    fn scatter<const N: usize>(&mut self, rows: &[u8], width: usize, offset: usize) {
+        // Tiles of 64 values: gathered from the rows (in L1) as integers, then each stream
+        // takes byte k of all 64 at once, a shift and narrowing the compiler vectorises.
+        const TILE: usize = Split::TILE;
+        let capacity = self.capacity;
+        let mut at = self.len;
+        let mut tiles = rows.chunks_exact(width * TILE);
+        for tile in &mut tiles {
+            let mut values = [0u64; TILE];
+            for (value, row) in values.iter_mut().zip(tile.chunks_exact(width)) {
+                let mut bytes = [0u8; 8];
+                bytes[..N].copy_from_slice(&row[offset..offset + N]);
+                *value = u64::from_le_bytes(bytes);
+            }
+            for k in 0..N {
+                let stream = &mut self.streams[k * capacity + at..k * capacity + at + TILE];
+                for (byte, value) in stream.iter_mut().zip(&values) {
+                    *byte = (value >> (8 * k)) as u8;
+                }
+            }
+            at += TILE;
+        }
+        for row in tiles.remainder().chunks_exact(width) {
+            for k in 0..N {
+                self.streams[k * capacity + at] = row[offset + k];
+            }
+            at += 1;
+        }
+        self.len = at;
+    }
+}
 
 /// The values of one column, in arrival order.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,9 +96,21 @@ pub enum Values {
     Float64(Vec<f64>),
     Int32(Vec<i32>),
     Int64(Vec<i64>),
+    /// Already BYTE_STREAM_SPLIT-encoded (see [`Values::for_column`]).
+    Split(Split),
 }
 
 impl Values {
+    /// The buffer of `column`: its encoded byte streams where it is written with
+    /// BYTE_STREAM_SPLIT and without statistics (min/max need the values), else its values.
+    fn for_column(column: &Column, rows: usize, plain: bool) -> Self {
+        if column.encoding == Encoding::ByteStreamSplit && !column.statistics && !plain {
+            Values::Split(Split::new(column.kind.width(), rows))
+        } else {
+            Values::with_capacity(column.kind, rows)
+        }
+    }
+
     fn with_capacity(kind: Kind, rows: usize) -> Self {
         match kind {
             Kind::Float32 => Values::Float32(Vec::with_capacity(rows)),
@@ -30,6 +126,10 @@ impl Values {
             Values::Float64(v) => v.clear(),
             Values::Int32(v) => v.clear(),
             Values::Int64(v) => v.clear(),
+            Values::Split(s) => {
+                s.len = 0;
+                s.capacity = s.streams.len() / s.width;
+            }
         }
     }
 
@@ -53,6 +153,8 @@ impl Values {
             Values::Float64(v) => take(rows, width, offset, v, f64::from_le_bytes),
             Values::Int32(v) => take(rows, width, offset, v, i32::from_le_bytes),
             Values::Int64(v) => take(rows, width, offset, v, i64::from_le_bytes),
+            Values::Split(s) if s.width == 4 => s.scatter::<4>(rows, width, offset),
+            Values::Split(s) => s.scatter::<8>(rows, width, offset),
         }
     }
 }
@@ -69,7 +171,9 @@ pub struct RowGroup {
 }
 
 impl RowGroup {
-    pub fn new(schema: &Schema, capacity: usize) -> Self {
+    /// A buffer for `capacity` rows; `plain` keeps every column as values (the codec-alone
+    /// side of the comparison runs).
+    pub fn new(schema: &Schema, capacity: usize, plain: bool) -> Self {
         let kinds: Vec<Kind> = schema
             .timestamp
             .iter()
@@ -83,9 +187,16 @@ impl RowGroup {
             at += kind.width();
         }
         Self {
-            columns: kinds
+            columns: schema
+                .timestamp
                 .iter()
-                .map(|&k| Values::with_capacity(k, capacity))
+                .map(|_| Values::with_capacity(Kind::Int64, capacity))
+                .chain(
+                    schema
+                        .columns
+                        .iter()
+                        .map(|c| Values::for_column(c, capacity, plain)),
+                )
                 .collect(),
             offsets,
             width: at,
@@ -117,8 +228,9 @@ impl RowGroup {
             self.room()
         );
         // Column by column over a tile of rows small enough to stay in L1 while every column
-        // takes its values from it: each pass appends to one contiguous column.
-        let tile = (16 * 1024 / self.width).max(1) * self.width;
+        // takes its values from it: each pass appends to one contiguous column. A whole number
+        // of split tiles (64 rows), or most rows would take the split columns' scalar tail.
+        let tile = (32 * 1024 / self.width / Split::TILE).max(1) * Split::TILE * self.width;
         for rows in bytes.chunks(tile) {
             for (values, &offset) in self.columns.iter_mut().zip(&self.offsets) {
                 values.scatter(rows, self.width, offset);
@@ -149,7 +261,7 @@ mod tests {
             "[[column]]\nname = \"a\"\ntype = \"float32\"\n[[column]]\nname = \"b\"\ntype = \"int32\"\n",
         )
         .unwrap();
-        let mut group = RowGroup::new(&schema, 4);
+        let mut group = RowGroup::new(&schema, 4, true);
         let mut bytes = Vec::new();
         for i in 0..3i64 {
             bytes.extend_from_slice(&(1000 + i).to_le_bytes());
@@ -165,5 +277,51 @@ mod tests {
         group.clear();
         assert!(group.is_empty());
         assert_eq!(group.capacity_bytes(), 4 * 16);
+    }
+
+    #[test]
+    fn split_columns_hold_the_byte_streams_of_their_values() {
+        let schema = Schema::parse(
+            "[[column]]\nname = \"a\"\ntype = \"float32\"\nencoding = \"byte_stream_split\"\n[[column]]\nname = \"b\"\ntype = \"float64\"\nencoding = \"byte_stream_split\"\n",
+        )
+        .unwrap();
+        // 150 rows: two whole tiles of 64 and a remainder, in a buffer for 200 (partly full).
+        let (rows, capacity) = (150usize, 200);
+        let a: Vec<f32> = (0..rows).map(|i| i as f32 * 1.25 - 7.0).collect();
+        let b: Vec<f64> = (0..rows).map(|i| (i as f64).sqrt() * -3.5).collect();
+        let mut bytes = Vec::new();
+        for i in 0..rows {
+            bytes.extend_from_slice(&(i as i64).to_le_bytes());
+            bytes.extend_from_slice(&a[i].to_le_bytes());
+            bytes.extend_from_slice(&b[i].to_le_bytes());
+        }
+        let mut group = RowGroup::new(&schema, capacity, false);
+        // In two pieces, so the second scatter continues where the first stopped.
+        group.push_rows(&bytes[..70 * 20]);
+        group.push_rows(&bytes[70 * 20..]);
+        let streams = |values: Vec<Vec<u8>>, width: usize| -> Vec<u8> {
+            (0..width)
+                .flat_map(|k| values.iter().map(move |v| v[k]))
+                .collect()
+        };
+        let want_a = streams(a.iter().map(|v| v.to_le_bytes().to_vec()).collect(), 4);
+        let want_b = streams(b.iter().map(|v| v.to_le_bytes().to_vec()).collect(), 8);
+        let Values::Split(split) = &mut group.columns[1] else {
+            panic!("float32 with byte_stream_split is kept split")
+        };
+        assert_eq!(split.len(), rows);
+        assert_eq!(split.encoded(), &want_a[..]);
+        let Values::Split(split) = &mut group.columns[2] else {
+            panic!("float64 with byte_stream_split is kept split")
+        };
+        assert_eq!(split.encoded(), &want_b[..]);
+        // Cleared, the buffer takes a full group again.
+        group.clear();
+        let full: Vec<u8> = bytes.iter().cycle().take(capacity * 20).copied().collect();
+        group.push_rows(&full);
+        let Values::Split(split) = &mut group.columns[1] else {
+            unreachable!()
+        };
+        assert_eq!(split.encoded().len(), capacity * 4);
     }
 }

@@ -5,6 +5,7 @@
 //! and while it waits it does not read its input, so a TCP sender is slowed by TCP itself.
 //! That wait is the paper's "gap"; each stream reports its longest.
 
+use std::collections::VecDeque;
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -73,11 +74,18 @@ struct Output {
     error: Option<String>,
 }
 
+/// A filled buffer waiting for a writer; `last` closes the file after it (the stream ended).
+struct Filled {
+    group: RowGroup,
+    last: bool,
+}
+
+/// One filled buffer of a stream to write. Jobs name the stream, not the buffer: the writer
+/// that holds the stream's output takes the oldest of its filled buffers, so two writers
+/// working for one stream still write its row groups in order.
 struct Job {
     output: Arc<Mutex<Output>>,
-    group: RowGroup,
-    /// Close the file after this group: the stream ended.
-    last: bool,
+    filled: Arc<Mutex<VecDeque<Filled>>>,
     back: Sender<RowGroup>,
 }
 
@@ -162,8 +170,12 @@ impl Ingest {
         let jobs = self.jobs.as_ref().context("the ingest is shut down")?;
         let (back, spare) = crossbeam_channel::bounded::<RowGroup>(2);
         for _ in 0..2 {
-            back.send(RowGroup::new(&self.schema, self.options.rows_per_group))
-                .expect("room for two buffers");
+            back.send(RowGroup::new(
+                &self.schema,
+                self.options.rows_per_group,
+                self.options.file.plain,
+            ))
+            .expect("room for two buffers");
         }
         let output = Arc::new(Mutex::new(Output {
             source: source.to_string(),
@@ -187,11 +199,15 @@ impl Ingest {
             }
             Ok(group)
         };
+        let filled = Arc::new(Mutex::new(VecDeque::with_capacity(2)));
         let submit = |group: RowGroup, last: bool| {
+            filled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_back(Filled { group, last });
             jobs.send(Job {
                 output: output.clone(),
-                group,
-                last,
+                filled: filled.clone(),
                 back: back.clone(),
             })
             .map_err(|_| anyhow::anyhow!("the ingest writers stopped"))
@@ -268,25 +284,32 @@ fn write_jobs(
     props: &Arc<WriterProperties>,
     per_file: usize,
 ) {
-    for mut job in queue {
-        {
+    for job in queue {
+        let mut group = {
             let mut out = job.output.lock().unwrap_or_else(|e| e.into_inner());
+            let Filled { mut group, last } = job
+                .filled
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop_front()
+                .expect("a filled buffer per job");
             if out.error.is_none() {
-                if let Err(e) = write_group(
-                    &mut out, &job.group, job.last, outbox, schema, props, per_file,
-                ) {
+                if let Err(e) =
+                    write_group(&mut out, &mut group, last, outbox, schema, props, per_file)
+                {
                     out.error = Some(format!("{e:#}"));
                 }
             }
-        }
-        job.group.clear();
-        let _ = job.back.send(job.group);
+            group
+        };
+        group.clear();
+        let _ = job.back.send(group);
     }
 }
 
 fn write_group(
     out: &mut Output,
-    group: &RowGroup,
+    group: &mut RowGroup,
     last: bool,
     outbox: &Path,
     schema: &Arc<Type>,
