@@ -74,7 +74,7 @@ impl std::fmt::Display for Codec {
 }
 
 impl Codec {
-    fn parquet(self) -> Compression {
+    pub(crate) fn parquet(self) -> Compression {
         match self {
             Codec::None => Compression::UNCOMPRESSED,
             Codec::Snappy => Compression::SNAPPY,
@@ -305,7 +305,7 @@ impl OpenFile {
 
 /// The codecs of [`Codec`], for pages forte compresses itself; each makes the bytes arrow-rs's
 /// own codec would (zstd frames with their content size, raw LZ4 blocks, raw Snappy).
-enum PageCodec {
+pub(crate) enum PageCodec {
     None,
     Snappy(snap::raw::Encoder),
     Lz4,
@@ -314,7 +314,7 @@ enum PageCodec {
 }
 
 impl PageCodec {
-    fn new(compression: Compression) -> Result<Self> {
+    pub(crate) fn new(compression: Compression) -> Result<Self> {
         Ok(match compression {
             Compression::UNCOMPRESSED => PageCodec::None,
             Compression::SNAPPY => PageCodec::Snappy(snap::raw::Encoder::new()),
@@ -328,7 +328,7 @@ impl PageCodec {
     }
 
     /// `input` compressed into `out` (replacing what it held).
-    fn compress(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    pub(crate) fn compress(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         match self {
             PageCodec::None => out.extend_from_slice(input),
