@@ -19,7 +19,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 

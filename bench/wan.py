@@ -21,8 +21,8 @@ Contenders, each timed from start to the moment the last file is in its final pl
 Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
 are interleaved (each round runs every contender once); medians are reported.
 
-Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server
-(`go install github.com/Shopify/toxiproxy/v2/cmd/server@v2.12.0`; found on PATH or in ~/go/bin).
+Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in ~/go/bin);
+`sudo bench/setup.sh` installs them all.
 
 Usage: sudo bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
 """
@@ -253,7 +253,7 @@ def main():
 
     base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
     forte = statistics.median(times.get("forte", [float("nan")]))
-    print(f"| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | all runs (s) |")
+    print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | all runs (s) |")
     print("|---|---:|---:|---:|---:|---|")
     for name, ts in times.items():
         m = statistics.median(ts)
