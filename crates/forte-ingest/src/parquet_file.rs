@@ -307,7 +307,8 @@ impl OpenFile {
 /// own codec would (zstd frames with their content size, raw LZ4 blocks, raw Snappy).
 pub(crate) enum PageCodec {
     None,
-    Snappy(snap::raw::Encoder),
+    /// Boxed: its hash table is 2 KiB.
+    Snappy(Box<snap::raw::Encoder>),
     Lz4,
     /// One context for every page of the file.
     Zstd(zstd::bulk::Compressor<'static>),
@@ -317,7 +318,7 @@ impl PageCodec {
     pub(crate) fn new(compression: Compression) -> Result<Self> {
         Ok(match compression {
             Compression::UNCOMPRESSED => PageCodec::None,
-            Compression::SNAPPY => PageCodec::Snappy(snap::raw::Encoder::new()),
+            Compression::SNAPPY => PageCodec::Snappy(Box::new(snap::raw::Encoder::new())),
             Compression::LZ4_RAW => PageCodec::Lz4,
             Compression::ZSTD(level) => PageCodec::Zstd(
                 zstd::bulk::Compressor::new(level.compression_level())
