@@ -67,6 +67,12 @@ def ensure_corpus(dest: Path = CORPUS) -> Path:
     return dest
 
 
+def corpus_stats(corpus: Path):
+    """Files and bytes of the corpus."""
+    files = [p for p in corpus.rglob("*") if p.is_file() and not p.is_symlink()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
 def real_bytes():
     """An endless stream of the corpus's file contents, in a fixed order."""
     corpus = ensure_corpus()
@@ -118,8 +124,8 @@ def main():
     ap.add_argument("--scale", type=float, default=0.003)
     args = ap.parse_args()
     ensure_corpus(args.corpus)
-    files = [p for p in args.corpus.rglob("*") if p.is_file() and not p.is_symlink()]
-    print(f"corpus: {len(files)} files, {sum(p.stat().st_size for p in files) / 1e9:.2f} GB in {args.corpus}")
+    nfiles, nbytes = corpus_stats(args.corpus)
+    print(f"corpus: {nfiles} files, {nbytes / 1e9:.2f} GB in {args.corpus}")
     if args.batches:
         shutil.rmtree(args.batches, ignore_errors=True)
         raw = build_inbox(args.batches, args.scale)

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from corpus import BATCHES, build_inbox  # noqa: F401 (policies.py and wan.py take them from here)
+from corpus import BATCHES, build_inbox
 from site_setup import make_site, start_relay
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from network import (BATCHES, FORTE, NS, ROOT, build_inbox, parse_rate, setup_link,  # noqa: E402
-                     sh, teardown_link)
+from corpus import BATCHES, build_inbox  # noqa: E402
+from network import FORTE, NS, ROOT, parse_rate, setup_link, sh, teardown_link  # noqa: E402
 from site_setup import make_site, start_relay  # noqa: E402
 
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "policies"

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from corpus import ensure_corpus
+from corpus import corpus_stats, ensure_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 FORTE = ROOT / "target" / "release" / "forte"
@@ -40,11 +40,6 @@ OUT = Path("/dev/shm/forte-bench-out")
 
 def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
-
-
-def corpus_stats(corpus: Path):
-    files = [p for p in corpus.rglob("*") if p.is_file() and not p.is_symlink()]
-    return len(files), sum(p.stat().st_size for p in files)
 
 
 def ensure_gpg_key(home: Path) -> str:

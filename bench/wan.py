@@ -39,7 +39,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from network import NS, build_inbox, parse_rate, setup_link, teardown_link
+from corpus import build_inbox
+from network import NS, parse_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
 
 ROOT = Path(__file__).resolve().parent.parent
