@@ -56,6 +56,12 @@ impl Split {
         &self.streams[..self.width * self.len]
     }
 
+    /// Empties the streams for a new row group, in the layout of a full one.
+    fn clear(&mut self) {
+        self.len = 0;
+        self.capacity = self.streams.len() / self.width;
+    }
+
     /// Appends byte k of the `N`-byte value at `offset` of each `width`-byte row to stream k.
     fn scatter<const N: usize>(&mut self, rows: &[u8], width: usize, offset: usize) {
         // Tiles of 64 values: gathered from the rows (in L1) as integers, then each stream
@@ -126,10 +132,7 @@ impl Values {
             Values::Float64(v) => v.clear(),
             Values::Int32(v) => v.clear(),
             Values::Int64(v) => v.clear(),
-            Values::Split(s) => {
-                s.len = 0;
-                s.capacity = s.streams.len() / s.width;
-            }
+            Values::Split(s) => s.clear(),
         }
     }
 
@@ -171,8 +174,8 @@ pub struct RowGroup {
 }
 
 impl RowGroup {
-    /// A buffer for `capacity` rows; `plain` keeps every column as values (the codec-alone
-    /// side of the comparison runs).
+    /// A buffer for `capacity` rows; `plain` keeps every column as values, for files written
+    /// without BYTE_STREAM_SPLIT ([`crate::FileOptions::plain`]).
     pub fn new(schema: &Schema, capacity: usize, plain: bool) -> Self {
         let kinds: Vec<Kind> = schema
             .timestamp
