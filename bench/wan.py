@@ -19,7 +19,10 @@ Contenders, each timed from start to the moment the last file is in its final pl
   rclone copy      `rclone copy --transfers 4` to `rclone serve webdav` at the data centre
 
 Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
-are interleaved (each round runs every contender once); medians are reported.
+are interleaved (each round runs every contender once); medians are reported, with the bytes
+each contender put on the link (counted on the data-centre end of the veth pair: payload plus
+TCP/IP and TLS framing) and the rate they crossed it at: a contender near the link's rate is
+link-bound, and only a better compression ratio makes it faster.
 
 Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in ~/go/bin);
 `sudo bench/setup.sh` installs them all.
@@ -88,6 +91,11 @@ def digest_tree(root: Path):
         if p.is_file() and p.name != ".ready":
             out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
+
+
+def link_bytes() -> int:
+    """Bytes the site has sent over the shaped link so far (frames received at the data centre)."""
+    return int(Path("/sys/class/net/veth-dc/statistics/rx_bytes").read_text())
 
 
 def fresh(path: Path) -> Path:
@@ -235,17 +243,21 @@ def main():
             keep = args.only.split(",")
             contenders = {k: v for k, v in contenders.items() if any(k.startswith(o) for o in keep)}
         times = {name: [] for name in contenders}
+        sent = {name: [] for name in contenders}
         for r in range(args.runs):
             for name, run in contenders.items():
                 subprocess.run(["sync"])
+                before = link_bytes()
                 seconds, result = run(WORK / "out" / slug(name))
+                sent[name].append(link_bytes() - before)
                 got = digest_tree(result)
                 if got != source:
                     missing = len(set(source) - set(got))
                     differ = sum(1 for k in source if k in got and got[k] != source[k])
                     sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
                 times[name].append(seconds)
-                print(f"round {r + 1}: {name}: {seconds:.1f} s, {raw / 1e6 / seconds:.1f} MB/s", file=sys.stderr)
+                print(f"round {r + 1}: {name}: {seconds:.1f} s, {raw / 1e6 / seconds:.1f} MB/s, "
+                      f"{sent[name][-1] / 1e6:.0f} MB on the link", file=sys.stderr)
     finally:
         for d in daemons:
             d.terminate()
@@ -254,12 +266,14 @@ def main():
 
     base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
     forte = statistics.median(times.get("forte", [float("nan")]))
-    print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | all runs (s) |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | on the link: MB, "
+          "raw/link ratio, MB/s | all runs (s) |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, ts in times.items():
         m = statistics.median(ts)
+        wire = statistics.median(sent[name])
         print(f"| {name} | {m:.1f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
-              f"{', '.join(f'{t:.1f}' for t in ts)} |")
+              f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {', '.join(f'{t:.1f}' for t in ts)} |")
 
 
 if __name__ == "__main__":
