@@ -16,7 +16,7 @@ With --link-rate (e.g. 65MB, the papers' site link) and root, the sender runs in
 namespace behind a veth pair whose egress is shaped by a tbf qdisc; otherwise everything runs
 on loopback.
 
-Usage: sudo bench/network.py [--link-rate 65MB] [--scale 0.001]
+Usage (as root for --link-rate): bench/network.py [--link-rate 65MB] [--scale 0.001]
 """
 
 import argparse

@@ -5,7 +5,7 @@
 #   Go module proxy: Toxiproxy's server (20 ms of added latency for bench/wan.py)
 #   PyPI, in target/bench-python: pyarrow, numpy, DuckDB (forte bench ingest's baseline a) and
 #   ObsPy (bench/obspy_recording.py)
-# Then, for example: sudo bench/wan.py --level 1; bench/prepare.py --runs 3;
+# Run as root (or through sudo). Then, for example: bench/wan.py --level 1 (as root); bench/prepare.py --runs 3;
 #   target/release/forte bench ingest --python target/bench-python/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."

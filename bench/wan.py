@@ -25,9 +25,9 @@ TCP/IP and TLS framing) and the rate they crossed it at: a contender near the li
 link-bound, and only a better compression ratio makes it faster.
 
 Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in ~/go/bin);
-`sudo bench/setup.sh` installs them all.
+`bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
-Usage: sudo bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
+Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
 """
 
 import argparse
