@@ -30,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+from chart import bar_chart
 from corpus import corpus_stats, ensure_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -104,6 +105,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
     ap.add_argument("--skip-chain", action="store_true", help="skip the slow shell chains (CB-IM and CB)")
+    ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     args = ap.parse_args()
 
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
@@ -139,6 +141,11 @@ def main():
         print(f"| {label} | {t:.2f} | {nbytes / 1e6 / t:.0f} | {t / forte:.2f}× | {med_cpu[name]:.2f} "
               f"| {med_cpu[name] / (nbytes / 1e9):.2f} |")
     print("\nAll rounds (s): " + "; ".join(f"{n}: {', '.join(f'{t:.2f}' for t in ts)}" for n, ts in times.items()))
+    if args.chart:
+        rate = {name: nbytes / 1e6 / t for name, t in med.items()}
+        cb_im = next((name for name in rate if "CB-IM" in name), None)
+        bar_chart(args.chart, f"Prepare pass, {nbytes / 1e9:.2f} GB of real files (median of {args.runs})", "MB/s",
+                  list(rate.items()), [(2 * rate[cb_im], "2× CB-IM")] if cb_im else [])
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from chart import bar_chart
 from corpus import build_inbox
 from network import NS, parse_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
@@ -207,6 +208,7 @@ def main():
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
+    ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     args = ap.parse_args()
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
@@ -274,6 +276,12 @@ def main():
         wire = statistics.median(sent[name])
         print(f"| {name} | {m:.1f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
               f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {', '.join(f'{t:.1f}' for t in ts)} |")
+    if args.chart:
+        rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
+        targets = [(2.5, "rsync + copy (papers' baseline)"), (1.15, "rsync -z zstd")]
+        bar_chart(args.chart, f"End to end over {args.link_rate}/s + {args.latency_ms} ms, "
+                  f"{raw / 1e6:.0f} MB (median of {args.runs})", "MB/s", list(rate.items()),
+                  [(f * rate[name], f"{f}× {name.split(' ')[0]}") for f, name in targets if name in rate])
 
 
 if __name__ == "__main__":
