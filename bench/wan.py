@@ -14,8 +14,10 @@ Contenders, each timed from start to the moment the last file is in its final pl
                    a second copy step into storage
   CB-IM + rsync    the papers' pipe chain at the edge (sha256sum | zstd -3 | gpg -e | sha256sum,
                    two files at a time), rsync of the results, then gpg -d | zstd -d at the core
-  rsync -z zstd    `rsync -z --compress-choice=zstd --compress-level=3` straight to storage
-                   (what a careful admin would do; no encryption, no end-to-end check)
+  rsync -z zstd N  `rsync -z --compress-choice=zstd --compress-level=N` straight to storage
+                   (what a careful admin would do; no encryption, no end-to-end check); N is
+                   rsync's default 3, and --rsync-levels adds others (the first is the one the
+                   issue's target is measured against)
   rclone copy      `rclone copy --transfers 4` to `rclone serve webdav` at the data centre
 
 Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
@@ -28,6 +30,7 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
+                 [--level 3] [--rsync-levels 3,1] [--chart FILE]
 """
 
 import argparse
@@ -148,10 +151,10 @@ class Contenders:
         sh(["cp", "-a", f"{dmz}/.", store])
         return time.monotonic() - start, store
 
-    def rsync_zstd(self, out: Path):
-        store = fresh(out)
+    def rsync_zstd(self, level: int):
+        store = fresh(WORK / "rsync-store")
         start = time.monotonic()
-        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", "--compress-level=3", "--exclude", ".ready",
+        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", f"--compress-level={level}", "--exclude", ".ready",
                     f"{self.inbox}/", f"rsync://{self.proxies['rsync']}/store/"]))
         return time.monotonic() - start, store
 
@@ -207,9 +210,12 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
+    ap.add_argument("--rsync-levels", default="3",
+                    help="zstd levels of rsync -z, comma-separated; the first is the target's (default 3, rsync's own)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     args = ap.parse_args()
+    rsync_levels = [int(n) for n in args.rsync_levels.split(",")]
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install {tool}")
@@ -226,7 +232,7 @@ def main():
     setup_link(parse_rate(args.link_rate))
     rsyncd_conf = WORK / "rsyncd.conf"
     rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {WORK}/rsync-dmz\nread only = no\n"
-                           f"[store]\npath = {WORK}/out/{slug('rsync -z zstd')}\nread only = no\n")
+                           f"[store]\npath = {WORK}/rsync-store\nread only = no\n")
     daemons = [subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "127.0.0.1", "--port", "7873",
                                  "--config", rsyncd_conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
                subprocess.Popen([toxiproxy_server(), "-host", "127.0.0.1", "-port", "8474"],
@@ -240,7 +246,9 @@ def main():
         }
         c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu)
         contenders = {"forte": c.forte, "rsync + copy (papers' baseline)": c.rsync_copy,
-                      "CB-IM + rsync": c.cb_im_rsync, "rsync -z zstd": c.rsync_zstd, "rclone copy": c.rclone}
+                      "CB-IM + rsync": c.cb_im_rsync,
+                      **{f"rsync -z zstd {n}": (lambda _out, n=n: c.rsync_zstd(n)) for n in rsync_levels},
+                      "rclone copy": c.rclone}
         if args.only:
             keep = args.only.split(",")
             contenders = {k: v for k, v in contenders.items() if any(k.startswith(o) for o in keep)}
@@ -278,10 +286,11 @@ def main():
               f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {', '.join(f'{t:.1f}' for t in ts)} |")
     if args.chart:
         rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
-        targets = [(2.5, "rsync + copy (papers' baseline)"), (1.15, "rsync -z zstd")]
+        targets = [(2.5, "rsync + copy (papers' baseline)", "rsync + copy"),
+                   (1.15, f"rsync -z zstd {rsync_levels[0]}", f"rsync -z {rsync_levels[0]}")]
         bar_chart(args.chart, f"End to end over {args.link_rate}/s + {args.latency_ms} ms, "
                   f"{raw / 1e6:.0f} MB (median of {args.runs})", "MB/s", list(rate.items()),
-                  [(f * rate[name], f"{f}× {name.split(' ')[0]}") for f, name in targets if name in rate])
+                  [(f * rate[name], f"{f}× {short}") for f, name, short in targets if name in rate])
 
 
 if __name__ == "__main__":
