@@ -21,7 +21,7 @@ def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
     lines [(value, text)], e.g. a target.
     """
     top = max([v for _, v in rows] + [v for v, _ in marks]) * 1.1
-    height = 46 + ROW * len(rows) + 24
+    height = 46 + ROW * len(rows) + 10 + 14 * len(marks)
     width = LABEL + BARS + 90
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="DejaVu Sans, sans-serif" font-size="12">',
@@ -35,11 +35,12 @@ def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
         out.append(f'<rect x="{LABEL}" y="{y + 2}" width="{w:.1f}" height="{ROW - 6}" fill="{colour}"/>')
         out.append(f'<text x="{LABEL + w + 5:.1f}" y="{y + 15}">{value:.1f} {escape(unit)}</text>')
     bottom = 36 + ROW * len(rows)
-    for value, text in marks:
+    # Each mark's label on a line of its own: two targets can sit a few pixels apart.
+    for k, (value, text) in enumerate(marks):
         x = LABEL + BARS * value / top
         out.append(f'<line x1="{x:.1f}" y1="30" x2="{x:.1f}" y2="{bottom}" stroke="black" '
                    f'stroke-dasharray="4 3"/>')
-        out.append(f'<text x="{x:.1f}" y="{bottom + 16}" text-anchor="middle">{escape(text)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{bottom + 16 + 14 * k}" text-anchor="middle">{escape(text)}</text>')
     out.append("</svg>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
