@@ -148,8 +148,12 @@ class Contenders:
         start = time.monotonic()
         sh(at_site(["rsync", "-a", "--exclude", ".ready", f"{self.inbox}/",
                     f"rsync://{self.proxies['rsync']}/dmz/"]))
+        rsynced = time.monotonic()
         sh(["cp", "-a", f"{dmz}/.", store])
-        return time.monotonic() - start, store
+        done = time.monotonic()
+        # The copy's time depends on how much dirty page cache the kernel lets it build up.
+        print(f"  rsync {rsynced - start:.1f} s, then copy {done - rsynced:.1f} s", file=sys.stderr)
+        return done - start, store
 
     def rsync_zstd(self, level: int):
         store = fresh(WORK / "rsync-store")
