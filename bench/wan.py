@@ -151,7 +151,8 @@ class Contenders:
         rsynced = time.monotonic()
         sh(["cp", "-a", f"{dmz}/.", store])
         done = time.monotonic()
-        # The copy's time depends on how much dirty page cache the kernel lets it build up.
+        # The legs apart: the rsync is bound by the link; the copy's time moves with the machine's
+        # memory state (0.3 s to 4 s on one machine, see docs/benchmarks.md).
         print(f"  rsync {rsynced - start:.1f} s, then copy {done - rsynced:.1f} s", file=sys.stderr)
         return done - start, store
 
