@@ -7,7 +7,7 @@
 #      rsync -z zstd (rsync's default level 3, and level 1) and rclone copy
 # Each step's output (tables in Markdown, charts in SVG) goes to OUT (default
 # target/bench-results/DATE), beside a log of what the machine was. Run as root, after the
-# README's first command and bench/setup.sh; about 20 minutes on 2 cores.
+# README's first command and bench/setup.sh; 22 minutes on 2 cores (2026-11-23).
 #
 # Usage (as root): bench/baselines.sh [--runs 5] [--level 1] [--out DIR]
 set -euo pipefail
