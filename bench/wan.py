@@ -17,7 +17,8 @@ Contenders, each timed from start to the moment the last file is in its final pl
   rsync -z zstd N  `rsync -z --compress-choice=zstd --compress-level=N` straight to storage
                    (what a careful admin would do; no encryption, no end-to-end check); N is
                    rsync's default 3, and --rsync-levels adds others (the first is the one the
-                   issue's target is measured against)
+                   issue's target is measured against); N/T also passes --compress-threads=T
+                   (rsync's default is one compressing thread)
   rclone copy      `rclone copy --transfers 4` to `rclone serve webdav` at the data centre
 
 Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
@@ -30,7 +31,7 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
-                 [--level 3] [--rsync-levels 3,1] [--chart FILE]
+                 [--level 3] [--rsync-levels 3,1,3/2] [--chart FILE]
 """
 
 import argparse
@@ -156,10 +157,13 @@ class Contenders:
         print(f"  rsync {rsynced - start:.1f} s, then copy {done - rsynced:.1f} s", file=sys.stderr)
         return done - start, store
 
-    def rsync_zstd(self, level: int):
+    def rsync_zstd(self, setting: str):
+        """`setting` is a zstd level, or LEVEL/THREADS."""
+        level, _, threads = setting.partition("/")
         store = fresh(WORK / "rsync-store")
         start = time.monotonic()
-        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", f"--compress-level={level}", "--exclude", ".ready",
+        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", f"--compress-level={level}",
+                    *([f"--compress-threads={threads}"] if threads else []), "--exclude", ".ready",
                     f"{self.inbox}/", f"rsync://{self.proxies['rsync']}/store/"]))
         return time.monotonic() - start, store
 
@@ -195,6 +199,11 @@ class Contenders:
         return time.monotonic() - start, store
 
 
+def rsync_name(setting: str) -> str:
+    """The contender's name for an --rsync-levels entry (LEVEL or LEVEL/THREADS)."""
+    return f"rsync -z zstd {setting.replace('/', ', threads ')}"
+
+
 def slug(name: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in name)
 
@@ -216,11 +225,12 @@ def main():
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
     ap.add_argument("--rsync-levels", default="3",
-                    help="zstd levels of rsync -z, comma-separated; the first is the target's (default 3, rsync's own)")
+                    help="zstd levels of rsync -z, comma-separated, each LEVEL or LEVEL/THREADS; "
+                         "the first is the target's (default 3, rsync's own, on one thread)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     args = ap.parse_args()
-    rsync_levels = [int(n) for n in args.rsync_levels.split(",")]
+    rsync_levels = args.rsync_levels.split(",")
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install {tool}")
@@ -252,7 +262,7 @@ def main():
         c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu)
         contenders = {"forte": c.forte, "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,
-                      **{f"rsync -z zstd {n}": (lambda _out, n=n: c.rsync_zstd(n)) for n in rsync_levels},
+                      **{rsync_name(n): (lambda _out, n=n: c.rsync_zstd(n)) for n in rsync_levels},
                       "rclone copy": c.rclone}
         if args.only:
             keep = args.only.split(",")
@@ -292,7 +302,7 @@ def main():
     if args.chart:
         rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
         targets = [(2.5, "rsync + copy (papers' baseline)", "rsync + copy"),
-                   (1.15, f"rsync -z zstd {rsync_levels[0]}", f"rsync -z {rsync_levels[0]}")]
+                   (1.15, rsync_name(rsync_levels[0]), f"rsync -z {rsync_levels[0]}")]
         bar_chart(args.chart, f"End to end over {args.link_rate}/s + {args.latency_ms} ms, "
                   f"{raw / 1e6:.0f} MB (median of {args.runs})", "MB/s", list(rate.items()),
                   [(f * rate[name], f"{f}× {short}") for f, name, short in targets if name in rate])
