@@ -56,6 +56,7 @@ FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "wan"
 DC = "10.77.0.2"  # the data-centre end of the veth pair
 API = "http://127.0.0.1:8474"
+RSYNC_STORE = WORK / "rsync-store"  # the rsync daemon's module that rsync -z writes into
 
 
 def sh(cmd, **kw):
@@ -160,7 +161,7 @@ class Contenders:
     def rsync_zstd(self, setting: str):
         """`setting` is a zstd level, or LEVEL/THREADS."""
         level, _, threads = setting.partition("/")
-        store = fresh(WORK / "rsync-store")
+        store = fresh(RSYNC_STORE)
         start = time.monotonic()
         sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", f"--compress-level={level}",
                     *([f"--compress-threads={threads}"] if threads else []), "--exclude", ".ready",
@@ -247,7 +248,7 @@ def main():
     setup_link(parse_rate(args.link_rate))
     rsyncd_conf = WORK / "rsyncd.conf"
     rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {WORK}/rsync-dmz\nread only = no\n"
-                           f"[store]\npath = {WORK}/rsync-store\nread only = no\n")
+                           f"[store]\npath = {RSYNC_STORE}\nread only = no\n")
     daemons = [subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "127.0.0.1", "--port", "7873",
                                  "--config", rsyncd_conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
                subprocess.Popen([toxiproxy_server(), "-host", "127.0.0.1", "-port", "8474"],
