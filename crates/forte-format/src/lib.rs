@@ -1,17 +1,22 @@
-//! The forte object format, version 1 (specified in `docs/format.md`).
+//! The forte object format, version 2 (specified in `docs/format.md`).
 //!
 //! A packed file is a directory named by an opaque [`ObjectId`] holding `manifest.age` and
 //! `part-000000.zst.age`, `part-000001.zst.age`, …: each part one zstd frame of a slice of the
 //! file, encrypted as one age file. The manifest lists every part's offsets and hashes, is signed
 //! with the edge's Ed25519 key and then age-encrypted. Everything here is readable with stock
-//! `age` and `zstd`; this crate is the one place that knows the layout.
+//! `age` and `zstd`; this crate is the one place that knows the layout. Every batch and archive
+//! also carries a signed, encrypted [`Inventory`] of its objects, so that a set missing an
+//! object, or holding a foreign or replayed one, is refused (version 2; version-1 sets, which
+//! have none, still restore).
 
+pub mod inventory;
 pub mod keys;
 pub mod manifest;
 pub mod object;
 pub mod seal;
 pub mod time;
 
+pub use inventory::{Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT};
 pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};
-pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT};
+pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};

@@ -13,11 +13,17 @@ use serde_json::Value;
 use crate::keys::{edge_key_id, EdgeKey, TrustedEdges};
 use crate::object::ObjectId;
 
-/// The value of every v1 manifest's `format` member.
-pub const FORMAT: &str = "forte-object/1";
+/// The `format` member of the manifests this forte writes: version 2, whose objects are always
+/// listed in a signed inventory of their batch or archive ([`crate::Inventory`]).
+pub const FORMAT: &str = "forte-object/2";
+
+/// The `format` of version-1 manifests, written before inventories existed. They are still
+/// read; a set of them restores with a warning that nothing proves it complete.
+pub const FORMAT_V1: &str = "forte-object/1";
 
 /// Prefixed to the canonical JSON before signing, so an edge key's signature over a manifest
-/// can never be taken for a signature over anything else.
+/// can never be taken for a signature over anything else (an inventory has its own context).
+/// Unchanged in version 2: the signed `format` member tells the versions apart.
 const SIGNING_CONTEXT: &[u8] = b"forte-object/1 manifest\n";
 
 /// The only codec of format v1.
@@ -74,7 +80,7 @@ pub struct Manifest {
 pub enum ManifestError {
     #[error("is not a JSON object: {0}")]
     NotJson(String),
-    #[error("has format {0:?}; this forte reads {FORMAT:?} only")]
+    #[error("has format {0:?}; this forte reads {FORMAT:?} and {FORMAT_V1:?} only")]
     UnsupportedFormat(String),
     #[error("has no valid signature member: {0}")]
     Unsigned(String),
@@ -104,67 +110,92 @@ fn canonical(value: &Value) -> Vec<u8> {
     serde_json::to_vec(value).expect("a JSON value always serialises")
 }
 
-fn signed_message(unsigned: &Value) -> Vec<u8> {
-    let mut message = SIGNING_CONTEXT.to_vec();
+fn signed_message(context: &[u8], unsigned: &Value) -> Vec<u8> {
+    let mut message = context.to_vec();
     message.extend_from_slice(&canonical(unsigned));
     message
+}
+
+/// The signed, canonical JSON document of `document` (a JSON object): its members plus a
+/// `signature` member over `context` ‖ its canonical JSON. Shared by manifests and inventories.
+pub(crate) fn sign_document(document: &impl Serialize, context: &[u8], key: &EdgeKey) -> Vec<u8> {
+    let mut value = serde_json::to_value(document).expect("a document always serialises");
+    let signature = key.0.sign(&signed_message(context, &value));
+    let member = SignatureMember {
+        alg: "ed25519".into(),
+        key: edge_key_id(&key.0.verifying_key()),
+        sig: b64().encode(signature.to_bytes()),
+    };
+    value
+        .as_object_mut()
+        .expect("a signed document is a JSON object")
+        .insert(
+            "signature".into(),
+            serde_json::to_value(member).expect("serialises"),
+        );
+    canonical(&value)
+}
+
+/// Parses a document signed by [`sign_document`] whose `format` is one of `formats`, checks
+/// its signature against the trusted edge keys, and returns it without the signature. Nothing
+/// of an unverified document is ever returned.
+pub(crate) fn open_document(
+    document: &[u8],
+    formats: &[&str],
+    context: &[u8],
+    trusted: &TrustedEdges,
+) -> Result<Value, ManifestError> {
+    let mut value: Value =
+        serde_json::from_slice(document).map_err(|e| ManifestError::NotJson(e.to_string()))?;
+    let object = value
+        .as_object_mut()
+        .ok_or_else(|| ManifestError::NotJson("top level is not an object".into()))?;
+    match object.get("format") {
+        Some(Value::String(f)) if formats.contains(&f.as_str()) => {}
+        Some(Value::String(f)) => return Err(ManifestError::UnsupportedFormat(f.clone())),
+        _ => return Err(ManifestError::Invalid("no format member".into())),
+    }
+    let member = object
+        .remove("signature")
+        .ok_or_else(|| ManifestError::Unsigned("missing".into()))?;
+    let member: SignatureMember =
+        serde_json::from_value(member).map_err(|e| ManifestError::Unsigned(e.to_string()))?;
+    if member.alg != "ed25519" {
+        return Err(ManifestError::Unsigned(format!(
+            "unknown alg {:?}",
+            member.alg
+        )));
+    }
+    let key = decode_fixed::<32>(&member.key)
+        .and_then(|k| VerifyingKey::from_bytes(&k).ok())
+        .ok_or_else(|| ManifestError::Unsigned("key is not an Ed25519 public key".into()))?;
+    let sig = decode_fixed::<64>(&member.sig)
+        .map(|s| Signature::from_bytes(&s))
+        .ok_or_else(|| ManifestError::Unsigned("sig is not 64 base64 bytes".into()))?;
+    key.verify_strict(&signed_message(context, &value), &sig)
+        .map_err(|_| ManifestError::BadSignature)?;
+    if !trusted.trusts(&key) {
+        return Err(ManifestError::UntrustedSigner(member.key));
+    }
+    Ok(value)
 }
 
 impl Manifest {
     /// The signed, canonical JSON document: this manifest plus a `signature` member.
     pub fn sign(&self, key: &EdgeKey) -> Vec<u8> {
-        let mut value = serde_json::to_value(self).expect("a manifest always serialises");
-        let signature = key.0.sign(&signed_message(&value));
-        let member = SignatureMember {
-            alg: "ed25519".into(),
-            key: edge_key_id(&key.0.verifying_key()),
-            sig: b64().encode(signature.to_bytes()),
-        };
-        value
-            .as_object_mut()
-            .expect("a manifest is an object")
-            .insert(
-                "signature".into(),
-                serde_json::to_value(member).expect("serialises"),
-            );
-        canonical(&value)
+        sign_document(self, SIGNING_CONTEXT, key)
+    }
+
+    /// Whether a signed inventory lists this object (every manifest of version 2): a set of
+    /// objects holding such a manifest but no inventory has lost its inventory.
+    pub fn listed_in_inventory(&self) -> bool {
+        self.format != FORMAT_V1
     }
 
     /// Parses a signed manifest, checks its signature against the trusted edge keys and
     /// validates its structure. Nothing of an unverified manifest is ever returned.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
-        let mut value: Value =
-            serde_json::from_slice(document).map_err(|e| ManifestError::NotJson(e.to_string()))?;
-        let object = value
-            .as_object_mut()
-            .ok_or_else(|| ManifestError::NotJson("top level is not an object".into()))?;
-        match object.get("format") {
-            Some(Value::String(f)) if f == FORMAT => {}
-            Some(Value::String(f)) => return Err(ManifestError::UnsupportedFormat(f.clone())),
-            _ => return Err(ManifestError::Invalid("no format member".into())),
-        }
-        let member = object
-            .remove("signature")
-            .ok_or_else(|| ManifestError::Unsigned("missing".into()))?;
-        let member: SignatureMember =
-            serde_json::from_value(member).map_err(|e| ManifestError::Unsigned(e.to_string()))?;
-        if member.alg != "ed25519" {
-            return Err(ManifestError::Unsigned(format!(
-                "unknown alg {:?}",
-                member.alg
-            )));
-        }
-        let key = decode_fixed::<32>(&member.key)
-            .and_then(|k| VerifyingKey::from_bytes(&k).ok())
-            .ok_or_else(|| ManifestError::Unsigned("key is not an Ed25519 public key".into()))?;
-        let sig = decode_fixed::<64>(&member.sig)
-            .map(|s| Signature::from_bytes(&s))
-            .ok_or_else(|| ManifestError::Unsigned("sig is not 64 base64 bytes".into()))?;
-        key.verify_strict(&signed_message(&value), &sig)
-            .map_err(|_| ManifestError::BadSignature)?;
-        if !trusted.trusts(&key) {
-            return Err(ManifestError::UntrustedSigner(member.key));
-        }
+        let value = open_document(document, &[FORMAT, FORMAT_V1], SIGNING_CONTEXT, trusted)?;
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         manifest.validate().map_err(ManifestError::Invalid)?;
@@ -236,7 +267,7 @@ fn decode_fixed<const N: usize>(text: &str) -> Option<[u8; N]> {
     b64().decode(text).ok()?.try_into().ok()
 }
 
-fn check_hex(s: &str, what: &str) -> Result<(), String> {
+pub(crate) fn check_hex(s: &str, what: &str) -> Result<(), String> {
     if s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         Ok(())
     } else {
@@ -369,7 +400,7 @@ mod tests {
         assert_eq!(Manifest::open(&doc, &trusted(&k)).unwrap(), m);
         let text = String::from_utf8(doc).unwrap();
         assert!(
-            text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/1\",\"id\":"),
+            text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/2\",\"id\":"),
             "{text}"
         );
         assert!(

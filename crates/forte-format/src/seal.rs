@@ -10,6 +10,13 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Lower-case hex SHA-256 of the file at `path`, read in a stream.
+pub fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    Ok(hex::encode(hasher.finalize()))
+}
+
 /// Encrypts `plaintext` as one age file to `recipients`, appending it to `out`.
 pub fn encrypt(recipients: &[x25519::Recipient], plaintext: &[u8], out: &mut Vec<u8>) {
     let encryptor =

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use forte_format::{part_file_name, Manifest, ObjectId, MANIFEST_FILE};
+use forte_format::{part_file_name, Manifest, ObjectId, INVENTORY_FILE, MANIFEST_FILE};
 
 use crate::FileOutcome;
 
@@ -38,6 +38,16 @@ impl DirSink {
 
     fn object_dir(&self, id: ObjectId) -> PathBuf {
         self.root.join(id.to_string())
+    }
+
+    /// Stores the archive's sealed inventory (`inventory.age`), renamed into place like a
+    /// manifest; [`DirSink::finish`] makes it durable with the objects.
+    pub fn put_inventory(&self, sealed: &[u8]) -> Result<()> {
+        let temp = self.root.join(format!(".{INVENTORY_FILE}.partial"));
+        write_file(&temp, sealed)?;
+        let done = self.root.join(INVENTORY_FILE);
+        std::fs::rename(&temp, &done)
+            .with_context(|| format!("cannot rename into {}", done.display()))
     }
 
     /// Flushes everything written to stable storage.

@@ -76,8 +76,24 @@ pub struct FileOutcome {
     pub kind: Kind,
     pub id: ObjectId,
     pub size: u64,
+    /// The whole file's raw SHA-256, once its manifest is stored: what the batch's or
+    /// archive's inventory lists.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+impl FileOutcome {
+    /// The inventory entry of a file whose object was stored.
+    pub fn inventory_entry(&self) -> Option<forte_format::InventoryEntry> {
+        Some(forte_format::InventoryEntry {
+            id: self.id,
+            path: self.path.clone(),
+            size: self.size,
+            sha256: self.sha256.clone().filter(|_| self.error.is_none())?,
+        })
+    }
 }
 
 /// A part the destination already holds (found when resuming): it is read and hashed again,
@@ -301,6 +317,7 @@ impl<'k> Prepare<'k> {
                 kind: f.source.kind,
                 id: f.id,
                 size: f.source.size,
+                sha256: None,
                 error: Some("not prepared: an earlier failure stopped the pass".into()),
             })
             .collect();
@@ -591,6 +608,7 @@ impl<'k> Prepare<'k> {
         if state.accounted < file.units() {
             return None;
         }
+        let mut sha256 = None;
         if state.error.is_none() {
             let (manifest, sealed) = state
                 .manifest
@@ -598,6 +616,7 @@ impl<'k> Prepare<'k> {
                 .expect("the last hashed piece carries it");
             match sink.put_manifest(&manifest, &sealed) {
                 Ok(()) => {
+                    sha256 = Some(manifest.sha256);
                     self.totals
                         .sealed_bytes
                         .fetch_add(sealed.len() as u64, Ordering::Relaxed);
@@ -620,6 +639,7 @@ impl<'k> Prepare<'k> {
             kind: file.source.kind,
             id: file.id,
             size: file.source.size,
+            sha256,
             error,
         })
     }

@@ -6,8 +6,9 @@
 //! | GET | `/v1/objects/{id}` | edge | which parts of the object the relay holds, and its state |
 //! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
 //! | POST | `/v1/objects/status` | edge | the state of many objects at once ([`StatusQuery`]) |
-//! | PUT | `/v1/batches/{batch}` | edge | the batch is complete: these are all its objects ([`BatchSeal`]) |
+//! | PUT | `/v1/batches/{batch}` | edge | the batch is complete: these are all its objects, and its sealed inventory ([`BatchSeal`]) |
 //! | GET | `/v1/ready` | core | objects of complete batches waiting for pull ([`ReadyObject`]); `?open=true` adds sealed objects of batches still being sent |
+//! | GET | `/v1/sites/{site}/batches/{batch}/inventory` | core | the batch's sealed inventory (404: none, the batch was sealed by an edge before object format 2) |
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
@@ -59,6 +60,12 @@ pub struct ObjectStatus {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchSeal {
     pub objects: Vec<ObjectId>,
+    /// The batch's inventory (`forte_format::Inventory`), signed by the edge and encrypted to
+    /// the core, standard base64: the relay stores it for the core, which delivers the batch
+    /// only if the objects it got are exactly those listed. Absent from edges before object
+    /// format 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inventory: Option<String>,
 }
 
 /// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each

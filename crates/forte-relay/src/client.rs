@@ -13,7 +13,7 @@ use crate::api::{
     ApiError, BatchSeal, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery, MAX_STATUS_QUERY,
     SHA256_HEADER,
 };
-use crate::tls::{client_config, RelayTrust};
+use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
 /// A failed request: the HTTP status if the relay answered, and what it said.
 #[derive(Debug, thiserror::Error)]
@@ -22,14 +22,62 @@ pub struct RelayError {
     pub url: String,
     pub status: Option<u16>,
     pub message: String,
+    /// No answer, and none will come however often we ask: the relay's certificate is not the
+    /// one we trust, it does not speak TLS, or the URL is unusable. Only for `status: None`.
+    pub permanent: bool,
 }
 
 impl RelayError {
-    /// Worth trying again later: no answer (network, timeout), a server error, or a full relay.
+    /// Worth trying again later: no answer (network down, connection refused or reset,
+    /// timeout) unless it can never come, a server error (5xx, including 507 Full), a request
+    /// timeout (408) or too many requests (429). Every other answer of the relay (401 bad
+    /// token, 403 wrong role, 400-class protocol errors) and every TLS certificate error is for
+    /// good: a person has to change something first.
     pub fn is_transient(&self) -> bool {
         match self.status {
-            None => true,
+            None => !self.permanent,
             Some(s) => s >= 500 || s == 429 || s == 408,
+        }
+    }
+
+    /// A request that got no answer; classified by its cause.
+    fn transport(url: String, e: reqwest::Error) -> Self {
+        let chain = source_chain(&e);
+        let advice = tls_cause(&e).and_then(tls_advice);
+        let builder = e.is_builder();
+        // Without the URL: `Display` shows it once already.
+        let what = format!("{}{chain}", e.without_url());
+        let (message, permanent) = match advice {
+            Some(advice) => (advice, true),
+            None if builder => (format!("not a usable relay URL: {what}"), true),
+            None => (what, false),
+        };
+        RelayError {
+            url,
+            status: None,
+            message,
+            permanent,
+        }
+    }
+
+    /// The relay answered with an error status.
+    fn answered(url: String, status: StatusCode, said: String) -> Self {
+        let message = match status {
+            StatusCode::UNAUTHORIZED => format!(
+                "the relay refused the token ({status}: {said}): check --token-file \
+                 (or FORTE_TOKEN) against the relay's token file"
+            ),
+            StatusCode::FORBIDDEN => format!(
+                "the relay refused this request for this token ({status}: {said}): \
+                 `send` needs an edge token, `pull` a core token"
+            ),
+            _ => format!("{status}: {said}"),
+        };
+        RelayError {
+            url,
+            status: Some(status.as_u16()),
+            message,
+            permanent: false,
         }
     }
 }
@@ -51,9 +99,13 @@ pub struct RelayClient {
 }
 
 impl RelayClient {
+    /// Refuses a URL that is not `https://` before any connection: the relay speaks only
+    /// HTTPS, and no retry would change that.
     pub fn new(endpoint: &RelayEndpoint, timeout: Duration) -> anyhow::Result<Self> {
+        check_url(&endpoint.url)?;
         let tls = client_config(&endpoint.trust)?;
         let http = Client::builder()
+            .https_only(true)
             .tls_backend_preconfigured(tls)
             .connect_timeout(Duration::from_secs(10))
             .timeout(timeout)
@@ -74,11 +126,7 @@ impl RelayClient {
         let response = request
             .bearer_auth(&self.token)
             .send()
-            .map_err(|e| RelayError {
-                url: url.clone(),
-                status: None,
-                message: format!("{e}{}", source_chain(&e)),
-            })?;
+            .map_err(|e| RelayError::transport(url.clone(), e))?;
         if response.status().is_success() {
             return Ok(response);
         }
@@ -87,11 +135,7 @@ impl RelayClient {
             .json::<ApiError>()
             .map(|e| e.error)
             .unwrap_or_else(|_| status.canonical_reason().unwrap_or("error").to_string());
-        Err(RelayError {
-            url,
-            status: Some(status.as_u16()),
-            message: format!("{status}: {message}"),
-        })
+        Err(RelayError::answered(url, status, message))
     }
 
     fn body(url: &str, response: Response) -> Result<Vec<u8>> {
@@ -102,6 +146,7 @@ impl RelayClient {
                 url: url.to_string(),
                 status: None,
                 message: format!("reading the answer: {e}"),
+                permanent: false,
             })
     }
 
@@ -110,6 +155,7 @@ impl RelayClient {
             url: url.to_string(),
             status: None,
             message: format!("unexpected answer: {e}"),
+            permanent: false,
         })
     }
 
@@ -174,10 +220,12 @@ impl RelayClient {
     }
 
     /// Declares a batch complete: `objects` are all of it, each sealed or delivered.
-    pub fn seal_batch(&self, batch: &str, objects: &[ObjectId]) -> Result<()> {
+    /// Seals a batch: all its objects, and its sealed inventory.
+    pub fn seal_batch(&self, batch: &str, objects: &[ObjectId], inventory: &[u8]) -> Result<()> {
         let url = self.url(&format!("/v1/batches/{batch}"));
         let body = BatchSeal {
             objects: objects.to_vec(),
+            inventory: Some(base64::engine::general_purpose::STANDARD.encode(inventory)),
         };
         self.send(url.clone(), self.http.put(&url).json(&body))
             .map(drop)
@@ -193,6 +241,16 @@ impl RelayClient {
         });
         let r = self.send(url.clone(), self.http.get(&url))?;
         Self::json(&url, r)
+    }
+
+    /// The sealed inventory of a sealed batch; `None` if the relay holds none for it.
+    pub fn inventory(&self, site: &str, batch: &str) -> Result<Option<Vec<u8>>> {
+        let url = self.url(&format!("/v1/sites/{site}/batches/{batch}/inventory"));
+        match self.send(url.clone(), self.http.get(&url)) {
+            Ok(r) => Self::body(&url, r).map(Some),
+            Err(e) if e.status == Some(StatusCode::NOT_FOUND.as_u16()) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     pub fn manifest(&self, site: &str, id: ObjectId) -> Result<Vec<u8>> {
@@ -220,6 +278,23 @@ impl RelayClient {
     }
 }
 
+/// The relay's URL must be `https://HOST[:PORT][/PATH]`.
+fn check_url(url: &str) -> anyhow::Result<()> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        anyhow::anyhow!("relay URL {url:?} is not a URL ({e}): give --relay https://HOST:PORT")
+    })?;
+    if parsed.scheme() != "https" {
+        anyhow::bail!(
+            "relay URL must start with https:// (got {url:?}): the relay speaks only HTTPS; \
+             use the address `forte relay` printed"
+        );
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        anyhow::bail!("relay URL {url:?} names no host: give --relay https://HOST:PORT");
+    }
+    Ok(())
+}
+
 /// The causes behind a transport error, which reqwest keeps out of its own message.
 fn source_chain(e: &dyn std::error::Error) -> String {
     let mut out = String::new();
@@ -229,4 +304,192 @@ fn source_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     out
+}
+
+/// The TLS error behind a transport error, if any. `std::io::Error::source` skips the error it
+/// wraps (and I/O errors wrap I/O errors wrapping the TLS error), so the walk goes into each
+/// I/O error's wrapped error instead.
+fn tls_cause<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if let Some(tls) = c.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        cause = match c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => c.source(),
+        };
+    }
+    None
+}
+
+/// What to change when TLS failed for a reason no retry can fix; `None` for the others.
+fn tls_advice(tls: &rustls::Error) -> Option<String> {
+    use rustls::{CertificateError, Error};
+    match tls {
+        Error::InvalidCertificate(CertificateError::Other(other)) => {
+            match other.0.downcast_ref::<FingerprintMismatch>() {
+                Some(m) => Some(format!(
+                    "the relay's certificate does not match --relay-fingerprint (the relay has \
+                     {}, the pin is {}): check the fingerprint `forte relay` printed at start",
+                    m.found, m.pinned
+                )),
+                None => Some(format!(
+                    "the relay's certificate is refused ({tls}): check --relay-ca or \
+                     --relay-fingerprint"
+                )),
+            }
+        }
+        Error::InvalidCertificate(_) => Some(format!(
+            "the relay's certificate is refused ({tls}): check --relay-ca and the host name in \
+             --relay, or pin the certificate with --relay-fingerprint"
+        )),
+        Error::InvalidMessage(_) | Error::PeerIncompatible(_) => Some(format!(
+            "no TLS relay answered at this address ({tls}): check that --relay is the https:// \
+             address `forte relay` printed"
+        )),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::{start, RelayConfig, RunningRelay};
+
+    const EDGE: &str = "edge-token-0123456789abcdef";
+
+    fn relay(dir: &std::path::Path) -> RunningRelay {
+        std::fs::create_dir_all(dir).unwrap();
+        let tokens = dir.join("tokens.toml");
+        std::fs::write(
+            &tokens,
+            format!("[[token]]\ntoken = \"{EDGE}\"\nrole = \"edge\"\nsite = \"site-a\"\n"),
+        )
+        .unwrap();
+        start(RelayConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            store: dir.join("store"),
+            tokens,
+            tls_cert: None,
+            tls_key: None,
+            tls_names: vec!["localhost".into(), "127.0.0.1".into()],
+            quota_per_site: None,
+        })
+        .unwrap()
+    }
+
+    fn client(url: String, token: &str, trust: RelayTrust) -> anyhow::Result<RelayClient> {
+        RelayClient::new(
+            &RelayEndpoint {
+                url,
+                token: token.into(),
+                trust,
+            },
+            Duration::from_secs(5),
+        )
+    }
+
+    fn answered(status: u16) -> RelayError {
+        RelayError::answered(
+            "https://relay/v1/ready".into(),
+            StatusCode::from_u16(status).unwrap(),
+            "what the relay said".into(),
+        )
+    }
+
+    #[test]
+    fn only_answers_that_can_heal_are_transient() {
+        for status in [500, 502, 503, 504, 507, 429, 408] {
+            assert!(answered(status).is_transient(), "{status}");
+        }
+        for status in [400, 401, 403, 404, 405, 409, 413, 422] {
+            assert!(!answered(status).is_transient(), "{status}");
+        }
+        let refused = answered(401);
+        assert!(refused.message.contains("--token-file"), "{refused}");
+        assert!(answered(403).message.contains("core token"));
+    }
+
+    #[test]
+    fn a_refused_connection_is_transient() {
+        // A port nobody listens on (bound, then released).
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let c = client(
+            format!("https://{addr}"),
+            EDGE,
+            RelayTrust::Fingerprint("00".repeat(32)),
+        )
+        .unwrap();
+        let err = c.ready(false).unwrap_err();
+        assert!(err.is_transient(), "{err}");
+        assert_eq!(err.status, None);
+        // The URL once, in front; not again in reqwest's own message.
+        assert_eq!(
+            err.to_string().matches(&addr.to_string()).count(),
+            1,
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_that_is_not_the_pinned_one_is_permanent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let relay = relay(tmp.path());
+        let c = client(relay.url(), EDGE, RelayTrust::Fingerprint("00".repeat(32))).unwrap();
+        let err = c.statuses(&[ObjectId::random()]).unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        assert!(err.message.contains("--relay-fingerprint"), "{err}");
+        assert!(err.message.contains(&relay.fingerprint), "{err}");
+        // The right pin, a wrong token: 401, for good, with what to check.
+        let c = client(
+            relay.url(),
+            "not-a-token-0123456789",
+            RelayTrust::Fingerprint(relay.fingerprint.clone()),
+        )
+        .unwrap();
+        let err = c.statuses(&[ObjectId::random()]).unwrap_err();
+        assert_eq!(err.status, Some(401));
+        assert!(
+            !err.is_transient() && err.message.contains("--token-file"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_certificate_from_an_unknown_ca_is_permanent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (relay, other) = (relay(&tmp.path().join("a")), relay(&tmp.path().join("b")));
+        let c = client(
+            relay.url(),
+            EDGE,
+            RelayTrust::CaFile(other.cert_path.clone()),
+        )
+        .unwrap();
+        let err = c.statuses(&[ObjectId::random()]).unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        assert!(err.message.contains("certificate"), "{err}");
+    }
+
+    #[test]
+    fn a_url_that_is_not_https_is_refused_before_connecting() {
+        let trust = RelayTrust::Fingerprint("00".repeat(32));
+        for url in [
+            "http://127.0.0.1:8443",
+            "ftp://relay",
+            "relay.example:8443",
+            "https://",
+        ] {
+            let err = client(url.into(), EDGE, trust.clone()).err().expect(url);
+            let text = format!("{err:#}");
+            assert!(text.contains("https://"), "{url}: {text}");
+        }
+        assert!(client("https://relay.example:8443/".into(), EDGE, trust).is_ok());
+    }
 }

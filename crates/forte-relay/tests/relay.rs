@@ -121,9 +121,12 @@ fn upload_seal_pull_ack() {
         (1, id, false)
     );
     let other = ObjectId::random();
-    let err = edge.seal_batch("batch-1", &[id, other]).unwrap_err();
+    let err = edge
+        .seal_batch("batch-1", &[id, other], b"sealed inventory")
+        .unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
-    edge.seal_batch("batch-1", &[id]).unwrap();
+    edge.seal_batch("batch-1", &[id], b"sealed inventory")
+        .unwrap();
     let ready = core.ready(false).unwrap();
     assert_eq!(ready.len(), 1);
     assert!(ready[0].batch_sealed);
@@ -185,7 +188,9 @@ fn tokens_are_checked_and_sites_are_separate() {
     let edge_b = client(&relay, EDGE_B);
     edge_b.put_part(id, 0, b"b", &sha(b"b")).unwrap();
     edge_b.seal(id, "batch", vec![part(0, b"b")], b"m").unwrap();
-    edge_b.seal_batch("batch", &[id]).unwrap();
+    edge_b
+        .seal_batch("batch", &[id], b"sealed inventory")
+        .unwrap();
     let core_a = client(&relay, CORE_A);
     assert!(core_a.ready(false).unwrap().is_empty());
     assert_eq!(core_a.part("site-b", id, 0).unwrap_err().status, Some(404));

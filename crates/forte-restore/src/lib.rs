@@ -23,13 +23,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use forte_format::manifest::validate_path;
-use forte_format::seal::{decrypt, sha256_hex};
-use forte_format::{Identities, Kind, Manifest, ObjectId, TrustedEdges};
+use forte_format::seal::{decrypt, sha256_file, sha256_hex};
+use forte_format::{Identities, Inventory, InventoryEntry, Kind, Manifest, ObjectId, TrustedEdges};
 use forte_pipeline::{queue, Budget, Charge, Emit, Pipeline, Weigh, Work};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-pub use objects::{open_objects, Object};
+pub use objects::{open_inventory, open_objects, Object};
 pub use source::{DirSource, ObjectRef, ObjectSource, PartError};
 
 /// Knobs of the restore path.
@@ -47,15 +47,18 @@ pub struct RestoreConfig {
     pub writers: usize,
 }
 
-/// Files already at the destination.
+/// Files already at the destination. In every mode a directory where a file is to go (or a
+/// file, link or device where a directory is to go) refuses the whole restore, and the
+/// message says to move it away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Existing {
-    /// Refuse the whole restore.
+    /// Refuse the whole restore; the message points to `--overwrite` (`unpack`).
     Refuse,
-    /// Replace them.
+    /// Replace them (`unpack --overwrite`).
     Overwrite,
     /// Keep a file whose SHA-256 equals the manifest's (an earlier delivery whose
-    /// acknowledgement was lost); refuse others.
+    /// acknowledgement was lost); refuse others, saying to move them away (`pull`, which has
+    /// no `--overwrite`).
     KeepIdentical,
 }
 
@@ -90,6 +93,9 @@ pub struct Delivered {
     pub bytes: u64,
     /// Every object now in place at the destination, delivered now or found identical.
     pub placed: Vec<Placed>,
+    /// Whether the objects were checked against a signed inventory; `false` only for a set
+    /// of version-1 objects, written before inventories existed.
+    pub inventory: bool,
 }
 
 /// One object in place at the destination.
@@ -181,6 +187,53 @@ impl Staged {
         self.jobs.extend(more.jobs);
         self.found.extend(more.found);
     }
+
+    /// Fails unless the staged objects are exactly those of `inventory`, or, without one,
+    /// unless every object predates inventories (version 1): a version-2 object without an
+    /// inventory means the inventory was removed on the way.
+    fn check_complete(&self, inventory: Option<&Inventory>) -> Result<()> {
+        let Some(inventory) = inventory else {
+            if let Some(job) = self
+                .jobs
+                .iter()
+                .find(|j| j.object.manifest.listed_in_inventory())
+            {
+                let m = &job.object.manifest;
+                bail!(
+                    "nothing was restored: {} (object {}) belongs to a set with a signed inventory, but the inventory is missing; it was removed on the way, so nothing proves the set complete",
+                    m.path,
+                    m.id
+                );
+            }
+            return Ok(());
+        };
+        let present: Vec<InventoryEntry> = self
+            .jobs
+            .iter()
+            .map(|j| InventoryEntry::of(&j.object.manifest))
+            .chain(self.found.iter().map(|p| InventoryEntry {
+                id: p.id,
+                path: p.path.clone(),
+                size: p.size,
+                sha256: p.sha256.clone(),
+            }))
+            .collect();
+        let problems: Vec<Problem> = inventory
+            .differences(&present)
+            .into_iter()
+            .map(|(object, message)| Problem {
+                object,
+                part: None,
+                damaged: false,
+                message,
+            })
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(RestoreFailure { problems }.into())
+        }
+    }
 }
 
 /// Creates a fresh staging directory on `dest`'s file system, for [`Restore::stage`].
@@ -266,20 +319,30 @@ impl<'k> Restore<'k> {
     }
 
     /// Restores every object of `source` into `dest`, each at the path `layout` gives it, all
-    /// or nothing. On failure the error lists every problem found, each naming the file,
-    /// object and part; a [`RestoreFailure`] when the problems are in the objects' bytes.
+    /// or nothing, and only if they are exactly the objects of the source's signed inventory.
+    /// On failure the error lists every problem found, each naming the file, object and part;
+    /// a [`RestoreFailure`] when the problems are in the objects' bytes or their set.
     pub fn run(
         &self,
         source: &dyn ObjectSource,
         dest: &Path,
         layout: Layout<'_>,
     ) -> Result<Delivered> {
+        let inventory = self.inventory(source)?;
         let staging = new_staging(dest)?;
         let result = self
             .stage(source, dest, layout, &staging)
-            .and_then(|staged| commit(staged, &staging, dest));
+            .and_then(|staged| self.commit(staged, &staging, dest, inventory.as_ref()));
         let _ = std::fs::remove_dir_all(&staging);
         result
+    }
+
+    /// The source's inventory, decrypted and verified; `None` if it has none.
+    pub fn inventory(&self, source: &dyn ObjectSource) -> Result<Option<Inventory>> {
+        source
+            .inventory(objects::MAX_MANIFEST_BYTES)?
+            .map(|sealed| open_inventory(&sealed, self.identities, self.trusted))
+            .transpose()
     }
 
     /// Verifies every object of `source` and writes it into `staging` (from [`new_staging`]),
@@ -317,9 +380,19 @@ impl<'k> Restore<'k> {
     }
 
     /// Moves everything staged in `staging` into place at `dest`: the second half of
-    /// [`Restore::run`].
-    pub fn commit(&self, staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
-        commit(staged, staging, dest)
+    /// [`Restore::run`]. First the staged objects must be exactly those of `inventory` (see
+    /// [`Restore::inventory`]); otherwise nothing moves.
+    pub fn commit(
+        &self,
+        staged: Staged,
+        staging: &Path,
+        dest: &Path,
+        inventory: Option<&Inventory>,
+    ) -> Result<Delivered> {
+        staged.check_complete(inventory)?;
+        let mut delivered = commit(staged, staging, dest)?;
+        delivered.inventory = inventory.is_some();
+        Ok(delivered)
     }
 
     fn stage_all(
@@ -618,10 +691,38 @@ fn check_destination(
             {
                 already.insert(m.id);
             }
-            (Ok(_), _) => bail!(
-                "{} already exists; nothing was restored (pass --overwrite to replace files)",
-                target.display()
-            ),
+            (Ok(meta), existing) => {
+                let found = if meta.is_file() {
+                    "a file"
+                } else if meta.is_dir() {
+                    "a directory"
+                } else if meta.file_type().is_symlink() {
+                    "a symbolic link"
+                } else {
+                    "a special file"
+                };
+                let wanted = if is_dir { "a directory" } else { "a file" };
+                let target = target.display();
+                match existing {
+                    Existing::Refuse if meta.is_file() && !is_dir => bail!(
+                        "{target} already exists; nothing was restored (pass --overwrite to replace files)"
+                    ),
+                    // Only a file with other contents gets here: identical ones are kept.
+                    Existing::KeepIdentical if meta.is_file() && !is_dir => bail!(
+                        "{target} already exists with other contents than the delivered file; \
+                         nothing of this batch was delivered (existing files are never replaced: \
+                         move {target} away, or choose another --to or --layout, and pull again)"
+                    ),
+                    Existing::KeepIdentical => bail!(
+                        "{target} already exists and is {found}, where {wanted} is to go; nothing \
+                         of this batch was delivered (move it away and pull again)"
+                    ),
+                    Existing::Refuse | Existing::Overwrite => bail!(
+                        "{target} already exists and is {found}, where {wanted} is to go; nothing \
+                         was restored (move it away and try again; --overwrite replaces only files)"
+                    ),
+                }
+            }
         }
         // A file cannot also be the parent directory of another restored path.
         let prefix = format!("{path}/");
@@ -637,10 +738,7 @@ fn check_destination(
 }
 
 fn file_sha256(path: &Path) -> Result<String> {
-    let mut hasher = Sha256::new();
-    std::io::copy(&mut File::open(path)?, &mut hasher)
-        .with_context(|| format!("cannot read {}", path.display()))?;
-    Ok(hex::encode(hasher.finalize()))
+    sha256_file(path).with_context(|| format!("cannot read {}", path.display()))
 }
 
 /// Copies delivered files from `dest` to a second destination `copy` under the same relative
@@ -756,6 +854,7 @@ fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
         directories: 0,
         bytes: 0,
         placed: found,
+        inventory: false,
     };
     for job in &jobs {
         let m = &job.object.manifest;

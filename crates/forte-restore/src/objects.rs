@@ -2,13 +2,25 @@
 
 use anyhow::{bail, Result};
 use forte_format::seal::decrypt;
-use forte_format::{Identities, Manifest, TrustedEdges};
+use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 
 use crate::source::{ObjectRef, ObjectSource};
 
 /// Larger than the manifest of a 100 TiB file in 16 MiB parts; bounds what an untrusted
 /// `manifest.age` can make us allocate before its signature is checked.
-const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+
+/// Decrypts and verifies a sealed inventory (`inventory.age`): it must decrypt with the core's
+/// identity and carry a valid signature of a trusted edge.
+pub fn open_inventory(
+    sealed: &[u8],
+    identities: &Identities,
+    trusted: &TrustedEdges,
+) -> Result<Inventory> {
+    let document = decrypt(&identities.0, sealed, MAX_MANIFEST_BYTES)
+        .map_err(|e| anyhow::anyhow!("inventory.age: {e}"))?;
+    Inventory::open(&document, trusted).map_err(|e| anyhow::anyhow!("inventory.age: inventory {e}"))
+}
 
 /// An object whose manifest decrypted, verified and matched its name.
 #[derive(Debug)]

@@ -5,7 +5,7 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use forte_format::{part_file_name, Manifest, ObjectId, MANIFEST_FILE};
+use forte_format::{part_file_name, Manifest, ObjectId, INVENTORY_FILE, MANIFEST_FILE};
 
 /// An object as a source names it.
 #[derive(Debug, Clone)]
@@ -36,6 +36,10 @@ pub trait ObjectSource: Sync {
     fn check(&self, _object: &ObjectRef, _manifest: &Manifest) -> Result<()> {
         Ok(())
     }
+    /// The sealed inventory of the set (`inventory.age`), at most `max_len` bytes; `None` for
+    /// a set written before inventories existed (or one whose inventory was removed, which
+    /// its version-2 manifests reveal).
+    fn inventory(&self, max_len: u64) -> Result<Option<Vec<u8>>>;
 }
 
 /// Objects in a directory, one `<id>/` subdirectory each: the output of `forte pack`, or a
@@ -62,6 +66,9 @@ impl ObjectSource for DirSource {
         let mut strangers = Vec::new();
         for entry in entries {
             let path = entry.path();
+            if entry.file_name() == INVENTORY_FILE && path.is_file() {
+                continue;
+            }
             let parsed = entry.file_name().to_str().map(str::parse::<ObjectId>);
             match parsed {
                 Some(Ok(id)) if path.is_dir() => objects.push(ObjectRef {
@@ -73,7 +80,7 @@ impl ObjectSource for DirSource {
         }
         if !strangers.is_empty() {
             bail!(
-                "nothing was restored; {} is not only object directories (32 hex digits each): {}",
+                "nothing was restored; {} is not only object directories (32 hex digits each) and {INVENTORY_FILE}: {}",
                 root.display(),
                 strangers.join(", ")
             );
@@ -82,6 +89,20 @@ impl ObjectSource for DirSource {
             bail!("{} holds no packed objects", root.display());
         }
         Ok(objects)
+    }
+
+    fn inventory(&self, max_len: u64) -> Result<Option<Vec<u8>>> {
+        let path = self.root.join(INVENTORY_FILE);
+        let mut sealed = Vec::new();
+        match File::open(&path) {
+            Ok(f) => f
+                .take(max_len)
+                .read_to_end(&mut sealed)
+                .with_context(|| format!("cannot read {}", path.display()))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+        };
+        Ok(Some(sealed))
     }
 
     fn manifest(&self, object: &ObjectRef, max_len: u64) -> Result<Vec<u8>> {

@@ -366,7 +366,8 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         "nothing acknowledged yet"
     );
 
-    edge.seal_batch("batch-ahead", &ids).unwrap();
+    let inventory = std::fs::read(packed.join(forte_format::INVENTORY_FILE)).unwrap();
+    edge.seal_batch("batch-ahead", &ids, &inventory).unwrap();
     let expected: std::collections::BTreeMap<String, String> = source_hashes(&src)
         .into_iter()
         .map(|(p, h)| (format!("site-a/batch-ahead/{p}"), h))

@@ -230,3 +230,111 @@ fn a_second_destination_gets_the_same_files_before_the_relay_may_delete() {
     assert_eq!(tree(&copy), archive);
     assert!(site.relay_objects().is_empty());
 }
+
+/// The relay's sealed objects of site-a by the batch they were sealed in: batch id → object ids.
+fn relay_batches(site: &Site) -> std::collections::BTreeMap<String, Vec<String>> {
+    let mut batches = std::collections::BTreeMap::<String, Vec<String>>::new();
+    let meta = site.relay.store.join("sites/site-a/meta");
+    for o in std::fs::read_dir(meta).unwrap().flatten() {
+        let sealed: serde_json::Value =
+            json(&std::fs::read_to_string(o.path().join("sealed.json")).unwrap());
+        batches
+            .entry(sealed["batch"].as_str().unwrap().to_string())
+            .or_default()
+            .push(sealed["id"].as_str().unwrap().to_string());
+    }
+    batches
+}
+
+/// Moves an object's directories at the relay (its data and its records) between two stores.
+fn move_object(from: &Path, to: &Path, id: &str) {
+    for kind in ["objects", "meta"] {
+        std::fs::create_dir_all(to.join(kind)).unwrap();
+        std::fs::rename(from.join(kind).join(id), to.join(kind).join(id)).unwrap();
+    }
+}
+
+#[test]
+fn a_relay_that_drops_or_injects_an_object_of_a_sealed_batch_delivers_nothing_of_it() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for (batch, files) in [("three", 3), ("other", 1)] {
+        for i in 0..files {
+            write(
+                &inbox.join(batch).join(format!("{i}.bin")),
+                &sample_bytes(200_000 + i, i as u64),
+            );
+        }
+        write(&inbox.join(batch).join(".ready"), b"");
+    }
+    ok(&site.send(&["-q"]));
+    let batches = relay_batches(&site);
+    let (three, other) = {
+        let mut by_size: Vec<_> = batches.iter().collect();
+        by_size.sort_by_key(|(_, ids)| ids.len());
+        (by_size[1].clone(), by_size[0].clone())
+    };
+    assert_eq!((three.1.len(), other.1.len()), (3, 1), "{batches:?}");
+    let store = site.relay.store.join("sites/site-a");
+    let aside = site.root.join("aside");
+    let dest = site.root.join("dest/site-a");
+
+    // Omission: the relay drops one object of the sealed batch. Every other manifest verifies,
+    // but the batch's signed inventory names the one missing.
+    move_object(&store, &aside, &three.1[0]);
+    move_object(&store, &aside, &other.1[0]);
+    let err = fails(&site.pull());
+    assert!(
+        err.contains(&three.1[0])
+            && err.contains("listed in the signed inventory")
+            && err.contains("missing"),
+        "{err}"
+    );
+    assert!(
+        !dest.join("three").exists(),
+        "nothing of the batch is visible"
+    );
+    assert_eq!(site.relay_objects().len(), 2 * 2, "nothing acknowledged");
+
+    // Injection: an object of another batch of the same edge (correctly signed) is listed in
+    // this batch.
+    move_object(&aside, &store, &three.1[0]);
+    move_object(&aside, &store, &other.1[0]);
+    let record = store.join("meta").join(&other.1[0]).join("sealed.json");
+    let original = std::fs::read_to_string(&record).unwrap();
+    std::fs::write(
+        &record,
+        original.replace(other.0.as_str(), three.0.as_str()),
+    )
+    .unwrap();
+    let batch_record = store.join("batches").join(format!("{}.json", three.0));
+    let mut members: Vec<String> = json(&std::fs::read_to_string(&batch_record).unwrap())
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    let sealed_members = members.clone();
+    members.push(other.1[0].clone());
+    std::fs::write(&batch_record, serde_json::to_vec(&members).unwrap()).unwrap();
+    let err = fails(&site.pull());
+    assert!(
+        err.contains(&other.1[0]) && err.contains("not in the signed inventory"),
+        "{err}"
+    );
+    assert!(
+        !dest.exists() || visible(&dest).is_empty(),
+        "{:?}",
+        visible(&dest)
+    );
+
+    // Undone, both batches arrive whole.
+    std::fs::write(&record, original).unwrap();
+    std::fs::write(&batch_record, serde_json::to_vec(&sealed_members).unwrap()).unwrap();
+    ok(&site.pull());
+    for batch in ["three", "other"] {
+        let mut expected = tree(&inbox.join(batch));
+        expected.remove(".ready");
+        assert_eq!(tree(&dest.join(batch)), expected, "{batch}");
+    }
+}

@@ -6,8 +6,11 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use forte_format::seal::encrypt;
-use forte_format::{EdgeKey, Kind, Manifest, ObjectId, Recipients, FORMAT};
+use forte_format::seal::{decrypt, encrypt};
+use forte_format::{
+    EdgeKey, Identities, Inventory, Kind, Manifest, ObjectId, Recipients, TrustedEdges, FORMAT,
+    FORMAT_V1, INVENTORY_FILE,
+};
 
 struct Fixture {
     _tmp: tempfile::TempDir,
@@ -83,6 +86,58 @@ impl Fixture {
             "the destination is not empty after a refused unpack"
         );
         err
+    }
+}
+
+/// The edge's and the core's keys, to forge what only a compromised edge key could: correctly
+/// signed manifests and inventories with wrong contents.
+struct Forger {
+    key: EdgeKey,
+    recipients: Recipients,
+    identities: Identities,
+    trusted: TrustedEdges,
+}
+
+impl Forger {
+    fn new(keys: &Keys) -> Self {
+        Self {
+            key: EdgeKey::load(&keys.edge_key).unwrap(),
+            recipients: Recipients::load(&keys.core_pub).unwrap(),
+            identities: Identities::load(&keys.core_key).unwrap(),
+            trusted: TrustedEdges::load(std::slice::from_ref(&keys.edge_pub)).unwrap(),
+        }
+    }
+
+    fn open(&self, sealed: &Path) -> Vec<u8> {
+        decrypt(&self.identities.0, &std::fs::read(sealed).unwrap(), 1 << 30).unwrap()
+    }
+
+    fn seal(&self, document: &[u8], to: &Path) {
+        let mut sealed = Vec::new();
+        encrypt(&self.recipients.0, document, &mut sealed);
+        std::fs::write(to, sealed).unwrap();
+    }
+
+    /// Re-signs the object's manifest after `edit`; the ciphertext of every part stays valid.
+    fn rewrite_manifest(&self, object: &Path, edit: impl FnOnce(&mut Manifest)) -> Manifest {
+        let path = object.join("manifest.age");
+        let mut manifest = Manifest::open(&self.open(&path), &self.trusted).unwrap();
+        edit(&mut manifest);
+        self.seal(&manifest.sign(&self.key), &path);
+        manifest
+    }
+
+    /// Re-signs the archive's inventory so that it lists `manifest` as it is now: only the
+    /// check under test can then catch what the manifest claims.
+    fn relist(&self, packed: &Path, manifest: &Manifest) {
+        let path = packed.join(INVENTORY_FILE);
+        let mut inventory = Inventory::open(&self.open(&path), &self.trusted).unwrap();
+        for entry in &mut inventory.objects {
+            if entry.id == manifest.id {
+                *entry = forte_format::InventoryEntry::of(manifest);
+            }
+        }
+        std::fs::write(&path, inventory.seal(&self.key, &self.recipients)).unwrap();
     }
 }
 
@@ -213,9 +268,10 @@ fn another_edge_key_is_not_trusted() {
         &intruder.edge_key,
         "-q",
     ]);
+    // The archive's inventory is opened first, and is refused for the same reason.
     f.refused(
         &packed,
-        &["not among the trusted edge keys", "manifest.age"],
+        &["not among the trusted edge keys", "inventory.age"],
     );
 }
 
@@ -276,4 +332,240 @@ fn signed_manifests_with_escaping_paths_are_refused() {
         f.refused(&packed, &["malformed", path]);
         assert!(!f.root.join("escaped").exists());
     }
+}
+
+// The checks after decryption: each case below passes every earlier check (the ciphertext
+// hashes and the AEAD are intact, the manifest and inventory are correctly signed), so only the
+// named check can catch it.
+
+#[test]
+fn a_signed_manifest_with_a_wrong_raw_part_hash_is_caught_after_decompression() {
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let (packed, object) = f.copy("raw-part-hash", "multi.bin");
+    let manifest = forger.rewrite_manifest(&object, |m| m.parts[1].raw_sha256 = "0".repeat(64));
+    forger.relist(&packed, &manifest);
+    f.refused(&packed, &["multi.bin", "part 1", "raw SHA-256 mismatch"]);
+}
+
+#[test]
+fn a_signed_manifest_with_a_wrong_whole_file_hash_is_caught_after_assembly() {
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let (packed, object) = f.copy("whole-file-hash", "multi.bin");
+    let manifest = forger.rewrite_manifest(&object, |m| m.sha256 = "0".repeat(64));
+    forger.relist(&packed, &manifest);
+    f.refused(&packed, &["multi.bin", "whole-file SHA-256 mismatch"]);
+}
+
+#[test]
+fn a_signed_manifest_with_a_shorter_length_is_caught_by_the_decompressed_length() {
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let (packed, object) = f.copy("raw-length", "notes/other.txt");
+    // One 13-byte part declared as 12: the frame decompresses to more than the manifest
+    // allows. Hashes are of the first 12 bytes, so nothing else would notice.
+    let manifest = forger.rewrite_manifest(&object, |m| {
+        let short = &b"a small file\n"[..12];
+        let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(short));
+        m.size = 12;
+        m.parts[0].raw_length = 12;
+        m.parts[0].raw_sha256.clone_from(&sha);
+        m.sha256 = sha;
+    });
+    forger.relist(&packed, &manifest);
+    f.refused(
+        &packed,
+        &[
+            "notes/other.txt",
+            "part 0",
+            "not a valid zstd frame of 12 bytes",
+        ],
+    );
+}
+
+#[test]
+fn a_part_of_equal_length_from_elsewhere_is_caught_by_its_ciphertext_hash() {
+    // The same zstd frame sealed again (as a replayed earlier upload would be) to exactly the
+    // part's length (age's header varies in length, so seal until one matches): the length
+    // check cannot see it, the AEAD and the raw hash would accept it, and only the ciphertext
+    // hash names it, before anything is decrypted.
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let (packed, object) = f.copy("equal-length", "multi.bin");
+    let part = object.join("part-000001.zst.age");
+    let length = std::fs::metadata(&part).unwrap().len() as usize;
+    let frame = forger.open(&part);
+    let forged = (0..10_000)
+        .map(|_| {
+            let mut sealed = Vec::new();
+            encrypt(&forger.recipients.0, &frame, &mut sealed);
+            sealed
+        })
+        .find(|sealed| sealed.len() == length)
+        .expect("an age file of the part's length");
+    std::fs::write(&part, forged).unwrap();
+    f.refused(
+        &packed,
+        &["multi.bin", "part 1", "ciphertext SHA-256 mismatch"],
+    );
+}
+
+// The archive's signed inventory: objects removed, added or replaced as a whole are caught,
+// though every remaining manifest verifies.
+
+#[test]
+fn a_removed_object_is_caught_by_the_inventory() {
+    let f = fixture();
+    let (packed, object) = f.copy("removed-object", "notes/other.txt");
+    std::fs::remove_dir_all(&object).unwrap();
+    f.refused(
+        &packed,
+        &[
+            "notes/other.txt",
+            "listed in the signed inventory",
+            "missing",
+        ],
+    );
+}
+
+#[test]
+fn an_object_from_another_archive_of_the_same_edge_is_caught_by_the_inventory() {
+    let f = fixture();
+    let src = f.root.join("other-src");
+    write(&src.join("injected.txt"), b"not part of the archive\n");
+    let other = f.root.join("other-archive");
+    ok(&args![
+        "pack",
+        &src,
+        "--to",
+        &other,
+        "--recipient",
+        &f.keys.core_pub,
+        "--sign",
+        &f.keys.edge_key,
+        "-q",
+    ]);
+    let (packed, _) = f.copy("injected-object", "multi.bin");
+    let foreign = object_for(&f.keys, &other, "injected.txt");
+    copy_dir(&foreign, &packed.join(foreign.file_name().unwrap()));
+    f.refused(
+        &packed,
+        &[
+            "injected.txt",
+            "not in the signed inventory",
+            "another batch or archive",
+        ],
+    );
+}
+
+#[test]
+fn an_older_copy_of_an_object_is_caught_by_the_inventory() {
+    // A correctly signed manifest for the same object id that says something else (an earlier
+    // version of the file): the inventory names what this archive holds.
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let (packed, object) = f.copy("replayed-object", "notes/other.txt");
+    for part in std::fs::read_dir(&object).unwrap() {
+        let part = part.unwrap().path();
+        if part.file_name().unwrap() != "manifest.age" {
+            std::fs::remove_file(part).unwrap();
+        }
+    }
+    forger.rewrite_manifest(&object, |m| {
+        m.kind = Kind::Dir;
+        m.size = 0;
+        m.parts.clear();
+        m.sha256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into();
+    });
+    f.refused(
+        &packed,
+        &[
+            "notes/other.txt",
+            "differs from the signed inventory",
+            "replayed",
+        ],
+    );
+}
+
+#[test]
+fn a_removed_inventory_is_caught_by_the_manifests_format() {
+    let f = fixture();
+    let (packed, _) = f.copy("no-inventory", "multi.bin");
+    std::fs::remove_file(packed.join(INVENTORY_FILE)).unwrap();
+    f.refused(
+        &packed,
+        &["inventory is missing", "nothing proves the set complete"],
+    );
+}
+
+#[test]
+fn an_inventory_from_another_archive_or_edge_is_caught() {
+    let f = fixture();
+    // Another archive of the same edge: its inventory lists other objects.
+    let other = f.root.join("other-inventory");
+    ok(&args![
+        "pack",
+        f.root.join("src").join("notes"),
+        "--to",
+        &other,
+        "--recipient",
+        &f.keys.core_pub,
+        "--sign",
+        &f.keys.edge_key,
+        "-q",
+    ]);
+    let (packed, _) = f.copy("foreign-inventory", "multi.bin");
+    std::fs::copy(other.join(INVENTORY_FILE), packed.join(INVENTORY_FILE)).unwrap();
+    f.refused(&packed, &["multi.bin", "not in the signed inventory"]);
+    // An inventory signed by an untrusted key.
+    let intruder = keygen(&f.root.join("intruder"));
+    let forger = Forger::new(&f.keys);
+    let (packed, _) = f.copy("untrusted-inventory", "multi.bin");
+    let inventory = Inventory::open(
+        &forger.open(&f.pristine.join(INVENTORY_FILE)),
+        &forger.trusted,
+    )
+    .unwrap();
+    let sealed = inventory.seal(
+        &EdgeKey::load(&intruder.edge_key).unwrap(),
+        &forger.recipients,
+    );
+    std::fs::write(packed.join(INVENTORY_FILE), sealed).unwrap();
+    f.refused(
+        &packed,
+        &["inventory.age", "not among the trusted edge keys"],
+    );
+}
+
+#[test]
+fn archives_from_before_inventories_restore_with_a_warning() {
+    // Format 1 had no inventory: such an archive restores, and unpack says what is unproven.
+    let f = fixture();
+    let forger = Forger::new(&f.keys);
+    let packed = f.root.join("format-1");
+    let id = ObjectId::random();
+    let manifest = Manifest {
+        format: FORMAT_V1.into(),
+        id,
+        batch: String::new(),
+        path: "old-empty-dir".into(),
+        kind: Kind::Dir,
+        size: 0,
+        mode: 0o755,
+        mtime_s: 0,
+        mtime_ns: 0,
+        sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
+        part_size: 1 << 24,
+        parts: vec![],
+    };
+    let object = packed.join(id.to_string());
+    std::fs::create_dir_all(&object).unwrap();
+    forger.seal(&manifest.sign(&forger.key), &object.join("manifest.age"));
+    let dest = f.root.join("dest-format-1");
+    let out = run(&unpack_args(&f.keys, &packed, &dest));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("carries no signed inventory"), "{stderr}");
+    assert!(dest.join("old-empty-dir").is_dir());
 }

@@ -152,6 +152,10 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/ready", get(ready))
         .route("/metrics", get(render_metrics))
         .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
+        .route(
+            "/v1/sites/{site}/batches/{batch}/inventory",
+            get(get_inventory),
+        )
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
         .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
         .route(
@@ -206,6 +210,8 @@ impl IntoResponse for Failure {
         if self.0 == StatusCode::NOT_FOUND {
             // Asking about objects the relay does not hold is routine (resume, status).
             tracing::debug!(status = 404, "{}", self.1);
+        } else if self.0 == StatusCode::INTERNAL_SERVER_ERROR {
+            // Logged with its detail where it arose (`internal_error`).
         } else {
             tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
         }
@@ -220,9 +226,18 @@ impl From<StoreError> for Failure {
             StoreError::Conflict(m) => Failure(StatusCode::CONFLICT, m),
             StoreError::Invalid(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, m),
             StoreError::Full(m) => Failure(StatusCode::INSUFFICIENT_STORAGE, m),
-            StoreError::Io(m) => Failure(StatusCode::INTERNAL_SERVER_ERROR, m),
+            StoreError::Io(m) => internal_error(&m),
         }
     }
+}
+
+/// What a client is told when the relay itself failed (its disk, a worker): nothing of the
+/// relay's file system. The full detail goes to the relay's log only.
+const INTERNAL_ERROR: &str = "relay storage error; see the relay's log";
+
+fn internal_error(detail: &str) -> Failure {
+    tracing::error!(status = 500, "storage error: {detail}");
+    Failure(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR.into())
 }
 
 type Answer<T> = std::result::Result<T, Failure>;
@@ -290,12 +305,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Answer<T> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| {
-            Failure(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("worker failed: {e}"),
-            )
-        })?
+        .map_err(|e| internal_error(&format!("worker failed: {e}")))?
         .map_err(Failure::from)
 }
 
@@ -411,10 +421,23 @@ async fn seal_batch(
             format!("batch id {batch:?} is not valid"),
         ));
     }
+    let inventory = match &seal.inventory {
+        Some(text) => Some(base64::engine::general_purpose::STANDARD.decode(text).map_err(|_| {
+            Failure(
+                StatusCode::BAD_REQUEST,
+                format!("the inventory of batch {batch} is not base64"),
+            )
+        })?),
+        None => None,
+    };
     let r = relay.clone();
     let count = seal.objects.len();
     let b = batch.clone();
-    blocking(move || r.store.seal_batch(&site, &b, &seal.objects)).await?;
+    blocking(move || {
+        r.store
+            .seal_batch(&site, &b, &seal.objects, inventory.as_deref())
+    })
+    .await?;
     tracing::info!(batch = %batch, objects = count, "batch sealed");
     ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
@@ -449,6 +472,31 @@ async fn ready(
     Ok(Json(
         blocking(move || Ok(r.store.ready(&sites, query.open))).await?,
     ))
+}
+
+/// The sealed inventory of a sealed batch; 404 if the batch was sealed without one.
+async fn get_inventory(
+    State(relay): State<Arc<Relay>>,
+    Path((site, batch)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Answer<Vec<u8>> {
+    core_for(&relay, &headers, &site)?;
+    if !crate::api::valid_batch(&batch) {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {batch:?} is not valid"),
+        ));
+    }
+    let r = relay.clone();
+    let b = batch.clone();
+    blocking(move || r.store.read_inventory(&site, &b))
+        .await?
+        .ok_or_else(|| {
+            Failure(
+                StatusCode::NOT_FOUND,
+                format!("batch {batch} was sealed without an inventory"),
+            )
+        })
 }
 
 async fn get_manifest(

@@ -4,6 +4,8 @@
 //! STORE/sites/<site>/objects/<id>/manifest.age, part-NNNNNN.zst.age   (as `forte pack` writes)
 //! STORE/sites/<site>/meta/<id>/part-NNNNNN.sha256   "<sha256> <length>": the part is held
 //! STORE/sites/<site>/meta/<id>/sealed.json          the object is complete (a ReadyObject)
+//! STORE/sites/<site>/batches/<batch>.json           the batch is sealed: its object ids
+//! STORE/sites/<site>/batches/<batch>.inventory.age  its sealed inventory, for the core
 //! STORE/sites/<site>/acked/<id>                     the core acknowledged delivery
 //! STORE/sites/<site>/tmp/                           bodies being written
 //! ```
@@ -332,8 +334,22 @@ impl Store {
             .join(format!("{batch}.json"))
     }
 
+    fn inventory_record(&self, site: &str, batch: &str) -> PathBuf {
+        self.site(site)
+            .join("batches")
+            .join(format!("{batch}.inventory.age"))
+    }
+
     /// Declares a batch complete: every listed object must be sealed or already delivered.
-    pub fn seal_batch(&self, site: &str, batch: &str, objects: &[ObjectId]) -> Result<()> {
+    /// The sealed inventory, opaque to the relay, is stored before the batch record, so a
+    /// sealed batch offered to the core always has the inventory it was sealed with.
+    pub fn seal_batch(
+        &self,
+        site: &str,
+        batch: &str,
+        objects: &[ObjectId],
+        inventory: Option<&[u8]>,
+    ) -> Result<()> {
         let missing: Vec<String> = objects
             .iter()
             .filter(|id| {
@@ -347,13 +363,33 @@ impl Store {
                 "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
             )));
         }
+        let what = format!("batch {batch}");
+        let inventory_path = self.inventory_record(site, batch);
+        match inventory {
+            Some(sealed) => self.write_durably(site, &inventory_path, sealed, &what)?,
+            None => match std::fs::remove_file(&inventory_path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(&what, &inventory_path, e)),
+            },
+        }
         let record = serde_json::to_vec(objects).expect("serialises");
-        self.write_durably(
-            site,
-            &self.batch_record(site, batch),
-            &record,
-            &format!("batch {batch}"),
-        )
+        self.write_durably(site, &self.batch_record(site, batch), &record, &what)
+    }
+
+    /// The sealed inventory of a sealed batch; `None` if it was sealed without one.
+    pub fn read_inventory(&self, site: &str, batch: &str) -> Result<Option<Vec<u8>>> {
+        if !self.batch_record(site, batch).exists() {
+            return Err(StoreError::NotFound(format!(
+                "batch {batch} of site {site} is not sealed"
+            )));
+        }
+        let path = self.inventory_record(site, batch);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io("inventory", &path, e)),
+        }
     }
 
     /// Objects of sealed batches of the given sites, oldest first; with `open`, also the

@@ -3,7 +3,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use forte_format::{EdgeKey, Kind, Recipients};
+use forte_format::{EdgeKey, Inventory, Kind, Recipients};
 use forte_pipeline::StageSnapshot;
 use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareConfig, PrepareJob};
 use serde::Serialize;
@@ -187,6 +187,7 @@ pub fn pack(
     key: &EdgeKey,
     quiet: bool,
 ) -> Result<Summary> {
+    refuse_used_output(to)?;
     let found = discover(src)?;
     let total = found.total_bytes();
     let sink = DirSink::create(to)?;
@@ -204,6 +205,15 @@ pub fn pack(
     let outcomes = prepare_with_progress(&prepare, jobs.len(), total, quiet, || {
         prepare.run(jobs, &sink)
     });
+    // The inventory lists exactly the objects stored: those of failed files were removed.
+    let inventory = Inventory::new(
+        batch,
+        outcomes
+            .iter()
+            .filter_map(|o| o.inventory_entry())
+            .collect(),
+    );
+    sink.put_inventory(&inventory.seal(key, recipients))?;
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();
     let t = &prepare.totals;
@@ -231,6 +241,23 @@ pub fn pack(
             .collect(),
         objects: outcomes,
     })
+}
+
+/// An archive is one directory: its inventory lists exactly the objects in it, so objects of
+/// an earlier pack in the same directory would make it unrestorable.
+fn refuse_used_output(to: &Path) -> Result<()> {
+    let used = match std::fs::read_dir(to) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).with_context(|| format!("cannot read output {}", to.display())),
+    };
+    if used {
+        bail!(
+            "output {} is not empty: each archive needs a directory of its own (its signed inventory lists exactly the objects in it); choose a new or empty directory",
+            to.display()
+        );
+    }
+    Ok(())
 }
 
 /// Runs a prepare pass (`run`) with a progress bar: bytes, rate, ratio, files.

@@ -420,6 +420,15 @@ impl Core<'_> {
             None => self.fresh_ahead(&objects, started, started_at),
         };
         let result = ahead.and_then(|mut ahead| {
+            // The edge's signed list of the batch's objects: what the relay listed must be
+            // exactly that, or nothing is delivered.
+            let inventory = restore.inventory(&RelaySource {
+                client,
+                retry,
+                catalog,
+                batch_key: &batch_key,
+                objects: objects.clone(),
+            })?;
             let rest = ahead.not_staged(objects);
             if !rest.is_empty() {
                 let more = self.stage(restore, rest, &batch_key, &mut ahead);
@@ -427,7 +436,12 @@ impl Core<'_> {
                 ahead.staged.extend(more?);
             }
             name.clone_from(&ahead.name);
-            restore.commit(std::mem::take(&mut ahead.staged), &ahead.staging, self.dest)
+            restore.commit(
+                std::mem::take(&mut ahead.staged),
+                &ahead.staging,
+                self.dest,
+                inventory.as_ref(),
+            )
         });
         if let Some(name) = name {
             report.batch = name;
@@ -439,6 +453,12 @@ impl Core<'_> {
         });
         match result {
             Ok(delivered) => {
+                if !delivered.inventory {
+                    eprintln!(
+                        "warning: batch {} of {site} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
+                        report.batch
+                    );
+                }
                 report.delivered_files = delivered.files;
                 report.already_delivered = delivered.already;
                 report.bytes = delivered.bytes;

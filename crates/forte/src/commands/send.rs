@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use forte_format::{EdgeKey, ObjectId, Recipients};
+use forte_format::{EdgeKey, Inventory, InventoryEntry, ObjectId, Recipients};
 use forte_prepare::{
     discover, FileOutcome, JobQueue, Prepare, PrepareConfig, PrepareJob, SourceFile,
 };
@@ -90,6 +90,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let edge = Edge {
         client: &client,
         key: &key,
+        recipients: &recipients,
         retry: if args.daemon.watch {
             Retry::forever()
         } else {
@@ -300,8 +301,12 @@ fn batch_id(key: &EdgeKey, batch: &str) -> String {
 struct InFlight {
     report: BatchReport,
     name: String,
-    /// Every object of the batch, sent now or before: the batch's seal lists them all.
+    /// Every object of the batch not yet delivered, sent now or before: the batch's seal
+    /// lists them all.
     members: Vec<ObjectId>,
+    /// The inventory entry of each member stored at the relay so far (sealed by an earlier
+    /// run, or sent by this one): the batch is sealed with the signed list of exactly these.
+    entries: Vec<InventoryEntry>,
     /// Files handed to the prepare pass or still queued, not yet finished.
     pending: usize,
     admitted: Instant,
@@ -315,6 +320,8 @@ struct InFlight {
 struct Edge<'a> {
     client: &'a RelayClient,
     key: &'a EdgeKey,
+    /// The core's keys, to which each batch's inventory is encrypted.
+    recipients: &'a Recipients,
     retry: Retry,
     catalog: &'a Catalog,
     policy: Policy,
@@ -377,6 +384,7 @@ impl Edge<'_> {
                 },
                 name: name.clone(),
                 members: Vec::new(),
+                entries: Vec::new(),
                 pending: 0,
                 admitted,
                 started_at: None,
@@ -403,7 +411,6 @@ impl Edge<'_> {
                         .iter()
                         .map(|f| object_id(key, name, f))
                         .collect();
-                    flight.members.clone_from(&ids);
                     let mut at = match at_relay(self.client, &self.retry, &ids) {
                         Ok(at) => at,
                         Err(e) => {
@@ -427,9 +434,22 @@ impl Edge<'_> {
                         };
                         record("discovered", None);
                         let held = match at.remove(&id) {
-                            Some(AtRelay::Done) => {
-                                record("at_relay", Some("sealed or delivered by an earlier run"));
+                            Some(AtRelay::Delivered) => {
+                                record("at_relay", Some("delivered by an earlier run"));
                                 report.already_at_relay += 1;
+                                continue;
+                            }
+                            Some(AtRelay::Sealed) => {
+                                record("at_relay", Some("sealed by an earlier run"));
+                                report.already_at_relay += 1;
+                                flight.members.push(id);
+                                match self.sealed_entry(&batch_key, dir, &source, id) {
+                                    Ok(entry) => flight.entries.push(entry),
+                                    Err(e) => {
+                                        report.errors.push(format!("{e:#}"));
+                                        report.failed += 1;
+                                    }
+                                }
                                 continue;
                             }
                             Some(AtRelay::Nothing) => Default::default(),
@@ -438,6 +458,7 @@ impl Edge<'_> {
                             None => continue,
                         };
                         lock(&self.batch_of).insert(id, batch_key.clone());
+                        flight.members.push(id);
                         let size = source.size;
                         jobs.push((
                             PrepareJob {
@@ -468,6 +489,45 @@ impl Edge<'_> {
         }
     }
 
+    /// The inventory entry of a file an earlier run sealed at the relay: its SHA-256 as the
+    /// catalogue recorded it then, or else read from the file again (the object id names its
+    /// size and modification time, so the file is the one that was sealed unless it was
+    /// rewritten in place within the same second and size, which `read` would have caught).
+    fn sealed_entry(
+        &self,
+        batch_key: &str,
+        dir: &Path,
+        source: &SourceFile,
+        id: ObjectId,
+    ) -> Result<InventoryEntry> {
+        let object = id.to_string();
+        let recorded = self
+            .catalog
+            .files(batch_key)
+            .ok()
+            .and_then(|files| files.into_iter().find(|f| f.object_id == object))
+            .and_then(|f| f.raw_sha256);
+        let sha256 = match recorded {
+            Some(sha) => sha,
+            None if source.kind == forte_format::Kind::Dir => forte_format::seal::sha256_hex(b""),
+            None => {
+                let path = dir.join(&source.path);
+                forte_format::seal::sha256_file(&path).with_context(|| {
+                    format!(
+                        "{}: sealed at the relay by an earlier run; cannot read it again for the batch's inventory",
+                        path.display()
+                    )
+                })?
+            }
+        };
+        Ok(InventoryEntry {
+            id,
+            path: source.path.clone(),
+            size: source.size,
+            sha256,
+        })
+    }
+
     /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
     /// was the last.
     fn file_done(&self, outcome: &FileOutcome, sealed_bytes: u64) {
@@ -484,6 +544,7 @@ impl Edge<'_> {
             None => {
                 report.sent += 1;
                 report.raw_bytes += outcome.size;
+                flight.entries.extend(outcome.inventory_entry());
             }
             Some(e) => {
                 self.failures.report(&report.batch, Some(&outcome.path), e);
@@ -519,17 +580,21 @@ impl Edge<'_> {
         let InFlight {
             mut report,
             members,
+            entries,
             admitted,
             started_at,
             ..
         } = flight;
         report.seconds = admitted.elapsed().as_secs_f64();
-        if report.failed == 0 {
+        // A batch whose every object was delivered before has nothing left to offer.
+        if report.failed == 0 && !members.is_empty() {
+            let inventory = Inventory::new(&report.batch, entries);
+            debug_assert_eq!(inventory.objects.len(), members.len());
+            let sealed = inventory.seal(self.key, self.recipients);
             let what = format!("seal of batch {}", report.batch);
-            if let Err(e) = self
-                .retry
-                .run(&what, || self.client.seal_batch(batch_key, &members))
-            {
+            if let Err(e) = self.retry.run(&what, || {
+                self.client.seal_batch(batch_key, &members, &sealed)
+            }) {
                 let error = format!("cannot seal the batch at the relay: {e}");
                 self.failures.report(&report.batch, None, &error);
                 report.errors.push(error);

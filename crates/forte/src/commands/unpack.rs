@@ -105,6 +105,12 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         args.output.quiet,
     )?;
     let seconds = started.elapsed().as_secs_f64();
+    if !delivered.inventory {
+        eprintln!(
+            "warning: {} carries no signed inventory (packed by a forte before object format 2): every file was verified, but nothing proves that no object was removed from or added to the archive",
+            args.dir.display()
+        );
+    }
     if args.output.json {
         let summary = Summary {
             command: "unpack",
@@ -116,13 +122,18 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         println!(
-            "restored {} files and {} empty directories ({}) into {} in {:.2} s: {:.1} MB/s, all verified",
+            "restored {} files and {} empty directories ({}) into {} in {:.2} s: {:.1} MB/s, all verified{}",
             delivered.files,
             delivered.directories,
             human(delivered.bytes),
             args.to.display(),
             seconds,
-            mb_per_s(delivered.bytes, seconds)
+            mb_per_s(delivered.bytes, seconds),
+            if delivered.inventory {
+                ", and exactly the archive's signed inventory"
+            } else {
+                ""
+            }
         );
     }
     Ok(true)

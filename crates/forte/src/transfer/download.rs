@@ -39,6 +39,24 @@ impl ObjectSource for RelaySource<'_> {
             .collect())
     }
 
+    fn inventory(&self, max_len: u64) -> Result<Option<Vec<u8>>> {
+        let Some(first) = self.objects.first() else {
+            return Ok(None);
+        };
+        let what = format!("download of the inventory of batch {}", first.batch);
+        let sealed = self
+            .retry
+            .run(&what, || self.client.inventory(&first.site, &first.batch))?;
+        if let Some(bytes) = &sealed {
+            anyhow::ensure!(
+                bytes.len() as u64 <= max_len,
+                "inventory of {} bytes is too large",
+                bytes.len()
+            );
+        }
+        Ok(sealed)
+    }
+
     fn manifest(&self, object: &ObjectRef, max_len: u64) -> Result<Vec<u8>> {
         let site = self.site(object);
         let what = format!("download of the manifest of object {}", object.id);

@@ -135,8 +135,10 @@ pub enum AtRelay {
     Nothing,
     /// Some parts: send the rest.
     Parts(BTreeMap<u32, HeldPart>),
-    /// Sealed and waiting for pull, or already delivered: nothing to do.
-    Done,
+    /// Sealed and waiting for pull: nothing to send, but still one of the batch's objects.
+    Sealed,
+    /// Delivered to the core and acknowledged: no longer anything the batch offers.
+    Delivered,
 }
 
 /// What the relay holds of each of `ids` (one request per thousand ids).
@@ -167,7 +169,8 @@ pub fn at_relay(
                         })
                         .collect(),
                 ),
-                Some(_) => AtRelay::Done,
+                Some(s) if s.state == ObjectState::Delivered => AtRelay::Delivered,
+                Some(_) => AtRelay::Sealed,
             };
             (*id, found)
         })

@@ -236,6 +236,7 @@ pub fn objects(packed: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<_> = std::fs::read_dir(packed)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
     dirs
