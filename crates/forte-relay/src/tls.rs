@@ -12,7 +12,7 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::{CertificateError, DigitallySignedStruct, OtherError, SignatureScheme};
 use sha2::{Digest, Sha256};
 
 /// The one crypto provider forte uses for TLS (ring: no C toolchain beyond what zstd needs).
@@ -150,6 +150,17 @@ pub fn client_config(trust: &RelayTrust) -> Result<rustls::ClientConfig> {
     Ok(config)
 }
 
+/// The relay presented a certificate other than the pinned one: the pin is wrong (or the relay
+/// got a new certificate), and trying again cannot help.
+#[derive(Debug, thiserror::Error)]
+#[error("relay certificate fingerprint {found} is not the pinned {pinned}")]
+pub struct FingerprintMismatch {
+    /// The fingerprint of the certificate the relay presented.
+    pub found: String,
+    /// The fingerprint the client was told to expect (`--relay-fingerprint`).
+    pub pinned: String,
+}
+
 /// Accepts exactly one certificate, named by its SHA-256, and checks the handshake was signed
 /// by its key. Host names do not matter: the pin is stronger than any name.
 #[derive(Debug)]
@@ -171,10 +182,13 @@ impl ServerCertVerifier for PinnedCertificate {
         if found == self.sha256 {
             Ok(ServerCertVerified::assertion())
         } else {
-            Err(rustls::Error::General(format!(
-                "relay certificate fingerprint {} is not the pinned {}",
-                hex::encode(found),
-                hex::encode(self.sha256)
+            // A certificate error (not `General`), so that the client sees it as one: no retry
+            // makes another certificate match.
+            Err(rustls::Error::InvalidCertificate(CertificateError::Other(
+                OtherError(Arc::new(FingerprintMismatch {
+                    found: hex::encode(found),
+                    pinned: hex::encode(self.sha256),
+                })),
             )))
         }
     }
