@@ -12,7 +12,7 @@
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
-//! | DELETE | `/v1/sites/{site}/objects/{id}` | core | acknowledge delivery: the relay deletes the object |
+//! | POST | `/v1/sites/{site}/batches/{batch}/ack` | core | acknowledge a whole batch ([`BatchAck`]): its objects leave the listing together, then are deleted |
 //! | GET | `/metrics` | core | Prometheus counters: parts and bytes stored, objects and batches sealed, acknowledgements, rejections, refusals by status |
 //!
 //! Every request carries `Authorization: Bearer <token>`. An edge token belongs to one site and
@@ -66,6 +66,14 @@ pub struct BatchSeal {
     /// format 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inventory: Option<String>,
+}
+
+/// Body of `POST /v1/sites/{site}/batches/{batch}/ack`: the objects the core delivered. The
+/// relay records them first, so that from then on none of them is listed, even if it stops
+/// before deleting them all: a batch is never offered again with some of its objects gone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BatchAck {
+    pub objects: Vec<ObjectId>,
 }
 
 /// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each

@@ -10,8 +10,8 @@ use reqwest::StatusCode;
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, BatchSeal, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery, MAX_STATUS_QUERY,
-    SHA256_HEADER,
+    ApiError, BatchAck, BatchSeal, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
+    MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
@@ -265,9 +265,15 @@ impl RelayClient {
         Self::body(&url, r)
     }
 
-    pub fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
-        let url = self.url(&format!("/v1/sites/{site}/objects/{id}"));
-        self.send(url.clone(), self.http.delete(&url)).map(drop)
+    /// Acknowledges the delivery of a whole batch: the relay stops listing all of `objects` at
+    /// once, then deletes them.
+    pub fn ack_batch(&self, site: &str, batch: &str, objects: &[ObjectId]) -> Result<()> {
+        let url = self.url(&format!("/v1/sites/{site}/batches/{batch}/ack"));
+        let body = BatchAck {
+            objects: objects.to_vec(),
+        };
+        self.send(url.clone(), self.http.post(&url).json(&body))
+            .map(drop)
     }
 
     pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {

@@ -22,8 +22,8 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchSeal, ObjectStatus, ReadyObject, ReadyQuery, Seal, StatusQuery, MAX_BODY,
-    MAX_PART_INDEX, MAX_STATUS_QUERY, SHA256_HEADER,
+    ApiError, BatchAck, BatchSeal, ObjectStatus, ReadyObject, ReadyQuery, Seal, StatusQuery,
+    MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -151,11 +151,11 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/batches/{batch}", put(seal_batch))
         .route("/v1/ready", get(ready))
         .route("/metrics", get(render_metrics))
-        .route("/v1/sites/{site}/objects/{id}", axum::routing::delete(ack))
         .route(
             "/v1/sites/{site}/batches/{batch}/inventory",
             get(get_inventory),
         )
+        .route("/v1/sites/{site}/batches/{batch}/ack", post(ack_batch))
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
         .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
         .route(
@@ -422,12 +422,16 @@ async fn seal_batch(
         ));
     }
     let inventory = match &seal.inventory {
-        Some(text) => Some(base64::engine::general_purpose::STANDARD.decode(text).map_err(|_| {
-            Failure(
-                StatusCode::BAD_REQUEST,
-                format!("the inventory of batch {batch} is not base64"),
-            )
-        })?),
+        Some(text) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|_| {
+                    Failure(
+                        StatusCode::BAD_REQUEST,
+                        format!("the inventory of batch {batch} is not base64"),
+                    )
+                })?,
+        ),
         None => None,
     };
     let r = relay.clone();
@@ -521,17 +525,25 @@ async fn get_part(
     blocking(move || r.store.read_part(&site, id, index)).await
 }
 
-async fn ack(
+async fn ack_batch(
     State(relay): State<Arc<Relay>>,
-    Path((site, id)): Path<(String, String)>,
+    Path((site, batch)): Path<(String, String)>,
     headers: HeaderMap,
+    Json(ack): Json<BatchAck>,
 ) -> Answer<StatusCode> {
     core_for(&relay, &headers, &site)?;
-    let id = object_id(&id)?;
+    if !crate::api::valid_batch(&batch) {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {batch:?} is not valid"),
+        ));
+    }
     let r = relay.clone();
-    blocking(move || r.store.ack(&site, id)).await?;
-    tracing::info!(object = %id, "delivery acknowledged; object deleted");
-    ::metrics::counter!("forte_relay_objects_acknowledged_total").increment(1);
+    let count = ack.objects.len() as u64;
+    let b = batch.clone();
+    blocking(move || r.store.ack_batch(&site, &b, &ack.objects)).await?;
+    tracing::info!(batch = %batch, objects = count, "delivery of a batch acknowledged; objects deleted");
+    ::metrics::counter!("forte_relay_objects_acknowledged_total").increment(count);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -6,6 +6,7 @@
 //! STORE/sites/<site>/meta/<id>/sealed.json          the object is complete (a ReadyObject)
 //! STORE/sites/<site>/batches/<batch>.json           the batch is sealed: its object ids
 //! STORE/sites/<site>/batches/<batch>.inventory.age  its sealed inventory, for the core
+//! STORE/sites/<site>/batches/<batch>.acking.json    objects being acknowledged together
 //! STORE/sites/<site>/acked/<id>                     the core acknowledged delivery
 //! STORE/sites/<site>/tmp/                           bodies being written
 //! ```
@@ -95,17 +96,30 @@ impl Store {
         std::fs::create_dir_all(&sites)
             .map_err(|e| anyhow::anyhow!("cannot create relay store {}: {e}", sites.display()))?;
         let mut usage = HashMap::new();
+        let mut site_names = Vec::new();
         for entry in std::fs::read_dir(&sites)?.flatten() {
             let site = entry.file_name().to_string_lossy().into_owned();
-            usage.insert(site, dir_bytes(&entry.path().join("objects")));
+            usage.insert(site.clone(), dir_bytes(&entry.path().join("objects")));
             let _ = std::fs::remove_dir_all(entry.path().join("tmp"));
+            site_names.push(site);
         }
-        Ok(Self {
+        let store = Self {
             root: root.to_path_buf(),
             group_sync: forte_fs::GroupSync::new(root),
             quota,
             usage: Mutex::new(usage),
-        })
+        };
+        // Batch acknowledgements a stop interrupted are finished before anything is served.
+        for site in &site_names {
+            for (batch, ids) in store.acking(site) {
+                store.ack_batch(site, &batch, &ids).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot finish acknowledging batch {batch} of site {site}: {e:?}"
+                    )
+                })?;
+            }
+        }
+        Ok(store)
     }
 
     fn site(&self, site: &str) -> PathBuf {
@@ -407,6 +421,16 @@ impl Store {
         };
         // Each batch record read once per listing, not once per object.
         let mut batches: HashMap<(String, String), Option<Vec<ObjectId>>> = HashMap::new();
+        // Objects of a batch being acknowledged are gone from the listing all at once.
+        let leaving: std::collections::HashSet<(String, ObjectId)> = all_sites
+            .iter()
+            .flat_map(|site| {
+                self.acking(site)
+                    .into_iter()
+                    .flat_map(|(_, ids)| ids)
+                    .map(|id| (site.clone(), id))
+            })
+            .collect();
         let mut ready: Vec<ReadyObject> = all_sites
             .iter()
             .flat_map(|site| {
@@ -417,6 +441,7 @@ impl Store {
             })
             .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
             .filter_map(|bytes| serde_json::from_slice::<ReadyObject>(&bytes).ok())
+            .filter(|o| !leaving.contains(&(o.site.clone(), o.id)))
             .filter_map(|mut o| {
                 let members = batches
                     .entry((o.site.clone(), o.batch.clone()))
@@ -454,7 +479,8 @@ impl Store {
     }
 
     /// Delivery acknowledged: delete the object, keep a tombstone so the edge can learn it.
-    pub fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
+    /// Only through [`Store::ack_batch`], so a batch never loses some of its objects.
+    fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
         if self.acked(site, id).exists() {
             return Ok(());
         }
@@ -477,6 +503,58 @@ impl Store {
         }
         self.add_usage(site, -(freed as i64));
         Ok(())
+    }
+
+    fn acking_record(&self, site: &str, batch: &str) -> PathBuf {
+        self.site(site)
+            .join("batches")
+            .join(format!("{batch}.acking.json"))
+    }
+
+    /// Batch acknowledgements under way at one site: batch id → its objects.
+    fn acking(&self, site: &str) -> Vec<(String, Vec<ObjectId>)> {
+        std::fs::read_dir(self.site(site).join("batches"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let batch = name.strip_suffix(".acking.json")?.to_string();
+                let ids = serde_json::from_slice(&std::fs::read(e.path()).ok()?).ok()?;
+                Some((batch, ids))
+            })
+            .collect()
+    }
+
+    /// Delivery of a whole batch acknowledged: its objects are recorded first, so that none
+    /// of them is listed any more even if the relay stops half-way, then each is deleted
+    /// (tombstones kept, as for [`Store::ack`]). Idempotent.
+    pub fn ack_batch(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<()> {
+        let unknown: Vec<String> = ids
+            .iter()
+            .filter(|id| {
+                !self.acked(site, **id).exists()
+                    && !self.meta_dir(site, **id).join("sealed.json").exists()
+            })
+            .map(ToString::to_string)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(StoreError::NotFound(format!(
+                "batch {batch} of site {site}: objects {unknown:?} are not complete"
+            )));
+        }
+        let record = self.acking_record(site, batch);
+        let what = format!("acknowledgement of batch {batch}");
+        self.write_durably(
+            site,
+            &record,
+            &serde_json::to_vec(ids).expect("serialises"),
+            &what,
+        )?;
+        for id in ids {
+            self.ack(site, *id)?;
+        }
+        std::fs::remove_file(&record).map_err(|e| StoreError::io(&what, &record, e))
     }
 
     /// A damaged part reported by the core: drop it and reopen the object, so the edge

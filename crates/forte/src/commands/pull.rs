@@ -403,6 +403,7 @@ impl Core<'_> {
             );
         }
         let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
+        let objects_batch = objects[0].batch.clone();
         let mut report = BatchReport {
             site: site.clone(),
             batch: objects[0].batch.clone(),
@@ -495,34 +496,36 @@ impl Core<'_> {
                         ),
                     );
                 }
-                for id in ids {
-                    match retry.run(&format!("acknowledgement of object {id}"), || {
-                        client.ack(&site, id)
-                    }) {
-                        Ok(()) => {
-                            if let Some(p) = delivered.placed.iter().find(|p| p.id == id) {
-                                let object = id.to_string();
-                                note(
-                                    "an acknowledgement",
-                                    catalog.file_state(
-                                        &batch_key,
-                                        &object,
-                                        &p.path,
-                                        p.size,
-                                        "acknowledged",
-                                        None,
-                                        None,
-                                        None,
-                                    ),
-                                );
-                            }
+                // The whole batch at once: the relay never lists it again with some of its
+                // objects gone, which its inventory would (rightly) refuse.
+                let relay_batch = &objects_batch;
+                match retry.run(
+                    &format!("acknowledgement of batch {}", report.batch),
+                    || client.ack_batch(&site, relay_batch, &ids),
+                ) {
+                    Ok(()) => {
+                        for p in &delivered.placed {
+                            let object = p.id.to_string();
+                            note(
+                                "an acknowledgement",
+                                catalog.file_state(
+                                    &batch_key,
+                                    &object,
+                                    &p.path,
+                                    p.size,
+                                    "acknowledged",
+                                    None,
+                                    None,
+                                    None,
+                                ),
+                            );
                         }
-                        // Delivered but not acknowledged: the next pull finds the files in
-                        // place and acknowledges then.
-                        Err(e) => {
-                            report.error =
-                                Some(format!("delivered, but the acknowledgement failed: {e}"))
-                        }
+                    }
+                    // Delivered but not acknowledged: the next pull finds the files in place
+                    // and acknowledges then.
+                    Err(e) => {
+                        report.error =
+                            Some(format!("delivered, but the acknowledgement failed: {e}"))
                     }
                 }
             }
@@ -587,8 +590,8 @@ fn print_report(r: &BatchReport) {
             mb_per_s(r.bytes, r.seconds),
             if r.already_delivered > 0 { format!(", {} already in place", r.already_delivered) } else { String::new() }
         ),
-        Some(e) => {
-            eprintln!("batch {} of {}: not delivered: {e}", r.batch, r.site);
+        // The failure itself is logged once, by `Failures::report`.
+        Some(_) => {
             for p in &r.rejected_parts {
                 eprintln!("  reported damaged to the relay, which dropped it for the sender to upload again: {p}");
             }
