@@ -53,6 +53,67 @@ fn daemons_deliver_batches_as_they_come_and_delete_sources_after_ack() {
 }
 
 #[test]
+fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "mixed", 2, 300_000);
+    // A symbolic link is refused by the edge: never sent, so never to be deleted.
+    std::os::unix::fs::symlink("bags/000.bag", batch.join("link")).unwrap();
+    let log = site.root.join("send.log");
+    let _send = spawn_logged(
+        &site.send(&["--watch", "--interval", "1", "--delete-after-ack"]),
+        &log,
+    );
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull);
+    let dest = site.root.join("dest/site-a/mixed");
+    let sent = source_hashes(&batch);
+    assert!(
+        wait_for(60, || visible(&dest).len() == 2),
+        "not delivered: {:?}",
+        visible(&dest)
+    );
+    assert!(
+        wait_for(30, || !batch.join("bags").exists()),
+        "the acknowledged files were not deleted"
+    );
+    assert!(
+        wait_for(30, || std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("kept")),
+        "the kept file was not reported: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        batch.join("link").symlink_metadata().is_ok(),
+        "a file that was never sent was deleted"
+    );
+    assert!(batch.join(".ready").exists(), "the batch directory stays");
+    for (path, hash) in &sent {
+        if path.starts_with("bags/") {
+            assert_eq!(visible(&dest).get(path), Some(hash), "{path}");
+        }
+    }
+
+    // A file that appears after the batch was sent follows it, into the same batch.
+    write(
+        &batch.join("late.txt"),
+        b"written after the batch was sent\n",
+    );
+    assert!(
+        wait_for(60, || visible(&dest).contains_key("late.txt")),
+        "the late file was not sent: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        wait_for(30, || !batch.join("late.txt").exists()),
+        "the late file was not deleted after its acknowledgement"
+    );
+    assert!(batch.join("link").symlink_metadata().is_ok());
+}
+
+#[test]
 fn failures_run_the_hook_with_what_failed() {
     let site = Site::new();
     let inbox = site.root.join("inbox");

@@ -161,7 +161,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     );
     let interval = Duration::from_secs(args.daemon.interval);
     std::thread::scope(|s| {
-        let (edge, key) = (&edge, &key);
+        let edge = &edge;
         let inbox = &args.inbox;
         s.spawn(move || loop {
             match ready_batches(inbox, settle) {
@@ -169,14 +169,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
                     let todo: Vec<Batch> = found
                         .ready
                         .into_iter()
-                        .filter(|b| {
-                            let state = catalog
-                                .batch(&batch_id(key, &b.name))
-                                .ok()
-                                .flatten()
-                                .map(|b| b.state);
-                            !matches!(state.as_deref(), Some("sent" | "source_deleted"))
-                        })
+                        .filter(|b| edge.needs_sending(b))
                         .collect();
                     edge.admit(&todo);
                 }
@@ -208,7 +201,9 @@ fn print_report(report: &BatchReport) {
         human(report.raw_bytes),
         human(report.sealed_bytes),
     );
-    for e in &report.errors {
+    // Failures were logged as they happened (one JSON line each, `Failures::report`); only
+    // the skipped files, which are not failures of the transfer, are listed here.
+    for e in report.errors.iter().filter(|e| e.starts_with("skipped ")) {
         eprintln!("batch {}: {e}", report.batch);
     }
 }
@@ -443,10 +438,12 @@ impl Edge<'_> {
                                 record("at_relay", Some("sealed by an earlier run"));
                                 report.already_at_relay += 1;
                                 flight.members.push(id);
-                                match self.sealed_entry(&batch_key, dir, &source, id) {
+                                match self.sealed_entry(&batch_key, &source, id) {
                                     Ok(entry) => flight.entries.push(entry),
                                     Err(e) => {
-                                        report.errors.push(format!("{e:#}"));
+                                        let error = format!("{e:#}");
+                                        self.failures.report(name, Some(&source.path), &error);
+                                        report.errors.push(error);
                                         report.failed += 1;
                                     }
                                 }
@@ -496,7 +493,6 @@ impl Edge<'_> {
     fn sealed_entry(
         &self,
         batch_key: &str,
-        dir: &Path,
         source: &SourceFile,
         id: ObjectId,
     ) -> Result<InventoryEntry> {
@@ -511,11 +507,10 @@ impl Edge<'_> {
             Some(sha) => sha,
             None if source.kind == forte_format::Kind::Dir => forte_format::seal::sha256_hex(b""),
             None => {
-                let path = dir.join(&source.path);
-                forte_format::seal::sha256_file(&path).with_context(|| {
+                forte_format::seal::sha256_file(&source.local).with_context(|| {
                     format!(
                         "{}: sealed at the relay by an earlier run; cannot read it again for the batch's inventory",
-                        path.display()
+                        source.local.display()
                     )
                 })?
             }
@@ -638,6 +633,7 @@ impl Edge<'_> {
                 flight.pending
             );
             flight.report.failed += flight.pending;
+            self.failures.report(&flight.report.batch, None, &error);
             flight.report.errors.push(error);
             self.finish(&key, flight);
         }
@@ -667,8 +663,55 @@ impl Edge<'_> {
         self.abandon_unfinished();
     }
 
-    /// Deletes the source of every sent batch whose files the core has all acknowledged, and
-    /// nothing else: a batch with files the catalogue does not know is left alone.
+    /// Whether a ready batch has anything to send: it was never sent, its last send failed, or
+    /// files appeared in it after it was sent (they go as a follow-up, sealed into the same
+    /// batch). Said once per batch and scan when it is a follow-up.
+    fn needs_sending(&self, batch: &Batch) -> bool {
+        let batch_key = batch_id(self.key, &batch.name);
+        let state = self
+            .catalog
+            .batch(&batch_key)
+            .ok()
+            .flatten()
+            .map(|b| b.state);
+        if !matches!(
+            state.as_deref(),
+            Some("sent" | "source_kept" | "source_deleted")
+        ) {
+            return true;
+        }
+        let Ok(found) = discover(&batch.dir) else {
+            return false;
+        };
+        let known: std::collections::HashSet<String> = self
+            .catalog
+            .files(&batch_key)
+            .map(|files| files.into_iter().map(|f| f.object_id).collect())
+            .unwrap_or_default();
+        let late: Vec<&str> = found
+            .files
+            .iter()
+            .filter(|f| f.path != READY_MARKER)
+            .filter(|f| !known.contains(&object_id(self.key, &batch.name, f).to_string()))
+            .map(|f| f.path.as_str())
+            .collect();
+        if late.is_empty() {
+            return false;
+        }
+        println!(
+            "batch {}: {} file(s) appeared or changed after it was sent ({}); sending them as a follow-up",
+            batch.name,
+            late.len(),
+            late.join(", ")
+        );
+        true
+    }
+
+    /// Deletes, in every sent batch, each source file whose object the core has acknowledged
+    /// (the relay reports it delivered) and which is unchanged since (its derived object id is
+    /// the same), and nothing else: a file that was skipped, failed, changed or appeared later
+    /// stays, with its batch directory. A batch left with only files that can never be sent is
+    /// reported once, through the failure hook.
     fn delete_acknowledged(&self, inbox: &Path) {
         let Ok(batches) = self.catalog.batches() else {
             return;
@@ -677,53 +720,122 @@ impl Edge<'_> {
             .into_iter()
             .filter(|b| b.role == "edge" && b.state == "sent")
         {
-            let dir = inbox.join(&b.name);
-            let Ok(files) = self.catalog.files(&b.batch_key) else {
+            if lock(&self.in_flight).contains_key(&b.batch_key) {
                 continue;
-            };
-            let ids: Option<Vec<ObjectId>> =
-                files.iter().map(|f| f.object_id.parse().ok()).collect();
-            let Some(ids) = ids else { continue };
+            }
+            let dir = inbox.join(&b.name);
+            let Ok(found) = discover(&dir) else { continue };
+            let files: Vec<(SourceFile, ObjectId)> = found
+                .files
+                .into_iter()
+                .filter(|f| f.path != READY_MARKER)
+                .map(|f| {
+                    let id = object_id(self.key, &b.name, &f);
+                    (f, id)
+                })
+                .collect();
+            let ids: Vec<ObjectId> = files.iter().map(|(_, id)| *id).collect();
             let Ok(known) = self.client.statuses(&ids) else {
                 continue;
             };
-            let delivered = ids.iter().all(|id| {
+            let delivered = |id: &ObjectId| {
                 known
                     .get(id)
                     .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered)
+            };
+            let mut deleted = 0;
+            let mut kept: Vec<String> = found
+                .rejected
+                .iter()
+                .map(|(p, why)| format!("{}: never sent ({why})", p.display()))
+                .collect();
+            let mut waiting = 0;
+            // Files first, deepest directories last, so a delivered empty directory is
+            // removed only once what it held is gone.
+            let mut order: Vec<&(SourceFile, ObjectId)> = files.iter().collect();
+            order.sort_by_key(|(f, _)| {
+                (
+                    f.kind == forte_format::Kind::Dir,
+                    std::cmp::Reverse(f.path.len()),
+                )
             });
-            let on_disk = discover(&dir).map(|d| {
-                d.files
-                    .into_iter()
-                    .filter(|f| f.path != READY_MARKER)
-                    .count()
-            });
-            if !delivered || on_disk.ok() != Some(files.len()) {
-                continue;
-            }
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    let (files, bytes) = (b.files as u64, b.bytes as u64);
-                    note(
-                        "a deleted batch",
-                        self.catalog.batch_state(
-                            &b.batch_key,
-                            "edge",
-                            "",
-                            &b.name,
-                            files,
-                            bytes,
-                            "source_deleted",
-                        ),
-                    );
-                    println!("batch {}: acknowledged by the core; source deleted", b.name);
+            for (file, id) in order {
+                if !delivered(id) {
+                    waiting += 1;
+                    continue;
                 }
-                Err(e) => self.failures.report(
+                let removed = match file.kind {
+                    forte_format::Kind::File => std::fs::remove_file(&file.local),
+                    forte_format::Kind::Dir => std::fs::remove_dir(&file.local),
+                };
+                match removed {
+                    Ok(()) => deleted += 1,
+                    Err(e) => kept.push(format!("{}: cannot delete: {e}", file.local.display())),
+                }
+            }
+            prune_empty_dirs(&dir);
+            let only_marker = std::fs::read_dir(&dir)
+                .map(|mut d| d.all(|e| e.is_ok_and(|e| e.file_name() == READY_MARKER)))
+                .unwrap_or(false);
+            let (files_n, bytes) = (b.files as u64, b.bytes as u64);
+            if kept.is_empty() && waiting == 0 && only_marker {
+                match std::fs::remove_dir_all(&dir) {
+                    Ok(()) => {
+                        note(
+                            "a deleted batch",
+                            self.catalog.batch_state(
+                                &b.batch_key,
+                                "edge",
+                                "",
+                                &b.name,
+                                files_n,
+                                bytes,
+                                "source_deleted",
+                            ),
+                        );
+                        println!("batch {}: acknowledged by the core; source deleted", b.name);
+                    }
+                    Err(e) => self.failures.report(
+                        &b.name,
+                        None,
+                        &format!("cannot delete {}: {e}", dir.display()),
+                    ),
+                }
+            } else if waiting == 0 && !kept.is_empty() {
+                // Everything sendable is acknowledged and deleted; what is left never will be.
+                note(
+                    "a kept batch",
+                    self.catalog.batch_state(
+                        &b.batch_key,
+                        "edge",
+                        "",
+                        &b.name,
+                        files_n,
+                        bytes,
+                        "source_kept",
+                    ),
+                );
+                self.failures.report(
                     &b.name,
                     None,
-                    &format!("cannot delete {}: {e}", dir.display()),
-                ),
+                    &format!(
+                        "{deleted} acknowledged file(s) deleted; {} kept in {} and not deleted: {}",
+                        kept.len(),
+                        dir.display(),
+                        kept.join("; ")
+                    ),
+                );
             }
+        }
+    }
+}
+
+/// Removes the empty directories under `dir` (not `dir` itself), deepest first.
+fn prune_empty_dirs(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            prune_empty_dirs(&entry.path());
+            let _ = std::fs::remove_dir(entry.path());
         }
     }
 }
