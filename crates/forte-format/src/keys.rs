@@ -12,7 +12,7 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -126,6 +126,24 @@ fn write_new(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Refuses a secret key file that group or others may access, as ssh does: anyone who can
+/// read it can decrypt (core.key) or sign as this edge (edge.key). Public keys are not checked.
+fn check_secret_mode(path: &Path) -> Result<()> {
+    // A file that cannot be read is reported by the read that follows, with its reason.
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        bail!(
+            "secret key file {} has mode {mode:04o}: group or others may read it; refusing to use it (fix: chmod 600 {})",
+            path.display(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 fn read_text(path: &Path, what: &str) -> Result<String> {
     std::fs::read_to_string(path)
         .with_context(|| format!("cannot read {what} file {}", path.display()))
@@ -174,8 +192,10 @@ impl Recipients {
 }
 
 impl Identities {
-    /// Reads an age identity file as written by `age-keygen` or `forte keygen`.
+    /// Reads an age identity file as written by `age-keygen` or `forte keygen`. Refuses a file
+    /// that group or others may access (fix: `chmod 600`).
     pub fn load(path: &Path) -> Result<Self> {
+        check_secret_mode(path)?;
         load_key_lines(
             path,
             "age X25519 identity",
@@ -186,8 +206,10 @@ impl Identities {
 }
 
 impl EdgeKey {
-    /// Reads an Ed25519 private key in PKCS#8 PEM.
+    /// Reads an Ed25519 private key in PKCS#8 PEM. Refuses a file that group or others may
+    /// access (fix: `chmod 600`).
     pub fn load(path: &Path) -> Result<Self> {
+        check_secret_mode(path)?;
         let text = read_text(path, "signing key")?;
         let key = SigningKey::from_pkcs8_pem(&text).map_err(|e| {
             anyhow::anyhow!(
@@ -237,7 +259,6 @@ impl TrustedEdges {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn generated_keys_load_back_with_private_modes() {
@@ -262,6 +283,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let bogus = dir.path().join("bogus.pub");
         std::fs::write(&bogus, "hello\n").unwrap();
+        // Private, so that EdgeKey::load gets as far as parsing it.
+        std::fs::set_permissions(&bogus, std::fs::Permissions::from_mode(0o600)).unwrap();
         let e = Recipients::load(&bogus).err().unwrap().to_string();
         assert!(e.contains("bogus.pub:1") && e.contains("age1"), "{e}");
         let e = EdgeKey::load(&bogus).err().unwrap().to_string();
@@ -271,5 +294,43 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("missing.key"), "{e}");
+    }
+
+    #[test]
+    fn secret_keys_open_to_group_or_others_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = generate(dir.path()).unwrap();
+        let chmod = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        for mode in [0o644, 0o640, 0o604, 0o620] {
+            chmod(&paths.core_key, mode);
+            chmod(&paths.edge_key, mode);
+            for e in [
+                Identities::load(&paths.core_key).err(),
+                EdgeKey::load(&paths.edge_key).err(),
+            ] {
+                let e = e.expect("an open secret key is refused").to_string();
+                let file = if e.contains("core.key") {
+                    &paths.core_key
+                } else {
+                    &paths.edge_key
+                };
+                assert!(
+                    e.contains(&format!("mode {mode:04o}"))
+                        && e.contains(&format!("chmod 600 {}", file.display())),
+                    "{e}"
+                );
+            }
+        }
+        // Owner-only modes are fine, and public keys are read at any mode.
+        chmod(&paths.core_key, 0o400);
+        chmod(&paths.edge_key, 0o600);
+        chmod(&paths.core_pub, 0o644);
+        chmod(&paths.edge_pub, 0o666);
+        Identities::load(&paths.core_key).unwrap();
+        EdgeKey::load(&paths.edge_key).unwrap();
+        Recipients::load(&paths.core_pub).unwrap();
+        TrustedEdges::load(std::slice::from_ref(&paths.edge_pub)).unwrap();
     }
 }

@@ -41,7 +41,15 @@ impl SourceFile {
 #[derive(Debug, Default)]
 pub struct Discovery {
     pub files: Vec<SourceFile>,
+    /// Refused entries, for reports: each path is valid UTF-8, a name that is not being
+    /// given lossily (U+FFFD for the bytes that are not), so text and JSON reports can print
+    /// every one of them.
     pub rejected: Vec<(PathBuf, String)>,
+}
+
+/// `path` as valid UTF-8 for a report (serde refuses to serialise a path that is not).
+fn printable(path: &Path) -> PathBuf {
+    PathBuf::from(path.to_string_lossy().into_owned())
 }
 
 impl Discovery {
@@ -89,7 +97,9 @@ fn walk(dir: &Path, prefix: &str, found: &mut Discovery) -> Result<()> {
     for entry in entries {
         let local = entry.path();
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            found.rejected.push((local, "name is not UTF-8".into()));
+            found
+                .rejected
+                .push((printable(&local), "name is not UTF-8".into()));
             continue;
         };
         let path = if prefix.is_empty() {
@@ -98,7 +108,7 @@ fn walk(dir: &Path, prefix: &str, found: &mut Discovery) -> Result<()> {
             format!("{prefix}/{name}")
         };
         if let Err(why) = validate_path(&path) {
-            found.rejected.push((local, why));
+            found.rejected.push((printable(&local), why));
             continue;
         }
         let meta = std::fs::symlink_metadata(&local)
@@ -123,7 +133,7 @@ fn walk(dir: &Path, prefix: &str, found: &mut Discovery) -> Result<()> {
                 "not a regular file"
             };
             found.rejected.push((
-                local,
+                printable(&local),
                 format!("{what}; only regular files and directories are packed"),
             ));
         }
@@ -161,5 +171,38 @@ mod tests {
         assert_eq!(found.rejected.len(), 1);
         assert!(found.rejected[0].1.contains("symbolic link"));
         assert_eq!(found.total_bytes(), 2);
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_rejected_and_reported_printably() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("good.txt"), b"hi").unwrap();
+        std::fs::write(root.join(OsStr::from_bytes(b"bad\xff.txt")), b"x").unwrap();
+        std::fs::create_dir(root.join(OsStr::from_bytes(b"dir\xfe"))).unwrap();
+        std::fs::write(root.join(OsStr::from_bytes(b"dir\xfe/inside")), b"y").unwrap();
+        let found = discover(root).unwrap();
+        let paths: Vec<_> = found.files.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(paths, ["good.txt"]);
+        let rejected: Vec<_> = found
+            .rejected
+            .iter()
+            .map(|(p, why)| {
+                let p = p.to_str().expect("a rejected path is printable as UTF-8");
+                (
+                    p.strip_prefix(root.to_str().unwrap()).unwrap(),
+                    why.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                ("/bad\u{FFFD}.txt", "name is not UTF-8"),
+                ("/dir\u{FFFD}", "name is not UTF-8")
+            ]
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! | `{date}` | `{yyyy}-{mm}-{dd}` |
 
 use anyhow::{bail, Result};
+use forte_format::manifest::validate_path;
 use forte_format::time::civil_time;
 
 /// A parsed layout template.
@@ -47,9 +48,26 @@ impl Layout {
         if !template.contains("{path}") {
             bail!("layout {template:?} must contain {{path}}, or files of a batch would collide");
         }
-        Ok(Self {
+        let layout = Self {
             template: template.to_string(),
-        })
+        };
+        // Every file goes under the destination: what the template adds around the fields
+        // must be relative and normalised for any values (checked here once, not per batch).
+        let sample = layout.render(&Fields {
+            site: "site",
+            batch: "batch",
+            path: "dir/file",
+            batch_time: 0,
+        });
+        if let Err(why) = validate_path(&sample) {
+            bail!(
+                "layout {template:?} does not keep files inside the destination: file dir/file \
+                 of batch \"batch\" from site \"site\" would go to {sample:?} ({why}); use a \
+                 relative template without a leading '/' and without '..', '.' or empty \
+                 components, such as {{site}}/{{batch}}/{{path}}"
+            );
+        }
+        Ok(layout)
     }
 
     pub fn render(&self, f: &Fields<'_>) -> String {
@@ -101,5 +119,37 @@ mod tests {
             .to_string()
             .contains("{vehicle}"));
         assert!(Layout::parse("{site}/{batch}").is_err());
+    }
+
+    #[test]
+    fn layouts_that_leave_the_destination_are_refused_at_parse() {
+        for bad in [
+            "../{path}",
+            "../x/{path}",
+            "/abs/{path}",
+            "{site}/../{path}",
+            "{site}//{path}",
+            "./{path}",
+            "{path}/..",
+            "{site}/{batch}/{path}/",
+        ] {
+            let e = Layout::parse(bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} accepted"));
+            let e = e.to_string();
+            assert!(
+                e.contains(&format!("layout {bad:?}")) && e.contains("{site}/{batch}/{path}"),
+                "{e}"
+            );
+        }
+        let e = Layout::parse("{site}/{batch}").unwrap_err().to_string();
+        assert!(e.contains("must contain {path}"), "{e}");
+        for good in [
+            "{path}",
+            "{site}/{batch}/{path}",
+            "in/{date}/{batch}-{path}",
+        ] {
+            Layout::parse(good).unwrap();
+        }
     }
 }

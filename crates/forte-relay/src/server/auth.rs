@@ -69,7 +69,7 @@ impl Tokens {
             .with_context(|| format!("cannot read tokens file {}", path.display()))?;
         let file: TokensFile = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("tokens file {} is not valid: {e}", path.display()))?;
-        let mut entries = Vec::new();
+        let mut entries: Vec<([u8; 32], Principal)> = Vec::new();
         for (n, e) in file.token.into_iter().enumerate() {
             let at = format!("{}: token #{}", path.display(), n + 1);
             if e.token.len() < 16 {
@@ -84,7 +84,17 @@ impl Tokens {
                     "{at}: an edge token has role = \"edge\" and one site (letters, digits, . _ -); a core token has role = \"core\" and sites = [...]"
                 ),
             };
-            entries.push((digest(&e.token), principal));
+            let token = digest(&e.token);
+            // One token for two entries would make its holder whichever entry comes last.
+            if let Some(first) = entries.iter().position(|(known, _)| *known == token) {
+                bail!(
+                    "{at} ({}) has the same token as token #{} ({}); give every [[token]] its own token",
+                    describe(&principal),
+                    first + 1,
+                    describe(&entries[first].1)
+                );
+            }
+            entries.push((token, principal));
         }
         if entries.is_empty() {
             bail!("tokens file {} defines no [[token]]", path.display());
@@ -105,6 +115,66 @@ impl Tokens {
     }
 }
 
+/// A token entry by role and sites, never by its secret.
+fn describe(principal: &Principal) -> String {
+    match principal {
+        Principal::Edge { site } => format!("edge of site {site}"),
+        Principal::Core { sites } => format!("core of sites {}", sites.join(", ")),
+    }
+}
+
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Tokens> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        std::fs::write(&path, text).unwrap();
+        Tokens::load(&path)
+    }
+
+    const EDGE: &str =
+        "[[token]]\ntoken = \"edge-token-0123456789\"\nrole = \"edge\"\nsite = \"site-a\"\n";
+    const CORE: &str =
+        "[[token]]\ntoken = \"core-token-0123456789\"\nrole = \"core\"\nsites = [\"*\"]\n";
+
+    #[test]
+    fn tokens_name_their_principal() {
+        let tokens = load(&format!("{EDGE}{CORE}")).unwrap();
+        assert_eq!(
+            tokens.lookup("edge-token-0123456789"),
+            Some(Principal::Edge {
+                site: "site-a".into()
+            })
+        );
+        assert!(tokens.lookup("core-token-0123456789").unwrap().pulls("b"));
+        assert_eq!(tokens.lookup("edge-token-012345678"), None);
+    }
+
+    #[test]
+    fn a_token_listed_twice_is_refused_without_printing_it() {
+        // The core's token given again to an edge: that edge could pull every site.
+        let twice = CORE.replace("core-token", "edge-token").replace(
+            "role = \"core\"\nsites = [\"*\"]",
+            "role = \"core\"\nsites = [\"site-a\", \"site-b\"]",
+        );
+        let e = load(&format!("{EDGE}{CORE}{twice}"))
+            .err()
+            .expect("a duplicate token is refused")
+            .to_string();
+        assert!(
+            e.contains("token #3 (core of sites site-a, site-b) has the same token as token #1 (edge of site site-a)"),
+            "{e}"
+        );
+        assert!(e.contains("tokens.toml"), "{e}");
+        assert!(
+            !e.contains("token-0123456789"),
+            "the secret is printed: {e}"
+        );
+    }
 }
