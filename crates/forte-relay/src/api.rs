@@ -6,6 +6,7 @@
 //! | GET | `/v1/objects/{id}` | edge | which parts of the object the relay holds, and its state |
 //! | PUT | `/v1/objects/{id}` | edge | seal the object: its sealed manifest and part list ([`Seal`]) |
 //! | POST | `/v1/objects/status` | edge | the state of many objects at once ([`StatusQuery`]) |
+//! | POST | `/v1/batches/{batch}/cancel` | edge | cancel a batch: delete these of its objects ([`BatchAck`]) that are not delivered, and its seal; answers [`Cancelled`] |
 //! | PUT | `/v1/batches/{batch}` | edge | the batch is complete: these are all its objects, and its sealed inventory ([`BatchSeal`]) |
 //! | GET | `/v1/ready` | core | objects of complete batches waiting for pull ([`ReadyObject`]); `?open=true` adds sealed objects of batches still being sent |
 //! | GET | `/v1/sites/{site}/batches/{batch}/inventory` | core | the batch's sealed inventory (404: none, the batch was sealed by an edge before object format 2) |
@@ -68,12 +69,20 @@ pub struct BatchSeal {
     pub inventory: Option<String>,
 }
 
-/// Body of `POST /v1/sites/{site}/batches/{batch}/ack`: the objects the core delivered. The
+/// Body of `POST /v1/sites/{site}/batches/{batch}/ack`: the objects the core delivered (and of
+/// `POST /v1/batches/{batch}/cancel`: the objects the edge cancels). The
 /// relay records them first, so that from then on none of them is listed, even if it stops
 /// before deleting them all: a batch is never offered again with some of its objects gone.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchAck {
     pub objects: Vec<ObjectId>,
+}
+
+/// Answer of `POST /v1/batches/{batch}/cancel`: what the relay deleted.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cancelled {
+    pub objects: usize,
+    pub bytes: u64,
 }
 
 /// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each

@@ -10,8 +10,8 @@ use reqwest::StatusCode;
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
-    MAX_STATUS_QUERY, SHA256_HEADER,
+    ApiError, BatchAck, BatchSeal, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal,
+    StatusQuery, MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
@@ -265,6 +265,17 @@ impl RelayClient {
         Self::body(&url, r)
     }
 
+    /// Cancels one of this edge's batches: the relay deletes those of `objects` not delivered,
+    /// and the batch's seal.
+    pub fn cancel_batch(&self, batch: &str, objects: &[ObjectId]) -> Result<Cancelled> {
+        let url = self.url(&format!("/v1/batches/{batch}/cancel"));
+        let body = BatchAck {
+            objects: objects.to_vec(),
+        };
+        let r = self.send(url.clone(), self.http.post(&url).json(&body))?;
+        Self::json(&url, r)
+    }
+
     /// Acknowledges the delivery of a whole batch: the relay stops listing all of `objects` at
     /// once, then deletes them.
     pub fn ack_batch(&self, site: &str, batch: &str, objects: &[ObjectId]) -> Result<()> {
@@ -384,6 +395,7 @@ mod tests {
             tls_key: None,
             tls_names: vec!["localhost".into(), "127.0.0.1".into()],
             quota_per_site: None,
+            expire_open_after: None,
         })
         .unwrap()
     }

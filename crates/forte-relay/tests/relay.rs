@@ -35,6 +35,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
         tls_key: None,
         tls_names: vec!["localhost".into(), "127.0.0.1".into()],
         quota_per_site: quota,
+        expire_open_after: None,
     })
     .unwrap()
 }
@@ -590,4 +591,50 @@ fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
     assert_eq!(files_under(&site.join("objects")), 0);
     // Acknowledging again (a core whose answer was lost) is harmless.
     core.ack_batch("site-a", "batch-1", &ids).unwrap();
+}
+
+#[test]
+fn abandoned_uploads_expire_and_sealed_batches_can_be_cancelled() {
+    use forte_relay::server::store::Store;
+    let tmp = tempfile::tempdir().unwrap();
+    let (open, old, sealed) = (ObjectId::random(), ObjectId::random(), ObjectId::random());
+    {
+        let relay = relay(tmp.path(), None);
+        let edge = client(&relay, EDGE_A);
+        for id in [open, old, sealed] {
+            edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
+        }
+        edge.seal(sealed, "batch-1", vec![part(0, b"part")], b"m")
+            .unwrap();
+        edge.seal_batch("batch-1", &[sealed], b"sealed inventory")
+            .unwrap();
+    }
+    let site = tmp.path().join("store/sites/site-a");
+    // One open object untouched for ten days: every file of its record ages.
+    let meta = site.join("meta").join(old.to_string());
+    let status = std::process::Command::new("touch")
+        .args(["-d", "10 days ago"])
+        .arg(&meta)
+        .args(std::fs::read_dir(&meta).unwrap().map(|e| e.unwrap().path()))
+        .status()
+        .unwrap();
+    assert!(status.success());
+
+    let store = Store::inspect(&tmp.path().join("store")).unwrap();
+    let holdings = store.holdings();
+    assert_eq!(holdings.len(), 2, "{holdings:?}");
+    let (objects, _) = store.expire_open(Duration::from_secs(7 * 86_400)).unwrap();
+    assert_eq!(objects, 1, "only the abandoned open object expires");
+    assert!(!meta.exists() && site.join("meta").join(open.to_string()).exists());
+    assert!(
+        site.join("meta").join(sealed.to_string()).exists(),
+        "sealed objects never expire"
+    );
+
+    let (objects, bytes) = store.cancel_sealed("site-a", "batch-1").unwrap();
+    assert_eq!((objects, bytes), (1, 5), "the part and its manifest");
+    assert!(!site.join("batches/batch-1.json").exists());
+    assert!(!site.join("batches/batch-1.inventory.age").exists());
+    let relay = relay(tmp.path(), None);
+    assert!(client(&relay, CORE_A).ready(true).unwrap().is_empty());
 }

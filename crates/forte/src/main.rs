@@ -39,6 +39,8 @@ enum Command {
     Unpack(commands::unpack::Args),
     /// Serve the relay: an HTTPS store of ciphertext between edges and the core.
     Relay(commands::relay::Args),
+    /// What a relay's store holds per site and batch; cancel a batch there.
+    RelayStore(commands::relay_store::Args),
     /// Prepare every ready batch of an inbox in one pass and upload it to the relay.
     Send(commands::send::Args),
     /// Download whole batches from the relay; verify, deliver atomically, acknowledge.
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
         Command::Pack(args) => commands::pack::run(args, &config),
         Command::Unpack(args) => commands::unpack::run(args, &config),
         Command::Relay(args) => commands::relay::run(args),
+        Command::RelayStore(args) => commands::relay_store::run(args),
         Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
         Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
         Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),

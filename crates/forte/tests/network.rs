@@ -272,7 +272,7 @@ fn a_relay_that_drops_or_injects_an_object_of_a_sealed_batch_delivers_nothing_of
     let (three, other) = {
         let mut by_size: Vec<_> = batches.iter().collect();
         by_size.sort_by_key(|(_, ids)| ids.len());
-        (by_size[1].clone(), by_size[0].clone())
+        (by_size[1], by_size[0])
     };
     assert_eq!((three.1.len(), other.1.len()), (3, 1), "{batches:?}");
     let store = site.relay.store.join("sites/site-a");
@@ -337,4 +337,70 @@ fn a_relay_that_drops_or_injects_an_object_of_a_sealed_batch_delivers_nothing_of
         expected.remove(".ready");
         assert_eq!(tree(&dest.join(batch)), expected, "{batch}");
     }
+}
+
+/// Bytes no codec can shrink, so a test controls what the relay must hold.
+fn incompressible(len: usize, seed: u64) -> Vec<u8> {
+    use sha2::Digest;
+    (0..len.div_ceil(32) as u64)
+        .flat_map(|i| sha2::Sha256::digest([seed.to_le_bytes(), i.to_le_bytes()].concat()))
+        .take(len)
+        .collect()
+}
+
+#[test]
+fn a_batch_larger_than_the_relay_fails_at_once_and_the_edge_cancels_it() {
+    let site = Site::with_relay_flags(&["--quota-per-site", "1MiB"]);
+    let inbox = site.root.join("inbox");
+    for i in 0..3 {
+        write(
+            &inbox.join(format!("huge/{i}.bin")),
+            &incompressible(500_000, i),
+        );
+    }
+    write(&inbox.join("huge/.ready"), b"");
+    let started = std::time::Instant::now();
+    let err = fails(&site.send(&["-q"]));
+    let seconds = started.elapsed().as_secs_f64();
+    assert!(
+        err.contains("nothing in it is waiting for the core") && err.contains("--cancel"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("retrying"),
+        "a full relay that nothing frees is not retried: {err}"
+    );
+    assert!(seconds < 20.0, "took {seconds:.1} s to fail");
+
+    // The operator sees what the relay holds, and cancels the batch from the edge.
+    let store = site.relay.store.clone();
+    let listed = ok(&args!["relay-store", "list", "--store", &store]);
+    assert!(
+        listed.contains("site site-a: ")
+            && (listed.contains("(being sent)") || listed.contains("uploads not sealed yet")),
+        "{listed}"
+    );
+    let out = ok(&site.send(&["--cancel", "huge"]));
+    assert!(
+        out.contains("batch huge: cancelled; the relay deleted"),
+        "{out}"
+    );
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
+    );
+    let listed = ok(&args!["relay-store", "list", "--store", &store]);
+    assert!(listed.contains("holds nothing"), "{listed}");
+
+    // Later runs skip the cancelled batch and send the others.
+    write(&inbox.join("small/a.txt"), b"a small batch\n");
+    write(&inbox.join("small/.ready"), b"");
+    let out = ok(&site.send(&["-q"]));
+    assert!(out.contains("batch huge: cancelled"), "{out}");
+    ok(&site.pull());
+    let dest = site.root.join("dest/site-a");
+    assert!(dest.join("small/a.txt").exists());
+    assert!(!dest.join("huge").exists());
+    assert!(inbox.join("huge/0.bin").exists(), "the source is untouched");
 }

@@ -2,7 +2,7 @@
 
 mod auth;
 mod metrics;
-mod store;
+pub mod store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +40,9 @@ pub struct RelayConfig {
     pub tls_names: Vec<String>,
     /// Most bytes one site may hold at the relay.
     pub quota_per_site: Option<u64>,
+    /// Open objects (uploads never sealed) unchanged this long are deleted: an edge abandoned
+    /// them. Checked at start and then every tenth of this time (at most hourly).
+    pub expire_open_after: Option<std::time::Duration>,
 }
 
 struct Relay {
@@ -134,13 +137,44 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
     metrics::install();
     let tokens = Tokens::load(&config.tokens)?;
     let store = Store::open(&config.store, config.quota_per_site)?;
+    if let Some(age) = config.expire_open_after {
+        expire_open(&store, age);
+    }
     let identity = server_identity(
         config.tls_cert.as_deref(),
         config.tls_key.as_deref(),
         &config.store.join("tls"),
         &config.tls_names,
     )?;
-    Ok((Arc::new(Relay { store, tokens }), identity))
+    let relay = Arc::new(Relay { store, tokens });
+    if let Some(age) = config.expire_open_after {
+        let weak = Arc::downgrade(&relay);
+        let every = (age / 10).clamp(
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(3600),
+        );
+        std::thread::Builder::new()
+            .name("forte-relay-expiry".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                let Some(relay) = weak.upgrade() else { return };
+                expire_open(&relay.store, age);
+            })?;
+    }
+    Ok((relay, identity))
+}
+
+fn expire_open(store: &Store, age: std::time::Duration) {
+    match store.expire_open(age) {
+        Ok((0, _)) => {}
+        Ok((objects, bytes)) => tracing::info!(
+            objects,
+            bytes,
+            "abandoned uploads expired (open objects unchanged for {} s)",
+            age.as_secs()
+        ),
+        Err(e) => tracing::error!("cannot expire abandoned uploads: {e:?}"),
+    }
 }
 
 fn router(relay: Arc<Relay>) -> Router {
@@ -149,6 +183,7 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/objects/{id}", get(object_status).put(seal))
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
         .route("/v1/batches/{batch}", put(seal_batch))
+        .route("/v1/batches/{batch}/cancel", post(cancel_batch))
         .route("/v1/ready", get(ready))
         .route("/metrics", get(render_metrics))
         .route(
@@ -226,6 +261,8 @@ impl From<StoreError> for Failure {
             StoreError::Conflict(m) => Failure(StatusCode::CONFLICT, m),
             StoreError::Invalid(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, m),
             StoreError::Full(m) => Failure(StatusCode::INSUFFICIENT_STORAGE, m),
+            // Not worth retrying: nothing will free the space unless someone acts.
+            StoreError::NoRoom(m) => Failure(StatusCode::PAYLOAD_TOO_LARGE, m),
             StoreError::Io(m) => internal_error(&m),
         }
     }
@@ -445,6 +482,28 @@ async fn seal_batch(
     tracing::info!(batch = %batch, objects = count, "batch sealed");
     ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
+}
+
+/// The edge cancels one of its batches: the listed objects (open or sealed, not delivered)
+/// and the batch's seal are deleted, so the core never gets it.
+async fn cancel_batch(
+    State(relay): State<Arc<Relay>>,
+    Path(batch): Path<String>,
+    headers: HeaderMap,
+    Json(cancel): Json<BatchAck>,
+) -> Answer<Json<crate::api::Cancelled>> {
+    let site = edge_site(&relay, &headers)?;
+    if !crate::api::valid_batch(&batch) {
+        return Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {batch:?} is not valid"),
+        ));
+    }
+    let r = relay.clone();
+    let b = batch.clone();
+    let (objects, bytes) = blocking(move || r.store.cancel(&site, &b, &cancel.objects)).await?;
+    tracing::info!(batch = %batch, objects, bytes, "batch cancelled by its edge");
+    Ok(Json(crate::api::Cancelled { objects, bytes }))
 }
 
 /// Prometheus metrics, for a core token (scrapers authenticate like pullers).

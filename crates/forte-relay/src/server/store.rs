@@ -37,8 +37,12 @@ pub enum StoreError {
     Conflict(String),
     /// The request itself is wrong (hash mismatch, bad part list).
     Invalid(String),
-    /// Quota or disk full.
+    /// Quota or disk full, with batches waiting for the core, whose pull frees space.
     Full(String),
+    /// Quota or disk full with nothing the core can pull: every byte held belongs to batches
+    /// not sealed yet, so waiting cannot help (a batch larger than the space, or several
+    /// unsealed batches that together fill it).
+    NoRoom(String),
     Io(String),
 }
 
@@ -58,6 +62,21 @@ type Result<T> = std::result::Result<T, StoreError>;
 pub enum Stored {
     New,
     AlreadyHeld,
+}
+
+/// What the relay holds of one batch of one site (`batch` is `None` for objects not sealed
+/// yet, whose batch the relay cannot know).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Holding {
+    pub site: String,
+    pub batch: Option<String>,
+    /// The edge sealed the batch: it is waiting for the core.
+    pub batch_sealed: bool,
+    pub objects: usize,
+    pub bytes: u64,
+    /// Seconds since the epoch of the oldest and newest change among its objects.
+    pub oldest: u64,
+    pub newest: u64,
 }
 
 pub struct Store {
@@ -91,6 +110,22 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 impl Store {
+    /// The store at `root` as it is, for reading and for operators' commands, without the
+    /// clean-up a serving relay does at start (which would disturb one running on it).
+    pub fn inspect(root: &Path) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            root.join("sites").is_dir(),
+            "{} is not a relay store (it has no sites/ directory): give the directory `forte relay --store` uses",
+            root.display()
+        );
+        Ok(Self {
+            root: root.to_path_buf(),
+            group_sync: forte_fs::GroupSync::new(root),
+            quota: None,
+            usage: Mutex::default(),
+        })
+    }
+
     pub fn open(root: &Path, quota: Option<u64>) -> anyhow::Result<Self> {
         let sites = root.join("sites");
         std::fs::create_dir_all(&sites)
@@ -236,37 +271,60 @@ impl Store {
                 "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
             )));
         }
+        // The part's bytes are counted before it is written, under one lock, so uploads
+        // arriving together cannot all pass the quota check on the same figure.
+        let size = body.len() as i64 - previous.as_ref().map_or(0, |p| p.length as i64);
         if let Some(quota) = self.quota {
-            let used = *self
-                .usage
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get(site)
-                .unwrap_or(&0);
-            if used + body.len() as u64 > quota {
-                return Err(StoreError::Full(format!(
-                    "site {site} is at its quota ({used} of {quota} bytes held); retry after the core has pulled"
-                )));
+            let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+            let used = usage.entry(site.to_string()).or_default();
+            if *used + body.len() as u64 > quota {
+                let held = *used;
+                drop(usage);
+                return Err(self.no_room_unless_waiting(
+                    &[site.to_string()],
+                    format!("site {site} is at its quota ({held} of {quota} bytes held)"),
+                ));
             }
+            *used = used.saturating_add_signed(size);
+        } else {
+            self.add_usage(site, size);
         }
         let what = format!("part {index} of object {id}");
-        self.write_durably(
-            site,
-            &self.meta_dir(site, id).join(record_name(index)),
-            format!("{sha256} {}\n", body.len()).as_bytes(),
-            &what,
-        )?;
-        self.write_durably(
-            site,
-            &self.object_dir(site, id).join(part_file_name(index)),
-            body,
-            &what,
-        )?;
-        self.add_usage(
-            site,
-            body.len() as i64 - previous.map_or(0, |p| p.length as i64),
-        );
+        let stored = self
+            .write_durably(
+                site,
+                &self.meta_dir(site, id).join(record_name(index)),
+                format!("{sha256} {}\n", body.len()).as_bytes(),
+                &what,
+            )
+            .and_then(|()| {
+                self.write_durably(
+                    site,
+                    &self.object_dir(site, id).join(part_file_name(index)),
+                    body,
+                    &what,
+                )
+            });
+        if stored.is_err() {
+            self.add_usage(site, -size);
+        }
+        if let Err(StoreError::Full(why)) = stored {
+            return Err(self.no_room_unless_waiting(&["*".to_string()], why));
+        }
+        stored?;
         Ok(Stored::New)
+    }
+
+    /// A full store is worth waiting for only while the core has sealed batches to pull of
+    /// `sites` (`*` for all): pulling them frees space. Otherwise nothing will, and the sender
+    /// must be told at once what to do.
+    fn no_room_unless_waiting(&self, sites: &[String], why: String) -> StoreError {
+        if !self.ready(sites, false).is_empty() {
+            return StoreError::Full(format!("{why}; retry after the core has pulled"));
+        }
+        StoreError::NoRoom(format!(
+            "{why}, and nothing in it is waiting for the core: all of it belongs to batches not sealed yet, so no pull can free space. A batch larger than the relay's space can never be sealed there: raise the relay's --quota-per-site or its disk, cancel the batch (`forte send INBOX --cancel BATCH` at the edge, or `forte relay-store cancel` at the relay), or split it into smaller batches"
+        ))
     }
 
     pub fn status(&self, site: &str, id: ObjectId) -> Result<ObjectStatus> {
@@ -496,13 +554,150 @@ impl Store {
             &now().to_string().into_bytes(),
             &what,
         )?;
+        self.remove_object(site, id, &what).map(drop)
+    }
+
+    /// Deletes an object's data and records; returns the bytes freed.
+    fn remove_object(&self, site: &str, id: ObjectId, what: &str) -> Result<u64> {
         let dir = self.object_dir(site, id);
         let freed = dir_bytes(&dir);
         for d in [dir, self.meta_dir(site, id)] {
-            std::fs::remove_dir_all(&d).map_err(|e| StoreError::io(&what, &d, e))?;
+            match std::fs::remove_dir_all(&d) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(what, &d, e)),
+            }
         }
         self.add_usage(site, -(freed as i64));
-        Ok(())
+        Ok(freed)
+    }
+
+    /// Sites with anything stored.
+    fn sites(&self) -> Vec<String> {
+        let mut sites: Vec<String> = std::fs::read_dir(self.root.join("sites"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        sites.sort();
+        sites
+    }
+
+    /// The objects of one site not delivered yet: id, the batch it was sealed into (`None`
+    /// while open), bytes held, and when it last changed (seconds since the epoch).
+    fn held_objects(&self, site: &str) -> Vec<(ObjectId, Option<String>, u64, u64)> {
+        std::fs::read_dir(self.site(site).join("meta"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let id: ObjectId = e.file_name().to_str()?.parse().ok()?;
+                let batch = std::fs::read(e.path().join("sealed.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
+                    .map(|o| o.batch);
+                let changed = std::fs::read_dir(e.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter_map(|f| f.metadata().ok()?.modified().ok())
+                    .chain(e.metadata().ok().and_then(|m| m.modified().ok()))
+                    .max()
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                Some((id, batch, dir_bytes(&self.object_dir(site, id)), changed))
+            })
+            .collect()
+    }
+
+    /// What the relay holds, per site and batch, for operators (`forte relay-store list`).
+    pub fn holdings(&self) -> Vec<Holding> {
+        let mut out: Vec<Holding> = Vec::new();
+        for site in self.sites() {
+            for (_, batch, bytes, changed) in self.held_objects(&site) {
+                let sealed = batch
+                    .as_ref()
+                    .is_some_and(|b| self.batch_record(&site, b).exists());
+                let key = (site.clone(), batch.clone());
+                match out
+                    .iter_mut()
+                    .find(|h| (h.site.clone(), h.batch.clone()) == key)
+                {
+                    Some(h) => {
+                        h.objects += 1;
+                        h.bytes += bytes;
+                        h.oldest = h.oldest.min(changed);
+                        h.newest = h.newest.max(changed);
+                    }
+                    None => out.push(Holding {
+                        site: site.clone(),
+                        batch,
+                        batch_sealed: sealed,
+                        objects: 1,
+                        bytes,
+                        oldest: changed,
+                        newest: changed,
+                    }),
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.site, &a.batch).cmp(&(&b.site, &b.batch)));
+        out
+    }
+
+    /// Cancels a batch at the relay: deletes those of `ids` (open or sealed, not delivered),
+    /// and the batch's seal and inventory, so the core never gets it. What was delivered
+    /// stays delivered. Returns the objects and bytes removed.
+    pub fn cancel(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<(usize, u64)> {
+        let what = format!("cancellation of batch {batch}");
+        for path in [
+            self.batch_record(site, batch),
+            self.inventory_record(site, batch),
+        ] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(&what, &path, e)),
+            }
+        }
+        let (mut objects, mut bytes) = (0, 0);
+        for id in ids.iter().filter(|id| !self.acked(site, **id).exists()) {
+            if self.meta_dir(site, *id).exists() || self.object_dir(site, *id).exists() {
+                bytes += self.remove_object(site, *id, &what)?;
+                objects += 1;
+            }
+        }
+        Ok((objects, bytes))
+    }
+
+    /// Cancels a batch by the relay's batch id alone (`forte relay-store cancel`): every
+    /// object sealed into it. Open objects carry no batch yet; they expire
+    /// ([`Store::expire_open`]) or are cancelled by the edge, which knows their ids.
+    pub fn cancel_sealed(&self, site: &str, batch: &str) -> Result<(usize, u64)> {
+        let ids: Vec<ObjectId> = self
+            .held_objects(site)
+            .into_iter()
+            .filter(|(_, b, _, _)| b.as_deref() == Some(batch))
+            .map(|(id, ..)| id)
+            .collect();
+        self.cancel(site, batch, &ids)
+    }
+
+    /// Deletes open objects (never sealed) unchanged for `older_than`: uploads an edge
+    /// abandoned. Returns the objects and bytes removed.
+    pub fn expire_open(&self, older_than: std::time::Duration) -> Result<(usize, u64)> {
+        let cutoff = now().saturating_sub(older_than.as_secs());
+        let (mut objects, mut bytes) = (0, 0);
+        for site in self.sites() {
+            for (id, batch, _, changed) in self.held_objects(&site) {
+                if batch.is_none() && changed < cutoff {
+                    bytes += self.remove_object(&site, id, "expiry of an abandoned upload")?;
+                    objects += 1;
+                }
+            }
+        }
+        Ok((objects, bytes))
     }
 
     fn acking_record(&self, site: &str, batch: &str) -> PathBuf {

@@ -8,6 +8,7 @@ pub mod keygen;
 pub mod pack;
 pub mod pull;
 pub mod relay;
+pub mod relay_store;
 pub mod report;
 pub mod send;
 pub mod status;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use forte_relay::server::{run as serve, RelayConfig};
 
-use crate::units::parse_size;
+use crate::units::{parse_duration, parse_size};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,9 +26,25 @@ pub struct Args {
     /// Host name or address for the self-signed certificate (repeatable).
     #[arg(long = "tls-name", value_name = "NAME", default_values = ["localhost", "127.0.0.1"])]
     tls_names: Vec<String>,
-    /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls.
+    /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls
+    /// (413 at once if nothing held is waiting for the core, so no pull can free space).
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     quota_per_site: Option<u64>,
+    /// Delete uploads never sealed and unchanged for this long (abandoned by their edge);
+    /// `off` keeps them forever.
+    #[arg(long, value_parser = parse_expiry, value_name = "DURATION|off", default_value = "7d")]
+    expire_open_after: Expiry,
+}
+
+/// How long abandoned uploads are kept.
+#[derive(Clone, Copy)]
+struct Expiry(Option<std::time::Duration>);
+
+fn parse_expiry(text: &str) -> Result<Expiry, String> {
+    if text == "off" {
+        return Ok(Expiry(None));
+    }
+    parse_duration(text).map(|d| Expiry(Some(d)))
 }
 
 pub fn run(args: Args) -> Result<bool> {
@@ -40,6 +56,7 @@ pub fn run(args: Args) -> Result<bool> {
         tls_key: args.tls_key,
         tls_names: args.tls_names,
         quota_per_site: args.quota_per_site,
+        expire_open_after: args.expire_open_after.0,
     })?;
     Ok(true)
 }

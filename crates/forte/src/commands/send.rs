@@ -49,6 +49,12 @@ pub struct Args {
     /// With --watch: delete a batch's source files once the core acknowledged every one.
     #[arg(long, requires = "watch")]
     delete_after_ack: bool,
+    /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
+    /// relay deletes what it holds of it that the core has not taken, so the core never gets
+    /// it, and later runs skip it. The source is untouched; touch its .ready marker to send it
+    /// again. For a batch too large for the relay, or sent by mistake.
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["watch", "delete_after_ack"])]
+    cancel: Vec<String>,
     #[command(flatten)]
     schedule: ScheduleArgs,
     #[command(flatten)]
@@ -108,13 +114,26 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         in_flight: Mutex::default(),
         finished: Mutex::default(),
     };
+    if !args.cancel.is_empty() {
+        return edge.cancel(&args.inbox, &args.cancel);
+    }
     if let Some(addr) = args.daemon.metrics {
         crate::monitor::serve(addr)?;
     }
     let settle = Duration::from_secs(args.settle);
     if !args.daemon.watch {
         let started = Instant::now();
-        let Inbox { ready, waiting } = ready_batches(&args.inbox, settle)?;
+        let Inbox { mut ready, waiting } = ready_batches(&args.inbox, settle)?;
+        ready.retain(|b| {
+            let skip = edge.cancelled(b);
+            if skip {
+                println!(
+                    "batch {}: cancelled; touch its {READY_MARKER} marker to send it again",
+                    b.name
+                );
+            }
+            !skip
+        });
         edge.admit(&ready);
         edge.queue.close();
         let quiet = args.output.quiet || args.output.json;
@@ -668,6 +687,9 @@ impl Edge<'_> {
     /// batch). Said once per batch and scan when it is a follow-up.
     fn needs_sending(&self, batch: &Batch) -> bool {
         let batch_key = batch_id(self.key, &batch.name);
+        if self.cancelled(batch) {
+            return false;
+        }
         let state = self
             .catalog
             .batch(&batch_key)
@@ -705,6 +727,70 @@ impl Edge<'_> {
             late.join(", ")
         );
         true
+    }
+
+    /// Whether a batch was cancelled (`send --cancel`) and its ready marker not touched since.
+    fn cancelled(&self, batch: &Batch) -> bool {
+        let row = self
+            .catalog
+            .batch(&batch_id(self.key, &batch.name))
+            .ok()
+            .flatten();
+        row.filter(|b| b.state == "cancelled")
+            .is_some_and(|b| marker_time_us(&batch.dir).is_none_or(|t| t <= b.updated_at))
+    }
+
+    /// Cancels batches of the inbox at the relay (`send --cancel`): deletes what the relay holds
+    /// of each that the core has not taken, and records them as cancelled so that later runs
+    /// skip them. The source files are not touched.
+    fn cancel(&self, inbox: &Path, names: &[String]) -> Result<bool> {
+        let mut ok = true;
+        for name in names {
+            let dir = inbox.join(name);
+            let found = discover(&dir).with_context(|| {
+                format!("cannot cancel batch {name}: cannot read {}", dir.display())
+            })?;
+            let ids: Vec<ObjectId> = found
+                .files
+                .iter()
+                .filter(|f| f.path != READY_MARKER)
+                .map(|f| object_id(self.key, name, f))
+                .collect();
+            let batch_key = batch_id(self.key, name);
+            let what = format!("cancellation of batch {name}");
+            match self
+                .retry
+                .run(&what, || self.client.cancel_batch(&batch_key, &ids))
+            {
+                Ok(cancelled) => {
+                    let bytes = found.total_bytes();
+                    note(
+                        "a cancelled batch",
+                        self.catalog.batch_state(
+                            &batch_key,
+                            "edge",
+                            "",
+                            name,
+                            ids.len() as u64,
+                            bytes,
+                            "cancelled",
+                        ),
+                    );
+                    println!(
+                        "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
+                        cancelled.objects,
+                        human(cancelled.bytes),
+                        dir.display()
+                    );
+                }
+                Err(e) => {
+                    let error = format!("cannot cancel the batch at the relay: {e}");
+                    self.failures.report(name, None, &error);
+                    ok = false;
+                }
+            }
+        }
+        Ok(ok)
     }
 
     /// Deletes, in every sent batch, each source file whose object the core has acknowledged
@@ -828,6 +914,16 @@ impl Edge<'_> {
             }
         }
     }
+}
+
+/// When the batch's ready marker was last touched, in microseconds since the epoch.
+fn marker_time_us(dir: &Path) -> Option<i64> {
+    let modified = std::fs::metadata(dir.join(READY_MARKER))
+        .ok()?
+        .modified()
+        .ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_micros()).ok()
 }
 
 /// Removes the empty directories under `dir` (not `dir` itself), deepest first.

@@ -28,6 +28,11 @@ impl Drop for Relay {
 
 /// Starts a relay on `listen` (`127.0.0.1:0` for any free port).
 pub fn start_relay(root: &Path, listen: &str) -> Relay {
+    start_relay_with(root, listen, &[])
+}
+
+/// Starts a relay with extra flags (`--quota-per-site 1MiB`).
+pub fn start_relay_with(root: &Path, listen: &str, flags: &[&str]) -> Relay {
     let tokens = root.join("tokens.toml");
     write(
         &tokens,
@@ -43,6 +48,7 @@ pub fn start_relay(root: &Path, listen: &str) -> Relay {
         .arg(&store)
         .arg("--tokens")
         .arg(&tokens)
+        .args(flags)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -83,10 +89,15 @@ pub struct Site {
 
 impl Site {
     pub fn new() -> Self {
+        Self::with_relay_flags(&[])
+    }
+
+    /// A site whose relay runs with extra flags.
+    pub fn with_relay_flags(flags: &[&str]) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
         let keys = keygen(&root.join("keys"));
-        let relay = start_relay(&root, "127.0.0.1:0");
+        let relay = start_relay_with(&root, "127.0.0.1:0", flags);
         let (edge_catalog, core_catalog) = (
             root.join("edge.sqlite").display().to_string(),
             root.join("core.sqlite").display().to_string(),
