@@ -16,9 +16,11 @@ def make_site(forte, work, site):
     (work / "core.token").write_text(core)
 
 
-def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL):
-    """Starts `forte relay`; returns the process, its URL and its certificate fingerprint."""
-    relay = subprocess.Popen([forte, "relay", "--listen", listen, "--store", store, "--tokens", tokens],
+def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL, flags=()):
+    """Starts `forte relay` (with extra `flags`); returns the process, its URL and its
+    certificate fingerprint."""
+    relay = subprocess.Popen([forte, "relay", "--listen", listen, "--store", store, "--tokens", tokens,
+                              *flags],
                              stdout=subprocess.PIPE, stderr=stderr, text=True)
     url = relay.stdout.readline().split()[-1]
     fingerprint = relay.stdout.readline().split()[-1].rstrip(")")

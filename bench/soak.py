@@ -8,21 +8,32 @@ fault proxy, and so does the puller. Meanwhile:
   random bytes or text), each marked ready;
 - the proxies inject random faults: connection resets, links throttled to a few kB/s, stalls
   longer than the request timeout, outages of several seconds;
-- random kill -9 of the sender, the puller or the relay, each restarted after a pause.
+- random kill -9 of the sender, the puller or the relay, each restarted after a pause;
+- one-shot `forte send` runs between the watching sender's lives (a re-run must not rewrite
+  what the catalogue knows);
+- a hostile relay store: an object of a sealed batch removed for a while (omission), or an
+  object of one sealed batch listed in another (injection), both undone after a few seconds;
+  the core must refuse the batch meanwhile (its signed inventory names the object);
+- a relay quota (`--quota-per-site`), so the store fills and senders wait for the core; once,
+  a batch larger than the quota, which must fail fast (413) and is cancelled with
+  `send --cancel` (it must never arrive).
 
 Then the generator stops, the faults stop, and the soak waits until everything is delivered.
 It checks every file of every batch: arrived exactly once, byte-identical (SHA-256), no file
-outside the expected set, no staging directory left behind, and the relay empty after
-acknowledgement. It prints a summary with the counts.
+outside the expected set, every delivered batch complete, no staging directory left behind,
+the relay empty after acknowledgement, and the core's catalogue counting as many acknowledged
+files as there are on disk. It prints a summary with the counts.
 
-Usage: bench/soak.py [--minutes 30] [--seed N]
+Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB]
 """
 
 import argparse
 import hashlib
 import os
+import json
 import random
 import shutil
+import sqlite3
 import signal
 import socket
 import subprocess
@@ -122,10 +133,81 @@ def sha256(path):
     return h.hexdigest()
 
 
+def parse_size(text):
+    """`96MiB`, `64MB`, `1000` → bytes."""
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "kB": 1000, "MB": 10**6, "GB": 10**9, "B": 1}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def tamper_store(rng, store, aside):
+    """Removes an object of a sealed batch from the relay's store, or lists it in another
+    sealed batch, as a hostile relay could. Returns the kind and a function undoing it, or None
+    when there is nothing to tamper with."""
+    batches = {}
+    for record in (store / "batches").glob("*.json"):
+        if record.name.endswith((".acking.json",)):
+            continue
+        try:
+            ids = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+        held = [i for i in ids if (store / "meta" / i / "sealed.json").exists()]
+        if held:
+            batches[record.stem] = (record, held)
+    if not batches:
+        return None
+    name = rng.choice(sorted(batches))
+    record, held = batches[name]
+    victim = rng.choice(held)
+    others = [b for b in batches if b != name]
+    if others and rng.random() < 0.5:
+        # Injection: the victim's seal says it belongs to another batch, which lists it too.
+        target = rng.choice(others)
+        target_record = batches[target][0]
+        sealed = store / "meta" / victim / "sealed.json"
+        try:
+            old_sealed, old_target = sealed.read_text(), target_record.read_text()
+            doc = json.loads(old_sealed)
+            doc["batch"] = target
+            sealed.write_text(json.dumps(doc))
+            target_record.write_text(json.dumps(json.loads(old_target) + [victim]))
+        except (OSError, ValueError):
+            return None
+
+        def restore():
+            for path, text in ((sealed, old_sealed), (target_record, old_target)):
+                if path.parent.exists():
+                    path.write_text(text)
+        return "injections", restore
+    # Omission: the object's data and records disappear for a while.
+    moved = []
+    for kind in ("objects", "meta"):
+        src = store / kind / victim
+        dst = aside / kind / victim
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(src, dst)
+            moved.append((src, dst))
+        except OSError:
+            pass
+
+    def restore():
+        for src, dst in moved:
+            try:
+                os.rename(dst, src)
+            except OSError:
+                pass
+    return "omissions", restore
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--seed", type=int, default=int(time.time()))
+    ap.add_argument("--quota", default="96MiB", help="the relay's --quota-per-site")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
@@ -144,7 +226,8 @@ def main():
     def restart_relay():
         nonlocal fingerprint
         procs["relay"], _, fingerprint = start_relay(FORTE, WORK / "relay", WORK / "tokens.toml",
-                                                     f"127.0.0.1:{relay_port}", stderr=logs["relay"])
+                                                     f"127.0.0.1:{relay_port}", stderr=logs["relay"],
+                                                     flags=["--quota-per-site", args.quota])
 
     restart_relay()
     edge_proxy, core_proxy = FaultProxy(relay_port), FaultProxy(relay_port)
@@ -153,11 +236,21 @@ def main():
         return ["--relay", f"https://127.0.0.1:{proxy.port}", "--relay-fingerprint", fingerprint,
                 "--token-file", WORK / token, "--timeout", "10"]
 
+    def send_args(*extra):
+        return [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, *extra,
+                "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "--part-size", "2MiB",
+                *conn(edge_proxy, "edge.token")]
+
     def start_send():
-        procs["send"] = subprocess.Popen(
-            [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--watch", "--interval", "1",
-             "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "--part-size", "2MiB",
-             *conn(edge_proxy, "edge.token")], stdout=subprocess.DEVNULL, stderr=logs["send"])
+        procs["send"] = subprocess.Popen(send_args("--watch", "--interval", "1"),
+                                         stdout=subprocess.DEVNULL, stderr=logs["send"])
+
+    def one_shot_send(*extra, timeout=180):
+        try:
+            return subprocess.run(send_args("-q", *extra), stdout=subprocess.PIPE, stderr=logs["send"],
+                                  timeout=timeout, text=True)
+        except subprocess.TimeoutExpired:
+            return None
 
     def start_pull():
         procs["pull"] = subprocess.Popen(
@@ -171,10 +264,17 @@ def main():
 
     expected = {}  # relative path under dest → sha256
     counts = {"batches": 0, "files": 0, "bytes": 0, "resets": 0, "throttles": 0, "stalls": 0, "outages": 0,
-              "kills": {"send": 0, "pull": 0, "relay": 0}}
+              "kills": {"send": 0, "pull": 0, "relay": 0}, "reruns": 0, "omissions": 0, "injections": 0,
+              "too_large": 0}
+    batch_files = {}  # batch name → its expected relative paths
+    store = WORK / "relay" / "sites" / "soak"
+    aside = WORK / "aside"
+    undo = []  # (when, function) of store tampering to undo
+    too_large = None
     text = (ROOT / "README.md").read_bytes()
     end = time.monotonic() + args.minutes * 60
     next_batch = next_fault = next_kill = time.monotonic()
+    next_tamper, next_rerun = next_batch + 30, next_batch + 45
     print(f"soak for {args.minutes:g} min, seed {args.seed}, work in {WORK}", file=sys.stderr)
     while time.monotonic() < end:
         now = time.monotonic()
@@ -190,10 +290,46 @@ def main():
                 expected[f"soak/{name}/{rel}"] = hashlib.sha256(data).hexdigest()
                 counts["files"] += 1
                 counts["bytes"] += size
+            batch_files[name] = {p for p in expected if p.startswith(f"soak/{name}/")}
             os.rename(staged, inbox / name)
             (inbox / name / ".ready").touch()
             counts["batches"] += 1
             next_batch = now + rng.uniform(1, 6)
+        if too_large is None and now >= end - args.minutes * 30:
+            # Half-way: one batch larger than the relay's quota. It must fail fast and, once
+            # cancelled, never arrive; the others must go on.
+            too_large = "too-large"
+            big = inbox / too_large
+            big.mkdir()
+            quota = parse_size(args.quota)
+            for i in range(3):
+                (big / f"{i}.bin").write_bytes(os.urandom(quota // 2))
+            (big / ".ready").touch()
+            counts["too_large"] += 1
+            def cancel():
+                # As an operator would: stop the watching sender, cancel, start it again.
+                procs["send"].send_signal(signal.SIGKILL)
+                procs["send"].wait()
+                one_shot_send("--cancel", too_large, timeout=120)
+                start_send()
+            undo.append((now + 20, cancel))
+        for when, action in [u for u in undo if u[0] <= now]:
+            undo.remove((when, action))
+            action()
+        if now >= next_tamper:
+            tamper = tamper_store(rng, store, aside)
+            if tamper:
+                kind, restore = tamper
+                counts[kind] += 1
+                undo.append((now + rng.uniform(4, 15), restore))
+            next_tamper = now + rng.uniform(20, 60)
+        if now >= next_rerun:
+            procs["send"].send_signal(signal.SIGKILL)
+            procs["send"].wait()
+            one_shot_send()
+            counts["reruns"] += 1
+            start_send()
+            next_rerun = now + rng.uniform(40, 120)
         if now >= next_fault:
             proxy = rng.choice([edge_proxy, core_proxy])
             fault = rng.choice(["reset", "throttle", "stall", "down"])
@@ -216,6 +352,8 @@ def main():
             next_kill = now + rng.uniform(20, 90)
         time.sleep(0.2)
 
+    for _, action in sorted(undo, key=lambda u: u[0]):
+        action()
     edge_proxy.set("none")
     core_proxy.set("none")
     print(f"generation over: {counts}; waiting for delivery", file=sys.stderr)
@@ -233,10 +371,18 @@ def main():
     deadline = time.monotonic() + 1800
     while set(delivered()) != set(expected) and time.monotonic() < deadline:
         time.sleep(2)
+        # An object the store lost for good (removed while the relay was restarted) comes
+        # back only from the edge: a one-shot send finds what the relay lacks and seals again.
+        if time.monotonic() > deadline - 1500 and int(time.monotonic()) % 60 < 2:
+            one_shot_send(timeout=120)
     found = delivered()
     missing = sorted(set(expected) - set(found))
     extra = sorted(set(found) - set(expected))
     corrupt = sorted(p for p in expected if p in found and sha256(found[p]) != expected[p])
+    # A batch delivered in part: some of its files present, others not.
+    incomplete = sorted(b for b, files in batch_files.items()
+                        if files & set(found) and not files <= set(found))
+    cancelled_arrived = too_large is not None and (dest / "soak" / too_large).exists()
     relay_objects = WORK / "relay" / "sites" / "soak" / "objects"
     deadline = time.monotonic() + 300
     while relay_objects.exists() and any(relay_objects.iterdir()) and time.monotonic() < deadline:
@@ -246,6 +392,12 @@ def main():
         p.send_signal(signal.SIGTERM)
         p.wait()
     staging = [d for d in dest.iterdir() if d.name.startswith(".forte-staging-")] if dest.exists() else []
+    with sqlite3.connect(WORK / "core.sqlite") as db:
+        catalogued = db.execute("SELECT COUNT(*) FROM files WHERE state = 'acknowledged'").fetchone()[0]
+    refused = {kind: sum(log.read_text(errors="replace").count(needle)
+                         for log in [WORK / "pull.log"])
+               for kind, needle in (("missing", "missing: dropped on the way"),
+                                    ("injected", "not in the signed inventory"))}
 
     minutes = args.minutes
     print(f"\nsoak: {minutes:g} min of random faults, seed {args.seed}, 2 cores")
@@ -253,9 +405,17 @@ def main():
     print(f"faults: {counts['resets']} resets, {counts['throttles']} throttles, {counts['stalls']} stalls "
           f"(up to 25 s, request timeout 10 s), {counts['outages']} outages; kill -9: "
           f"{counts['kills']['send']} sender, {counts['kills']['pull']} puller, {counts['kills']['relay']} relay")
+    print(f"hostile store: {counts['omissions']} objects removed for a while, {counts['injections']} objects "
+          f"listed in another batch; the core refused a batch {refused['missing']} times naming a missing "
+          f"object and {refused['injected']} times naming an injected one; {counts['reruns']} one-shot sends "
+          f"between the watcher's lives; {counts['too_large']} batch larger than the quota "
+          f"({'arrived!' if cancelled_arrived else 'cancelled, never arrived'})")
     print(f"lost {len(missing)}, duplicated or unexpected {len(extra)}, corrupted {len(corrupt)}, "
-          f"left at the relay {left_at_relay}, staging directories left {len(staging)}")
-    ok = not (missing or extra or corrupt or left_at_relay)
+          f"incomplete batches delivered {len(incomplete)}, left at the relay {left_at_relay}, "
+          f"staging directories left {len(staging)}")
+    print(f"catalogue: {catalogued} files acknowledged at the core, {len(found)} files on disk")
+    ok = not (missing or extra or corrupt or incomplete or left_at_relay or cancelled_arrived
+              or catalogued != len(found))
     for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt)):
         for item in items[:10]:
             print(f"  {name}: {item}")
