@@ -37,7 +37,17 @@ impl Retry {
     pub fn run<T>(
         &self,
         what: &str,
+        op: impl FnMut() -> Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        self.run_sleeping(what, op, std::thread::sleep)
+    }
+
+    /// [`Retry::run`] with the wait between attempts done by `sleep` (tests record it).
+    fn run_sleeping<T>(
+        &self,
+        what: &str,
         mut op: impl FnMut() -> Result<T, RelayError>,
+        mut sleep: impl FnMut(Duration),
     ) -> Result<T, RelayError> {
         let mut delay = self.first_delay;
         let mut attempt = 1;
@@ -53,13 +63,18 @@ impl Retry {
                         "retrying {what} in {:.1} s (attempt {attempt}): {e}",
                         wait.as_secs_f64()
                     );
-                    std::thread::sleep(wait);
-                    delay = (delay * 2).min(self.max_delay);
+                    sleep(wait);
+                    delay = next_delay(delay, self.max_delay);
                     attempt += 1;
                 }
             }
         }
     }
+}
+
+/// The delay after `delay`: twice as long, but never longer than `max`.
+fn next_delay(delay: Duration, max: Duration) -> Duration {
+    (delay * 2).min(max)
 }
 
 /// Between half and all of `delay`, so that many workers failing together do not retry together.
@@ -128,6 +143,90 @@ mod tests {
                 3,
                 "{status}"
             );
+        }
+    }
+
+    #[test]
+    fn the_delay_doubles_up_to_the_cap_and_stays_there() {
+        let max = Duration::from_secs(30);
+        let mut delay = Duration::from_millis(500);
+        let mut seen = vec![delay];
+        for _ in 0..8 {
+            delay = next_delay(delay, max);
+            seen.push(delay);
+        }
+        let ms: Vec<u128> = seen.iter().map(Duration::as_millis).collect();
+        assert_eq!(
+            ms,
+            [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]
+        );
+        // A first delay above the cap is cut to it at once.
+        assert_eq!(next_delay(Duration::from_secs(40), max), max);
+    }
+
+    #[test]
+    fn jitter_stays_between_half_and_all_of_the_delay_and_varies() {
+        let delay = Duration::from_millis(1000);
+        let mut distinct = std::collections::BTreeSet::new();
+        for _ in 0..2000 {
+            let wait = jitter(delay);
+            assert!(
+                wait >= delay / 2 && wait <= delay,
+                "{wait:?} outside [{:?}, {delay:?}]",
+                delay / 2
+            );
+            distinct.insert(wait);
+        }
+        // Random, not a constant: 2000 draws of 256 possible values give far more than 10.
+        assert!(
+            distinct.len() > 10,
+            "only {} distinct waits",
+            distinct.len()
+        );
+        assert_eq!(jitter(Duration::ZERO), Duration::ZERO);
+    }
+
+    /// The waits `retry` sleeps between the calls of an operation that always fails with `e`,
+    /// and how many calls it made; nothing sleeps for real.
+    fn waits(retry: Retry, e: impl Fn() -> RelayError) -> (u32, Vec<Duration>) {
+        let n = Cell::new(0);
+        let mut slept = Vec::new();
+        let got: Result<(), _> = retry.run_sleeping(
+            "a test",
+            || {
+                n.set(n.get() + 1);
+                Err(e())
+            },
+            |d| slept.push(d),
+        );
+        assert!(got.is_err());
+        (n.get(), slept)
+    }
+
+    #[test]
+    fn one_shot_tries_eight_times_backing_off_with_jitter_to_the_cap() {
+        let (calls, slept) = waits(Retry::one_shot(), || error(Some(503), false));
+        assert_eq!(calls, 8, "one_shot gives up after 8 attempts");
+        // A wait between each two attempts, none after the last.
+        assert_eq!(slept.len(), 7, "{slept:?}");
+        let nominal_ms = [500u64, 1000, 2000, 4000, 8000, 16000, 30000];
+        for (wait, ms) in slept.iter().zip(nominal_ms) {
+            let d = Duration::from_millis(ms);
+            assert!(
+                *wait >= d / 2 && *wait <= d,
+                "wait {wait:?} not within [{:?}, {d:?}]: {slept:?}",
+                d / 2
+            );
+        }
+    }
+
+    #[test]
+    fn a_permanent_error_is_not_waited_for() {
+        for retry in [Retry::one_shot(), Retry::forever()] {
+            let (calls, slept) = waits(retry, || error(Some(401), false));
+            assert_eq!((calls, slept.len()), (1, 0));
+            let (calls, slept) = waits(retry, || error(None, true));
+            assert_eq!((calls, slept.len()), (1, 0));
         }
     }
 
