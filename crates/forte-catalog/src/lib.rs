@@ -128,6 +128,92 @@ fn new_id() -> String {
     hex::encode(b)
 }
 
+/// The states a file goes through, in order. The catalogue records a file's state only
+/// forwards: a state ranked below the file's current one (a later run discovering again a file
+/// that an earlier run sent, or the core acknowledged) leaves the row and its lineage as they
+/// are. `failed` and `damaged` are set-backs, not steps: recorded while the file is not yet
+/// delivered (any state may then follow them, a retry starting over), and never after.
+/// States this list does not know are recorded as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum FileState {
+    Discovered,
+    /// At the relay: uploaded, or found there by a later run.
+    AtRelay,
+    Sealed,
+    Verified,
+    Delivered,
+    Acknowledged,
+}
+
+impl FileState {
+    /// The step a state names; `None` for a set-back or a state not in the order.
+    pub fn parse(state: &str) -> Option<Self> {
+        Some(match state {
+            "discovered" => Self::Discovered,
+            "at_relay" | "uploaded" => Self::AtRelay,
+            "sealed" => Self::Sealed,
+            "verified" => Self::Verified,
+            "delivered" => Self::Delivered,
+            "acknowledged" => Self::Acknowledged,
+            _ => return None,
+        })
+    }
+
+    /// Whether a file in state `was` may be recorded as `next`.
+    pub fn may_follow(was: &str, next: &str) -> bool {
+        let setback = |s: &str| matches!(s, "failed" | "damaged");
+        match (Self::parse(was), Self::parse(next)) {
+            (Some(was), Some(next)) => next >= was,
+            (Some(was), None) if setback(next) => was < Self::Delivered,
+            _ => true,
+        }
+    }
+}
+
+/// The states a batch goes through on its node, in order: at the edge queued, sending, sent,
+/// then source_kept or source_deleted; at the core pulling, delivered. Recorded only forwards
+/// (the same state again refreshes the batch's totals, nothing else). `failed` and
+/// `cancelled` are set-backs that a retry's states may follow (a failed send is sent again, a
+/// cancelled batch whose ready marker is touched is queued again); they are not recorded over
+/// a batch that is finished for good (delivered at the core, its source deleted at the edge).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BatchState {
+    /// queued (edge), pulling (core)
+    Queued,
+    Sending,
+    Sent,
+    Delivered,
+    SourceKept,
+    SourceDeleted,
+}
+
+impl BatchState {
+    /// The step a state names; `None` for a set-back or a state not in the order.
+    pub fn parse(state: &str) -> Option<Self> {
+        Some(match state {
+            "queued" | "pulling" => Self::Queued,
+            "sending" => Self::Sending,
+            "sent" => Self::Sent,
+            "delivered" | "acknowledged" => Self::Delivered,
+            "source_kept" => Self::SourceKept,
+            "source_deleted" => Self::SourceDeleted,
+            _ => return None,
+        })
+    }
+
+    /// Whether a batch in state `was` may be recorded as `next`.
+    pub fn may_follow(was: &str, next: &str) -> bool {
+        let setback = |s: &str| matches!(s, "failed" | "cancelled");
+        match (Self::parse(was), Self::parse(next)) {
+            (Some(was), Some(next)) => next >= was,
+            (Some(was), None) if setback(next) => {
+                !matches!(was, Self::Delivered | Self::SourceDeleted)
+            }
+            _ => true,
+        }
+    }
+}
+
 /// A batch as the catalogue knows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct BatchRow {
@@ -333,25 +419,88 @@ async fn event(
 async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
     match record {
         Record::Batch { batch_key, role, site, name, files, bytes, state, at } => {
-            sqlx::query(
-                "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)
-                 ON CONFLICT (batch_key) DO UPDATE SET state = excluded.state, files = excluded.files,
-                     bytes = excluded.bytes, name = excluded.name, updated_at = excluded.updated_at",
+            let current = sqlx::query("SELECT state, files, bytes, updated_at FROM batches WHERE batch_key = $1")
+                .bind(batch_key)
+                .fetch_optional(&mut *conn)
+                .await?;
+            // The totals come from the batch's files: one per path (a file changed in place
+            // gets a new object id under the same path), at its largest recorded size. The
+            // core's bytes are what went over the wire, which its file rows do not say: there
+            // only the callers' figures count. Either way a total is never lowered, so a run
+            // that saw part of a batch cannot shrink it.
+            let from_files = sqlx::query(
+                "SELECT COUNT(*), CAST(COALESCE(SUM(s), 0) AS BIGINT)
+                 FROM (SELECT path, MAX(size) AS s FROM files WHERE batch_key = $1 GROUP BY path) t",
             )
             .bind(batch_key)
-            .bind(role)
-            .bind(site)
-            .bind(name)
+            .fetch_one(&mut *conn)
+            .await?;
+            let (rows_files, rows_bytes): (i64, i64) = (from_files.try_get(0)?, from_files.try_get(1)?);
+            let rows_bytes = if role == "edge" { rows_bytes } else { 0 };
+            let Some(current) = current else {
+                sqlx::query(
+                    "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+                )
+                .bind(batch_key)
+                .bind(role)
+                .bind(site)
+                .bind(name)
+                .bind(state)
+                .bind((*files).max(rows_files))
+                .bind((*bytes).max(rows_bytes))
+                .bind(at)
+                .execute(&mut *conn)
+                .await?;
+                return event(conn, *at, batch_key, None, None, state, None).await;
+            };
+            let (was, was_files, was_bytes, was_at): (String, i64, i64, i64) = (
+                current.try_get(0)?,
+                current.try_get(1)?,
+                current.try_get(2)?,
+                current.try_get(3)?,
+            );
+            let files = (*files).max(rows_files).max(was_files);
+            let bytes = (*bytes).max(rows_bytes).max(was_bytes);
+            let (state, moved) = if BatchState::may_follow(&was, state) {
+                (state.as_str(), was != *state)
+            } else {
+                (was.as_str(), false)
+            };
+            sqlx::query(
+                "UPDATE batches SET state = $2, files = $3, bytes = $4, name = $5, updated_at = $6
+                 WHERE batch_key = $1",
+            )
+            .bind(batch_key)
             .bind(state)
             .bind(files)
             .bind(bytes)
-            .bind(at)
+            .bind(name)
+            .bind(if moved { *at } else { was_at })
             .execute(&mut *conn)
             .await?;
-            event(conn, *at, batch_key, None, None, state, None).await
+            if moved {
+                event(conn, *at, batch_key, None, None, state, None).await?;
+            }
+            Ok(())
         }
         Record::File { batch_key, object_id, path, size, state, raw_sha256, delivered_to, detail, at } => {
+            let current: Option<String> =
+                sqlx::query("SELECT state FROM files WHERE batch_key = $1 AND object_id = $2")
+                    .bind(batch_key)
+                    .bind(object_id)
+                    .fetch_optional(&mut *conn)
+                    .await?
+                    .map(|r| r.try_get(0))
+                    .transpose()?;
+            // A state that would move the file backwards (a re-run discovering a file the
+            // core already acknowledged, a failed attempt after a delivery) is not recorded,
+            // neither on the row nor in its lineage.
+            if let Some(was) = &current {
+                if !FileState::may_follow(was, state) {
+                    return Ok(());
+                }
+            }
             sqlx::query(
                 "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
@@ -370,6 +519,10 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
             .bind(at)
             .execute(&mut *conn)
             .await?;
+            // The same state again is an event only when it says something (a detail).
+            if current.as_deref() == Some(state.as_str()) && detail.is_none() {
+                return Ok(());
+            }
             event(conn, *at, batch_key, Some(object_id), None, state, detail.as_deref()).await
         }
         Record::Part { batch_key, object_id, index, state, raw_sha256, ciphertext_sha256, ciphertext_length, at } => {
@@ -427,7 +580,14 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
         .map(drop),
         Record::Stage { batch_key, stage, started_at, ended_at } => sqlx::query(
             "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (batch_key, stage) DO UPDATE SET ended_at = excluded.ended_at",
+             ON CONFLICT (batch_key, stage) DO UPDATE SET
+                 started_at = CASE WHEN excluded.started_at < stages.started_at
+                     THEN excluded.started_at ELSE stages.started_at END,
+                 ended_at = CASE
+                     WHEN excluded.ended_at IS NULL THEN stages.ended_at
+                     WHEN stages.ended_at IS NULL OR excluded.ended_at > stages.ended_at
+                         THEN excluded.ended_at
+                     ELSE stages.ended_at END",
         )
         .bind(batch_key)
         .bind(stage)
@@ -798,7 +958,12 @@ impl Catalog {
         })
     }
 
-    /// Records when a stage of a batch started, or (with `ended`) when it ended.
+    /// Records when a stage of a batch started, or (with `ended`) when it ended. Across runs a
+    /// stage spans from its earliest start to its latest end: a later run's start neither
+    /// moves the start nor reopens a stage that ended, and its end extends the stage. So a
+    /// caller records a stage only for a run that did the stage's work (a re-run that finds
+    /// everything done records none), and a run killed before its end leaves the stage as the
+    /// run before it ended it, or open.
     pub fn stage(
         &self,
         batch_key: &str,
@@ -1249,6 +1414,157 @@ mod tests {
         if let Some(url) = fresh_postgres() {
             open_together(&url);
         }
+    }
+
+    fn one_shot() -> (tempfile::TempDir, Catalog) {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("c.sqlite").to_str().unwrap()).unwrap();
+        (dir, catalog)
+    }
+
+    fn file(catalog: &Catalog, batch: &str, id: &str, size: u64, state: &str) {
+        catalog
+            .file_state(
+                batch,
+                id,
+                &format!("{id}.bag"),
+                size,
+                state,
+                None,
+                None,
+                None,
+            )
+            .unwrap();
+    }
+
+    /// A re-run that discovers again a file the core acknowledged, or fails on it, does not
+    /// move it backwards, in its row or its lineage; a failure before delivery is recorded,
+    /// and a retry's states follow it.
+    #[test]
+    fn a_file_state_only_moves_forward() {
+        let (_dir, catalog) = one_shot();
+        for state in ["discovered", "sealed", "delivered", "acknowledged"] {
+            file(&catalog, "b", "o1", 10, state);
+        }
+        for state in ["discovered", "at_relay", "sealed", "failed", "delivered"] {
+            file(&catalog, "b", "o1", 10, state);
+        }
+        assert_eq!(catalog.files("b").unwrap()[0].state, "acknowledged");
+        let lineage: Vec<_> = catalog
+            .lineage("o1")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.state)
+            .collect();
+        assert_eq!(
+            lineage,
+            ["discovered", "sealed", "delivered", "acknowledged"]
+        );
+
+        for state in ["discovered", "failed", "discovered", "sealed"] {
+            file(&catalog, "b", "o2", 10, state);
+        }
+        let states: Vec<_> = catalog
+            .lineage("o2")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.state)
+            .collect();
+        assert_eq!(states, ["discovered", "failed", "discovered", "sealed"]);
+        assert_eq!(catalog.files("b").unwrap()[1].state, "sealed");
+    }
+
+    /// A batch's totals come from its files and are never lowered by a run that saw (or sent)
+    /// only part of it: a re-run that sent nothing does not make it 0 B, a pull that listed 59
+    /// of its 150 objects does not make it 59 files.
+    #[test]
+    fn batch_totals_come_from_its_files_and_never_shrink() {
+        let (_dir, catalog) = one_shot();
+        catalog
+            .batch_state("e", "edge", "", "run-1", 5, 500, "queued")
+            .unwrap();
+        for i in 0..5 {
+            file(&catalog, "e", &format!("o{i}"), 100, "discovered");
+        }
+        catalog
+            .batch_state("e", "edge", "", "run-1", 5, 0, "sent")
+            .unwrap();
+        // A late file sent as a follow-up, by a run that sees only it.
+        file(&catalog, "e", "late", 50, "discovered");
+        catalog
+            .batch_state("e", "edge", "", "run-1", 1, 50, "sent")
+            .unwrap();
+        let b = catalog.batch("e").unwrap().unwrap();
+        assert_eq!((b.state.as_str(), b.files, b.bytes), ("sent", 6, 550));
+
+        catalog
+            .batch_state("c", "core", "site", "run-1", 150, 9000, "pulling")
+            .unwrap();
+        catalog
+            .batch_state("c", "core", "site", "run-1", 59, 3000, "pulling")
+            .unwrap();
+        for i in 0..59 {
+            file(&catalog, "c", &format!("o{i}"), 100, "delivered");
+        }
+        catalog
+            .batch_state("c", "core", "site", "run-1", 59, 3000, "delivered")
+            .unwrap();
+        let b = catalog.batch("c").unwrap().unwrap();
+        // The core's bytes are on the wire: its files' raw sizes do not replace them.
+        assert_eq!(
+            (b.state.as_str(), b.files, b.bytes),
+            ("delivered", 150, 9000)
+        );
+    }
+
+    /// A batch's state moves forward for its role; a failure may be followed by a retry, but
+    /// is not recorded over a batch delivered for good.
+    #[test]
+    fn a_batch_state_only_moves_forward() {
+        let (_dir, catalog) = one_shot();
+        let state = |key: &str, role: &str, s: &str| {
+            catalog.batch_state(key, role, "", "n", 1, 1, s).unwrap();
+            catalog.batch(key).unwrap().unwrap().state
+        };
+        assert_eq!(state("e", "edge", "sent"), "sent");
+        let at = catalog.batch("e").unwrap().unwrap().updated_at;
+        assert_eq!(state("e", "edge", "queued"), "sent");
+        assert_eq!(state("e", "edge", "sending"), "sent");
+        assert_eq!(catalog.batch("e").unwrap().unwrap().updated_at, at);
+        assert_eq!(state("e", "edge", "failed"), "failed");
+        assert_eq!(state("e", "edge", "queued"), "queued");
+        assert_eq!(state("e", "edge", "sent"), "sent");
+        assert_eq!(state("e", "edge", "source_deleted"), "source_deleted");
+        assert_eq!(state("e", "edge", "failed"), "source_deleted");
+
+        assert_eq!(state("c", "core", "pulling"), "pulling");
+        assert_eq!(state("c", "core", "delivered"), "delivered");
+        assert_eq!(state("c", "core", "pulling"), "delivered");
+        assert_eq!(state("c", "core", "failed"), "delivered");
+    }
+
+    /// A stage spans from its earliest start to its latest end: a re-run's start does not move
+    /// it or reopen it.
+    #[test]
+    fn a_stage_keeps_its_first_start_and_is_not_reopened() {
+        let (_dir, catalog) = one_shot();
+        let span = || {
+            let s = &catalog.stages("b").unwrap()[0];
+            (s.started_at, s.ended_at)
+        };
+        catalog.stage("b", "send", 10, None).unwrap();
+        catalog.stage("b", "send", 15, None).unwrap(); // killed, then run again
+        assert_eq!(span(), (10, None));
+        catalog.stage("b", "send", 15, Some(20)).unwrap();
+        assert_eq!(span(), (10, Some(20)));
+        catalog.stage("b", "send", 30, None).unwrap();
+        assert_eq!(span(), (10, Some(20)), "a later run does not reopen it");
+        catalog.stage("b", "send", 30, Some(40)).unwrap();
+        assert_eq!(
+            span(),
+            (10, Some(40)),
+            "a follow-up that sent files extends it"
+        );
     }
 
     #[test]
