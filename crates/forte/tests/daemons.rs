@@ -451,3 +451,107 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
     );
     assert_eq!(staged_files(), 0, "staging removed");
 }
+
+/// Sealed batch records at the relay for site-a (`batches/<id>.json`, not acknowledgements
+/// under way).
+fn sealed_batch_records(site: &Site) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(site.relay.store.join("sites/site-a/batches"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy();
+            name.ends_with(".json") && !name.ends_with(".acking.json")
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// `--delete-after-ack` deletes a source file only after the core acknowledged it: with no
+/// puller, a batch sealed at the relay stays at the edge however long the sender watches;
+/// once a puller runs, no source file disappears before its copy is visible at the core.
+#[test]
+fn sources_are_kept_while_the_relay_holds_the_batch_and_deleted_only_after_delivery() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "held", 3, 1_500_000);
+    let sources: Vec<PathBuf> = source_hashes(&batch)
+        .keys()
+        .map(|p| batch.join(p))
+        .collect();
+    assert_eq!(sources.len(), 3);
+    let log = site.root.join("send.log");
+    let _send = spawn_logged(
+        &site.send(&[
+            "--watch",
+            "--interval",
+            "1",
+            "--delete-after-ack",
+            "--part-size",
+            "1MiB",
+        ]),
+        &log,
+    );
+    let send_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(60, || !sealed_batch_records(&site).is_empty()),
+        "the relay never held the batch sealed: {}",
+        send_log()
+    );
+    let at_relay = site.relay_objects();
+    assert!(!at_relay.is_empty());
+    // Several intervals of the watching sender, each a chance to delete what it should not.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    for source in &sources {
+        assert!(
+            source.exists(),
+            "{} was deleted although nothing was acknowledged: {}",
+            source.display(),
+            send_log()
+        );
+    }
+    assert_eq!(site.relay_objects(), at_relay, "nothing acknowledged yet");
+
+    // Now the core pulls: every file is delivered, and only then deleted at the edge.
+    let expected = source_hashes(&batch);
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull);
+    let dest = site.root.join("dest/site-a/held");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        // Sources first, then the destination: a file gone from the edge must be visible at
+        // the core by the time we look there.
+        let gone: Vec<&String> = expected
+            .keys()
+            .filter(|p| !batch.join(p).exists())
+            .collect();
+        let delivered = visible(&dest);
+        for path in &gone {
+            assert_eq!(
+                delivered.get(*path),
+                expected.get(*path),
+                "{path} was deleted at the edge before it was delivered"
+            );
+        }
+        if gone.len() == expected.len() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not deleted after delivery: {} of {} gone, delivered {:?}: {}",
+            gone.len(),
+            expected.len(),
+            delivered,
+            send_log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(visible(&dest), expected);
+    assert!(
+        wait_for(30, || site.relay_objects().is_empty()),
+        "acknowledged"
+    );
+}
