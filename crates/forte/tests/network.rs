@@ -404,3 +404,55 @@ fn a_batch_larger_than_the_relay_fails_at_once_and_the_edge_cancels_it() {
     assert!(!dest.join("huge").exists());
     assert!(inbox.join("huge/0.bin").exists(), "the source is untouched");
 }
+
+/// `pull --copy-to` acknowledges only once the second copy exists: when it cannot be made
+/// (its directory lies under a regular file, so it cannot be created, even by root), the pull
+/// fails naming it and the relay keeps every object; a later pull with a working second
+/// destination makes the copy and only then acknowledges.
+#[test]
+fn a_second_copy_that_cannot_be_made_keeps_everything_at_the_relay() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    make_batches(&inbox);
+    ok(&site.send(&["--part-size", "1MiB", "-q"]));
+    let at_relay = site.relay_objects();
+    assert!(!at_relay.is_empty());
+
+    let blocker = site.root.join("not-a-directory");
+    write(
+        &blocker,
+        b"a regular file where the copy's parent directory should be\n",
+    );
+    let broken = blocker.join("analysts");
+    let mut pull = site.pull();
+    pull.extend(args!["--copy-to", &broken]);
+    let err = fails(&pull);
+    assert!(err.contains("not-a-directory"), "the copy is named: {err}");
+    assert_eq!(
+        site.relay_objects(),
+        at_relay,
+        "acknowledged although the second copy was not made: {err}"
+    );
+    assert!(!broken.exists());
+    let dest = site.root.join("dest");
+    assert_no_staging(&dest, "after a pull whose second copy failed");
+
+    let copy = site.root.join("analysts");
+    let mut pull = site.pull();
+    pull.extend(args!["--copy-to", &copy]);
+    ok(&pull);
+    let archive = tree(&dest);
+    assert_eq!(archive.len(), 9, "{archive:?}");
+    assert_eq!(tree(&copy), archive);
+    for batch in ["truck-7-run-1", "truck-7-run-2", "truck-9-run-1"] {
+        let mut expected = tree(&inbox.join(batch));
+        expected.remove(".ready");
+        assert_eq!(tree(&copy.join("site-a").join(batch)), expected, "{batch}");
+    }
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
+    );
+    assert_no_staging(&dest, "after a pull");
+}

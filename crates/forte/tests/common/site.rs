@@ -313,8 +313,10 @@ pub fn kill(daemon: &mut Daemon) {
     let _ = daemon.0.wait();
 }
 
-/// Files visible under `dir` (staging directories are not visible: they are hidden and
-/// removed by the next pull), relative path → SHA-256.
+/// Files visible under `dir`, relative path → SHA-256: what a user of the destination sees.
+/// Staging directories (`.forte-staging-*`) are skipped, because a running or killed pull
+/// legitimately leaves them; where the guarantee says none may be left (after a one-shot pull
+/// that finished, successfully or not), assert it with [`assert_no_staging`].
 pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
     if !dir.exists() {
         return Default::default();
@@ -324,6 +326,33 @@ pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
         .filter(|(p, _)| !p.starts_with(".forte-staging-"))
         .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
         .collect()
+}
+
+/// The names of the staging directories (`.forte-staging-*`) in `dest`, sorted.
+pub fn staging_dirs(dest: &Path) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(dest)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(".forte-staging-"))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Fails the test if a staging directory is left in `dest`: none may be once a one-shot pull
+/// has finished, whether it delivered or failed. `when` says which pull, for the message.
+pub fn assert_no_staging(dest: &Path, when: &str) {
+    let left = staging_dirs(dest);
+    assert!(
+        left.is_empty(),
+        "staging directories left in {} {when}: {left:?} holding {:?}",
+        dest.display(),
+        left.iter()
+            .map(|d| tree(&dest.join(d)).into_keys().collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    );
 }
 
 pub fn source_hashes(batch: &Path) -> std::collections::BTreeMap<String, String> {
