@@ -139,3 +139,107 @@ fn report_prints_the_verdict_and_writes_charts() {
     ]);
     assert!(bad.contains("\"lots\" is not a rate"), "{bad}");
 }
+
+/// One batch of five compressible files, sent and pulled, then `send` run again one-shot
+/// (everything is at the relay, acknowledged): returns the site and the edge's batch as
+/// `forte status --json` shows it after the first send and after the re-run.
+fn sent_then_sent_again() -> (Site, serde_json::Value, serde_json::Value) {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for i in 0..5 {
+        write(
+            &inbox.join(format!("run-1/bags/{i}.bag")),
+            &sample_bytes(600_000, i),
+        );
+    }
+    write(&inbox.join("run-1/.ready"), b"");
+    let edge_batch = |site: &Site| {
+        let status: serde_json::Value =
+            serde_json::from_str(&site.status(&site.edge_catalog, &["--json"])).unwrap();
+        status
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["name"] == "run-1")
+            .cloned()
+            .unwrap_or_else(|| panic!("no batch run-1 in {status:#}"))
+    };
+    ok(&site.send(&["-q"]));
+    let first = edge_batch(&site);
+    ok(&site.pull());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    ok(&site.send(&["-q"]));
+    let out = ok(&site.pull());
+    assert!(out.contains("nothing waiting"), "{out}");
+    ok(&site.send(&["-q"]));
+    let again = edge_batch(&site);
+    (site, first, again)
+}
+
+/// A one-shot `send` re-run over batches the core already has does not rewrite them: the
+/// batch keeps its file count, its bytes and its send stage, and `forte report` its raw
+/// bytes, its ratio and its place in the timeline.
+#[test]
+fn re_running_send_does_not_rewrite_the_batch() {
+    let (site, first, again) = sent_then_sent_again();
+    let raw = 5 * 600_000;
+    assert_eq!(
+        (&again["bytes"], &again["state"]),
+        (&serde_json::json!(raw), &serde_json::json!("sent")),
+        "{again:#}"
+    );
+    assert_eq!(
+        again["stages"], first["stages"],
+        "the send stage was rewritten"
+    );
+    // `status` prints the batch's own row: its file count and size.
+    let text = site.status(&site.edge_catalog, &[]);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("edge") && l.contains("run-1"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        row.contains("    5 files") && row.contains("2.86 MiB"),
+        "{row}\n{text}"
+    );
+
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&report_args(&site, args!["--format", "json"]))).unwrap();
+    let b = batch(&report, "run-1");
+    assert_eq!(b["raw_bytes"].as_u64().unwrap(), raw, "{b:#}");
+    let stages: Vec<&str> = b["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert_eq!(stages, ["send", "pull"], "{b:#}");
+    let run = &report["run"];
+    assert_eq!(run["delivered"], 1, "{run:#}");
+    assert_eq!(run["raw_bytes"].as_u64().unwrap(), raw, "{run:#}");
+    let ratio = run["compression_ratio"].as_f64().unwrap();
+    assert!(ratio >= 1.0, "compressible data, ratio {ratio}: {run:#}");
+}
+
+/// The edge learns that the core acknowledged a batch on any run, not only as a daemon: a
+/// one-shot `send` that finds its files delivered records them as acknowledged, once.
+#[test]
+fn a_one_shot_send_learns_the_acknowledgements() {
+    let (site, _, again) = sent_then_sent_again();
+    let files = again["files"].as_array().unwrap();
+    assert_eq!(files.len(), 5, "{again:#}");
+    for f in files {
+        assert_eq!(f["state"], "acknowledged", "{f:#}");
+    }
+    let lineage = site.status(&site.edge_catalog, &["--file", "bags/0.bag"]);
+    assert_eq!(
+        lineage.matches("UTC  acknowledged").count(),
+        1,
+        "recorded once over two re-runs: {lineage}"
+    );
+    assert_eq!(
+        lineage.matches("UTC  discovered").count(),
+        1,
+        "re-runs do not add to the lineage: {lineage}"
+    );
+}

@@ -315,6 +315,8 @@ fn batch_id(key: &EdgeKey, batch: &str) -> String {
 struct InFlight {
     report: BatchReport,
     name: String,
+    /// Raw bytes of every file of the batch, as discovered (sent now, before, or not at all).
+    bytes: u64,
     /// Every object of the batch not yet delivered, sent now or before: the batch's seal
     /// lists them all.
     members: Vec<ObjectId>,
@@ -356,7 +358,7 @@ impl JobQueue for Edge<'_> {
         if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
             let now = now_us();
             flight.started_at = Some(now);
-            let (files, bytes) = (flight.report.files as u64, flight.report.raw_bytes);
+            let (files, bytes) = (flight.report.files as u64, flight.bytes);
             note(
                 "a batch",
                 self.catalog
@@ -397,6 +399,7 @@ impl Edge<'_> {
                     errors: Vec::new(),
                 },
                 name: name.clone(),
+                bytes: 0,
                 members: Vec::new(),
                 entries: Vec::new(),
                 pending: 0,
@@ -410,6 +413,7 @@ impl Edge<'_> {
                     let report = &mut flight.report;
                     report.files = found.files.len();
                     let (files, bytes) = (found.files.len() as u64, found.total_bytes());
+                    flight.bytes = bytes;
                     note(
                         "a batch",
                         catalog.batch_state(&batch_key, "edge", "", name, files, bytes, "queued"),
@@ -435,6 +439,12 @@ impl Edge<'_> {
                             Default::default()
                         }
                     };
+                    // What this catalogue already knows of the batch's files (from earlier
+                    // runs), so that what a re-run learns is recorded once.
+                    let known: HashMap<String, String> = catalog
+                        .files(&batch_key)
+                        .map(|files| files.into_iter().map(|f| (f.object_id, f.state)).collect())
+                        .unwrap_or_default();
                     for (source, id) in found.files.into_iter().zip(ids) {
                         let object = id.to_string();
                         let record = |state: &str, detail: Option<&str>| {
@@ -449,7 +459,13 @@ impl Edge<'_> {
                         record("discovered", None);
                         let held = match at.remove(&id) {
                             Some(AtRelay::Delivered) => {
-                                record("at_relay", Some("delivered by an earlier run"));
+                                // The relay reports it delivered: the core acknowledged it.
+                                if known.get(&object).map(String::as_str) != Some("acknowledged") {
+                                    record(
+                                        "acknowledged",
+                                        Some("the relay reports it acknowledged by the core"),
+                                    );
+                                }
                                 report.already_at_relay += 1;
                                 continue;
                             }
@@ -593,6 +609,7 @@ impl Edge<'_> {
     fn finish(&self, batch_key: &str, flight: InFlight) {
         let InFlight {
             mut report,
+            bytes,
             members,
             entries,
             admitted,
@@ -617,22 +634,23 @@ impl Edge<'_> {
         }
         let state = if report.failed == 0 { "sent" } else { "failed" };
         crate::monitor::batch_done("edge", state);
-        let (files, bytes) = (report.files as u64, report.raw_bytes);
-        let ended_at = now_us();
+        // The batch's totals, not this run's: a re-run that finds its files at the relay
+        // sends none of them, and the batch is no smaller for it.
+        let files = report.files as u64;
         note(
             "a batch",
             self.catalog
                 .batch_state(batch_key, "edge", "", &report.batch, files, bytes, state),
         );
-        note(
-            "a stage",
-            self.catalog.stage(
-                batch_key,
-                "send",
-                started_at.unwrap_or(ended_at),
-                Some(ended_at),
-            ),
-        );
+        // Only a run that sent files did the send stage: one that found them all at the relay
+        // leaves the stage as the run that sent them recorded it.
+        if let Some(started_at) = started_at {
+            note(
+                "a stage",
+                self.catalog
+                    .stage(batch_key, "send", started_at, Some(now_us())),
+            );
+        }
         if self.print_each {
             print_report(&report);
         }
