@@ -133,6 +133,7 @@ fn failures_run_the_hook_with_what_failed() {
         err.contains("\"event\":\"failure\"") && err.contains("\"role\":\"core\""),
         "{err}"
     );
+    assert_no_staging(&site.root.join("dest"), "after a failed one-shot pull");
     let alert = std::fs::read_to_string(&hook_out).expect("the hook ran");
     assert!(
         alert.starts_with("core|") && alert.contains("not among the trusted edge keys"),
@@ -185,6 +186,7 @@ fn killed_senders_resume_without_sending_parts_twice() {
         visible(&site.root.join("dest/site-a/big")),
         source_hashes(&batch)
     );
+    assert_no_staging(&site.root.join("dest"), "after a one-shot pull");
 }
 
 #[test]
@@ -203,6 +205,7 @@ fn a_killed_relay_restarts_and_the_sender_carries_on() {
     assert!(
         wait_for(120, || {
             ok(&site.pull());
+            assert_no_staging(&site.root.join("dest"), "after a one-shot pull");
             visible(&dest) == expected
         }),
         "not everything was delivered: {:?}",
@@ -241,7 +244,15 @@ fn killed_pullers_deliver_exactly_once_and_never_show_partial_files() {
             );
         }
     }
+    // Whether or not the kills above left staging behind, one surely is: a puller killed
+    // while it staged a file.
+    write(
+        &dest.join(".forte-staging-4000000-0/partial.bag"),
+        b"half a file",
+    );
     ok(&site.pull());
+    // The killed pullers' staging directories are removed by the pull that finished.
+    assert_no_staging(&dest, "after the pull that followed the killed ones");
     assert_eq!(visible(&dest), expected);
     assert!(
         site.relay_objects().is_empty(),
