@@ -171,11 +171,12 @@ impl FileState {
 }
 
 /// The states a batch goes through on its node, in order: at the edge queued, sending, sent,
-/// then source_kept or source_deleted; at the core pulling, delivered. Recorded only forwards
-/// (the same state again refreshes the batch's totals, nothing else). `failed` and
-/// `cancelled` are set-backs that a retry's states may follow (a failed send is sent again, a
-/// cancelled batch whose ready marker is touched is queued again); they are not recorded over
-/// a batch that is finished for good (delivered at the core, its source deleted at the edge).
+/// source_deleted; at the core pulling, delivered. Recorded only forwards (the same state
+/// again refreshes the batch's totals, nothing else). `failed`, `cancelled` and `source_kept`
+/// are set-backs that a retry's states may follow (a failed send is sent again, a cancelled
+/// batch whose ready marker is touched is queued again, a file that appears in a batch whose
+/// sendable files were all deleted is sent as a follow-up); they are not recorded over a batch
+/// that is finished for good (delivered at the core, its source deleted at the edge).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum BatchState {
     /// queued (edge), pulling (core)
@@ -183,7 +184,6 @@ pub enum BatchState {
     Sending,
     Sent,
     Delivered,
-    SourceKept,
     SourceDeleted,
 }
 
@@ -195,7 +195,6 @@ impl BatchState {
             "sending" => Self::Sending,
             "sent" => Self::Sent,
             "delivered" | "acknowledged" => Self::Delivered,
-            "source_kept" => Self::SourceKept,
             "source_deleted" => Self::SourceDeleted,
             _ => return None,
         })
@@ -203,7 +202,7 @@ impl BatchState {
 
     /// Whether a batch in state `was` may be recorded as `next`.
     pub fn may_follow(was: &str, next: &str) -> bool {
-        let setback = |s: &str| matches!(s, "failed" | "cancelled");
+        let setback = |s: &str| matches!(s, "failed" | "cancelled" | "source_kept");
         match (Self::parse(was), Self::parse(next)) {
             (Some(was), Some(next)) => next >= was,
             (Some(was), None) if setback(next) => {
@@ -1536,6 +1535,11 @@ mod tests {
         assert_eq!(state("e", "edge", "sent"), "sent");
         assert_eq!(state("e", "edge", "source_deleted"), "source_deleted");
         assert_eq!(state("e", "edge", "failed"), "source_deleted");
+
+        // A file that appears in a batch whose other files were kept sends it again.
+        assert_eq!(state("k", "edge", "sent"), "sent");
+        assert_eq!(state("k", "edge", "source_kept"), "source_kept");
+        assert_eq!(state("k", "edge", "queued"), "queued");
 
         assert_eq!(state("c", "core", "pulling"), "pulling");
         assert_eq!(state("c", "core", "delivered"), "delivered");
