@@ -147,3 +147,129 @@ fn unpack_refuses_to_overwrite_unless_told() {
         b"new contents\n"
     );
 }
+
+/// A file that changes while `pack` reads it (its mtime, or its size) fails, named in the
+/// error, and no object of it is written; the other files are packed. The change is made once
+/// `pack` has written a few parts of the large file (so it was listed and is being read), and
+/// long before its last part is read (at most two parts are in flight); should the pack still
+/// win the race, it is tried again.
+#[test]
+fn a_file_changed_while_being_read_fails_and_is_not_packed() {
+    for (case, change) in [
+        (
+            "mtime",
+            (|p: &std::path::Path| {
+                let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+                std::fs::File::options()
+                    .write(true)
+                    .open(p)
+                    .unwrap()
+                    .set_modified(later)
+                    .unwrap();
+            }) as fn(&std::path::Path),
+        ),
+        ("append", |p: &std::path::Path| {
+            std::fs::File::options()
+                .append(true)
+                .open(p)
+                .unwrap()
+                .write_all(b"one more line\n")
+                .unwrap();
+        }),
+    ] {
+        changed_while_read(case, change);
+    }
+}
+
+fn changed_while_read(case: &str, change: fn(&std::path::Path)) {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("steady.txt"), b"this file does not change\n");
+    let big = src.join("growing.bin");
+    let part_files = |dir: &std::path::Path| -> usize {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|o| std::fs::read_dir(o.path()).into_iter().flatten().flatten())
+            .filter(|f| f.file_name().to_string_lossy().starts_with("part-"))
+            .count()
+    };
+    for attempt in 0..5 {
+        write(&big, &sample_bytes(64 * MIB, attempt));
+        let packed = tmp.path().join(format!("packed-{attempt}"));
+        let child = forte()
+            .args(args![
+                "--catalog",
+                tmp.path().join("catalog.sqlite"),
+                "pack",
+                &src,
+                "--to",
+                &packed,
+                "--recipient",
+                &keys.core_pub,
+                "--sign",
+                &keys.edge_key,
+                "--part-size",
+                "1MiB",
+                "--cpu",
+                "1",
+                "--parts-in-flight",
+                "2",
+                "--level",
+                "9",
+                "-q",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Parts of the large file are being written: it was listed and is being read.
+        let started = std::time::Instant::now();
+        while part_files(&packed) < 4 && started.elapsed().as_secs() < 60 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        change(&big);
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        if out.status.success() {
+            eprintln!("{case}, attempt {attempt}: pack succeeded (did it read the whole file before the change?)");
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(1), "{case}: {stderr}");
+        assert!(
+            stderr.contains("growing.bin") && stderr.contains("changed while being read"),
+            "{case}: the error names the file: {stdout}\n{stderr}"
+        );
+        // Nothing of the changed file is left: not its manifest, not its parts.
+        let left = objects(&packed);
+        let paths: Vec<String> = left
+            .iter()
+            .map(|o| {
+                assert!(
+                    o.join("manifest.age").exists(),
+                    "{case}: {} holds parts without a manifest",
+                    o.display()
+                );
+                manifest_json(&keys, o)["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            paths,
+            ["steady.txt"],
+            "{case}: only the unchanged file is packed\n{stderr}"
+        );
+        return;
+    }
+    panic!(
+        "{case}: pack succeeded 5 times although the file changed each time after 4 of its 64 \
+         parts were written, with at most 2 in flight: the change was not detected"
+    );
+}
