@@ -843,3 +843,79 @@ fn record_part(piece: &Piece) {
     entry.ciphertext_length = length;
     entry.level = level;
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+
+    /// A file as listed, and the directory holding it.
+    fn listed(bytes: &[u8]) -> (tempfile::TempDir, SourceFile) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data.bin"), bytes).unwrap();
+        let mut found = crate::discover(dir.path()).unwrap();
+        assert_eq!(found.files.len(), 1);
+        (dir, found.files.remove(0))
+    }
+
+    #[test]
+    fn a_file_as_listed_is_unchanged() {
+        let (_dir, src) = listed(b"steady");
+        let file = File::open(&src.local).unwrap();
+        assert_eq!(unchanged_since_listing(&file, &src), Ok(()));
+    }
+
+    #[test]
+    fn a_new_mtime_alone_is_a_change_naming_the_file() {
+        let (_dir, src) = listed(b"same bytes");
+        let file = File::open(&src.local).unwrap();
+        // Same size, another modification time (through the open file: fstat sees it).
+        File::options()
+            .write(true)
+            .open(&src.local)
+            .unwrap()
+            .set_modified(SystemTime::now() + Duration::from_secs(3600))
+            .unwrap();
+        let err = unchanged_since_listing(&file, &src).unwrap_err();
+        assert!(
+            err.contains(&src.local.display().to_string())
+                && err.contains("changed while being read"),
+            "{err}"
+        );
+        // Only the nanoseconds differ: still a change.
+        let (_dir, src) = listed(b"same bytes");
+        let file = File::open(&src.local).unwrap();
+        let listed_at = std::fs::metadata(&src.local).unwrap().modified().unwrap();
+        let nudged = if src.mtime_ns > 0 {
+            listed_at - Duration::from_nanos(1)
+        } else {
+            listed_at + Duration::from_nanos(1)
+        };
+        File::options()
+            .write(true)
+            .open(&src.local)
+            .unwrap()
+            .set_modified(nudged)
+            .unwrap();
+        assert!(unchanged_since_listing(&file, &src).is_err());
+    }
+
+    #[test]
+    fn a_new_size_with_the_old_mtime_is_a_change() {
+        let (_dir, src) = listed(b"short");
+        let file = File::open(&src.local).unwrap();
+        let listed_at = std::fs::metadata(&src.local).unwrap().modified().unwrap();
+        let mut writer = File::options().append(true).open(&src.local).unwrap();
+        writer.write_all(b" and longer").unwrap();
+        writer.set_modified(listed_at).unwrap();
+        let meta = std::fs::metadata(&src.local).unwrap();
+        assert_eq!(
+            (meta.mtime(), meta.mtime_nsec() as u32),
+            (src.mtime_s, src.mtime_ns)
+        );
+        let err = unchanged_since_listing(&file, &src).unwrap_err();
+        assert!(err.contains("data.bin"), "{err}");
+    }
+}
