@@ -456,3 +456,39 @@ fn a_second_copy_that_cannot_be_made_keeps_everything_at_the_relay() {
     );
     assert_no_staging(&dest, "after a pull");
 }
+
+/// Runs SQL on a SQLite catalogue with Python's sqlite3 (the catalogue's own API only moves
+/// states forward, which is the point); returns the first column of the first row.
+fn sqlite(catalog: &str, sql: &str) -> String {
+    let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nr=c.execute(sys.argv[2]).fetchone()\nc.commit()\nprint(r[0] if r else '')";
+    String::from_utf8(stdout_of(
+        tool("python3").args(["-c", script, catalog, sql]),
+    ))
+    .unwrap()
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn a_puller_killed_after_the_relay_took_its_acknowledgement_learns_it_at_the_next_start() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    make_batches(&inbox);
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let pending = "SELECT COUNT(*) FROM files WHERE state <> 'acknowledged'";
+    assert_eq!(sqlite(&site.core_catalog, pending), "0");
+    // As if the puller died after the relay took the acknowledgement, before recording it.
+    sqlite(
+        &site.core_catalog,
+        "UPDATE files SET state = 'delivered' WHERE state = 'acknowledged'",
+    );
+    assert_ne!(sqlite(&site.core_catalog, pending), "0");
+    let out = ok(&site.pull());
+    assert!(out.contains("nothing waiting"), "{out}");
+    assert_eq!(
+        sqlite(&site.core_catalog, pending),
+        "0",
+        "the relay's acknowledgement was not learnt"
+    );
+}

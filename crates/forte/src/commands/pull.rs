@@ -165,6 +165,12 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         }
         report
     };
+    // A puller killed after the relay took a batch's acknowledgement but before recording it
+    // left files `delivered` that the relay no longer lists: ask the relay again.
+    match retry.run("listing of ready objects", || client.ready(true)) {
+        Ok(listed) => core.confirm_acknowledgements(&listed.iter().map(|o| o.id).collect()),
+        Err(e) => failures.report("", None, &format!("{e:#}")),
+    }
     if args.daemon.watch {
         println!(
             "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
@@ -276,6 +282,54 @@ fn batch_key_of(objects: &[ReadyObject]) -> String {
 }
 
 impl Core<'_> {
+    /// Acknowledges again, at the relay, the batches this core's catalogue has delivered but
+    /// not acknowledged and the relay no longer lists (the relay took the acknowledgement, and
+    /// the puller was killed before recording it), and records the answer. A batch the relay
+    /// still lists is left to the pull, which finds its files in place and acknowledges them.
+    fn confirm_acknowledgements(&self, listed: &std::collections::HashSet<ObjectId>) {
+        let Ok(batches) = self.catalog.batches() else {
+            return;
+        };
+        for b in batches
+            .into_iter()
+            .filter(|b| b.role == "core" && b.state == "delivered")
+        {
+            let Some((site, batch)) = b.batch_key.split_once('/') else {
+                continue;
+            };
+            let Ok(files) = self.catalog.files(&b.batch_key) else {
+                continue;
+            };
+            let pending: Vec<_> = files.iter().filter(|f| f.state == "delivered").collect();
+            let ids: Option<Vec<ObjectId>> =
+                pending.iter().map(|f| f.object_id.parse().ok()).collect();
+            let Some(ids) = ids.filter(|ids| !ids.is_empty()) else {
+                continue;
+            };
+            if ids.iter().any(|id| listed.contains(id)) {
+                continue;
+            }
+            if self.client.ack_batch(site, batch, &ids).is_err() {
+                continue;
+            }
+            for f in pending {
+                note(
+                    "an acknowledgement",
+                    self.catalog.file_state(
+                        &b.batch_key,
+                        &f.object_id,
+                        &f.path,
+                        f.size as u64,
+                        "acknowledged",
+                        None,
+                        None,
+                        Some("acknowledged again after an interrupted pull"),
+                    ),
+                );
+            }
+        }
+    }
+
     /// Verifies and stages the sealed objects of a batch the edge is still sending, so that
     /// little is left to do when its seal arrives. Nothing becomes visible and nothing is
     /// acknowledged. Returns whether there was anything new to fetch.
