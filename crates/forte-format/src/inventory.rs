@@ -177,6 +177,18 @@ mod tests {
     }
 
     #[test]
+    fn a_sealed_inventory_decrypts_to_the_signed_document() {
+        let k = key(1);
+        let identity = age::x25519::Identity::generate();
+        let recipients = Recipients(vec![identity.to_public()]);
+        let inventory = Inventory::new("b", vec![entry("a")]);
+        let sealed = inventory.seal(&k, &recipients);
+        let document = crate::seal::decrypt(&[identity], &sealed, 1 << 20).unwrap();
+        let trusted = TrustedEdges(vec![k.0.verifying_key()]);
+        assert_eq!(Inventory::open(&document, &trusted).unwrap(), inventory);
+    }
+
+    #[test]
     fn a_manifest_signature_is_not_an_inventory_signature() {
         // The same key signs both; the contexts differ, so neither passes for the other.
         let k = key(1);

@@ -460,6 +460,88 @@ mod tests {
         assert!(Manifest::open(&m.sign(&k), &trusted(&k)).is_ok());
     }
 
+    fn refused(m: &Manifest, needle: &str) {
+        let k = key(1);
+        let e = Manifest::open(&m.sign(&k), &trusted(&k))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "expected {needle:?} in {e}");
+    }
+
+    #[test]
+    fn only_known_formats_open_and_only_format_2_is_listed_in_an_inventory() {
+        let k = key(1);
+        let mut m = sample();
+        assert!(m.listed_in_inventory());
+        m.format = FORMAT_V1.into();
+        let opened = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap();
+        assert!(!opened.listed_in_inventory());
+        m.format = "forte-object/9".into();
+        assert!(matches!(
+            Manifest::open(&m.sign(&k), &trusted(&k)),
+            Err(ManifestError::UnsupportedFormat(f)) if f == "forte-object/9"
+        ));
+        // An inventory's format is not a manifest's.
+        m.format = crate::INVENTORY_FORMAT.into();
+        assert!(matches!(
+            Manifest::open(&m.sign(&k), &trusted(&k)),
+            Err(ManifestError::UnsupportedFormat(_))
+        ));
+    }
+
+    #[test]
+    fn a_directory_has_no_size_and_no_parts() {
+        let mut m = sample();
+        m.kind = Kind::Dir;
+        m.size = 5;
+        m.parts.clear();
+        refused(&m, "a directory has size 0 and no parts");
+        let mut m = sample();
+        m.kind = Kind::Dir;
+        m.size = 0;
+        refused(&m, "a directory has size 0 and no parts");
+        m.parts.clear();
+        assert!(m.validate().is_ok());
+    }
+
+    #[test]
+    fn each_part_needs_its_own_offset_and_length() {
+        let mut m = sample();
+        m.parts[1].raw_offset = 7;
+        refused(&m, "part 1 has index 1, offset 7, length 2");
+        let mut m = sample();
+        m.parts[1].raw_length = 3;
+        refused(&m, "part 1 has index 1, offset 8, length 3");
+    }
+
+    #[test]
+    fn hashes_are_64_lower_case_hex_digits() {
+        for bad in [
+            "xyz".to_string(),
+            "AB".repeat(32),
+            "ab".repeat(31),
+            "g".repeat(64),
+        ] {
+            let mut m = sample();
+            m.sha256.clone_from(&bad);
+            refused(&m, "is not 64 lower-case hex digits");
+        }
+    }
+
+    #[test]
+    fn path_limits_are_exact() {
+        assert!(validate_path("").is_err());
+        let at_limit: String = format!("{}bb", "a/".repeat(2047));
+        assert_eq!(at_limit.len(), 4096);
+        assert!(validate_path(&at_limit).is_ok());
+        assert!(
+            validate_path(&format!("{at_limit}c")).is_err(),
+            "4097 bytes"
+        );
+        assert!(validate_path(&"c".repeat(255)).is_ok());
+        assert!(validate_path(&"c".repeat(256)).is_err());
+    }
+
     #[test]
     fn paths_escaping_the_destination_are_invalid() {
         for bad in [
