@@ -638,3 +638,45 @@ fn abandoned_uploads_expire_and_sealed_batches_can_be_cancelled() {
     let relay = relay(tmp.path(), None);
     assert!(client(&relay, CORE_A).ready(true).unwrap().is_empty());
 }
+
+#[test]
+fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let id = ObjectId::random();
+    edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
+    edge.seal(id, "batch-1", vec![part(0, b"part")], b"m")
+        .unwrap();
+    edge.seal_batch("batch-1", &[id], b"sealed inventory")
+        .unwrap();
+    let site = tmp.path().join("store/sites/site-a");
+    let saved = tmp.path().join("saved");
+    for kind in ["objects", "meta"] {
+        std::fs::create_dir_all(saved.join(kind)).unwrap();
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(site.join(kind).join(id.to_string()))
+            .arg(saved.join(kind))
+            .status()
+            .unwrap();
+        assert!(copied.success());
+    }
+    core.ack_batch("site-a", "batch-1", &[id]).unwrap();
+    // Whoever can write the store puts the delivered object back (a replay).
+    for kind in ["objects", "meta"] {
+        std::fs::rename(
+            saved.join(kind).join(id.to_string()),
+            site.join(kind).join(id.to_string()),
+        )
+        .unwrap();
+    }
+    assert!(
+        core.ready(true).unwrap().is_empty(),
+        "a delivered object was offered again"
+    );
+    assert!(
+        !site.join("objects").join(id.to_string()).exists(),
+        "and it was removed"
+    );
+}

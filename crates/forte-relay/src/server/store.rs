@@ -499,6 +499,16 @@ impl Store {
             })
             .filter_map(|e| std::fs::read(e.path().join("sealed.json")).ok())
             .filter_map(|bytes| serde_json::from_slice::<ReadyObject>(&bytes).ok())
+            // A delivered object is never offered again: if its data reappears (put back by
+            // whoever can write the store, replaying it), it is garbage, and goes.
+            .filter(|o| {
+                let delivered = self.acked(&o.site, o.id).exists();
+                if delivered {
+                    let _ =
+                        self.remove_object(&o.site, o.id, "removal of a delivered object put back");
+                }
+                !delivered
+            })
             .filter(|o| !leaving.contains(&(o.site.clone(), o.id)))
             .filter_map(|mut o| {
                 let members = batches

@@ -585,9 +585,11 @@ impl Core<'_> {
             }
             Err(e) => {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
+                    // Problems of the batch's set of objects (its inventory) name no part.
                     for p in &failure.problems {
+                        let Some(part) = p.part else { continue };
                         let state = if p.damaged { "damaged" } else { "failed" };
-                        let (object, part) = (p.object.to_string(), p.part.unwrap_or(0));
+                        let object = p.object.to_string();
                         note(
                             "a failed part",
                             catalog.part_state(
