@@ -235,10 +235,22 @@ fn a_full_quota_answers_507_and_frees_after_ack() {
     let (a, b) = (ObjectId::random(), ObjectId::random());
     let big = vec![7u8; 1000];
     edge.put_part(a, 0, &big, &sha(&big)).unwrap();
+    // Nothing held is waiting for the core, so no pull can free space: 413 at once.
     let err = edge.put_part(b, 0, &big, &sha(&big)).unwrap_err();
-    assert_eq!(err.status, Some(507));
-    assert!(err.is_transient() && err.message.contains("quota"), "{err}");
+    assert_eq!(err.status, Some(413), "{err}");
+    assert!(
+        !err.is_transient()
+            && err
+                .message
+                .contains("nothing in it is waiting for the core"),
+        "{err}"
+    );
+    // Once a's batch is sealed the core can pull it: 507, worth waiting for.
     edge.seal(a, "b", vec![part(0, &big)], b"m").unwrap();
+    edge.seal_batch("b", &[a], b"sealed inventory").unwrap();
+    let err = edge.put_part(b, 0, &big, &sha(&big)).unwrap_err();
+    assert_eq!(err.status, Some(507), "{err}");
+    assert!(err.is_transient() && err.message.contains("quota"), "{err}");
     core.ack_batch("site-a", "b", &[a]).unwrap();
     edge.put_part(b, 0, &big, &sha(&big)).unwrap();
 }
