@@ -326,6 +326,18 @@ fn object_id(text: &str) -> Answer<ObjectId> {
         .map_err(|e: String| Failure(StatusCode::BAD_REQUEST, e))
 }
 
+/// Refuses a batch id the store could not use as a file name.
+fn check_batch(batch: &str) -> Answer<()> {
+    if crate::api::valid_batch(batch) {
+        Ok(())
+    } else {
+        Err(Failure(
+            StatusCode::BAD_REQUEST,
+            format!("batch id {batch:?} is not valid"),
+        ))
+    }
+}
+
 fn part_index(index: u32) -> Answer<u32> {
     if index > MAX_PART_INDEX {
         return Err(Failure(
@@ -424,12 +436,7 @@ async fn seal(
 ) -> Answer<StatusCode> {
     let site = edge_site(&relay, &headers)?;
     let id = object_id(&id)?;
-    if !crate::api::valid_batch(&seal.batch) {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            format!("batch id {:?} is not valid", seal.batch),
-        ));
-    }
+    check_batch(&seal.batch)?;
     let manifest = base64::engine::general_purpose::STANDARD
         .decode(&seal.manifest)
         .map_err(|e| {
@@ -452,12 +459,7 @@ async fn seal_batch(
     Json(seal): Json<BatchSeal>,
 ) -> Answer<StatusCode> {
     let site = edge_site(&relay, &headers)?;
-    if !crate::api::valid_batch(&batch) {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            format!("batch id {batch:?} is not valid"),
-        ));
-    }
+    check_batch(&batch)?;
     let inventory = match &seal.inventory {
         Some(text) => Some(
             base64::engine::general_purpose::STANDARD
@@ -493,12 +495,7 @@ async fn cancel_batch(
     Json(cancel): Json<BatchAck>,
 ) -> Answer<Json<crate::api::Cancelled>> {
     let site = edge_site(&relay, &headers)?;
-    if !crate::api::valid_batch(&batch) {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            format!("batch id {batch:?} is not valid"),
-        ));
-    }
+    check_batch(&batch)?;
     let r = relay.clone();
     let b = batch.clone();
     let (objects, bytes) = blocking(move || r.store.cancel(&site, &b, &cancel.objects)).await?;
@@ -544,12 +541,7 @@ async fn get_inventory(
     headers: HeaderMap,
 ) -> Answer<Vec<u8>> {
     core_for(&relay, &headers, &site)?;
-    if !crate::api::valid_batch(&batch) {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            format!("batch id {batch:?} is not valid"),
-        ));
-    }
+    check_batch(&batch)?;
     let r = relay.clone();
     let b = batch.clone();
     blocking(move || r.store.read_inventory(&site, &b))
@@ -591,12 +583,7 @@ async fn ack_batch(
     Json(ack): Json<BatchAck>,
 ) -> Answer<StatusCode> {
     core_for(&relay, &headers, &site)?;
-    if !crate::api::valid_batch(&batch) {
-        return Err(Failure(
-            StatusCode::BAD_REQUEST,
-            format!("batch id {batch:?} is not valid"),
-        ));
-    }
+    check_batch(&batch)?;
     let r = relay.clone();
     let count = ack.objects.len() as u64;
     let b = batch.clone();
