@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -131,49 +130,6 @@ fn a_relay_with_a_token_listed_twice_does_not_start() {
     assert!(!err.contains(secret), "the token is printed: {err}");
 }
 
-/// A relay whose log (stderr) goes to `log`.
-fn logged_relay(root: &Path, log: &Path) -> Relay {
-    let tokens = root.join("tokens.toml");
-    write(
-        &tokens,
-        format!(
-            "[[token]]\ntoken = \"{EDGE_TOKEN}\"\nrole = \"edge\"\nsite = \"site-a\"\n\
-             [[token]]\ntoken = \"{CORE_TOKEN}\"\nrole = \"core\"\nsites = [\"*\"]\n"
-        )
-        .as_bytes(),
-    );
-    let store = root.join("relay");
-    let mut child = forte()
-        .args(["relay", "--listen", "127.0.0.1:0", "--store"])
-        .arg(&store)
-        .arg("--tokens")
-        .arg(&tokens)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut url, mut fingerprint) = (String::new(), String::new());
-    while url.is_empty() || fingerprint.is_empty() {
-        let line = lines.next().expect("relay output").unwrap();
-        if let Some(u) = line.strip_prefix("relay listening on ") {
-            url = u.to_string();
-        }
-        if let Some(i) = line.find("sha256 fingerprint ") {
-            fingerprint = line[i + 19..].trim_end_matches(')').to_string();
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-    let listen = url.trim_start_matches("https://").to_string();
-    Relay {
-        child,
-        url,
-        fingerprint,
-        store,
-        listen,
-    }
-}
-
 #[test]
 fn a_relay_storage_error_shows_the_client_no_paths_and_the_log_everything() {
     use forte_relay::client::{RelayClient, RelayEndpoint};
@@ -182,7 +138,7 @@ fn a_relay_storage_error_shows_the_client_no_paths_and_the_log_everything() {
 
     let tmp = tempfile::tempdir().unwrap();
     let log = tmp.path().join("relay.log");
-    let relay = logged_relay(tmp.path(), &log);
+    let relay = start_relay_logging_to(tmp.path(), &log);
     // A file where the relay keeps its temporary files: every upload of the site fails.
     let blocker = relay.store.join("sites/site-a/tmp");
     write(&blocker, b"not a directory");

@@ -33,6 +33,16 @@ pub fn start_relay(root: &Path, listen: &str) -> Relay {
 
 /// Starts a relay with extra flags (`--quota-per-site 1MiB`).
 pub fn start_relay_with(root: &Path, listen: &str, flags: &[&str]) -> Relay {
+    spawn_relay(root, listen, flags, Stdio::inherit())
+}
+
+/// Starts a relay on any free port whose log (stderr) goes to `log`.
+pub fn start_relay_logging_to(root: &Path, log: &Path) -> Relay {
+    let log = std::fs::File::create(log).unwrap();
+    spawn_relay(root, "127.0.0.1:0", &[], Stdio::from(log))
+}
+
+fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Relay {
     let tokens = root.join("tokens.toml");
     write(
         &tokens,
@@ -50,6 +60,7 @@ pub fn start_relay_with(root: &Path, listen: &str, flags: &[&str]) -> Relay {
         .arg(&tokens)
         .args(flags)
         .stdout(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
