@@ -435,17 +435,7 @@ fn an_object_from_another_archive_of_the_same_edge_is_caught_by_the_inventory() 
     let src = f.root.join("other-src");
     write(&src.join("injected.txt"), b"not part of the archive\n");
     let other = f.root.join("other-archive");
-    ok(&args![
-        "pack",
-        &src,
-        "--to",
-        &other,
-        "--recipient",
-        &f.keys.core_pub,
-        "--sign",
-        &f.keys.edge_key,
-        "-q",
-    ]);
+    pack(&f.keys, &src, &other);
     let (packed, _) = f.copy("injected-object", "multi.bin");
     let foreign = object_for(&f.keys, &other, "injected.txt");
     copy_dir(&foreign, &packed.join(foreign.file_name().unwrap()));
@@ -504,17 +494,7 @@ fn an_inventory_from_another_archive_or_edge_is_caught() {
     let f = fixture();
     // Another archive of the same edge: its inventory lists other objects.
     let other = f.root.join("other-inventory");
-    ok(&args![
-        "pack",
-        f.root.join("src").join("notes"),
-        "--to",
-        &other,
-        "--recipient",
-        &f.keys.core_pub,
-        "--sign",
-        &f.keys.edge_key,
-        "-q",
-    ]);
+    pack(&f.keys, &f.root.join("src").join("notes"), &other);
     let (packed, _) = f.copy("foreign-inventory", "multi.bin");
     std::fs::copy(other.join(INVENTORY_FILE), packed.join(INVENTORY_FILE)).unwrap();
     f.refused(&packed, &["multi.bin", "not in the signed inventory"]);
