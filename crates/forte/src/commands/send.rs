@@ -441,9 +441,14 @@ impl Edge<'_> {
                     };
                     // What this catalogue already knows of the batch's files (from earlier
                     // runs), so that what a re-run learns is recorded once.
-                    let known: HashMap<String, String> = catalog
+                    let known: HashMap<String, forte_catalog::FileRow> = catalog
                         .files(&batch_key)
-                        .map(|files| files.into_iter().map(|f| (f.object_id, f.state)).collect())
+                        .map(|files| {
+                            files
+                                .into_iter()
+                                .map(|f| (f.object_id.clone(), f))
+                                .collect()
+                        })
                         .unwrap_or_default();
                     for (source, id) in found.files.into_iter().zip(ids) {
                         let object = id.to_string();
@@ -460,7 +465,9 @@ impl Edge<'_> {
                         let held = match at.remove(&id) {
                             Some(AtRelay::Delivered) => {
                                 // The relay reports it delivered: the core acknowledged it.
-                                if known.get(&object).map(String::as_str) != Some("acknowledged") {
+                                if known.get(&object).map(|f| f.state.as_str())
+                                    != Some("acknowledged")
+                                {
                                     record(
                                         "acknowledged",
                                         Some("the relay reports it acknowledged by the core"),
@@ -473,7 +480,9 @@ impl Edge<'_> {
                                 record("at_relay", Some("sealed by an earlier run"));
                                 report.already_at_relay += 1;
                                 flight.members.push(id);
-                                match self.sealed_entry(&batch_key, &source, id) {
+                                let recorded =
+                                    known.get(&object).and_then(|f| f.raw_sha256.clone());
+                                match sealed_entry(&source, id, recorded) {
                                     Ok(entry) => flight.entries.push(entry),
                                     Err(e) => {
                                         let error = format!("{e:#}");
@@ -519,43 +528,6 @@ impl Edge<'_> {
             lock(&self.in_flight).insert(batch_key, flight);
             self.queue.admit(admitted, priority, jobs);
         }
-    }
-
-    /// The inventory entry of a file an earlier run sealed at the relay: its SHA-256 as the
-    /// catalogue recorded it then, or else read from the file again (the object id names its
-    /// size and modification time, so the file is the one that was sealed unless it was
-    /// rewritten in place within the same second and size, which `read` would have caught).
-    fn sealed_entry(
-        &self,
-        batch_key: &str,
-        source: &SourceFile,
-        id: ObjectId,
-    ) -> Result<InventoryEntry> {
-        let object = id.to_string();
-        let recorded = self
-            .catalog
-            .files(batch_key)
-            .ok()
-            .and_then(|files| files.into_iter().find(|f| f.object_id == object))
-            .and_then(|f| f.raw_sha256);
-        let sha256 = match recorded {
-            Some(sha) => sha,
-            None if source.kind == forte_format::Kind::Dir => forte_format::seal::sha256_hex(b""),
-            None => {
-                forte_format::seal::sha256_file(&source.local).with_context(|| {
-                    format!(
-                        "{}: sealed at the relay by an earlier run; cannot read it again for the batch's inventory",
-                        source.local.display()
-                    )
-                })?
-            }
-        };
-        Ok(InventoryEntry {
-            id,
-            path: source.path.clone(),
-            size: source.size,
-            sha256,
-        })
     }
 
     /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
@@ -932,6 +904,33 @@ impl Edge<'_> {
             }
         }
     }
+}
+
+/// The inventory entry of a file an earlier run sealed at the relay: its SHA-256 as the
+/// catalogue `recorded` it then, or else read from the file again (the object id names its
+/// size and modification time, so the file is the one that was sealed unless it was rewritten
+/// in place within the same second and size, which `read` would have caught).
+fn sealed_entry(
+    source: &SourceFile,
+    id: ObjectId,
+    recorded: Option<String>,
+) -> Result<InventoryEntry> {
+    let sha256 = match recorded {
+        Some(sha) => sha,
+        None if source.kind == forte_format::Kind::Dir => forte_format::seal::sha256_hex(b""),
+        None => forte_format::seal::sha256_file(&source.local).with_context(|| {
+            format!(
+                "{}: sealed at the relay by an earlier run; cannot read it again for the batch's inventory",
+                source.local.display()
+            )
+        })?,
+    };
+    Ok(InventoryEntry {
+        id,
+        path: source.path.clone(),
+        size: source.size,
+        sha256,
+    })
 }
 
 /// When the batch's ready marker was last touched, in microseconds since the epoch.
