@@ -167,19 +167,30 @@ fn killed_senders_resume_without_sending_parts_twice() {
             .count();
         assert!(held <= total_parts, "round {round}: {held} parts");
     }
-    let before = site
-        .relay_objects()
-        .iter()
-        .filter(|p| p.to_string_lossy().contains("part-"))
-        .count();
+    let before = site.relay_object_lengths();
     let out: serde_json::Value =
         serde_json::from_str(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"]))).unwrap();
     let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
-    // Parts already at the relay were not sent again: what was sent is at most the rest.
-    let part_sealed = (1u64 << 20) + (1 << 16);
+    // Parts and manifests already at the relay were not sent again: what was sent is exactly
+    // what the relay holds now and did not hold before.
+    let after = site.relay_object_lengths();
+    let new: u64 = after
+        .iter()
+        .filter(|(path, _)| !before.contains_key(*path))
+        .map(|(_, len)| len)
+        .sum();
     assert!(
-        sealed <= (total_parts - before) as u64 * part_sealed + 4096,
-        "{before} parts were held, yet {sealed} bytes were sent again"
+        before
+            .iter()
+            .all(|(path, len)| after.get(path) == Some(len)),
+        "what the relay held was left as it was"
+    );
+    assert_eq!(
+        sealed,
+        new,
+        "{} objects were held, yet {sealed} bytes were sent for {} new ones",
+        before.len(),
+        after.len() - before.len()
     );
     ok(&site.pull());
     assert_eq!(

@@ -171,12 +171,27 @@ fn a_part_damaged_at_the_relay_is_refused_reported_and_sent_again() {
     assert!(is_empty_dir(&site.root.join("dest")) || tree(&site.root.join("dest")).is_empty());
     assert!(!victim.exists(), "the relay dropped the damaged part");
 
-    // The sender resumes: only the dropped part is uploaded again.
+    // The sender resumes: only the dropped part is uploaded again, and the file sealed again.
+    let held = site.relay_object_lengths();
     let resent = json(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"])));
     let sealed = resent["batches"][0]["sealed_bytes"].as_u64().unwrap();
+    // The part is compressed again (at a level that may differ), so its length is measured.
+    let now = site.relay_object_lengths();
+    let part_length = now[&victim];
+    let manifest = now
+        .iter()
+        .find(|(path, _)| path.ends_with("manifest.age"))
+        .map(|(_, len)| *len)
+        .unwrap();
     assert!(
-        sealed > 0 && sealed < 1 << 20,
-        "only one sealed part (< 1 MiB) was sent again, not {sealed} bytes"
+        held.iter()
+            .all(|(path, len)| now.get(path) == Some(len) || path.ends_with("manifest.age")),
+        "the other parts were left as they were"
+    );
+    assert_eq!(
+        sealed,
+        part_length + manifest,
+        "exactly the dropped part ({part_length} bytes) and the manifest ({manifest}) were sent again"
     );
 
     ok(&site.pull());

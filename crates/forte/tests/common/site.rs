@@ -217,6 +217,30 @@ impl Site {
         found.sort();
         found
     }
+
+    /// The length of each part and manifest stored at the relay right now, once the relay has
+    /// finished every body it was writing (a killed sender's last request may still be landing).
+    pub fn relay_object_lengths(&self) -> BTreeMap<PathBuf, u64> {
+        let tmp = self.relay.store.join("sites/site-a/tmp");
+        let mut last = BTreeMap::new();
+        for _ in 0..50 {
+            let now: BTreeMap<PathBuf, u64> = self
+                .relay_objects()
+                .into_iter()
+                .map(|p| {
+                    let len = std::fs::metadata(&p).unwrap().len();
+                    (p, len)
+                })
+                .collect();
+            let writing = std::fs::read_dir(&tmp).map_or(0, |d| d.count());
+            if now == last && writing == 0 {
+                return now;
+            }
+            last = now;
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("the relay's store did not settle: {last:?}");
+    }
 }
 
 impl Site {
