@@ -134,4 +134,86 @@ mod tests {
         let state = group.state.lock().unwrap();
         assert_eq!((state.requested, state.synced >= 40), (40, true));
     }
+
+    /// Records the length of each `write` it is given.
+    #[derive(Default)]
+    struct Writes {
+        bytes: Vec<u8>,
+        lengths: Vec<usize>,
+    }
+
+    impl std::io::Write for Writes {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.bytes.extend_from_slice(buf);
+            self.lengths.push(buf.len());
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn writes_go_out_whole_in_slices_of_256_kib() {
+        let bytes: Vec<u8> = (0..(600 << 10)).map(|i| (i % 251) as u8).collect();
+        let mut out = Writes::default();
+        write_in_slices(&mut out, &bytes).unwrap();
+        assert_eq!(out.bytes, bytes);
+        assert_eq!(out.lengths, [256 << 10, 256 << 10, 88 << 10]);
+
+        let path = std::env::temp_dir().join(format!("forte-fs-{}", std::process::id()));
+        create_with(&path, &bytes).unwrap();
+        create_with(&path, &bytes[..10]).unwrap();
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            &bytes[..10],
+            "truncated, then written"
+        );
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// How many of `file`'s first `len` bytes' pages are in the page cache (mincore(2)).
+    fn resident_pages(file: &File, len: usize) -> usize {
+        // SAFETY: a read-only shared mapping of an open file, unmapped before returning;
+        // mincore writes one byte per page into a vector of that many bytes.
+        unsafe {
+            let map = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            );
+            assert_ne!(map, libc::MAP_FAILED);
+            let page = libc::sysconf(libc::_SC_PAGESIZE) as usize;
+            let mut pages = vec![0u8; len.div_ceil(page)];
+            assert_eq!(libc::mincore(map, len, pages.as_mut_ptr()), 0);
+            libc::munmap(map, len);
+            pages.iter().filter(|p| *p & 1 == 1).count()
+        }
+    }
+
+    #[test]
+    fn data_written_and_flushed_leaves_the_page_cache() {
+        let path = std::env::temp_dir().join(format!("forte-fs-cache-{}", std::process::id()));
+        let len = 1 << 20;
+        create_with(&path, &vec![7u8; len]).unwrap();
+        let file = File::open(&path).unwrap();
+        file.sync_all().unwrap();
+        assert!(resident_pages(&file, len) > 0, "just written, so cached");
+        drop_from_cache(&file);
+        assert_eq!(resident_pages(&file, len), 0);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_flush_that_cannot_happen_is_an_error_naming_the_path() {
+        let missing = std::env::temp_dir().join("forte-fs-no-such-directory/inner");
+        let err = format!("{:#}", syncfs(&missing).unwrap_err());
+        assert!(err.contains("forte-fs-no-such-directory/inner"), "{err}");
+        let err = format!("{:#}", GroupSync::new(&missing).sync().unwrap_err());
+        assert!(err.contains("cannot open"), "{err}");
+        syncfs(&std::env::temp_dir()).unwrap();
+    }
 }
