@@ -2,14 +2,12 @@
 //! `--relay-fingerprint`, a relay URL that is not `https://`, an address where no TLS relay
 //! answers, a token the relay refuses. What can heal (a relay that is down) is still retried.
 
-mod common;
-
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 /// Generous for CI; before the fix these took 41 to 58 s.
 const PROMPT: Duration = Duration::from_secs(5);

@@ -1,12 +1,10 @@
 //! Pack then unpack gives back a byte-identical tree, with mtimes and modes, for every shape of
 //! input: empty files and directories, part boundaries, a file over 1 GiB, unicode and deep paths.
 
-mod common;
-
 use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::PermissionsExt;
 
-use common::*;
+use crate::common::*;
 
 const MIB: usize = 1 << 20;
 

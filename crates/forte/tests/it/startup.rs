@@ -2,15 +2,13 @@
 //! does anything, with a message that names the setting and the fix, and errors never show a
 //! client the relay's file system.
 
-mod common;
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 fn chmod(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();

@@ -1,11 +1,9 @@
 //! Edge → relay → core with the real binary in three roles, over real TLS on loopback.
 
-mod common;
-
 use std::path::Path;
 
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 fn make_batches(inbox: &Path) {
     for (batch, bags) in [

@@ -3,15 +3,13 @@
 //! is unreachable for a while. The watching sender recovers by itself and everything arrives
 //! identical, with the failed attempts in the catalogue.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::proxy::{Fault, FaultProxy};
-use common::site::*;
-use common::*;
+use crate::common::proxy::{Fault, FaultProxy};
+use crate::common::site::*;
+use crate::common::*;
 
 /// `args` with the relay's URL replaced by the proxy's, so that role talks through it.
 fn via(proxy: &FaultProxy, site: &Site, args: Args) -> Args {

@@ -1,10 +1,8 @@
 //! `forte report` on a real run: batch latency split into queueing and processing per task,
 //! the order a queue policy imposes, and the charts.
 
-mod common;
-
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 /// A large batch that sorts (and so arrives) first, then a small one; sent in one pass with
 /// `policy`, then pulled. Returns the site and the report as JSON.

@@ -2,15 +2,13 @@
 //! catalogue's server. Each is real (a size-limited tmpfs, a PostgreSQL server stopped and
 //! started); the daemons wait, lose nothing, and carry on when the resource returns.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use common::machine::{PrivatePostgres, Tmpfs};
-use common::site::*;
-use common::*;
+use crate::common::machine::{PrivatePostgres, Tmpfs};
+use crate::common::site::*;
+use crate::common::*;
 
 const MIB: u64 = 1 << 20;
 

@@ -1,11 +1,9 @@
 //! Any change to packed objects makes unpack refuse, name the file and part, and leave the
 //! destination untouched.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::*;
+use crate::common::*;
 use forte_format::seal::{decrypt, encrypt};
 use forte_format::{
     EdgeKey, Identities, Inventory, Kind, Manifest, ObjectId, Recipients, TrustedEdges, FORMAT,

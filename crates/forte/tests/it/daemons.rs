@@ -1,11 +1,9 @@
 //! Long-running roles, failure alerts, and processes killed with SIGKILL at random moments.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathBuf {
     let dir = inbox.join(name);

@@ -3,14 +3,12 @@
 //! memory must stay bounded. Files are 1–100 kB here to keep CI short; `bench/load.py` runs
 //! the full 1–500 kB sizes on the release binary and its results are in docs/reliability.md.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
-use common::site::*;
-use common::*;
+use crate::common::site::*;
+use crate::common::*;
 
 /// Peak resident memory a leg may use. It does not grow with the number of files: parts in
 /// flight and queues are bounded, and file lists are a few hundred bytes per file.

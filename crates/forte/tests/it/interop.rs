@@ -1,10 +1,8 @@
 //! Packed objects are standard files: stock `age`, `zstd` and `openssl` read them without forte.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn stock_age_and_zstd_restore_every_part() {

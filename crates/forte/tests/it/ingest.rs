@@ -2,15 +2,13 @@
 //! (pyarrow and DuckDB) read back bit for bit, with the encodings the schema asks for; a
 //! killed ingest never leaves a damaged file and a restart goes on with new ones.
 
-mod common;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::site::{free_addr, kill, spawn_logged, wait_for};
-use common::*;
+use crate::common::site::{free_addr, kill, spawn_logged, wait_for};
+use crate::common::*;
 
 const SCHEMA: &str = r#"
 timestamp = "time"
@@ -225,7 +223,7 @@ fn send_stream(addr: &str, source: &str, rows: &[u8]) -> TcpStream {
 }
 
 /// `forte ingest --listen` on a free port, logging to `log`, once it accepts connections.
-fn listening(dir: &Path, log: &str) -> (Args, String, common::site::Daemon) {
+fn listening(dir: &Path, log: &str) -> (Args, String, crate::common::site::Daemon) {
     let addr = free_addr();
     let mut args = ingest_args(dir);
     args.extend(args!["--listen", &addr]);
@@ -419,7 +417,7 @@ fn bad_schemas_and_missing_settings_say_what_to_fix() {
 
 #[test]
 fn ingested_files_travel_as_batches_through_send_and_pull() {
-    let site = common::site::Site::new();
+    let site = crate::common::site::Site::new();
     let inbox = site.root.join("inbox");
     write(&site.root.join("schema.toml"), SCHEMA.as_bytes());
     let recording = site.root.join("rig-3.bin");
@@ -455,10 +453,10 @@ fn ingested_files_travel_as_batches_through_send_and_pull() {
         let name = file.file_name().unwrap().to_string_lossy();
         expected.insert(
             format!("site-a/{batch}/{name}"),
-            common::site::source_hashes(file.parent().unwrap())[&*name].clone(),
+            crate::common::site::source_hashes(file.parent().unwrap())[&*name].clone(),
         );
     }
-    assert_eq!(common::site::visible(&dest), expected);
+    assert_eq!(crate::common::site::visible(&dest), expected);
 }
 
 #[test]

@@ -1,8 +1,6 @@
 //! The command line: help everywhere, and clear errors that name the file and the fix.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[test]
 fn every_command_has_help() {

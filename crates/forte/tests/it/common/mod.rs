@@ -1,5 +1,4 @@
 //! Helpers shared by the integration tests: run the real `forte` binary on real files.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -1,0 +1,21 @@
+//! forte's integration tests, one binary with a module per area: one link for all of them, and
+//! the helpers in `common` are shared (an unused one is a warning, not silenced per file).
+//!
+//! Run one area with `cargo test -p forte --test it tamper::`.
+
+#[macro_use]
+mod common;
+
+mod cli;
+mod daemons;
+mod failfast;
+mod faults;
+mod ingest;
+mod interop;
+mod load;
+mod network;
+mod report;
+mod resources;
+mod roundtrip;
+mod startup;
+mod tamper;
