@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace on a fresh machine: first installs what the tests need and
+# is missing, then `cargo test --workspace` (extra arguments are passed to it).
+#
+# The tests use the real tools to prove our files are standard: age, zstd and openssl from
+# Debian; the report's PNG charts need a TrueType font (DejaVu); Parquet files from `forte
+# ingest` are read back by pyarrow and DuckDB from PyPI, in a virtualenv inside the clone
+# (Debian packages neither); the catalogue tests run against a real PostgreSQL server, which
+# .ci/postgres.sh installs and starts. Installing needs root (or sudo) the first time only.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+need=()
+for tool in age zstd openssl mkfifo; do
+    command -v "$tool" >/dev/null || need+=("$tool")
+done
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+command -v python3 >/dev/null && python3 -c "import ensurepip" 2>/dev/null || need+=(python3-venv)
+if [ "${#need[@]}" -gt 0 ]; then
+    echo "installing ${need[*]} from Debian" >&2
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
+        age zstd openssl coreutils fonts-dejavu-core python3-venv
+fi
+
+venv=target/test-python
+if ! "$venv/bin/python" -c 'import pyarrow, duckdb, numpy' 2>/dev/null; then
+    echo "installing pyarrow, duckdb and numpy into $venv" >&2
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q --disable-pip-version-check pyarrow duckdb numpy
+fi
+FORTE_TEST_PYTHON="$PWD/$venv/bin/python"
+export FORTE_TEST_PYTHON
+
+FORTE_TEST_POSTGRES="${FORTE_TEST_POSTGRES:-$(.ci/postgres.sh)}"
+export FORTE_TEST_POSTGRES
+
+cargo test --workspace "$@"
