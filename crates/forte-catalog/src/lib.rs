@@ -1363,9 +1363,9 @@ mod tests {
     pub fn fresh_postgres() -> Option<String> {
         let Ok(base) = std::env::var("FORTE_TEST_POSTGRES") else {
             if std::env::var("CI").is_ok() {
-                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (.ci/run starts a server)");
+                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (./test.sh starts one)");
             }
-            eprintln!("SKIPPED: set FORTE_TEST_POSTGRES=postgres://… (see .ci/postgres.sh) to run the PostgreSQL test");
+            eprintln!("SKIPPED: set FORTE_TEST_POSTGRES=postgres://… (./test.sh does, with .ci/postgres.sh) to run the PostgreSQL test");
             return None;
         };
         sqlx::any::install_default_drivers();

@@ -82,7 +82,7 @@ fn rows(count: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// The interpreter with pyarrow and DuckDB: FORTE_TEST_PYTHON (.ci/run makes a venv), else
+/// The interpreter with pyarrow and DuckDB: FORTE_TEST_PYTHON (test.sh makes a venv), else
 /// python3 if it has them. In CI a missing one fails the test.
 fn python() -> Option<PathBuf> {
     let candidate = std::env::var_os("FORTE_TEST_PYTHON")
@@ -97,10 +97,10 @@ fn python() -> Option<PathBuf> {
     }
     assert!(
         std::env::var("CI").is_err(),
-        "{} cannot import pyarrow, duckdb and numpy: CI must run the readback tests (.ci/run sets FORTE_TEST_PYTHON)",
+        "{} cannot import pyarrow, duckdb and numpy: CI must run the readback tests (test.sh sets FORTE_TEST_PYTHON)",
         candidate.display()
     );
-    eprintln!("SKIPPED: set FORTE_TEST_PYTHON to a python with pyarrow, duckdb and numpy");
+    eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with pyarrow, duckdb and numpy");
     None
 }
 

@@ -103,7 +103,7 @@ impl PrivatePostgres {
             .map(|e| e.path().join("bin"))
             .filter(|b| b.join("initdb").exists())
             .max()
-            .expect("PostgreSQL's server binaries under /usr/lib/postgresql (apt-get install postgresql; .ci/run does)");
+            .expect("PostgreSQL's server binaries under /usr/lib/postgresql (apt-get install postgresql; ./test.sh does)");
         let tmp = tempfile::Builder::new()
             .prefix("forte-pg-")
             .tempdir()
@@ -226,5 +226,5 @@ fn postgres_user() -> (u32, u32) {
             let f: Vec<_> = l.split(':').collect();
             (f[0] == "postgres").then(|| (f[2].parse().unwrap(), f[3].parse().unwrap()))
         })
-        .expect("a postgres user (apt-get install postgresql; .ci/run does)")
+        .expect("a postgres user (apt-get install postgresql; ./test.sh does)")
 }

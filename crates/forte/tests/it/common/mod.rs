@@ -53,7 +53,7 @@ pub fn fails(args: &Args) -> String {
 }
 
 /// A stock command-line tool the test needs. Missing tools fail the test (CI installs them:
-/// see .ci/run); they are never skipped.
+/// see test.sh); they are never skipped.
 pub fn tool(name: &str) -> Command {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {name}")])
@@ -62,7 +62,7 @@ pub fn tool(name: &str) -> Command {
         .unwrap_or(false);
     assert!(
         found,
-        "this test needs `{name}` on PATH (apt-get install {name}); .ci/run installs it"
+        "this test needs `{name}` on PATH (apt-get install {name}); ./test.sh installs it"
     );
     Command::new(name)
 }

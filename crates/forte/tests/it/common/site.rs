@@ -128,10 +128,10 @@ impl Site {
         let base = match std::env::var("FORTE_TEST_POSTGRES") {
             Ok(url) => url,
             Err(_) if std::env::var("CI").is_ok() => {
-                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (.ci/run starts a server)")
+                panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests (./test.sh starts one)")
             }
             Err(_) => {
-                eprintln!("SKIPPED: set FORTE_TEST_POSTGRES (see .ci/postgres.sh) to run the PostgreSQL end-to-end test");
+                eprintln!("SKIPPED: set FORTE_TEST_POSTGRES (./test.sh does, with .ci/postgres.sh) to run the PostgreSQL end-to-end test");
                 return None;
             }
         };
