@@ -15,8 +15,14 @@ macro_rules! args {
 
 pub type Args = Vec<std::ffi::OsString>;
 
+/// The `forte` binary under test: this build's, or the one `FORTE_TEST_BINARY` names, to run
+/// today's tests against another build (an earlier commit's, to see which tests catch what it
+/// got wrong; docs/reliability.md).
 pub fn forte() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_forte"))
+    match std::env::var_os("FORTE_TEST_BINARY") {
+        Some(binary) => Command::new(binary),
+        None => Command::new(env!("CARGO_BIN_EXE_forte")),
+    }
 }
 
 /// Runs forte with `args`, returning its output whatever the exit status.
