@@ -114,11 +114,43 @@ fn a_single_file_packs_under_its_own_name() {
         ]
     );
     let restored = tmp.path().join("restored");
-    ok(&unpack_args(&keys, &packed, &restored));
+    let mut unpack = unpack_args(&keys, &packed, &restored);
+    unpack.push("--json".into());
+    let summary: serde_json::Value = serde_json::from_str(&ok(&unpack)).unwrap();
     assert_eq!(
         std::fs::read(restored.join("reading.csv")).unwrap(),
         std::fs::read(&file).unwrap()
     );
+    // Each stage counts the bytes it was given and passed on: the file's raw size in, its
+    // sealed parts as read, its raw size again out of decompression and into assembly.
+    let sealed: u64 = objects(&packed)
+        .iter()
+        .flat_map(|o| std::fs::read_dir(o).unwrap())
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    let flow: Vec<(String, u64, u64, u64)> = summary["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let n = |k: &str| s[k].as_u64().unwrap();
+            (
+                s["name"].as_str().unwrap().to_owned(),
+                n("items_in"),
+                n("bytes_in"),
+                n("bytes_out"),
+            )
+        })
+        .collect();
+    let by_name = |name: &str| flow.iter().find(|s| s.0 == name).unwrap().clone();
+    let raw = 3 * MIB as u64;
+    assert_eq!(by_name("read"), ("read".into(), 1, raw, sealed), "{flow:?}");
+    assert_eq!(by_name("verify_ciphertext").2, sealed, "{flow:?}");
+    assert_eq!(by_name("decompress").3, raw, "{flow:?}");
+    assert_eq!(by_name("assemble").1, 3, "three parts assembled: {flow:?}");
+    assert_eq!(by_name("assemble").2, raw, "{flow:?}");
 }
 
 #[test]
