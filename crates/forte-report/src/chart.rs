@@ -54,7 +54,7 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi]) -> String {
             short_bytes(b.raw_bytes)
         );
         for s in &b.stages {
-            let (queue, work) = if s.stage == "send" {
+            let (queue, work) = if s.stage == forte_catalog::Stage::Send {
                 (QUEUE_SEND, SEND)
             } else {
                 (QUEUE_PULL, PULL)

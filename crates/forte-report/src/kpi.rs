@@ -17,14 +17,14 @@
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
 
-use forte_catalog::{BatchRow, StageRow, UsageRow};
+use forte_catalog::{BatchKey, BatchRow, Role, Stage, StageRow, UsageRow};
 use serde::Serialize;
 
 /// One task of one batch: queued from `queued_from`, worked on from `started` to `ended`
 /// (microseconds since the Unix epoch).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct StageSpan {
-    pub stage: String,
+    pub stage: Stage,
     pub queued_from: i64,
     pub started: i64,
     pub ended: i64,
@@ -98,12 +98,11 @@ pub struct RunKpi {
 /// Batch KPIs from every batch row (any role, any number of catalogues) with its stages.
 /// Edge rows carry arrival, size and `send`; core rows (keyed `site/id`) carry `pull`.
 pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
-    let core = |id: &str| {
-        rows.iter().find(|(b, _)| {
-            b.role == "core" && b.batch_key.rsplit_once('/').map(|(_, k)| k) == Some(id)
-        })
+    let core = |edge: &BatchKey| {
+        rows.iter()
+            .find(|(b, _)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
     };
-    let stage = |stages: &[StageRow], name: &str| {
+    let stage = |stages: &[StageRow], name: Stage| {
         stages
             .iter()
             .find(|s| s.stage == name)
@@ -111,25 +110,25 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
     };
     let mut out: Vec<BatchKpi> = rows
         .iter()
-        .filter(|(b, _)| b.role == "edge")
+        .filter(|(b, _)| b.role == Role::Edge)
         .map(|(edge, edge_stages)| {
             let core = core(&edge.batch_key);
             let mut spans = Vec::new();
-            if let Some((started, ended)) = stage(edge_stages, "send") {
+            if let Some((started, ended)) = stage(edge_stages, Stage::Send) {
                 spans.push(StageSpan {
-                    stage: "send".into(),
+                    stage: Stage::Send,
                     queued_from: edge.created_at.min(started),
                     started,
                     ended,
                 });
                 if let Some((pull_started, pull_ended)) =
-                    core.and_then(|(_, stages)| stage(stages, "pull"))
+                    core.and_then(|(_, stages)| stage(stages, Stage::Pull))
                 {
                     // The core fetches a batch's first files while the edge still sends the
                     // rest; that overlap counts as the edge's task, so the tasks stay in
                     // sequence and l_b stays their sum.
                     spans.push(StageSpan {
-                        stage: "pull".into(),
+                        stage: Stage::Pull,
                         queued_from: ended,
                         started: pull_started.max(ended),
                         ended: pull_ended.max(ended),
@@ -142,7 +141,7 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
             BatchKpi {
                 name: edge.name.clone(),
                 site: core.map(|(b, _)| b.site.clone()).unwrap_or_default(),
-                batch_id: edge.batch_key.clone(),
+                batch_id: edge.batch_key.batch().to_owned(),
                 files: edge.files,
                 raw_bytes,
                 sealed_bytes: core.map_or(0, |(b, _)| b.bytes.max(0) as u64),
@@ -284,17 +283,13 @@ fn seconds(us: i64) -> f64 {
 mod tests {
     use super::*;
 
-    fn row(role: &str, key: &str, name: &str, bytes: i64, created: i64) -> BatchRow {
+    fn row(key: BatchKey, name: &str, bytes: i64, created: i64) -> BatchRow {
         BatchRow {
-            batch_key: key.into(),
-            role: role.into(),
-            site: if role == "core" {
-                "mine".into()
-            } else {
-                "".into()
-            },
+            role: key.role(),
+            site: key.site().into(),
+            batch_key: key,
             name: name.into(),
-            state: "x".into(),
+            state: forte_catalog::BatchState::Sent,
             files: 2,
             bytes,
             created_at: created,
@@ -302,9 +297,9 @@ mod tests {
         }
     }
 
-    fn stage(name: &str, s: i64, e: i64) -> StageRow {
+    fn stage(name: Stage, s: i64, e: i64) -> StageRow {
         StageRow {
-            stage: name.into(),
+            stage: name,
             started_at: s * 1_000_000,
             ended_at: Some(e * 1_000_000),
         }
@@ -314,16 +309,16 @@ mod tests {
     fn latency_is_queueing_plus_processing_across_both_nodes() {
         let rows = vec![
             (
-                row("edge", "b1", "A", 100_000_000, 0),
-                vec![stage("send", 2, 6)],
+                row(BatchKey::edge("b1"), "A", 100_000_000, 0),
+                vec![stage(Stage::Send, 2, 6)],
             ),
             (
-                row("core", "mine/b1", "", 40_000_000, 7_000_000),
-                vec![stage("pull", 7, 10)],
+                row(BatchKey::core("mine", "b1"), "", 40_000_000, 7_000_000),
+                vec![stage(Stage::Pull, 7, 10)],
             ),
             (
-                row("edge", "b2", "B", 50_000_000, 1_000_000),
-                vec![stage("send", 6, 8)],
+                row(BatchKey::edge("b2"), "B", 50_000_000, 1_000_000),
+                vec![stage(Stage::Send, 6, 8)],
             ),
         ];
         let kpis = batches(&rows);

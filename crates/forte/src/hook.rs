@@ -3,13 +3,14 @@
 
 use std::process::Command;
 
+use forte_catalog::Role;
 use serde::Serialize;
 
 use crate::layout::format_utc;
 
 /// Where failures are reported.
 pub struct Failures {
-    pub role: &'static str,
+    pub role: Role,
     /// Run with `sh -c`; `FORTE_ROLE`, `FORTE_BATCH`, `FORTE_FILE` and `FORTE_ERROR` say what failed.
     pub command: Option<String>,
 }
@@ -19,7 +20,7 @@ struct LogLine<'a> {
     at: String,
     level: &'static str,
     event: &'static str,
-    role: &'a str,
+    role: Role,
     batch: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     file: Option<&'a str>,
@@ -43,7 +44,7 @@ impl Failures {
         let status = Command::new("sh")
             .arg("-c")
             .arg(command)
-            .env("FORTE_ROLE", self.role)
+            .env("FORTE_ROLE", self.role.as_str())
             .env("FORTE_BATCH", batch)
             .env("FORTE_FILE", file.unwrap_or(""))
             .env("FORTE_ERROR", error)

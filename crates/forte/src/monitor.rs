@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use forte_catalog::{BatchState, Role};
 use forte_pipeline::Pipeline;
 use metrics::{counter, gauge};
 use metrics_exporter_prometheus::PrometheusBuilder;
@@ -28,7 +29,7 @@ pub fn serve(addr: SocketAddr) -> Result<()> {
 /// Runs `work` while a thread publishes `pipeline`'s stage counters once a second (and once
 /// more at the end), plus whatever `also` publishes.
 pub fn while_running<R>(
-    role: &'static str,
+    role: Role,
     pipeline: &Pipeline,
     also: impl Fn() + Sync,
     work: impl FnOnce() -> R,
@@ -44,7 +45,7 @@ pub fn while_running<R>(
                 let last = finished.recv_timeout(Duration::from_secs(1))
                     != Err(std::sync::mpsc::RecvTimeoutError::Timeout);
                 for st in pipeline.snapshot() {
-                    let labels = [("role", role), ("stage", st.name)];
+                    let labels = [("role", role.as_str()), ("stage", st.name)];
                     gauge!("forte_stage_queue_depth", &labels).set(st.queue_depth as f64);
                     gauge!("forte_stage_service_rate_bytes_per_second", &labels)
                         .set(st.service_rate_bytes_per_sec);
@@ -74,19 +75,21 @@ pub fn while_running<R>(
 }
 
 /// The batch queue of `role`: batches in flight, files and bytes waiting.
-pub fn queue(role: &'static str, batches: usize, files: usize, bytes: u64) {
+pub fn queue(role: Role, batches: usize, files: usize, bytes: u64) {
+    let role = role.as_str();
     gauge!("forte_queue_batches", "role" => role).set(batches as f64);
     gauge!("forte_queue_files", "role" => role).set(files as f64);
     gauge!("forte_queue_bytes", "role" => role).set(bytes as f64);
 }
 
 /// A batch ended: `outcome` is `sent`, `delivered` or `failed`.
-pub fn batch_done(role: &'static str, outcome: &'static str) {
-    counter!("forte_batches_total", "role" => role, "outcome" => outcome).increment(1);
+pub fn batch_done(role: Role, outcome: BatchState) {
+    counter!("forte_batches_total", "role" => role.as_str(), "outcome" => outcome.as_str())
+        .increment(1);
 }
 
-pub fn failure(role: &'static str) {
-    counter!("forte_failures_total", "role" => role).increment(1);
+pub fn failure(role: Role) {
+    counter!("forte_failures_total", "role" => role.as_str()).increment(1);
 }
 
 pub fn retry() {

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 pub use forte_catalog::Catalog;
+use forte_catalog::{BatchKey, Role, Task};
 
 /// Opens the catalogue the user named, or the default SQLite file.
 pub fn open(url: Option<String>) -> Result<Catalog> {
@@ -33,8 +34,8 @@ pub fn note(what: &str, result: Result<()>) {
 /// Runs one try of a task on an object, recording it (with its error, if any) in the catalogue.
 pub fn attempt<T, E: std::fmt::Display>(
     catalog: &Catalog,
-    task: &str,
-    batch_key: &str,
+    task: Task,
+    batch: &BatchKey,
     object: forte_format::ObjectId,
     part: Option<u32>,
     op: impl FnOnce() -> Result<T, E>,
@@ -45,7 +46,7 @@ pub fn attempt<T, E: std::fmt::Display>(
     let object = object.to_string();
     let record = forte_catalog::Attempt {
         task,
-        batch_key,
+        batch,
         object_id: Some(&object),
         part,
         started_at,
@@ -58,7 +59,7 @@ pub fn attempt<T, E: std::fmt::Display>(
 
 /// Samples this machine's utilisation once a second into the catalogue while the returned
 /// sampler lives (FORTE's 1 Hz CPU, memory, disk and network measurements), as `role@host`.
-pub fn sample_usage(catalog: &Catalog, role: &str) -> Option<forte_usage::Sampler> {
+pub fn sample_usage(catalog: &Catalog, role: Role) -> Option<forte_usage::Sampler> {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
     let node = format!("{role}@{}", host.trim());
     let recorder = catalog.usage_recorder()?;

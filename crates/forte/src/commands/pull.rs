@@ -26,7 +26,11 @@ use crate::transfer::download::RelaySource;
 use crate::transfer::retry::Retry;
 use crate::transfer::{connect, RelayArgs};
 use crate::units::human;
-use forte_catalog::{now_us, PartHashes};
+use forte_catalog::FileState::{Acknowledged, Delivered};
+use forte_catalog::{
+    now_us, BatchKey, BatchRecord, BatchState, FileRecord, FileState, PartHashes, PartState, Role,
+    Stage,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -74,7 +78,7 @@ pub struct BatchReport {
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let endpoint = args.relay.endpoint(config)?;
-    let _usage = crate::record::sample_usage(catalog, "core");
+    let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = connect(&endpoint, &args.relay)?;
     let (identities, trusted, mut settings) = args.open.load(config)?;
     settings.existing = Existing::KeepIdentical;
@@ -99,7 +103,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         ahead: Mutex::default(),
     };
     let failures = Failures {
-        role: "core",
+        role: Role::Core,
         command: args.daemon.on_failure.clone(),
     };
     let policy = args.schedule.policy(&config.schedule)?;
@@ -133,7 +137,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             .map(|p| p.length)
             .sum();
         crate::monitor::queue(
-            "core",
+            Role::Core,
             ordered.len(),
             ordered.iter().map(Vec::len).sum(),
             bytes,
@@ -146,17 +150,17 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let pull = |batch: Vec<ReadyObject>| -> BatchReport {
         let restore = Restore::new(settings.clone(), &identities, &trusted);
         let report = crate::monitor::while_running(
-            "core",
+            Role::Core,
             &restore.pipeline,
             || {},
             || core.pull_batch(&restore, batch),
         );
         let outcome = if report.error.is_none() {
-            "delivered"
+            BatchState::Delivered
         } else {
-            "failed"
+            BatchState::Failed
         };
-        crate::monitor::batch_done("core", outcome);
+        crate::monitor::batch_done(Role::Core, outcome);
         if !args.output.json {
             print_report(&report);
         }
@@ -194,7 +198,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
                         pause = busy_poll;
                         let restore = Restore::new(settings.clone(), &identities, &trusted);
                         let fetched = crate::monitor::while_running(
-                            "core",
+                            Role::Core,
                             &restore.pipeline,
                             || {},
                             || open.into_iter().any(|b| core.fetch_ahead(&restore, b)),
@@ -243,7 +247,7 @@ struct Core<'a> {
     catalog: &'a Catalog,
     /// Batches still being sent whose sealed objects are already verified and staged, by
     /// batch key.
-    ahead: Mutex<HashMap<String, Ahead>>,
+    ahead: Mutex<HashMap<BatchKey, Ahead>>,
 }
 
 /// A batch fetched ahead of its seal: objects verified and staged, nothing visible yet.
@@ -277,8 +281,8 @@ impl Drop for Ahead {
     }
 }
 
-fn batch_key_of(objects: &[ReadyObject]) -> String {
-    format!("{}/{}", objects[0].site, objects[0].batch)
+fn batch_key_of(objects: &[ReadyObject]) -> BatchKey {
+    BatchKey::core(&objects[0].site, &objects[0].batch)
 }
 
 impl Core<'_> {
@@ -292,15 +296,16 @@ impl Core<'_> {
         };
         for b in batches
             .into_iter()
-            .filter(|b| b.role == "core" && b.state == "delivered")
+            .filter(|b| b.role == Role::Core && b.state == BatchState::Delivered)
         {
-            let Some((site, batch)) = b.batch_key.split_once('/') else {
-                continue;
-            };
+            let (site, batch) = (b.batch_key.site(), b.batch_key.batch());
             let Ok(files) = self.catalog.files(&b.batch_key) else {
                 continue;
             };
-            let pending: Vec<_> = files.iter().filter(|f| f.state == "delivered").collect();
+            let pending: Vec<_> = files
+                .iter()
+                .filter(|f| f.state == FileState::Delivered)
+                .collect();
             let ids: Option<Vec<ObjectId>> =
                 pending.iter().map(|f| f.object_id.parse().ok()).collect();
             let Some(ids) = ids.filter(|ids| !ids.is_empty()) else {
@@ -313,19 +318,12 @@ impl Core<'_> {
                 continue;
             }
             for f in pending {
-                note(
-                    "an acknowledgement",
-                    self.catalog.file_state(
-                        &b.batch_key,
-                        &f.object_id,
-                        &f.path,
-                        f.size as u64,
-                        "acknowledged",
-                        None,
-                        None,
-                        Some("acknowledged again after an interrupted pull"),
-                    ),
-                );
+                let (path, size) = (&f.path, f.size as u64);
+                let file = FileRecord {
+                    detail: Some("acknowledged again after an interrupted pull"),
+                    ..FileRecord::new(&b.batch_key, &f.object_id, path, size, Acknowledged)
+                };
+                note("an acknowledgement", self.catalog.file_state(&file));
             }
         }
     }
@@ -346,7 +344,7 @@ impl Core<'_> {
             note(
                 "a stage",
                 self.catalog
-                    .stage(&batch_key, "pull", ahead.started_at, None),
+                    .stage(&batch_key, Stage::Pull, ahead.started_at, None),
             );
             all.insert(batch_key.clone(), ahead);
         }
@@ -387,7 +385,7 @@ impl Core<'_> {
         &self,
         restore: &Restore,
         objects: Vec<ReadyObject>,
-        batch_key: &str,
+        batch_key: &BatchKey,
         ahead: &mut Ahead,
     ) -> Result<Staged> {
         let site = objects[0].site.clone();
@@ -433,13 +431,17 @@ impl Core<'_> {
             .map(|p| p.length)
             .sum();
         let count = objects.len() as u64;
-        let record_batch = |name: &str, state: &str| {
-            note(
-                "a batch",
-                catalog.batch_state(&batch_key, "core", &site, name, count, sealed_bytes, state),
-            );
+        let record_batch = |name: &str, state: BatchState| {
+            let record = BatchRecord {
+                key: &batch_key,
+                name,
+                files: count,
+                bytes: sealed_bytes,
+                state,
+            };
+            note("a batch", catalog.batch_state(&record));
         };
-        record_batch(&objects[0].batch, "pulling");
+        record_batch(&objects[0].batch, BatchState::Pulling);
         // What was fetched ahead is kept only if it all verified; else start afresh.
         let fetched = self
             .ahead
@@ -453,7 +455,7 @@ impl Core<'_> {
         if fetched.is_none() {
             note(
                 "a stage",
-                catalog.stage(&batch_key, "pull", started_at, None),
+                catalog.stage(&batch_key, Stage::Pull, started_at, None),
             );
         }
         let ids: Vec<_> = objects.iter().map(|o| o.id).collect();
@@ -527,28 +529,22 @@ impl Core<'_> {
                         };
                         note(
                             "a verified part",
-                            catalog.part_state(&batch_key, &object, *index, "verified", &hashes),
+                            catalog.part_state(
+                                &batch_key,
+                                &object,
+                                *index,
+                                PartState::Verified,
+                                &hashes,
+                            ),
                         );
                     }
-                    let detail = p.already.then_some("already in place from an earlier pull");
-                    let (object, sha, to) = (
-                        p.id.to_string(),
-                        Some(p.sha256.as_str()),
-                        Some(p.target.as_str()),
-                    );
-                    note(
-                        "a delivered file",
-                        catalog.file_state(
-                            &batch_key,
-                            &object,
-                            &p.path,
-                            p.size,
-                            "delivered",
-                            sha,
-                            to,
-                            detail,
-                        ),
-                    );
+                    let file = FileRecord {
+                        raw_sha256: Some(&p.sha256),
+                        delivered_to: Some(&p.target),
+                        detail: p.already.then_some("already in place from an earlier pull"),
+                        ..FileRecord::new(&batch_key, &object, &p.path, p.size, Delivered)
+                    };
+                    note("a delivered file", catalog.file_state(&file));
                 }
                 // The whole batch at once: the relay never lists it again with some of its
                 // objects gone, which its inventory would (rightly) refuse.
@@ -560,19 +556,10 @@ impl Core<'_> {
                     Ok(()) => {
                         for p in &delivered.placed {
                             let object = p.id.to_string();
-                            note(
-                                "an acknowledgement",
-                                catalog.file_state(
-                                    &batch_key,
-                                    &object,
-                                    &p.path,
-                                    p.size,
-                                    "acknowledged",
-                                    None,
-                                    None,
-                                    None,
-                                ),
-                            );
+                            let (path, size) = (&p.path, p.size);
+                            let file =
+                                FileRecord::new(&batch_key, &object, path, size, Acknowledged);
+                            note("an acknowledgement", catalog.file_state(&file));
                         }
                     }
                     // Delivered but not acknowledged: the next pull finds the files in place
@@ -588,7 +575,11 @@ impl Core<'_> {
                     // Problems of the batch's set of objects (its inventory) name no part.
                     for p in &failure.problems {
                         let Some(part) = p.part else { continue };
-                        let state = if p.damaged { "damaged" } else { "failed" };
+                        let state = if p.damaged {
+                            PartState::Damaged
+                        } else {
+                            PartState::Failed
+                        };
                         let object = p.object.to_string();
                         note(
                             "a failed part",
@@ -618,17 +609,15 @@ impl Core<'_> {
             }
         }
         report.seconds = started.elapsed().as_secs_f64();
-        record_batch(
-            &report.batch,
-            if report.error.is_none() {
-                "delivered"
-            } else {
-                "failed"
-            },
-        );
+        let state = if report.error.is_none() {
+            BatchState::Delivered
+        } else {
+            BatchState::Failed
+        };
+        record_batch(&report.batch, state);
         note(
             "a stage",
-            catalog.stage(&batch_key, "pull", started_at, Some(now_us())),
+            catalog.stage(&batch_key, Stage::Pull, started_at, Some(now_us())),
         );
         report
     }

@@ -25,7 +25,9 @@ use crate::transfer::retry::Retry;
 use crate::transfer::upload::{at_relay, AtRelay, UploadSink};
 use crate::transfer::{connect, RelayArgs};
 use crate::units::human;
-use forte_catalog::now_us;
+use forte_catalog::{
+    now_us, BatchKey, BatchRecord, BatchState, FileRecord, FileState, Role, Stage,
+};
 
 /// The marker file that declares a batch complete without waiting for it to settle.
 pub const READY_MARKER: &str = ".ready";
@@ -87,7 +89,7 @@ struct Summary {
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let endpoint = args.relay.endpoint(config)?;
-    let _usage = crate::record::sample_usage(catalog, "edge");
+    let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let client = connect(&endpoint, &args.relay)?;
     let (recipients, key) = args.seal.load(config)?;
     let mut settings = args.prepare.settings(config)?;
@@ -106,7 +108,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         queue: BatchQueue::new(policy.clone()),
         policy,
         failures: Failures {
-            role: "edge",
+            role: Role::Edge,
             command: args.daemon.on_failure.clone(),
         },
         print_each: args.daemon.watch,
@@ -306,9 +308,9 @@ fn object_id(key: &EdgeKey, batch: &str, file: &SourceFile) -> ObjectId {
     )
 }
 
-/// The batch id the relay sees: opaque, stable across runs.
-fn batch_id(key: &EdgeKey, batch: &str) -> String {
-    ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string()
+/// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
+fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
+    BatchKey::edge(ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string())
 }
 
 /// A batch between its admission to the queue and its seal at the relay.
@@ -345,8 +347,8 @@ struct Edge<'a> {
     /// Print each batch's report as it finishes (daemon mode).
     print_each: bool,
     queue: BatchQueue<PrepareJob>,
-    batch_of: Mutex<HashMap<ObjectId, String>>,
-    in_flight: Mutex<HashMap<String, InFlight>>,
+    batch_of: Mutex<HashMap<ObjectId, BatchKey>>,
+    in_flight: Mutex<HashMap<BatchKey, InFlight>>,
     finished: Mutex<Vec<BatchReport>>,
 }
 
@@ -359,12 +361,8 @@ impl JobQueue for Edge<'_> {
             let now = now_us();
             flight.started_at = Some(now);
             let (files, bytes) = (flight.report.files as u64, flight.bytes);
-            note(
-                "a batch",
-                self.catalog
-                    .batch_state(&key, "edge", "", &flight.name, files, bytes, "sending"),
-            );
-            note("a stage", self.catalog.stage(&key, "send", now, None));
+            self.record_batch(&key, &flight.name, files, bytes, BatchState::Sending);
+            note("a stage", self.catalog.stage(&key, Stage::Send, now, None));
         }
         Some(job)
     }
@@ -375,6 +373,18 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Edge<'_> {
+    /// Records a batch's state and totals (the batch's, not this run's).
+    fn record_batch(&self, key: &BatchKey, name: &str, files: u64, bytes: u64, state: BatchState) {
+        let record = BatchRecord {
+            key,
+            name,
+            files,
+            bytes,
+            state,
+        };
+        note("a batch", self.catalog.batch_state(&record));
+    }
+
     /// Queues every batch not already in flight: discovers its files, asks the relay what it
     /// holds, and records the batch as queued (its arrival). A batch with nothing left to send
     /// is finished at once.
@@ -414,10 +424,7 @@ impl Edge<'_> {
                     report.files = found.files.len();
                     let (files, bytes) = (found.files.len() as u64, found.total_bytes());
                     flight.bytes = bytes;
-                    note(
-                        "a batch",
-                        catalog.batch_state(&batch_key, "edge", "", name, files, bytes, "queued"),
-                    );
+                    self.record_batch(&batch_key, name, files, bytes, BatchState::Queued);
                     report.errors.extend(
                         found
                             .rejected
@@ -452,24 +459,20 @@ impl Edge<'_> {
                         .unwrap_or_default();
                     for (source, id) in found.files.into_iter().zip(ids) {
                         let object = id.to_string();
-                        let record = |state: &str, detail: Option<&str>| {
+                        let record = |state: FileState, detail: Option<&str>| {
                             let (path, size) = (&source.path, source.size);
-                            note(
-                                "a file",
-                                catalog.file_state(
-                                    &batch_key, &object, path, size, state, None, None, detail,
-                                ),
-                            );
+                            let file = FileRecord::new(&batch_key, &object, path, size, state);
+                            note("a file", catalog.file_state(&FileRecord { detail, ..file }));
                         };
-                        record("discovered", None);
+                        record(FileState::Discovered, None);
                         let held = match at.remove(&id) {
                             Some(AtRelay::Delivered) => {
                                 // The relay reports it delivered: the core acknowledged it.
-                                if known.get(&object).map(|f| f.state.as_str())
-                                    != Some("acknowledged")
+                                if known.get(&object).map(|f| f.state)
+                                    != Some(FileState::Acknowledged)
                                 {
                                     record(
-                                        "acknowledged",
+                                        FileState::Acknowledged,
                                         Some("the relay reports it acknowledged by the core"),
                                     );
                                 }
@@ -477,7 +480,7 @@ impl Edge<'_> {
                                 continue;
                             }
                             Some(AtRelay::Sealed) => {
-                                record("at_relay", Some("sealed by an earlier run"));
+                                record(FileState::AtRelay, Some("sealed by an earlier run"));
                                 report.already_at_relay += 1;
                                 flight.members.push(id);
                                 let recorded =
@@ -551,19 +554,13 @@ impl Edge<'_> {
             Some(e) => {
                 self.failures.report(&report.batch, Some(&outcome.path), e);
                 let object = outcome.id.to_string();
-                note(
-                    "a failed file",
-                    self.catalog.file_state(
-                        &batch_key,
-                        &object,
-                        &outcome.path,
-                        outcome.size,
-                        "failed",
-                        None,
-                        None,
-                        Some(e),
-                    ),
-                );
+                let (path, size) = (&outcome.path, outcome.size);
+                let file = FileRecord::new(&batch_key, &object, path, size, FileState::Failed);
+                let file = FileRecord {
+                    detail: Some(e),
+                    ..file
+                };
+                note("a failed file", self.catalog.file_state(&file));
                 report.errors.push(format!("{}: {e}", outcome.path));
                 report.failed += 1;
             }
@@ -578,7 +575,7 @@ impl Edge<'_> {
 
     /// Seals a batch whose every file is at the relay (only a whole batch is offered to the
     /// core) and records how it ended.
-    fn finish(&self, batch_key: &str, flight: InFlight) {
+    fn finish(&self, batch_key: &BatchKey, flight: InFlight) {
         let InFlight {
             mut report,
             bytes,
@@ -596,7 +593,7 @@ impl Edge<'_> {
             let sealed = inventory.seal(self.key, self.recipients);
             let what = format!("seal of batch {}", report.batch);
             if let Err(e) = self.retry.run(&what, || {
-                self.client.seal_batch(batch_key, &members, &sealed)
+                self.client.seal_batch(batch_key.batch(), &members, &sealed)
             }) {
                 let error = format!("cannot seal the batch at the relay: {e}");
                 self.failures.report(&report.batch, None, &error);
@@ -604,23 +601,22 @@ impl Edge<'_> {
                 report.failed += 1;
             }
         }
-        let state = if report.failed == 0 { "sent" } else { "failed" };
-        crate::monitor::batch_done("edge", state);
+        let state = if report.failed == 0 {
+            BatchState::Sent
+        } else {
+            BatchState::Failed
+        };
+        crate::monitor::batch_done(Role::Edge, state);
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
-        let files = report.files as u64;
-        note(
-            "a batch",
-            self.catalog
-                .batch_state(batch_key, "edge", "", &report.batch, files, bytes, state),
-        );
+        self.record_batch(batch_key, &report.batch, report.files as u64, bytes, state);
         // Only a run that sent files did the send stage: one that found them all at the relay
         // leaves the stage as the run that sent them recorded it.
         if let Some(started_at) = started_at {
             note(
                 "a stage",
                 self.catalog
-                    .stage(batch_key, "send", started_at, Some(now_us())),
+                    .stage(batch_key, Stage::Send, started_at, Some(now_us())),
             );
         }
         if self.print_each {
@@ -635,7 +631,7 @@ impl Edge<'_> {
         while let Some(job) = self.queue.take_any() {
             lock(&self.batch_of).remove(&job.id);
         }
-        let flights: Vec<(String, InFlight)> = lock(&self.in_flight).drain().collect();
+        let flights: Vec<(BatchKey, InFlight)> = lock(&self.in_flight).drain().collect();
         for (key, mut flight) in flights {
             let error = format!(
                 "{} files not sent: an earlier failure stopped the pass",
@@ -662,9 +658,9 @@ impl Edge<'_> {
         let (files, bytes) = self.queue.totals();
         let publish_queue = || {
             let (files, bytes) = self.queue.totals();
-            crate::monitor::queue("edge", lock(&self.in_flight).len(), files, bytes);
+            crate::monitor::queue(Role::Edge, lock(&self.in_flight).len(), files, bytes);
         };
-        crate::monitor::while_running("edge", &prepare.pipeline, publish_queue, || {
+        crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
             prepare_with_progress(&prepare, files, bytes, quiet, || {
                 prepare.run_from(self, &sink)
             })
@@ -687,8 +683,8 @@ impl Edge<'_> {
             .flatten()
             .map(|b| b.state);
         if !matches!(
-            state.as_deref(),
-            Some("sent" | "source_kept" | "source_deleted")
+            state,
+            Some(BatchState::Sent | BatchState::SourceKept | BatchState::SourceDeleted)
         ) {
             return true;
         }
@@ -726,7 +722,7 @@ impl Edge<'_> {
             .batch(&batch_id(self.key, &batch.name))
             .ok()
             .flatten();
-        row.filter(|b| b.state == "cancelled")
+        row.filter(|b| b.state == BatchState::Cancelled)
             .is_some_and(|b| marker_time_us(&batch.dir).is_none_or(|t| t <= b.updated_at))
     }
 
@@ -750,22 +746,11 @@ impl Edge<'_> {
             let what = format!("cancellation of batch {name}");
             match self
                 .retry
-                .run(&what, || self.client.cancel_batch(&batch_key, &ids))
+                .run(&what, || self.client.cancel_batch(batch_key.batch(), &ids))
             {
                 Ok(cancelled) => {
-                    let bytes = found.total_bytes();
-                    note(
-                        "a cancelled batch",
-                        self.catalog.batch_state(
-                            &batch_key,
-                            "edge",
-                            "",
-                            name,
-                            ids.len() as u64,
-                            bytes,
-                            "cancelled",
-                        ),
-                    );
+                    let (files, bytes) = (ids.len() as u64, found.total_bytes());
+                    self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
                     println!(
                         "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
                         cancelled.objects,
@@ -794,7 +779,7 @@ impl Edge<'_> {
         };
         for b in batches
             .into_iter()
-            .filter(|b| b.role == "edge" && b.state == "sent")
+            .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
         {
             if lock(&self.in_flight).contains_key(&b.batch_key) {
                 continue;
@@ -857,18 +842,8 @@ impl Edge<'_> {
             if kept.is_empty() && waiting == 0 && only_marker {
                 match std::fs::remove_dir_all(&dir) {
                     Ok(()) => {
-                        note(
-                            "a deleted batch",
-                            self.catalog.batch_state(
-                                &b.batch_key,
-                                "edge",
-                                "",
-                                &b.name,
-                                files_n,
-                                bytes,
-                                "source_deleted",
-                            ),
-                        );
+                        let deleted = BatchState::SourceDeleted;
+                        self.record_batch(&b.batch_key, &b.name, files_n, bytes, deleted);
                         println!("batch {}: acknowledged by the core; source deleted", b.name);
                     }
                     Err(e) => self.failures.report(
@@ -879,18 +854,8 @@ impl Edge<'_> {
                 }
             } else if waiting == 0 && !kept.is_empty() {
                 // Everything sendable is acknowledged and deleted; what is left never will be.
-                note(
-                    "a kept batch",
-                    self.catalog.batch_state(
-                        &b.batch_key,
-                        "edge",
-                        "",
-                        &b.name,
-                        files_n,
-                        bytes,
-                        "source_kept",
-                    ),
-                );
+                let kept_state = BatchState::SourceKept;
+                self.record_batch(&b.batch_key, &b.name, files_n, bytes, kept_state);
                 self.failures.report(
                     &b.name,
                     None,

@@ -131,13 +131,11 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
         println!("recent failed attempts:");
         for a in failures {
             let part = a.part.map(|p| format!(" part {p}")).unwrap_or_default();
-            println!(
-                "  {} {}{}: {}",
-                a.task,
-                a.object_id.as_deref().unwrap_or(&a.batch_key),
-                part,
-                a.error
-            );
+            let what = a
+                .object_id
+                .clone()
+                .unwrap_or_else(|| a.batch_key.to_string());
+            println!("  {} {}{}: {}", a.task, what, part, a.error);
         }
     }
     Ok(true)

@@ -1,6 +1,7 @@
 //! The source of `forte pull`: one batch's objects, read from the relay.
 
 use anyhow::Result;
+use forte_catalog::{BatchKey, Task};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use forte_restore::{ObjectRef, ObjectSource, PartError};
@@ -13,7 +14,7 @@ pub struct RelaySource<'a> {
     pub retry: Retry,
     /// Where each download attempt is recorded, under this batch key.
     pub catalog: &'a Catalog,
-    pub batch_key: &'a str,
+    pub batch_key: &'a BatchKey,
     /// The objects of one batch, as the relay listed them.
     pub objects: Vec<ReadyObject>,
 }
@@ -63,7 +64,7 @@ impl ObjectSource for RelaySource<'_> {
         let bytes = self.retry.run(&what, || {
             attempt(
                 self.catalog,
-                "download",
+                Task::Download,
                 self.batch_key,
                 object.id,
                 None,
@@ -86,7 +87,7 @@ impl ObjectSource for RelaySource<'_> {
             .run(&what, || {
                 attempt(
                     self.catalog,
-                    "download",
+                    Task::Download,
                     self.batch_key,
                     object.id,
                     Some(index),

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use anyhow::Result;
-use forte_catalog::{Catalog, PartHashes};
+use forte_catalog::{BatchKey, Catalog, FileRecord, FileState, PartHashes, PartState, Task};
 use forte_format::{Manifest, ObjectId};
 use forte_prepare::{FileOutcome, HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
@@ -16,10 +16,10 @@ use crate::record::note;
 
 pub struct UploadSink<'a> {
     pub client: &'a RelayClient,
-    /// Each object's batch: the opaque id the relay groups objects by, also the batch's
-    /// catalogue key. Objects of several batches flow through one pass, so the link never
-    /// idles between batches.
-    pub batch_of: &'a Mutex<HashMap<ObjectId, String>>,
+    /// Each object's batch: the batch's catalogue key, whose id the relay groups objects by.
+    /// Objects of several batches flow through one pass, so the link never idles between
+    /// batches.
+    pub batch_of: &'a Mutex<HashMap<ObjectId, BatchKey>>,
     pub retry: Retry,
     pub catalog: &'a Catalog,
     /// Sealed bytes uploaded so far, per object.
@@ -29,9 +29,12 @@ pub struct UploadSink<'a> {
 }
 
 impl UploadSink<'_> {
-    fn batch(&self, id: ObjectId) -> String {
+    fn batch(&self, id: ObjectId) -> BatchKey {
         let batch_of = self.batch_of.lock().unwrap_or_else(|e| e.into_inner());
-        batch_of.get(&id).cloned().unwrap_or_default()
+        let batch = batch_of.get(&id).cloned();
+        batch.unwrap_or_else(|| {
+            unreachable!("object {id} is sent without being admitted to a batch")
+        })
     }
 
     fn count(&self, id: ObjectId, bytes: usize) {
@@ -41,7 +44,7 @@ impl UploadSink<'_> {
 
     fn attempt<T>(
         &self,
-        task: &str,
+        task: Task,
         id: ObjectId,
         part: Option<u32>,
         op: impl FnOnce() -> Result<T, RelayError>,
@@ -54,7 +57,7 @@ impl Sink for UploadSink<'_> {
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         self.retry.run(&what, || {
-            self.attempt("upload", id, Some(index), || {
+            self.attempt(Task::Upload, id, Some(index), || {
                 self.client.put_part(id, index, sealed, sha256)
             })
         })?;
@@ -67,8 +70,13 @@ impl Sink for UploadSink<'_> {
         self.count(id, sealed.len());
         note(
             "an uploaded part",
-            self.catalog
-                .part_state(&self.batch(id), &object, index, "uploaded", &hashes),
+            self.catalog.part_state(
+                &self.batch(id),
+                &object,
+                index,
+                PartState::Uploaded,
+                &hashes,
+            ),
         );
         Ok(())
     }
@@ -86,8 +94,9 @@ impl Sink for UploadSink<'_> {
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
         let batch = self.batch(manifest.id);
         self.retry.run(&what, || {
-            self.attempt("seal", manifest.id, None, || {
-                self.client.seal(manifest.id, &batch, parts.clone(), sealed)
+            self.attempt(Task::Seal, manifest.id, None, || {
+                self.client
+                    .seal(manifest.id, batch.batch(), parts.clone(), sealed)
             })
         })?;
         self.count(manifest.id, sealed.len());
@@ -100,19 +109,15 @@ impl Sink for UploadSink<'_> {
             note(
                 "a sealed part",
                 self.catalog
-                    .part_state(&batch, &object, p.index, "sealed", &hashes),
+                    .part_state(&batch, &object, p.index, PartState::Sealed, &hashes),
             );
         }
-        let (path, size, sha) = (
-            &manifest.path,
-            manifest.size,
-            Some(manifest.sha256.as_str()),
-        );
-        note(
-            "a sealed file",
-            self.catalog
-                .file_state(&batch, &object, path, size, "sealed", sha, None, None),
-        );
+        let (path, size) = (&manifest.path, manifest.size);
+        let file = FileRecord {
+            raw_sha256: Some(&manifest.sha256),
+            ..FileRecord::new(&batch, &object, path, size, FileState::Sealed)
+        };
+        note("a sealed file", self.catalog.file_state(&file));
         Ok(())
     }
 

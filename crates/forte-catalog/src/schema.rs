@@ -1,0 +1,109 @@
+//! The schema: one migration per entry, applied in order and recorded in `forte_migrations`.
+//! Append a migration for a change; never edit one that was released.
+
+use sqlx::{AnyConnection, Executor, Row};
+
+use crate::now_us;
+
+/// The schema, one migration per entry, applied in order and recorded in `forte_migrations`.
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    "CREATE TABLE batches (
+        batch_key TEXT PRIMARY KEY,
+        role TEXT NOT NULL,
+        site TEXT NOT NULL,
+        name TEXT NOT NULL,
+        state TEXT NOT NULL,
+        files BIGINT NOT NULL,
+        bytes BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    CREATE TABLE files (
+        object_id TEXT NOT NULL,
+        batch_key TEXT NOT NULL,
+        path TEXT NOT NULL,
+        size BIGINT NOT NULL,
+        raw_sha256 TEXT,
+        delivered_to TEXT,
+        state TEXT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (batch_key, object_id)
+    );
+    CREATE INDEX files_by_object ON files (object_id);
+    CREATE INDEX files_by_path ON files (path);
+    CREATE TABLE parts (
+        object_id TEXT NOT NULL,
+        idx BIGINT NOT NULL,
+        raw_sha256 TEXT,
+        ciphertext_sha256 TEXT,
+        ciphertext_length BIGINT,
+        state TEXT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        PRIMARY KEY (object_id, idx)
+    );
+    CREATE TABLE events (
+        id TEXT PRIMARY KEY,
+        at BIGINT NOT NULL,
+        batch_key TEXT NOT NULL,
+        object_id TEXT,
+        part BIGINT,
+        state TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE INDEX events_by_object ON events (object_id, at);
+    CREATE TABLE attempts (
+        id TEXT PRIMARY KEY,
+        task TEXT NOT NULL,
+        batch_key TEXT NOT NULL,
+        object_id TEXT,
+        part BIGINT,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT NOT NULL,
+        outcome TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE TABLE stages (
+        batch_key TEXT NOT NULL,
+        stage TEXT NOT NULL,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT,
+        PRIMARY KEY (batch_key, stage)
+    )",
+    // 2: resource utilisation, sampled once a second on each node.
+    "CREATE TABLE usage (
+        node TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        seconds DOUBLE PRECISION NOT NULL,
+        cpu_percent DOUBLE PRECISION NOT NULL,
+        memory_used BIGINT NOT NULL,
+        disk_read_bps DOUBLE PRECISION NOT NULL,
+        disk_write_bps DOUBLE PRECISION NOT NULL,
+        net_rx_bps DOUBLE PRECISION NOT NULL,
+        net_tx_bps DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, at)
+    )",
+];
+
+/// Brings the schema up to date on `conn`, inside the caller's transaction.
+pub(crate) async fn apply_migrations(
+    conn: &mut AnyConnection,
+) -> std::result::Result<(), sqlx::Error> {
+    conn.execute("CREATE TABLE IF NOT EXISTS forte_migrations (version BIGINT PRIMARY KEY, applied_at BIGINT NOT NULL)")
+        .await?;
+    let applied: i64 = sqlx::query("SELECT COUNT(*) FROM forte_migrations")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    for (i, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
+        for statement in migration.split(';').filter(|s| !s.trim().is_empty()) {
+            conn.execute(statement).await?;
+        }
+        sqlx::query("INSERT INTO forte_migrations (version, applied_at) VALUES ($1, $2)")
+            .bind(i as i64 + 1)
+            .bind(now_us())
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
