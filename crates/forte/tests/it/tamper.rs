@@ -547,3 +547,61 @@ fn archives_from_before_inventories_restore_with_a_warning() {
     assert!(stderr.contains("carries no signed inventory"), "{stderr}");
     assert!(dest.join("old-empty-dir").is_dir());
 }
+
+/// A part's compressed stream may be at most raw + raw/64 + 1 MiB bytes (zstd's worst case with
+/// room to spare): one byte more is refused as it is decrypted, before any decompression,
+/// however correctly it is signed; exactly at the bound it restores. The stream is padded to
+/// the size under test with a zstd skippable frame, which decoders ignore.
+#[test]
+fn a_part_decrypting_past_its_bound_is_refused_before_decompression() {
+    let raw = sample_bytes(200, 21);
+    let bound = 200 + 200 / 64 + (1 << 20);
+    for (size, refused) in [(bound, false), (bound + 1, true)] {
+        let f = fixture();
+        let src = f.root.join("src-200");
+        write(&src.join("reading.bin"), &raw);
+        let packed = f.root.join(format!("packed-{size}"));
+        ok(&args![
+            "pack",
+            &src,
+            "--to",
+            &packed,
+            "--recipient",
+            &f.keys.core_pub,
+            "--sign",
+            &f.keys.edge_key,
+            "-q",
+        ]);
+        let object = object_for(&f.keys, &packed, "reading.bin");
+        let mut stream = zstd::bulk::compress(&raw, 3).unwrap();
+        let skippable = size - stream.len() - 8;
+        stream.extend_from_slice(&0x184D_2A50u32.to_le_bytes());
+        stream.extend_from_slice(&(skippable as u32).to_le_bytes());
+        stream.resize(size, 0);
+        let forger = Forger::new(&f.keys);
+        let part = object.join("part-000000.zst.age");
+        forger.seal(&stream, &part);
+        let sealed = std::fs::read(&part).unwrap();
+        let manifest = forger.rewrite_manifest(&object, |m| {
+            m.parts[0].ciphertext_sha256 =
+                hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&sealed));
+            m.parts[0].ciphertext_length = sealed.len() as u64;
+        });
+        forger.relist(&packed, &manifest);
+        let dest = f.root.join(format!("dest-{size}"));
+        let out = run(&unpack_args(&f.keys, &packed, &dest));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if refused {
+            assert!(!out.status.success());
+            let expected = format!("decrypts to more than the {bound} bytes allowed");
+            assert!(
+                stderr.contains(&expected) && stderr.contains("reading.bin"),
+                "{stderr}"
+            );
+            assert!(is_empty_dir(&dest));
+        } else {
+            assert!(out.status.success(), "{stderr}");
+            assert_eq!(std::fs::read(dest.join("reading.bin")).unwrap(), raw);
+        }
+    }
+}
