@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod edge;
 mod hook;
 mod layout;
 mod monitor;

@@ -3,7 +3,12 @@
 use std::sync::mpsc::RecvTimeoutError;
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
+use forte_prepare::Prepare;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::units::ratio;
 
 /// Runs `work` while a byte progress bar on stderr shows what `poll` reports: bytes done and a
 /// message. The bar is drawn only when stderr is a terminal and `quiet` is off.
@@ -43,4 +48,27 @@ pub fn with_progress<R>(
         bar.finish_and_clear();
         result
     })
+}
+
+/// Runs a prepare pass (`run`) with a progress bar: bytes, rate, ratio, files.
+pub fn prepare_with_progress<R>(
+    prepare: &Prepare,
+    file_count: usize,
+    total: u64,
+    quiet: bool,
+    run: impl FnOnce() -> R,
+) -> R {
+    with_progress(
+        total,
+        quiet,
+        || {
+            let t = &prepare.totals;
+            let raw = t.raw_bytes.load(Ordering::Relaxed);
+            let files =
+                t.files_done.load(Ordering::Relaxed) + t.files_failed.load(Ordering::Relaxed);
+            let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
+            (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
+        },
+        run,
+    )
 }

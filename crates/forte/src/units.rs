@@ -112,6 +112,24 @@ pub fn human(bytes: u64) -> String {
     }
 }
 
+/// `n` in MB/s over `seconds`, in decimal megabytes as storage and links are quoted.
+pub fn mb_per_s(bytes: u64, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        bytes as f64 / 1e6 / seconds
+    } else {
+        0.0
+    }
+}
+
+/// Raw bytes per compressed byte.
+pub fn ratio(raw: u64, compressed: u64) -> f64 {
+    if compressed > 0 {
+        raw as f64 / compressed as f64
+    } else {
+        1.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -43,20 +43,4 @@ pub struct Daemon {
     pub metrics: Option<std::net::SocketAddr>,
 }
 
-/// `n` in MB/s over `seconds`, in decimal megabytes as storage and links are quoted.
-pub fn mb_per_s(bytes: u64, seconds: f64) -> f64 {
-    if seconds > 0.0 {
-        bytes as f64 / 1e6 / seconds
-    } else {
-        0.0
-    }
-}
-
-/// Raw bytes per compressed byte.
-pub fn ratio(raw: u64, compressed: u64) -> f64 {
-    if compressed > 0 {
-        raw as f64 / compressed as f64
-    } else {
-        1.0
-    }
-}
+pub use crate::units::{mb_per_s, ratio};

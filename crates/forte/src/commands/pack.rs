@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{mb_per_s, ratio, Output};
 use crate::config::{check_level, required, Config, Level};
-use crate::progress::with_progress;
+use crate::progress::prepare_with_progress;
 use crate::units::{human, parse_size};
 
 #[derive(clap::Args)]
@@ -258,29 +258,6 @@ fn refuse_used_output(to: &Path) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Runs a prepare pass (`run`) with a progress bar: bytes, rate, ratio, files.
-pub fn prepare_with_progress<R>(
-    prepare: &Prepare,
-    file_count: usize,
-    total: u64,
-    quiet: bool,
-    run: impl FnOnce() -> R,
-) -> R {
-    with_progress(
-        total,
-        quiet,
-        || {
-            let t = &prepare.totals;
-            let raw = t.raw_bytes.load(Ordering::Relaxed);
-            let files =
-                t.files_done.load(Ordering::Relaxed) + t.files_failed.load(Ordering::Relaxed);
-            let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
-            (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
-        },
-        run,
-    )
 }
 
 fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {

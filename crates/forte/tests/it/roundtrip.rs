@@ -178,6 +178,38 @@ fn unpack_refuses_to_overwrite_unless_told() {
     );
 }
 
+/// What is already at the destination is checked before anything is restored: a directory
+/// where a directory goes is fine (a second `--overwrite` run), a directory where a file goes
+/// is refused with or without `--overwrite`, which replaces only files.
+#[test]
+fn a_directory_in_the_way_of_a_file_is_refused_up_front() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("x/data.bin"), b"data\n");
+    std::fs::create_dir_all(src.join("empty")).unwrap();
+    let packed = tmp.path().join("packed");
+    pack(&keys, &src, &packed);
+    let dest = tmp.path().join("dest");
+    let mut overwrite = unpack_args(&keys, &packed, &dest);
+    overwrite.push("--overwrite".into());
+    ok(&unpack_args(&keys, &packed, &dest));
+    ok(&overwrite);
+    assert!(dest.join("empty").is_dir());
+    assert_eq!(std::fs::read(dest.join("x/data.bin")).unwrap(), b"data\n");
+
+    std::fs::remove_file(dest.join("x/data.bin")).unwrap();
+    std::fs::create_dir(dest.join("x/data.bin")).unwrap();
+    for args in [unpack_args(&keys, &packed, &dest), overwrite] {
+        let err = fails(&args);
+        assert!(
+            err.contains("data.bin already exists and is a directory, where a file is to go"),
+            "{err}"
+        );
+        assert!(dest.join("x/data.bin").is_dir(), "nothing was touched");
+    }
+}
+
 /// A file that changes while `pack` reads it (its mtime, or its size) fails, named in the
 /// error, and no object of it is written; the other files are packed. The change is made once
 /// `pack` has written a few parts of the large file (so it was listed and is being read), and

@@ -1,0 +1,208 @@
+//! Admitting batches to the queue: their files discovered, the relay asked what it holds, what
+//! an earlier run sent booked as such.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use forte_catalog::{BatchKey, BatchState, FileRecord, FileState};
+use forte_format::{InventoryEntry, ObjectId};
+use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
+
+use super::inbox::{Batch, READY_MARKER};
+use super::{batch_id, lock, object_id, Edge, InFlight};
+use crate::record::note;
+use crate::transfer::upload::{at_relay, AtRelay};
+
+/// What the relay already has of a batch's files, and what this catalogue knows of them from
+/// earlier runs, so that what a re-run learns is recorded once.
+struct Known {
+    at_relay: HashMap<ObjectId, AtRelay>,
+    files: HashMap<String, forte_catalog::FileRow>,
+}
+
+impl Edge<'_> {
+    /// Queues every batch not already in flight: discovers its files, asks the relay what it
+    /// holds, and records the batch as queued (its arrival). A batch with nothing left to send
+    /// is finished at once.
+    pub fn admit(&self, batches: &[Batch]) {
+        for batch in batches {
+            self.admit_one(batch);
+        }
+    }
+
+    fn admit_one(&self, Batch { name, dir }: &Batch) {
+        let batch_key = batch_id(self.setup.key, name);
+        if lock(&self.in_flight).contains_key(&batch_key) {
+            return;
+        }
+        let admitted = Instant::now();
+        let mut flight = InFlight::new(name, admitted);
+        let jobs = match discover(dir) {
+            Ok(mut found) => {
+                found.files.retain(|f| f.path != READY_MARKER);
+                let report = &mut flight.report;
+                report.files = found.files.len();
+                let (files, bytes) = (found.files.len() as u64, found.total_bytes());
+                flight.bytes = bytes;
+                self.record_batch(&batch_key, name, files, bytes, BatchState::Queued);
+                report.errors.extend(
+                    found
+                        .rejected
+                        .iter()
+                        .map(|(p, why)| format!("skipped {}: {why}", p.display())),
+                );
+                self.plan(&batch_key, found.files, &mut flight)
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                self.setup.failures.report(name, None, &error);
+                flight.report.errors.push(error);
+                flight.report.failed += 1;
+                Vec::new()
+            }
+        };
+        flight.pending = jobs.len();
+        if jobs.is_empty() {
+            self.finish(&batch_key, flight);
+            return;
+        }
+        let ready = dir.join(READY_MARKER);
+        let priority = self.setup.policy.priority_of(name, Some(&ready));
+        lock(&self.in_flight).insert(batch_key, flight);
+        self.queue.admit(admitted, priority, jobs);
+    }
+
+    /// The jobs that send what the relay lacks of a batch's `files`; what it holds already is
+    /// booked to the batch's flight.
+    fn plan(
+        &self,
+        batch_key: &BatchKey,
+        files: Vec<SourceFile>,
+        flight: &mut InFlight,
+    ) -> Vec<(PrepareJob, u64)> {
+        let name = flight.name.clone();
+        let ids: Vec<ObjectId> = files
+            .iter()
+            .map(|f| object_id(self.setup.key, &name, f))
+            .collect();
+        let at_relay = match at_relay(self.setup.client, &self.setup.retry, &ids) {
+            Ok(at) => at,
+            Err(e) => {
+                let error = format!("cannot ask the relay what it holds: {e:#}");
+                self.setup.failures.report(&name, None, &error);
+                flight.report.errors.push(error);
+                flight.report.failed += files.len();
+                return Vec::new();
+            }
+        };
+        let files_known = self.setup.catalog.files(batch_key).map(|files| {
+            files
+                .into_iter()
+                .map(|f| (f.object_id.clone(), f))
+                .collect()
+        });
+        let mut known = Known {
+            at_relay,
+            files: files_known.unwrap_or_default(),
+        };
+        let mut jobs = Vec::new();
+        for (source, id) in files.into_iter().zip(ids) {
+            if let Some(held) = self.book(batch_key, &source, id, &mut known, flight) {
+                lock(&self.batch_of).insert(id, batch_key.clone());
+                flight.members.push(id);
+                let size = source.size;
+                let batch = name.clone();
+                jobs.push((
+                    PrepareJob {
+                        source,
+                        id,
+                        batch,
+                        held,
+                    },
+                    size,
+                ));
+            }
+        }
+        jobs
+    }
+
+    /// Records a discovered file and what the relay has of it; returns the parts it holds when
+    /// the file is still to be sent, `None` when it is not (delivered, or sealed by an earlier
+    /// run: then booked to the flight as such).
+    fn book(
+        &self,
+        batch_key: &BatchKey,
+        source: &SourceFile,
+        id: ObjectId,
+        known: &mut Known,
+        flight: &mut InFlight,
+    ) -> Option<BTreeMap<u32, HeldPart>> {
+        let object = id.to_string();
+        let record = |state: FileState, detail: Option<&str>| {
+            let (path, size) = (&source.path, source.size);
+            let file = FileRecord::new(batch_key, &object, path, size, state);
+            let file = FileRecord { detail, ..file };
+            note("a file", self.setup.catalog.file_state(&file));
+        };
+        record(FileState::Discovered, None);
+        let earlier = known.files.get(&object);
+        match known.at_relay.remove(&id)? {
+            AtRelay::Delivered => {
+                // The relay reports it delivered: the core acknowledged it.
+                if earlier.map(|f| f.state) != Some(FileState::Acknowledged) {
+                    let why = "the relay reports it acknowledged by the core";
+                    record(FileState::Acknowledged, Some(why));
+                }
+                flight.report.already_at_relay += 1;
+                None
+            }
+            AtRelay::Sealed => {
+                record(FileState::AtRelay, Some("sealed by an earlier run"));
+                flight.report.already_at_relay += 1;
+                flight.members.push(id);
+                let recorded = earlier.and_then(|f| f.raw_sha256.clone());
+                match sealed_entry(source, id, recorded) {
+                    Ok(entry) => flight.entries.push(entry),
+                    Err(e) => {
+                        let error = format!("{e:#}");
+                        let path = Some(source.path.as_str());
+                        self.setup.failures.report(&flight.name, path, &error);
+                        flight.report.errors.push(error);
+                        flight.report.failed += 1;
+                    }
+                }
+                None
+            }
+            AtRelay::Nothing => Some(Default::default()),
+            AtRelay::Parts(held) => Some(held),
+        }
+    }
+}
+
+/// The inventory entry of a file an earlier run sealed at the relay: its SHA-256 as the
+/// catalogue `recorded` it then, or else read from the file again (the object id names its
+/// size and modification time, so the file is the one that was sealed unless it was rewritten
+/// in place within the same second and size, which `read` would have caught).
+fn sealed_entry(
+    source: &SourceFile,
+    id: ObjectId,
+    recorded: Option<String>,
+) -> Result<InventoryEntry> {
+    let sha256 = match recorded {
+        Some(sha) => sha,
+        None if source.kind == forte_format::Kind::Dir => forte_format::seal::sha256_hex(b""),
+        None => forte_format::seal::sha256_file(&source.local).with_context(|| {
+            format!(
+                "{}: sealed at the relay by an earlier run; cannot read it again for the batch's inventory",
+                source.local.display()
+            )
+        })?,
+    };
+    Ok(InventoryEntry {
+        id,
+        path: source.path.clone(),
+        size: source.size,
+        sha256,
+    })
+}

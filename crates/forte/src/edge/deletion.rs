@@ -1,0 +1,311 @@
+//! What happens to a batch after it was sent: a late file sends it again, a cancelled batch is
+//! skipped, and acknowledged files are deleted at the source, one by one.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use forte_catalog::{BatchRow, BatchState, Role};
+use forte_format::{Kind, ObjectId};
+use forte_prepare::{discover, SourceFile};
+
+use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
+use super::{batch_id, lock, object_id, Edge};
+use crate::units::human;
+
+impl Edge<'_> {
+    /// Whether a ready batch has anything to send: it was never sent, its last send failed, or
+    /// files appeared in it after it was sent (they go as a follow-up, sealed into the same
+    /// batch). Said once per batch and scan when it is a follow-up.
+    pub fn needs_sending(&self, batch: &Batch) -> bool {
+        let batch_key = batch_id(self.setup.key, &batch.name);
+        if self.cancelled(batch) {
+            return false;
+        }
+        let state = self
+            .setup
+            .catalog
+            .batch(&batch_key)
+            .ok()
+            .flatten()
+            .map(|b| b.state);
+        if !matches!(
+            state,
+            Some(BatchState::Sent | BatchState::SourceKept | BatchState::SourceDeleted)
+        ) {
+            return true;
+        }
+        let Ok(found) = discover(&batch.dir) else {
+            return false;
+        };
+        let known: std::collections::HashSet<String> = self
+            .setup
+            .catalog
+            .files(&batch_key)
+            .map(|files| files.into_iter().map(|f| f.object_id).collect())
+            .unwrap_or_default();
+        let late: Vec<&str> = found
+            .files
+            .iter()
+            .filter(|f| f.path != READY_MARKER)
+            .filter(|f| !known.contains(&object_id(self.setup.key, &batch.name, f).to_string()))
+            .map(|f| f.path.as_str())
+            .collect();
+        if late.is_empty() {
+            return false;
+        }
+        println!(
+            "batch {}: {} file(s) appeared or changed after it was sent ({}); sending them as a follow-up",
+            batch.name,
+            late.len(),
+            late.join(", ")
+        );
+        true
+    }
+
+    /// Whether a batch was cancelled (`send --cancel`) and its ready marker not touched since.
+    pub fn cancelled(&self, batch: &Batch) -> bool {
+        let row = self
+            .setup
+            .catalog
+            .batch(&batch_id(self.setup.key, &batch.name))
+            .ok()
+            .flatten();
+        row.filter(|b| b.state == BatchState::Cancelled)
+            .is_some_and(|b| marker_time_us(&batch.dir).is_none_or(|t| t <= b.updated_at))
+    }
+
+    /// Cancels batches of the inbox at the relay (`send --cancel`): deletes what the relay holds
+    /// of each that the core has not taken, and records them as cancelled so that later runs
+    /// skip them. The source files are not touched.
+    pub fn cancel(&self, inbox: &Path, names: &[String]) -> Result<bool> {
+        let mut ok = true;
+        for name in names {
+            let dir = inbox.join(name);
+            let found = discover(&dir).with_context(|| {
+                format!("cannot cancel batch {name}: cannot read {}", dir.display())
+            })?;
+            let ids: Vec<ObjectId> = found
+                .files
+                .iter()
+                .filter(|f| f.path != READY_MARKER)
+                .map(|f| object_id(self.setup.key, name, f))
+                .collect();
+            let batch_key = batch_id(self.setup.key, name);
+            let what = format!("cancellation of batch {name}");
+            match self.setup.retry.run(&what, || {
+                self.setup.client.cancel_batch(batch_key.batch(), &ids)
+            }) {
+                Ok(cancelled) => {
+                    let (files, bytes) = (ids.len() as u64, found.total_bytes());
+                    self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
+                    println!(
+                        "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
+                        cancelled.objects,
+                        human(cancelled.bytes),
+                        dir.display()
+                    );
+                }
+                Err(e) => {
+                    let error = format!("cannot cancel the batch at the relay: {e}");
+                    self.setup.failures.report(name, None, &error);
+                    ok = false;
+                }
+            }
+        }
+        Ok(ok)
+    }
+
+    /// Deletes, in every sent batch, each source file whose object the core has acknowledged
+    /// (the relay reports it delivered) and which is unchanged since (its derived object id is
+    /// the same), and nothing else: a file that was skipped, failed, changed or appeared later
+    /// stays, with its batch directory. A batch left with only files that can never be sent is
+    /// reported once, through the failure hook.
+    pub fn delete_acknowledged(&self, inbox: &Path) {
+        let Ok(batches) = self.setup.catalog.batches() else {
+            return;
+        };
+        for b in batches
+            .into_iter()
+            .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
+        {
+            if !lock(&self.in_flight).contains_key(&b.batch_key) {
+                self.delete_batch(&inbox.join(&b.name), &b);
+            }
+        }
+    }
+
+    /// Deletes what the core acknowledged of one sent batch, in `dir`, and the batch directory
+    /// once nothing else is left in it.
+    fn delete_batch(&self, dir: &Path, b: &BatchRow) {
+        let Ok(found) = discover(dir) else { return };
+        let files: Vec<(SourceFile, ObjectId)> = found
+            .files
+            .into_iter()
+            .filter(|f| f.path != READY_MARKER)
+            .map(|f| {
+                let id = object_id(self.setup.key, &b.name, &f);
+                (f, id)
+            })
+            .collect();
+        let ids: Vec<ObjectId> = files.iter().map(|(_, id)| *id).collect();
+        let Ok(known) = self.setup.client.statuses(&ids) else {
+            return;
+        };
+        let delivered = |id: &ObjectId| {
+            known
+                .get(id)
+                .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered)
+        };
+        let never_sent = found
+            .rejected
+            .iter()
+            .map(|(p, why)| format!("{}: never sent ({why})", p.display()));
+        let Deletion {
+            deleted,
+            mut kept,
+            waiting,
+        } = delete_delivered(&files, delivered);
+        kept.extend(never_sent);
+        prune_empty_dirs(dir);
+        let only_marker = std::fs::read_dir(dir)
+            .map(|mut d| d.all(|e| e.is_ok_and(|e| e.file_name() == READY_MARKER)))
+            .unwrap_or(false);
+        let (files_n, bytes) = (b.files as u64, b.bytes as u64);
+        if kept.is_empty() && waiting == 0 && only_marker {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    let deleted = BatchState::SourceDeleted;
+                    self.record_batch(&b.batch_key, &b.name, files_n, bytes, deleted);
+                    println!("batch {}: acknowledged by the core; source deleted", b.name);
+                }
+                Err(e) => {
+                    let error = format!("cannot delete {}: {e}", dir.display());
+                    self.setup.failures.report(&b.name, None, &error);
+                }
+            }
+        } else if waiting == 0 && !kept.is_empty() {
+            // Everything sendable is acknowledged and deleted; what is left never will be.
+            let kept_state = BatchState::SourceKept;
+            self.record_batch(&b.batch_key, &b.name, files_n, bytes, kept_state);
+            let error = format!(
+                "{deleted} acknowledged file(s) deleted; {} kept in {} and not deleted: {}",
+                kept.len(),
+                dir.display(),
+                kept.join("; ")
+            );
+            self.setup.failures.report(&b.name, None, &error);
+        }
+    }
+}
+
+/// What deleting one batch's acknowledged files did.
+#[derive(Debug, PartialEq)]
+struct Deletion {
+    deleted: usize,
+    /// Files that could not be deleted, with why.
+    kept: Vec<String>,
+    /// Files the core has not acknowledged yet.
+    waiting: usize,
+}
+
+/// Deletes each of `files` whose object is `delivered`, and nothing else: files first, then
+/// directories deepest first, so a delivered directory goes only once what it held is gone.
+fn delete_delivered(
+    files: &[(SourceFile, ObjectId)],
+    delivered: impl Fn(&ObjectId) -> bool,
+) -> Deletion {
+    let mut order: Vec<&(SourceFile, ObjectId)> = files.iter().collect();
+    order.sort_by_key(|(f, _)| (f.kind == Kind::Dir, std::cmp::Reverse(f.path.len())));
+    let mut done = Deletion {
+        deleted: 0,
+        kept: Vec::new(),
+        waiting: 0,
+    };
+    for (file, id) in order {
+        if !delivered(id) {
+            done.waiting += 1;
+            continue;
+        }
+        let removed = match file.kind {
+            Kind::File => std::fs::remove_file(&file.local),
+            Kind::Dir => std::fs::remove_dir(&file.local),
+        };
+        match removed {
+            Ok(()) => done.deleted += 1,
+            Err(e) => done
+                .kept
+                .push(format!("{}: cannot delete: {e}", file.local.display())),
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch directory: `a/one`, `a/two` and `b` (a directory), as discovery finds them.
+    fn batch() -> (tempfile::TempDir, Vec<(SourceFile, ObjectId)>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a")).unwrap();
+        std::fs::create_dir_all(dir.path().join("b")).unwrap();
+        std::fs::write(dir.path().join("a/one"), b"1").unwrap();
+        std::fs::write(dir.path().join("a/two"), b"2").unwrap();
+        let files = discover(dir.path())
+            .unwrap()
+            .files
+            .into_iter()
+            .map(|f| {
+                let id = ObjectId::derive(b"test", &[f.path.as_bytes()]);
+                (f, id)
+            })
+            .collect();
+        (dir, files)
+    }
+
+    fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {
+        files.iter().find(|(f, _)| f.path == path).unwrap().1
+    }
+
+    #[test]
+    fn only_delivered_files_are_deleted_and_the_rest_wait() {
+        let (dir, files) = batch();
+        let one = id_of(&files, "a/one");
+        let done = delete_delivered(&files, |id| *id == one);
+        assert!(!dir.path().join("a/one").exists());
+        assert!(dir.path().join("a/two").exists() && dir.path().join("b").is_dir());
+        let waiting = files.len() - 1;
+        let expected = Deletion {
+            deleted: 1,
+            kept: vec![],
+            waiting,
+        };
+        assert_eq!(done, expected);
+    }
+
+    /// An empty directory is an object of its own and goes like a file; a directory that
+    /// held files is left, empty, for `prune_empty_dirs`.
+    #[test]
+    fn everything_delivered_is_deleted_including_empty_directories() {
+        let (dir, files) = batch();
+        let done = delete_delivered(&files, |_| true);
+        assert_eq!((done.deleted, done.waiting), (3, 0), "{done:?}");
+        assert!(done.kept.is_empty(), "{done:?}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, ["a"]);
+        prune_empty_dirs(dir.path());
+        assert!(!dir.path().join("a").exists());
+    }
+
+    #[test]
+    fn a_file_that_cannot_be_deleted_is_kept_and_named() {
+        let (dir, files) = batch();
+        std::fs::remove_file(dir.path().join("a/two")).unwrap();
+        let done = delete_delivered(&files, |_| true);
+        assert_eq!(done.kept.len(), 1, "{done:?}");
+        assert!(done.kept[0].contains("a/two: cannot delete"), "{done:?}");
+    }
+}

@@ -1,0 +1,93 @@
+//! The inbox: each subdirectory is one batch, complete when marked ready or unchanged for a
+//! while.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use anyhow::{Context, Result};
+
+/// The marker file that declares a batch complete without waiting for it to settle.
+pub const READY_MARKER: &str = ".ready";
+
+/// A batch directory of the inbox.
+pub struct Batch {
+    pub name: String,
+    pub dir: PathBuf,
+}
+
+/// The inbox at one moment: batches ready to send, and names of those still changing.
+#[derive(Default)]
+pub struct Inbox {
+    pub ready: Vec<Batch>,
+    pub waiting: Vec<String>,
+}
+
+/// Batches (subdirectories of the inbox, except hidden ones) that are complete: marked ready, or unchanged for
+/// `settle`. Returns them in name order, and the names of those still changing.
+pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
+    let mut entries: Vec<_> = std::fs::read_dir(inbox)
+        .with_context(|| format!("cannot list inbox {}", inbox.display()))?
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("cannot list inbox {}", inbox.display()))?;
+    entries.sort_by_key(|e| e.file_name());
+    let mut inbox = Inbox::default();
+    for entry in entries {
+        let dir = entry.path();
+        if !entry.file_type()?.is_dir() {
+            continue;
+        }
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            eprintln!("skipping {}: batch names must be UTF-8", dir.display());
+            continue;
+        };
+        // Hidden directories are where tools (forte ingest among them) write before they
+        // rename a finished batch into place.
+        if name.starts_with('.') {
+            continue;
+        }
+        let quiet_since = newest_change(&dir)?
+            .and_then(|t| SystemTime::now().duration_since(t).ok())
+            .unwrap_or(Duration::MAX);
+        if dir.join(READY_MARKER).exists() || quiet_since >= settle {
+            inbox.ready.push(Batch { name, dir });
+        } else {
+            inbox.waiting.push(name);
+        }
+    }
+    Ok(inbox)
+}
+
+fn newest_change(dir: &Path) -> Result<Option<SystemTime>> {
+    let mut newest = std::fs::symlink_metadata(dir)?.modified().ok();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        let t = if meta.is_dir() {
+            newest_change(&entry.path())?
+        } else {
+            meta.modified().ok()
+        };
+        newest = newest.max(t);
+    }
+    Ok(newest)
+}
+
+/// When the batch's ready marker was last touched, in microseconds since the epoch.
+pub(super) fn marker_time_us(dir: &Path) -> Option<i64> {
+    let modified = std::fs::metadata(dir.join(READY_MARKER))
+        .ok()?
+        .modified()
+        .ok()?;
+    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_micros()).ok()
+}
+
+/// Removes the empty directories under `dir` (not `dir` itself), deepest first.
+pub(super) fn prune_empty_dirs(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            prune_empty_dirs(&entry.path());
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! The edge's batch lifecycle: batches of the inbox are admitted to one queue (their files
+//! discovered, the relay asked what it already holds), their files prepared and uploaded in one
+//! streaming pass in the order the queue's policy picks, each batch sealed at the relay with its
+//! signed inventory the moment its last file is, and, once the core has acknowledged them, its
+//! source files deleted one by one.
+//!
+//! `admit` queues batches, `seal` books finished files and seals batches, `deletion` decides
+//! what may be deleted or sent again, and `inbox` finds the batches that are ready.
+
+mod admit;
+mod deletion;
+pub mod inbox;
+mod seal;
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, Stage};
+use forte_format::{EdgeKey, InventoryEntry, ObjectId, Recipients};
+use forte_prepare::{JobQueue, PrepareJob, SourceFile};
+use forte_relay::client::RelayClient;
+use serde::Serialize;
+
+use crate::hook::Failures;
+use crate::record::{note, Catalog};
+use crate::schedule::{BatchQueue, Policy};
+use crate::transfer::retry::Retry;
+
+pub use inbox::{ready_batches, Batch, Inbox, READY_MARKER};
+
+/// What happened to one batch.
+#[derive(Debug, Serialize)]
+pub struct BatchReport {
+    pub batch: String,
+    pub files: usize,
+    pub sent: usize,
+    /// Sealed at the relay or delivered by an earlier run: nothing to send.
+    pub already_at_relay: usize,
+    pub failed: usize,
+    pub raw_bytes: u64,
+    pub sealed_bytes: u64,
+    pub seconds: f64,
+    pub errors: Vec<String>,
+}
+
+/// The object id of a file: derived from the edge's secret and the file's identity, so a
+/// second run finds what the first one left at the relay.
+pub(crate) fn object_id(key: &EdgeKey, batch: &str, file: &SourceFile) -> ObjectId {
+    ObjectId::derive(
+        key.0.as_bytes(),
+        &[
+            b"object",
+            batch.as_bytes(),
+            file.path.as_bytes(),
+            &file.size.to_be_bytes(),
+            &file.mtime_s.to_be_bytes(),
+            &file.mtime_ns.to_be_bytes(),
+        ],
+    )
+}
+
+/// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
+fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
+    BatchKey::edge(ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string())
+}
+
+/// A batch between its admission to the queue and its seal at the relay.
+struct InFlight {
+    report: BatchReport,
+    name: String,
+    /// Raw bytes of every file of the batch, as discovered (sent now, before, or not at all).
+    bytes: u64,
+    /// Every object of the batch not yet delivered, sent now or before: the batch's seal
+    /// lists them all.
+    members: Vec<ObjectId>,
+    /// The inventory entry of each member stored at the relay so far (sealed by an earlier
+    /// run, or sent by this one): the batch is sealed with the signed list of exactly these.
+    entries: Vec<InventoryEntry>,
+    /// Files handed to the prepare pass or still queued, not yet finished.
+    pending: usize,
+    admitted: Instant,
+    /// When its first file left the queue.
+    started_at: Option<i64>,
+}
+
+impl InFlight {
+    fn new(name: &str, admitted: Instant) -> Self {
+        Self {
+            report: BatchReport {
+                batch: name.to_owned(),
+                files: 0,
+                sent: 0,
+                already_at_relay: 0,
+                failed: 0,
+                raw_bytes: 0,
+                sealed_bytes: 0,
+                seconds: 0.0,
+                errors: Vec::new(),
+            },
+            name: name.to_owned(),
+            bytes: 0,
+            members: Vec::new(),
+            entries: Vec::new(),
+            pending: 0,
+            admitted,
+            started_at: None,
+        }
+    }
+}
+
+/// What an edge sends with: the relay, the keys, how to retry, where to record and report.
+pub struct EdgeSetup<'a> {
+    pub client: &'a RelayClient,
+    pub key: &'a EdgeKey,
+    /// The core's keys, to which each batch's inventory is encrypted.
+    pub recipients: &'a Recipients,
+    pub retry: Retry,
+    pub catalog: &'a Catalog,
+    pub policy: Policy,
+    pub failures: Failures,
+    /// Told of each batch's report as the batch finishes (the daemon prints it).
+    pub on_finished: Option<fn(&BatchReport)>,
+}
+
+/// What every batch of a `send` run shares: the relay, the queue and the batches in flight.
+/// Batches are admitted while earlier ones are being sent, the queue's policy decides which
+/// file goes next, and each batch is sealed at the relay the moment its last file is.
+pub struct Edge<'a> {
+    setup: EdgeSetup<'a>,
+    queue: BatchQueue<PrepareJob>,
+    batch_of: Mutex<HashMap<ObjectId, BatchKey>>,
+    in_flight: Mutex<HashMap<BatchKey, InFlight>>,
+    finished: Mutex<Vec<BatchReport>>,
+}
+
+impl JobQueue for Edge<'_> {
+    fn next(&self) -> Option<PrepareJob> {
+        let job = self.queue.next()?;
+        let key = batch_id(self.setup.key, &job.batch);
+        let mut flights = lock(&self.in_flight);
+        if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
+            let now = now_us();
+            flight.started_at = Some(now);
+            let (files, bytes) = (flight.report.files as u64, flight.bytes);
+            self.record_batch(&key, &flight.name, files, bytes, BatchState::Sending);
+            note(
+                "a stage",
+                self.setup.catalog.stage(&key, Stage::Send, now, None),
+            );
+        }
+        Some(job)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<'a> Edge<'a> {
+    pub fn new(setup: EdgeSetup<'a>) -> Self {
+        Self {
+            queue: BatchQueue::new(setup.policy.clone()),
+            setup,
+            batch_of: Mutex::default(),
+            in_flight: Mutex::default(),
+            finished: Mutex::default(),
+        }
+    }
+
+    /// No batch will be admitted any more: a pass ends when the queue is empty.
+    pub fn close(&self) {
+        self.queue.close();
+    }
+
+    /// The reports of the batches finished since the last call, in the order they finished.
+    pub fn take_finished(&self) -> Vec<BatchReport> {
+        std::mem::take(&mut *lock(&self.finished))
+    }
+
+    /// Reports a failure through the failure hook.
+    pub fn report_failure(&self, batch: &str, error: &str) {
+        self.setup.failures.report(batch, None, error);
+    }
+
+    /// Records a batch's state and totals (the batch's, not this run's).
+    fn record_batch(&self, key: &BatchKey, name: &str, files: u64, bytes: u64, state: BatchState) {
+        let record = BatchRecord {
+            key,
+            name,
+            files,
+            bytes,
+            state,
+        };
+        note("a batch", self.setup.catalog.batch_state(&record));
+    }
+}

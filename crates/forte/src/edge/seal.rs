@@ -1,0 +1,155 @@
+//! Finishing: each file's outcome booked to its batch, and a batch sealed at the relay, with its
+//! signed inventory, the moment its last file is.
+
+use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, Stage};
+use forte_format::{Inventory, Recipients};
+use forte_prepare::{FileOutcome, Prepare, PrepareConfig};
+
+use super::{lock, Edge, InFlight};
+use crate::progress::prepare_with_progress;
+use crate::record::note;
+use crate::transfer::upload::UploadSink;
+
+impl Edge<'_> {
+    /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
+    /// was the last.
+    fn file_done(&self, outcome: &FileOutcome, sealed_bytes: u64) {
+        let Some(batch_key) = lock(&self.batch_of).remove(&outcome.id) else {
+            return;
+        };
+        let mut flights = lock(&self.in_flight);
+        let Some(flight) = flights.get_mut(&batch_key) else {
+            return;
+        };
+        let report = &mut flight.report;
+        report.sealed_bytes += sealed_bytes;
+        match &outcome.error {
+            None => {
+                report.sent += 1;
+                report.raw_bytes += outcome.size;
+                flight.entries.extend(outcome.inventory_entry());
+            }
+            Some(e) => {
+                self.setup
+                    .failures
+                    .report(&report.batch, Some(&outcome.path), e);
+                let object = outcome.id.to_string();
+                let (path, size) = (&outcome.path, outcome.size);
+                let file = FileRecord::new(&batch_key, &object, path, size, FileState::Failed);
+                let file = FileRecord {
+                    detail: Some(e),
+                    ..file
+                };
+                note("a failed file", self.setup.catalog.file_state(&file));
+                report.errors.push(format!("{}: {e}", outcome.path));
+                report.failed += 1;
+            }
+        }
+        flight.pending -= 1;
+        if flight.pending == 0 {
+            let flight = flights.remove(&batch_key).expect("looked up above");
+            drop(flights);
+            self.finish(&batch_key, flight);
+        }
+    }
+
+    /// Seals a batch whose every file is at the relay (only a whole batch is offered to the
+    /// core) and records how it ended.
+    pub(super) fn finish(&self, batch_key: &BatchKey, flight: InFlight) {
+        let InFlight {
+            mut report,
+            bytes,
+            members,
+            entries,
+            admitted,
+            started_at,
+            ..
+        } = flight;
+        report.seconds = admitted.elapsed().as_secs_f64();
+        // A batch whose every object was delivered before has nothing left to offer.
+        if report.failed == 0 && !members.is_empty() {
+            let inventory = Inventory::new(&report.batch, entries);
+            debug_assert_eq!(inventory.objects.len(), members.len());
+            let sealed = inventory.seal(self.setup.key, self.setup.recipients);
+            let what = format!("seal of batch {}", report.batch);
+            if let Err(e) = self.setup.retry.run(&what, || {
+                self.setup
+                    .client
+                    .seal_batch(batch_key.batch(), &members, &sealed)
+            }) {
+                let error = format!("cannot seal the batch at the relay: {e}");
+                self.setup.failures.report(&report.batch, None, &error);
+                report.errors.push(error);
+                report.failed += 1;
+            }
+        }
+        let state = if report.failed == 0 {
+            BatchState::Sent
+        } else {
+            BatchState::Failed
+        };
+        crate::monitor::batch_done(Role::Edge, state);
+        // The batch's totals, not this run's: a re-run that finds its files at the relay
+        // sends none of them, and the batch is no smaller for it.
+        self.record_batch(batch_key, &report.batch, report.files as u64, bytes, state);
+        // Only a run that sent files did the send stage: one that found them all at the relay
+        // leaves the stage as the run that sent them recorded it.
+        if let Some(started_at) = started_at {
+            note(
+                "a stage",
+                self.setup
+                    .catalog
+                    .stage(batch_key, Stage::Send, started_at, Some(now_us())),
+            );
+        }
+        if let Some(print) = self.setup.on_finished {
+            print(&report);
+        }
+        lock(&self.finished).push(report);
+    }
+
+    /// After a prepare pass ended early (a sink failure stops it): every batch still queued
+    /// or unfinished fails, to be admitted again by a later scan or run.
+    fn abandon_unfinished(&self) {
+        while let Some(job) = self.queue.take_any() {
+            lock(&self.batch_of).remove(&job.id);
+        }
+        let flights: Vec<(BatchKey, InFlight)> = lock(&self.in_flight).drain().collect();
+        for (key, mut flight) in flights {
+            let error = format!(
+                "{} files not sent: an earlier failure stopped the pass",
+                flight.pending
+            );
+            flight.report.failed += flight.pending;
+            self.setup
+                .failures
+                .report(&flight.report.batch, None, &error);
+            flight.report.errors.push(error);
+            self.finish(&key, flight);
+        }
+    }
+
+    /// Sends until the queue is closed and empty, each batch sealed as it completes.
+    pub fn send_queued(&self, settings: &PrepareConfig, recipients: &Recipients, quiet: bool) {
+        let prepare = Prepare::new(settings.clone(), recipients, self.setup.key);
+        let sink = UploadSink {
+            client: self.setup.client,
+            batch_of: &self.batch_of,
+            retry: self.setup.retry,
+            catalog: self.setup.catalog,
+            sealed: Default::default(),
+            on_done: &|outcome, sealed| self.file_done(outcome, sealed),
+        };
+        let (files, bytes) = self.queue.totals();
+        let publish_queue = || {
+            let (files, bytes) = self.queue.totals();
+            crate::monitor::queue(Role::Edge, lock(&self.in_flight).len(), files, bytes);
+        };
+        crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
+            prepare_with_progress(&prepare, files, bytes, quiet, || {
+                prepare.run_from(self, &sink)
+            })
+        });
+        self.abandon_unfinished();
+    }
+}
