@@ -165,7 +165,9 @@ fn unpack_refuses_to_overwrite_unless_told() {
     write(&dest.join("a.txt"), b"old\n");
     let err = fails(&unpack_args(&keys, &packed, &dest));
     assert!(
-        err.contains("a.txt already exists") && err.contains("--overwrite"),
+        err.contains(
+            "a.txt already exists; nothing was restored (pass --overwrite to replace files)"
+        ),
         "{err}"
     );
     assert_eq!(std::fs::read(dest.join("a.txt")).unwrap(), b"old\n");
