@@ -2,6 +2,7 @@
 
 mod commands;
 mod config;
+mod delivery;
 mod edge;
 mod hook;
 mod layout;

@@ -1,0 +1,52 @@
+//! Acknowledgement: the relay may delete a batch once the core has delivered it durably (and
+//! made the second copy); an acknowledgement lost to a killed puller is given again.
+
+use std::collections::HashSet;
+
+use forte_catalog::FileState::{Acknowledged, Delivered};
+use forte_catalog::{BatchState, FileRecord, Role};
+use forte_format::ObjectId;
+
+use super::Delivery;
+use crate::record::note;
+
+impl Delivery<'_> {
+    /// Acknowledges again, at the relay, the batches this core's catalogue has delivered but
+    /// not acknowledged and the relay no longer lists (the relay took the acknowledgement, and
+    /// the puller was killed before recording it), and records the answer. A batch the relay
+    /// still lists is left to the pull, which finds its files in place and acknowledges them.
+    pub fn confirm_acknowledgements(&self, listed: &HashSet<ObjectId>) {
+        let Ok(batches) = self.catalog.batches() else {
+            return;
+        };
+        for b in batches
+            .into_iter()
+            .filter(|b| b.role == Role::Core && b.state == BatchState::Delivered)
+        {
+            let (site, batch) = (b.batch_key.site(), b.batch_key.batch());
+            let Ok(files) = self.catalog.files(&b.batch_key) else {
+                continue;
+            };
+            let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
+            let ids: Option<Vec<ObjectId>> =
+                pending.iter().map(|f| f.object_id.parse().ok()).collect();
+            let Some(ids) = ids.filter(|ids| !ids.is_empty()) else {
+                continue;
+            };
+            if ids.iter().any(|id| listed.contains(id)) {
+                continue;
+            }
+            if self.client.ack_batch(site, batch, &ids).is_err() {
+                continue;
+            }
+            for f in pending {
+                let (path, size) = (&f.path, f.size as u64);
+                let file = FileRecord {
+                    detail: Some("acknowledged again after an interrupted pull"),
+                    ..FileRecord::new(&b.batch_key, &f.object_id, path, size, Acknowledged)
+                };
+                note("an acknowledgement", self.catalog.file_state(&file));
+            }
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Fetching ahead: the sealed objects of a batch the edge is still sending are verified and
+//! staged as they come, so that little is left to do when its seal arrives.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::Result;
+use forte_catalog::{now_us, BatchKey, Stage};
+use forte_format::ObjectId;
+use forte_relay::api::ReadyObject;
+use forte_restore::{new_staging, Restore, Staged};
+
+use super::{batch_key_of, Delivery};
+use crate::layout::Fields;
+use crate::record::note;
+use crate::transfer::download::RelaySource;
+
+/// A batch fetched ahead of its seal: objects verified and staged, nothing visible yet.
+pub(super) struct Ahead {
+    pub(super) staging: PathBuf,
+    pub(super) staged: Staged,
+    pub(super) started_at: i64,
+    pub(super) started: Instant,
+    /// Fixed by the first objects fetched, so every file of the batch gets the same layout.
+    batch_time: u64,
+    pub(super) name: Option<String>,
+    /// Fetching ahead failed once: the batch is left for the whole pull after its seal,
+    /// which reports what is wrong.
+    pub(super) failed: bool,
+}
+
+impl Ahead {
+    /// Those of `objects` not staged yet.
+    pub(super) fn not_staged(&self, objects: Vec<ReadyObject>) -> Vec<ReadyObject> {
+        let held: HashSet<ObjectId> = self.staged.ids().collect();
+        objects
+            .into_iter()
+            .filter(|o| !held.contains(&o.id))
+            .collect()
+    }
+}
+
+impl Drop for Ahead {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.staging);
+    }
+}
+
+impl Delivery<'_> {
+    /// What was fetched ahead of a sealed batch, kept only if it all verified; else a fresh
+    /// start, whose pull stage begins now. With when the batch's pull started.
+    pub(super) fn take_ahead(
+        &self,
+        key: &BatchKey,
+        objects: &[ReadyObject],
+    ) -> (Instant, i64, Result<Ahead>) {
+        let fetched = self
+            .ahead
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key)
+            .filter(|a| !a.failed);
+        match fetched {
+            Some(ahead) => (ahead.started, ahead.started_at, Ok(ahead)),
+            None => {
+                let (started, started_at) = (Instant::now(), now_us());
+                note(
+                    "a stage",
+                    self.catalog.stage(key, Stage::Pull, started_at, None),
+                );
+                let ahead = self.fresh_ahead(objects, started, started_at);
+                (started, started_at, ahead)
+            }
+        }
+    }
+
+    /// Verifies and stages the sealed objects of a batch the edge is still sending, so that
+    /// little is left to do when its seal arrives. Nothing becomes visible and nothing is
+    /// acknowledged. Returns whether there was anything new to fetch.
+    pub fn fetch_ahead(&self, restore: &Restore, objects: Vec<ReadyObject>) -> bool {
+        let batch_key = batch_key_of(&objects);
+        let mut all = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        if all.get(&batch_key).is_some_and(|a| a.failed) {
+            return false;
+        }
+        if !all.contains_key(&batch_key) {
+            let Ok(ahead) = self.fresh_ahead(&objects, Instant::now(), now_us()) else {
+                return false;
+            };
+            note(
+                "a stage",
+                self.catalog
+                    .stage(&batch_key, Stage::Pull, ahead.started_at, None),
+            );
+            all.insert(batch_key.clone(), ahead);
+        }
+        let ahead = all.get_mut(&batch_key).expect("inserted above");
+        let new = ahead.not_staged(objects);
+        if new.is_empty() {
+            return false;
+        }
+        match self.stage(restore, new, &batch_key, ahead) {
+            Ok(more) => ahead.staged.extend(more),
+            Err(e) => {
+                eprintln!("batch {batch_key}: fetching ahead failed, the batch will be pulled whole after its seal: {e:#}");
+                ahead.failed = true;
+            }
+        }
+        true
+    }
+
+    pub(super) fn fresh_ahead(
+        &self,
+        objects: &[ReadyObject],
+        started: Instant,
+        started_at: i64,
+    ) -> Result<Ahead> {
+        Ok(Ahead {
+            staging: new_staging(self.dest)?,
+            staged: Staged::default(),
+            started_at,
+            started,
+            batch_time: objects.iter().map(|o| o.sealed_at).min().unwrap_or(0),
+            name: None,
+            failed: false,
+        })
+    }
+
+    /// Verifies `objects` and stages them in the batch's staging directory.
+    pub(super) fn stage(
+        &self,
+        restore: &Restore,
+        objects: Vec<ReadyObject>,
+        batch_key: &BatchKey,
+        ahead: &mut Ahead,
+    ) -> Result<Staged> {
+        let site = objects[0].site.clone();
+        let fallback = objects[0].batch.clone();
+        let source = RelaySource {
+            client: self.client,
+            retry: self.retry,
+            catalog: self.catalog,
+            batch_key,
+            objects,
+        };
+        // The relay knows batches by opaque ids; the name is inside the verified manifests.
+        let name = Mutex::new(ahead.name.clone());
+        let batch_time = ahead.batch_time;
+        let place = |m: &forte_format::Manifest| {
+            let batch = if m.batch.is_empty() {
+                fallback.as_str()
+            } else {
+                m.batch.as_str()
+            };
+            name.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_or_insert_with(|| batch.to_string());
+            self.layout.render(&Fields {
+                site: &site,
+                batch,
+                path: &m.path,
+                batch_time,
+            })
+        };
+        let staged = restore.stage(&source, self.dest, &place, &ahead.staging);
+        ahead.name = name.into_inner().unwrap_or_else(|e| e.into_inner());
+        staged
+    }
+}

@@ -1,0 +1,229 @@
+//! Delivering a sealed batch: what was fetched ahead plus the rest, checked against the edge's
+//! signed inventory, committed all or nothing, copied to the second destination, acknowledged
+//! whole at the relay, and every step recorded.
+
+use anyhow::Result;
+use forte_catalog::FileState::{Acknowledged, Delivered};
+use forte_catalog::Stage;
+use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartHashes, PartState};
+use forte_relay::api::ReadyObject;
+use forte_restore::{replicate, Restore, RestoreFailure};
+
+use super::ahead::Ahead;
+use super::{batch_key_of, sealed_bytes, BatchReport, Delivery};
+use crate::record::note;
+use crate::transfer::download::RelaySource;
+
+/// One sealed batch being delivered: its key, where the relay keeps it, what it is.
+struct Sealed<'o> {
+    key: BatchKey,
+    objects: &'o [ReadyObject],
+}
+
+impl Sealed<'_> {
+    fn site(&self) -> &str {
+        &self.objects[0].site
+    }
+
+    /// The batch's id at the relay.
+    fn id(&self) -> &str {
+        &self.objects[0].batch
+    }
+}
+
+impl Delivery<'_> {
+    /// Delivers one sealed batch, all or nothing, and acknowledges it at the relay.
+    pub fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> BatchReport {
+        let batch = Sealed {
+            key: batch_key_of(&objects),
+            objects: &objects,
+        };
+        let mut report = BatchReport {
+            site: batch.site().to_owned(),
+            batch: batch.id().to_owned(),
+            objects: objects.len(),
+            delivered_files: 0,
+            already_delivered: 0,
+            bytes: 0,
+            seconds: 0.0,
+            error: None,
+            rejected_parts: Vec::new(),
+        };
+        self.record_batch(&batch, &report.batch, BatchState::Pulling);
+        let (started, started_at, ahead) = self.take_ahead(&batch.key, &objects);
+        let mut name = None;
+        let result = ahead.and_then(|ahead| self.commit(restore, &batch, ahead, &mut name));
+        if let Some(name) = name {
+            report.batch = name;
+        }
+        // The second copy must exist before the relay may delete anything.
+        let result = result.and_then(|delivered| match self.copy_to {
+            Some(copy) => replicate(self.dest, copy, &delivered.placed).map(|_| delivered),
+            None => Ok(delivered),
+        });
+        match result {
+            Ok(delivered) => {
+                if !delivered.inventory {
+                    eprintln!(
+                        "warning: batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
+                        report.batch,
+                        batch.site()
+                    );
+                }
+                report.delivered_files = delivered.files;
+                report.already_delivered = delivered.already;
+                report.bytes = delivered.bytes;
+                self.record_delivered(&batch.key, &delivered);
+                report.error = self.acknowledge(&batch, &report.batch, &delivered).err();
+            }
+            Err(e) => {
+                if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
+                    self.record_failure(&batch, failure, &mut report);
+                }
+                report.error = Some(format!("{e:#}"));
+            }
+        }
+        report.seconds = started.elapsed().as_secs_f64();
+        let state = if report.error.is_none() {
+            BatchState::Delivered
+        } else {
+            BatchState::Failed
+        };
+        self.record_batch(&batch, &report.batch, state);
+        let ended = Some(now_us());
+        let stage = self
+            .catalog
+            .stage(&batch.key, Stage::Pull, started_at, ended);
+        note("a stage", stage);
+        report
+    }
+
+    /// Stages what was not fetched ahead and commits the whole batch, provided the relay
+    /// listed exactly the objects of the edge's signed inventory. Sets `name` to the batch's
+    /// name, found in its verified manifests.
+    fn commit(
+        &self,
+        restore: &Restore,
+        batch: &Sealed<'_>,
+        mut ahead: Ahead,
+        name: &mut Option<String>,
+    ) -> Result<forte_restore::Delivered> {
+        let inventory = restore.inventory(&RelaySource {
+            client: self.client,
+            retry: self.retry,
+            catalog: self.catalog,
+            batch_key: &batch.key,
+            objects: batch.objects.to_vec(),
+        })?;
+        let rest = ahead.not_staged(batch.objects.to_vec());
+        if !rest.is_empty() {
+            let more = self.stage(restore, rest, &batch.key, &mut ahead);
+            name.clone_from(&ahead.name);
+            ahead.staged.extend(more?);
+        }
+        name.clone_from(&ahead.name);
+        restore.commit(
+            std::mem::take(&mut ahead.staged),
+            &ahead.staging,
+            self.dest,
+            inventory.as_ref(),
+        )
+    }
+
+    /// Records the batch's state, with its totals as the relay listed them.
+    fn record_batch(&self, batch: &Sealed<'_>, name: &str, state: BatchState) {
+        let record = BatchRecord {
+            key: &batch.key,
+            name,
+            files: batch.objects.len() as u64,
+            bytes: sealed_bytes(batch.objects),
+            state,
+        };
+        note("a batch", self.catalog.batch_state(&record));
+    }
+
+    /// Records every delivered file and its verified parts.
+    fn record_delivered(&self, key: &BatchKey, delivered: &forte_restore::Delivered) {
+        for p in &delivered.placed {
+            let object = p.id.to_string();
+            for (index, raw, sealed) in &p.parts {
+                let hashes = PartHashes {
+                    raw_sha256: Some(raw),
+                    ciphertext_sha256: Some(sealed),
+                    ..Default::default()
+                };
+                let part =
+                    self.catalog
+                        .part_state(key, &object, *index, PartState::Verified, &hashes);
+                note("a verified part", part);
+            }
+            let file = FileRecord {
+                raw_sha256: Some(&p.sha256),
+                delivered_to: Some(&p.target),
+                detail: p.already.then_some("already in place from an earlier pull"),
+                ..FileRecord::new(key, &object, &p.path, p.size, Delivered)
+            };
+            note("a delivered file", self.catalog.file_state(&file));
+        }
+    }
+
+    /// Acknowledges the whole batch at the relay, which never lists it again with some of its
+    /// objects gone (its inventory would rightly refuse that), and records it. A batch
+    /// delivered but not acknowledged is found in place, and acknowledged, by the next pull.
+    fn acknowledge(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        delivered: &forte_restore::Delivered,
+    ) -> Result<(), String> {
+        let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
+        let (client, site, id) = (self.client, batch.site(), batch.id());
+        self.retry
+            .run(&format!("acknowledgement of batch {name}"), || {
+                client.ack_batch(site, id, &ids)
+            })
+            .map_err(|e| format!("delivered, but the acknowledgement failed: {e}"))?;
+        for p in &delivered.placed {
+            let object = p.id.to_string();
+            let file = FileRecord::new(&batch.key, &object, &p.path, p.size, Acknowledged);
+            note("an acknowledgement", self.catalog.file_state(&file));
+        }
+        Ok(())
+    }
+
+    /// Records the failed parts of a refused batch and reports the damaged ones to the relay,
+    /// which drops them for the sender to upload again.
+    fn record_failure(
+        &self,
+        batch: &Sealed<'_>,
+        failure: &RestoreFailure,
+        report: &mut BatchReport,
+    ) {
+        // Problems of the batch's set of objects (its inventory) name no part.
+        for p in &failure.problems {
+            let Some(part) = p.part else { continue };
+            let state = if p.damaged {
+                PartState::Damaged
+            } else {
+                PartState::Failed
+            };
+            let object = p.object.to_string();
+            let recorded =
+                self.catalog
+                    .part_state(&batch.key, &object, part, state, &Default::default());
+            note("a failed part", recorded);
+        }
+        for p in failure.problems.iter().filter(|p| p.damaged) {
+            let Some(part) = p.part else { continue };
+            match self.client.reject(batch.site(), p.object, part) {
+                Ok(()) => report
+                    .rejected_parts
+                    .push(format!("object {} part {part}", p.object)),
+                Err(e) => eprintln!(
+                    "could not report damaged part {part} of object {}: {e}",
+                    p.object
+                ),
+            }
+        }
+    }
+}

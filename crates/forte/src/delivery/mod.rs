@@ -1,0 +1,138 @@
+//! The core's delivery lifecycle: the relay's ready objects listed and grouped into batches in
+//! the order the policy serves them; a batch still being sent fetched, verified and staged
+//! ahead of its seal; a sealed batch verified against its signed inventory, delivered all or
+//! nothing (and copied to the second destination), acknowledged whole at the relay, and every
+//! step recorded in the catalogue.
+//!
+//! `ahead` stages objects before their batch is sealed, `deliver` takes a sealed batch to the
+//! destination, `acknowledge` tells the relay it may delete.
+
+mod acknowledge;
+mod ahead;
+mod deliver;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use forte_catalog::{now_us, BatchKey, Role};
+use forte_relay::api::ReadyObject;
+use forte_relay::client::RelayClient;
+use serde::Serialize;
+
+use crate::layout::Layout;
+use crate::record::Catalog;
+use crate::schedule::{Policy, Waiting};
+use crate::transfer::retry::Retry;
+
+use ahead::Ahead;
+
+/// What happened to one batch.
+#[derive(Debug, Serialize)]
+pub struct BatchReport {
+    pub site: String,
+    pub batch: String,
+    pub objects: usize,
+    pub delivered_files: usize,
+    /// Already in place from an earlier pull whose acknowledgement was lost.
+    pub already_delivered: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub error: Option<String>,
+    /// Parts found damaged at the relay and reported to it.
+    pub rejected_parts: Vec<String>,
+}
+
+/// What every batch of one `pull` run shares: the relay, the destination and its layout, the
+/// second copy, the catalogue, and the batches fetched ahead of their seal.
+pub struct Delivery<'a> {
+    pub client: &'a RelayClient,
+    pub retry: Retry,
+    pub layout: &'a Layout,
+    pub dest: &'a Path,
+    pub copy_to: Option<&'a Path>,
+    pub catalog: &'a Catalog,
+    /// Batches still being sent whose sealed objects are already verified and staged, by
+    /// batch key.
+    ahead: Mutex<HashMap<BatchKey, Ahead>>,
+}
+
+impl<'a> Delivery<'a> {
+    pub fn new(
+        client: &'a RelayClient,
+        retry: Retry,
+        layout: &'a Layout,
+        dest: &'a Path,
+        copy_to: Option<&'a Path>,
+        catalog: &'a Catalog,
+    ) -> Self {
+        Self {
+            client,
+            retry,
+            layout,
+            dest,
+            copy_to,
+            catalog,
+            ahead: Mutex::default(),
+        }
+    }
+
+    /// The batches ready at the relay (with `open`, also those still being sent), in the order
+    /// `policy` serves them now. The relay knows batches only by opaque ids, so the name rules
+    /// of the priority policy cannot apply here.
+    pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {
+        let client = self.client;
+        let ready = self
+            .retry
+            .run("listing of ready objects", || client.ready(open))?;
+        let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
+        let waiting = group_by_batch(ready)
+            .into_iter()
+            .map(|objects| {
+                let sealed_at = objects.iter().map(|o| o.sealed_at).max().unwrap_or(0);
+                let age = Duration::from_secs((epoch as u64).saturating_sub(sealed_at));
+                let waiting = Waiting {
+                    arrived: now.checked_sub(age).unwrap_or(now),
+                    remaining: sealed_bytes(&objects),
+                    priority: 0,
+                };
+                (waiting, objects)
+            })
+            .collect();
+        let ordered = policy.order(waiting, now);
+        let bytes = ordered.iter().map(|b| sealed_bytes(b)).sum();
+        let files = ordered.iter().map(Vec::len).sum();
+        crate::monitor::queue(Role::Core, ordered.len(), files, bytes);
+        Ok(ordered)
+    }
+}
+
+/// The bytes on the wire of `objects`: what the relay holds of them.
+fn sealed_bytes(objects: &[ReadyObject]) -> u64 {
+    objects
+        .iter()
+        .flat_map(|o| &o.parts)
+        .map(|p| p.length)
+        .sum()
+}
+
+/// Objects grouped by site and batch, in the order the relay listed them (oldest first).
+fn group_by_batch(ready: Vec<ReadyObject>) -> Vec<Vec<ReadyObject>> {
+    let mut groups: Vec<Vec<ReadyObject>> = Vec::new();
+    for object in ready {
+        match groups
+            .iter_mut()
+            .find(|g| g[0].site == object.site && g[0].batch == object.batch)
+        {
+            Some(group) => group.push(object),
+            None => groups.push(vec![object]),
+        }
+    }
+    groups
+}
+
+fn batch_key_of(objects: &[ReadyObject]) -> BatchKey {
+    BatchKey::core(&objects[0].site, &objects[0].batch)
+}
