@@ -14,7 +14,6 @@ pub mod keys;
 pub mod manifest;
 pub mod object;
 pub mod seal;
-pub mod time;
 
 pub use inventory::{Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT};
 pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};

@@ -345,9 +345,15 @@ fn batch_name(source: &str) -> String {
         .map_or(0, |d| d.as_millis() as u64);
     format!(
         "{source}-{}-{}-{seq}",
-        forte_format::time::compact_utc(millis),
+        compact_utc(millis),
         std::process::id()
     )
+}
+
+/// A Unix time in milliseconds as `YYYYMMDDTHHMMSS.mmmZ`: sortable, and safe in file names.
+fn compact_utc(millis: u64) -> String {
+    let time = chrono::DateTime::from_timestamp_millis(millis as i64).unwrap_or_default();
+    time.format("%Y%m%dT%H%M%S%.3fZ").to_string()
 }
 
 /// Checks a source name from the wire: it names files, so only `[A-Za-z0-9._-]`, not
@@ -363,4 +369,15 @@ pub fn valid_source(name: &str) -> Result<()> {
         bail!("source name {name:?}: use 1–64 of A–Z a–z 0–9 . _ -, not starting with a dot");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_names_carry_the_utc_time_to_the_millisecond() {
+        assert_eq!(compact_utc(1_795_305_600_123), "20261122T000000.123Z");
+        assert_eq!(compact_utc(951_782_400_000), "20000229T000000.000Z");
+    }
 }

@@ -9,8 +9,8 @@
 //! | `{date}` | `{yyyy}-{mm}-{dd}` |
 
 use anyhow::{bail, Result};
+use chrono::DateTime;
 use forte_format::manifest::validate_path;
-use forte_format::time::civil_time;
 
 /// A parsed layout template.
 #[derive(Debug, Clone)]
@@ -71,29 +71,24 @@ impl Layout {
     }
 
     pub fn render(&self, f: &Fields<'_>) -> String {
-        let (y, m, d, h) = civil_time(f.batch_time);
+        let time = DateTime::from_timestamp(f.batch_time as i64, 0).unwrap_or_default();
+        let field = |format: &str| time.format(format).to_string();
         self.template
             .replace("{site}", f.site)
             .replace("{batch}", f.batch)
-            .replace("{date}", &format!("{y:04}-{m:02}-{d:02}"))
-            .replace("{yyyy}", &format!("{y:04}"))
-            .replace("{mm}", &format!("{m:02}"))
-            .replace("{dd}", &format!("{d:02}"))
-            .replace("{hh}", &format!("{h:02}"))
+            .replace("{date}", &field("%Y-%m-%d"))
+            .replace("{yyyy}", &field("%Y"))
+            .replace("{mm}", &field("%m"))
+            .replace("{dd}", &field("%d"))
+            .replace("{hh}", &field("%H"))
             .replace("{path}", f.path)
     }
 }
 
 /// A catalogue time (microseconds since the Unix epoch) as `YYYY-MM-DD HH:MM:SS.mmm UTC`.
 pub fn format_utc(micros: i64) -> String {
-    let secs = micros.max(0) as u64 / 1_000_000;
-    let (y, m, d, h) = civil_time(secs);
-    let (min, s, ms) = (
-        (secs % 3600) / 60,
-        secs % 60,
-        (micros.max(0) % 1_000_000) / 1000,
-    );
-    format!("{y:04}-{m:02}-{d:02} {h:02}:{min:02}:{s:02}.{ms:03} UTC")
+    let time = DateTime::from_timestamp_micros(micros.max(0)).unwrap_or_default();
+    time.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
 }
 
 #[cfg(test)]
@@ -119,6 +114,23 @@ mod tests {
             .to_string()
             .contains("{vehicle}"));
         assert!(Layout::parse("{site}/{batch}").is_err());
+        let leap_day = Fields {
+            batch_time: 951_782_400,
+            ..f
+        };
+        assert_eq!(
+            Layout::parse("{date}/{path}").unwrap().render(&leap_day),
+            "2000-02-29/a/b.bag"
+        );
+    }
+
+    #[test]
+    fn catalogue_times_read_as_utc_to_the_millisecond() {
+        assert_eq!(
+            format_utc(1_795_305_600_123_456),
+            "2026-11-22 00:00:00.123 UTC"
+        );
+        assert_eq!(format_utc(-5), "1970-01-01 00:00:00.000 UTC");
     }
 
     #[test]
