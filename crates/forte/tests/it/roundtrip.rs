@@ -146,6 +146,20 @@ fn a_single_file_packs_under_its_own_name() {
         .collect();
     let by_name = |name: &str| flow.iter().find(|s| s.0 == name).unwrap().clone();
     let raw = 3 * MIB as u64;
+    let delivered = &summary["delivered"];
+    assert_eq!(
+        (
+            &delivered["files"],
+            &delivered["bytes"],
+            &delivered["directories"]
+        ),
+        (
+            &serde_json::json!(1),
+            &serde_json::json!(raw),
+            &serde_json::json!(0)
+        ),
+        "{delivered}"
+    );
     assert_eq!(by_name("read"), ("read".into(), 1, raw, sealed), "{flow:?}");
     assert_eq!(by_name("verify_ciphertext").2, sealed, "{flow:?}");
     assert_eq!(by_name("decompress").3, raw, "{flow:?}");
@@ -195,7 +209,15 @@ fn a_directory_in_the_way_of_a_file_is_refused_up_front() {
     let dest = tmp.path().join("dest");
     let mut overwrite = unpack_args(&keys, &packed, &dest);
     overwrite.push("--overwrite".into());
-    ok(&unpack_args(&keys, &packed, &dest));
+    let mut first = unpack_args(&keys, &packed, &dest);
+    first.push("--json".into());
+    let summary: serde_json::Value = serde_json::from_str(&ok(&first)).unwrap();
+    let delivered = &summary["delivered"];
+    assert_eq!(
+        (&delivered["files"], &delivered["directories"]),
+        (&serde_json::json!(1), &serde_json::json!(1)),
+        "{delivered}"
+    );
     ok(&overwrite);
     assert!(dest.join("empty").is_dir());
     assert_eq!(std::fs::read(dest.join("x/data.bin")).unwrap(), b"data\n");
@@ -209,6 +231,31 @@ fn a_directory_in_the_way_of_a_file_is_refused_up_front() {
             "{err}"
         );
         assert!(dest.join("x/data.bin").is_dir(), "nothing was touched");
+    }
+}
+
+/// An archive directory holds object directories and its inventory, nothing else: a stray
+/// file, or a file named like an object, is named and nothing is restored.
+#[test]
+fn anything_but_objects_in_an_archive_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = keygen(&tmp.path().join("keys"));
+    let src = tmp.path().join("src");
+    write(&src.join("a.txt"), b"contents\n");
+    let packed = tmp.path().join("packed");
+    pack(&keys, &src, &packed);
+    for stray in ["notes.txt", "0123456789abcdef0123456789abcdef"] {
+        let path = packed.join(stray);
+        write(&path, b"not an object\n");
+        let dest = tmp.path().join(format!("dest-{stray}"));
+        let err = fails(&unpack_args(&keys, &packed, &dest));
+        assert!(
+            err.contains("is not only object directories")
+                && err.contains(&path.display().to_string()),
+            "{err}"
+        );
+        assert!(is_empty_dir(&dest));
+        std::fs::remove_file(&path).unwrap();
     }
 }
 
