@@ -198,7 +198,18 @@ fn truncated_missing_and_extra_parts_are_caught() {
         .unwrap()
         .set_len(len - 1)
         .unwrap();
-    f.refused(&packed, &["multi.bin", "part 2", "truncated"]);
+    let truncated = format!("has {} bytes, the manifest says {len}", len - 1);
+    f.refused(&packed, &["multi.bin", "part 2", &truncated]);
+
+    // A part with bytes appended: its first `len` bytes still hash right, so only its length
+    // can tell.
+    let (packed, object) = f.copy("extended", "multi.bin");
+    let part = object.join("part-000002.zst.age");
+    let mut bytes = std::fs::read(&part).unwrap();
+    bytes.push(0);
+    std::fs::write(&part, bytes).unwrap();
+    let extended = format!("has {} bytes, the manifest says {len}", len + 1);
+    f.refused(&packed, &["multi.bin", "part 2", &extended]);
 
     let (packed, object) = f.copy("missing", "multi.bin");
     std::fs::remove_file(object.join("part-000001.zst.age")).unwrap();
