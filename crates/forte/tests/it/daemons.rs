@@ -415,7 +415,8 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
     let at_relay = site.relay_objects().len();
     let mut pull = site.pull();
     pull.extend(args!["--watch", "--interval", "1"]);
-    let _pull = spawn(&pull);
+    let log = site.root.join("pull.log");
+    let _pull = spawn_logged(&pull, &log);
     let dest = site.root.join("dest");
     let staged_files = || {
         std::fs::read_dir(&dest)
@@ -470,6 +471,10 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         "acknowledged after delivery"
     );
     assert_eq!(staged_files(), 0, "staging removed");
+    // What was fetched ahead was delivered as it was: the batch did not first fail (objects
+    // staged twice) and then go through on a second try.
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("\"failure\""), "{log}");
 }
 
 /// Sealed batch records at the relay for site-a (`batches/<id>.json`, not acknowledgements
