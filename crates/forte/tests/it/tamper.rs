@@ -572,17 +572,7 @@ fn a_part_decrypting_past_its_bound_is_refused_before_decompression() {
         let src = f.root.join("src-200");
         write(&src.join("reading.bin"), &raw);
         let packed = f.root.join(format!("packed-{size}"));
-        ok(&args![
-            "pack",
-            &src,
-            "--to",
-            &packed,
-            "--recipient",
-            &f.keys.core_pub,
-            "--sign",
-            &f.keys.edge_key,
-            "-q",
-        ]);
+        pack(&f.keys, &src, &packed);
         let object = object_for(&f.keys, &packed, "reading.bin");
         let mut stream = zstd::bulk::compress(&raw, 3).unwrap();
         let skippable = size - stream.len() - 8;
