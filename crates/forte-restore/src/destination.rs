@@ -1,0 +1,265 @@
+//! The destination: what is already there is checked before anything is restored; verified
+//! files are moved into place all at once; the second copy; staging directories.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use forte_format::seal::sha256_file;
+use forte_format::{Kind, Manifest, ObjectId};
+
+use crate::stages::create_staged;
+use crate::{Delivered, Existing, Object, Placed, Staged};
+
+/// Creates a fresh staging directory on `dest`'s file system, for [`Restore::stage`].
+pub fn new_staging(dest: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dest)
+        .with_context(|| format!("cannot create destination {}", dest.display()))?;
+    tempdir_in(dest)
+}
+
+/// Refuses before any work if two objects claim one path or a target exists (as `existing`
+/// says), so a long restore cannot fail at its very end for a reason known at the start.
+/// Returns the objects already in place (with [`Existing::KeepIdentical`]).
+pub(crate) fn check_destination(
+    objects: &[(Object, String)],
+    dest: &Path,
+    existing: Existing,
+) -> Result<std::collections::HashSet<ObjectId>> {
+    let mut seen: BTreeMap<&str, &Object> = BTreeMap::new();
+    for (object, target) in objects {
+        if let Some(other) = seen.insert(target, object) {
+            bail!(
+                "objects {} and {} both restore to {target}; refusing to choose",
+                other.manifest.id,
+                object.manifest.id
+            );
+        }
+    }
+    let mut already = std::collections::HashSet::new();
+    for (path, object) in &seen {
+        let target = dest.join(path);
+        let m = &object.manifest;
+        let is_dir = m.kind == Kind::Dir;
+        match (std::fs::symlink_metadata(&target), existing) {
+            (Err(_), _) => {}
+            (Ok(meta), _) if is_dir && meta.is_dir() => {}
+            (Ok(meta), Existing::Overwrite) if meta.is_file() && !is_dir => {}
+            (Ok(meta), Existing::KeepIdentical)
+                if meta.is_file() && meta.len() == m.size && file_sha256(&target)? == m.sha256 =>
+            {
+                already.insert(m.id);
+            }
+            (Ok(meta), existing) => {
+                let found = if meta.is_file() {
+                    "a file"
+                } else if meta.is_dir() {
+                    "a directory"
+                } else if meta.file_type().is_symlink() {
+                    "a symbolic link"
+                } else {
+                    "a special file"
+                };
+                let wanted = if is_dir { "a directory" } else { "a file" };
+                let target = target.display();
+                match existing {
+                    Existing::Refuse if meta.is_file() && !is_dir => bail!(
+                        "{target} already exists; nothing was restored (pass --overwrite to replace files)"
+                    ),
+                    // Only a file with other contents gets here: identical ones are kept.
+                    Existing::KeepIdentical if meta.is_file() && !is_dir => bail!(
+                        "{target} already exists with other contents than the delivered file; \
+                         nothing of this batch was delivered (existing files are never replaced: \
+                         move {target} away, or choose another --to or --layout, and pull again)"
+                    ),
+                    Existing::KeepIdentical => bail!(
+                        "{target} already exists and is {found}, where {wanted} is to go; nothing \
+                         of this batch was delivered (move it away and pull again)"
+                    ),
+                    Existing::Refuse | Existing::Overwrite => bail!(
+                        "{target} already exists and is {found}, where {wanted} is to go; nothing \
+                         was restored (move it away and try again; --overwrite replaces only files)"
+                    ),
+                }
+            }
+        }
+        // A file cannot also be the parent directory of another restored path.
+        let prefix = format!("{path}/");
+        if !is_dir {
+            if let Some((child, _)) = seen.range(prefix.as_str()..).next() {
+                if child.starts_with(&prefix) {
+                    bail!("{path} is a file in one object and a directory of {child} in another");
+                }
+            }
+        }
+    }
+    Ok(already)
+}
+
+fn file_sha256(path: &Path) -> Result<String> {
+    sha256_file(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// Copies delivered files from `dest` to a second destination `copy` under the same relative
+/// paths (FORTE's archive and analysts' copies), each atomically: a hidden temporary name in
+/// the target directory, flushed, then renamed. A file already there with the same SHA-256 is
+/// kept; a different one is an error and nothing is overwritten. Returns the files copied.
+pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
+    let mut copied = 0;
+    for p in placed {
+        let (from, to) = (dest.join(&p.target), copy.join(&p.target));
+        if to.exists() {
+            if file_sha256(&to)? == p.sha256 {
+                continue;
+            }
+            bail!(
+                "{} exists with other contents; refusing to overwrite it",
+                to.display()
+            );
+        }
+        let dir = to.parent().unwrap_or(copy);
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let temp = dir.join(format!(".forte-copy-{}-{}", std::process::id(), p.id));
+        // fs::copy keeps the permission bits; the modification time is set like the original's.
+        std::fs::copy(&from, &temp)
+            .and_then(|_| {
+                let mtime =
+                    filetime::FileTime::from_last_modification_time(&std::fs::metadata(&from)?);
+                filetime::set_file_mtime(&temp, mtime)?;
+                File::open(&temp)?.sync_all()
+            })
+            .with_context(|| format!("cannot copy {} to {}", from.display(), temp.display()))?;
+        std::fs::rename(&temp, &to)
+            .with_context(|| format!("cannot move {} into place", to.display()))?;
+        copied += 1;
+    }
+    if copied > 0 {
+        forte_fs::syncfs(copy)?;
+    }
+    Ok(copied)
+}
+
+/// Removes staging directories left in `dest` by a restore that was killed. Call only when no
+/// other restore writes to `dest`.
+pub fn remove_stale_staging(dest: &Path) -> Result<usize> {
+    let mut removed = 0;
+    let Ok(entries) = std::fs::read_dir(dest) else {
+        return Ok(0);
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".forte-staging-")
+        {
+            std::fs::remove_dir_all(entry.path()).with_context(|| {
+                format!(
+                    "cannot remove stale staging directory {}",
+                    entry.path().display()
+                )
+            })?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// A fresh staging directory inside the destination.
+fn tempdir_in(dest: &Path) -> Result<PathBuf> {
+    for attempt in 0..100u32 {
+        let path = dest.join(format!(".forte-staging-{}-{attempt}", std::process::id()));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot create staging directory in {}", dest.display())
+                })
+            }
+        }
+    }
+    bail!(
+        "cannot find a free staging directory name in {}",
+        dest.display()
+    )
+}
+
+fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(m.mode & 0o777))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    let mtime = filetime::FileTime::from_unix_time(m.mtime_s, m.mtime_ns);
+    filetime::set_symlink_file_times(path, mtime, mtime)
+        .with_context(|| format!("cannot set the modification time of {}", path.display()))
+}
+
+/// Moves every verified file from staging into place. The staged data is flushed to disk first,
+/// so a crash during the renames leaves whole files, never torn ones.
+pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
+    let Staged { jobs, found } = staged;
+    // Staged in several calls, two objects could still claim one path.
+    let mut targets = std::collections::HashSet::new();
+    for job in &jobs {
+        if !targets.insert(job.target.as_str()) {
+            bail!(
+                "two objects claim {}: {} and another; nothing was delivered",
+                job.target,
+                job.object.manifest.path
+            );
+        }
+    }
+    let mut delivered = Delivered {
+        files: 0,
+        already: found.len(),
+        directories: 0,
+        bytes: 0,
+        placed: found,
+        inventory: false,
+    };
+    for job in &jobs {
+        let m = &job.object.manifest;
+        if m.kind == Kind::File {
+            if m.parts.is_empty() {
+                create_staged(&job.staged)?;
+            }
+            set_times_and_mode(&job.staged, m)?;
+        }
+    }
+    forte_fs::syncfs(staging)?;
+    // Now clean, the delivered bytes need not stay in the page cache.
+    for job in jobs.iter().filter(|j| j.object.manifest.kind == Kind::File) {
+        if let Ok(file) = File::open(&job.staged) {
+            forte_fs::drop_from_cache(&file);
+        }
+    }
+    for job in &jobs {
+        let m = &job.object.manifest;
+        let target = dest.join(&job.target);
+        let parent = target.parent().unwrap_or(dest);
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create directory {}", parent.display()))?;
+        match m.kind {
+            Kind::File => {
+                std::fs::rename(&job.staged, &target).with_context(|| {
+                    format!(
+                        "cannot move {} into place at {}",
+                        job.staged.display(),
+                        target.display()
+                    )
+                })?;
+                delivered.files += 1;
+                delivered.bytes += m.size;
+                delivered.placed.push(Placed::new(m, &job.target, false));
+            }
+            Kind::Dir => {
+                std::fs::create_dir_all(&target)
+                    .with_context(|| format!("cannot create directory {}", target.display()))?;
+                set_times_and_mode(&target, m)?;
+                delivered.directories += 1;
+            }
+        }
+    }
+    forte_fs::syncfs(dest)?;
+    Ok(delivered)
+}

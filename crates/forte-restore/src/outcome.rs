@@ -1,0 +1,95 @@
+//! What a restore reports: its live totals, what it delivered, and why it refused.
+
+use std::sync::atomic::AtomicU64;
+
+use forte_format::{Manifest, ObjectId};
+use serde::Serialize;
+
+/// Running totals, readable while the restore works.
+#[derive(Debug, Default, Serialize)]
+pub struct Totals {
+    pub files_done: AtomicU64,
+    pub raw_bytes: AtomicU64,
+    pub sealed_bytes: AtomicU64,
+}
+
+/// What a successful restore delivered.
+#[derive(Debug, Serialize)]
+pub struct Delivered {
+    pub files: usize,
+    /// Files found already in place, identical (with [`Existing::KeepIdentical`]).
+    pub already: usize,
+    pub directories: usize,
+    pub bytes: u64,
+    /// Every object now in place at the destination, delivered now or found identical.
+    pub placed: Vec<Placed>,
+    /// Whether the objects were checked against a signed inventory; `false` only for a set
+    /// of version-1 objects, written before inventories existed.
+    pub inventory: bool,
+}
+
+/// One object in place at the destination.
+#[derive(Debug, Clone, Serialize)]
+pub struct Placed {
+    pub id: ObjectId,
+    /// Its path in the batch (the manifest's).
+    pub path: String,
+    /// Its path under the destination (the layout's).
+    pub target: String,
+    pub size: u64,
+    pub sha256: String,
+    /// Found in place from an earlier delivery rather than written now.
+    pub already: bool,
+    /// Each part's raw and ciphertext SHA-256, as verified.
+    pub parts: Vec<(u32, String, String)>,
+}
+
+impl Placed {
+    pub(crate) fn new(m: &Manifest, target: &str, already: bool) -> Self {
+        Self {
+            id: m.id,
+            path: m.path.clone(),
+            target: target.to_string(),
+            size: m.size,
+            sha256: m.sha256.clone(),
+            already,
+            parts: m
+                .parts
+                .iter()
+                .map(|p| (p.index, p.raw_sha256.clone(), p.ciphertext_sha256.clone()))
+                .collect(),
+        }
+    }
+}
+
+/// One problem found while restoring, with where it is.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    pub object: ObjectId,
+    pub part: Option<u32>,
+    /// The stored copy is wrong (its bytes fail a check), as opposed to unreadable.
+    pub damaged: bool,
+    pub message: String,
+}
+
+/// A restore that delivered nothing, and why.
+#[derive(Debug)]
+pub struct RestoreFailure {
+    pub problems: Vec<Problem>,
+}
+
+impl std::fmt::Display for RestoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nothing was restored to the destination; {} problem(s):",
+            self.problems.len()
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  {}", p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RestoreFailure {}
