@@ -505,3 +505,42 @@ fn a_puller_killed_after_the_relay_took_its_acknowledgement_learns_it_at_the_nex
         "the relay's acknowledgement was not learnt"
     );
 }
+
+/// What is already at the second destination: an identical file (an earlier copy whose
+/// acknowledgement was lost) is kept and the batch goes through; a different one is never
+/// overwritten, the batch is not acknowledged, and the message names the file.
+#[test]
+fn the_second_copy_keeps_an_identical_file_and_refuses_a_different_one() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("run/a.bin"), b"the first file\n");
+    write(&inbox.join("run/.ready"), b"");
+    write(&inbox.join("run2/b.bin"), b"the second file\n");
+    write(&inbox.join("run2/.ready"), b"");
+    ok(&site.send(&["-q"]));
+    let copy = site.root.join("analysts");
+    write(&copy.join("site-a/run/a.bin"), b"the first file\n");
+    write(&copy.join("site-a/run2/b.bin"), b"something else\n");
+    let mut pull = site.pull();
+    pull.extend(args!["--copy-to", &copy]);
+    let err = fails(&pull);
+    let different = copy.join("site-a/run2/b.bin");
+    assert!(
+        err.contains(&format!(
+            "{} exists with other contents; refusing to overwrite it",
+            different.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&different).unwrap(), b"something else\n");
+    assert_eq!(
+        std::fs::read(site.root.join("dest/site-a/run/a.bin")).unwrap(),
+        b"the first file\n",
+        "the batch whose copy was already in place was delivered"
+    );
+    assert_eq!(
+        site.relay_objects().len(),
+        2,
+        "only the refused batch's object and manifest stay at the relay"
+    );
+}
