@@ -606,3 +606,23 @@ fn a_part_decrypting_past_its_bound_is_refused_before_decompression() {
         }
     }
 }
+
+/// Correctly signed manifests whose paths clash, one file's path being the directory of
+/// another's, are refused before anything is restored.
+#[test]
+fn a_path_that_is_a_file_in_one_object_and_a_directory_in_another_is_refused() {
+    let f = fixture();
+    let src = f.root.join("src-clash");
+    write(&src.join("a"), b"a file\n");
+    write(&src.join("b/c"), b"another file\n");
+    let packed = f.root.join("packed-clash");
+    pack(&f.keys, &src, &packed);
+    let forger = Forger::new(&f.keys);
+    let object = object_for(&f.keys, &packed, "b/c");
+    let manifest = forger.rewrite_manifest(&object, |m| m.path = "a/c".into());
+    forger.relist(&packed, &manifest);
+    f.refused(
+        &packed,
+        &["a is a file in one object and a directory of a/c in another"],
+    );
+}
