@@ -544,3 +544,32 @@ fn the_second_copy_keeps_an_identical_file_and_refuses_a_different_one() {
         "only the refused batch's object and manifest stay at the relay"
     );
 }
+
+/// Staging directories a killed puller left behind are removed, and counted, when the next
+/// pull starts; what they held never becomes visible.
+#[test]
+fn a_pull_removes_and_counts_the_staging_directories_a_killed_one_left() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("run/a.bin"), b"payload\n");
+    write(&inbox.join("run/.ready"), b"");
+    ok(&site.send(&["-q"]));
+    let dest = site.root.join("dest");
+    for name in [".forte-staging-0a1b", ".forte-staging-2c3d"] {
+        write(&dest.join(name).join("half-written"), b"partial");
+    }
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("removed 2 staging directories left by an interrupted pull"),
+        "{stderr}"
+    );
+    assert_no_staging(&dest, "after a pull that found stale staging directories");
+    assert_eq!(
+        visible(&dest).len(),
+        1,
+        "only the delivered file: {:?}",
+        visible(&dest)
+    );
+}
