@@ -1,9 +1,9 @@
 //! `forte ingest`: row-oriented sensor streams into Parquet files at the edge.
 //!
 //! Acquisition systems emit rows (every sensor sampled at one instant); analysts want columns.
-//! Following the edge Parquet paper (../shared/papers/edge-sensor-parquet-bss.txt), each stream
-//! scatters its rows into one of two pre-allocated column-major row-group buffers
-//! ([`rowgroup`]); a pool of writers hands each full buffer to arrow-rs's low-level column
+//! Following Karlstetter et al., "Living on the Edge: Efficient Handling of Large Scale Sensor
+//! Data" (the edge Parquet paper), each stream scatters its rows into one of two pre-allocated
+//! column-major row-group buffers ([`rowgroup`]); a pool of writers hands each full buffer to arrow-rs's low-level column
 //! writer, one call per column, with BYTE_STREAM_SPLIT for floats and zstd level 1
 //! ([`parquet_file`]); files rotate after N row groups and are published atomically into an
 //! outbox as batches that `forte send` picks up. A slow writer slows the stream's reader, which

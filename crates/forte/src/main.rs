@@ -1,7 +1,7 @@
 //! `forte`: one binary for the whole path, edge → relay → core. See ARCHITECTURE.md.
 
+mod archive;
 mod commands;
-mod config;
 mod delivery;
 mod edge;
 mod hook;
@@ -10,6 +10,7 @@ mod monitor;
 mod progress;
 mod record;
 mod schedule;
+mod settings;
 mod transfer;
 mod units;
 
@@ -82,20 +83,21 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let result = config::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
-        Command::Keygen(args) => commands::keygen::run(args),
-        Command::Pack(args) => commands::pack::run(args, &config),
-        Command::Unpack(args) => commands::unpack::run(args, &config),
-        Command::Relay(args) => commands::relay::run(args),
-        Command::RelayStore(args) => commands::relay_store::run(args),
-        Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
-        Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
-        Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
-        Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
-        Command::Ingest(args) => commands::ingest::run(args, &config),
-        Command::Bench(args) => commands::bench::run(args),
-        Command::Demo(args) => commands::demo::run(args),
-    });
+    let result =
+        settings::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
+            Command::Keygen(args) => commands::keygen::run(args),
+            Command::Pack(args) => commands::pack::run(args, &config),
+            Command::Unpack(args) => commands::unpack::run(args, &config),
+            Command::Relay(args) => commands::relay::run(args),
+            Command::RelayStore(args) => commands::relay_store::run(args),
+            Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
+            Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
+            Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
+            Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
+            Command::Ingest(args) => commands::ingest::run(args, &config),
+            Command::Bench(args) => commands::bench::run(args),
+            Command::Demo(args) => commands::demo::run(args),
+        });
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

@@ -11,10 +11,7 @@ use std::path::Path;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
 use serde::Deserialize;
-
-use crate::units::parse_duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -57,67 +54,28 @@ impl std::str::FromStr for PriorityRule {
     }
 }
 
-/// The `[schedule]` section of the configuration file.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ScheduleSection {
-    pub policy: Option<PolicyName>,
-    pub max_wait: Option<String>,
-    pub small_share: Option<f64>,
-    #[serde(default)]
-    pub priority: Vec<String>,
-}
-
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct ScheduleArgs {
-    /// Order of batches (default sjf-aging).
-    #[arg(long, value_enum)]
-    policy: Option<PolicyName>,
-    /// With sjf-aging, priority and lanes: no batch waits longer than this (default 1h).
-    #[arg(long, value_name = "DURATION")]
-    max_wait: Option<String>,
-    /// With lanes: the share of bytes reserved for the smallest batch (default 0.25).
-    #[arg(long, value_name = "FRACTION")]
-    small_share: Option<f64>,
-    /// With priority: PATTERN=N gives matching batch names priority N (repeatable; a number
-    /// in the batch's .ready marker wins).
-    #[arg(long = "priority", value_name = "PATTERN=N")]
-    priority: Vec<PriorityRule>,
-}
-
-impl ScheduleArgs {
-    /// The policy from flags over the configuration over the defaults.
-    pub fn policy(&self, config: &ScheduleSection) -> Result<Policy> {
-        let max_wait = match self.max_wait.as_ref().or(config.max_wait.as_ref()) {
-            Some(text) => parse_duration(text).map_err(anyhow::Error::msg)?,
-            None => Duration::from_secs(3600),
-        };
-        let small_share = self.small_share.or(config.small_share).unwrap_or(0.25);
-        if !(0.0..=1.0).contains(&small_share) {
-            bail!("--small-share {small_share} must be between 0 and 1");
-        }
-        let mut rules = self.priority.clone();
-        for text in &config.priority {
-            rules.push(text.parse().map_err(anyhow::Error::msg)?);
-        }
-        Ok(Policy {
-            name: self
-                .policy
-                .or(config.policy)
-                .unwrap_or(PolicyName::SjfAging),
-            max_wait,
-            small_share,
-            rules,
-        })
-    }
-}
-
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub name: PolicyName,
     pub max_wait: Duration,
     pub small_share: f64,
     rules: Vec<PriorityRule>,
+}
+
+impl Policy {
+    pub fn new(
+        name: PolicyName,
+        max_wait: Duration,
+        small_share: f64,
+        rules: Vec<PriorityRule>,
+    ) -> Self {
+        Self {
+            name,
+            max_wait,
+            small_share,
+            rules,
+        }
+    }
 }
 
 /// What a policy knows of a batch that has work left.

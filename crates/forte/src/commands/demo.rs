@@ -13,6 +13,8 @@ use forte_prepare::PrepareConfig;
 use forte_restore::RestoreConfig;
 use sha2::{Digest, Sha256};
 
+use crate::archive;
+use crate::settings::{CoreSettings, EdgeSettings};
 use crate::units::human;
 
 #[derive(clap::Args)]
@@ -58,17 +60,12 @@ pub fn run(args: Args) -> Result<bool> {
         sample.display()
     );
 
-    let recipients = Recipients::load(&paths.core_pub)?;
-    let key = EdgeKey::load(&paths.edge_key)?;
-    let summary = super::pack::pack(
-        &sample,
-        &packed,
-        "sample",
-        PrepareConfig::for_this_machine(),
-        &recipients,
-        &key,
-        true,
-    )?;
+    let edge = EdgeSettings {
+        recipients: Recipients::load(&paths.core_pub)?,
+        key: EdgeKey::load(&paths.edge_key)?,
+        prepare: PrepareConfig::for_this_machine(),
+    };
+    let summary = archive::pack(&sample, &packed, "sample", edge, true)?;
     println!(
         "3. pack: {} files and {} empty directories in one pass (hash, zstd -{}, age, hash) into {} objects in {}: {:.1} MB/s, ratio {:.2}",
         summary.files,
@@ -83,16 +80,12 @@ pub fn run(args: Args) -> Result<bool> {
         bail!("{} files failed to pack", summary.failed);
     }
 
-    let identities = Identities::load(&paths.core_key)?;
-    let trusted = TrustedEdges::load(std::slice::from_ref(&paths.edge_pub))?;
-    let (delivered, _) = super::unpack::unpack(
-        &packed,
-        &restored,
-        RestoreConfig::for_this_machine(),
-        &identities,
-        &trusted,
-        true,
-    )?;
+    let core = CoreSettings {
+        identities: Identities::load(&paths.core_key)?,
+        trusted: TrustedEdges::load(std::slice::from_ref(&paths.edge_pub))?,
+        restore: RestoreConfig::for_this_machine(),
+    };
+    let (delivered, _) = archive::unpack(&packed, &restored, core, true)?;
     println!(
         "4. unpack: verified ciphertext hashes, signatures, AEAD and raw hashes; restored {} files and {} empty directories into {}",
         delivered.files,

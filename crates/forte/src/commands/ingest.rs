@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use forte_ingest::wire::{self, MAGIC};
-use forte_ingest::{Codec, FileOptions, Ingest, IngestOptions, Schema, StreamStats};
+use forte_ingest::{Ingest, Schema, StreamStats};
 
-use crate::config::Config;
-use crate::units::{human, parse_duration};
+use crate::settings::{self, Config, IngestFlags, IngestSettings};
+use crate::units::human;
 
 #[derive(clap::Args, Debug)]
 #[command(
@@ -33,60 +33,21 @@ pub struct Args {
     /// Replay recordings (one stream each, all at once) instead of listening.
     #[arg(long, value_name = "FILE", num_args = 1..)]
     from_file: Vec<PathBuf>,
-    /// The rows' layout (TOML; see below). Default: [ingest] schema in the config.
-    #[arg(long, value_name = "FILE")]
-    schema: Option<PathBuf>,
-    /// Where finished files appear, one batch directory each. Default: [ingest] out.
-    #[arg(long, value_name = "DIR")]
-    out: Option<PathBuf>,
-    /// Page codec: zstd (level 1), zstd:LEVEL, lz4, snappy or none.
-    #[arg(long, value_parser = parse_codec)]
-    codec: Option<Codec>,
-    /// Rows per row group; each stream holds two row groups in memory.
-    #[arg(long, value_name = "N")]
-    rows_per_group: Option<usize>,
-    /// Close and publish a file after this many row groups.
-    #[arg(long, value_name = "N")]
-    row_groups_per_file: Option<usize>,
-    /// Write a partly filled row group after this long without filling (e.g. 10s).
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
-    flush_after: Option<Duration>,
-    /// Threads writing row groups (default: one per core).
-    #[arg(long, value_name = "N")]
-    writers: Option<usize>,
+    #[command(flatten)]
+    ingest: IngestFlags,
     /// Most streams at once; more connections are refused. Memory is at most this many times
     /// two row groups.
     #[arg(long, value_name = "N", default_value_t = 256)]
     max_streams: usize,
 }
 
-/// `[ingest]` in the config file; flags override it.
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct IngestSection {
-    pub schema: Option<PathBuf>,
-    pub out: Option<PathBuf>,
-    pub codec: Option<String>,
-    pub rows_per_group: Option<usize>,
-    pub row_groups_per_file: Option<usize>,
-    pub flush_after: Option<String>,
-    pub writers: Option<usize>,
-}
-
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    let section = &config.ingest;
-    let schema_path = args
-        .schema
-        .clone()
-        .or_else(|| section.schema.clone())
-        .context("no schema: give --schema FILE or set schema in [ingest] of the config")?;
-    let out = args
-        .out
-        .clone()
-        .or_else(|| section.out.clone())
-        .context("no outbox: give --out DIR or set out in [ingest] of the config")?;
-    let schema = Schema::load(&schema_path)?;
-    let options = options(&args, section)?;
+    let IngestSettings {
+        schema,
+        out,
+        options,
+    } = settings::ingest(&args.ingest, config)?;
+    let schema = Schema::load(&schema)?;
     let (ingest, removed) = Ingest::start(&out, schema, options.clone())?;
     if removed > 0 {
         eprintln!(
@@ -190,42 +151,6 @@ fn finish(ingest: &Ingest) {
         std::thread::sleep(Duration::from_millis(50));
     }
     println!("stopped: every row received is in a published file");
-}
-
-pub fn parse_codec(text: &str) -> Result<Codec, String> {
-    text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
-}
-
-fn options(args: &Args, section: &IngestSection) -> Result<IngestOptions> {
-    let defaults = IngestOptions::default();
-    let codec = match (&args.codec, &section.codec) {
-        (Some(c), _) => *c,
-        (None, Some(text)) => text.parse().context("codec in [ingest] of the config")?,
-        (None, None) => defaults.file.codec,
-    };
-    let flush_after = match (args.flush_after, &section.flush_after) {
-        (Some(d), _) => d,
-        (None, Some(text)) => parse_duration(text)
-            .map_err(anyhow::Error::msg)
-            .context("flush_after in [ingest] of the config")?,
-        (None, None) => defaults.flush_after,
-    };
-    Ok(IngestOptions {
-        rows_per_group: args
-            .rows_per_group
-            .or(section.rows_per_group)
-            .unwrap_or(defaults.rows_per_group),
-        row_groups_per_file: args
-            .row_groups_per_file
-            .or(section.row_groups_per_file)
-            .unwrap_or(defaults.row_groups_per_file),
-        flush_after,
-        writers: args.writers.or(section.writers).unwrap_or(defaults.writers),
-        file: FileOptions {
-            codec,
-            plain: false,
-        },
-    })
 }
 
 /// One recording as one stream: its first line names the source if it has one, else the

@@ -42,5 +42,3 @@ pub struct Daemon {
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<std::net::SocketAddr>,
 }
-
-pub use crate::units::{mb_per_s, ratio};

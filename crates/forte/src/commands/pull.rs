@@ -6,21 +6,18 @@ use std::time::Duration;
 
 use anyhow::Result;
 use forte_catalog::{BatchState, Role};
-use forte_format::{Identities, TrustedEdges};
 use forte_relay::api::ReadyObject;
-use forte_restore::{remove_stale_staging, Existing, Restore, RestoreConfig};
+use forte_restore::{remove_stale_staging, Existing, Restore};
 
-use super::unpack::OpenArgs;
-use super::{mb_per_s, Daemon, Output};
-use crate::config::Config;
+use super::{Daemon, Output};
 use crate::delivery::{BatchReport, Delivery};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
-use crate::schedule::{Policy, ScheduleArgs};
+use crate::schedule::Policy;
+use crate::settings::{self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags};
 use crate::transfer::retry::Retry;
-use crate::transfer::{connect, RelayArgs};
-use crate::units::human;
+use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,9 +25,9 @@ pub struct Args {
     #[arg(long, value_name = "DEST")]
     to: PathBuf,
     #[command(flatten)]
-    relay: RelayArgs,
+    relay: RelayFlags,
     #[command(flatten)]
-    open: OpenArgs,
+    core: CoreFlags,
     /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date}.
     #[arg(long, default_value = "{site}/{batch}/{path}")]
     layout: String,
@@ -42,7 +39,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     connections: usize,
     #[command(flatten)]
-    schedule: ScheduleArgs,
+    schedule: ScheduleFlags,
     #[command(flatten)]
     daemon: Daemon,
     #[command(flatten)]
@@ -51,12 +48,13 @@ pub struct Args {
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
-    let endpoint = args.relay.endpoint(config)?;
+    let link = settings::relay(&args.relay, config)?;
+    let mut core = settings::core(&args.core, config)?;
+    core.restore.existing = Existing::KeepIdentical;
+    core.restore.readers = args.connections.max(1);
+    let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Core);
-    let client = connect(&endpoint, &args.relay)?;
-    let (identities, trusted, mut settings) = args.open.load(config)?;
-    settings.existing = Existing::KeepIdentical;
-    settings.readers = args.connections.max(1);
+    let client = link.connect()?;
     // One puller per destination: whatever a killed one left half-staged is garbage.
     let stale = remove_stale_staging(&args.to)?;
     if stale > 0 {
@@ -80,10 +78,8 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
     let puller = Puller {
         delivery: &delivery,
-        settings,
-        identities: &identities,
-        trusted: &trusted,
-        policy: args.schedule.policy(&config.schedule)?,
+        core,
+        policy,
         failures: Failures {
             role: Role::Core,
             command: args.daemon.on_failure.clone(),
@@ -93,7 +89,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if args.daemon.watch {
         println!(
             "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
-            endpoint.url, args.daemon.interval
+            link.endpoint.url, args.daemon.interval
         );
         puller.watch(Duration::from_secs(args.daemon.interval))
     } else {
@@ -104,9 +100,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
 /// One run's delivery and how it restores, orders and reports batches.
 struct Puller<'a> {
     delivery: &'a Delivery<'a>,
-    settings: RestoreConfig,
-    identities: &'a Identities,
-    trusted: &'a TrustedEdges,
+    core: CoreSettings,
     policy: Policy,
     failures: Failures,
     json: bool,
@@ -114,7 +108,11 @@ struct Puller<'a> {
 
 impl Puller<'_> {
     fn restore(&self) -> Restore<'_> {
-        Restore::new(self.settings.clone(), self.identities, self.trusted)
+        Restore::new(
+            self.core.restore.clone(),
+            &self.core.identities,
+            &self.core.trusted,
+        )
     }
 
     /// Delivers one sealed batch and reports it.

@@ -7,31 +7,24 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use forte_catalog::Role;
-use forte_format::Recipients;
-use forte_prepare::PrepareConfig;
 use serde::Serialize;
 
-use super::pack::{PrepareArgs, SealArgs};
-use super::{mb_per_s, Daemon, Output};
-use crate::config::Config;
+use super::{Daemon, Output};
 use crate::edge::{ready_batches, Batch, BatchReport, Edge, EdgeSetup, Inbox, READY_MARKER};
 use crate::hook::Failures;
 use crate::record::Catalog;
-use crate::schedule::ScheduleArgs;
+use crate::settings::{self, Config, EdgeFlags, RelayFlags, ScheduleFlags};
 use crate::transfer::retry::Retry;
-use crate::transfer::{connect, RelayArgs};
-use crate::units::human;
+use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
     /// Inbox directory: each subdirectory is one batch.
     inbox: PathBuf,
     #[command(flatten)]
-    relay: RelayArgs,
+    relay: RelayFlags,
     #[command(flatten)]
-    seal: SealArgs,
-    #[command(flatten)]
-    prepare: PrepareArgs,
+    edge: EdgeFlags,
     /// Seconds without any change after which a batch without a .ready marker is complete.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     settle: u64,
@@ -48,7 +41,7 @@ pub struct Args {
     #[arg(long, value_name = "BATCH", conflicts_with_all = ["watch", "delete_after_ack"])]
     cancel: Vec<String>,
     #[command(flatten)]
-    schedule: ScheduleArgs,
+    schedule: ScheduleFlags,
     #[command(flatten)]
     daemon: Daemon,
     #[command(flatten)]
@@ -63,17 +56,15 @@ struct Summary {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
-    let endpoint = args.relay.endpoint(config)?;
+    let link = settings::relay(&args.relay, config)?;
+    let mut edge_settings = settings::edge(&args.edge, config)?;
+    edge_settings.prepare.sink_workers = args.connections.max(1);
+    let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
-    let client = connect(&endpoint, &args.relay)?;
-    let (recipients, key) = args.seal.load(config)?;
-    let mut settings = args.prepare.settings(config)?;
-    settings.sink_workers = args.connections.max(1);
-    let policy = args.schedule.policy(&config.schedule)?;
+    let client = link.connect()?;
     let edge = Edge::new(EdgeSetup {
         client: &client,
-        key: &key,
-        recipients: &recipients,
+        settings: &edge_settings,
         retry: if args.daemon.watch {
             Retry::forever()
         } else {
@@ -98,8 +89,6 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
     let pass = Pass {
         edge: &edge,
-        settings: &settings,
-        recipients: &recipients,
         settle: Duration::from_secs(args.settle),
     };
     if args.daemon.watch {
@@ -109,11 +98,9 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
 }
 
-/// One run's edge and what every pass of it prepares with.
+/// One run's edge and how long a batch without a marker must stay unchanged.
 struct Pass<'a> {
     edge: &'a Edge<'a>,
-    settings: &'a PrepareConfig,
-    recipients: &'a Recipients,
     settle: Duration,
 }
 
@@ -136,7 +123,7 @@ impl Pass<'_> {
         edge.admit(&ready);
         edge.close();
         let quiet = args.output.quiet || args.output.json;
-        edge.send_queued(self.settings, self.recipients, quiet);
+        edge.send_queued(quiet);
         let mut batches = edge.take_finished();
         // Report in inbox order, whatever order the policy finished them in.
         batches.sort_by(|a, b| a.batch.cmp(&b.batch));
@@ -202,7 +189,7 @@ impl Pass<'_> {
             // The queue never closes: a pass ends only when a failure stops it, and then its
             // unfinished batches are admitted again by the next scan.
             loop {
-                edge.send_queued(self.settings, self.recipients, true);
+                edge.send_queued(true);
                 std::thread::sleep(interval);
             }
         })

@@ -32,7 +32,7 @@ impl Edge<'_> {
     }
 
     fn admit_one(&self, Batch { name, dir }: &Batch) {
-        let batch_key = batch_id(self.setup.key, name);
+        let batch_key = batch_id(&self.setup.settings.key, name);
         if lock(&self.in_flight).contains_key(&batch_key) {
             return;
         }
@@ -84,7 +84,7 @@ impl Edge<'_> {
         let name = flight.name.clone();
         let ids: Vec<ObjectId> = files
             .iter()
-            .map(|f| object_id(self.setup.key, &name, f))
+            .map(|f| object_id(&self.setup.settings.key, &name, f))
             .collect();
         let at_relay = match at_relay(self.setup.client, &self.setup.retry, &ids) {
             Ok(at) => at,

@@ -17,7 +17,7 @@ impl Edge<'_> {
     /// files appeared in it after it was sent (they go as a follow-up, sealed into the same
     /// batch). Said once per batch and scan when it is a follow-up.
     pub fn needs_sending(&self, batch: &Batch) -> bool {
-        let batch_key = batch_id(self.setup.key, &batch.name);
+        let batch_key = batch_id(&self.setup.settings.key, &batch.name);
         if self.cancelled(batch) {
             return false;
         }
@@ -47,7 +47,9 @@ impl Edge<'_> {
             .files
             .iter()
             .filter(|f| f.path != READY_MARKER)
-            .filter(|f| !known.contains(&object_id(self.setup.key, &batch.name, f).to_string()))
+            .filter(|f| {
+                !known.contains(&object_id(&self.setup.settings.key, &batch.name, f).to_string())
+            })
             .map(|f| f.path.as_str())
             .collect();
         if late.is_empty() {
@@ -67,7 +69,7 @@ impl Edge<'_> {
         let row = self
             .setup
             .catalog
-            .batch(&batch_id(self.setup.key, &batch.name))
+            .batch(&batch_id(&self.setup.settings.key, &batch.name))
             .ok()
             .flatten();
         row.filter(|b| b.state == BatchState::Cancelled)
@@ -88,9 +90,9 @@ impl Edge<'_> {
                 .files
                 .iter()
                 .filter(|f| f.path != READY_MARKER)
-                .map(|f| object_id(self.setup.key, name, f))
+                .map(|f| object_id(&self.setup.settings.key, name, f))
                 .collect();
-            let batch_key = batch_id(self.setup.key, name);
+            let batch_key = batch_id(&self.setup.settings.key, name);
             let what = format!("cancellation of batch {name}");
             match self.setup.retry.run(&what, || {
                 self.setup.client.cancel_batch(batch_key.batch(), &ids)
@@ -143,7 +145,7 @@ impl Edge<'_> {
             .into_iter()
             .filter(|f| f.path != READY_MARKER)
             .map(|f| {
-                let id = object_id(self.setup.key, &b.name, &f);
+                let id = object_id(&self.setup.settings.key, &b.name, &f);
                 (f, id)
             })
             .collect();

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, Stage};
-use forte_format::{EdgeKey, InventoryEntry, ObjectId, Recipients};
+use forte_format::{EdgeKey, InventoryEntry, ObjectId};
 use forte_prepare::{JobQueue, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
 use serde::Serialize;
@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::hook::Failures;
 use crate::record::{note, Catalog};
 use crate::schedule::{BatchQueue, Policy};
+use crate::settings::EdgeSettings;
 use crate::transfer::retry::Retry;
 
 pub use inbox::{ready_batches, Batch, Inbox, READY_MARKER};
@@ -112,9 +113,8 @@ impl InFlight {
 /// What an edge sends with: the relay, the keys, how to retry, where to record and report.
 pub struct EdgeSetup<'a> {
     pub client: &'a RelayClient,
-    pub key: &'a EdgeKey,
-    /// The core's keys, to which each batch's inventory is encrypted.
-    pub recipients: &'a Recipients,
+    /// The keys that seal objects and inventories, and how files are prepared.
+    pub settings: &'a EdgeSettings,
     pub retry: Retry,
     pub catalog: &'a Catalog,
     pub policy: Policy,
@@ -137,7 +137,7 @@ pub struct Edge<'a> {
 impl JobQueue for Edge<'_> {
     fn next(&self) -> Option<PrepareJob> {
         let job = self.queue.next()?;
-        let key = batch_id(self.setup.key, &job.batch);
+        let key = batch_id(&self.setup.settings.key, &job.batch);
         let mut flights = lock(&self.in_flight);
         if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
             let now = now_us();

@@ -2,8 +2,8 @@
 //! signed inventory, the moment its last file is.
 
 use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, Stage};
-use forte_format::{Inventory, Recipients};
-use forte_prepare::{FileOutcome, Prepare, PrepareConfig};
+use forte_format::Inventory;
+use forte_prepare::{FileOutcome, Prepare};
 
 use super::{lock, Edge, InFlight};
 use crate::progress::prepare_with_progress;
@@ -70,7 +70,7 @@ impl Edge<'_> {
         if report.failed == 0 && !members.is_empty() {
             let inventory = Inventory::new(&report.batch, entries);
             debug_assert_eq!(inventory.objects.len(), members.len());
-            let sealed = inventory.seal(self.setup.key, self.setup.recipients);
+            let sealed = inventory.seal(&self.setup.settings.key, &self.setup.settings.recipients);
             let what = format!("seal of batch {}", report.batch);
             if let Err(e) = self.setup.retry.run(&what, || {
                 self.setup
@@ -130,8 +130,9 @@ impl Edge<'_> {
     }
 
     /// Sends until the queue is closed and empty, each batch sealed as it completes.
-    pub fn send_queued(&self, settings: &PrepareConfig, recipients: &Recipients, quiet: bool) {
-        let prepare = Prepare::new(settings.clone(), recipients, self.setup.key);
+    pub fn send_queued(&self, quiet: bool) {
+        let edge = self.setup.settings;
+        let prepare = Prepare::new(edge.prepare.clone(), &edge.recipients, &edge.key);
         let sink = UploadSink {
             client: self.setup.client,
             batch_of: &self.batch_of,

@@ -23,6 +23,15 @@
 //! max_wait = "1h"
 //! small_share = 0.25             # lanes: share of bytes for the smallest batch
 //! priority = ["incident-*=10"]   # priority: batch-name rules
+//!
+//! [ingest]
+//! schema = "rows.toml"
+//! out = "outbox"
+//! codec = "zstd"                 # zstd:LEVEL, lz4, snappy, none
+//! rows_per_group = 65536
+//! row_groups_per_file = 16
+//! flush_after = "10s"
+//! writers = 2                    # default: one per core
 //! ```
 //!
 //! Relative paths are relative to the directory of the configuration file.
@@ -32,6 +41,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
+use crate::schedule::PolicyName;
 use crate::units::parse_size;
 
 #[derive(Debug, Default, Deserialize)]
@@ -44,9 +54,9 @@ pub struct Config {
     #[serde(default)]
     pub relay: RelaySection,
     #[serde(default)]
-    pub schedule: crate::schedule::ScheduleSection,
+    pub schedule: ScheduleSection,
     #[serde(default)]
-    pub ingest: crate::commands::ingest::IngestSection,
+    pub ingest: IngestSection,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -77,9 +87,31 @@ pub struct PrepareSection {
     pub parts_in_flight: Option<usize>,
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleSection {
+    pub policy: Option<PolicyName>,
+    pub max_wait: Option<String>,
+    pub small_share: Option<f64>,
+    #[serde(default)]
+    pub priority: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IngestSection {
+    pub schema: Option<PathBuf>,
+    pub out: Option<PathBuf>,
+    pub codec: Option<String>,
+    pub rows_per_group: Option<usize>,
+    pub row_groups_per_file: Option<usize>,
+    pub flush_after: Option<String>,
+    pub writers: Option<usize>,
+}
+
 /// A zstd level, or `auto`: adapted between 1 and 9 to whichever of CPU and link is slower.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(try_from = "SizeText")]
+#[serde(try_from = "NumberOrText")]
 pub enum Level {
     Fixed(i32),
     Auto,
@@ -104,36 +136,37 @@ impl std::str::FromStr for Level {
     }
 }
 
-impl TryFrom<SizeText> for Level {
+impl TryFrom<NumberOrText> for Level {
     type Error = String;
-    fn try_from(v: SizeText) -> Result<Self, String> {
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
         match v {
-            SizeText::Number(n) => i32::try_from(n)
+            NumberOrText::Number(n) => i32::try_from(n)
                 .map(Level::Fixed)
                 .map_err(|_| format!("zstd level {n} is out of range")),
-            SizeText::Text(t) => t.parse(),
+            NumberOrText::Text(t) => t.parse(),
         }
     }
 }
 
 /// A byte size written as a number or a string such as `"16MiB"`.
 #[derive(Debug, Clone, Copy, Deserialize)]
-#[serde(try_from = "SizeText")]
+#[serde(try_from = "NumberOrText")]
 pub struct Size(pub u64);
 
+/// How a level or a size may be written in TOML: a bare number or a string.
 #[derive(Deserialize)]
 #[serde(untagged)]
-enum SizeText {
+enum NumberOrText {
     Number(u64),
     Text(String),
 }
 
-impl TryFrom<SizeText> for Size {
+impl TryFrom<NumberOrText> for Size {
     type Error = String;
-    fn try_from(v: SizeText) -> Result<Self, String> {
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
         match v {
-            SizeText::Number(n) => Ok(Size(n)),
-            SizeText::Text(t) => parse_size(&t).map(Size),
+            NumberOrText::Number(n) => Ok(Size(n)),
+            NumberOrText::Text(t) => parse_size(&t).map(Size),
         }
     }
 }
@@ -181,11 +214,6 @@ pub fn check_level(level: i32) -> Result<()> {
         bail!("zstd level {level} is out of range (use 1 to 22, or -1 to -7 for the fast modes)");
     }
     Ok(())
-}
-
-/// The flag if given, else the configuration's value, else an error saying how to give it.
-pub fn required<T>(flag: Option<T>, config: Option<T>, what: &str) -> Result<T> {
-    flag.or(config).with_context(|| what.to_string())
 }
 
 #[cfg(test)]

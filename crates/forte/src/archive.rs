@@ -1,0 +1,204 @@
+//! Archives: a tree packed into a directory of sealed objects with a signed inventory, and
+//! restored from one, all or nothing. The offline path that `pack`, `unpack` and `demo` share;
+//! the network path streams the same objects through the relay instead.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use forte_format::{Inventory, Kind};
+use forte_pipeline::StageSnapshot;
+use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareJob};
+use forte_restore::{Delivered, DirSource, Restore};
+use serde::Serialize;
+
+use crate::progress::{prepare_with_progress, with_progress};
+use crate::settings::{CoreSettings, EdgeSettings};
+use crate::units::{human, mb_per_s, ratio};
+
+/// What a pack did; `pack --json` prints it.
+#[derive(Serialize)]
+pub struct Summary {
+    pub command: &'static str,
+    /// Regular files, and empty directories, each one object.
+    pub files: usize,
+    pub directories: usize,
+    pub failed: usize,
+    pub raw_bytes: u64,
+    pub compressed_bytes: u64,
+    pub sealed_bytes: u64,
+    pub ratio: f64,
+    pub seconds: f64,
+    pub raw_mb_per_s: f64,
+    pub cpu: usize,
+    pub part_size: u64,
+    pub level: i32,
+    pub stages: Vec<StageSnapshot>,
+    pub rejected: Vec<Rejected>,
+    pub objects: Vec<FileOutcome>,
+}
+
+#[derive(Serialize)]
+pub struct Rejected {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// Discovers and packs `src` into the new archive directory `to`, refusing an output inside
+/// the source or already in use.
+pub fn pack(
+    src: &Path,
+    to: &Path,
+    batch: &str,
+    edge: EdgeSettings,
+    quiet: bool,
+) -> Result<Summary> {
+    refuse_output_inside_source(src, to)?;
+    refuse_used_output(to)?;
+    let EdgeSettings {
+        recipients,
+        key,
+        prepare: settings,
+    } = edge;
+    let found = discover(src)?;
+    let total = found.total_bytes();
+    let sink = DirSink::create(to)?;
+    let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
+    let prepare = Prepare::new(settings, &recipients, &key);
+    let started = Instant::now();
+    let jobs: Vec<PrepareJob> = found
+        .files
+        .into_iter()
+        .map(|source| PrepareJob {
+            batch: batch.to_string(),
+            ..PrepareJob::fresh(source)
+        })
+        .collect();
+    let outcomes = prepare_with_progress(&prepare, jobs.len(), total, quiet, || {
+        prepare.run(jobs, &sink)
+    });
+    // The inventory lists exactly the objects stored: those of failed files were removed.
+    let inventory = Inventory::new(
+        batch,
+        outcomes
+            .iter()
+            .filter_map(|o| o.inventory_entry())
+            .collect(),
+    );
+    sink.put_inventory(&inventory.seal(&key, &recipients))?;
+    sink.finish()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let t = &prepare.totals;
+    let raw_bytes = t.raw_bytes.load(Ordering::Relaxed);
+    let compressed_bytes = t.compressed_bytes.load(Ordering::Relaxed);
+    Ok(Summary {
+        command: "pack",
+        files: outcomes.iter().filter(|o| o.kind == Kind::File).count(),
+        directories: outcomes.iter().filter(|o| o.kind == Kind::Dir).count(),
+        failed: outcomes.iter().filter(|o| o.error.is_some()).count(),
+        raw_bytes,
+        compressed_bytes,
+        sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),
+        ratio: ratio(raw_bytes, compressed_bytes),
+        seconds,
+        raw_mb_per_s: mb_per_s(raw_bytes, seconds),
+        cpu,
+        part_size,
+        level,
+        stages: prepare.pipeline.snapshot(),
+        rejected: found
+            .rejected
+            .into_iter()
+            .map(|(path, reason)| Rejected { path, reason })
+            .collect(),
+        objects: outcomes,
+    })
+}
+
+/// An archive is one directory: its inventory lists exactly the objects in it, so objects of
+/// an earlier pack in the same directory would make it unrestorable.
+fn refuse_used_output(to: &Path) -> Result<()> {
+    let used = match std::fs::read_dir(to) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).with_context(|| format!("cannot read output {}", to.display())),
+    };
+    if used {
+        bail!(
+            "output {} is not empty: each archive needs a directory of its own (its signed inventory lists exactly the objects in it); choose a new or empty directory",
+            to.display()
+        );
+    }
+    Ok(())
+}
+
+fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
+    let src = src
+        .canonicalize()
+        .with_context(|| format!("cannot read source {}", src.display()))?;
+    let mut probe = to.to_path_buf();
+    // The output may not exist yet: check its nearest existing ancestor.
+    while !probe.exists() {
+        if !probe.pop() {
+            return Ok(());
+        }
+    }
+    let to_real = probe
+        .canonicalize()
+        .with_context(|| format!("cannot resolve {}", to.display()))?;
+    if to_real.starts_with(&src) && src.is_dir() {
+        bail!(
+            "output {} is inside the source {}; choose an output directory outside it",
+            to.display(),
+            src.display()
+        );
+    }
+    Ok(())
+}
+
+/// Restores the archive `dir` into `to`, all or nothing, with the stages' figures.
+pub fn unpack(
+    dir: &Path,
+    to: &Path,
+    core: CoreSettings,
+    quiet: bool,
+) -> Result<(Delivered, Vec<StageSnapshot>)> {
+    let restore = Restore::new(core.restore, &core.identities, &core.trusted);
+    let total = dir_size(dir);
+    let delivered = with_progress(
+        total,
+        quiet,
+        || {
+            let t = &restore.totals;
+            (
+                t.sealed_bytes.load(Ordering::Relaxed),
+                format!("restored {}", human(t.raw_bytes.load(Ordering::Relaxed))),
+            )
+        },
+        || {
+            restore.run(
+                &DirSource {
+                    root: dir.to_path_buf(),
+                },
+                to,
+                &|m| m.path.clone(),
+            )
+        },
+    )?;
+    Ok((delivered, restore.pipeline.snapshot()))
+}
+
+/// Bytes under `dir`, one level of object directories deep: the progress bar's total.
+fn dir_size(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_dir(e.path()).ok())
+        .flat_map(|files| files.flatten())
+        .filter_map(|f| f.metadata().ok())
+        .map(|m| m.len())
+        .sum()
+}

@@ -1,0 +1,128 @@
+//! The flag groups commands share, as clap parses them. A flag that the configuration file can
+//! also set is an `Option` here, so that an absent flag falls through to the file; the
+//! defaults are applied only when resolving (`super`), and the help text names both.
+
+use std::path::PathBuf;
+
+use forte_ingest::Codec;
+
+use super::file::Level;
+use crate::schedule::{PolicyName, PriorityRule};
+use crate::units::{parse_duration, parse_size};
+
+/// The edge's keys and its prepare pass; `pack` and `send`.
+#[derive(clap::Args)]
+pub struct EdgeFlags {
+    /// age recipient file of the core (core.pub) [config: keys.recipient].
+    #[arg(long, value_name = "FILE")]
+    pub(super) recipient: Option<PathBuf>,
+    /// Ed25519 signing key of this edge (edge.key) [config: keys.sign].
+    #[arg(long, value_name = "FILE")]
+    pub(super) sign: Option<PathBuf>,
+    /// Raw bytes per part [config: prepare.part_size] [default: 16MiB].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub(super) part_size: Option<u64>,
+    /// zstd level, or auto: adapted between 1 and 9 to whichever of CPU and link is slower
+    /// [config: prepare.level] [default: 3].
+    #[arg(long, allow_negative_numbers = true, value_name = "LEVEL|auto")]
+    pub(super) level: Option<Level>,
+    /// CPU budget: workers computing at once [config: prepare.cpu] [default: all cores].
+    #[arg(long)]
+    pub(super) cpu: Option<usize>,
+    /// Parts held in memory at once [config: prepare.parts_in_flight] [default: cpu + 4].
+    #[arg(long)]
+    pub(super) parts_in_flight: Option<usize>,
+}
+
+/// The core's keys and its restore pass; `unpack` and `pull`.
+#[derive(clap::Args)]
+pub struct CoreFlags {
+    /// age identity file of the core (core.key) [config: keys.identity].
+    #[arg(long, value_name = "FILE")]
+    pub(super) identity: Option<PathBuf>,
+    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
+    #[arg(long, value_name = "FILE")]
+    pub(super) trust: Vec<PathBuf>,
+    /// CPU budget [config: prepare.cpu] [default: all cores].
+    #[arg(long)]
+    pub(super) cpu: Option<usize>,
+    /// Files written to the destination at once [default: 2].
+    #[arg(long, value_name = "N")]
+    pub(super) writers: Option<usize>,
+}
+
+/// Where the relay is and how to trust it; `send` and `pull`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RelayFlags {
+    /// Relay URL, e.g. https://relay.example:8443 [config: relay.url].
+    #[arg(long, value_name = "URL")]
+    pub(super) relay: Option<String>,
+    /// File holding this node's bearer token [config: relay.token_file] [env: FORTE_TOKEN for the token itself].
+    #[arg(long, value_name = "FILE")]
+    pub(super) token_file: Option<PathBuf>,
+    /// SHA-256 fingerprint of the relay's certificate, as `forte relay` prints it [config: relay.fingerprint].
+    #[arg(long, value_name = "HEX")]
+    pub(super) relay_fingerprint: Option<String>,
+    /// CA certificate (PEM) the relay's certificate chains to, instead of a fingerprint [config: relay.ca].
+    #[arg(long, value_name = "FILE")]
+    pub(super) relay_ca: Option<PathBuf>,
+    /// Seconds a request to the relay may take before it is abandoned and retried: how long a
+    /// stalled link goes unnoticed. A whole part must cross the link within it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    pub(super) timeout: u64,
+}
+
+/// The order of batches; `send` and `pull`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ScheduleFlags {
+    /// Order of batches [config: schedule.policy] [default: sjf-aging].
+    #[arg(long, value_enum)]
+    pub(super) policy: Option<PolicyName>,
+    /// With sjf-aging, priority and lanes: no batch waits longer than this
+    /// [config: schedule.max_wait] [default: 1h].
+    #[arg(long, value_name = "DURATION")]
+    pub(super) max_wait: Option<String>,
+    /// With lanes: the share of bytes reserved for the smallest batch
+    /// [config: schedule.small_share] [default: 0.25].
+    #[arg(long, value_name = "FRACTION")]
+    pub(super) small_share: Option<f64>,
+    /// With priority: PATTERN=N gives matching batch names priority N (repeatable; a number
+    /// in the batch's .ready marker wins) [config: schedule.priority, added to these].
+    #[arg(long = "priority", value_name = "PATTERN=N")]
+    pub(super) priority: Vec<PriorityRule>,
+}
+
+/// Where ingested rows go and how they are written; `ingest`.
+#[derive(clap::Args, Debug)]
+pub struct IngestFlags {
+    /// The rows' layout (TOML; see below) [config: ingest.schema].
+    #[arg(long, value_name = "FILE")]
+    pub(super) schema: Option<PathBuf>,
+    /// Where finished files appear, one batch directory each [config: ingest.out].
+    #[arg(long, value_name = "DIR")]
+    pub(super) out: Option<PathBuf>,
+    /// Page codec: zstd (level 1), zstd:LEVEL, lz4, snappy or none [config: ingest.codec]
+    /// [default: zstd].
+    #[arg(long, value_parser = parse_codec)]
+    pub(super) codec: Option<Codec>,
+    /// Rows per row group; each stream holds two row groups in memory
+    /// [config: ingest.rows_per_group] [default: 65536].
+    #[arg(long, value_name = "N")]
+    pub(super) rows_per_group: Option<usize>,
+    /// Close and publish a file after this many row groups [config: ingest.row_groups_per_file]
+    /// [default: 16].
+    #[arg(long, value_name = "N")]
+    pub(super) row_groups_per_file: Option<usize>,
+    /// Write a partly filled row group after this long without filling, e.g. 10s
+    /// [config: ingest.flush_after] [default: 10s].
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    pub(super) flush_after: Option<std::time::Duration>,
+    /// Threads writing row groups [config: ingest.writers] [default: one per core].
+    #[arg(long, value_name = "N")]
+    pub(super) writers: Option<usize>,
+}
+
+/// A Parquet page codec as a flag value.
+pub fn parse_codec(text: &str) -> Result<Codec, String> {
+    text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}

@@ -1,0 +1,306 @@
+//! What a command runs with, resolved once at its start: flags over the configuration file
+//! over the defaults (ripgrep's split of parsed and resolved arguments).
+//!
+//! - [`file`]: the configuration file, every section in one place.
+//! - [`flags`]: the flag groups commands share, as clap parses them.
+//! - here: one resolved type per role and the one function that builds each. A command calls
+//!   them first and never reads a flag group or a configuration section again, so a setting's
+//!   precedence and its error message live in one place.
+
+mod file;
+mod flags;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
+use forte_ingest::{FileOptions, IngestOptions};
+use forte_prepare::PrepareConfig;
+use forte_relay::client::{RelayClient, RelayEndpoint};
+use forte_relay::tls::RelayTrust;
+use forte_restore::RestoreConfig;
+
+pub use file::{check_level, Config, Level};
+pub use flags::{parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags};
+
+use crate::schedule::{Policy, PolicyName};
+use crate::units::parse_duration;
+
+/// The edge's: the keys that seal objects and how they are prepared.
+pub struct EdgeSettings {
+    pub recipients: Recipients,
+    pub key: EdgeKey,
+    pub prepare: PrepareConfig,
+}
+
+/// The core's: the keys that open objects and how they are restored.
+pub struct CoreSettings {
+    pub identities: Identities,
+    pub trusted: TrustedEdges,
+    pub restore: RestoreConfig,
+}
+
+/// The relay as a client reaches it.
+pub struct RelayLink {
+    pub endpoint: RelayEndpoint,
+    /// How long one request may take before it is abandoned and retried.
+    pub timeout: Duration,
+}
+
+impl RelayLink {
+    pub fn connect(&self) -> Result<RelayClient> {
+        RelayClient::new(&self.endpoint, self.timeout)
+    }
+}
+
+/// The ingest's: where rows go and how they are written.
+pub struct IngestSettings {
+    pub schema: PathBuf,
+    pub out: PathBuf,
+    pub options: IngestOptions,
+}
+
+/// The flag if given, else the configuration's value, else an error saying how to give it.
+fn required<T>(flag: Option<T>, config: Option<T>, what: &str) -> Result<T> {
+    flag.or(config).with_context(|| what.to_string())
+}
+
+pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
+    let recipient = required(
+        flags.recipient.clone(),
+        config.keys.recipient.clone(),
+        "no recipient: pass --recipient core.pub or set keys.recipient in the config file",
+    )?;
+    let sign = required(
+        flags.sign.clone(),
+        config.keys.sign.clone(),
+        "no signing key: pass --sign edge.key or set keys.sign in the config file",
+    )?;
+    let mut p = PrepareConfig::for_this_machine();
+    let c = &config.prepare;
+    if let Some(size) = flags.part_size.or(c.part_size.map(|s| s.0)) {
+        if size == 0 || size > 1 << 31 {
+            bail!("part size {size} is out of range (1 byte to 2 GiB; default 16MiB)");
+        }
+        p.part_size = size;
+    }
+    match flags.level.or(c.level) {
+        Some(Level::Fixed(level)) => {
+            check_level(level)?;
+            p.level = level;
+        }
+        Some(Level::Auto) => p.adapt = Some(Level::AUTO_BOUNDS),
+        None => {}
+    }
+    if let Some(cpu) = flags.cpu.or(c.cpu) {
+        p.cpu = cpu.max(1);
+        p.parts_in_flight = p.cpu + 4;
+        p.sink_workers = p.cpu.max(2);
+    }
+    if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
+        p.parts_in_flight = n.max(1);
+    }
+    Ok(EdgeSettings {
+        recipients: Recipients::load(&recipient)?,
+        key: EdgeKey::load(&sign)?,
+        prepare: p,
+    })
+}
+
+pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
+    let identity = required(
+        flags.identity.clone(),
+        config.keys.identity.clone(),
+        "no identity: pass --identity core.key or set keys.identity in the config file",
+    )?;
+    let trust = if flags.trust.is_empty() {
+        config.keys.trust.clone()
+    } else {
+        flags.trust.clone()
+    };
+    if trust.is_empty() {
+        bail!("no trusted edge key: pass --trust edge.pub or set keys.trust in the config file");
+    }
+    let mut restore = RestoreConfig::for_this_machine();
+    if let Some(cpu) = flags.cpu.or(config.prepare.cpu) {
+        restore.cpu = cpu.max(1);
+        restore.parts_in_flight = restore.cpu + 4;
+    }
+    if let Some(writers) = flags.writers {
+        restore.writers = writers.max(1);
+    }
+    Ok(CoreSettings {
+        identities: Identities::load(&identity)?,
+        trusted: TrustedEdges::load(&trust)?,
+        restore,
+    })
+}
+
+pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {
+    let c = &config.relay;
+    let url = required(
+        flags.relay.clone(),
+        c.url.clone(),
+        "no relay: pass --relay https://HOST:PORT or set relay.url in the config file",
+    )?;
+    let token_file = flags.token_file.clone().or(c.token_file.clone());
+    let token = match (token_file, std::env::var("FORTE_TOKEN")) {
+        (Some(path), _) => std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read token file {}", path.display()))?
+            .trim()
+            .to_string(),
+        (None, Ok(token)) => token,
+        (None, Err(_)) => bail!(
+            "no token: pass --token-file FILE, set relay.token_file in the config file, or set FORTE_TOKEN"
+        ),
+    };
+    let trust = match (
+        flags.relay_fingerprint.clone().or(c.fingerprint.clone()),
+        flags.relay_ca.clone().or(c.ca.clone()),
+    ) {
+        (Some(fp), None) => RelayTrust::Fingerprint(fp),
+        (None, Some(ca)) => RelayTrust::CaFile(ca),
+        (Some(_), Some(_)) => bail!("give --relay-fingerprint or --relay-ca, not both"),
+        (None, None) => bail!(
+            "no way to trust the relay: pass --relay-fingerprint (printed by `forte relay`) or --relay-ca FILE"
+        ),
+    };
+    Ok(RelayLink {
+        endpoint: RelayEndpoint { url, token, trust },
+        timeout: Duration::from_secs(flags.timeout.max(1)),
+    })
+}
+
+pub fn policy(flags: &ScheduleFlags, config: &Config) -> Result<Policy> {
+    let c = &config.schedule;
+    let max_wait = match flags.max_wait.as_ref().or(c.max_wait.as_ref()) {
+        Some(text) => parse_duration(text).map_err(anyhow::Error::msg)?,
+        None => Duration::from_secs(3600),
+    };
+    let small_share = flags.small_share.or(c.small_share).unwrap_or(0.25);
+    if !(0.0..=1.0).contains(&small_share) {
+        bail!("--small-share {small_share} must be between 0 and 1");
+    }
+    let mut rules = flags.priority.clone();
+    for text in &c.priority {
+        rules.push(text.parse().map_err(anyhow::Error::msg)?);
+    }
+    Ok(Policy::new(
+        flags.policy.or(c.policy).unwrap_or(PolicyName::SjfAging),
+        max_wait,
+        small_share,
+        rules,
+    ))
+}
+
+pub fn ingest(flags: &IngestFlags, config: &Config) -> Result<IngestSettings> {
+    let c = &config.ingest;
+    let schema = required(
+        flags.schema.clone(),
+        c.schema.clone(),
+        "no schema: give --schema FILE or set schema in [ingest] of the config",
+    )?;
+    let out = required(
+        flags.out.clone(),
+        c.out.clone(),
+        "no outbox: give --out DIR or set out in [ingest] of the config",
+    )?;
+    let defaults = IngestOptions::default();
+    let codec = match (&flags.codec, &c.codec) {
+        (Some(codec), _) => *codec,
+        (None, Some(text)) => text.parse().context("codec in [ingest] of the config")?,
+        (None, None) => defaults.file.codec,
+    };
+    let flush_after = match (flags.flush_after, &c.flush_after) {
+        (Some(d), _) => d,
+        (None, Some(text)) => parse_duration(text)
+            .map_err(anyhow::Error::msg)
+            .context("flush_after in [ingest] of the config")?,
+        (None, None) => defaults.flush_after,
+    };
+    let options = IngestOptions {
+        rows_per_group: flags
+            .rows_per_group
+            .or(c.rows_per_group)
+            .unwrap_or(defaults.rows_per_group),
+        row_groups_per_file: flags
+            .row_groups_per_file
+            .or(c.row_groups_per_file)
+            .unwrap_or(defaults.row_groups_per_file),
+        flush_after,
+        writers: flags.writers.or(c.writers).unwrap_or(defaults.writers),
+        file: FileOptions {
+            codec,
+            plain: false,
+        },
+    };
+    Ok(IngestSettings {
+        schema,
+        out,
+        options,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        schedule: ScheduleFlags,
+        #[command(flatten)]
+        ingest: IngestFlags,
+        #[command(flatten)]
+        relay: RelayFlags,
+    }
+
+    fn config(text: &str) -> Config {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("forte.toml");
+        std::fs::write(&file, text).unwrap();
+        Config::load(Some(&file)).unwrap()
+    }
+
+    #[test]
+    fn a_flag_beats_the_file_which_beats_the_default() {
+        let config = config(
+            "[schedule]\npolicy = \"fifo\"\nmax_wait = \"2h\"\n\
+             [ingest]\nschema = \"s.toml\"\nout = \"o\"\ncodec = \"lz4\"\nrows_per_group = 100\n",
+        );
+        let flags = Flags::parse_from(["t", "--policy", "lanes", "--rows-per-group", "7"]);
+        let p = policy(&flags.schedule, &config).unwrap();
+        assert_eq!(p.name, PolicyName::Lanes);
+        assert_eq!(p.max_wait, Duration::from_secs(7200));
+        assert_eq!(p.small_share, 0.25);
+        let i = ingest(&flags.ingest, &config).unwrap();
+        assert_eq!(i.options.rows_per_group, 7);
+        assert_eq!(i.options.file.codec.to_string(), "lz4");
+        assert_eq!(i.options.flush_after, IngestOptions::default().flush_after);
+        assert!(
+            i.schema.ends_with("s.toml") && i.schema.is_absolute(),
+            "{:?}",
+            i.schema
+        );
+    }
+
+    #[test]
+    fn a_missing_setting_says_which_flag_or_key_gives_it() {
+        let flags = Flags::parse_from(["t", "--relay", "https://r:1"]);
+        let empty = Config::default();
+        let e = ingest(&flags.ingest, &empty).err().unwrap().to_string();
+        assert!(e.contains("--schema FILE") && e.contains("[ingest]"), "{e}");
+        std::env::remove_var("FORTE_TOKEN");
+        let e = relay(&flags.relay, &empty).err().unwrap().to_string();
+        assert!(
+            e.contains("--token-file") && e.contains("FORTE_TOKEN"),
+            "{e}"
+        );
+        let flags = Flags::parse_from(["t", "--small-share", "1.5"]);
+        let e = policy(&flags.schedule, &empty).err().unwrap().to_string();
+        assert!(e.contains("1.5 must be between 0 and 1"), "{e}");
+    }
+}
