@@ -10,7 +10,6 @@
 //! stops reading its socket: back-pressure, never loss ([`stream`]). The wire format and the
 //! TCP listener are in [`wire`]; the schema in [`schema`].
 
-pub mod bench;
 pub mod parquet_file;
 pub mod rowgroup;
 pub mod schema;

@@ -74,7 +74,8 @@ impl std::fmt::Display for Codec {
 }
 
 impl Codec {
-    pub(crate) fn parquet(self) -> Compression {
+    /// The parquet crate's name for this codec.
+    pub fn parquet(self) -> Compression {
         match self {
             Codec::None => Compression::UNCOMPRESSED,
             Codec::Snappy => Compression::SNAPPY,
@@ -305,7 +306,7 @@ impl OpenFile {
 
 /// The codecs of [`Codec`], for pages forte compresses itself; each makes the bytes arrow-rs's
 /// own codec would (zstd frames with their content size, raw LZ4 blocks, raw Snappy).
-pub(crate) enum PageCodec {
+pub enum PageCodec {
     None,
     /// Boxed: its hash table is 2 KiB.
     Snappy(Box<snap::raw::Encoder>),
@@ -315,7 +316,7 @@ pub(crate) enum PageCodec {
 }
 
 impl PageCodec {
-    pub(crate) fn new(compression: Compression) -> Result<Self> {
+    pub fn new(compression: Compression) -> Result<Self> {
         Ok(match compression {
             Compression::UNCOMPRESSED => PageCodec::None,
             Compression::SNAPPY => PageCodec::Snappy(Box::new(snap::raw::Encoder::new())),
@@ -329,7 +330,7 @@ impl PageCodec {
     }
 
     /// `input` compressed into `out` (replacing what it held).
-    pub(crate) fn compress(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<()> {
+    pub fn compress(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<()> {
         out.clear();
         match self {
             PageCodec::None => out.extend_from_slice(input),

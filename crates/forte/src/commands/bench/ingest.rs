@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use forte_ingest::bench::{self, Run};
+use super::ingest_contenders::{self as bench, Run};
 use forte_ingest::{Codec, FileOptions, IngestOptions, Schema};
 
 use crate::units::{parse_duration, parse_rate};

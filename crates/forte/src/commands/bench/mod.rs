@@ -3,6 +3,7 @@
 
 mod compress;
 mod ingest;
+mod ingest_contenders;
 
 use anyhow::Result;
 

@@ -15,10 +15,11 @@ use arrow_schema::DataType;
 use parquet::arrow::ArrowWriter;
 use parquet::schema::types::SchemaDescriptor;
 
-use crate::parquet_file::{parquet_schema, properties, PageCodec};
-use crate::rowgroup::{RowGroup, Values};
-use crate::schema::{Kind, Schema};
-use crate::stream::{Ingest, IngestOptions};
+use forte_ingest::parquet_file::{parquet_schema, properties, PageCodec};
+use forte_ingest::rowgroup::{RowGroup, Values};
+use forte_ingest::schema::{Kind, Schema};
+use forte_ingest::wire;
+use forte_ingest::{Codec, Ingest, IngestOptions};
 
 /// `rows` rows of `schema` that look like noisy sensors: a slow sine per column plus noise of
 /// a few percent, sampled at 25.6 kHz (the paper's turbines).
@@ -347,10 +348,10 @@ pub fn pyarrow_runs(
     let script = out.join("baseline_pyarrow.py");
     std::fs::write(&script, include_str!("baseline_pyarrow.py"))?;
     let (codec, level) = match options.file.codec {
-        crate::Codec::Zstd(level) => ("zstd", level),
-        crate::Codec::Lz4 => ("lz4", 0),
-        crate::Codec::Snappy => ("snappy", 0),
-        crate::Codec::None => ("none", 0),
+        Codec::Zstd(level) => ("zstd", level),
+        Codec::Lz4 => ("lz4", 0),
+        Codec::Snappy => ("snappy", 0),
+        Codec::None => ("none", 0),
     };
     let output = std::process::Command::new(python)
         .arg(&script)
@@ -398,10 +399,9 @@ fn parse_baseline(text: &str) -> Option<(Vec<f64>, u64)> {
     Some((seconds, bytes))
 }
 
-/// What `streams` generators at `rate` bytes/s each saw over one trial.
+/// What the generators of one trial saw.
 #[derive(Debug, Clone)]
 pub struct Trial {
-    pub streams: usize,
     /// The furthest any generator fell behind its schedule: time it was blocked by TCP
     /// back-pressure beyond what the socket buffers absorbed.
     pub worst_lateness: Duration,
@@ -434,7 +434,7 @@ pub fn stream_trial(
     {
         let (ingest, outcomes) = (ingest.clone(), outcomes.clone());
         std::thread::spawn(move || {
-            crate::wire::serve(ingest, listener, usize::MAX, move |outcome| {
+            wire::serve(ingest, listener, usize::MAX, move |outcome| {
                 outcomes
                     .lock()
                     .unwrap()
@@ -454,7 +454,7 @@ pub fn stream_trial(
                 scope.spawn(move || -> Result<Duration> {
                     use std::io::Write;
                     let mut conn = std::net::TcpStream::connect(addr)?;
-                    conn.write_all(crate::wire::header(&format!("turbine-{i:03}")).as_bytes())?;
+                    conn.write_all(wire::header(&format!("turbine-{i:03}")).as_bytes())?;
                     let (mut worst, mut at, mut k) =
                         (Duration::ZERO, (i * per_tick * 7) % rows.len(), 0u32);
                     let begin = Instant::now();
@@ -502,7 +502,6 @@ pub fn stream_trial(
     }
     let _ = std::fs::remove_dir_all(&out);
     Ok(Trial {
-        streams,
         worst_lateness: lateness.into_iter().max().unwrap_or_default(),
         longest_stall,
         bytes_per_s: bytes as f64 / elapsed,
