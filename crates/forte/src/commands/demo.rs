@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
-use forte_format::keys::generate;
+use forte_format::keys::{generate, KeyPaths};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_prepare::PrepareConfig;
 use forte_restore::RestoreConfig;
@@ -28,6 +28,19 @@ const MARKER: &str = ".forte-demo";
 
 pub fn run(args: Args) -> Result<bool> {
     let root = &args.dir;
+    fresh_demo_dir(root)?;
+    let keys = root.join("keys");
+    println!(
+        "1. keygen: core age key pair and edge Ed25519 key pair in {}",
+        keys.display()
+    );
+    let paths = generate(&keys)?;
+    offline(root, &paths)?;
+    network(root, &paths)
+}
+
+/// Makes `root` empty, refusing a directory that an earlier demo did not make.
+fn fresh_demo_dir(root: &Path) -> Result<()> {
     if root.exists() {
         if !root.join(MARKER).exists() {
             bail!(
@@ -40,19 +53,16 @@ pub fn run(args: Args) -> Result<bool> {
     }
     std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
     std::fs::write(root.join(MARKER), "made by forte demo\n")?;
-    let (keys, sample, packed, restored) = (
-        root.join("keys"),
+    Ok(())
+}
+
+/// Steps 2 to 5: sample data packed and unpacked without a network, then compared.
+fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
+    let (sample, packed, restored) = (
         root.join("sample"),
         root.join("packed"),
         root.join("restored"),
     );
-
-    println!(
-        "1. keygen: core age key pair and edge Ed25519 key pair in {}",
-        keys.display()
-    );
-    let paths = generate(&keys)?;
-
     let bytes = write_sample(&sample)?;
     println!(
         "2. sample data: {} of sensor recordings in {}",
@@ -107,11 +117,11 @@ pub fn run(args: Args) -> Result<bool> {
         paths.core_key.display(),
         packed.display()
     );
-    network(root, &paths)
+    Ok(())
 }
 
-/// The network path on loopback: this binary as relay, sender and puller.
-fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
+/// Steps 6 to 12, the network path on loopback: this binary as relay, sender and puller.
+fn network(root: &Path, keys: &KeyPaths) -> Result<bool> {
     let inbox = root.join("inbox");
     let bytes = write_batches(&inbox)?;
     println!(
@@ -119,6 +129,40 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         human(bytes),
         inbox.display()
     );
+    let me = std::env::current_exe().context("finding the forte binary")?;
+    let mut relay = start_relay(root, &me)?;
+    let result = relay_address(&mut relay).and_then(|(url, fingerprint)| {
+        println!(
+            "7. relay: {url} (HTTPS, self-signed certificate pinned by sha256 {}…)",
+            &fingerprint[..16]
+        );
+        let demo = Loopback {
+            me: &me,
+            root,
+            url,
+            fingerprint,
+        };
+        demo.send_and_pull(keys, &inbox)
+    });
+    let _ = relay.kill();
+    let _ = relay.wait();
+    result?;
+    println!(
+        "11. catalogues: `forte --catalog {0}/core-catalog.sqlite status` lists every batch and file; \
+         `… status --file mine-site/batch-A/vehicle.log` prints its lineage",
+        root.display()
+    );
+    println!(
+        "12. KPIs: `forte --catalog {0}/edge-catalog.sqlite report --with {0}/core-catalog.sqlite \
+         --nominal-rate 3.36TB/day --charts {0}/charts` splits each batch's latency into queueing and \
+         processing per task and draws its timeline",
+        root.display()
+    );
+    Ok(true)
+}
+
+/// Writes the relay's tokens (one edge, one core) and starts `forte relay` on a free port.
+fn start_relay(root: &Path, me: &Path) -> Result<Child> {
     let tokens = root.join("relay-tokens.toml");
     std::fs::write(
         &tokens,
@@ -129,8 +173,7 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
     )?;
     std::fs::write(root.join("edge.token"), EDGE_TOKEN)?;
     std::fs::write(root.join("core.token"), CORE_TOKEN)?;
-    let me = std::env::current_exe().context("finding the forte binary")?;
-    let mut relay = Command::new(&me)
+    Command::new(me)
         .args(["relay", "--listen", "127.0.0.1:0", "--store"])
         .arg(root.join("relay"))
         .arg("--tokens")
@@ -138,57 +181,38 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .context("starting the relay")?;
-    let result = (|| {
-        let (url, fingerprint) = relay_address(&mut relay)?;
-        println!(
-            "7. relay: {url} (HTTPS, self-signed certificate pinned by sha256 {}…)",
-            &fingerprint[..16]
-        );
-        let connect = |token: &str| -> Vec<std::ffi::OsString> {
-            [
-                "--relay",
-                &url,
-                "--relay-fingerprint",
-                &fingerprint,
-                "--token-file",
-            ]
-            .into_iter()
-            .map(Into::into)
-            .chain([root.join(token).into_os_string()])
-            .collect()
-        };
+        .context("starting the relay")
+}
+
+/// This binary, and the relay it started, as the demo's edge and core see them.
+struct Loopback<'a> {
+    me: &'a Path,
+    root: &'a Path,
+    url: String,
+    fingerprint: String,
+}
+
+impl Loopback<'_> {
+    /// Steps 8 to 10: send the inbox, pull it, and compare what arrived.
+    fn send_and_pull(&self, keys: &KeyPaths, inbox: &Path) -> Result<()> {
         println!("8. send: each batch in one pass, straight to the relay over 4 connections");
-        let status = Command::new(&me)
-            .arg("--catalog")
-            .arg(root.join("edge-catalog.sqlite"))
-            .arg("send")
-            .arg(&inbox)
-            .arg("--recipient")
-            .arg(&keys.core_pub)
-            .arg("--sign")
-            .arg(&keys.edge_key)
-            .args(connect("edge.token"))
-            .arg("-q")
-            .status()?;
-        anyhow::ensure!(status.success(), "send failed");
-        let delivered = root.join("delivered");
+        self.forte("edge", "send", &["-q".as_ref(), inbox.as_os_str()], |c| {
+            c.arg("--recipient")
+                .arg(&keys.core_pub)
+                .arg("--sign")
+                .arg(&keys.edge_key);
+        })?;
+        let delivered = self.root.join("delivered");
         println!("9. pull: verify, decrypt, deliver each batch atomically under {{site}}/{{batch}}/{{path}}, acknowledge");
-        let status = Command::new(&me)
-            .arg("--catalog")
-            .arg(root.join("core-catalog.sqlite"))
-            .arg("pull")
-            .arg("--to")
-            .arg(&delivered)
-            .arg("--identity")
-            .arg(&keys.core_key)
-            .arg("--trust")
-            .arg(&keys.edge_pub)
-            .args(connect("core.token"))
-            .arg("-q")
-            .status()?;
-        anyhow::ensure!(status.success(), "pull failed");
-        let sent = tree_digest(&inbox)?
+        self.forte("core", "pull", &["-q".as_ref()], |c| {
+            c.arg("--to")
+                .arg(&delivered)
+                .arg("--identity")
+                .arg(&keys.core_key)
+                .arg("--trust")
+                .arg(&keys.edge_pub);
+        })?;
+        let sent = tree_digest(inbox)?
             .into_iter()
             .filter(|(path, _)| !path.ends_with("/.ready"))
             .collect::<BTreeMap<_, _>>();
@@ -196,7 +220,7 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
         if sent != arrived {
             bail!("delivered files differ from the inbox: this is a bug, please report it");
         }
-        let left = std::fs::read_dir(root.join("relay/sites/mine-site/objects"))?.count();
+        let left = std::fs::read_dir(self.root.join("relay/sites/mine-site/objects"))?.count();
         if left > 0 {
             bail!("the relay still holds {left} objects after acknowledgement: this is a bug");
         }
@@ -204,22 +228,30 @@ fn network(root: &Path, keys: &forte_format::keys::KeyPaths) -> Result<bool> {
             "10. compare: all {} files of 14 batches arrived identical (SHA-256, mtimes); the relay kept nothing after acknowledgement",
             arrived.len()
         );
-        println!(
-            "11. catalogues: `forte --catalog {0}/core-catalog.sqlite status` lists every batch and file; \
-             `… status --file mine-site/batch-A/vehicle.log` prints its lineage",
-            root.display()
-        );
-        println!(
-            "12. KPIs: `forte --catalog {0}/edge-catalog.sqlite report --with {0}/core-catalog.sqlite \
-             --nominal-rate 3.36TB/day --charts {0}/charts` splits each batch's latency into queueing and \
-             processing per task and draws its timeline",
-            root.display()
-        );
-        Ok(true)
-    })();
-    let _ = relay.kill();
-    let _ = relay.wait();
-    result
+        Ok(())
+    }
+
+    /// Runs `forte COMMAND` as `role` (its own catalogue and token) against the relay.
+    fn forte(
+        &self,
+        role: &str,
+        command: &str,
+        args: &[&std::ffi::OsStr],
+        role_args: impl FnOnce(&mut Command),
+    ) -> Result<()> {
+        let mut c = Command::new(self.me);
+        c.arg("--catalog")
+            .arg(self.root.join(format!("{role}-catalog.sqlite")))
+            .arg(command)
+            .args(args)
+            .args(["--relay", &self.url, "--relay-fingerprint", &self.fingerprint])
+            .arg("--token-file")
+            .arg(self.root.join(format!("{role}.token")));
+        role_args(&mut c);
+        let status = c.status()?;
+        anyhow::ensure!(status.success(), "{command} failed");
+        Ok(())
+    }
 }
 
 const EDGE_TOKEN: &str = "demo-edge-token-not-secret";
