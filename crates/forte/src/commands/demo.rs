@@ -244,7 +244,12 @@ impl Loopback<'_> {
             .arg(self.root.join(format!("{role}-catalog.sqlite")))
             .arg(command)
             .args(args)
-            .args(["--relay", &self.url, "--relay-fingerprint", &self.fingerprint])
+            .args([
+                "--relay",
+                &self.url,
+                "--relay-fingerprint",
+                &self.fingerprint,
+            ])
             .arg("--token-file")
             .arg(self.root.join(format!("{role}.token")));
         role_args(&mut c);

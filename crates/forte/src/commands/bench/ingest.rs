@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use super::ingest_contenders::{self as bench, Run};
 use forte_ingest::{Codec, FileOptions, IngestOptions, Schema};
 
+use super::ingest_contenders::{self as bench, Run};
 use crate::units::{parse_duration, parse_rate};
 
 #[derive(clap::Args)]
@@ -63,6 +63,28 @@ pub struct IngestBench {
 pub fn run(b: IngestBench) -> Result<bool> {
     std::fs::create_dir_all(&b.work)
         .with_context(|| format!("cannot create {}", b.work.display()))?;
+    let (schema, rows) = rows(&b)?;
+    compression_ratios(&b, &schema, &rows)?;
+    let all_measured = one_core_throughput(&b, &schema, &rows)?;
+    if !b.no_streams {
+        streams(&b, &schema, &rows, &b.options(b.codec, false))?;
+    }
+    Ok(all_measured)
+}
+
+impl IngestBench {
+    fn options(&self, codec: Codec, plain: bool) -> IngestOptions {
+        IngestOptions {
+            rows_per_group: self.rows_per_group,
+            file: FileOptions { codec, plain },
+            ..Default::default()
+        }
+    }
+}
+
+/// The rows every measurement uses, from the recording or synthetic, also written to
+/// `rows.bin` for pyarrow; says what they are.
+fn rows(b: &IngestBench) -> Result<(Schema, Vec<u8>)> {
     let (schema, rows, what) = match (&b.from_file, &b.schema) {
         (Some(file), Some(schema)) => {
             let schema = Schema::load(schema)?;
@@ -79,29 +101,27 @@ pub fn run(b: IngestBench) -> Result<bool> {
             (schema, rows, what)
         }
     };
-    let raw = rows.len();
     let rows_file = b.work.join("rows.bin");
     std::fs::write(&rows_file, &rows)
         .with_context(|| format!("cannot write {}", rows_file.display()))?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "data: {what}; {} rows of {} B = {:.1} MB; machine: {cores} cores",
-        raw / schema.row_width(),
+        rows.len() / schema.row_width(),
         schema.row_width(),
-        raw as f64 / 1e6
+        rows.len() as f64 / 1e6
     );
-    let options = |codec: Codec, plain: bool| IngestOptions {
-        rows_per_group: b.rows_per_group,
-        file: FileOptions { codec, plain },
-        ..Default::default()
-    };
+    Ok((schema, rows))
+}
 
+fn compression_ratios(b: &IngestBench, schema: &Schema, rows: &[u8]) -> Result<()> {
+    let raw = rows.len();
     println!("\ncompression ratio (raw row bytes / Parquet bytes), forte ingest:");
     println!("| codec | plain | BYTE_STREAM_SPLIT | gain |");
     println!("|---|---|---|---|");
     for &codec in &b.ratio_codecs {
-        let plain = bench::forte_run(&schema, &rows, &options(codec, true), &b.work)?;
-        let bss = bench::forte_run(&schema, &rows, &options(codec, false), &b.work)?;
+        let plain = bench::forte_run(schema, rows, &b.options(codec, true), &b.work)?;
+        let bss = bench::forte_run(schema, rows, &b.options(codec, false), &b.work)?;
         println!(
             "| {codec} | {:.3} | {:.3} | {:+.1} % |",
             plain.ratio(raw),
@@ -109,23 +129,30 @@ pub fn run(b: IngestBench) -> Result<bool> {
             (bss.ratio(raw) / plain.ratio(raw) - 1.0) * 100.0
         );
     }
+    Ok(())
+}
 
+/// forte against the codec alone, ArrowWriter and pyarrow, all on one core; false when a
+/// pyarrow run could not be measured.
+fn one_core_throughput(b: &IngestBench, schema: &Schema, rows: &[u8]) -> Result<bool> {
+    let raw = rows.len();
     println!(
         "\nthroughput on one core ({}, BYTE_STREAM_SPLIT, median of {} runs, same rows):",
         b.codec, b.runs
     );
-    let one_core = options(b.codec, false);
+    let one_core = b.options(b.codec, false);
+    let rows_file = b.work.join("rows.bin");
     let (forte, arrow, pyarrow, ceiling) = on_one_core(|| {
         let forte = bench::median(b.runs, || {
-            bench::forte_run(&schema, &rows, &one_core, &b.work)
+            bench::forte_run(schema, rows, &one_core, &b.work)
         })?;
-        let ceiling = bench::median(b.runs, || bench::codec_alone_run(&schema, &rows, &one_core))?;
+        let ceiling = bench::median(b.runs, || bench::codec_alone_run(schema, rows, &one_core))?;
         let arrow = bench::median(b.runs, || {
-            bench::arrow_builder_run(&schema, &rows, &one_core, &b.work)
+            bench::arrow_builder_run(schema, rows, &one_core, &b.work)
         })?;
         let pyarrow = [true, false].map(|same_pages| {
             bench::pyarrow_runs(
-                &b.python, &schema, &rows_file, &one_core, &b.work, b.runs, same_pages,
+                &b.python, schema, &rows_file, &one_core, &b.work, b.runs, same_pages,
             )
             .map(bench::median_of)
         });
@@ -162,10 +189,6 @@ pub fn run(b: IngestBench) -> Result<bool> {
             Ok(r) => line(&name, r),
             Err(e) => println!("| {name} | not measured: {e:#} | | |"),
         }
-    }
-
-    if !b.no_streams {
-        streams(&b, &schema, &rows, &options(b.codec, false))?;
     }
     Ok(pyarrow.iter().all(Result::is_ok))
 }
