@@ -105,6 +105,39 @@ struct Measured {
 }
 
 pub fn run(b: CompressBench) -> Result<bool> {
+    let threads = b
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let sample = sample(&b, threads)?;
+    let measured = measure_all(&b, &sample, threads)?;
+    print_table(&b, &measured, threads);
+    recommend(&measured);
+    if let Some(dir) = &b.plot {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let points: Vec<TradeoffPoint> = measured
+            .iter()
+            .map(|m| TradeoffPoint {
+                label: m.setting.to_string(),
+                family: m.setting.family().to_string(),
+                ratio: m.ratio,
+                mb_per_s: m.mb_per_s,
+                pareto: m.pareto,
+            })
+            .collect();
+        let title = format!(
+            "compression speed vs ratio on {:.0} MB of your data ({threads} threads)",
+            sample.len() as f64 / 1e6
+        );
+        let svg = tradeoff_svg(&title, &points, b.link / 1e6);
+        let path = dir.join("compress.svg");
+        write_svg_and_png(&svg, &path)?;
+        println!("chart: {} and compress.png", path.display());
+    }
+    Ok(true)
+}
+
+/// Up to `--sample-size` bytes spread over the sample files.
+fn sample(b: &CompressBench, threads: usize) -> Result<Vec<u8>> {
     let files = walk(&b.samples)?;
     let total: u64 = files.iter().map(|(_, size)| size).sum();
     if total == 0 {
@@ -119,19 +152,21 @@ pub fn run(b: CompressBench) -> Result<bool> {
             .min(total)
     };
     let sample = read_sample(&files, total, want)?;
-    let parts: Vec<&[u8]> = sample.chunks(b.part_size.max(1) as usize).collect();
-    let threads = b
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     eprintln!(
         "sample: {:.1} MB of {:.1} MB in {} files; {} parts of up to {:.0} MB on {threads} threads; link {:.1} MB/s",
         sample.len() as f64 / 1e6,
         total as f64 / 1e6,
         files.len(),
-        parts.len(),
+        sample.len().div_ceil(b.part_size.max(1) as usize),
         b.part_size as f64 / 1e6,
         b.link / 1e6
     );
+    Ok(sample)
+}
+
+/// Every setting on the sample's parts, and which of them are on the Pareto front.
+fn measure_all(b: &CompressBench, sample: &[u8], threads: usize) -> Result<Vec<Measured>> {
+    let parts: Vec<&[u8]> = sample.chunks(b.part_size.max(1) as usize).collect();
     let mut settings: Vec<Setting> = (-5..=22).filter(|l| *l != 0).map(Setting::Zstd).collect();
     settings.push(Setting::Lz4);
     settings.extend((1..=9).map(Setting::Gzip));
@@ -165,12 +200,16 @@ pub fn run(b: CompressBench) -> Result<bool> {
             .iter()
             .any(|m| m.mb_per_s > speed && m.ratio > ratio);
     }
+    Ok(measured)
+}
+
+fn print_table(b: &CompressBench, measured: &[Measured], threads: usize) {
     println!(
         "| setting | MB/s ({threads} threads) | ratio | predicted end-to-end over {:.1} MB/s | bound | Pareto |",
         b.link / 1e6
     );
     println!("|---|---:|---:|---:|---|---|");
-    for m in &measured {
+    for m in measured {
         println!(
             "| {} | {:.1} | {:.3} | {:.1} MB/s | {} | {} |",
             m.setting,
@@ -185,8 +224,11 @@ pub fn run(b: CompressBench) -> Result<bool> {
             if m.pareto { "●" } else { "" }
         );
     }
-    // The highest predicted rate; among settings within 2 % of it, the best ratio (fewer
-    // bytes on the wire and at the relay for the same delivery rate).
+}
+
+/// The highest predicted rate; among settings within 2 % of it, the best ratio (fewer bytes
+/// on the wire and at the relay for the same delivery rate).
+fn recommend(measured: &[Measured]) {
     let best = measured.iter().map(|m| m.predicted).fold(0.0, f64::max);
     let pick = measured
         .iter()
@@ -203,28 +245,6 @@ pub fn run(b: CompressBench) -> Result<bool> {
         "\nrecommended: {} — predicted {:.1} MB/s end to end ({:.1} MB/s of compression, ratio {:.3}); {advice}",
         pick.setting, pick.predicted, pick.mb_per_s, pick.ratio
     );
-    if let Some(dir) = &b.plot {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let points: Vec<TradeoffPoint> = measured
-            .iter()
-            .map(|m| TradeoffPoint {
-                label: m.setting.to_string(),
-                family: m.setting.family().to_string(),
-                ratio: m.ratio,
-                mb_per_s: m.mb_per_s,
-                pareto: m.pareto,
-            })
-            .collect();
-        let title = format!(
-            "compression speed vs ratio on {:.0} MB of your data ({threads} threads)",
-            sample.len() as f64 / 1e6
-        );
-        let svg = tradeoff_svg(&title, &points, b.link / 1e6);
-        let path = dir.join("compress.svg");
-        write_svg_and_png(&svg, &path)?;
-        println!("chart: {} and compress.png", path.display());
-    }
-    Ok(true)
 }
 
 /// Total compressed size of `parts`, compressed by `threads` workers taking parts in turn.
