@@ -19,7 +19,7 @@ use forte_ingest::parquet_file::{parquet_schema, properties, PageCodec};
 use forte_ingest::rowgroup::{RowGroup, Values};
 use forte_ingest::schema::{Kind, Schema};
 use forte_ingest::wire;
-use forte_ingest::{Codec, Ingest, IngestOptions};
+use forte_ingest::{Codec, Ingest, IngestOptions, StreamStats};
 
 /// `rows` rows of `schema` that look like noisy sensors: a slow sine per column plus noise of
 /// a few percent, sampled at 25.6 kHz (the paper's turbines).
@@ -426,58 +426,23 @@ pub fn stream_trial(
 ) -> Result<Trial> {
     let out = fresh(work, "streams")?;
     let (ingest, _) = Ingest::start(&out, schema.clone(), options.clone())?;
-    let ingest = Arc::new(ingest);
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
-    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
-    // The listener thread outlives the trial, idle in accept, until the bench exits.
-    {
-        let (ingest, outcomes) = (ingest.clone(), outcomes.clone());
-        std::thread::spawn(move || {
-            wire::serve(ingest, listener, usize::MAX, move |outcome| {
-                outcomes
-                    .lock()
-                    .unwrap()
-                    .push(outcome.map_err(|e| format!("{e:#}")));
-            })
-        });
-    }
+    let outcomes = serve(Arc::new(ingest), listener);
     // Ticks of 10 ms: each sends its share of the rate in whole rows.
     let width = schema.row_width();
     let tick = Duration::from_millis(10);
-    let per_tick = ((rate * tick.as_secs_f64()) as usize / width).max(1) * width;
+    let generator = Generator {
+        rows,
+        tick,
+        per_tick: ((rate * tick.as_secs_f64()) as usize / width).max(1) * width,
+        seconds,
+    };
     let started = Instant::now();
     let mut rss_mid_trial = 0;
     let lateness: Vec<Duration> = std::thread::scope(|scope| {
         let generators: Vec<_> = (0..streams)
-            .map(|i| {
-                scope.spawn(move || -> Result<Duration> {
-                    use std::io::Write;
-                    let mut conn = std::net::TcpStream::connect(addr)?;
-                    conn.write_all(wire::header(&format!("turbine-{i:03}")).as_bytes())?;
-                    let (mut worst, mut at, mut k) =
-                        (Duration::ZERO, (i * per_tick * 7) % rows.len(), 0u32);
-                    let begin = Instant::now();
-                    while begin.elapsed().as_secs_f64() < seconds {
-                        let due = begin + tick * k;
-                        let now = Instant::now();
-                        if now < due {
-                            std::thread::sleep(due - now);
-                        } else {
-                            worst = worst.max(now - due);
-                        }
-                        let mut left = per_tick;
-                        while left > 0 {
-                            let n = left.min(rows.len() - at);
-                            conn.write_all(&rows[at..at + n])?;
-                            at = (at + n) % rows.len();
-                            left -= n;
-                        }
-                        k += 1;
-                    }
-                    Ok(worst)
-                })
-            })
+            .map(|i| scope.spawn(move || generator.run(addr, i)))
             .collect();
         std::thread::sleep(Duration::from_secs_f64(seconds / 2.0));
         rss_mid_trial = resident_bytes();
@@ -487,7 +452,38 @@ pub fn stream_trial(
             .collect()
     });
     let elapsed = started.elapsed().as_secs_f64();
-    // Each stream ends when its generator closes: wait for all reports.
+    let (longest_stall, bytes) = wait_for_reports(&outcomes, streams)?;
+    let _ = std::fs::remove_dir_all(&out);
+    Ok(Trial {
+        worst_lateness: lateness.into_iter().max().unwrap_or_default(),
+        longest_stall,
+        bytes_per_s: bytes as f64 / elapsed,
+        rss_mid_trial,
+    })
+}
+
+/// What each stream of a trial reported when it ended.
+type Outcomes = Arc<std::sync::Mutex<Vec<Result<StreamStats, String>>>>;
+
+/// Serves `listener` into `ingest` on a thread of its own, which outlives the trial, idle in
+/// accept, until the bench exits.
+fn serve(ingest: Arc<Ingest>, listener: std::net::TcpListener) -> Outcomes {
+    let outcomes = Outcomes::default();
+    let reports = outcomes.clone();
+    std::thread::spawn(move || {
+        wire::serve(ingest, listener, usize::MAX, move |outcome| {
+            reports
+                .lock()
+                .unwrap()
+                .push(outcome.map_err(|e| format!("{e:#}")));
+        })
+    });
+    outcomes
+}
+
+/// Each stream ends when its generator closes: waits (a minute at most) for all `streams`
+/// reports and returns the longest stall and the bytes they received.
+fn wait_for_reports(outcomes: &Outcomes, streams: usize) -> Result<(Duration, u64)> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while outcomes.lock().unwrap().len() < streams && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -500,13 +496,47 @@ pub fn stream_trial(
         longest_stall = longest_stall.max(stats.longest_stall);
         bytes += stats.bytes;
     }
-    let _ = std::fs::remove_dir_all(&out);
-    Ok(Trial {
-        worst_lateness: lateness.into_iter().max().unwrap_or_default(),
-        longest_stall,
-        bytes_per_s: bytes as f64 / elapsed,
-        rss_mid_trial,
-    })
+    Ok((longest_stall, bytes))
+}
+
+/// One sensor of a trial: `per_tick` bytes of `rows` every `tick`, for `seconds`.
+#[derive(Clone, Copy)]
+struct Generator<'a> {
+    rows: &'a [u8],
+    tick: Duration,
+    per_tick: usize,
+    seconds: f64,
+}
+
+impl Generator<'_> {
+    /// Streams as source `turbine-I` and returns how far it fell behind its schedule at worst.
+    fn run(self, addr: std::net::SocketAddr, i: usize) -> Result<Duration> {
+        use std::io::Write;
+        let rows = self.rows;
+        let mut conn = std::net::TcpStream::connect(addr)?;
+        conn.write_all(wire::header(&format!("turbine-{i:03}")).as_bytes())?;
+        let (mut worst, mut at, mut k) =
+            (Duration::ZERO, (i * self.per_tick * 7) % rows.len(), 0u32);
+        let begin = Instant::now();
+        while begin.elapsed().as_secs_f64() < self.seconds {
+            let due = begin + self.tick * k;
+            let now = Instant::now();
+            if now < due {
+                std::thread::sleep(due - now);
+            } else {
+                worst = worst.max(now - due);
+            }
+            let mut left = self.per_tick;
+            while left > 0 {
+                let n = left.min(rows.len() - at);
+                conn.write_all(&rows[at..at + n])?;
+                at = (at + n) % rows.len();
+                left -= n;
+            }
+            k += 1;
+        }
+        Ok(worst)
+    }
 }
 
 /// VmRSS of this process, from /proc.
