@@ -18,9 +18,9 @@
 
 mod config;
 mod destination;
+mod object_source;
 mod objects;
 mod outcome;
-mod source;
 mod staged;
 mod stages;
 
@@ -36,13 +36,13 @@ use destination::{check_destination, commit};
 
 pub use config::{Existing, RestoreConfig};
 pub use destination::{new_staging, remove_stale_staging, replicate};
+pub use object_source::{DirSource, ObjectRef, ObjectSource, PartError};
 pub use objects::{open_inventory, open_objects, Object};
 pub use outcome::{Delivered, Placed, Problem, RestoreFailure, Totals};
-pub use source::{DirSource, ObjectRef, ObjectSource, PartError};
 pub use staged::Staged;
 
 /// Maps a verified manifest to its relative path at the destination.
-pub type Layout<'a> = &'a (dyn Fn(&Manifest) -> String + Sync);
+pub type TargetPath<'a> = &'a (dyn Fn(&Manifest) -> String + Sync);
 
 /// One restore run.
 pub struct Restore<'k> {
@@ -77,7 +77,7 @@ impl<'k> Restore<'k> {
         &self,
         source: &dyn ObjectSource,
         dest: &Path,
-        layout: Layout<'_>,
+        layout: TargetPath<'_>,
     ) -> Result<Delivered> {
         let inventory = self.inventory(source)?;
         let staging = new_staging(dest)?;
@@ -104,7 +104,7 @@ impl<'k> Restore<'k> {
         &self,
         source: &dyn ObjectSource,
         dest: &Path,
-        layout: Layout<'_>,
+        layout: TargetPath<'_>,
         staging: &Path,
     ) -> Result<Staged> {
         let opened = open_objects(source, self.identities, self.trusted)?;

@@ -4,7 +4,7 @@ use anyhow::{bail, Result};
 use forte_format::seal::decrypt;
 use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 
-use crate::source::{ObjectRef, ObjectSource};
+use crate::object_source::{ObjectRef, ObjectSource};
 
 /// Larger than the manifest of a 100 TiB file in 16 MiB parts; bounds what an untrusted
 /// `manifest.age` can make us allocate before its signature is checked.

@@ -10,7 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{BatchReport, Delivery};
+use crate::delivery::{Delivery, DeliveryReport};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
@@ -116,7 +116,7 @@ impl Puller<'_> {
     }
 
     /// Delivers one sealed batch and reports it.
-    fn pull(&self, batch: Vec<ReadyObject>) -> BatchReport {
+    fn pull(&self, batch: Vec<ReadyObject>) -> DeliveryReport {
         let restore = self.restore();
         let report = crate::monitor::while_running(
             Role::Core,
@@ -142,7 +142,7 @@ impl Puller<'_> {
     /// Delivers every sealed batch waiting now; true when all went.
     fn once(&self) -> Result<bool> {
         let waiting = self.delivery.waiting(&self.policy, false)?;
-        let reports: Vec<BatchReport> = waiting.into_iter().map(|b| self.pull(b)).collect();
+        let reports: Vec<DeliveryReport> = waiting.into_iter().map(|b| self.pull(b)).collect();
         if self.json {
             println!("{}", serde_json::to_string_pretty(&reports)?);
         } else if reports.is_empty() {
@@ -191,7 +191,7 @@ impl Puller<'_> {
     }
 }
 
-fn print_report(r: &BatchReport) {
+fn print_report(r: &DeliveryReport) {
     match &r.error {
         None => println!(
             "batch {} of {}: delivered {} files ({}) in {:.1} s ({:.1} MB/s){}, verified and acknowledged",

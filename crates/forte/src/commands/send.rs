@@ -10,7 +10,7 @@ use forte_catalog::Role;
 use serde::Serialize;
 
 use super::{Daemon, Output};
-use crate::edge::{ready_batches, Batch, BatchReport, Edge, EdgeSetup, Inbox, READY_MARKER};
+use crate::edge::{ready_batches, Batch, Edge, EdgeSetup, Inbox, SendReport, READY_MARKER};
 use crate::hook::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, EdgeFlags, RelayFlags, ScheduleFlags};
@@ -51,7 +51,7 @@ pub struct Args {
 #[derive(Serialize)]
 struct Summary {
     command: &'static str,
-    batches: Vec<BatchReport>,
+    batches: Vec<SendReport>,
     waiting: Vec<String>,
 }
 
@@ -76,10 +76,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             role: Role::Edge,
             command: args.daemon.on_failure.clone(),
         },
-        on_finished: args
-            .daemon
-            .watch
-            .then_some(print_report as fn(&BatchReport)),
+        on_finished: args.daemon.watch.then_some(print_report as fn(&SendReport)),
     });
     if !args.cancel.is_empty() {
         return edge.cancel(&args.inbox, &args.cancel);
@@ -196,7 +193,7 @@ impl Pass<'_> {
     }
 }
 
-fn print_report(report: &BatchReport) {
+fn print_report(report: &SendReport) {
     println!(
         "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed",
         report.batch,

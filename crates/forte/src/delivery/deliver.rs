@@ -10,7 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{replicate, Restore, RestoreFailure};
 
 use super::ahead::Ahead;
-use super::{batch_key_of, sealed_bytes, BatchReport, Delivery};
+use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
 use crate::transfer::download::RelaySource;
 
@@ -33,12 +33,12 @@ impl Sealed<'_> {
 
 impl Delivery<'_> {
     /// Delivers one sealed batch, all or nothing, and acknowledges it at the relay.
-    pub fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> BatchReport {
+    pub fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> DeliveryReport {
         let batch = Sealed {
             key: batch_key_of(&objects),
             objects: &objects,
         };
-        let mut report = BatchReport {
+        let mut report = DeliveryReport {
             site: batch.site().to_owned(),
             batch: batch.id().to_owned(),
             objects: objects.len(),
@@ -197,7 +197,7 @@ impl Delivery<'_> {
         &self,
         batch: &Sealed<'_>,
         failure: &RestoreFailure,
-        report: &mut BatchReport,
+        report: &mut DeliveryReport,
     ) {
         // Problems of the batch's set of objects (its inventory) name no part.
         for p in &failure.problems {

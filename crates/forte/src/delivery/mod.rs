@@ -29,9 +29,9 @@ use crate::transfer::retry::Retry;
 
 use ahead::Ahead;
 
-/// What happened to one batch.
+/// What delivering one batch did.
 #[derive(Debug, Serialize)]
-pub struct BatchReport {
+pub struct DeliveryReport {
     pub site: String,
     pub batch: String,
     pub objects: usize,

@@ -30,9 +30,9 @@ use crate::transfer::retry::Retry;
 
 pub use inbox::{ready_batches, Batch, Inbox, READY_MARKER};
 
-/// What happened to one batch.
+/// What sending one batch did.
 #[derive(Debug, Serialize)]
-pub struct BatchReport {
+pub struct SendReport {
     pub batch: String,
     pub files: usize,
     pub sent: usize,
@@ -68,7 +68,7 @@ fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
 
 /// A batch between its admission to the queue and its seal at the relay.
 struct InFlight {
-    report: BatchReport,
+    report: SendReport,
     name: String,
     /// Raw bytes of every file of the batch, as discovered (sent now, before, or not at all).
     bytes: u64,
@@ -88,7 +88,7 @@ struct InFlight {
 impl InFlight {
     fn new(name: &str, admitted: Instant) -> Self {
         Self {
-            report: BatchReport {
+            report: SendReport {
                 batch: name.to_owned(),
                 files: 0,
                 sent: 0,
@@ -120,7 +120,7 @@ pub struct EdgeSetup<'a> {
     pub policy: Policy,
     pub failures: Failures,
     /// Told of each batch's report as the batch finishes (the daemon prints it).
-    pub on_finished: Option<fn(&BatchReport)>,
+    pub on_finished: Option<fn(&SendReport)>,
 }
 
 /// What every batch of a `send` run shares: the relay, the queue and the batches in flight.
@@ -131,7 +131,7 @@ pub struct Edge<'a> {
     queue: BatchQueue<PrepareJob>,
     batch_of: Mutex<HashMap<ObjectId, BatchKey>>,
     in_flight: Mutex<HashMap<BatchKey, InFlight>>,
-    finished: Mutex<Vec<BatchReport>>,
+    finished: Mutex<Vec<SendReport>>,
 }
 
 impl JobQueue for Edge<'_> {
@@ -174,7 +174,7 @@ impl<'a> Edge<'a> {
     }
 
     /// The reports of the batches finished since the last call, in the order they finished.
-    pub fn take_finished(&self) -> Vec<BatchReport> {
+    pub fn take_finished(&self) -> Vec<SendReport> {
         std::mem::take(&mut *lock(&self.finished))
     }
 
