@@ -52,10 +52,18 @@ struct TokensFile {
 #[serde(deny_unknown_fields)]
 struct TokenEntry {
     token: String,
-    role: String,
+    role: TokenRole,
     site: Option<String>,
     #[serde(default)]
     sites: Vec<String>,
+}
+
+/// Who a token is for; a misspelt role fails when the file is read.
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum TokenRole {
+    Edge,
+    Core,
 }
 
 /// The relay's token table.
@@ -75,9 +83,9 @@ impl Tokens {
             if e.token.len() < 16 {
                 bail!("{at}: tokens must be at least 16 characters");
             }
-            let principal = match (e.role.as_str(), e.site, e.sites.is_empty()) {
-                ("edge", Some(site), true) if valid_site(&site) => Principal::Edge { site },
-                ("core", None, false) if e.sites.iter().all(|s| s == "*" || valid_site(s)) => {
+            let principal = match (e.role, e.site, e.sites.is_empty()) {
+                (TokenRole::Edge, Some(site), true) if valid_site(&site) => Principal::Edge { site },
+                (TokenRole::Core, None, false) if e.sites.iter().all(|s| s == "*" || valid_site(s)) => {
                     Principal::Core { sites: e.sites }
                 }
                 _ => bail!(
@@ -175,6 +183,19 @@ mod tests {
         assert!(
             !e.contains("token-0123456789"),
             "the secret is printed: {e}"
+        );
+    }
+
+    #[test]
+    fn a_misspelt_role_is_refused_when_the_file_is_read() {
+        let e = load(&EDGE.replace("role = \"edge\"", "role = \"egde\""))
+            .err()
+            .expect("an unknown role is refused")
+            .to_string();
+        assert!(
+            e.contains("tokens.toml is not valid")
+                && e.contains("unknown variant `egde`, expected `edge` or `core`"),
+            "{e}"
         );
     }
 }
