@@ -62,8 +62,8 @@ pub fn syncfs(path: &Path) -> Result<()> {
 /// an fsync per file and per directory would cost a disk round trip each.
 pub struct GroupSync {
     path: std::path::PathBuf,
-    state: std::sync::Mutex<SyncState>,
-    flushed: std::sync::Condvar,
+    state: parking_lot::Mutex<SyncState>,
+    flushed: parking_lot::Condvar,
 }
 
 #[derive(Default)]
@@ -80,15 +80,14 @@ impl GroupSync {
     pub fn new(path: &Path) -> Self {
         Self {
             path: path.to_path_buf(),
-            state: std::sync::Mutex::default(),
-            flushed: std::sync::Condvar::new(),
+            state: parking_lot::Mutex::default(),
+            flushed: parking_lot::Condvar::new(),
         }
     }
 
     /// Returns once everything this thread wrote before the call is on stable storage.
     pub fn sync(&self) -> Result<()> {
-        let lock = || self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let mut state = lock();
+        let mut state = self.state.lock();
         state.requested += 1;
         let me = state.requested;
         loop {
@@ -100,7 +99,7 @@ impl GroupSync {
                 let covers = state.requested;
                 drop(state);
                 let result = syncfs(&self.path);
-                state = lock();
+                state = self.state.lock();
                 state.flushing = false;
                 if result.is_ok() {
                     state.synced = state.synced.max(covers);
@@ -109,7 +108,7 @@ impl GroupSync {
                 result?;
                 continue;
             }
-            state = self.flushed.wait(state).unwrap_or_else(|e| e.into_inner());
+            self.flushed.wait(&mut state);
         }
     }
 }
@@ -131,7 +130,7 @@ mod tests {
                 });
             }
         });
-        let state = group.state.lock().unwrap();
+        let state = group.state.lock();
         assert_eq!((state.requested, state.synced >= 40), (40, true));
     }
 

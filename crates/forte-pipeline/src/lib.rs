@@ -16,7 +16,9 @@
 //! summaries, and later the scheduler and the KPI reports read these numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
@@ -83,15 +85,15 @@ impl Budget {
     }
 
     fn acquire(&self, units: u64) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let mut free = self.free.lock();
         while *free < units {
-            free = self.wake.wait(free).unwrap_or_else(|e| e.into_inner());
+            self.wake.wait(&mut free);
         }
         *free -= units;
     }
 
     fn release(&self, units: u64) {
-        *self.free.lock().unwrap_or_else(|e| e.into_inner()) += units;
+        *self.free.lock() += units;
         self.wake.notify_all();
     }
 }
@@ -263,7 +265,7 @@ impl Pipeline {
 
     /// Readings of every stage, in the order they were added.
     pub fn snapshot(&self) -> Vec<StageSnapshot> {
-        let stages = self.stages.lock().unwrap_or_else(|e| e.into_inner());
+        let stages = self.stages.lock();
         stages.iter().map(|s| s.snapshot()).collect()
     }
 
@@ -285,10 +287,7 @@ impl Pipeline {
             bytes_out: AtomicU64::new(0),
             busy_nanos: AtomicU64::new(0),
         });
-        self.stages
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(stats.clone());
+        self.stages.lock().push(stats.clone());
         stats
     }
 
@@ -428,12 +427,12 @@ mod tests {
     fn an_oversized_charge_takes_the_whole_budget_and_gives_it_back() {
         let budget = Budget::new(10);
         let big = budget.charge(25);
-        assert_eq!(*budget.free.lock().unwrap(), 0);
+        assert_eq!(*budget.free.lock(), 0);
         drop(big);
         let (a, b) = (budget.charge(4), budget.charge(6));
-        assert_eq!(*budget.free.lock().unwrap(), 0);
+        assert_eq!(*budget.free.lock(), 0);
         drop((a, b));
-        assert_eq!(*budget.free.lock().unwrap(), 10);
+        assert_eq!(*budget.free.lock(), 10);
     }
 
     #[test]

@@ -8,9 +8,9 @@
 
 use std::collections::VecDeque;
 use std::path::Path;
-use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
@@ -234,8 +234,8 @@ impl<T> BatchQueue<T> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, QueueState<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, QueueState<T>> {
+        self.state.lock()
     }
 
     /// Queues a batch's items, each with its size in bytes.
@@ -301,7 +301,7 @@ impl<T> BatchQueue<T> {
             if state.closed {
                 return None;
             }
-            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+            self.changed.wait(&mut state);
         }
     }
 }

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -11,6 +10,7 @@ use forte_catalog::{now_us, BatchKey, Stage};
 use forte_format::ObjectId;
 use forte_relay::api::ReadyObject;
 use forte_restore::{new_staging, Restore, Staged};
+use parking_lot::Mutex;
 
 use super::{batch_key_of, Delivery};
 use crate::layout::Fields;
@@ -56,12 +56,7 @@ impl Delivery<'_> {
         key: &BatchKey,
         objects: &[ReadyObject],
     ) -> (Instant, i64, Result<Ahead>) {
-        let fetched = self
-            .ahead
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key)
-            .filter(|a| !a.failed);
+        let fetched = self.ahead.lock().remove(key).filter(|a| !a.failed);
         match fetched {
             Some(ahead) => (ahead.started, ahead.started_at, Ok(ahead)),
             None => {
@@ -81,7 +76,7 @@ impl Delivery<'_> {
     /// acknowledged. Returns whether there was anything new to fetch.
     pub fn fetch_ahead(&self, restore: &Restore, objects: Vec<ReadyObject>) -> bool {
         let batch_key = batch_key_of(&objects);
-        let mut all = self.ahead.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.ahead.lock();
         if all.get(&batch_key).is_some_and(|a| a.failed) {
             return false;
         }
@@ -154,9 +149,7 @@ impl Delivery<'_> {
             } else {
                 m.batch.as_str()
             };
-            name.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .get_or_insert_with(|| batch.to_string());
+            name.lock().get_or_insert_with(|| batch.to_string());
             self.layout.render(&Fields {
                 site: &site,
                 batch,
@@ -165,7 +158,7 @@ impl Delivery<'_> {
             })
         };
         let staged = restore.stage(&source, self.dest, &place, &ahead.staging);
-        ahead.name = name.into_inner().unwrap_or_else(|e| e.into_inner());
+        ahead.name = name.into_inner();
         staged
     }
 }

@@ -13,13 +13,13 @@ mod deliver;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use forte_catalog::{now_us, BatchKey, Role};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::layout::Layout;

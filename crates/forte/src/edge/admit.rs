@@ -10,7 +10,7 @@ use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
 
 use super::inbox::{Batch, READY_MARKER};
-use super::{batch_id, lock, object_id, Edge, InFlight};
+use super::{batch_id, object_id, Edge, InFlight};
 use crate::record::note;
 use crate::transfer::upload::{at_relay, AtRelay};
 
@@ -33,7 +33,7 @@ impl Edge<'_> {
 
     fn admit_one(&self, Batch { name, dir }: &Batch) {
         let batch_key = batch_id(&self.setup.settings.key, name);
-        if lock(&self.in_flight).contains_key(&batch_key) {
+        if self.in_flight.lock().contains_key(&batch_key) {
             return;
         }
         let admitted = Instant::now();
@@ -69,7 +69,7 @@ impl Edge<'_> {
         }
         let ready = dir.join(READY_MARKER);
         let priority = self.setup.policy.priority_of(name, Some(&ready));
-        lock(&self.in_flight).insert(batch_key, flight);
+        self.in_flight.lock().insert(batch_key, flight);
         self.queue.admit(admitted, priority, jobs);
     }
 
@@ -109,7 +109,7 @@ impl Edge<'_> {
         let mut jobs = Vec::new();
         for (source, id) in files.into_iter().zip(ids) {
             if let Some(held) = self.book(batch_key, &source, id, &mut known, flight) {
-                lock(&self.batch_of).insert(id, batch_key.clone());
+                self.batch_of.lock().insert(id, batch_key.clone());
                 flight.members.push(id);
                 let size = source.size;
                 let batch = name.clone();

@@ -9,7 +9,7 @@ use forte_format::{Kind, ObjectId};
 use forte_prepare::{discover, SourceFile};
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
-use super::{batch_id, lock, object_id, Edge};
+use super::{batch_id, object_id, Edge};
 use crate::units::human;
 
 impl Edge<'_> {
@@ -130,7 +130,7 @@ impl Edge<'_> {
             .into_iter()
             .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
         {
-            if !lock(&self.in_flight).contains_key(&b.batch_key) {
+            if !self.in_flight.lock().contains_key(&b.batch_key) {
                 self.delete_batch(&inbox.join(&b.name), &b);
             }
         }

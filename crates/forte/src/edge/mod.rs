@@ -13,13 +13,13 @@ pub mod inbox;
 mod seal;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, Stage};
 use forte_format::{EdgeKey, InventoryEntry, ObjectId};
 use forte_prepare::{JobQueue, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::hook::Failures;
@@ -138,7 +138,7 @@ impl JobQueue for Edge<'_> {
     fn next(&self) -> Option<PrepareJob> {
         let job = self.queue.next()?;
         let key = batch_id(&self.setup.settings.key, &job.batch);
-        let mut flights = lock(&self.in_flight);
+        let mut flights = self.in_flight.lock();
         if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
             let now = now_us();
             flight.started_at = Some(now);
@@ -151,10 +151,6 @@ impl JobQueue for Edge<'_> {
         }
         Some(job)
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl<'a> Edge<'a> {
@@ -175,7 +171,7 @@ impl<'a> Edge<'a> {
 
     /// The reports of the batches finished since the last call, in the order they finished.
     pub fn take_finished(&self) -> Vec<SendReport> {
-        std::mem::take(&mut *lock(&self.finished))
+        std::mem::take(&mut *self.finished.lock())
     }
 
     /// Reports a failure through the failure hook.

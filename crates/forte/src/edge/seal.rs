@@ -5,7 +5,7 @@ use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, S
 use forte_format::Inventory;
 use forte_prepare::{FileOutcome, Prepare};
 
-use super::{lock, Edge, InFlight};
+use super::{Edge, InFlight};
 use crate::progress::prepare_with_progress;
 use crate::record::note;
 use crate::transfer::upload::UploadSink;
@@ -14,10 +14,10 @@ impl Edge<'_> {
     /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
     /// was the last.
     fn file_done(&self, outcome: &FileOutcome, sealed_bytes: u64) {
-        let Some(batch_key) = lock(&self.batch_of).remove(&outcome.id) else {
+        let Some(batch_key) = self.batch_of.lock().remove(&outcome.id) else {
             return;
         };
-        let mut flights = lock(&self.in_flight);
+        let mut flights = self.in_flight.lock();
         let Some(flight) = flights.get_mut(&batch_key) else {
             return;
         };
@@ -105,16 +105,16 @@ impl Edge<'_> {
         if let Some(print) = self.setup.on_finished {
             print(&report);
         }
-        lock(&self.finished).push(report);
+        self.finished.lock().push(report);
     }
 
     /// After a prepare pass ended early (a sink failure stops it): every batch still queued
     /// or unfinished fails, to be admitted again by a later scan or run.
     fn abandon_unfinished(&self) {
         while let Some(job) = self.queue.take_any() {
-            lock(&self.batch_of).remove(&job.id);
+            self.batch_of.lock().remove(&job.id);
         }
-        let flights: Vec<(BatchKey, InFlight)> = lock(&self.in_flight).drain().collect();
+        let flights: Vec<(BatchKey, InFlight)> = self.in_flight.lock().drain().collect();
         for (key, mut flight) in flights {
             let error = format!(
                 "{} files not sent: an earlier failure stopped the pass",
@@ -144,7 +144,7 @@ impl Edge<'_> {
         let (files, bytes) = self.queue.totals();
         let publish_queue = || {
             let (files, bytes) = self.queue.totals();
-            crate::monitor::queue(Role::Edge, lock(&self.in_flight).len(), files, bytes);
+            crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
         };
         crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
             prepare_with_progress(&prepare, files, bytes, quiet, || {

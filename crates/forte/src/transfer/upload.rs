@@ -2,7 +2,6 @@
 //! the relay, over as many connections as the sink has workers. Nothing is spooled to disk.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 use anyhow::Result;
 use forte_catalog::{BatchKey, Catalog, FileRecord, FileState, PartHashes, PartState, Task};
@@ -10,6 +9,7 @@ use forte_format::{Manifest, ObjectId};
 use forte_prepare::{FileOutcome, HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
 use forte_relay::client::{RelayClient, RelayError};
+use parking_lot::Mutex;
 
 use super::retry::Retry;
 use crate::record::note;
@@ -30,7 +30,7 @@ pub struct UploadSink<'a> {
 
 impl UploadSink<'_> {
     fn batch(&self, id: ObjectId) -> BatchKey {
-        let batch_of = self.batch_of.lock().unwrap_or_else(|e| e.into_inner());
+        let batch_of = self.batch_of.lock();
         // Every object is admitted to a batch before it is sent; should one not be, its
         // records go under an empty key rather than stopping the transfer (as before the
         // key was typed).
@@ -39,7 +39,7 @@ impl UploadSink<'_> {
     }
 
     fn count(&self, id: ObjectId, bytes: usize) {
-        let mut sealed = self.sealed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sealed = self.sealed.lock();
         *sealed.entry(id).or_default() += bytes as u64;
     }
 
@@ -125,12 +125,7 @@ impl Sink for UploadSink<'_> {
     fn done(&self, outcome: &FileOutcome) {
         // A failed file's parts already at the relay stay there unsealed: the next run of send
         // resumes them.
-        let bytes = self
-            .sealed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&outcome.id)
-            .unwrap_or(0);
+        let bytes = self.sealed.lock().remove(&outcome.id).unwrap_or(0);
         (self.on_done)(outcome, bytes);
     }
 }

@@ -463,7 +463,7 @@ pub fn stream_trial(
 }
 
 /// What each stream of a trial reported when it ended.
-type Outcomes = Arc<std::sync::Mutex<Vec<Result<StreamStats, String>>>>;
+type Outcomes = Arc<parking_lot::Mutex<Vec<Result<StreamStats, String>>>>;
 
 /// Serves `listener` into `ingest` on a thread of its own, which outlives the trial, idle in
 /// accept, until the bench exits.
@@ -472,10 +472,7 @@ fn serve(ingest: Arc<Ingest>, listener: std::net::TcpListener) -> Outcomes {
     let reports = outcomes.clone();
     std::thread::spawn(move || {
         wire::serve(ingest, listener, usize::MAX, move |outcome| {
-            reports
-                .lock()
-                .unwrap()
-                .push(outcome.map_err(|e| format!("{e:#}")));
+            reports.lock().push(outcome.map_err(|e| format!("{e:#}")));
         })
     });
     outcomes
@@ -485,10 +482,10 @@ fn serve(ingest: Arc<Ingest>, listener: std::net::TcpListener) -> Outcomes {
 /// reports and returns the longest stall and the bytes they received.
 fn wait_for_reports(outcomes: &Outcomes, streams: usize) -> Result<(Duration, u64)> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while outcomes.lock().unwrap().len() < streams && Instant::now() < deadline {
+    while outcomes.lock().len() < streams && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let reports = std::mem::take(&mut *outcomes.lock().unwrap());
+    let reports = std::mem::take(&mut *outcomes.lock());
     let mut longest_stall = Duration::ZERO;
     let mut bytes = 0;
     for r in reports {
