@@ -109,6 +109,28 @@ fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
         "the late file was not deleted after its acknowledgement"
     );
     assert!(batch.join("link").symlink_metadata().is_ok());
+
+    // Each send happened once: a sent batch is not sent again at every scan, and the one
+    // late file made one follow-up. Four more scans of the inbox must change nothing.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    let follow_ups: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("appeared or changed after it was sent"))
+        .collect();
+    assert_eq!(
+        follow_ups,
+        ["batch mixed: 1 file(s) appeared or changed after it was sent (late.txt); sending them as a follow-up"],
+        "{said}"
+    );
+    let reports = said
+        .lines()
+        .filter(|l| l.starts_with("batch mixed: sent "))
+        .count();
+    assert_eq!(
+        reports, 2,
+        "the first send and the follow-up, once each: {said}"
+    );
 }
 
 #[test]

@@ -397,8 +397,8 @@ pub fn source_hashes(batch: &Path) -> std::collections::BTreeMap<String, String>
         .collect()
 }
 
-/// Like [`spawn`], with the daemon's log lines in `log` (level from `FORTE_TEST_LOG`, default
-/// info), for tests to show when they fail.
+/// Like [`spawn`], with everything the daemon says in `log`: its output and its log lines
+/// (level from `FORTE_TEST_LOG`, default info), for tests to assert on and show when they fail.
 pub fn spawn_logged(args: &Args, log: &Path) -> Daemon {
     let out = std::fs::File::create(log).unwrap();
     Daemon(
@@ -408,7 +408,7 @@ pub fn spawn_logged(args: &Args, log: &Path) -> Daemon {
                 "FORTE_LOG",
                 std::env::var("FORTE_TEST_LOG").unwrap_or("info".into()),
             )
-            .stdout(Stdio::null())
+            .stdout(out.try_clone().unwrap())
             .stderr(out)
             .spawn()
             .unwrap(),
