@@ -692,3 +692,30 @@ fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
         "and it was removed"
     );
 }
+
+#[test]
+fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let id = ObjectId::random();
+    edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
+    let err = core.part("site-a", id, 1).unwrap_err();
+    assert_eq!(err.status, Some(404), "{err}");
+    assert!(
+        err.message
+            .contains(&format!("part 1 of object {id} is not at the relay")),
+        "{err}"
+    );
+    // A directory where part 1 should be: reading it fails with EISDIR, an internal error.
+    let store = tmp.path().join("store");
+    std::fs::create_dir(store.join(format!("sites/site-a/objects/{id}/part-000001.zst.age")))
+        .unwrap();
+    let err = core.part("site-a", id, 1).unwrap_err();
+    assert_eq!(err.status, Some(500), "{err}");
+    assert!(err.message.contains("see the relay's log"), "{err}");
+    assert!(
+        !err.message.contains(&store.display().to_string()) && !err.message.contains('/'),
+        "the answer shows the relay's file system: {err}"
+    );
+}

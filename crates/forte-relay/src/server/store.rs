@@ -783,3 +783,28 @@ impl Store {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_full_and_any_other_io_error_names_the_file() {
+        let path = Path::new("/store/sites/s/tmp/0123");
+        // ENOSPC, as Linux reports it.
+        let e = StoreError::io("part 3", path, std::io::Error::from_raw_os_error(28));
+        assert!(
+            matches!(&e, StoreError::Full(m) if m == "relay disk full while writing part 3"),
+            "{e:?}"
+        );
+        // The kind alone, without an OS error number (as a wrapped or non-Linux error has it).
+        let e = StoreError::io("part 3", path, std::io::Error::from(ErrorKind::StorageFull));
+        assert!(matches!(&e, StoreError::Full(_)), "{e:?}");
+        let e = StoreError::io("part 3", path, std::io::Error::from_raw_os_error(21));
+        assert!(
+            matches!(&e, StoreError::Io(m)
+                if m == "part 3: /store/sites/s/tmp/0123: Is a directory (os error 21)"),
+            "{e:?}"
+        );
+    }
+}
