@@ -157,6 +157,36 @@ fn a_held_part_that_no_longer_matches_its_record_is_stored_again() {
 }
 
 #[test]
+fn a_torn_part_is_stored_again_on_a_site_more_than_half_full() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let id = ObjectId::random();
+    let body = [7u8; 600];
+    assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
+    std::fs::write(part_path(tmp.path(), id, 0), [0u8; 600]).unwrap();
+    // The retry replaces 600 bytes with 600: it adds nothing to the 600 held, and must not
+    // be refused as if both were held at once.
+    assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
+    assert_eq!(std::fs::read(part_path(tmp.path(), id, 0)).unwrap(), body);
+    assert_eq!(put(&store, id, 1, &[8u8; 400]).unwrap(), Stored::New);
+    no_room_message(put(&store, id, 2, &[9u8; 1]));
+}
+
+#[test]
+fn a_part_replaced_by_a_smaller_one_on_a_full_site_is_accepted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let id = ObjectId::random();
+    assert_eq!(put(&store, id, 0, &[1u8; 600]).unwrap(), Stored::New);
+    assert_eq!(put(&store, id, 1, &[2u8; 400]).unwrap(), Stored::New);
+    // Held: 1000 of 1000. The replacement frees 100 bytes.
+    assert_eq!(put(&store, id, 0, &[3u8; 500]).unwrap(), Stored::New);
+    assert_eq!(put(&store, id, 2, &[4u8; 100]).unwrap(), Stored::New);
+    let message = no_room_message(put(&store, id, 3, &[5u8; 1]));
+    assert!(message.contains("(1000 of 1000 bytes held)"), "{message}");
+}
+
+#[test]
 fn identical_bytes_uploaded_as_two_parts_are_stored_under_each_index() {
     let tmp = tempfile::tempdir().unwrap();
     let store = Store::open(tmp.path(), None).unwrap();

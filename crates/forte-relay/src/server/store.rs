@@ -272,12 +272,14 @@ impl Store {
             )));
         }
         // The part's bytes are counted before it is written, under one lock, so uploads
-        // arriving together cannot all pass the quota check on the same figure.
+        // arriving together cannot all pass the quota check on the same figure. A part that
+        // replaces a held one (a torn part, or new bytes) counts only the difference, in the
+        // check as in the charge.
         let size = body.len() as i64 - previous.as_ref().map_or(0, |p| p.length as i64);
         if let Some(quota) = self.quota {
             let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
             let used = usage.entry(site.to_string()).or_default();
-            if *used + body.len() as u64 > quota {
+            if used.saturating_add_signed(size) > quota {
                 let held = *used;
                 drop(usage);
                 return Err(self.no_room_unless_waiting(
