@@ -12,51 +12,66 @@ use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage,
 
 /// One change to record, with the time it happened.
 pub(crate) enum Record {
-    Batch {
-        key: BatchKey,
-        name: String,
-        files: i64,
-        bytes: i64,
-        state: BatchState,
-        at: i64,
-    },
-    File {
-        batch: BatchKey,
-        object_id: String,
-        path: String,
-        size: i64,
-        state: FileState,
-        raw_sha256: Option<String>,
-        delivered_to: Option<String>,
-        detail: Option<String>,
-        at: i64,
-    },
-    Part {
-        batch: BatchKey,
-        object_id: String,
-        index: i64,
-        state: PartState,
-        raw_sha256: Option<String>,
-        ciphertext_sha256: Option<String>,
-        ciphertext_length: Option<i64>,
-        at: i64,
-    },
-    Attempt {
-        task: Task,
-        batch: BatchKey,
-        object_id: Option<String>,
-        part: Option<i64>,
-        started_at: i64,
-        ended_at: i64,
-        error: Option<String>,
-    },
-    Stage {
-        batch: BatchKey,
-        stage: Stage,
-        started_at: i64,
-        ended_at: Option<i64>,
-    },
+    Batch(BatchChange),
+    File(FileChange),
+    Part(PartChange),
+    Attempt(AttemptDone),
+    Stage(StageSpan),
     Usage(UsageRow),
+}
+
+/// A batch's state and totals, as its node knows them.
+pub(crate) struct BatchChange {
+    pub(crate) key: BatchKey,
+    pub(crate) name: String,
+    pub(crate) files: i64,
+    pub(crate) bytes: i64,
+    pub(crate) state: BatchState,
+    pub(crate) at: i64,
+}
+
+/// A file's state, with whatever became known with it.
+pub(crate) struct FileChange {
+    pub(crate) batch: BatchKey,
+    pub(crate) object_id: String,
+    pub(crate) path: String,
+    pub(crate) size: i64,
+    pub(crate) state: FileState,
+    pub(crate) raw_sha256: Option<String>,
+    pub(crate) delivered_to: Option<String>,
+    pub(crate) detail: Option<String>,
+    pub(crate) at: i64,
+}
+
+/// A part's state and whatever hashes are known.
+pub(crate) struct PartChange {
+    pub(crate) batch: BatchKey,
+    pub(crate) object_id: String,
+    pub(crate) index: i64,
+    pub(crate) state: PartState,
+    pub(crate) raw_sha256: Option<String>,
+    pub(crate) ciphertext_sha256: Option<String>,
+    pub(crate) ciphertext_length: Option<i64>,
+    pub(crate) at: i64,
+}
+
+/// One finished try of a task.
+pub(crate) struct AttemptDone {
+    pub(crate) task: Task,
+    pub(crate) batch: BatchKey,
+    pub(crate) object_id: Option<String>,
+    pub(crate) part: Option<i64>,
+    pub(crate) started_at: i64,
+    pub(crate) ended_at: i64,
+    pub(crate) error: Option<String>,
+}
+
+/// When a stage of a batch started, or (with `ended_at`) ended.
+pub(crate) struct StageSpan {
+    pub(crate) batch: BatchKey,
+    pub(crate) stage: Stage,
+    pub(crate) started_at: i64,
+    pub(crate) ended_at: Option<i64>,
 }
 
 pub(crate) enum Msg {
@@ -90,189 +105,258 @@ async fn event(
 /// Writes one record (and its event) on `conn`.
 async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
     match record {
-        Record::Batch { key, name, files, bytes, state, at } => {
-            let stored_key = key.to_string();
-            let current = sqlx::query("SELECT state, files, bytes, updated_at FROM batches WHERE batch_key = $1")
-                .bind(&stored_key)
-                .fetch_optional(&mut *conn)
-                .await?;
-            // The totals come from the batch's files: one per path (a file changed in place
-            // gets a new object id under the same path), at its largest recorded size. The
-            // core's bytes are what went over the wire, which its file rows do not say: there
-            // only the callers' figures count. Either way a total is never lowered, so a run
-            // that saw part of a batch cannot shrink it.
-            let from_files = sqlx::query(
-                "SELECT COUNT(*), CAST(COALESCE(SUM(s), 0) AS BIGINT)
-                 FROM (SELECT path, MAX(size) AS s FROM files WHERE batch_key = $1 GROUP BY path) t",
-            )
-            .bind(&stored_key)
-            .fetch_one(&mut *conn)
-            .await?;
-            let (rows_files, rows_bytes): (i64, i64) = (from_files.try_get(0)?, from_files.try_get(1)?);
-            let rows_bytes = if key.role() == Role::Edge { rows_bytes } else { 0 };
-            let Some(current) = current else {
-                sqlx::query(
-                    "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
-                )
-                .bind(&stored_key)
-                .bind(key.role().as_str())
-                .bind(key.site())
-                .bind(name)
-                .bind(state.as_str())
-                .bind((*files).max(rows_files))
-                .bind((*bytes).max(rows_bytes))
-                .bind(at)
-                .execute(&mut *conn)
-                .await?;
-                return event(conn, *at, key, None, None, state.as_str(), None).await;
-            };
-            let (was, was_files, was_bytes, was_at): (String, i64, i64, i64) = (
-                current.try_get(0)?,
-                current.try_get(1)?,
-                current.try_get(2)?,
-                current.try_get(3)?,
-            );
-            let files = (*files).max(rows_files).max(was_files);
-            let bytes = (*bytes).max(rows_bytes).max(was_bytes);
-            // A state this version does not know (written by a newer one) may be followed.
-            let forward = BatchState::parse(&was).is_none_or(|was| was.may_become(*state));
-            let (state, moved) = if forward {
-                (state.as_str(), was != state.as_str())
-            } else {
-                (was.as_str(), false)
-            };
-            sqlx::query(
-                "UPDATE batches SET state = $2, files = $3, bytes = $4, name = $5, updated_at = $6
-                 WHERE batch_key = $1",
-            )
-            .bind(&stored_key)
-            .bind(state)
-            .bind(files)
-            .bind(bytes)
-            .bind(name)
-            .bind(if moved { *at } else { was_at })
-            .execute(&mut *conn)
-            .await?;
-            if moved {
-                event(conn, *at, key, None, None, state, None).await?;
-            }
-            Ok(())
-        }
-        Record::File { batch, object_id, path, size, state, raw_sha256, delivered_to, detail, at } => {
-            let stored_key = batch.to_string();
-            let current: Option<String> =
-                sqlx::query("SELECT state FROM files WHERE batch_key = $1 AND object_id = $2")
-                    .bind(&stored_key)
-                    .bind(object_id)
-                    .fetch_optional(&mut *conn)
-                    .await?
-                    .map(|r| r.try_get(0))
-                    .transpose()?;
-            // A state that would move the file backwards (a re-run discovering a file the
-            // core already acknowledged, a failed attempt after a delivery) is not recorded,
-            // neither on the row nor in its lineage.
-            if let Some(was) = current.as_deref().and_then(FileState::parse) {
-                if !was.may_become(*state) {
-                    return Ok(());
-                }
-            }
-            sqlx::query(
-                "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
-                     raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
-                     delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
-                     updated_at = excluded.updated_at",
-            )
-            .bind(object_id)
-            .bind(&stored_key)
-            .bind(path)
-            .bind(size)
-            .bind(raw_sha256.as_deref())
-            .bind(delivered_to.as_deref())
-            .bind(state.as_str())
-            .bind(at)
-            .execute(&mut *conn)
-            .await?;
-            // The same state again is an event only when it says something (a detail).
-            if current.as_deref() == Some(state.as_str()) && detail.is_none() {
-                return Ok(());
-            }
-            event(conn, *at, batch, Some(object_id), None, state.as_str(), detail.as_deref()).await
-        }
-        Record::Part { batch, object_id, index, state, raw_sha256, ciphertext_sha256, ciphertext_length, at } => {
-            sqlx::query(
-                "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)
-                 ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
-                     raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
-                     ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
-                     ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
-                     updated_at = excluded.updated_at",
-            )
-            .bind(object_id)
-            .bind(index)
-            .bind(raw_sha256.as_deref())
-            .bind(ciphertext_sha256.as_deref())
-            .bind(ciphertext_length)
-            .bind(state.as_str())
-            .bind(at)
-            .execute(&mut *conn)
-            .await?;
-            event(conn, *at, batch, Some(object_id), Some(*index), state.as_str(), None).await
-        }
-        Record::Attempt { task, batch, object_id, part, started_at, ended_at, error } => sqlx::query(
-            "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-        )
-        .bind(new_id())
-        .bind(task.as_str())
-        .bind(batch.to_string())
-        .bind(object_id.as_deref())
-        .bind(part)
-        .bind(started_at)
-        .bind(ended_at)
-        .bind(if error.is_some() { "failed" } else { "ok" })
-        .bind(error.as_deref())
-        .execute(conn)
-        .await
-        .map(drop),
-        Record::Usage(u) => sqlx::query(
-            "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, at) DO NOTHING",
-        )
-        .bind(&u.node)
-        .bind(u.at)
-        .bind(u.seconds)
-        .bind(u.cpu_percent)
-        .bind(u.memory_used)
-        .bind(u.disk_read_bps)
-        .bind(u.disk_write_bps)
-        .bind(u.net_rx_bps)
-        .bind(u.net_tx_bps)
-        .execute(conn)
-        .await
-        .map(drop),
-        Record::Stage { batch, stage, started_at, ended_at } => sqlx::query(
-            "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (batch_key, stage) DO UPDATE SET
-                 started_at = CASE WHEN excluded.started_at < stages.started_at
-                     THEN excluded.started_at ELSE stages.started_at END,
-                 ended_at = CASE
-                     WHEN excluded.ended_at IS NULL THEN stages.ended_at
-                     WHEN stages.ended_at IS NULL OR excluded.ended_at > stages.ended_at
-                         THEN excluded.ended_at
-                     ELSE stages.ended_at END",
-        )
-        .bind(batch.to_string())
-        .bind(stage.as_str())
-        .bind(started_at)
-        .bind(ended_at)
-        .execute(conn)
-        .await
-        .map(drop),
+        Record::Batch(b) => apply_batch(conn, b).await,
+        Record::File(f) => apply_file(conn, f).await,
+        Record::Part(p) => apply_part(conn, p).await,
+        Record::Attempt(a) => insert_attempt(conn, a).await,
+        Record::Stage(s) => widen_stage(conn, s).await,
+        Record::Usage(u) => insert_usage(conn, u).await,
     }
+}
+
+/// Creates or updates a batch's row, and records its state as an event when it moves.
+async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<()> {
+    let stored_key = b.key.to_string();
+    let current =
+        sqlx::query("SELECT state, files, bytes, updated_at FROM batches WHERE batch_key = $1")
+            .bind(&stored_key)
+            .fetch_optional(&mut *conn)
+            .await?;
+    // The totals come from the batch's files: one per path (a file changed in place
+    // gets a new object id under the same path), at its largest recorded size. The
+    // core's bytes are what went over the wire, which its file rows do not say: there
+    // only the callers' figures count. Either way a total is never lowered, so a run
+    // that saw part of a batch cannot shrink it.
+    let (rows_files, rows_bytes) = totals_from_files(conn, &stored_key).await?;
+    let rows_bytes = if b.key.role() == Role::Edge {
+        rows_bytes
+    } else {
+        0
+    };
+    let Some(current) = current else {
+        let totals = (b.files.max(rows_files), b.bytes.max(rows_bytes));
+        return insert_batch(conn, b, &stored_key, totals).await;
+    };
+    let (was, was_files, was_bytes, was_at): (String, i64, i64, i64) = (
+        current.try_get(0)?,
+        current.try_get(1)?,
+        current.try_get(2)?,
+        current.try_get(3)?,
+    );
+    let files = b.files.max(rows_files).max(was_files);
+    let bytes = b.bytes.max(rows_bytes).max(was_bytes);
+    // A state this version does not know (written by a newer one) may be followed.
+    let forward = BatchState::parse(&was).is_none_or(|was| was.may_become(b.state));
+    let (state, moved) = if forward {
+        (b.state.as_str(), was != b.state.as_str())
+    } else {
+        (was.as_str(), false)
+    };
+    sqlx::query(
+        "UPDATE batches SET state = $2, files = $3, bytes = $4, name = $5, updated_at = $6
+         WHERE batch_key = $1",
+    )
+    .bind(&stored_key)
+    .bind(state)
+    .bind(files)
+    .bind(bytes)
+    .bind(&b.name)
+    .bind(if moved { b.at } else { was_at })
+    .execute(&mut *conn)
+    .await?;
+    if moved {
+        event(conn, b.at, &b.key, None, None, state, None).await?;
+    }
+    Ok(())
+}
+
+/// How many distinct paths the batch's file rows hold, and their bytes at each path's
+/// largest recorded size.
+async fn totals_from_files(conn: &mut AnyConnection, stored_key: &str) -> sqlx::Result<(i64, i64)> {
+    let from_files = sqlx::query(
+        "SELECT COUNT(*), CAST(COALESCE(SUM(s), 0) AS BIGINT)
+         FROM (SELECT path, MAX(size) AS s FROM files WHERE batch_key = $1 GROUP BY path) t",
+    )
+    .bind(stored_key)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok((from_files.try_get(0)?, from_files.try_get(1)?))
+}
+
+/// Creates the row of a batch seen for the first time, with `(files, bytes)` as its totals,
+/// and records its state as an event.
+async fn insert_batch(
+    conn: &mut AnyConnection,
+    b: &BatchChange,
+    stored_key: &str,
+    (files, bytes): (i64, i64),
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+    )
+    .bind(stored_key)
+    .bind(b.key.role().as_str())
+    .bind(b.key.site())
+    .bind(&b.name)
+    .bind(b.state.as_str())
+    .bind(files)
+    .bind(bytes)
+    .bind(b.at)
+    .execute(&mut *conn)
+    .await?;
+    event(conn, b.at, &b.key, None, None, b.state.as_str(), None).await
+}
+
+/// Creates or updates a file's row, and records the change as an event.
+async fn apply_file(conn: &mut AnyConnection, f: &FileChange) -> sqlx::Result<()> {
+    let stored_key = f.batch.to_string();
+    let current: Option<String> =
+        sqlx::query("SELECT state FROM files WHERE batch_key = $1 AND object_id = $2")
+            .bind(&stored_key)
+            .bind(&f.object_id)
+            .fetch_optional(&mut *conn)
+            .await?
+            .map(|r| r.try_get(0))
+            .transpose()?;
+    // A state that would move the file backwards (a re-run discovering a file the
+    // core already acknowledged, a failed attempt after a delivery) is not recorded,
+    // neither on the row nor in its lineage.
+    if let Some(was) = current.as_deref().and_then(FileState::parse) {
+        if !was.may_become(f.state) {
+            return Ok(());
+        }
+    }
+    sqlx::query(
+        "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+         ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
+             raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
+             delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
+             updated_at = excluded.updated_at",
+    )
+    .bind(&f.object_id)
+    .bind(&stored_key)
+    .bind(&f.path)
+    .bind(f.size)
+    .bind(f.raw_sha256.as_deref())
+    .bind(f.delivered_to.as_deref())
+    .bind(f.state.as_str())
+    .bind(f.at)
+    .execute(&mut *conn)
+    .await?;
+    // The same state again is an event only when it says something (a detail).
+    if current.as_deref() == Some(f.state.as_str()) && f.detail.is_none() {
+        return Ok(());
+    }
+    let object_id = Some(f.object_id.as_str());
+    event(
+        conn,
+        f.at,
+        &f.batch,
+        object_id,
+        None,
+        f.state.as_str(),
+        f.detail.as_deref(),
+    )
+    .await
+}
+
+/// Creates or updates a part's row, keeping hashes known before, and records the change as
+/// an event.
+async fn apply_part(conn: &mut AnyConnection, p: &PartChange) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
+         ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
+             raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
+             ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
+             ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
+             updated_at = excluded.updated_at",
+    )
+    .bind(&p.object_id)
+    .bind(p.index)
+    .bind(p.raw_sha256.as_deref())
+    .bind(p.ciphertext_sha256.as_deref())
+    .bind(p.ciphertext_length)
+    .bind(p.state.as_str())
+    .bind(p.at)
+    .execute(&mut *conn)
+    .await?;
+    let (object_id, index) = (Some(p.object_id.as_str()), Some(p.index));
+    event(
+        conn,
+        p.at,
+        &p.batch,
+        object_id,
+        index,
+        p.state.as_str(),
+        None,
+    )
+    .await
+}
+
+/// Records one finished try of a task, its outcome `failed` when it has an error.
+async fn insert_attempt(conn: &mut AnyConnection, a: &AttemptDone) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(new_id())
+    .bind(a.task.as_str())
+    .bind(a.batch.to_string())
+    .bind(a.object_id.as_deref())
+    .bind(a.part)
+    .bind(a.started_at)
+    .bind(a.ended_at)
+    .bind(if a.error.is_some() { "failed" } else { "ok" })
+    .bind(a.error.as_deref())
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// Records a stage's span, widened to cover what is already recorded: the earliest start, the
+/// latest end, and an end once known is never cleared.
+async fn widen_stage(conn: &mut AnyConnection, s: &StageSpan) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO stages (batch_key, stage, started_at, ended_at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (batch_key, stage) DO UPDATE SET
+             started_at = CASE WHEN excluded.started_at < stages.started_at
+                 THEN excluded.started_at ELSE stages.started_at END,
+             ended_at = CASE
+                 WHEN excluded.ended_at IS NULL THEN stages.ended_at
+                 WHEN stages.ended_at IS NULL OR excluded.ended_at > stages.ended_at
+                     THEN excluded.ended_at
+                 ELSE stages.ended_at END",
+    )
+    .bind(s.batch.to_string())
+    .bind(s.stage.as_str())
+    .bind(s.started_at)
+    .bind(s.ended_at)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// Records one utilisation sample; a second sample of a node at the same time is ignored.
+async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, at) DO NOTHING",
+    )
+    .bind(&u.node)
+    .bind(u.at)
+    .bind(u.seconds)
+    .bind(u.cpu_percent)
+    .bind(u.memory_used)
+    .bind(u.disk_read_bps)
+    .bind(u.disk_write_bps)
+    .bind(u.net_rx_bps)
+    .bind(u.net_tx_bps)
+    .execute(conn)
+    .await
+    .map(drop)
 }
 
 /// Whether `e` means the database cannot be reached or is busy right now (a server restarting,

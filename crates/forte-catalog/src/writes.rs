@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::reads::UsageRow;
 use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Stage, Task};
-use crate::writer::{Msg, Record};
+use crate::writer::{AttemptDone, BatchChange, FileChange, Msg, PartChange, Record, StageSpan};
 use crate::Catalog;
 
 /// Records utilisation samples into a catalogue from any thread.
@@ -91,19 +91,19 @@ pub struct PartHashes<'a> {
 impl Catalog {
     /// Records a batch's state (creating the batch on first sight) and the change as an event.
     pub fn batch_state(&self, b: &BatchRecord<'_>) -> Result<()> {
-        self.submit(Record::Batch {
+        self.submit(Record::Batch(BatchChange {
             key: b.key.clone(),
             name: b.name.into(),
             files: b.files as i64,
             bytes: b.bytes as i64,
             state: b.state,
             at: self.tick(),
-        })
+        }))
     }
 
     /// Records a file's state (creating it on first sight) and the change as an event.
     pub fn file_state(&self, f: &FileRecord<'_>) -> Result<()> {
-        self.submit(Record::File {
+        self.submit(Record::File(FileChange {
             batch: f.batch.clone(),
             object_id: f.object_id.into(),
             path: f.path.into(),
@@ -113,7 +113,7 @@ impl Catalog {
             delivered_to: f.delivered_to.map(Into::into),
             detail: f.detail.map(Into::into),
             at: self.tick(),
-        })
+        }))
     }
 
     /// Records a part's state and whatever hashes are known, and the change as an event.
@@ -125,7 +125,7 @@ impl Catalog {
         state: PartState,
         hashes: &PartHashes<'_>,
     ) -> Result<()> {
-        self.submit(Record::Part {
+        self.submit(Record::Part(PartChange {
             batch: batch.clone(),
             object_id: object_id.into(),
             index: i64::from(index),
@@ -134,12 +134,12 @@ impl Catalog {
             ciphertext_sha256: hashes.ciphertext_sha256.map(Into::into),
             ciphertext_length: hashes.ciphertext_length.map(|l| l as i64),
             at: self.tick(),
-        })
+        }))
     }
 
     /// Records one attempt of a task, successful (`error` is `None`) or not.
     pub fn attempt(&self, a: &Attempt<'_>) -> Result<()> {
-        self.submit(Record::Attempt {
+        self.submit(Record::Attempt(AttemptDone {
             task: a.task,
             batch: a.batch.clone(),
             object_id: a.object_id.map(Into::into),
@@ -147,7 +147,7 @@ impl Catalog {
             started_at: a.started_at,
             ended_at: a.ended_at,
             error: a.error.map(Into::into),
-        })
+        }))
     }
 
     /// Records when a stage of a batch started, or (with `ended`) when it ended. Across runs a
@@ -163,12 +163,12 @@ impl Catalog {
         started_at: i64,
         ended_at: Option<i64>,
     ) -> Result<()> {
-        self.submit(Record::Stage {
+        self.submit(Record::Stage(StageSpan {
             batch: batch.clone(),
             stage,
             started_at,
             ended_at,
-        })
+        }))
     }
 
     /// Records one utilisation sample.
