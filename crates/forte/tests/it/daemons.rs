@@ -131,6 +131,21 @@ fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
         reports, 2,
         "the first send and the follow-up, once each: {said}"
     );
+    // The file kept for good (the link) is reported after each deletion, not at every scan.
+    let kept: Vec<&str> = said
+        .lines()
+        .filter_map(|l| l.split("\"error\":\"").nth(1))
+        .filter_map(|e| e.split(" in ").next())
+        .filter(|e| e.contains("acknowledged file(s) deleted"))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            "2 acknowledged file(s) deleted; 1 kept",
+            "1 acknowledged file(s) deleted; 1 kept"
+        ],
+        "{said}"
+    );
 }
 
 #[test]
