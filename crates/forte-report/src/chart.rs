@@ -264,138 +264,194 @@ pub struct TradeoffPoint {
 /// joined and the link's bound drawn: above the dashed line a setting is limited by the link
 /// (link × ratio), below it by the CPU.
 pub fn tradeoff_svg(title: &str, points: &[TradeoffPoint], link_mb_per_s: f64) -> String {
-    let (height, bottom, top) = (620.0, 560.0, TOP + 10.0);
-    let (left, right) = (LEFT, WIDTH - RIGHT - 120.0);
-    let x_max = points.iter().map(|p| p.ratio).fold(1.0, f64::max) * 1.05;
-    let x_min = points
-        .iter()
-        .map(|p| p.ratio)
-        .fold(f64::MAX, f64::min)
-        .min(1.0);
-    let y_lo = points
-        .iter()
-        .map(|p| p.mb_per_s)
-        .fold(f64::MAX, f64::min)
-        .max(0.1)
-        .log10()
-        .floor();
-    let y_hi = points
-        .iter()
-        .map(|p| p.mb_per_s)
-        .fold(1.0, f64::max)
-        .log10()
-        .ceil()
-        .max(y_lo + 1.0);
-    let px = |ratio: f64| left + (ratio - x_min) / (x_max - x_min) * (right - left);
-    let py = |mb: f64| bottom - (mb.max(1e-3).log10() - y_lo) / (y_hi - y_lo) * (bottom - top);
-    let mut svg = header(WIDTH, height, title);
-    let _ = writeln!(
-        svg,
-        r##"<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#444"/><line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#444"/>"##
-    );
-    // Ratio ticks every 0.5 (or 1 beyond a span of 5).
-    let step = if x_max - x_min > 5.0 { 1.0 } else { 0.5 };
-    let mut r = (x_min / step).ceil() * step;
-    while r <= x_max {
-        let x = px(r);
-        let _ = writeln!(
-            svg,
-            r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{}" stroke="#444"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{r:.1}</text>"##,
-            bottom + 4.0,
-            bottom + 16.0
-        );
-        r += step;
-    }
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="{}" font-size="12" text-anchor="middle">compression ratio (raw / compressed)</text>"#,
-        (left + right) / 2.0,
-        bottom + 34.0
-    );
-    let mut decade = y_lo;
-    while decade <= y_hi {
-        for m in [1.0, 2.0, 5.0] {
-            let v = m * 10f64.powf(decade);
-            if v.log10() > y_hi + 1e-9 {
-                break;
-            }
-            let y = py(v);
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{v}</text>"##,
-                left - 6.0,
-                y + 4.0
-            );
-        }
-        decade += 1.0;
-    }
-    let _ = writeln!(
-        svg,
-        r#"<text x="{}" y="{}" font-size="12" text-anchor="middle" transform="rotate(-90 {} {})">compression MB/s (log)</text>"#,
-        left - 50.0,
-        (top + bottom) / 2.0,
-        left - 50.0,
-        (top + bottom) / 2.0
-    );
-    // The link's bound: speed = link × ratio.
-    let bound: String = (0..=50)
-        .map(|i| {
-            let r = x_min + (x_max - x_min) * f64::from(i) / 50.0;
-            format!(
-                "{:.1},{:.1} ",
-                px(r),
-                py(link_mb_per_s * r).clamp(top, bottom)
-            )
-        })
-        .collect();
-    let _ = writeln!(
-        svg,
-        r##"<polyline fill="none" stroke="#888" stroke-dasharray="6 4" points="{bound}"/><text x="{}" y="{:.1}" font-size="11" fill="#666">link {link_mb_per_s:.0} MB/s × ratio</text>"##,
-        right + 4.0,
-        py(link_mb_per_s * x_max).clamp(top, bottom)
-    );
-    let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
-    families.dedup();
-    let mut front: Vec<&TradeoffPoint> = points.iter().filter(|p| p.pareto).collect();
-    front.sort_by(|a, b| a.ratio.total_cmp(&b.ratio));
-    let line: String = front
-        .iter()
-        .map(|p| format!("{:.1},{:.1} ", px(p.ratio), py(p.mb_per_s)))
-        .collect();
-    let _ = writeln!(
-        svg,
-        r##"<polyline fill="none" stroke="#000" stroke-width="1" points="{line}"/>"##
-    );
-    for p in points {
-        let n = families.iter().position(|f| *f == p.family).unwrap_or(0);
-        let colour = colours[n % colours.len()];
-        let (x, y) = (px(p.ratio), py(p.mb_per_s));
-        let _ = writeln!(
-            svg,
-            r#"<circle cx="{x:.1}" cy="{y:.1}" r="{}" fill="{colour}"/>"#,
-            if p.pareto { 4.5 } else { 3.0 }
-        );
-        if p.pareto {
-            let _ = writeln!(
-                svg,
-                r#"<text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text>"#,
-                x + 6.0,
-                y - 4.0,
-                escape(&p.label)
-            );
-        }
-    }
-    for (n, family) in families.iter().enumerate() {
-        let _ = writeln!(
-            svg,
-            r#"<text x="{}" y="{}" font-size="12" fill="{}">● {}</text>"#,
-            right + 10.0,
-            top + 16.0 * (n as f64 + 1.0),
-            colours[n % colours.len()],
-            escape(family)
-        );
-    }
+    let plot = TradeoffPlot::fit(points);
+    let mut svg = header(WIDTH, 620.0, title);
+    plot.axes(&mut svg);
+    plot.link_bound(&mut svg, link_mb_per_s);
+    plot.points(&mut svg, points);
     svg.push_str("</svg>\n");
     svg
+}
+
+/// The trade-off chart's frame: ratio on a linear x axis, MB/s on a log y axis spanning whole
+/// decades.
+struct TradeoffPlot {
+    left: f64,
+    right: f64,
+    top: f64,
+    bottom: f64,
+    x_min: f64,
+    x_max: f64,
+    /// Decades (log10) at the bottom and the top.
+    y_lo: f64,
+    y_hi: f64,
+}
+
+impl TradeoffPlot {
+    fn fit(points: &[TradeoffPoint]) -> Self {
+        let x_max = points.iter().map(|p| p.ratio).fold(1.0, f64::max) * 1.05;
+        let x_min = points
+            .iter()
+            .map(|p| p.ratio)
+            .fold(f64::MAX, f64::min)
+            .min(1.0);
+        let y_lo = points
+            .iter()
+            .map(|p| p.mb_per_s)
+            .fold(f64::MAX, f64::min)
+            .max(0.1)
+            .log10()
+            .floor();
+        let y_hi = points
+            .iter()
+            .map(|p| p.mb_per_s)
+            .fold(1.0, f64::max)
+            .log10()
+            .ceil()
+            .max(y_lo + 1.0);
+        Self {
+            left: LEFT,
+            right: WIDTH - RIGHT - 120.0,
+            top: TOP + 10.0,
+            bottom: 560.0,
+            x_min,
+            x_max,
+            y_lo,
+            y_hi,
+        }
+    }
+
+    fn px(&self, ratio: f64) -> f64 {
+        self.left + (ratio - self.x_min) / (self.x_max - self.x_min) * (self.right - self.left)
+    }
+
+    fn py(&self, mb: f64) -> f64 {
+        self.bottom
+            - (mb.max(1e-3).log10() - self.y_lo) / (self.y_hi - self.y_lo)
+                * (self.bottom - self.top)
+    }
+
+    /// Both axes with their ticks, grid lines and titles.
+    fn axes(&self, svg: &mut String) {
+        let (left, right, top, bottom) = (self.left, self.right, self.top, self.bottom);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="#444"/><line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="#444"/>"##
+        );
+        // Ratio ticks every 0.5 (or 1 beyond a span of 5).
+        let step = if self.x_max - self.x_min > 5.0 {
+            1.0
+        } else {
+            0.5
+        };
+        let mut r = (self.x_min / step).ceil() * step;
+        while r <= self.x_max {
+            let x = self.px(r);
+            let _ = writeln!(
+                svg,
+                r##"<line x1="{x:.1}" y1="{bottom}" x2="{x:.1}" y2="{}" stroke="#444"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{r:.1}</text>"##,
+                bottom + 4.0,
+                bottom + 16.0
+            );
+            r += step;
+        }
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="12" text-anchor="middle">compression ratio (raw / compressed)</text>"#,
+            (left + right) / 2.0,
+            bottom + 34.0
+        );
+        let mut decade = self.y_lo;
+        while decade <= self.y_hi {
+            for m in [1.0, 2.0, 5.0] {
+                let v = m * 10f64.powf(decade);
+                if v.log10() > self.y_hi + 1e-9 {
+                    break;
+                }
+                let y = self.py(v);
+                let _ = writeln!(
+                    svg,
+                    r##"<line x1="{left}" y1="{y:.1}" x2="{right}" y2="{y:.1}" stroke="#eee"/><text x="{}" y="{:.1}" font-size="11" text-anchor="end">{v}</text>"##,
+                    left - 6.0,
+                    y + 4.0
+                );
+            }
+            decade += 1.0;
+        }
+        let _ = writeln!(
+            svg,
+            r#"<text x="{}" y="{}" font-size="12" text-anchor="middle" transform="rotate(-90 {} {})">compression MB/s (log)</text>"#,
+            left - 50.0,
+            (top + bottom) / 2.0,
+            left - 50.0,
+            (top + bottom) / 2.0
+        );
+    }
+
+    /// The link's bound: speed = link × ratio, dashed.
+    fn link_bound(&self, svg: &mut String, link_mb_per_s: f64) {
+        let (top, bottom) = (self.top, self.bottom);
+        let bound: String = (0..=50)
+            .map(|i| {
+                let r = self.x_min + (self.x_max - self.x_min) * f64::from(i) / 50.0;
+                format!(
+                    "{:.1},{:.1} ",
+                    self.px(r),
+                    self.py(link_mb_per_s * r).clamp(top, bottom)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            svg,
+            r##"<polyline fill="none" stroke="#888" stroke-dasharray="6 4" points="{bound}"/><text x="{}" y="{:.1}" font-size="11" fill="#666">link {link_mb_per_s:.0} MB/s × ratio</text>"##,
+            self.right + 4.0,
+            self.py(link_mb_per_s * self.x_max).clamp(top, bottom)
+        );
+    }
+
+    /// The settings, coloured by family, the Pareto front joined and labelled, and the legend.
+    fn points(&self, svg: &mut String, points: &[TradeoffPoint]) {
+        let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+        let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
+        families.dedup();
+        let mut front: Vec<&TradeoffPoint> = points.iter().filter(|p| p.pareto).collect();
+        front.sort_by(|a, b| a.ratio.total_cmp(&b.ratio));
+        let line: String = front
+            .iter()
+            .map(|p| format!("{:.1},{:.1} ", self.px(p.ratio), self.py(p.mb_per_s)))
+            .collect();
+        let _ = writeln!(
+            svg,
+            r##"<polyline fill="none" stroke="#000" stroke-width="1" points="{line}"/>"##
+        );
+        for p in points {
+            let n = families.iter().position(|f| *f == p.family).unwrap_or(0);
+            let colour = colours[n % colours.len()];
+            let (x, y) = (self.px(p.ratio), self.py(p.mb_per_s));
+            let _ = writeln!(
+                svg,
+                r#"<circle cx="{x:.1}" cy="{y:.1}" r="{}" fill="{colour}"/>"#,
+                if p.pareto { 4.5 } else { 3.0 }
+            );
+            if p.pareto {
+                let _ = writeln!(
+                    svg,
+                    r#"<text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text>"#,
+                    x + 6.0,
+                    y - 4.0,
+                    escape(&p.label)
+                );
+            }
+        }
+        for (n, family) in families.iter().enumerate() {
+            let _ = writeln!(
+                svg,
+                r#"<text x="{}" y="{}" font-size="12" fill="{}">● {}</text>"#,
+                self.right + 10.0,
+                self.top + 16.0 * (n as f64 + 1.0),
+                colours[n % colours.len()],
+                escape(family)
+            );
+        }
+    }
 }
