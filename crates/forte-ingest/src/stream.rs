@@ -9,11 +9,12 @@ use std::collections::VecDeque;
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::Type;
 
@@ -87,6 +88,85 @@ struct Job {
     output: Arc<Mutex<Output>>,
     filled: Arc<Mutex<VecDeque<Filled>>>,
     back: Sender<RowGroup>,
+}
+
+/// One stream's side of the writer pool: its two buffers, sent filled to the writers and
+/// coming back empty, and its output.
+struct Lane<'a> {
+    source: &'a str,
+    jobs: &'a Sender<Job>,
+    back: Sender<RowGroup>,
+    spare: Receiver<RowGroup>,
+    output: Arc<Mutex<Output>>,
+    filled: Arc<Mutex<VecDeque<Filled>>>,
+}
+
+impl<'a> Lane<'a> {
+    fn open(ingest: &'a Ingest, source: &'a str) -> Result<Self> {
+        let jobs = ingest.jobs.as_ref().context("the ingest is shut down")?;
+        let (back, spare) = crossbeam_channel::bounded::<RowGroup>(2);
+        for _ in 0..2 {
+            back.send(RowGroup::new(
+                &ingest.schema,
+                ingest.options.rows_per_group,
+                ingest.options.file.plain,
+            ))
+            .expect("room for two buffers");
+        }
+        let output = Arc::new(Mutex::new(Output {
+            source: source.to_string(),
+            file: None,
+            published: Vec::new(),
+            row_groups: 0,
+            error: None,
+        }));
+        Ok(Self {
+            source,
+            jobs,
+            back,
+            spare,
+            output,
+            filled: Arc::new(Mutex::new(VecDeque::with_capacity(2))),
+        })
+    }
+
+    /// The next empty buffer, waiting for a writer to give one back (the stall the stream's
+    /// statistics report); fails if a writer failed on this stream.
+    fn take(&self, stats: &mut StreamStats) -> Result<RowGroup> {
+        let waited = Instant::now();
+        let group = self.spare.recv().context("the ingest writers stopped")?;
+        let stall = waited.elapsed();
+        stats.longest_stall = stats.longest_stall.max(stall);
+        stats.total_stall += stall;
+        if let Some(e) = &self.output.lock().error {
+            bail!("stream {}: {e}", self.source);
+        }
+        Ok(group)
+    }
+
+    /// Hands a filled buffer to the writers; `last` closes the file after it.
+    fn submit(&self, group: RowGroup, last: bool) -> Result<()> {
+        self.filled.lock().push_back(Filled { group, last });
+        self.jobs
+            .send(Job {
+                output: self.output.clone(),
+                filled: self.filled.clone(),
+                back: self.back.clone(),
+            })
+            .map_err(|_| anyhow::anyhow!("the ingest writers stopped"))
+    }
+
+    /// Writes the last rows and closes the file, waits until both buffers are back, and
+    /// notes what was published.
+    fn close(&self, filling: RowGroup, stats: &mut StreamStats) -> Result<()> {
+        self.submit(filling, true)?;
+        self.take(stats)?;
+        self.take(stats)?;
+        let output = self.output.lock();
+        stats.files = output.published.clone();
+        stats.row_groups = output.row_groups;
+        Ok(())
+    }
 }
 
 /// The ingest of one outbox: a pool of writers and any number of streams.
@@ -167,52 +247,12 @@ impl Ingest {
         let _active = Active(&self.active);
         let started = Instant::now();
         let width = self.schema.row_width();
-        let jobs = self.jobs.as_ref().context("the ingest is shut down")?;
-        let (back, spare) = crossbeam_channel::bounded::<RowGroup>(2);
-        for _ in 0..2 {
-            back.send(RowGroup::new(
-                &self.schema,
-                self.options.rows_per_group,
-                self.options.file.plain,
-            ))
-            .expect("room for two buffers");
-        }
-        let output = Arc::new(Mutex::new(Output {
-            source: source.to_string(),
-            file: None,
-            published: Vec::new(),
-            row_groups: 0,
-            error: None,
-        }));
+        let lane = Lane::open(self, source)?;
         let mut stats = StreamStats {
             source: source.to_string(),
             ..Default::default()
         };
-        let take_buffer = |stats: &mut StreamStats| -> Result<RowGroup> {
-            let waited = Instant::now();
-            let group = spare.recv().context("the ingest writers stopped")?;
-            let stall = waited.elapsed();
-            stats.longest_stall = stats.longest_stall.max(stall);
-            stats.total_stall += stall;
-            if let Some(e) = &output.lock().unwrap_or_else(|e| e.into_inner()).error {
-                bail!("stream {source}: {e}");
-            }
-            Ok(group)
-        };
-        let filled = Arc::new(Mutex::new(VecDeque::with_capacity(2)));
-        let submit = |group: RowGroup, last: bool| {
-            filled
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push_back(Filled { group, last });
-            jobs.send(Job {
-                output: output.clone(),
-                filled: filled.clone(),
-                back: back.clone(),
-            })
-            .map_err(|_| anyhow::anyhow!("the ingest writers stopped"))
-        };
-        let mut filling = take_buffer(&mut stats)?;
+        let mut filling = lane.take(&mut stats)?;
         let mut filling_since: Option<Instant> = None;
         // Whole rows are scattered straight from this buffer; a row cut by a read waits here
         // for its remaining bytes.
@@ -236,27 +276,21 @@ impl Ingest {
                 filling_since.get_or_insert_with(Instant::now);
                 at += rows * width;
                 if filling.room() == 0 {
-                    submit(filling, false)?;
-                    filling = take_buffer(&mut stats)?;
+                    lane.submit(filling, false)?;
+                    filling = lane.take(&mut stats)?;
                     filling_since = None;
                 }
             }
             pending.copy_within(at..held, 0);
             held -= at;
             if filling_since.is_some_and(|t| t.elapsed() >= self.options.flush_after) {
-                submit(filling, false)?;
-                filling = take_buffer(&mut stats)?;
+                lane.submit(filling, false)?;
+                filling = lane.take(&mut stats)?;
                 filling_since = None;
             }
         }
         stats.rows = (stats.bytes - held as u64) / width as u64;
-        // The last rows, and the file closed: wait until both buffers are back.
-        submit(filling, true)?;
-        take_buffer(&mut stats)?;
-        take_buffer(&mut stats)?;
-        let output = output.lock().unwrap_or_else(|e| e.into_inner());
-        stats.files = output.published.clone();
-        stats.row_groups = output.row_groups;
+        lane.close(filling, &mut stats)?;
         stats.seconds = started.elapsed().as_secs_f64();
         stats.stopped = self.stopping.load(Ordering::SeqCst);
         if held > 0 && !stats.stopped {
@@ -286,11 +320,10 @@ fn write_jobs(
 ) {
     for job in queue {
         let mut group = {
-            let mut out = job.output.lock().unwrap_or_else(|e| e.into_inner());
+            let mut out = job.output.lock();
             let Filled { mut group, last } = job
                 .filled
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
                 .pop_front()
                 .expect("a filled buffer per job");
             if out.error.is_none() {
