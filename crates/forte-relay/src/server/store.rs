@@ -21,10 +21,10 @@
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use forte_format::{part_file_name, ObjectId, MANIFEST_FILE};
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject, Seal};
@@ -230,7 +230,7 @@ impl Store {
     }
 
     fn add_usage(&self, site: &str, delta: i64) {
-        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let mut usage = self.usage.lock();
         let used = usage.entry(site.to_string()).or_default();
         *used = used.saturating_add_signed(delta);
     }
@@ -271,26 +271,10 @@ impl Store {
                 "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
             )));
         }
-        // The part's bytes are counted before it is written, under one lock, so uploads
-        // arriving together cannot all pass the quota check on the same figure. A part that
-        // replaces a held one (a torn part, or new bytes) counts only the difference, in the
-        // check as in the charge.
+        // A part that replaces a held one (a torn part, or new bytes) counts only the
+        // difference, in the check as in the charge.
         let size = body.len() as i64 - previous.as_ref().map_or(0, |p| p.length as i64);
-        if let Some(quota) = self.quota {
-            let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-            let used = usage.entry(site.to_string()).or_default();
-            if used.saturating_add_signed(size) > quota {
-                let held = *used;
-                drop(usage);
-                return Err(self.no_room_unless_waiting(
-                    &[site.to_string()],
-                    format!("site {site} is at its quota ({held} of {quota} bytes held)"),
-                ));
-            }
-            *used = used.saturating_add_signed(size);
-        } else {
-            self.add_usage(site, size);
-        }
+        self.charge(site, size)?;
         let what = format!("part {index} of object {id}");
         let stored = self
             .write_durably(
@@ -315,6 +299,27 @@ impl Store {
         }
         stored?;
         Ok(Stored::New)
+    }
+
+    /// Counts `size` more bytes against the site before they are written, under one lock, so
+    /// uploads arriving together cannot all pass the quota check on the same figure.
+    fn charge(&self, site: &str, size: i64) -> Result<()> {
+        let Some(quota) = self.quota else {
+            self.add_usage(site, size);
+            return Ok(());
+        };
+        let mut usage = self.usage.lock();
+        let used = usage.entry(site.to_string()).or_default();
+        if used.saturating_add_signed(size) > quota {
+            let held = *used;
+            drop(usage);
+            return Err(self.no_room_unless_waiting(
+                &[site.to_string()],
+                format!("site {site} is at its quota ({held} of {quota} bytes held)"),
+            ));
+        }
+        *used = used.saturating_add_signed(size);
+        Ok(())
     }
 
     /// A full store is worth waiting for only while the core has sealed batches to pull of
