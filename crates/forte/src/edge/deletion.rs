@@ -173,7 +173,9 @@ impl Edge<'_> {
             .map(|mut d| d.all(|e| e.is_ok_and(|e| e.file_name() == READY_MARKER)))
             .unwrap_or(false);
         let (files_n, bytes) = (b.files as u64, b.bytes as u64);
-        if kept.is_empty() && waiting == 0 && only_marker {
+        // Only the marker left means nothing waits for an acknowledgement any more, and no
+        // file was written into the batch since the scan.
+        if kept.is_empty() && only_marker {
             match std::fs::remove_dir_all(dir) {
                 Ok(()) => {
                     let deleted = BatchState::SourceDeleted;
