@@ -312,4 +312,23 @@ mod tests {
         assert_eq!(done.kept.len(), 1, "{done:?}");
         assert!(done.kept[0].contains("a/two: cannot delete"), "{done:?}");
     }
+
+    /// An empty directory sent with its batch, then a late file written into it and sent as
+    /// a follow-up: both acknowledged, the file goes first so that the directory can go.
+    #[test]
+    fn a_delivered_directory_goes_after_the_delivered_files_inside_it() {
+        let (dir, mut files) = batch();
+        std::fs::write(dir.path().join("b/late"), b"3").unwrap();
+        let late = discover(dir.path())
+            .unwrap()
+            .files
+            .into_iter()
+            .find(|f| f.path == "b/late")
+            .unwrap();
+        files.push((late, ObjectId::derive(b"test", &[b"b/late"])));
+        let done = delete_delivered(&files, |_| true);
+        assert!(done.kept.is_empty(), "{done:?}");
+        assert_eq!((done.deleted, done.waiting), (4, 0), "{done:?}");
+        assert!(!dir.path().join("b").exists());
+    }
 }
