@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use anyhow::{bail, Context, Result};
+use forte_catalog::Role;
 use forte_format::keys::{generate, KeyPaths};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_prepare::PrepareConfig;
@@ -196,15 +197,15 @@ impl Loopback<'_> {
     /// Steps 8 to 10: send the inbox, pull it, and compare what arrived.
     fn send_and_pull(&self, keys: &KeyPaths, inbox: &Path) -> Result<()> {
         println!("8. send: each batch in one pass, straight to the relay over 4 connections");
-        self.forte("edge", "send", &["-q".as_ref(), inbox.as_os_str()], |c| {
+        self.forte(Role::Edge, "send", &["-q".as_ref(), inbox.as_os_str()], |c| {
             c.arg("--recipient")
                 .arg(&keys.core_pub)
                 .arg("--sign")
                 .arg(&keys.edge_key);
         })?;
-        let delivered = self.root.join("delivered");
+        let delivered = self.root.join("dest");
         println!("9. pull: verify, decrypt, deliver each batch atomically under {{site}}/{{batch}}/{{path}}, acknowledge");
-        self.forte("core", "pull", &["-q".as_ref()], |c| {
+        self.forte(Role::Core, "pull", &["-q".as_ref()], |c| {
             c.arg("--to")
                 .arg(&delivered)
                 .arg("--identity")
@@ -234,14 +235,14 @@ impl Loopback<'_> {
     /// Runs `forte COMMAND` as `role` (its own catalogue and token) against the relay.
     fn forte(
         &self,
-        role: &str,
+        role: Role,
         command: &str,
         args: &[&std::ffi::OsStr],
         role_args: impl FnOnce(&mut Command),
     ) -> Result<()> {
         let mut c = Command::new(self.me);
         c.arg("--catalog")
-            .arg(self.root.join(format!("{role}-catalog.sqlite")))
+            .arg(self.root.join(format!("{}-catalog.sqlite", role.as_str())))
             .arg(command)
             .args(args)
             .args([
@@ -251,7 +252,7 @@ impl Loopback<'_> {
                 &self.fingerprint,
             ])
             .arg("--token-file")
-            .arg(self.root.join(format!("{role}.token")));
+            .arg(self.root.join(format!("{}.token", role.as_str())));
         role_args(&mut c);
         let status = c.status()?;
         anyhow::ensure!(status.success(), "{command} failed");
