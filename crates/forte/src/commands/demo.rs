@@ -197,12 +197,17 @@ impl Loopback<'_> {
     /// Steps 8 to 10: send the inbox, pull it, and compare what arrived.
     fn send_and_pull(&self, keys: &KeyPaths, inbox: &Path) -> Result<()> {
         println!("8. send: each batch in one pass, straight to the relay over 4 connections");
-        self.forte(Role::Edge, "send", &["-q".as_ref(), inbox.as_os_str()], |c| {
-            c.arg("--recipient")
-                .arg(&keys.core_pub)
-                .arg("--sign")
-                .arg(&keys.edge_key);
-        })?;
+        self.forte(
+            Role::Edge,
+            "send",
+            &["-q".as_ref(), inbox.as_os_str()],
+            |c| {
+                c.arg("--recipient")
+                    .arg(&keys.core_pub)
+                    .arg("--sign")
+                    .arg(&keys.edge_key);
+            },
+        )?;
         let delivered = self.root.join("dest");
         println!("9. pull: verify, decrypt, deliver each batch atomically under {{site}}/{{batch}}/{{path}}, acknowledge");
         self.forte(Role::Core, "pull", &["-q".as_ref()], |c| {
