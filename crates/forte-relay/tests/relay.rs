@@ -1,14 +1,17 @@
 //! The relay over real TLS and real sockets, driven by the real client.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
 use forte_format::ObjectId;
-use forte_relay::api::{ObjectState, PartRef};
+use forte_relay::api::ObjectState;
 use forte_relay::client::{RelayClient, RelayEndpoint};
 use forte_relay::server::{start, RelayConfig, RunningRelay};
 use forte_relay::tls::RelayTrust;
-use sha2::{Digest, Sha256};
+
+use common::{part, sha};
 
 const EDGE_A: &str = "edge-a-token-0123456789";
 const EDGE_B: &str = "edge-b-token-0123456789";
@@ -56,18 +59,6 @@ fn raw_http(relay: &RunningRelay) -> reqwest::blocking::Client {
         .tls_backend_preconfigured(tls.unwrap())
         .build()
         .unwrap()
-}
-
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-fn part(index: u32, bytes: &[u8]) -> PartRef {
-    PartRef {
-        index,
-        sha256: sha(bytes),
-        length: bytes.len() as u64,
-    }
 }
 
 fn files_under(dir: &Path) -> usize {

@@ -1,27 +1,18 @@
 //! The relay's store called directly: quota accounting, idempotent uploads, clean-up, and the
 //! errors that must be tolerated (a file already gone) or reported (any other failure).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use forte_format::{part_file_name, ObjectId};
-use forte_relay::api::{ObjectState, PartRef, Seal};
+use forte_relay::api::{ObjectState, Seal};
 use forte_relay::server::store::{Store, StoreError, Stored};
-use sha2::{Digest, Sha256};
+
+use common::{part, sha};
 
 const SITE: &str = "site-a";
-
-fn sha(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-fn part(index: u32, bytes: &[u8]) -> PartRef {
-    PartRef {
-        index,
-        sha256: sha(bytes),
-        length: bytes.len() as u64,
-    }
-}
 
 fn site_dir(root: &Path) -> PathBuf {
     root.join("sites").join(SITE)
