@@ -248,6 +248,34 @@ pub enum Work {
     Io,
 }
 
+/// What a stage is: its name in the counters, its kind of work, and how many workers run it.
+#[derive(Debug, Clone, Copy)]
+pub struct StageSpec {
+    pub name: &'static str,
+    pub work: Work,
+    pub workers: usize,
+}
+
+impl StageSpec {
+    /// A stage whose workers compute, each holding a CPU token while it works.
+    pub fn cpu(name: &'static str, workers: usize) -> Self {
+        Self {
+            name,
+            work: Work::Cpu,
+            workers,
+        }
+    }
+
+    /// A stage whose workers mostly wait on I/O, outside the CPU budget.
+    pub fn io(name: &'static str, workers: usize) -> Self {
+        Self {
+            name,
+            work: Work::Io,
+            workers,
+        }
+    }
+}
+
 /// The registry of a running pipeline's stages.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
@@ -294,13 +322,10 @@ impl Pipeline {
     /// Starts `workers` threads that apply `job` to every item of `input`, emitting results to
     /// `output`. The stage ends when `input` is closed and drained; its output closes when the
     /// last worker ends.
-    #[allow(clippy::too_many_arguments)]
     pub fn stage<'scope, I, O, F>(
         &self,
         scope: &'scope Scope<'scope, '_>,
-        name: &'static str,
-        work: Work,
-        workers: usize,
+        spec: StageSpec,
         input: Receiver<I>,
         output: Sender<O>,
         job: F,
@@ -309,6 +334,11 @@ impl Pipeline {
         O: Weigh + Send + 'static,
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
+        let StageSpec {
+            name,
+            work,
+            workers,
+        } = spec;
         let workers = workers.max(1);
         let stats = self.register(name, workers, &input);
         let job = Arc::new(job);
@@ -361,9 +391,7 @@ impl Pipeline {
         let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
         self.stage(
             scope,
-            name,
-            Work::Io,
-            workers,
+            StageSpec::io(name, workers),
             input,
             never_tx,
             move |item, _| job(item),
@@ -402,7 +430,7 @@ mod tests {
         let (mid_tx, mid_rx) = queue::<u64>(2);
         let total = AtomicU64::new(0);
         std::thread::scope(|s| {
-            pipeline.stage(s, "double", Work::Cpu, 3, src_rx, mid_tx, |x, emit| {
+            pipeline.stage(s, StageSpec::cpu("double", 3), src_rx, mid_tx, |x, emit| {
                 emit.send(x);
                 emit.send(x);
             });
@@ -443,7 +471,7 @@ mod tests {
         let running = AtomicU64::new(0);
         let peak = AtomicU64::new(0);
         std::thread::scope(|s| {
-            pipeline.stage(s, "work", Work::Cpu, 6, rx, out_tx, |x, emit| {
+            pipeline.stage(s, StageSpec::cpu("work", 6), rx, out_tx, |x, emit| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(2));

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
-use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, Weigh, Work};
+use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, StageSpec, Weigh};
 
 use crate::adapt::{fill, LevelControl, Pressure};
 use serde::Serialize;
@@ -365,14 +365,16 @@ impl<'k> Prepare<'k> {
         let p = &self.pipeline;
 
         std::thread::scope(|s| {
-            p.stage(s, "read", Work::Io, 1, jobs_rx, read_tx, |job, emit| {
-                read_file(job, part_size, &memory, &pools.raw, &stop, emit)
-            });
             p.stage(
                 s,
-                "hash",
-                Work::Cpu,
-                1,
+                StageSpec::io("read", 1),
+                jobs_rx,
+                read_tx,
+                |job, emit| read_file(job, part_size, &memory, &pools.raw, &stop, emit),
+            );
+            p.stage(
+                s,
+                StageSpec::cpu("hash", 1),
                 read_rx,
                 hash_tx,
                 |mut piece, emit| {
@@ -382,9 +384,7 @@ impl<'k> Prepare<'k> {
             );
             p.stage(
                 s,
-                "compress",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("compress", cpu),
                 hash_rx,
                 compress_tx,
                 |mut piece, emit| {
@@ -418,9 +418,7 @@ impl<'k> Prepare<'k> {
             );
             p.stage(
                 s,
-                "encrypt",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("encrypt", cpu),
                 compress_rx,
                 encrypt_tx,
                 |mut piece, emit| {
@@ -434,9 +432,7 @@ impl<'k> Prepare<'k> {
             );
             p.stage(
                 s,
-                "hash_ciphertext",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("hash_ciphertext", cpu),
                 encrypt_rx,
                 hashed_tx,
                 |piece, emit| {
@@ -446,9 +442,7 @@ impl<'k> Prepare<'k> {
             );
             p.stage(
                 s,
-                "seal",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("seal", cpu),
                 hashed_rx,
                 seal_tx,
                 |mut piece, emit| {

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use forte_format::seal::{decrypt, sha256_hex};
-use forte_pipeline::{queue, Budget, Charge, Emit, Weigh, Work};
+use forte_pipeline::{queue, Budget, Charge, Emit, StageSpec, Weigh};
 use sha2::{Digest, Sha256};
 
 use crate::{Object, ObjectSource, PartError, Problem, Restore, RestoreFailure};
@@ -108,9 +108,7 @@ impl Restore<'_> {
         std::thread::scope(|s| {
             p.stage(
                 s,
-                "read",
-                Work::Io,
-                self.config.readers,
+                StageSpec::io("read", self.config.readers),
                 jobs_rx,
                 read_tx,
                 |job, emit| {
@@ -123,9 +121,7 @@ impl Restore<'_> {
             );
             p.stage(
                 s,
-                "verify_ciphertext",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("verify_ciphertext", cpu),
                 read_rx,
                 verified_tx,
                 |piece, emit| match verify_ciphertext(&piece) {
@@ -137,9 +133,7 @@ impl Restore<'_> {
             );
             p.stage(
                 s,
-                "decrypt",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("decrypt", cpu),
                 verified_rx,
                 decrypted_tx,
                 |mut piece, emit| {
@@ -159,9 +153,7 @@ impl Restore<'_> {
             );
             p.stage(
                 s,
-                "decompress",
-                Work::Cpu,
-                cpu,
+                StageSpec::cpu("decompress", cpu),
                 decrypted_rx,
                 raw_tx,
                 |mut piece, emit| match decompress_and_verify(&piece) {
