@@ -25,6 +25,13 @@ fn part_path(root: &Path, id: ObjectId, index: u32) -> PathBuf {
         .join(part_file_name(index))
 }
 
+/// A store of its own in a temporary directory, with `quota` bytes per site.
+fn fresh_store(quota: Option<u64>) -> (tempfile::TempDir, Store) {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::open(tmp.path(), quota).unwrap();
+    (tmp, store)
+}
+
 fn put(store: &Store, id: ObjectId, index: u32, body: &[u8]) -> Result<Stored, StoreError> {
     store.put_part(SITE, id, index, &sha(body), body)
 }
@@ -74,8 +81,7 @@ fn date_records(root: &Path, id: ObjectId, when: SystemTime) {
 
 #[test]
 fn a_part_that_exactly_fills_the_quota_is_accepted_and_one_byte_more_is_refused() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     // The quota is inclusive: held + part may equal it, not exceed it.
     let message = no_room_message(put(&store, id, 0, &[1u8; 1001]));
@@ -94,8 +100,7 @@ fn a_part_that_exactly_fills_the_quota_is_accepted_and_one_byte_more_is_refused(
 
 #[test]
 fn a_retried_identical_part_is_already_held_and_charged_once() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (_tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     assert_eq!(put(&store, id, 0, &[1u8; 500]).unwrap(), Stored::New);
     assert_eq!(
@@ -109,8 +114,7 @@ fn a_retried_identical_part_is_already_held_and_charged_once() {
 
 #[test]
 fn a_re_uploaded_part_of_another_length_is_charged_only_the_difference() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (_tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     assert_eq!(put(&store, id, 0, &[1u8; 600]).unwrap(), Stored::New);
     assert_eq!(put(&store, id, 0, &[2u8; 400]).unwrap(), Stored::New);
@@ -123,8 +127,7 @@ fn a_re_uploaded_part_of_another_length_is_charged_only_the_difference() {
 
 #[test]
 fn a_different_part_of_the_same_length_replaces_the_held_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (_tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     assert_eq!(put(&store, id, 0, &[1u8; 100]).unwrap(), Stored::New);
     // Same index and length, intact on disk, but another hash: not the part held.
@@ -136,8 +139,7 @@ fn a_different_part_of_the_same_length_replaces_the_held_one() {
 
 #[test]
 fn a_held_part_that_no_longer_matches_its_record_is_stored_again() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     let body = [7u8; 100];
     assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
@@ -149,8 +151,7 @@ fn a_held_part_that_no_longer_matches_its_record_is_stored_again() {
 
 #[test]
 fn a_torn_part_is_stored_again_on_a_site_more_than_half_full() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     let body = [7u8; 600];
     assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
@@ -165,8 +166,7 @@ fn a_torn_part_is_stored_again_on_a_site_more_than_half_full() {
 
 #[test]
 fn a_part_replaced_by_a_smaller_one_on_a_full_site_is_accepted() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (_tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     assert_eq!(put(&store, id, 0, &[1u8; 600]).unwrap(), Stored::New);
     assert_eq!(put(&store, id, 1, &[2u8; 400]).unwrap(), Stored::New);
@@ -179,8 +179,7 @@ fn a_part_replaced_by_a_smaller_one_on_a_full_site_is_accepted() {
 
 #[test]
 fn identical_bytes_uploaded_as_two_parts_are_stored_under_each_index() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (_tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     let body = [9u8; 64];
     assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
@@ -196,8 +195,7 @@ fn identical_bytes_uploaded_as_two_parts_are_stored_under_each_index() {
 
 #[test]
 fn a_failed_part_write_gives_back_its_quota_charge() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     // A directory where the part's record goes: the rename onto it fails.
     let record = site_dir(tmp.path())
@@ -235,8 +233,7 @@ fn a_reopened_store_counts_the_bytes_already_held_against_the_quota() {
 
 #[test]
 fn a_batch_sealed_without_an_inventory_has_none_even_after_one_with() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     seal_one(&store, id, "b1", b"part");
@@ -262,8 +259,7 @@ fn a_batch_sealed_without_an_inventory_has_none_even_after_one_with() {
 
 #[test]
 fn an_inventory_that_cannot_be_removed_stops_the_batch_seal() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     seal_one(&store, id, "b1", b"part");
@@ -284,8 +280,7 @@ fn an_inventory_that_cannot_be_removed_stops_the_batch_seal() {
 
 #[test]
 fn an_inventory_that_cannot_be_read_is_an_error_naming_it() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     seal_one(&store, id, "b1", b"part");
@@ -308,8 +303,7 @@ fn an_inventory_that_cannot_be_read_is_an_error_naming_it() {
 
 #[test]
 fn a_missing_part_is_not_found_and_an_unreadable_one_an_io_error() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     match store.read_part(SITE, id, 3) {
@@ -332,8 +326,7 @@ fn a_missing_part_is_not_found_and_an_unreadable_one_an_io_error() {
 
 #[test]
 fn cancelling_an_object_whose_part_never_arrived_removes_its_record() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     // The record is written before the part: a failed part write leaves the record alone.
@@ -349,8 +342,7 @@ fn cancelling_an_object_whose_part_never_arrived_removes_its_record() {
 
 #[test]
 fn cancel_reports_a_batch_record_it_cannot_remove() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     let record = site_dir(tmp.path()).join("batches/b1.json");
@@ -368,8 +360,7 @@ fn cancel_reports_a_batch_record_it_cannot_remove() {
 
 #[test]
 fn cancel_reports_an_object_it_cannot_remove() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     // A file where the object's directory should be: removing it as a directory fails.
@@ -392,8 +383,7 @@ fn cancel_reports_an_object_it_cannot_remove() {
 
 #[test]
 fn holdings_count_each_batchs_objects_and_bytes() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (_tmp, store) = fresh_store(None);
     let (x, y, open) = (ObjectId::random(), ObjectId::random(), ObjectId::random());
     put(&store, x, 0, &[1u8; 10]).unwrap();
     seal_one(&store, x, "b1", &[1u8; 10]);
@@ -428,8 +418,7 @@ fn holdings_count_each_batchs_objects_and_bytes() {
 
 #[test]
 fn expired_uploads_report_the_objects_and_bytes_they_freed() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let (old, older) = (ObjectId::random(), ObjectId::random());
     put(&store, old, 0, &[1u8; 7]).unwrap();
     put(&store, older, 0, &[2u8; 11]).unwrap();
@@ -447,8 +436,7 @@ fn expired_uploads_report_the_objects_and_bytes_they_freed() {
 
 #[test]
 fn an_upload_changed_exactly_at_the_cutoff_does_not_expire() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, &[1u8; 7]).unwrap();
     // Dated at the epoch, with an age limit longer than the epoch's age: the cutoff is the
@@ -463,8 +451,7 @@ fn an_upload_changed_exactly_at_the_cutoff_does_not_expire() {
 
 #[test]
 fn rejecting_a_part_gives_its_bytes_back_to_the_quota() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), Some(1000)).unwrap();
+    let (_tmp, store) = fresh_store(Some(1000));
     let id = ObjectId::random();
     let body = [5u8; 999];
     put(&store, id, 0, &body).unwrap();
@@ -479,8 +466,7 @@ fn rejecting_a_part_gives_its_bytes_back_to_the_quota() {
 
 #[test]
 fn rejecting_a_part_already_gone_succeeds() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (_tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     store.reject(SITE, id, 0).unwrap();
@@ -492,8 +478,7 @@ fn rejecting_a_part_already_gone_succeeds() {
 
 #[test]
 fn reject_reports_a_file_it_cannot_remove() {
-    let tmp = tempfile::tempdir().unwrap();
-    let store = Store::open(tmp.path(), None).unwrap();
+    let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
     let held = part_path(tmp.path(), id, 0);
