@@ -6,12 +6,13 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
 use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, StageSpec, Weigh};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::adapt::{fill, LevelControl, Pressure};
 use serde::Serialize;
@@ -134,7 +135,7 @@ pub trait JobQueue: Sync {
 
 impl<I: Iterator<Item = PrepareJob> + Send> JobQueue for Mutex<I> {
     fn next(&self) -> Option<PrepareJob> {
-        self.lock().unwrap_or_else(|e| e.into_inner()).next()
+        self.lock().next()
     }
 }
 
@@ -203,8 +204,8 @@ impl FileJob {
         self.parts.max(1)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, FileState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, FileState> {
+        self.state.lock()
     }
 }
 
@@ -338,21 +339,10 @@ impl<'k> Prepare<'k> {
     /// as possible.
     pub fn run_from(&self, jobs: &dyn JobQueue, sink: &dyn Sink) -> Vec<FileOutcome> {
         let cfg = &self.config;
-        let part_size = cfg.part_size.max(1);
-        let outcomes: Mutex<Vec<FileOutcome>> = Mutex::default();
-        let levels = LevelControl::new(cfg.level, cfg.adapt);
-        let stop: OnceLock<String> = OnceLock::new();
-
-        let in_flight = cfg.parts_in_flight.max(1);
         let cpu = cfg.cpu.max(1);
-        let memory = Budget::new(in_flight as u64 * part_size);
-        let pools = Pools {
-            raw: BufferPool::new(cpu, POOLED_BUFFER),
-            compressed: BufferPool::new(cpu, POOLED_BUFFER),
-            sealed: BufferPool::new(cpu, POOLED_BUFFER),
-        };
-        // Queues bound item counts; bytes are bounded by `memory`. Room for several items
-        // keeps every stage fed when files are small.
+        let pass = Pass::new(cfg, sink);
+        // Queues bound item counts; bytes are bounded by the memory budget. Room for several
+        // items keeps every stage fed when files are small.
         let depth = 4 * cpu + 4;
         // One file waits for the reader: the queue's choice is made as late as possible.
         let (jobs_tx, jobs_rx) = queue::<Arc<FileJob>>(1);
@@ -365,112 +355,92 @@ impl<'k> Prepare<'k> {
         let p = &self.pipeline;
 
         std::thread::scope(|s| {
+            // Every stage after `hash` runs on as many workers as the CPU budget allows.
+            let on_cores = |name| StageSpec::cpu(name, cpu);
             p.stage(
                 s,
                 StageSpec::io("read", 1),
                 jobs_rx,
                 read_tx,
-                |job, emit| read_file(job, part_size, &memory, &pools.raw, &stop, emit),
+                |job, emit| read_file(job, &pass, emit),
             );
             p.stage(
                 s,
                 StageSpec::cpu("hash", 1),
                 read_rx,
                 hash_tx,
-                |mut piece, emit| {
-                    hash_raw(&mut piece);
-                    emit.send(piece);
-                },
+                in_place(hash_raw),
             );
+            let compress = in_place(|piece| self.compress_part(piece, &pass));
+            p.stage(s, on_cores("compress"), hash_rx, compress_tx, compress);
+            let encrypt = in_place(|piece| self.encrypt_part(piece, &pass));
+            p.stage(s, on_cores("encrypt"), compress_rx, encrypt_tx, encrypt);
+            let hash_sealed = in_place(|piece| hash_ciphertext(piece));
             p.stage(
                 s,
-                StageSpec::cpu("compress", cpu),
-                hash_rx,
-                compress_tx,
-                |mut piece, emit| {
-                    if let Body::Part {
-                        data,
-                        compressed_len,
-                        index,
-                        level,
-                        ..
-                    } = &mut piece.body
-                    {
-                        let bound = zstd::zstd_safe::compress_bound(data.len());
-                        let mut out = pools.compressed.take(bound);
-                        *level = levels.current();
-                        match compress(*level, data, &mut out) {
-                            Ok(()) => {
-                                *compressed_len = out.len() as u64;
-                                pools.raw.give(std::mem::replace(data, out));
-                                if levels.is_adaptive() {
-                                    levels.observe(self.pressure());
-                                }
-                            }
-                            Err(e) => {
-                                let error = format!("part {index}: compression failed: {e}");
-                                piece.fail(error);
-                            }
-                        }
-                    }
-                    emit.send(piece);
-                },
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("encrypt", cpu),
-                compress_rx,
-                encrypt_tx,
-                |mut piece, emit| {
-                    if let Body::Part { data, .. } = &mut piece.body {
-                        let mut sealed = pools.sealed.take(data.len() + data.len() / 4096 + 512);
-                        encrypt(&self.recipients.0, data, &mut sealed);
-                        pools.compressed.give(std::mem::replace(data, sealed));
-                    }
-                    emit.send(piece);
-                },
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("hash_ciphertext", cpu),
+                on_cores("hash_ciphertext"),
                 encrypt_rx,
                 hashed_tx,
-                |piece, emit| {
-                    record_part(&piece);
-                    emit.send(piece);
-                },
+                hash_sealed,
             );
-            p.stage(
-                s,
-                StageSpec::cpu("seal", cpu),
-                hashed_rx,
-                seal_tx,
-                |mut piece, emit| {
-                    self.seal_if_complete(&mut piece);
-                    emit.send(piece);
-                },
-            );
+            let seal = in_place(|piece| self.seal_if_complete(piece));
+            p.stage(s, on_cores("seal"), hashed_rx, seal_tx, seal);
             p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
-                if let Some(outcome) = self.store(piece, sink, &pools.sealed, &stop) {
+                if let Some(outcome) = self.store(piece, &pass) {
                     sink.done(&outcome);
-                    outcomes
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(outcome);
+                    pass.outcomes.lock().push(outcome);
                 }
             });
-            while stop.get().is_none() {
+            while pass.stop.get().is_none() {
                 let Some(job) = jobs.next() else { break };
-                if jobs_tx
-                    .send(Arc::new(FileJob::new(job, part_size)))
-                    .is_err()
-                {
+                let job = Arc::new(FileJob::new(job, pass.part_size));
+                if jobs_tx.send(job).is_err() {
                     break;
                 }
             }
             drop(jobs_tx);
         });
-        outcomes.into_inner().unwrap_or_else(|e| e.into_inner())
+        pass.outcomes.into_inner()
+    }
+
+    /// The `compress` stage: zstd at the level the controller sets now, which then hears how
+    /// full the queues around it are.
+    fn compress_part(&self, piece: &mut Piece, pass: &Pass) {
+        let Body::Part {
+            data,
+            compressed_len,
+            index,
+            level,
+            ..
+        } = &mut piece.body
+        else {
+            return;
+        };
+        let bound = zstd::zstd_safe::compress_bound(data.len());
+        let mut out = pass.pools.compressed.take(bound);
+        *level = pass.levels.current();
+        match compress(*level, data, &mut out) {
+            Ok(()) => {
+                *compressed_len = out.len() as u64;
+                pass.pools.raw.give(std::mem::replace(data, out));
+                if pass.levels.is_adaptive() {
+                    pass.levels.observe(self.pressure());
+                }
+            }
+            Err(e) => {
+                let error = format!("part {index}: compression failed: {e}");
+                piece.fail(error);
+            }
+        }
+    }
+
+    /// The `encrypt` stage: each part in an age envelope to the core's recipients.
+    fn encrypt_part(&self, piece: &mut Piece, pass: &Pass) {
+        if let Body::Part { data, .. } = &mut piece.body {
+            let mut sealed = pass.pools.sealed.take(data.len() + data.len() / 4096 + 512);
+            encrypt(&self.recipients.0, data, &mut sealed);
+            pass.pools.compressed.give(std::mem::replace(data, sealed));
+        }
     }
 
     /// How full the queues before `compress` and before the sink are.
@@ -537,13 +507,7 @@ impl<'k> Prepare<'k> {
 
     /// Hands a piece to the sink and settles its file once every unit arrived. Returns the
     /// file's outcome when this piece settled it.
-    fn store(
-        &self,
-        piece: Piece,
-        sink: &dyn Sink,
-        buffers: &BufferPool,
-        stop: &OnceLock<String>,
-    ) -> Option<FileOutcome> {
+    fn store(&self, piece: Piece, pass: &Pass) -> Option<FileOutcome> {
         let Piece {
             file,
             body,
@@ -566,28 +530,8 @@ impl<'k> Prepare<'k> {
                 compressed_len,
                 ..
             } => {
-                let sha256 = file.lock().entries[index as usize]
-                    .as_ref()
-                    .map(|e| e.ciphertext_sha256.clone())
-                    .unwrap_or_default();
-                let stored = sink.put_part(file.id, index, &data, &sha256);
-                let sealed_len = data.len() as u64;
-                buffers.give(data);
-                match stored {
-                    Ok(()) => {
-                        let t = &self.totals;
-                        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
-                        t.compressed_bytes
-                            .fetch_add(compressed_len, Ordering::Relaxed);
-                        t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
-                        (1, None)
-                    }
-                    Err(e) => {
-                        let error = format!("part {index}: {e:#}");
-                        let _ = stop.set(format!("{}: {error}", file.source.path));
-                        (1, Some(error))
-                    }
-                }
+                let lengths = (raw_len, compressed_len);
+                (1, self.put_part(&file, index, data, lengths, pass).err())
             }
         };
         drop(charge);
@@ -602,24 +546,54 @@ impl<'k> Prepare<'k> {
         if state.accounted < file.units() {
             return None;
         }
+        Some(self.settle(&file, &mut state, pass))
+    }
+
+    /// Stores one sealed part and counts its bytes (raw and compressed lengths in `lengths`).
+    /// A sink that fails stops the pass: the next parts would fail the same way.
+    fn put_part(
+        &self,
+        file: &FileJob,
+        index: u32,
+        data: Vec<u8>,
+        (raw_len, compressed_len): (u64, u64),
+        pass: &Pass,
+    ) -> Result<(), String> {
+        let sha256 = file.lock().entries[index as usize]
+            .as_ref()
+            .map(|e| e.ciphertext_sha256.clone())
+            .unwrap_or_default();
+        let stored = pass.sink.put_part(file.id, index, &data, &sha256);
+        let sealed_len = data.len() as u64;
+        pass.pools.sealed.give(data);
+        if let Err(e) = stored {
+            return Err(pass.stop_at(file, format!("part {index}: {e:#}")));
+        }
+        let t = &self.totals;
+        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+        t.compressed_bytes
+            .fetch_add(compressed_len, Ordering::Relaxed);
+        t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Finishes a file whose every piece reached the sink: stores its manifest unless the
+    /// file failed, and counts it.
+    fn settle(&self, file: &FileJob, state: &mut FileState, pass: &Pass) -> FileOutcome {
         let mut sha256 = None;
         if state.error.is_none() {
             let (manifest, sealed) = state
                 .manifest
                 .take()
                 .expect("the last hashed piece carries it");
-            match sink.put_manifest(&manifest, &sealed) {
+            match pass.sink.put_manifest(&manifest, &sealed) {
                 Ok(()) => {
                     sha256 = Some(manifest.sha256);
                     self.totals
                         .sealed_bytes
                         .fetch_add(sealed.len() as u64, Ordering::Relaxed);
                 }
-                Err(e) => {
-                    let error = format!("manifest: {e:#}");
-                    let _ = stop.set(format!("{}: {error}", file.source.path));
-                    state.error = Some(error);
-                }
+                Err(e) => state.error = Some(pass.stop_at(file, format!("manifest: {e:#}"))),
             }
         }
         let error = state.error.take();
@@ -628,27 +602,70 @@ impl<'k> Prepare<'k> {
         } else {
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
         }
-        Some(FileOutcome {
+        FileOutcome {
             path: file.source.path.clone(),
             kind: file.source.kind,
             id: file.id,
             size: file.source.size,
             sha256,
             error,
-        })
+        }
+    }
+}
+
+/// What the stages of one pass share.
+struct Pass<'s> {
+    part_size: u64,
+    /// Raw bytes between being read and being stored.
+    memory: Arc<Budget>,
+    pools: Pools,
+    levels: LevelControl,
+    /// Why the pass stopped reading new files, once something failed that would fail them
+    /// all (the sink).
+    stop: OnceLock<String>,
+    outcomes: Mutex<Vec<FileOutcome>>,
+    sink: &'s dyn Sink,
+}
+
+impl<'s> Pass<'s> {
+    fn new(cfg: &PrepareConfig, sink: &'s dyn Sink) -> Self {
+        let part_size = cfg.part_size.max(1);
+        let cpu = cfg.cpu.max(1);
+        Self {
+            part_size,
+            memory: Budget::new(cfg.parts_in_flight.max(1) as u64 * part_size),
+            pools: Pools {
+                raw: BufferPool::new(cpu, POOLED_BUFFER),
+                compressed: BufferPool::new(cpu, POOLED_BUFFER),
+                sealed: BufferPool::new(cpu, POOLED_BUFFER),
+            },
+            levels: LevelControl::new(cfg.level, cfg.adapt),
+            stop: OnceLock::new(),
+            outcomes: Mutex::default(),
+            sink,
+        }
+    }
+
+    /// Stops the pass because of `file`'s `error`, and returns the error.
+    fn stop_at(&self, file: &FileJob, error: String) -> String {
+        let _ = self.stop.set(format!("{}: {error}", file.source.path));
+        error
+    }
+}
+
+/// A stage's work that changes each piece in place and passes it on.
+fn in_place<'w>(
+    work: impl Fn(&mut Piece) + Send + Sync + 'w,
+) -> impl Fn(Piece, &mut Emit<'_, Piece>) + Send + Sync + 'w {
+    move |mut piece, emit| {
+        work(&mut piece);
+        emit.send(piece);
     }
 }
 
 /// The `read` stage: reads a file once, part by part, each into its own buffer. Checks that the
 /// file did not change while it was read before letting its last part go.
-fn read_file(
-    job: Arc<FileJob>,
-    part_size: u64,
-    memory: &Arc<Budget>,
-    buffers: &BufferPool,
-    stop: &OnceLock<String>,
-    emit: &mut Emit<'_, Piece>,
-) {
+fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
     let failed = |emitted: u32, error: String| Piece {
         body: Body::Failed {
             covers: job.units() - emitted,
@@ -658,7 +675,7 @@ fn read_file(
         manifest: None,
         charge: None,
     };
-    if let Some(why) = stop.get() {
+    if let Some(why) = pass.stop.get() {
         emit.send(failed(
             0,
             format!("not prepared: stopped after an earlier error ({why})"),
@@ -686,38 +703,23 @@ fn read_file(
         }
     };
     for index in 0..job.parts {
-        let offset = u64::from(index) * part_size;
-        let len = part_size.min(src.size - offset);
-        let charge = emit.waiting(|| memory.charge(len.max(MIN_CHARGE)));
-        if let Some(why) = stop.get() {
+        let offset = u64::from(index) * pass.part_size;
+        let len = pass.part_size.min(src.size - offset);
+        let charge = emit.waiting(|| pass.memory.charge(len.max(MIN_CHARGE)));
+        if let Some(why) = pass.stop.get() {
             emit.send(failed(
                 index,
                 format!("stopped after an earlier error ({why})"),
             ));
             return;
         }
-        let mut data = buffers.take(len as usize);
-        let read = (&mut file).take(len).read_to_end(&mut data);
-        let changed = match read {
-            Err(e) => Some(format!(
-                "part {index}: cannot read {}: {e}",
-                src.local.display()
-            )),
-            Ok(n) if n as u64 != len => Some(format!(
-                "part {index}: {} shrank while being read; send it again once it is complete",
-                src.local.display()
-            )),
-            Ok(_) if index + 1 == job.parts => unchanged_since_listing(&file, src).err(),
-            Ok(_) => None,
+        let data = match read_part(&mut file, &job, index, len, &pass.pools.raw) {
+            Ok(data) => data,
+            Err(error) => {
+                emit.send(failed(index, error));
+                return;
+            }
         };
-        if let Some(error) = changed {
-            emit.send(failed(index, error));
-            return;
-        }
-        if index + 1 == job.parts {
-            // Each source byte is read once.
-            forte_fs::drop_from_cache(&file);
-        }
         let piece = Piece {
             file: job.clone(),
             body: Body::Part {
@@ -734,6 +736,34 @@ fn read_file(
             return;
         }
     }
+}
+
+/// Reads part `index`, `len` bytes long. After the last part, checks that the file is as it
+/// was listed, and drops it from the page cache: each source byte is read once.
+fn read_part(
+    file: &mut File,
+    job: &FileJob,
+    index: u32,
+    len: u64,
+    buffers: &BufferPool,
+) -> Result<Vec<u8>, String> {
+    let src = &job.source;
+    let mut data = buffers.take(len as usize);
+    let read = (&mut *file)
+        .take(len)
+        .read_to_end(&mut data)
+        .map_err(|e| format!("part {index}: cannot read {}: {e}", src.local.display()))?;
+    if read as u64 != len {
+        return Err(format!(
+            "part {index}: {} shrank while being read; send it again once it is complete",
+            src.local.display()
+        ));
+    }
+    if index + 1 == job.parts {
+        unchanged_since_listing(file, src)?;
+        forte_fs::drop_from_cache(file);
+    }
+    Ok(data)
 }
 
 fn unchanged_since_listing(file: &File, src: &SourceFile) -> Result<(), String> {
@@ -810,7 +840,7 @@ fn hash_raw(piece: &mut Piece) {
 
 /// The `hash_ciphertext` stage: completes the part's manifest entry with the hash and length of
 /// its sealed bytes.
-fn record_part(piece: &Piece) {
+fn hash_ciphertext(piece: &Piece) {
     let (index, sha256, length, level) = match &piece.body {
         Body::Part {
             index, data, level, ..

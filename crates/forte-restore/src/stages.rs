@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use forte_format::seal::{decrypt, sha256_hex};
 use forte_pipeline::{queue, Budget, Charge, Emit, StageSpec, Weigh};
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::{Object, ObjectSource, PartError, Problem, Restore, RestoreFailure};
@@ -64,7 +65,52 @@ impl Piece {
     }
 }
 
+impl Job {
+    fn new(object: Object, target: String, staging: &Path) -> Self {
+        Self {
+            staged: staging.join(object.manifest.id.to_string()),
+            target,
+            object,
+            assembly: Mutex::new(Assembly {
+                file: None,
+                next: 0,
+                pending: BTreeMap::new(),
+                whole: Sha256::new(),
+            }),
+        }
+    }
+}
+
+/// The problems a pass met. The first one stops the pass: nothing more is read, and what is in
+/// flight drains.
+#[derive(Default)]
+struct Problems {
+    found: Mutex<Vec<Problem>>,
+    stop: OnceLock<()>,
+}
+
+impl Problems {
+    fn add(&self, problem: Problem) {
+        let _ = self.stop.set(());
+        self.found.lock().push(problem);
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.get().is_some()
+    }
+
+    fn into_result(self) -> Result<()> {
+        let problems = self.found.into_inner();
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(RestoreFailure { problems }.into())
+    }
+}
+
 impl Restore<'_> {
+    /// Reads, verifies, decrypts, decompresses and assembles every object into `staging`.
+    /// Returns the staged files, or every problem met before the pass stopped.
     pub(crate) fn stage_all(
         &self,
         source: &dyn ObjectSource,
@@ -73,27 +119,9 @@ impl Restore<'_> {
     ) -> Result<Vec<Arc<Job>>> {
         let jobs: Vec<Arc<Job>> = objects
             .into_iter()
-            .map(|(object, target)| {
-                Arc::new(Job {
-                    staged: staging.join(object.manifest.id.to_string()),
-                    target,
-                    object,
-                    assembly: Mutex::new(Assembly {
-                        file: None,
-                        next: 0,
-                        pending: BTreeMap::new(),
-                        whole: Sha256::new(),
-                    }),
-                })
-            })
+            .map(|(object, target)| Arc::new(Job::new(object, target, staging)))
             .collect();
-        let errors: Mutex<Vec<Problem>> = Mutex::default();
-        let stop = OnceLock::<()>::new();
-        let fail = |error: Problem| {
-            let _ = stop.set(());
-            errors.lock().unwrap_or_else(|e| e.into_inner()).push(error);
-        };
-
+        let problems = Problems::default();
         let in_flight = self.config.parts_in_flight.max(1);
         // Sealed parts are about their raw size or smaller; charging the raw length bounds
         // the decompressed copies too.
@@ -104,99 +132,86 @@ impl Restore<'_> {
         let (verified_tx, verified_rx) = queue::<Piece>(cpu);
         let (decrypted_tx, decrypted_rx) = queue::<Piece>(cpu);
         let (raw_tx, raw_rx) = queue::<Piece>(cpu);
+        // Each stage passes a piece on, or records why it cannot.
+        let step = |result: Result<Piece, Problem>, emit: &mut Emit<'_, Piece>| match result {
+            Ok(piece) => {
+                emit.send(piece);
+            }
+            Err(problem) => problems.add(problem),
+        };
         let p = &self.pipeline;
         std::thread::scope(|s| {
-            p.stage(
-                s,
-                StageSpec::io("read", self.config.readers),
-                jobs_rx,
-                read_tx,
-                |job, emit| {
-                    if stop.get().is_none() {
-                        if let Err(e) = read_parts(source, &job, &memory, &stop, emit) {
-                            fail(e);
-                        }
+            let readers = StageSpec::io("read", self.config.readers);
+            p.stage(s, readers, jobs_rx, read_tx, |job, emit| {
+                if !problems.stopped() {
+                    if let Err(e) = read_parts(source, &job, &memory, &problems.stop, emit) {
+                        problems.add(e);
                     }
-                },
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("verify_ciphertext", cpu),
-                read_rx,
-                verified_tx,
-                |piece, emit| match verify_ciphertext(&piece) {
-                    Ok(()) => {
-                        emit.send(piece);
-                    }
-                    Err(e) => fail(piece.problem(true, e)),
-                },
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("decrypt", cpu),
-                verified_rx,
-                decrypted_tx,
-                |mut piece, emit| {
-                    let entry = &piece.job.object.manifest.parts[piece.index as usize];
-                    let bound = entry.raw_length + entry.raw_length / 64 + (1 << 20);
-                    match decrypt(&self.identities.0, &piece.data, bound) {
-                        Ok(compressed) => {
-                            self.totals
-                                .sealed_bytes
-                                .fetch_add(piece.data.len() as u64, Ordering::Relaxed);
-                            piece.data = compressed;
-                            emit.send(piece);
-                        }
-                        Err(e) => fail(piece.problem(true, format!("cannot decrypt: {e}"))),
-                    }
-                },
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("decompress", cpu),
-                decrypted_rx,
-                raw_tx,
-                |mut piece, emit| match decompress_and_verify(&piece) {
-                    Ok(raw) => {
-                        piece.data = raw;
-                        emit.send(piece);
-                    }
-                    Err(e) => fail(piece.problem(true, e)),
-                },
-            );
+                }
+            });
+            let verify = StageSpec::cpu("verify_ciphertext", cpu);
+            p.stage(s, verify, read_rx, verified_tx, |piece, emit| {
+                step(verify_ciphertext(piece), emit)
+            });
+            let decrypt = StageSpec::cpu("decrypt", cpu);
+            p.stage(s, decrypt, verified_rx, decrypted_tx, |piece, emit| {
+                step(self.decrypt_part(piece), emit)
+            });
+            let decompress = StageSpec::cpu("decompress", cpu);
+            p.stage(s, decompress, decrypted_rx, raw_tx, |piece, emit| {
+                step(decompress_and_verify(piece), emit)
+            });
             p.sink(s, "assemble", self.config.writers.max(1), raw_rx, |piece| {
-                let (id, index) = (piece.job.object.manifest.id, piece.index);
-                let path = piece.job.object.manifest.path.clone();
-                if let Err(e) = self.assemble(piece) {
-                    fail(Problem {
-                        object: id,
-                        part: Some(index),
-                        damaged: false,
-                        message: format!("{path} (object {id}), part {index}: {e:#}"),
-                    });
+                if let Err(problem) = self.assemble(piece) {
+                    problems.add(problem);
                 }
             });
             for job in &jobs {
-                if stop.get().is_some() || jobs_tx.send(job.clone()).is_err() {
+                if problems.stopped() || jobs_tx.send(job.clone()).is_err() {
                     break;
                 }
             }
             drop(jobs_tx);
         });
-
-        let problems = errors.into_inner().unwrap_or_else(|e| e.into_inner());
-        if !problems.is_empty() {
-            return Err(RestoreFailure { problems }.into());
-        }
+        problems.into_result()?;
         Ok(jobs)
+    }
+
+    /// The `decrypt` stage: opens the age envelope, refusing one that decrypts past what the
+    /// part's raw length can compress to.
+    fn decrypt_part(&self, mut piece: Piece) -> Result<Piece, Problem> {
+        let entry = &piece.job.object.manifest.parts[piece.index as usize];
+        let bound = entry.raw_length + entry.raw_length / 64 + (1 << 20);
+        let compressed = decrypt(&self.identities.0, &piece.data, bound)
+            .map_err(|e| piece.problem(true, format!("cannot decrypt: {e}")))?;
+        self.totals
+            .sealed_bytes
+            .fetch_add(piece.data.len() as u64, Ordering::Relaxed);
+        piece.data = compressed;
+        Ok(piece)
+    }
+
+    /// The `assemble` stage: [`Restore::write_in_order`], with a failure named by file and part.
+    fn assemble(&self, piece: Piece) -> Result<(), Problem> {
+        let (id, index) = (piece.job.object.manifest.id, piece.index);
+        let job = piece.job.clone();
+        self.write_in_order(piece).map_err(|e| Problem {
+            object: id,
+            part: Some(index),
+            damaged: false,
+            message: format!(
+                "{} (object {id}), part {index}: {e:#}",
+                job.object.manifest.path
+            ),
+        })
     }
 
     /// Writes parts to the staged file in order, hashing the whole file as it goes; parts that
     /// come early wait in memory (bounded by the in-flight slots they hold).
-    fn assemble(&self, piece: Piece) -> Result<()> {
+    fn write_in_order(&self, piece: Piece) -> Result<()> {
         let job = piece.job.clone();
         let manifest = &job.object.manifest;
-        let mut asm = job.assembly.lock().unwrap_or_else(|e| e.into_inner());
+        let mut asm = job.assembly.lock();
         asm.pending.insert(piece.index, (piece.data, piece.charge));
         while let Some((data, _charge)) = {
             let next = asm.next;
@@ -289,34 +304,42 @@ fn max_part_size(jobs: &[Arc<Job>]) -> u64 {
         .max(1)
 }
 
-fn verify_ciphertext(piece: &Piece) -> Result<(), String> {
+/// The `verify_ciphertext` stage: the sealed part hashes to what the signed manifest says.
+fn verify_ciphertext(piece: Piece) -> Result<Piece, Problem> {
     let expected = &piece.job.object.manifest.parts[piece.index as usize].ciphertext_sha256;
     let found = sha256_hex(&piece.data);
     if &found != expected {
-        return Err(format!(
+        return Err(piece.problem(true, format!(
             "ciphertext SHA-256 mismatch (manifest {expected}, file {found}): the part was altered, replaced or swapped"
-        ));
+        )));
     }
-    Ok(())
+    Ok(piece)
 }
 
-fn decompress_and_verify(piece: &Piece) -> Result<Vec<u8>, String> {
+/// The `decompress` stage: the part decompresses to exactly its raw length, and those bytes
+/// hash to the manifest's raw SHA-256.
+fn decompress_and_verify(mut piece: Piece) -> Result<Piece, Problem> {
     let entry = &piece.job.object.manifest.parts[piece.index as usize];
-    let raw = zstd::bulk::decompress(&piece.data, entry.raw_length as usize)
-        .map_err(|e| format!("not a valid zstd frame of {} bytes: {e}", entry.raw_length))?;
+    let raw = zstd::bulk::decompress(&piece.data, entry.raw_length as usize).map_err(|e| {
+        let what = format!("not a valid zstd frame of {} bytes: {e}", entry.raw_length);
+        piece.problem(true, what)
+    })?;
     if raw.len() as u64 != entry.raw_length {
-        return Err(format!(
+        let what = format!(
             "decompresses to {} bytes, manifest says {}",
             raw.len(),
             entry.raw_length
-        ));
+        );
+        return Err(piece.problem(true, what));
     }
     let found = sha256_hex(&raw);
     if found != entry.raw_sha256 {
-        return Err(format!(
+        let what = format!(
             "raw SHA-256 mismatch (manifest {}, restored {found})",
             entry.raw_sha256
-        ));
+        );
+        return Err(piece.problem(true, what));
     }
-    Ok(raw)
+    piece.data = raw;
+    Ok(piece)
 }
