@@ -30,9 +30,9 @@ from pathlib import Path
 
 from corpus import BATCHES, build_inbox
 from site_setup import make_site, start_relay
+from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
-FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "network"
 NS = "forte-site"
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 from chart import bar_chart
 from corpus import corpus_stats, ensure_corpus
+from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
-FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench"))
 OUT = Path("/dev/shm/forte-bench-out")
 

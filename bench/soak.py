@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 from site_setup import make_site, start_relay
+from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
-FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "soak"
 
 

@@ -50,9 +50,9 @@ from chart import bar_chart
 from corpus import build_inbox
 from network import NS, parse_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
+from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
-FORTE = ROOT / "target" / "release" / "forte"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "wan"
 DC = "10.77.0.2"  # the data-centre end of the veth pair
 API = "http://127.0.0.1:8474"
