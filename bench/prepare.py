@@ -17,7 +17,7 @@ Contenders
                       `zstd -3` → NAME.zst, `gpg -e` → NAME.zst.gpg (NAME.zst removed after),
                       `sha256sum` > NAME.zst.gpg.sha256; two files at a time (one per core)
 
-Usage: bench/prepare.py [--runs 3] [--corpus DIR] [--skip-chain]
+Usage: bench/prepare.py [--runs 3] [--corpus DIR] [--skip-chain] [--compare NAME=PATH]
 """
 
 import argparse
@@ -64,10 +64,15 @@ def chain(corpus: Path, per_file: str, prelude: str = "") -> list:
             f"find . -type f -print0 | xargs -0 -P2 -n 64 bash -c '{per_file}' _"]
 
 
-def contenders(corpus: Path, keys: Path, skip_chain: bool):
-    out = {}
-    out["forte pack"] = [str(FORTE), "pack", str(corpus), "--to", str(OUT / "forte"),
-                         "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "-q"]
+def forte_pack(binary: Path, corpus: Path, keys: Path) -> list:
+    return [str(binary), "pack", str(corpus), "--to", str(OUT / "forte"),
+            "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "-q"]
+
+
+def contenders(corpus: Path, keys: Path, skip_chain: bool, compare: dict):
+    out = {"forte pack": forte_pack(FORTE, corpus, keys)}
+    for name, binary in compare.items():
+        out[f"forte pack ({name})"] = forte_pack(binary, corpus, keys)
     out["zstd -3 -T2 -r (files)"] = ["zstd", "-3", "-T2", "-r", "-q", "--output-dir-mirror",
                                      str(OUT / "zstd"), str(corpus)]
     out["tar | zstd -3 -T2 (stream)"] = ["sh", "-c",
@@ -106,7 +111,10 @@ def main():
     ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
     ap.add_argument("--skip-chain", action="store_true", help="skip the slow shell chains (CB-IM and CB)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
+    ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
+                    help="also time the forte build at PATH as 'forte pack (NAME)', in the same rounds")
     args = ap.parse_args()
+    compare = dict(c.split("=", 1) for c in args.compare)
 
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
     ensure_corpus(args.corpus)
@@ -114,7 +122,7 @@ def main():
     if not keys.exists():
         sh([str(FORTE), "keygen", "--dir", str(keys)], stdout=subprocess.DEVNULL)
     nfiles, nbytes = corpus_stats(args.corpus)
-    runs = contenders(args.corpus, keys, args.skip_chain)
+    runs = contenders(args.corpus, keys, args.skip_chain, compare)
 
     sh(["sh", "-c", f"tar -cf - -C '{args.corpus}' . > /dev/null"])  # warm the page cache
     times = {name: [] for name in runs}

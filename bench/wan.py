@@ -31,7 +31,7 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
-                 [--level 3] [--rsync-levels 3,1,3/2] [--chart FILE]
+                 [--level 3] [--rsync-levels 3,1,3/2] [--chart FILE] [--compare NAME=PATH]
 """
 
 import argparse
@@ -115,21 +115,22 @@ class Contenders:
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
         self.pull_cpu = pull_cpu
 
-    def forte(self, out: Path):
+    def forte(self, out: Path, binary: Path = FORTE):
+        """Every role (relay, puller, sender) runs `binary`."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
-        relay, url, fingerprint = start_relay(FORTE, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443")
+        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443")
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
             for cat in ("edge.sqlite", "core.sqlite"):
                 (WORK / cat).unlink(missing_ok=True)
             puller = subprocess.Popen(
-                [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
+                [binary, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
                  "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "--relay", url,
                  *(["--cpu", str(self.pull_cpu)] if self.pull_cpu else []),
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
-            sh(at_site([FORTE, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
+            sh(at_site([binary, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
                         "--level", self.level,
                         "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
@@ -230,7 +231,10 @@ def main():
                          "the first is the target's (default 3, rsync's own, on one thread)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
+    ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
+                    help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
     args = ap.parse_args()
+    compare = dict(c.split("=", 1) for c in args.compare)
     rsync_levels = args.rsync_levels.split(",")
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
@@ -261,7 +265,9 @@ def main():
             "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
         }
         c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu)
-        contenders = {"forte": c.forte, "rsync + copy (papers' baseline)": c.rsync_copy,
+        contenders = {"forte": c.forte,
+                      **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
+                      "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,
                       **{rsync_name(n): (lambda _out, n=n: c.rsync_zstd(n)) for n in rsync_levels},
                       "rclone copy": c.rclone}
