@@ -55,13 +55,7 @@ impl Weigh for Piece {
 
 impl Piece {
     fn problem(&self, damaged: bool, what: impl std::fmt::Display) -> Problem {
-        let m = &self.job.object.manifest;
-        Problem {
-            object: m.id,
-            part: Some(self.index),
-            damaged,
-            message: format!("{} (object {}), part {}: {what}", m.path, m.id, self.index),
-        }
+        self.job.problem(self.index, damaged, what)
     }
 }
 
@@ -77,6 +71,17 @@ impl Job {
                 pending: BTreeMap::new(),
                 whole: Sha256::new(),
             }),
+        }
+    }
+
+    /// A problem with part `index` of this object, named by file, object and part.
+    fn problem(&self, index: u32, damaged: bool, what: impl std::fmt::Display) -> Problem {
+        let m = &self.object.manifest;
+        Problem {
+            object: m.id,
+            part: Some(index),
+            damaged,
+            message: format!("{} (object {}), part {index}: {what}", m.path, m.id),
         }
     }
 }
@@ -144,7 +149,7 @@ impl Restore<'_> {
             let readers = StageSpec::io("read", self.config.readers);
             p.stage(s, readers, jobs_rx, read_tx, |job, emit| {
                 if !problems.stopped() {
-                    if let Err(e) = read_parts(source, &job, &memory, &problems.stop, emit) {
+                    if let Err(e) = read_parts(source, &job, &memory, &problems, emit) {
                         problems.add(e);
                     }
                 }
@@ -193,17 +198,9 @@ impl Restore<'_> {
 
     /// The `assemble` stage: [`Restore::write_in_order`], with a failure named by file and part.
     fn assemble(&self, piece: Piece) -> Result<(), Problem> {
-        let (id, index) = (piece.job.object.manifest.id, piece.index);
-        let job = piece.job.clone();
-        self.write_in_order(piece).map_err(|e| Problem {
-            object: id,
-            part: Some(index),
-            damaged: false,
-            message: format!(
-                "{} (object {id}), part {index}: {e:#}",
-                job.object.manifest.path
-            ),
-        })
+        let (job, index) = (piece.job.clone(), piece.index);
+        self.write_in_order(piece)
+            .map_err(|e| job.problem(index, false, format!("{e:#}")))
     }
 
     /// Writes parts to the staged file in order, hashing the whole file as it goes; parts that
@@ -256,24 +253,16 @@ fn read_parts(
     source: &dyn ObjectSource,
     job: &Arc<Job>,
     memory: &Arc<Budget>,
-    stop: &OnceLock<()>,
+    problems: &Problems,
     emit: &mut Emit<'_, Piece>,
 ) -> Result<(), Problem> {
     let manifest = &job.object.manifest;
     for entry in &manifest.parts {
         let charge = emit.waiting(|| memory.charge(entry.raw_length.max(MIN_CHARGE)));
-        if stop.get().is_some() {
+        if problems.stopped() {
             return Ok(());
         }
-        let problem = |damaged, what: String| Problem {
-            object: manifest.id,
-            part: Some(entry.index),
-            damaged,
-            message: format!(
-                "{} (object {}), part {}: {what}",
-                manifest.path, manifest.id, entry.index
-            ),
-        };
+        let problem = |damaged, what| job.problem(entry.index, damaged, what);
         let data = source
             .part(&job.object.at, entry.index, entry.ciphertext_length)
             .map_err(|e| match e {
