@@ -9,6 +9,7 @@
 //! object, or holding a foreign or replayed one, is refused (version 2; version-1 sets, which
 //! have none, still restore).
 
+pub mod bundle;
 pub mod inventory;
 pub mod keys;
 pub mod manifest;
@@ -17,5 +18,6 @@ pub mod seal;
 
 pub use inventory::{Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT};
 pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};
-pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1};
+pub use bundle::Member;
+pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V3};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};

@@ -10,6 +10,7 @@ use ed25519_dalek::{Signature, Signer, VerifyingKey};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::bundle::{validate_members, Member};
 use crate::keys::{edge_key_id, EdgeKey, TrustedEdges};
 use crate::object::ObjectId;
 
@@ -20,6 +21,11 @@ pub const FORMAT: &str = "forte-object/2";
 /// The `format` of version-1 manifests, written before inventories existed. They are still
 /// read; a set of them restores with a warning that nothing proves it complete.
 pub const FORMAT_V1: &str = "forte-object/1";
+
+/// The `format` of a bundle's manifest ([`Kind::Bundle`]): version 2 plus `members`. Files and
+/// directories are still written as version 2, so a core that predates bundles reads every
+/// object but a bundle, and refuses that one by its format.
+pub const FORMAT_V3: &str = "forte-object/3";
 
 /// Prefixed to the canonical JSON before signing, so an edge key's signature over a manifest
 /// can never be taken for a signature over anything else (an inventory has its own context).
@@ -35,6 +41,8 @@ pub enum Kind {
     File,
     /// A directory, recorded so that empty directories survive the trip. It has no parts.
     Dir,
+    /// Many small files in one tar stream of one part ([`crate::bundle`]); `members` lists them.
+    Bundle,
 }
 
 /// One part: a slice of the file's raw bytes, compressed as one zstd frame and encrypted as one
@@ -73,6 +81,9 @@ pub struct Manifest {
     pub sha256: String,
     pub part_size: u64,
     pub parts: Vec<PartEntry>,
+    /// A bundle's files, in the order of their data in its stream; empty for other kinds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<Member>,
 }
 
 /// Why a manifest was refused.
@@ -195,7 +206,8 @@ impl Manifest {
     /// Parses a signed manifest, checks its signature against the trusted edge keys and
     /// validates its structure. Nothing of an unverified manifest is ever returned.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
-        let value = open_document(document, &[FORMAT, FORMAT_V1], SIGNING_CONTEXT, trusted)?;
+        let formats = [FORMAT, FORMAT_V1, FORMAT_V3];
+        let value = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         manifest.validate().map_err(ManifestError::Invalid)?;
@@ -212,6 +224,12 @@ impl Manifest {
                 "mtime_ns {} is not below one second",
                 self.mtime_ns
             ));
+        }
+        if (self.kind == Kind::Bundle) != (self.format == FORMAT_V3) {
+            return Err(format!("a {:?} object with format {:?}", self.kind, self.format));
+        }
+        if self.kind != Kind::Bundle && !self.members.is_empty() {
+            return Err("only a bundle has members".into());
         }
         if self.kind == Kind::Dir {
             return if self.size == 0 && self.parts.is_empty() {
@@ -259,7 +277,52 @@ impl Manifest {
             check_hex(&part.ciphertext_sha256, "ciphertext_sha256")?;
             offset += expected_len;
         }
+        if self.kind == Kind::Bundle {
+            if self.parts.len() != 1 {
+                return Err("a bundle is one part".into());
+            }
+            validate_members(&self.members, self.size)?;
+        }
         Ok(())
+    }
+
+    /// How messages name this object: its path, or a bundle's first files.
+    pub fn describe(&self) -> String {
+        const SHOWN: usize = 3;
+        if self.kind != Kind::Bundle {
+            return self.path.clone();
+        }
+        let names: Vec<&str> = self.members.iter().take(SHOWN).map(|m| m.path.as_str()).collect();
+        let more = self.members.len().saturating_sub(SHOWN);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        format!("bundle of {} ({}{more})", self.members.len(), names.join(", "))
+    }
+
+    /// What the core delivers of this object: itself, or each member of a bundle as the
+    /// manifest it would have had as an object of its own (without parts: its bytes are in the
+    /// bundle's).
+    pub fn files(&self) -> Vec<Manifest> {
+        if self.kind != Kind::Bundle {
+            return vec![self.clone()];
+        }
+        self.members
+            .iter()
+            .map(|m| Manifest {
+                format: FORMAT.into(),
+                id: m.id,
+                batch: self.batch.clone(),
+                path: m.path.clone(),
+                kind: Kind::File,
+                size: m.size,
+                mode: m.mode,
+                mtime_s: m.mtime_s,
+                mtime_ns: m.mtime_ns,
+                sha256: m.sha256.clone(),
+                part_size: self.part_size,
+                parts: Vec::new(),
+                members: Vec::new(),
+            })
+            .collect()
     }
 }
 

@@ -10,10 +10,12 @@
 //! manifests go: a directory for `forte pack` ([`DirSink`]), the relay for `forte send`.
 
 mod adapt;
+mod bundle;
 mod sink;
 mod source;
 mod stages;
 
+pub use bundle::{bundle_small, BundleLimits, BundleMember};
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};
 pub use stages::{FileOutcome, HeldPart, JobQueue, Prepare, PrepareConfig, PrepareJob, Totals};

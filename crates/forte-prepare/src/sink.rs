@@ -15,8 +15,9 @@ pub trait Sink: Sync {
     /// `sha256` is the hex SHA-256 of `sealed`, already computed by the pipeline.
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()>;
     fn put_manifest(&self, manifest: &Manifest, sealed: &[u8]) -> Result<()>;
-    /// Called once per file, after its manifest was stored or once it failed.
-    fn done(&self, outcome: &FileOutcome);
+    /// Called once per object, after its manifest was stored or once it failed, with the
+    /// outcome of its file (a bundle: of each of its files; all share `object` and error).
+    fn done(&self, outcomes: &[FileOutcome]);
 }
 
 /// Writes objects as directories `<id>/` under one output directory, the on-disk layout of the
@@ -79,11 +80,11 @@ impl Sink for DirSink {
             .with_context(|| format!("cannot rename into {}", done.display()))
     }
 
-    fn done(&self, outcome: &FileOutcome) {
-        if outcome.error.is_some() {
+    fn done(&self, outcomes: &[FileOutcome]) {
+        if let Some(failed) = outcomes.iter().find(|o| o.error.is_some()) {
             // Best effort: an object without manifest.age is incomplete whether or not this
             // works.
-            let _ = std::fs::remove_dir_all(self.object_dir(outcome.id));
+            let _ = std::fs::remove_dir_all(self.object_dir(failed.object));
         }
     }
 }

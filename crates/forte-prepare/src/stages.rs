@@ -10,11 +10,13 @@ use std::sync::{Arc, OnceLock};
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
-use forte_format::{EdgeKey, Kind, Manifest, ObjectId, PartEntry, Recipients, FORMAT};
+use forte_format::{bundle, EdgeKey, Kind, Manifest, Member, ObjectId, PartEntry, Recipients};
+use forte_format::{FORMAT, FORMAT_V3};
 use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, StageSpec, Weigh};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::adapt::{fill, LevelControl, Pressure};
+use crate::bundle::BundleMember;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -76,6 +78,8 @@ pub struct FileOutcome {
     pub path: String,
     pub kind: Kind,
     pub id: ObjectId,
+    /// The object that carries it: its own `id`, or its bundle's.
+    pub object: ObjectId,
     pub size: u64,
     /// The whole file's raw SHA-256, once its manifest is stored: what the batch's or
     /// archive's inventory lists.
@@ -114,6 +118,8 @@ pub struct PrepareJob {
     pub batch: String,
     /// Parts the sink already holds, by index.
     pub held: BTreeMap<u32, HeldPart>,
+    /// A bundle's files ([`crate::bundle_small`]); empty for a file or directory.
+    pub members: Vec<BundleMember>,
 }
 
 impl PrepareJob {
@@ -124,7 +130,32 @@ impl PrepareJob {
             id: ObjectId::random(),
             batch: String::new(),
             held: BTreeMap::new(),
+            members: Vec::new(),
         }
+    }
+
+    /// The files of this job with their ids: a bundle's members, or the file itself.
+    pub fn files(&self) -> Vec<(&SourceFile, ObjectId)> {
+        if self.members.is_empty() {
+            return vec![(&self.source, self.id)];
+        }
+        self.members.iter().map(|m| (&m.source, m.id)).collect()
+    }
+
+    /// The outcome of each of [`PrepareJob::files`] when it failed with `error`.
+    pub fn unfinished(&self, error: &str) -> Vec<FileOutcome> {
+        self.files()
+            .into_iter()
+            .map(|(source, id)| FileOutcome {
+                path: source.path.clone(),
+                kind: source.kind,
+                id,
+                object: self.id,
+                size: source.size,
+                sha256: None,
+                error: Some(error.to_string()),
+            })
+            .collect()
     }
 }
 
@@ -155,6 +186,7 @@ struct FileJob {
     id: ObjectId,
     batch: String,
     held: BTreeMap<u32, HeldPart>,
+    members: Vec<BundleMember>,
     part_size: u64,
     parts: u32,
     state: Mutex<FileState>,
@@ -171,6 +203,8 @@ struct FileState {
     accounted: u32,
     manifest: Option<(Manifest, Vec<u8>)>,
     error: Option<String>,
+    /// A bundle's members' SHA-256, in order, from the `hash` stage.
+    member_sha256: Vec<String>,
 }
 
 impl FileJob {
@@ -180,13 +214,21 @@ impl FileJob {
             id,
             batch,
             held,
+            members,
         } = job;
+        // A bundle is one part, however large: each part must be a whole tar stream.
+        let part_size = if members.is_empty() {
+            part_size
+        } else {
+            source.size.max(1)
+        };
         let parts =
             u32::try_from(source.size.div_ceil(part_size)).expect("a file of over 2^32 parts");
         Self {
             id,
             batch,
             held,
+            members,
             part_size,
             parts,
             state: Mutex::new(FileState {
@@ -313,14 +355,7 @@ impl<'k> Prepare<'k> {
     pub fn run(&self, files: Vec<PrepareJob>, sink: &dyn Sink) -> Vec<FileOutcome> {
         let unfinished: Vec<FileOutcome> = files
             .iter()
-            .map(|f| FileOutcome {
-                path: f.source.path.clone(),
-                kind: f.source.kind,
-                id: f.id,
-                size: f.source.size,
-                sha256: None,
-                error: Some("not prepared: an earlier failure stopped the pass".into()),
-            })
+            .flat_map(|f| f.unfinished("not prepared: an earlier failure stopped the pass"))
             .collect();
         let mut outcomes: std::collections::HashMap<ObjectId, FileOutcome> = self
             .run_from(&Mutex::new(files.into_iter()), sink)
@@ -386,9 +421,10 @@ impl<'k> Prepare<'k> {
             let seal = in_place(|piece| self.seal_if_complete(piece));
             p.stage(s, on_cores("seal"), hashed_rx, seal_tx, seal);
             p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
-                if let Some(outcome) = self.store(piece, &pass) {
-                    sink.done(&outcome);
-                    pass.outcomes.lock().push(outcome);
+                let outcomes = self.store(piece, &pass);
+                if !outcomes.is_empty() {
+                    sink.done(&outcomes);
+                    pass.outcomes.lock().extend(outcomes);
                 }
             });
             while pass.stop.get().is_none() {
@@ -485,8 +521,9 @@ impl<'k> Prepare<'k> {
             return;
         };
         let src = &job.source;
+        let members = bundle_members(job, &piece.file.lock().member_sha256);
         let manifest = Manifest {
-            format: FORMAT.into(),
+            format: if members.is_empty() { FORMAT } else { FORMAT_V3 }.into(),
             id: job.id,
             batch: job.batch.clone(),
             path: src.path.clone(),
@@ -498,6 +535,7 @@ impl<'k> Prepare<'k> {
             sha256,
             part_size: job.part_size,
             parts,
+            members,
         };
         let document = manifest.sign(self.key);
         let mut sealed = Vec::with_capacity(document.len() + 512);
@@ -506,8 +544,8 @@ impl<'k> Prepare<'k> {
     }
 
     /// Hands a piece to the sink and settles its file once every unit arrived. Returns the
-    /// file's outcome when this piece settled it.
-    fn store(&self, piece: Piece, pass: &Pass) -> Option<FileOutcome> {
+    /// outcomes of the file (or the bundle's files) when this piece settled it.
+    fn store(&self, piece: Piece, pass: &Pass) -> Vec<FileOutcome> {
         let Piece {
             file,
             body,
@@ -544,9 +582,9 @@ impl<'k> Prepare<'k> {
         }
         state.accounted += covers;
         if state.accounted < file.units() {
-            return None;
+            return Vec::new();
         }
-        Some(self.settle(&file, &mut state, pass))
+        self.settle(&file, &mut state, pass)
     }
 
     /// Stores one sealed part and counts its bytes (raw and compressed lengths in `lengths`).
@@ -578,8 +616,8 @@ impl<'k> Prepare<'k> {
     }
 
     /// Finishes a file whose every piece reached the sink: stores its manifest unless the
-    /// file failed, and counts it.
-    fn settle(&self, file: &FileJob, state: &mut FileState, pass: &Pass) -> FileOutcome {
+    /// file failed, and counts it (a bundle: each of its files).
+    fn settle(&self, file: &FileJob, state: &mut FileState, pass: &Pass) -> Vec<FileOutcome> {
         let mut sha256 = None;
         if state.error.is_none() {
             let (manifest, sealed) = state
@@ -597,19 +635,30 @@ impl<'k> Prepare<'k> {
             }
         }
         let error = state.error.take();
-        if error.is_some() {
-            self.totals.files_failed.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.totals.files_done.fetch_add(1, Ordering::Relaxed);
-        }
-        FileOutcome {
-            path: file.source.path.clone(),
-            kind: file.source.kind,
-            id: file.id,
-            size: file.source.size,
+        let files = file.members.len().max(1) as u64;
+        let counter = match error {
+            Some(_) => &self.totals.files_failed,
+            None => &self.totals.files_done,
+        };
+        counter.fetch_add(files, Ordering::Relaxed);
+        let outcome = |source: &SourceFile, id, sha256| FileOutcome {
+            path: source.path.clone(),
+            kind: source.kind,
+            id,
+            object: file.id,
+            size: source.size,
             sha256,
-            error,
+            error: error.clone(),
+        };
+        if file.members.is_empty() {
+            return vec![outcome(&file.source, file.id, sha256)];
         }
+        let hashes = std::mem::take(&mut state.member_sha256);
+        file.members
+            .iter()
+            .zip(hashes.into_iter().map(Some).chain(std::iter::repeat(None)))
+            .map(|(m, sha)| outcome(&m.source, m.id, sha.filter(|_| error.is_none())))
+            .collect()
     }
 }
 
@@ -691,6 +740,25 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
         });
         return;
     }
+    if !job.members.is_empty() {
+        let charge = emit.waiting(|| pass.memory.charge(job.source.size.max(MIN_CHARGE)));
+        emit.send(match read_bundle(&job, pass) {
+            Ok(data) => Piece {
+                file: job.clone(),
+                body: Body::Part {
+                    index: 0,
+                    raw_len: data.len() as u64,
+                    data,
+                    compressed_len: 0,
+                    level: 0,
+                },
+                manifest: None,
+                charge: Some(charge),
+            },
+            Err(error) => failed(0, error),
+        });
+        return;
+    }
     let src = &job.source;
     let mut file = match File::open(&src.local) {
         Ok(f) => f,
@@ -766,6 +834,66 @@ fn read_part(
     Ok(data)
 }
 
+/// Reads a bundle's members, each once, into one tar stream: header, bytes, padding; then the
+/// end of the archive. Each member is checked unchanged since it was listed, like a file.
+fn read_bundle(job: &FileJob, pass: &Pass) -> Result<Vec<u8>, String> {
+    let mut data = pass.pools.raw.take(job.source.size as usize);
+    for member in &job.members {
+        let src = &member.source;
+        data.extend_from_slice(&bundle::header(&src.path, src.size, src.mode, src.mtime_s));
+        let mut file = File::open(&src.local)
+            .map_err(|e| format!("cannot open {}: {e}", src.local.display()))?;
+        let read = (&mut file)
+            .take(src.size)
+            .read_to_end(&mut data)
+            .map_err(|e| format!("cannot read {}: {e}", src.local.display()))?;
+        if read as u64 != src.size {
+            return Err(format!(
+                "{} shrank while being read; send it again once it is complete",
+                src.local.display()
+            ));
+        }
+        unchanged_since_listing(&file, src)?;
+        forte_fs::drop_from_cache(&file);
+        data.resize(bundle::padded(data.len() as u64) as usize, 0);
+    }
+    data.resize(data.len() + bundle::END_OF_ARCHIVE as usize, 0);
+    if data.len() as u64 != job.source.size {
+        return Err(format!(
+            "internal error: bundle {} is {} bytes, planned {}",
+            job.id,
+            data.len(),
+            job.source.size
+        ));
+    }
+    Ok(data)
+}
+
+/// The manifest's members of a bundle job, with the hashes the `hash` stage found.
+fn bundle_members(job: &FileJob, sha256: &[String]) -> Vec<Member> {
+    let mut offset = 0;
+    job.members
+        .iter()
+        .zip(sha256)
+        .map(|(m, sha256)| {
+            let src = &m.source;
+            offset += bundle::header_len(&src.path);
+            let member = Member {
+                id: m.id,
+                path: src.path.clone(),
+                size: src.size,
+                mode: src.mode,
+                mtime_s: src.mtime_s,
+                mtime_ns: src.mtime_ns,
+                offset,
+                sha256: sha256.clone(),
+            };
+            offset += bundle::padded(src.size);
+            member
+        })
+        .collect()
+}
+
 fn unchanged_since_listing(file: &File, src: &SourceFile) -> Result<(), String> {
     let meta = file
         .metadata()
@@ -804,7 +932,9 @@ fn hash_raw(piece: &mut Piece) {
                 None => part.update(data),
             }
             let part_hash = hex::encode(part.finalize());
+            let members = member_hashes(file, data);
             let mut state = file.lock();
+            state.member_sha256 = members;
             if *index + 1 == file.parts {
                 state.sha256 = Some(match whole {
                     Some(whole) => hex::encode(whole.finalize()),
@@ -836,6 +966,21 @@ fn hash_raw(piece: &mut Piece) {
         Body::Whole => file.lock().sha256 = Some(hex::encode(Sha256::digest([]))),
         Body::Failed { .. } => {}
     }
+}
+
+/// The SHA-256 of each member's bytes in a bundle's tar stream `data` (none for a file).
+fn member_hashes(file: &FileJob, data: &[u8]) -> Vec<String> {
+    let mut offset = 0;
+    file.members
+        .iter()
+        .map(|m| {
+            let src = &m.source;
+            offset += bundle::header_len(&src.path);
+            let bytes = &data[offset as usize..(offset + src.size) as usize];
+            offset += bundle::padded(src.size);
+            hex::encode(Sha256::digest(bytes))
+        })
+        .collect()
 }
 
 /// The `hash_ciphertext` stage: completes the part's manifest entry with the hash and length of

@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use forte_format::seal::sha256_file;
 use forte_format::{Kind, Manifest, ObjectId};
 
-use crate::stages::create_staged;
-use crate::{Delivered, Existing, Object, Placed, Staged};
+use crate::stages::{create_staged, StagedFile};
+use crate::{Delivered, Existing, Placed, Staged};
 
 /// Creates a fresh staging directory on `dest`'s file system, for [`Restore::stage`].
 pub fn new_staging(dest: &Path) -> Result<PathBuf> {
@@ -20,28 +20,30 @@ pub fn new_staging(dest: &Path) -> Result<PathBuf> {
     tempdir_in(dest)
 }
 
-/// Refuses before any work if two objects claim one path or a target exists (as `existing`
+/// Refuses before any work if two files claim one path or a target exists (as `existing`
 /// says), so a long restore cannot fail at its very end for a reason known at the start.
-/// Returns the objects already in place (with [`Existing::KeepIdentical`]).
+/// `files` are every object's files ([`Manifest::files`]) with their targets. Returns the
+/// files already in place (with [`Existing::KeepIdentical`]).
 pub(crate) fn check_destination(
-    objects: &[(Object, String)],
+    files: &[(Manifest, String)],
     dest: &Path,
     existing: Existing,
 ) -> Result<std::collections::HashSet<ObjectId>> {
-    let mut seen: BTreeMap<&str, &Object> = BTreeMap::new();
-    for (object, target) in objects {
-        if let Some(other) = seen.insert(target, object) {
+    let mut seen: BTreeMap<&str, &Manifest> = BTreeMap::new();
+    for (manifest, target) in files {
+        if let Some(other) = seen.insert(target, manifest) {
             bail!(
-                "objects {} and {} both restore to {target}; refusing to choose",
-                other.manifest.id,
-                object.manifest.id
+                "{} and {} (objects {} and {}) both restore to {target}; refusing to choose",
+                other.path,
+                manifest.path,
+                other.id,
+                manifest.id
             );
         }
     }
     let mut already = std::collections::HashSet::new();
-    for (path, object) in &seen {
+    for (path, m) in &seen {
         let target = dest.join(path);
-        let m = &object.manifest;
         let is_dir = m.kind == Kind::Dir;
         match (std::fs::symlink_metadata(&target), existing) {
             (Err(_), _) => {}
@@ -198,14 +200,15 @@ fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
 /// so a crash during the renames leaves whole files, never torn ones.
 pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
     let Staged { jobs, found } = staged;
+    let files: Vec<&StagedFile> = jobs.iter().flat_map(|j| &j.files).collect();
     // Staged in several calls, two objects could still claim one path.
     let mut targets = std::collections::HashSet::new();
-    for job in &jobs {
-        if !targets.insert(job.target.as_str()) {
+    for file in &files {
+        if !targets.insert(file.target.as_str()) {
             bail!(
                 "two objects claim {}: {} and another; nothing was delivered",
-                job.target,
-                job.object.manifest.path
+                file.target,
+                file.manifest.path
             );
         }
     }
@@ -218,39 +221,43 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
         inventory: false,
     };
     for job in &jobs {
-        let m = &job.object.manifest;
-        if m.kind == Kind::File {
-            if m.parts.is_empty() {
-                create_staged(&job.staged)?;
+        let object = &job.object.manifest;
+        for file in &job.files {
+            let m = &file.manifest;
+            if m.kind == Kind::File {
+                // An empty file has no part to write it; a bundle wrote its files already.
+                if m.parts.is_empty() && object.kind != Kind::Bundle {
+                    create_staged(&file.staged)?;
+                }
+                set_times_and_mode(&file.staged, m)?;
             }
-            set_times_and_mode(&job.staged, m)?;
         }
     }
     forte_fs::syncfs(staging)?;
     // Now clean, the delivered bytes need not stay in the page cache.
-    for job in jobs.iter().filter(|j| j.object.manifest.kind == Kind::File) {
-        if let Ok(file) = File::open(&job.staged) {
+    for file in files.iter().filter(|f| f.manifest.kind == Kind::File) {
+        if let Ok(file) = File::open(&file.staged) {
             forte_fs::drop_from_cache(&file);
         }
     }
-    for job in &jobs {
-        let m = &job.object.manifest;
-        let target = dest.join(&job.target);
+    for file in files {
+        let m = &file.manifest;
+        let target = dest.join(&file.target);
         let parent = target.parent().unwrap_or(dest);
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create directory {}", parent.display()))?;
         match m.kind {
             Kind::File => {
-                std::fs::rename(&job.staged, &target).with_context(|| {
+                std::fs::rename(&file.staged, &target).with_context(|| {
                     format!(
                         "cannot move {} into place at {}",
-                        job.staged.display(),
+                        file.staged.display(),
                         target.display()
                     )
                 })?;
                 delivered.files += 1;
                 delivered.bytes += m.size;
-                delivered.placed.push(Placed::new(m, &job.target, false));
+                delivered.placed.push(Placed::new(m, &file.target, false));
             }
             Kind::Dir => {
                 std::fs::create_dir_all(&target)
@@ -258,6 +265,7 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
                 set_times_and_mode(&target, m)?;
                 delivered.directories += 1;
             }
+            Kind::Bundle => unreachable!("a bundle delivers its members, each a file"),
         }
     }
     forte_fs::syncfs(dest)?;

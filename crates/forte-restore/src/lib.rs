@@ -110,22 +110,27 @@ impl<'k> Restore<'k> {
         let opened = open_objects(source, self.identities, self.trusted)?;
         let mut placed = Vec::with_capacity(opened.len());
         for object in opened {
-            let target = layout(&object.manifest);
-            validate_path(&target).map_err(|e| {
-                anyhow::anyhow!(
-                    "the layout puts {} at an unsafe path: {e}",
-                    object.manifest.path
-                )
-            })?;
-            placed.push((object, target));
+            let mut files = Vec::new();
+            for file in object.manifest.files() {
+                let target = layout(&file);
+                validate_path(&target).map_err(|e| {
+                    anyhow::anyhow!("the layout puts {} at an unsafe path: {e}", file.path)
+                })?;
+                files.push((file, target));
+            }
+            placed.push((object, files));
         }
-        let already = check_destination(&placed, dest, self.config.existing)?;
-        let found: Vec<Placed> = placed
+        let all: Vec<(Manifest, String)> = placed.iter().flat_map(|(_, f)| f.clone()).collect();
+        let already = check_destination(&all, dest, self.config.existing)?;
+        let found: Vec<Placed> = all
             .iter()
-            .filter(|(object, _)| already.contains(&object.manifest.id))
-            .map(|(object, target)| Placed::new(&object.manifest, target, true))
+            .filter(|(file, _)| already.contains(&file.id))
+            .map(|(file, target)| Placed::new(file, target, true))
             .collect();
-        placed.retain(|(object, _)| !already.contains(&object.manifest.id));
+        for (_, files) in &mut placed {
+            files.retain(|(file, _)| !already.contains(&file.id));
+        }
+        placed.retain(|(_, files)| !files.is_empty());
         let jobs = self.stage_all(source, placed, staging)?;
         Ok(Staged { jobs, found })
     }

@@ -51,7 +51,8 @@ impl Staged {
         let present: Vec<InventoryEntry> = self
             .jobs
             .iter()
-            .map(|j| InventoryEntry::of(&j.object.manifest))
+            .flat_map(|j| &j.files)
+            .map(|f| InventoryEntry::of(&f.manifest))
             .chain(self.found.iter().map(|p| InventoryEntry {
                 id: p.id,
                 path: p.path.clone(),

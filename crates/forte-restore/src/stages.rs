@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, Context, Result};
 use forte_format::seal::{decrypt, sha256_hex};
+use forte_format::{bundle, Kind, Manifest, ObjectId};
 use forte_pipeline::{queue, Budget, Charge, Emit, StageSpec, Weigh};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -26,10 +27,18 @@ struct Assembly {
 
 pub(crate) struct Job {
     pub(crate) object: Object,
+    /// What it delivers: the object's file or directory, or a bundle's files.
+    pub(crate) files: Vec<StagedFile>,
+    assembly: Mutex<Assembly>,
+}
+
+/// One file or directory of a job, on its way into place.
+pub(crate) struct StagedFile {
+    /// Its own manifest, or for a bundle's member the one [`Manifest::files`] gives it.
+    pub(crate) manifest: Manifest,
     /// Relative path at the destination, from the layout.
     pub(crate) target: String,
     pub(crate) staged: PathBuf,
-    assembly: Mutex<Assembly>,
 }
 
 impl Weigh for Job {
@@ -60,10 +69,18 @@ impl Piece {
 }
 
 impl Job {
-    fn new(object: Object, target: String, staging: &Path) -> Self {
+    /// `files` are the object's files (see [`Manifest::files`]) to deliver, with their targets.
+    fn new(object: Object, files: Vec<(Manifest, String)>, staging: &Path) -> Self {
+        let files = files
+            .into_iter()
+            .map(|(manifest, target)| StagedFile {
+                staged: staging.join(manifest.id.to_string()),
+                manifest,
+                target,
+            })
+            .collect();
         Self {
-            staged: staging.join(object.manifest.id.to_string()),
-            target,
+            files,
             object,
             assembly: Mutex::new(Assembly {
                 file: None,
@@ -74,14 +91,15 @@ impl Job {
         }
     }
 
-    /// A problem with part `index` of this object, named by file, object and part.
+    /// A problem with part `index` of this object, named by file (a bundle: its files),
+    /// object and part.
     fn problem(&self, index: u32, damaged: bool, what: impl std::fmt::Display) -> Problem {
         let m = &self.object.manifest;
         Problem {
             object: m.id,
             part: Some(index),
             damaged,
-            message: format!("{} (object {}), part {index}: {what}", m.path, m.id),
+            message: format!("{} (object {}), part {index}: {what}", m.describe(), m.id),
         }
     }
 }
@@ -119,12 +137,12 @@ impl Restore<'_> {
     pub(crate) fn stage_all(
         &self,
         source: &dyn ObjectSource,
-        objects: Vec<(Object, String)>,
+        objects: Vec<(Object, Vec<(Manifest, String)>)>,
         staging: &Path,
     ) -> Result<Vec<Arc<Job>>> {
         let jobs: Vec<Arc<Job>> = objects
             .into_iter()
-            .map(|(object, target)| Arc::new(Job::new(object, target, staging)))
+            .map(|(object, files)| Arc::new(Job::new(object, files, staging)))
             .collect();
         let problems = Problems::default();
         let in_flight = self.config.parts_in_flight.max(1);
@@ -208,6 +226,10 @@ impl Restore<'_> {
     fn write_in_order(&self, piece: Piece) -> Result<()> {
         let job = piece.job.clone();
         let manifest = &job.object.manifest;
+        if manifest.kind == Kind::Bundle {
+            return self.unbundle(&job, &piece.data);
+        }
+        let staged = &job.files[0].staged;
         let mut asm = job.assembly.lock();
         asm.pending.insert(piece.index, (piece.data, piece.charge));
         while let Some((data, _charge)) = {
@@ -215,7 +237,7 @@ impl Restore<'_> {
             asm.pending.remove(&next)
         } {
             if asm.file.is_none() {
-                asm.file = Some(create_staged(&job.staged)?);
+                asm.file = Some(create_staged(staged)?);
             }
             // A one-part file's hash is its part's, already verified (Manifest::validate
             // guarantees they are equal): no second pass over the bytes.
@@ -223,7 +245,7 @@ impl Restore<'_> {
                 asm.whole.update(&data);
             }
             forte_fs::write_in_slices(asm.file.as_mut().expect("created above"), &data)
-                .with_context(|| format!("cannot write {}", job.staged.display()))?;
+                .with_context(|| format!("cannot write {}", staged.display()))?;
             asm.next += 1;
             self.totals
                 .raw_bytes
@@ -238,6 +260,27 @@ impl Restore<'_> {
                 );
             }
             asm.file = None;
+            self.totals.files_done.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+impl Restore<'_> {
+    /// A bundle's verified tar stream: every member checked against the manifest (header,
+    /// padding, SHA-256), then the files to deliver written to staging.
+    fn unbundle(&self, job: &Job, stream: &[u8]) -> Result<()> {
+        let manifest = &job.object.manifest;
+        bundle::check_stream(&manifest.members, stream).map_err(anyhow::Error::msg)?;
+        let offsets: std::collections::HashMap<ObjectId, u64> =
+            manifest.members.iter().map(|m| (m.id, m.offset)).collect();
+        for file in &job.files {
+            let m = &file.manifest;
+            let at = offsets[&m.id] as usize;
+            let mut out = create_staged(&file.staged)?;
+            forte_fs::write_in_slices(&mut out, &stream[at..at + m.size as usize])
+                .with_context(|| format!("{}: cannot write {}", m.path, file.staged.display()))?;
+            self.totals.raw_bytes.fetch_add(m.size, Ordering::Relaxed);
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())

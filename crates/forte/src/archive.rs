@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use forte_format::{Inventory, Kind};
+use forte_format::{Inventory, Kind, ObjectId};
 use forte_pipeline::StageSnapshot;
-use forte_prepare::{discover, DirSink, FileOutcome, Prepare, PrepareJob};
+use forte_prepare::{bundle_small, discover, DirSink, FileOutcome, Prepare, PrepareJob};
 use forte_restore::{Delivered, DirSource, Restore};
 use serde::Serialize;
 
@@ -60,6 +60,7 @@ pub fn pack(
         recipients,
         key,
         prepare: settings,
+        bundle,
     } = edge;
     let found = discover(src)?;
     let total = found.total_bytes();
@@ -67,6 +68,7 @@ pub fn pack(
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
     let prepare = Prepare::new(settings, &recipients, &key);
     let started = Instant::now();
+    let files = found.files.len();
     let jobs: Vec<PrepareJob> = found
         .files
         .into_iter()
@@ -75,7 +77,8 @@ pub fn pack(
             ..PrepareJob::fresh(source)
         })
         .collect();
-    let outcomes = prepare_with_progress(&prepare, jobs.len(), total, quiet, || {
+    let jobs = bundle_small(jobs, bundle, &|_| ObjectId::random());
+    let outcomes = prepare_with_progress(&prepare, files, total, quiet, || {
         prepare.run(jobs, &sink)
     });
     // The inventory lists exactly the objects stored: those of failed files were removed.

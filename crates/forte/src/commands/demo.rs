@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 use forte_catalog::Role;
 use forte_format::keys::{generate, KeyPaths};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
-use forte_prepare::PrepareConfig;
+use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_restore::RestoreConfig;
 use sha2::{Digest, Sha256};
 
@@ -75,6 +75,7 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
         recipients: Recipients::load(&paths.core_pub)?,
         key: EdgeKey::load(&paths.edge_key)?,
         prepare: PrepareConfig::for_this_machine(),
+        bundle: BundleLimits::DEFAULT,
     };
     let summary = archive::pack(&sample, &packed, "sample", edge, true)?;
     println!(

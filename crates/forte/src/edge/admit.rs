@@ -10,7 +10,7 @@ use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
 
 use super::inbox::{Batch, READY_MARKER};
-use super::{batch_id, object_id, Edge, InFlight};
+use super::{batch_id, Edge, InFlight};
 use crate::record::note;
 use crate::transfer::upload::{at_relay, AtRelay};
 
@@ -73,8 +73,8 @@ impl Edge<'_> {
         self.queue.admit(admitted, priority, jobs);
     }
 
-    /// The jobs that send what the relay lacks of a batch's `files`; what it holds already is
-    /// booked to the batch's flight.
+    /// The jobs that send what the relay lacks of a batch's `files`, small ones bundled; what
+    /// it holds already is booked to the batch's flight.
     fn plan(
         &self,
         batch_key: &BatchKey,
@@ -82,17 +82,15 @@ impl Edge<'_> {
         flight: &mut InFlight,
     ) -> Vec<(PrepareJob, u64)> {
         let name = flight.name.clone();
-        let ids: Vec<ObjectId> = files
-            .iter()
-            .map(|f| object_id(&self.setup.settings.key, &name, f))
-            .collect();
+        let jobs = self.objects(&name, files);
+        let ids: Vec<ObjectId> = jobs.iter().map(|j| j.id).collect();
         let at_relay = match at_relay(self.setup.client, &self.setup.retry, &ids) {
             Ok(at) => at,
             Err(e) => {
                 let error = format!("cannot ask the relay what it holds: {e:#}");
                 self.setup.failures.report(&name, None, &error);
                 flight.report.errors.push(error);
-                flight.report.failed += files.len();
+                flight.report.failed += flight.report.files;
                 return Vec::new();
             }
         };
@@ -106,70 +104,69 @@ impl Edge<'_> {
             at_relay,
             files: files_known.unwrap_or_default(),
         };
-        let mut jobs = Vec::new();
-        for (source, id) in files.into_iter().zip(ids) {
-            if let Some(held) = self.book(batch_key, &source, id, &mut known, flight) {
-                self.batch_of.lock().insert(id, batch_key.clone());
-                flight.members.push(id);
-                let size = source.size;
-                let batch = name.clone();
-                jobs.push((
-                    PrepareJob {
-                        source,
-                        id,
-                        batch,
-                        held,
-                    },
-                    size,
-                ));
+        let mut planned = Vec::new();
+        for mut job in jobs {
+            if let Some(held) = self.book(batch_key, &job, &mut known, flight) {
+                self.batch_of.lock().insert(job.id, batch_key.clone());
+                flight.members.push(job.id);
+                flight.pending_files += job.members.len().max(1);
+                job.held = held;
+                let size = job.source.size;
+                planned.push((job, size));
             }
         }
-        jobs
+        planned
     }
 
-    /// Records a discovered file and what the relay has of it; returns the parts it holds when
-    /// the file is still to be sent, `None` when it is not (delivered, or sealed by an earlier
-    /// run: then booked to the flight as such).
+    /// Records a discovered object's files and what the relay has of it; returns the parts it
+    /// holds when the object is still to be sent, `None` when it is not (delivered, or sealed
+    /// by an earlier run: then booked to the flight as such).
     fn book(
         &self,
         batch_key: &BatchKey,
-        source: &SourceFile,
-        id: ObjectId,
+        job: &PrepareJob,
         known: &mut Known,
         flight: &mut InFlight,
     ) -> Option<BTreeMap<u32, HeldPart>> {
-        let object = id.to_string();
-        let record = |state: FileState, detail: Option<&str>| {
+        let files = job.files();
+        let record = |source: &SourceFile, id: ObjectId, state, detail: Option<&str>| {
+            let object = id.to_string();
             let (path, size) = (&source.path, source.size);
             let file = FileRecord::new(batch_key, &object, path, size, state);
             let file = FileRecord { detail, ..file };
             note("a file", self.setup.catalog.file_state(&file));
         };
-        record(FileState::Discovered, None);
-        let earlier = known.files.get(&object);
-        match known.at_relay.remove(&id)? {
+        for &(source, id) in &files {
+            record(source, id, FileState::Discovered, None);
+        }
+        let earlier = |id: ObjectId| known.files.get(&id.to_string());
+        match known.at_relay.remove(&job.id)? {
             AtRelay::Delivered => {
                 // The relay reports it delivered: the core acknowledged it.
-                if earlier.map(|f| f.state) != Some(FileState::Acknowledged) {
-                    let why = "the relay reports it acknowledged by the core";
-                    record(FileState::Acknowledged, Some(why));
+                for &(source, id) in &files {
+                    if earlier(id).map(|f| f.state) != Some(FileState::Acknowledged) {
+                        let why = "the relay reports it acknowledged by the core";
+                        record(source, id, FileState::Acknowledged, Some(why));
+                    }
                 }
-                flight.report.already_at_relay += 1;
+                flight.report.already_at_relay += files.len();
                 None
             }
             AtRelay::Sealed => {
-                record(FileState::AtRelay, Some("sealed by an earlier run"));
-                flight.report.already_at_relay += 1;
-                flight.members.push(id);
-                let recorded = earlier.and_then(|f| f.raw_sha256.clone());
-                match sealed_entry(source, id, recorded) {
-                    Ok(entry) => flight.entries.push(entry),
-                    Err(e) => {
-                        let error = format!("{e:#}");
-                        let path = Some(source.path.as_str());
-                        self.setup.failures.report(&flight.name, path, &error);
-                        flight.report.errors.push(error);
-                        flight.report.failed += 1;
+                flight.report.already_at_relay += files.len();
+                flight.members.push(job.id);
+                for &(source, id) in &files {
+                    record(source, id, FileState::AtRelay, Some("sealed by an earlier run"));
+                    let recorded = earlier(id).and_then(|f| f.raw_sha256.clone());
+                    match sealed_entry(source, id, recorded) {
+                        Ok(entry) => flight.entries.push(entry),
+                        Err(e) => {
+                            let error = format!("{e:#}");
+                            let path = Some(source.path.as_str());
+                            self.setup.failures.report(&flight.name, path, &error);
+                            flight.report.errors.push(error);
+                            flight.report.failed += 1;
+                        }
                     }
                 }
                 None

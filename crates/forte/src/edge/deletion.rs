@@ -86,19 +86,21 @@ impl Edge<'_> {
             let found = discover(&dir).with_context(|| {
                 format!("cannot cancel batch {name}: cannot read {}", dir.display())
             })?;
-            let ids: Vec<ObjectId> = found
+            let total = found.total_bytes();
+            let files: Vec<SourceFile> = found
                 .files
-                .iter()
+                .into_iter()
                 .filter(|f| f.path != READY_MARKER)
-                .map(|f| object_id(&self.setup.settings.key, name, f))
                 .collect();
+            let file_count = files.len() as u64;
+            let ids: Vec<ObjectId> = self.objects(name, files).iter().map(|j| j.id).collect();
             let batch_key = batch_id(&self.setup.settings.key, name);
             let what = format!("cancellation of batch {name}");
             match self.setup.retry.run(&what, || {
                 self.setup.client.cancel_batch(batch_key.batch(), &ids)
             }) {
                 Ok(cancelled) => {
-                    let (files, bytes) = (ids.len() as u64, found.total_bytes());
+                    let (files, bytes) = (file_count, total);
                     self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
                     println!(
                         "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
@@ -140,16 +142,18 @@ impl Edge<'_> {
     /// once nothing else is left in it.
     fn delete_batch(&self, dir: &Path, b: &BatchRow) {
         let Ok(found) = discover(dir) else { return };
-        let files: Vec<(SourceFile, ObjectId)> = found
+        let sources: Vec<SourceFile> = found
             .files
             .into_iter()
             .filter(|f| f.path != READY_MARKER)
-            .map(|f| {
-                let id = object_id(&self.setup.settings.key, &b.name, &f);
-                (f, id)
-            })
             .collect();
-        let ids: Vec<ObjectId> = files.iter().map(|(_, id)| *id).collect();
+        let objects = self.objects(&b.name, sources);
+        let ids: Vec<ObjectId> = objects.iter().map(|j| j.id).collect();
+        // Each file with the object that carries it: a bundle is delivered whole or not at all.
+        let files: Vec<(SourceFile, ObjectId)> = objects
+            .iter()
+            .flat_map(|j| j.files().into_iter().map(|(f, _)| (f.clone(), j.id)))
+            .collect();
         let Ok(known) = self.setup.client.statuses(&ids) else {
             return;
         };
@@ -231,7 +235,7 @@ fn delete_delivered(
             continue;
         }
         let removed = match file.kind {
-            Kind::File => std::fs::remove_file(&file.local),
+            Kind::File | Kind::Bundle => std::fs::remove_file(&file.local),
             Kind::Dir => std::fs::remove_dir(&file.local),
         };
         match removed {

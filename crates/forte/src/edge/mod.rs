@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, Stage};
 use forte_format::{EdgeKey, InventoryEntry, ObjectId};
-use forte_prepare::{JobQueue, PrepareJob, SourceFile};
+use forte_prepare::{bundle_small, JobQueue, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -61,6 +61,15 @@ pub(crate) fn object_id(key: &EdgeKey, batch: &str, file: &SourceFile) -> Object
     )
 }
 
+/// The object id of a bundle of the files `members` (their object ids, in bundle order): the
+/// same files bundle under the same id again, so a second run resumes the bundle.
+fn bundle_id(key: &EdgeKey, batch: &str, members: &[ObjectId]) -> ObjectId {
+    let ids: Vec<String> = members.iter().map(ObjectId::to_string).collect();
+    let mut names: Vec<&[u8]> = vec![b"bundle", batch.as_bytes()];
+    names.extend(ids.iter().map(|id| id.as_bytes()));
+    ObjectId::derive(key.0.as_bytes(), &names)
+}
+
 /// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
 fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
     BatchKey::edge(ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string())
@@ -78,8 +87,10 @@ struct InFlight {
     /// The inventory entry of each member stored at the relay so far (sealed by an earlier
     /// run, or sent by this one): the batch is sealed with the signed list of exactly these.
     entries: Vec<InventoryEntry>,
-    /// Files handed to the prepare pass or still queued, not yet finished.
+    /// Objects (files or bundles) handed to the prepare pass or still queued, not yet finished.
     pending: usize,
+    /// The files of those objects.
+    pending_files: usize,
     admitted: Instant,
     /// When its first file left the queue.
     started_at: Option<i64>,
@@ -104,6 +115,7 @@ impl InFlight {
             members: Vec::new(),
             entries: Vec::new(),
             pending: 0,
+            pending_files: 0,
             admitted,
             started_at: None,
         }
@@ -172,6 +184,24 @@ impl<'a> Edge<'a> {
     /// The reports of the batches finished since the last call, in the order they finished.
     pub fn take_finished(&self) -> Vec<SendReport> {
         std::mem::take(&mut *self.finished.lock())
+    }
+
+    /// The objects that carry a batch's `files`: each file under its derived id, small ones in
+    /// bundles. The same files always give the same objects, so a later run (resuming,
+    /// cancelling, deleting what was delivered) finds them at the relay.
+    fn objects(&self, batch: &str, files: Vec<SourceFile>) -> Vec<PrepareJob> {
+        let settings = self.setup.settings;
+        let jobs: Vec<PrepareJob> = files
+            .into_iter()
+            .map(|source| PrepareJob {
+                id: object_id(&settings.key, batch, &source),
+                batch: batch.to_owned(),
+                ..PrepareJob::fresh(source)
+            })
+            .collect();
+        bundle_small(jobs, settings.bundle, &|members| {
+            bundle_id(&settings.key, batch, members)
+        })
     }
 
     /// Reports a failure through the failure hook.

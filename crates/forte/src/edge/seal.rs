@@ -11,18 +11,35 @@ use crate::record::note;
 use crate::transfer::upload::UploadSink;
 
 impl Edge<'_> {
-    /// Books one finished file (sent or failed) to its batch, and finishes the batch when it
-    /// was the last.
-    fn file_done(&self, outcome: &FileOutcome, sealed_bytes: u64) {
-        let Some(batch_key) = self.batch_of.lock().remove(&outcome.id) else {
+    /// Books one finished object's files (sent or failed) to its batch, and finishes the
+    /// batch when it was the last.
+    fn object_done(&self, outcomes: &[FileOutcome], sealed_bytes: u64) {
+        let Some(object) = outcomes.first().map(|o| o.object) else {
+            return;
+        };
+        let Some(batch_key) = self.batch_of.lock().remove(&object) else {
             return;
         };
         let mut flights = self.in_flight.lock();
         let Some(flight) = flights.get_mut(&batch_key) else {
             return;
         };
+        flight.report.sealed_bytes += sealed_bytes;
+        for outcome in outcomes {
+            self.book_outcome(&batch_key, flight, outcome);
+        }
+        flight.pending -= 1;
+        flight.pending_files -= outcomes.len();
+        if flight.pending == 0 {
+            let flight = flights.remove(&batch_key).expect("looked up above");
+            drop(flights);
+            self.finish(&batch_key, flight);
+        }
+    }
+
+    /// Books one file's outcome to its batch's flight: its inventory entry, or its failure.
+    fn book_outcome(&self, batch_key: &BatchKey, flight: &mut InFlight, outcome: &FileOutcome) {
         let report = &mut flight.report;
-        report.sealed_bytes += sealed_bytes;
         match &outcome.error {
             None => {
                 report.sent += 1;
@@ -35,7 +52,7 @@ impl Edge<'_> {
                     .report(&report.batch, Some(&outcome.path), e);
                 let object = outcome.id.to_string();
                 let (path, size) = (&outcome.path, outcome.size);
-                let file = FileRecord::new(&batch_key, &object, path, size, FileState::Failed);
+                let file = FileRecord::new(batch_key, &object, path, size, FileState::Failed);
                 let file = FileRecord {
                     detail: Some(e),
                     ..file
@@ -44,12 +61,6 @@ impl Edge<'_> {
                 report.errors.push(format!("{}: {e}", outcome.path));
                 report.failed += 1;
             }
-        }
-        flight.pending -= 1;
-        if flight.pending == 0 {
-            let flight = flights.remove(&batch_key).expect("looked up above");
-            drop(flights);
-            self.finish(&batch_key, flight);
         }
     }
 
@@ -118,9 +129,9 @@ impl Edge<'_> {
         for (key, mut flight) in flights {
             let error = format!(
                 "{} files not sent: an earlier failure stopped the pass",
-                flight.pending
+                flight.pending_files
             );
-            flight.report.failed += flight.pending;
+            flight.report.failed += flight.pending_files;
             self.setup
                 .failures
                 .report(&flight.report.batch, None, &error);
@@ -139,7 +150,7 @@ impl Edge<'_> {
             retry: self.setup.retry,
             catalog: self.setup.catalog,
             sealed: Default::default(),
-            on_done: &|outcome, sealed| self.file_done(outcome, sealed),
+            on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
         };
         let (files, bytes) = self.queue.totals();
         let publish_queue = || {

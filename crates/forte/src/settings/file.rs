@@ -12,6 +12,7 @@
 //! level = 3            # or "auto": adapted to the slower of CPU and link
 //! cpu = 2                # default: all cores
 //! parts_in_flight = 6    # default: cpu + 4
+//! bundle_below = "1MiB"  # smaller files travel in bundles; "0" sends each alone
 //!
 //! [relay]
 //! url = "https://relay.example:8443"
@@ -85,6 +86,7 @@ pub struct PrepareSection {
     pub level: Option<Level>,
     pub cpu: Option<usize>,
     pub parts_in_flight: Option<usize>,
+    pub bundle_below: Option<Size>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -32,6 +32,11 @@ pub struct EdgeFlags {
     /// Parts held in memory at once [config: prepare.parts_in_flight] [default: cpu + 4].
     #[arg(long)]
     pub(super) parts_in_flight: Option<usize>,
+    /// Files smaller than this travel together in bundles (a tar stream per object), so many
+    /// small files cost one upload instead of two round trips each; 0 sends every file alone
+    /// [config: prepare.bundle_below] [default: 1MiB].
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub(super) bundle_below: Option<u64>,
 }
 
 /// The core's keys and its restore pass; `unpack` and `pull`.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
-use forte_prepare::PrepareConfig;
+use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
 use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
@@ -32,6 +32,8 @@ pub struct EdgeSettings {
     pub recipients: Recipients,
     pub key: EdgeKey,
     pub prepare: PrepareConfig,
+    /// Which files travel in bundles, and how large those grow.
+    pub bundle: BundleLimits,
 }
 
 /// The core's: the keys that open objects and how they are restored.
@@ -101,10 +103,17 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
         p.parts_in_flight = n.max(1);
     }
+    let mut bundle = BundleLimits::DEFAULT;
+    if let Some(below) = flags.bundle_below.or(c.bundle_below.map(|s| s.0)) {
+        bundle.below = below;
+    }
+    // A bundle is one part in memory: no larger than the parts of large files.
+    bundle.bytes = bundle.bytes.min(p.part_size);
     Ok(EdgeSettings {
         recipients: Recipients::load(&recipient)?,
         key: EdgeKey::load(&sign)?,
         prepare: p,
+        bundle,
     })
 }
 

@@ -24,8 +24,8 @@ pub struct UploadSink<'a> {
     pub catalog: &'a Catalog,
     /// Sealed bytes uploaded so far, per object.
     pub sealed: Mutex<HashMap<ObjectId, u64>>,
-    /// Told of every finished file with its sealed bytes.
-    pub on_done: &'a (dyn Fn(&FileOutcome, u64) + Sync),
+    /// Told of every finished object (its files' outcomes) with its sealed bytes.
+    pub on_done: &'a (dyn Fn(&[FileOutcome], u64) + Sync),
 }
 
 impl UploadSink<'_> {
@@ -113,20 +113,24 @@ impl Sink for UploadSink<'_> {
                     .part_state(&batch, &object, p.index, PartState::Sealed, &hashes),
             );
         }
-        let (path, size) = (&manifest.path, manifest.size);
-        let file = FileRecord {
-            raw_sha256: Some(&manifest.sha256),
-            ..FileRecord::new(&batch, &object, path, size, FileState::Sealed)
-        };
-        note("a sealed file", self.catalog.file_state(&file));
+        // A bundle's files are recorded each under its own id, as if sent alone.
+        for file in manifest.files() {
+            let id = file.id.to_string();
+            let file = FileRecord {
+                raw_sha256: Some(&file.sha256),
+                ..FileRecord::new(&batch, &id, &file.path, file.size, FileState::Sealed)
+            };
+            note("a sealed file", self.catalog.file_state(&file));
+        }
         Ok(())
     }
 
-    fn done(&self, outcome: &FileOutcome) {
+    fn done(&self, outcomes: &[FileOutcome]) {
         // A failed file's parts already at the relay stay there unsealed: the next run of send
         // resumes them.
-        let bytes = self.sealed.lock().remove(&outcome.id).unwrap_or(0);
-        (self.on_done)(outcome, bytes);
+        let object = outcomes.first().map(|o| o.object);
+        let bytes = object.and_then(|id| self.sealed.lock().remove(&id));
+        (self.on_done)(outcomes, bytes.unwrap_or(0));
     }
 }
 

@@ -332,6 +332,7 @@ fn signed_manifests_with_escaping_paths_are_refused() {
             sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
             part_size: 1 << 24,
             parts: vec![],
+            members: vec![],
         };
         let mut sealed = Vec::new();
         encrypt(&recipients.0, &manifest.sign(&key), &mut sealed);
@@ -547,6 +548,7 @@ fn archives_from_before_inventories_restore_with_a_warning() {
         sha256: "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855".into(),
         part_size: 1 << 24,
         parts: vec![],
+        members: vec![],
     };
     let object = packed.join(id.to_string());
     std::fs::create_dir_all(&object).unwrap();
