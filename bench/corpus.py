@@ -7,6 +7,9 @@ corpus   ≥ 1 GB of real, mixed files copied from the system libraries, the Rus
 batches  A–N with sizes proportional to the papers' 337 GB (times --scale): bag-like files of
          up to 8 MB cut in order from the corpus's contents, plus a ~350 kB text log per batch,
          each marked ready (bench/network.py, wan.py and policies.py send them)
+small    one batch of N real small files: the C headers of 1–64 kB under /usr/include, in
+         path order, repeated under copy-K/ directories when the machine has fewer than N
+         (bench/wan.py --small N)
 
 Both depend only on the machine's files, so the same machine gives the same bytes every time.
 
@@ -114,6 +117,24 @@ def build_inbox(inbox: Path, scale: float) -> int:
         (batch / "vehicle.log").write_bytes(log)
         (batch / ".ready").touch()
         total += len(log)
+    return total
+
+
+def build_small_inbox(inbox: Path, count: int) -> int:
+    """One ready batch of `count` real files of 1–64 kB; returns their bytes."""
+    headers = sorted(p for p in Path("/usr/include").rglob("*.h")
+                     if p.is_file() and not p.is_symlink() and 1024 <= p.stat().st_size <= 65536)
+    if not headers:
+        sys.exit("no C headers of 1-64 kB under /usr/include: apt-get install linux-libc-dev libc6-dev")
+    batch, total = inbox / "batch-small", 0
+    for n in range(count):
+        src = headers[n % len(headers)]
+        rel = src.relative_to("/usr/include")
+        dest = batch / f"copy-{n // len(headers)}" / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        total += dest.stat().st_size
+    (batch / ".ready").touch()
     return total
 
 

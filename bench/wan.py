@@ -30,7 +30,7 @@ link-bound, and only a better compression ratio makes it faster.
 Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in ~/go/bin);
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
-Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003] [--runs 3]
+Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003 | --small 3000] [--runs 3]
                  [--level 3] [--rsync-levels 3,1,3/2] [--chart FILE] [--compare NAME=PATH]
 """
 
@@ -47,7 +47,7 @@ import urllib.request
 from pathlib import Path
 
 from chart import bar_chart
-from corpus import build_inbox
+from corpus import build_inbox, build_small_inbox
 from network import NS, parse_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
 from binary import FORTE
@@ -223,6 +223,8 @@ def main():
     ap.add_argument("--link-rate", default="65MB")
     ap.add_argument("--latency-ms", type=int, default=20)
     ap.add_argument("--scale", type=float, default=0.003)
+    ap.add_argument("--small", type=int, metavar="N",
+                    help="send one batch of N small real files (1-64 kB C headers) instead of A-N")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
@@ -242,11 +244,12 @@ def main():
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
     fresh(WORK)
     inbox = WORK / "inbox"
-    raw = build_inbox(inbox, args.scale)
+    raw = build_small_inbox(inbox, args.small) if args.small else build_inbox(inbox, args.scale)
     make_site(FORTE, WORK, "wan")
     gpg_key(WORK / "gnupg")
     source = digest_tree(inbox)
-    print(f"data: 14 batches, {len(source)} files, {raw / 1e6:.0f} MB; link {args.link_rate}, "
+    shape = "1 batch of small files" if args.small else "14 batches"
+    print(f"data: {shape}, {len(source)} files, {raw / 1e6:.1f} MB; link {args.link_rate}, "
           f"+{args.latency_ms} ms; 2 cores", file=sys.stderr)
 
     setup_link(parse_rate(args.link_rate))

@@ -397,6 +397,7 @@ mod tests {
                     level: 3,
                 })
                 .collect(),
+            members: Vec::new(),
         }
     }
 

@@ -21,10 +21,10 @@ pub struct BundleLimits {
 }
 
 impl BundleLimits {
-    /// Files under 1 MiB, in bundles of up to 16 MiB (one default part) and 4 096 files.
+    /// Files under 1 MiB, in bundles of up to 4 MiB and 4 096 files.
     pub const DEFAULT: Self = Self {
         below: 1 << 20,
-        bytes: 16 << 20,
+        bytes: 4 << 20,
         members: 4096,
     };
 }

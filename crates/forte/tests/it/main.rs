@@ -6,6 +6,7 @@
 #[macro_use]
 mod common;
 
+mod bundles;
 mod cli;
 mod daemons;
 mod failfast;

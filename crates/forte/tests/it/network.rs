@@ -280,7 +280,8 @@ fn a_relay_that_drops_or_injects_an_object_of_a_sealed_batch_delivers_nothing_of
         }
         write(&inbox.join(batch).join(".ready"), b"");
     }
-    ok(&site.send(&["-q"]));
+    // Each file an object of its own: one of three is dropped (bundles: tests/it/bundles.rs).
+    ok(&site.send(&["-q", "--bundle-below", "0"]));
     let batches = relay_batches(&site);
     let (three, other) = {
         let mut by_size: Vec<_> = batches.iter().collect();
@@ -373,7 +374,8 @@ fn a_batch_larger_than_the_relay_fails_at_once_and_the_edge_cancels_it() {
     }
     write(&inbox.join("huge/.ready"), b"");
     let started = std::time::Instant::now();
-    let err = fails(&site.send(&["-q"]));
+    // Each file an object of its own, so that the relay takes some before it is full.
+    let err = fails(&site.send(&["-q", "--bundle-below", "0"]));
     let seconds = started.elapsed().as_secs_f64();
     assert!(
         err.contains("nothing in it is waiting for the core") && err.contains("--cancel"),
@@ -393,7 +395,8 @@ fn a_batch_larger_than_the_relay_fails_at_once_and_the_edge_cancels_it() {
             && (listed.contains("(being sent)") || listed.contains("uploads not sealed yet")),
         "{listed}"
     );
-    let out = ok(&site.send(&["--cancel", "huge"]));
+    // The same --bundle-below as the send, so that cancel names the same objects.
+    let out = ok(&site.send(&["--cancel", "huge", "--bundle-below", "0"]));
     assert!(
         out.contains("batch huge: cancelled; the relay deleted"),
         "{out}"

@@ -618,7 +618,7 @@ fn a_path_that_is_a_file_in_one_object_and_a_directory_in_another_is_refused() {
     write(&src.join("a"), b"a file\n");
     write(&src.join("b/c"), b"another file\n");
     let packed = f.root.join("packed-clash");
-    pack(&f.keys, &src, &packed);
+    pack_unbundled(&f.keys, &src, &packed);
     let forger = Forger::new(&f.keys);
     let object = object_for(&f.keys, &packed, "b/c");
     let manifest = forger.rewrite_manifest(&object, |m| m.path = "a/c".into());

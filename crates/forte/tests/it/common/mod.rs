@@ -117,6 +117,23 @@ pub fn pack(keys: &Keys, src: &Path, to: &Path) -> String {
     ])
 }
 
+/// [`pack`] with every file an object of its own, for tests that change one file's object.
+pub fn pack_unbundled(keys: &Keys, src: &Path, to: &Path) -> String {
+    ok(&args![
+        "pack",
+        src,
+        "--to",
+        to,
+        "--recipient",
+        &keys.core_pub,
+        "--sign",
+        &keys.edge_key,
+        "--bundle-below",
+        "0",
+        "-q",
+    ])
+}
+
 pub fn unpack_args(keys: &Keys, dir: &Path, to: &Path) -> Args {
     args![
         "unpack",
