@@ -25,6 +25,9 @@ pub struct Summary {
     pub files: usize,
     pub directories: usize,
     pub failed: usize,
+    /// Objects written: one per file or directory, or per bundle of small files.
+    pub stored_objects: usize,
+    pub bundles: usize,
     pub raw_bytes: u64,
     pub compressed_bytes: u64,
     pub sealed_bytes: u64,
@@ -92,6 +95,12 @@ pub fn pack(
     sink.put_inventory(&inventory.seal(&key, &recipients))?;
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();
+    // Each stored object once, and whether it is a bundle (its files have ids of their own).
+    let stored: std::collections::BTreeSet<(ObjectId, bool)> = outcomes
+        .iter()
+        .filter(|o| o.error.is_none())
+        .map(|o| (o.object, o.object != o.id))
+        .collect();
     let t = &prepare.totals;
     let raw_bytes = t.raw_bytes.load(Ordering::Relaxed);
     let compressed_bytes = t.compressed_bytes.load(Ordering::Relaxed);
@@ -100,6 +109,8 @@ pub fn pack(
         files: outcomes.iter().filter(|o| o.kind == Kind::File).count(),
         directories: outcomes.iter().filter(|o| o.kind == Kind::Dir).count(),
         failed: outcomes.iter().filter(|o| o.error.is_some()).count(),
+        stored_objects: stored.len(),
+        bundles: stored.iter().filter(|&&(_, bundled)| bundled).count(),
         raw_bytes,
         compressed_bytes,
         sealed_bytes: t.sealed_bytes.load(Ordering::Relaxed),

@@ -79,11 +79,12 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
     };
     let summary = archive::pack(&sample, &packed, "sample", edge, true)?;
     println!(
-        "3. pack: {} files and {} empty directories in one pass (hash, zstd -{}, age, hash) into {} objects in {}: {:.1} MB/s, ratio {:.2}",
+        "3. pack: {} files and {} empty directories in one pass (hash, zstd -{}, age, hash) into {} objects ({} bundles of small files) in {}: {:.1} MB/s, ratio {:.2}",
         summary.files,
         summary.directories,
         summary.level,
-        summary.files + summary.directories - summary.failed,
+        summary.stored_objects,
+        summary.bundles,
         packed.display(),
         summary.raw_mb_per_s,
         summary.ratio

@@ -48,12 +48,14 @@ fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "packed {} of {} objects ({} files, {} empty directories; {}) into {} in {:.2} s: {:.1} MB/s, ratio {:.2}, {} sealed",
+        "packed {} of {} ({} files, {} empty directories; {}) into {} objects ({} bundles of small files) in {} in {:.2} s: {:.1} MB/s, ratio {:.2}, {} sealed",
         s.files + s.directories - s.failed,
         s.files + s.directories,
         s.files,
         s.directories,
         human(s.raw_bytes),
+        s.stored_objects,
+        s.bundles,
         to.display(),
         s.seconds,
         s.raw_mb_per_s,
