@@ -92,7 +92,10 @@ pub fn validate_members(members: &[Member], size: u64) -> Result<(), String> {
             return Err(format!("member {} is listed twice", m.path));
         }
         if m.mtime_ns >= 1_000_000_000 {
-            return Err(format!("member {}: mtime_ns is not below one second", m.path));
+            return Err(format!(
+                "member {}: mtime_ns is not below one second",
+                m.path
+            ));
         }
         let start = m.offset.checked_sub(header_len(&m.path));
         if m.offset % BLOCK != 0 || start.is_none_or(|s| s < end) {
@@ -123,7 +126,10 @@ pub fn check_stream(members: &[Member], stream: &[u8]) -> Result<(), String> {
         let start = m.offset as usize - header.len();
         let end = (m.offset + m.size) as usize;
         if stream.len() < end + END_OF_ARCHIVE as usize {
-            return Err(format!("{}: the bundle ends before this member does", m.path));
+            return Err(format!(
+                "{}: the bundle ends before this member does",
+                m.path
+            ));
         }
         if stream[at..start].iter().any(|&b| b != 0) || stream[start..m.offset as usize] != header {
             return Err(format!(
@@ -187,7 +193,10 @@ fn ustar(prefix: &str, name: &str, size: u64, mode: u32, mtime: u64, kind: u8) -
     put(108, b"0000000\0");
     put(116, b"0000000\0");
     put(124, format!("{size:011o}\0").as_bytes());
-    put(136, format!("{:011o}\0", mtime.min(0o77777777777)).as_bytes());
+    put(
+        136,
+        format!("{:011o}\0", mtime.min(0o77777777777)).as_bytes(),
+    );
     put(148, b"        ");
     put(156, &[kind]);
     put(257, b"ustar\0");
@@ -245,7 +254,9 @@ mod tests {
         let overlap = [m("a", 512, 1000), m("b", 1536, 10)];
         assert!(validate_members(&overlap, 2048 + 1024).is_err());
         let twice = [m("a", 512, 10), m("a", 1536, 10)];
-        assert!(validate_members(&twice, 2048 + 1024).unwrap_err().contains("twice"));
+        assert!(validate_members(&twice, 2048 + 1024)
+            .unwrap_err()
+            .contains("twice"));
         assert!(validate_members(&ok, 4096).is_err());
         assert!(validate_members(&[], 1024).is_err());
     }

@@ -16,8 +16,8 @@ pub mod manifest;
 pub mod object;
 pub mod seal;
 
+pub use bundle::Member;
 pub use inventory::{Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT};
 pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};
-pub use bundle::Member;
 pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V3};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};

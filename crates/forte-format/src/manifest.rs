@@ -226,7 +226,10 @@ impl Manifest {
             ));
         }
         if (self.kind == Kind::Bundle) != (self.format == FORMAT_V3) {
-            return Err(format!("a {:?} object with format {:?}", self.kind, self.format));
+            return Err(format!(
+                "a {:?} object with format {:?}",
+                self.kind, self.format
+            ));
         }
         if self.kind != Kind::Bundle && !self.members.is_empty() {
             return Err("only a bundle has members".into());
@@ -292,10 +295,23 @@ impl Manifest {
         if self.kind != Kind::Bundle {
             return self.path.clone();
         }
-        let names: Vec<&str> = self.members.iter().take(SHOWN).map(|m| m.path.as_str()).collect();
+        let names: Vec<&str> = self
+            .members
+            .iter()
+            .take(SHOWN)
+            .map(|m| m.path.as_str())
+            .collect();
         let more = self.members.len().saturating_sub(SHOWN);
-        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
-        format!("bundle of {} ({}{more})", self.members.len(), names.join(", "))
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        format!(
+            "bundle of {} ({}{more})",
+            self.members.len(),
+            names.join(", ")
+        )
     }
 
     /// What the core delivers of this object: itself, or each member of a bundle as the

@@ -52,9 +52,7 @@ pub fn bundle_small(
             continue;
         }
         let len = member_len(&job.source.path, job.source.size);
-        if !open.is_empty()
-            && (open_len + len > limits.bytes || open.len() >= limits.members)
-        {
+        if !open.is_empty() && (open_len + len > limits.bytes || open.len() >= limits.members) {
             out.push(close(std::mem::take(&mut open), bundle_id));
             open_len = END_OF_ARCHIVE;
         }
@@ -171,10 +169,18 @@ mod tests {
             ObjectId::derive(b"k", &names)
         };
         let first = bundle_small(jobs(), limits, &derive);
-        let again = bundle_small(first[0].members.iter().map(|m| PrepareJob {
-            id: m.id,
-            ..job(&m.source.path, m.source.size)
-        }).collect(), limits, &derive);
+        let again = bundle_small(
+            first[0]
+                .members
+                .iter()
+                .map(|m| PrepareJob {
+                    id: m.id,
+                    ..job(&m.source.path, m.source.size)
+                })
+                .collect(),
+            limits,
+            &derive,
+        );
         assert_eq!(first[0].id, again[0].id);
     }
 }

@@ -523,7 +523,12 @@ impl<'k> Prepare<'k> {
         let src = &job.source;
         let members = bundle_members(job, &piece.file.lock().member_sha256);
         let manifest = Manifest {
-            format: if members.is_empty() { FORMAT } else { FORMAT_V3 }.into(),
+            format: if members.is_empty() {
+                FORMAT
+            } else {
+                FORMAT_V3
+            }
+            .into(),
             id: job.id,
             batch: job.batch.clone(),
             path: src.path.clone(),

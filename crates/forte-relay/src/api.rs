@@ -127,7 +127,21 @@ pub struct ReadyQuery {
     /// Also list sealed objects of batches not sealed yet.
     #[serde(default)]
     pub open: bool,
+    /// Long poll: answer only once something was sealed after the listing that answered with
+    /// this generation ([`GENERATION_HEADER`]), or after `wait_ms`, whichever comes first. A
+    /// watching core learns of a sealed object or batch at once instead of at its next poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
+
+/// The header of a `GET /v1/ready` answer that counts the seals (objects and batches) the relay
+/// has taken since it started; pass it back as `after` to wait for the next one.
+pub const GENERATION_HEADER: &str = "x-forte-generation";
+
+/// The longest a long poll of `GET /v1/ready` waits.
+pub const MAX_WAIT_MS: u64 = 60_000;
 
 /// The JSON body of every error answer.
 #[derive(Debug, Clone, Serialize, Deserialize)]

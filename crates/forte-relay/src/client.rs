@@ -96,6 +96,7 @@ pub struct RelayClient {
     http: Client,
     base: String,
     token: String,
+    timeout: Duration,
 }
 
 impl RelayClient {
@@ -115,7 +116,13 @@ impl RelayClient {
             http,
             base: endpoint.url.trim_end_matches('/').to_string(),
             token: endpoint.token.clone(),
+            timeout,
         })
+    }
+
+    /// How long one request may take.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     fn url(&self, path: &str) -> String {
@@ -234,13 +241,27 @@ impl RelayClient {
     /// Objects of complete batches; with `open`, also sealed objects of batches still being
     /// sent (each says whether its batch is sealed).
     pub fn ready(&self, open: bool) -> Result<Vec<ReadyObject>> {
-        let url = self.url(if open {
-            "/v1/ready?open=true"
-        } else {
-            "/v1/ready"
-        });
+        self.ready_after(open, None).map(|(ready, _)| ready)
+    }
+
+    /// The ready objects and the relay's seal generation (`None` from a relay that predates
+    /// long polls). With `after = Some((generation, wait))`, the relay answers once something
+    /// was sealed since the listing that gave `generation`, or after `wait`.
+    pub fn ready_after(
+        &self,
+        open: bool,
+        after: Option<(u64, Duration)>,
+    ) -> Result<(Vec<ReadyObject>, Option<u64>)> {
+        let mut url = self.url(&format!("/v1/ready?open={open}"));
+        if let Some((generation, wait)) = after {
+            url.push_str(&format!("&after={generation}&wait_ms={}", wait.as_millis()));
+        }
         let r = self.send(url.clone(), self.http.get(&url))?;
-        Self::json(&url, r)
+        let generation = r
+            .headers()
+            .get(crate::api::GENERATION_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse().ok());
+        Ok((Self::json(&url, r)?, generation))
     }
 
     /// The sealed inventory of a sealed batch; `None` if the relay holds none for it.

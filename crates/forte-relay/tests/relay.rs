@@ -710,3 +710,52 @@ fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path()
         "the answer shows the relay's file system: {err}"
     );
 }
+
+#[test]
+fn a_long_poll_of_the_ready_list_answers_at_the_next_seal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let (listed, generation) = core.ready_after(false, None).unwrap();
+    assert!(listed.is_empty());
+    let generation = generation.expect("this relay names its seal generation");
+
+    // Nothing sealed: the relay answers after the wait, with the listing as it is.
+    let started = std::time::Instant::now();
+    let (listed, same) = core
+        .ready_after(false, Some((generation, Duration::from_millis(300))))
+        .unwrap();
+    assert!(listed.is_empty() && same == Some(generation));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+
+    // A batch sealed while the core waits: the answer comes at the seal, not after 20 s.
+    let sealer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        let id = ObjectId::random();
+        let p = vec![7u8; 100];
+        edge.put_part(id, 0, &p, &sha(&p)).unwrap();
+        edge.seal(id, "batch-1", vec![part(0, &p)], b"manifest")
+            .unwrap();
+        edge.seal_batch("batch-1", &[id], b"inventory").unwrap();
+    });
+    let started = std::time::Instant::now();
+    let (listed, later) = core
+        .ready_after(false, Some((generation, Duration::from_secs(20))))
+        .unwrap();
+    sealer.join().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(later > Some(generation));
+    // Woken by the object's seal, maybe before the batch's: the batch is listed by now or at
+    // the next answer, which does not wait since its generation is already passed.
+    let (listed, _) = if listed.is_empty() {
+        core.ready_after(false, Some((later.unwrap(), Duration::from_secs(20))))
+            .unwrap()
+    } else {
+        (listed, later)
+    };
+    assert_eq!(listed.len(), 1);
+}

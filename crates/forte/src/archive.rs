@@ -81,9 +81,8 @@ pub fn pack(
         })
         .collect();
     let jobs = bundle_small(jobs, bundle, &|_| ObjectId::random());
-    let outcomes = prepare_with_progress(&prepare, files, total, quiet, || {
-        prepare.run(jobs, &sink)
-    });
+    let outcomes =
+        prepare_with_progress(&prepare, files, total, quiet, || prepare.run(jobs, &sink));
     // The inventory lists exactly the objects stored: those of failed files were removed.
     let inventory = Inventory::new(
         batch,

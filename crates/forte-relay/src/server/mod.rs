@@ -23,7 +23,7 @@ use store::{Store, StoreError, Stored};
 
 use crate::api::{
     ApiError, BatchAck, BatchSeal, ObjectStatus, ReadyObject, ReadyQuery, Seal, StatusQuery,
-    MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, SHA256_HEADER,
+    GENERATION_HEADER, MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -48,6 +48,15 @@ pub struct RelayConfig {
 struct Relay {
     store: Store,
     tokens: Tokens,
+    /// Counts seals of objects and batches: what a long poll of `GET /v1/ready` waits on.
+    seals: tokio::sync::watch::Sender<u64>,
+}
+
+impl Relay {
+    /// Wakes every long poll waiting for a seal.
+    fn sealed_something(&self) {
+        self.seals.send_modify(|n| *n += 1);
+    }
 }
 
 /// A relay running on a background runtime (for tests and `forte demo`).
@@ -146,7 +155,11 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
         &config.store.join("tls"),
         &config.tls_names,
     )?;
-    let relay = Arc::new(Relay { store, tokens });
+    let relay = Arc::new(Relay {
+        store,
+        tokens,
+        seals: tokio::sync::watch::channel(0).0,
+    });
     if let Some(age) = config.expire_open_after {
         let weak = Arc::downgrade(&relay);
         let every = (age / 10).clamp(
@@ -447,6 +460,7 @@ async fn seal(
         })?;
     let r = relay.clone();
     blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
+    relay.sealed_something();
     tracing::info!(object = %id, "object sealed");
     ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
@@ -481,6 +495,7 @@ async fn seal_batch(
             .seal_batch(&site, &b, &seal.objects, inventory.as_deref())
     })
     .await?;
+    relay.sealed_something();
     tracing::info!(batch = %batch, objects = count, "batch sealed");
     ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
@@ -518,7 +533,7 @@ async fn ready(
     State(relay): State<Arc<Relay>>,
     headers: HeaderMap,
     Query(query): Query<ReadyQuery>,
-) -> Answer<Json<Vec<ReadyObject>>> {
+) -> Answer<([(&'static str, String); 1], Json<Vec<ReadyObject>>)> {
     let sites = match principal(&relay, &headers)? {
         Principal::Core { sites } => sites,
         Principal::Edge { .. } => {
@@ -528,10 +543,17 @@ async fn ready(
             ))
         }
     };
+    let mut seals = relay.seals.subscribe();
+    if let Some(after) = query.after {
+        let wait = std::time::Duration::from_millis(query.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
+        // Timing out is an answer too: the listing as it is.
+        let _ = tokio::time::timeout(wait, seals.wait_for(|n| *n > after)).await;
+    }
+    // Read before listing: a seal during the listing makes the next long poll return at once.
+    let generation = *seals.borrow_and_update();
     let r = relay.clone();
-    Ok(Json(
-        blocking(move || Ok(r.store.ready(&sites, query.open))).await?,
-    ))
+    let listing = blocking(move || Ok(r.store.ready(&sites, query.open))).await?;
+    Ok(([(GENERATION_HEADER, generation.to_string())], Json(listing)))
 }
 
 /// The sealed inventory of a sealed batch; 404 if the batch was sealed without one.

@@ -186,7 +186,11 @@ impl Puller<'_> {
                 }
                 Err(e) => self.failures.report("", None, &format!("{e:#}")),
             }
-            std::thread::sleep(pause);
+            // Idle: the relay answers at the next seal. Fetching ahead: poll, since every
+            // object sealed would wake a long poll.
+            if pause == busy_poll || !self.delivery.wait_for_seal(pause) {
+                std::thread::sleep(pause);
+            }
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct Delivery<'a> {
     /// Batches still being sent whose sealed objects are already verified and staged, by
     /// batch key.
     ahead: Mutex<HashMap<BatchKey, Ahead>>,
+    /// The relay's seal generation at the last listing, for [`Delivery::wait_for_seal`].
+    generation: Mutex<Option<u64>>,
 }
 
 impl<'a> Delivery<'a> {
@@ -76,17 +78,33 @@ impl<'a> Delivery<'a> {
             copy_to,
             catalog,
             ahead: Mutex::default(),
+            generation: Mutex::default(),
         }
     }
 
     /// The batches ready at the relay (with `open`, also those still being sent), in the order
     /// `policy` serves them now. The relay knows batches only by opaque ids, so the name rules
     /// of the priority policy cannot apply here.
+    /// Waits up to `wait` for the relay to seal anything after the last listing of
+    /// [`Delivery::waiting`] (a long poll: one request, answered at the seal). Returns `false`
+    /// at once if it cannot (a relay that predates long polls, or an error): then sleep.
+    pub fn wait_for_seal(&self, wait: Duration) -> bool {
+        let Some(generation) = *self.generation.lock() else {
+            return false;
+        };
+        // Well within the client's own timeout, so a quiet relay is not taken for a dead one.
+        let wait = wait.min(self.client.timeout() / 2);
+        self.client
+            .ready_after(false, Some((generation, wait)))
+            .is_ok()
+    }
+
     pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {
         let client = self.client;
-        let ready = self
-            .retry
-            .run("listing of ready objects", || client.ready(open))?;
+        let (ready, generation) = self.retry.run("listing of ready objects", || {
+            client.ready_after(open, None)
+        })?;
+        *self.generation.lock() = generation;
         let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
         let waiting = group_by_batch(ready)
             .into_iter()

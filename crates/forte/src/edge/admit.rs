@@ -156,7 +156,12 @@ impl Edge<'_> {
                 flight.report.already_at_relay += files.len();
                 flight.members.push(job.id);
                 for &(source, id) in &files {
-                    record(source, id, FileState::AtRelay, Some("sealed by an earlier run"));
+                    record(
+                        source,
+                        id,
+                        FileState::AtRelay,
+                        Some("sealed by an earlier run"),
+                    );
                     let recorded = earlier(id).and_then(|f| f.raw_sha256.clone());
                     match sealed_entry(source, id, recorded) {
                         Ok(entry) => flight.entries.push(entry),

@@ -72,7 +72,11 @@ fn a_bundle_is_recovered_with_age_zstd_and_tar_alone() {
     let manifest = manifest_json(&p.keys, &bundle);
     assert_eq!(manifest["format"], "forte-object/3");
     let members = manifest["members"].as_array().unwrap();
-    assert_eq!(members.len(), 42, "40 logs, the empty file and the long path");
+    assert_eq!(
+        members.len(),
+        42,
+        "40 logs, the empty file and the long path"
+    );
     // Two objects: the bundle and the large file, which travels alone.
     assert_eq!(objects(&p.packed).len(), 2);
 
@@ -123,7 +127,11 @@ fn a_flipped_byte_in_a_bundle_names_its_files_and_delivers_nothing() {
     let mut bytes = std::fs::read(&part).unwrap();
     bytes[len / 2] ^= 1;
     std::fs::write(&part, bytes).unwrap();
-    p.refused(&["bundle of 42 (", "logs/00/run-0.csv", "ciphertext SHA-256 mismatch"]);
+    p.refused(&[
+        "bundle of 42 (",
+        "logs/00/run-0.csv",
+        "ciphertext SHA-256 mismatch",
+    ]);
 }
 
 /// What only a holder of the edge's and the core's keys could do: rewrite a bundle's tar stream
