@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use forte_format::seal::{decrypt, encrypt, sha256_hex};
-use forte_format::{EdgeKey, Identities, Kind, Manifest, Recipients, TrustedEdges};
+use forte_format::seal::sha256_hex;
+use forte_format::{Kind, Manifest};
 
 struct Packed {
     _tmp: tempfile::TempDir,
@@ -136,33 +136,7 @@ fn a_flipped_byte_in_a_bundle_names_its_files_and_delivers_nothing() {
 
 /// What only a holder of the edge's and the core's keys could do: rewrite a bundle's tar stream
 /// and sign a manifest whose hashes match the new stream, its member list unchanged.
-struct Forger {
-    key: EdgeKey,
-    recipients: Recipients,
-    identities: Identities,
-    trusted: TrustedEdges,
-}
-
 impl Forger {
-    fn new(keys: &Keys) -> Self {
-        Self {
-            key: EdgeKey::load(&keys.edge_key).unwrap(),
-            recipients: Recipients::load(&keys.core_pub).unwrap(),
-            identities: Identities::load(&keys.core_key).unwrap(),
-            trusted: TrustedEdges::load(std::slice::from_ref(&keys.edge_pub)).unwrap(),
-        }
-    }
-
-    fn open(&self, path: &Path) -> Vec<u8> {
-        decrypt(&self.identities.0, &std::fs::read(path).unwrap(), 1 << 30).unwrap()
-    }
-
-    fn seal(&self, bytes: &[u8]) -> Vec<u8> {
-        let mut sealed = Vec::new();
-        encrypt(&self.recipients.0, bytes, &mut sealed);
-        sealed
-    }
-
     /// Replaces the bundle's stream by `edit(members, stream)` and re-signs its manifest.
     fn rewrite(&self, bundle: &Path, edit: impl FnOnce(&Manifest, &mut Vec<u8>)) {
         let manifest_path = bundle.join("manifest.age");
@@ -171,14 +145,14 @@ impl Forger {
         let part = bundle.join("part-000000.zst.age");
         let mut stream = zstd::decode_all(&self.open(&part)[..]).unwrap();
         edit(&manifest, &mut stream);
-        let sealed = self.seal(&zstd::encode_all(&stream[..], 3).unwrap());
+        let sealed = self.sealed(&zstd::encode_all(&stream[..], 3).unwrap());
         std::fs::write(&part, &sealed).unwrap();
         let entry = &mut manifest.parts[0];
         entry.raw_sha256 = sha256_hex(&stream);
         entry.ciphertext_sha256 = sha256_hex(&sealed);
         entry.ciphertext_length = sealed.len() as u64;
         manifest.sha256 = entry.raw_sha256.clone();
-        std::fs::write(&manifest_path, self.seal(&manifest.sign(&self.key))).unwrap();
+        self.seal(&manifest.sign(&self.key), &manifest_path);
     }
 }
 

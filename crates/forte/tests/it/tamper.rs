@@ -4,10 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::*;
-use forte_format::seal::{decrypt, encrypt};
+use forte_format::seal::encrypt;
 use forte_format::{
-    EdgeKey, Identities, Inventory, Kind, Manifest, ObjectId, Recipients, TrustedEdges, FORMAT,
-    FORMAT_V1, INVENTORY_FILE,
+    EdgeKey, Inventory, Kind, Manifest, ObjectId, Recipients, FORMAT, FORMAT_V1, INVENTORY_FILE,
 };
 
 struct Fixture {
@@ -87,35 +86,7 @@ impl Fixture {
     }
 }
 
-/// The edge's and the core's keys, to forge what only a compromised edge key could: correctly
-/// signed manifests and inventories with wrong contents.
-struct Forger {
-    key: EdgeKey,
-    recipients: Recipients,
-    identities: Identities,
-    trusted: TrustedEdges,
-}
-
 impl Forger {
-    fn new(keys: &Keys) -> Self {
-        Self {
-            key: EdgeKey::load(&keys.edge_key).unwrap(),
-            recipients: Recipients::load(&keys.core_pub).unwrap(),
-            identities: Identities::load(&keys.core_key).unwrap(),
-            trusted: TrustedEdges::load(std::slice::from_ref(&keys.edge_pub)).unwrap(),
-        }
-    }
-
-    fn open(&self, sealed: &Path) -> Vec<u8> {
-        decrypt(&self.identities.0, &std::fs::read(sealed).unwrap(), 1 << 30).unwrap()
-    }
-
-    fn seal(&self, document: &[u8], to: &Path) {
-        let mut sealed = Vec::new();
-        encrypt(&self.recipients.0, document, &mut sealed);
-        std::fs::write(to, sealed).unwrap();
-    }
-
     /// Re-signs the object's manifest after `edit`; the ciphertext of every part stays valid.
     fn rewrite_manifest(&self, object: &Path, edit: impl FnOnce(&mut Manifest)) -> Manifest {
         let path = object.join("manifest.age");

@@ -104,22 +104,16 @@ pub fn keygen(dir: &Path) -> Keys {
 }
 
 pub fn pack(keys: &Keys, src: &Path, to: &Path) -> String {
-    ok(&args![
-        "pack",
-        src,
-        "--to",
-        to,
-        "--recipient",
-        &keys.core_pub,
-        "--sign",
-        &keys.edge_key,
-        "-q",
-    ])
+    pack_with(keys, src, to, &[])
 }
 
 /// [`pack`] with every file an object of its own, for tests that change one file's object.
 pub fn pack_unbundled(keys: &Keys, src: &Path, to: &Path) -> String {
-    ok(&args![
+    pack_with(keys, src, to, &["--bundle-below", "0"])
+}
+
+fn pack_with(keys: &Keys, src: &Path, to: &Path, extra: &[&str]) -> String {
+    let mut args = args![
         "pack",
         src,
         "--to",
@@ -128,10 +122,50 @@ pub fn pack_unbundled(keys: &Keys, src: &Path, to: &Path) -> String {
         &keys.core_pub,
         "--sign",
         &keys.edge_key,
-        "--bundle-below",
-        "0",
         "-q",
-    ])
+    ];
+    args.extend(extra.iter().map(std::ffi::OsString::from));
+    ok(&args)
+}
+
+/// The edge's and the core's keys, to forge what only a compromised edge key could: correctly
+/// signed manifests, inventories and bundles with wrong contents. Each test module adds the
+/// forgeries it needs.
+pub struct Forger {
+    pub key: forte_format::EdgeKey,
+    pub recipients: forte_format::Recipients,
+    pub identities: forte_format::Identities,
+    pub trusted: forte_format::TrustedEdges,
+}
+
+impl Forger {
+    pub fn new(keys: &Keys) -> Self {
+        Self {
+            key: forte_format::EdgeKey::load(&keys.edge_key).unwrap(),
+            recipients: forte_format::Recipients::load(&keys.core_pub).unwrap(),
+            identities: forte_format::Identities::load(&keys.core_key).unwrap(),
+            trusted: forte_format::TrustedEdges::load(std::slice::from_ref(&keys.edge_pub))
+                .unwrap(),
+        }
+    }
+
+    /// The plaintext of the age file at `sealed`.
+    pub fn open(&self, sealed: &Path) -> Vec<u8> {
+        let bytes = std::fs::read(sealed).unwrap();
+        forte_format::seal::decrypt(&self.identities.0, &bytes, 1 << 30).unwrap()
+    }
+
+    /// `document` encrypted to the core.
+    pub fn sealed(&self, document: &[u8]) -> Vec<u8> {
+        let mut sealed = Vec::new();
+        forte_format::seal::encrypt(&self.recipients.0, document, &mut sealed);
+        sealed
+    }
+
+    /// `document` encrypted to the core, written to `to`.
+    pub fn seal(&self, document: &[u8], to: &Path) {
+        std::fs::write(to, self.sealed(document)).unwrap();
+    }
 }
 
 pub fn unpack_args(keys: &Keys, dir: &Path, to: &Path) -> Args {
