@@ -15,6 +15,18 @@ pub trait Sink: Sync {
     /// `sha256` is the hex SHA-256 of `sealed`, already computed by the pipeline.
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()>;
     fn put_manifest(&self, manifest: &Manifest, sealed: &[u8]) -> Result<()>;
+    /// A one-part object whole, its only part (`part`, SHA-256 `sha256`) with its manifest: a
+    /// sink that can store both at once (the relay, in one request) saves a round trip.
+    fn put_object(
+        &self,
+        manifest: &Manifest,
+        part: &[u8],
+        sha256: &str,
+        sealed_manifest: &[u8],
+    ) -> Result<()> {
+        self.put_part(manifest.id, 0, part, sha256)?;
+        self.put_manifest(manifest, sealed_manifest)
+    }
     /// Called once per object, after its manifest was stored or once it failed, with the
     /// outcome of its file (a bundle: of each of its files; all share `object` and error).
     fn done(&self, outcomes: &[FileOutcome]);

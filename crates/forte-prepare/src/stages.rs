@@ -202,6 +202,8 @@ struct FileState {
     /// Pieces that reached the sink, counted in units of [`FileJob::units`].
     accounted: u32,
     manifest: Option<(Manifest, Vec<u8>)>,
+    /// The manifest went to the sink with the only part ([`Sink::put_object`]).
+    manifest_stored: bool,
     error: Option<String>,
     /// A bundle's members' SHA-256, in order, from the `hash` stage.
     member_sha256: Vec<String>,
@@ -554,7 +556,7 @@ impl<'k> Prepare<'k> {
         let Piece {
             file,
             body,
-            manifest,
+            mut manifest,
             charge,
         } = piece;
         let already_failed = file.lock().error.is_some();
@@ -574,7 +576,17 @@ impl<'k> Prepare<'k> {
                 ..
             } => {
                 let lengths = (raw_len, compressed_len);
-                (1, self.put_part(&file, index, data, lengths, pass).err())
+                let stored = match manifest.take() {
+                    // A one-part file's only piece carries its manifest: both go together.
+                    Some(whole) if file.parts == 1 => {
+                        self.put_object(&file, data, lengths, whole, pass)
+                    }
+                    other => {
+                        manifest = other;
+                        self.put_part(&file, index, data, lengths, pass)
+                    }
+                };
+                (1, stored.err())
             }
         };
         drop(charge);
@@ -590,6 +602,38 @@ impl<'k> Prepare<'k> {
             return Vec::new();
         }
         self.settle(&file, &mut state, pass)
+    }
+
+    /// Stores a one-part file's part and manifest together ([`Sink::put_object`]) and counts
+    /// their bytes, like [`Prepare::put_part`] and the manifest's share of [`Prepare::settle`].
+    fn put_object(
+        &self,
+        file: &FileJob,
+        data: Vec<u8>,
+        lengths: (u64, u64),
+        (manifest, sealed_manifest): (Manifest, Vec<u8>),
+        pass: &Pass,
+    ) -> Result<(), String> {
+        let sha256 = manifest.parts[0].ciphertext_sha256.clone();
+        let stored = pass
+            .sink
+            .put_object(&manifest, &data, &sha256, &sealed_manifest);
+        let sealed_len = (data.len() + sealed_manifest.len()) as u64;
+        pass.pools.sealed.give(data);
+        if let Err(e) = stored {
+            return Err(pass.stop_at(file, format!("part 0 and manifest: {e:#}")));
+        }
+        file.lock().manifest_stored = true;
+        self.count_stored(lengths, sealed_len);
+        Ok(())
+    }
+
+    fn count_stored(&self, (raw_len, compressed_len): (u64, u64), sealed_len: u64) {
+        let t = &self.totals;
+        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+        t.compressed_bytes
+            .fetch_add(compressed_len, Ordering::Relaxed);
+        t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
     }
 
     /// Stores one sealed part and counts its bytes (raw and compressed lengths in `lengths`).
@@ -612,11 +656,7 @@ impl<'k> Prepare<'k> {
         if let Err(e) = stored {
             return Err(pass.stop_at(file, format!("part {index}: {e:#}")));
         }
-        let t = &self.totals;
-        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
-        t.compressed_bytes
-            .fetch_add(compressed_len, Ordering::Relaxed);
-        t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
+        self.count_stored((raw_len, compressed_len), sealed_len);
         Ok(())
     }
 
@@ -624,7 +664,9 @@ impl<'k> Prepare<'k> {
     /// file failed, and counts it (a bundle: each of its files).
     fn settle(&self, file: &FileJob, state: &mut FileState, pass: &Pass) -> Vec<FileOutcome> {
         let mut sha256 = None;
-        if state.error.is_none() {
+        if state.error.is_none() && state.manifest_stored {
+            sha256 = state.sha256.clone();
+        } else if state.error.is_none() {
             let (manifest, sealed) = state
                 .manifest
                 .take()

@@ -25,6 +25,17 @@ use serde::{Deserialize, Serialize};
 /// Header carrying the SHA-256 (lower-case hex) of a request body.
 pub const SHA256_HEADER: &str = "x-forte-sha256";
 
+/// `PUT /v1/objects/{id}/whole?batch=B` stores and seals a one-part object in one request (one
+/// round trip instead of two): the body is the part followed by the sealed manifest, this
+/// header gives the manifest's length and [`SHA256_HEADER`] the part's SHA-256.
+pub const MANIFEST_LENGTH_HEADER: &str = "x-forte-manifest-length";
+
+/// Query of `PUT /v1/objects/{id}/whole`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WholeQuery {
+    pub batch: String,
+}
+
 /// The largest request body the relay accepts: a 16 MiB part sealed, with room for larger
 /// configured part sizes. Bigger bodies get 413.
 pub const MAX_BODY: usize = 1 << 30;

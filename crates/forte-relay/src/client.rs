@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crate::api::{
     ApiError, BatchAck, BatchSeal, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal,
-    StatusQuery, MAX_STATUS_QUERY, SHA256_HEADER,
+    StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
@@ -175,6 +175,29 @@ impl RelayClient {
                 .put(&url)
                 .header(SHA256_HEADER, sha256)
                 .body(sealed.to_vec()),
+        )
+        .map(drop)
+    }
+
+    /// Stores and seals a one-part object in one request: its sealed part (SHA-256 `sha256`)
+    /// and its sealed manifest, for `batch`.
+    pub fn put_whole(
+        &self,
+        id: ObjectId,
+        batch: &str,
+        sealed: &[u8],
+        sha256: &str,
+        manifest: &[u8],
+    ) -> Result<()> {
+        let url = self.url(&format!("/v1/objects/{id}/whole?batch={batch}"));
+        let body = [sealed, manifest].concat();
+        self.send(
+            url.clone(),
+            self.http
+                .put(&url)
+                .header(SHA256_HEADER, sha256)
+                .header(MANIFEST_LENGTH_HEADER, manifest.len())
+                .body(body),
         )
         .map(drop)
     }

@@ -759,3 +759,34 @@ fn a_long_poll_of_the_ready_list_answers_at_the_next_seal() {
     };
     assert_eq!(listed.len(), 1);
 }
+
+#[test]
+fn a_one_part_object_is_stored_and_sealed_in_one_request_with_the_same_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let (id, p) = (ObjectId::random(), vec![3u8; 5000]);
+
+    // A part that does not match its hash: refused, nothing stored or sealed.
+    let err = edge
+        .put_whole(id, "batch-1", &p, &sha(b"other"), b"manifest")
+        .unwrap_err();
+    assert_eq!(err.status, Some(422), "{err}");
+    assert!(edge.status(id).unwrap().is_none());
+
+    edge.put_whole(id, "batch-1", &p, &sha(&p), b"manifest")
+        .unwrap();
+    let status = edge.status(id).unwrap().unwrap();
+    assert_eq!(
+        (status.state, status.parts),
+        (ObjectState::Complete, vec![part(0, &p)])
+    );
+    edge.seal_batch("batch-1", &[id], b"inventory").unwrap();
+    let ready = core.ready(false).unwrap();
+    assert_eq!(ready.len(), 1);
+    assert_eq!(core.manifest("site-a", id).unwrap(), b"manifest");
+    // Sent again after a lost answer: the same object, still sealed once.
+    edge.put_whole(id, "batch-1", &p, &sha(&p), b"manifest")
+        .unwrap();
+    assert_eq!(core.ready(false).unwrap().len(), 1);
+}

@@ -22,8 +22,9 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, ObjectStatus, ReadyObject, ReadyQuery, Seal, StatusQuery,
-    GENERATION_HEADER, MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
+    ApiError, BatchAck, BatchSeal, ObjectStatus, PartRef, ReadyObject, ReadyQuery, Seal,
+    StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY, MAX_PART_INDEX,
+    MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -195,6 +196,7 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/objects/status", post(object_statuses))
         .route("/v1/objects/{id}", get(object_status).put(seal))
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
+        .route("/v1/objects/{id}/whole", put(put_whole))
         .route("/v1/batches/{batch}", put(seal_batch))
         .route("/v1/batches/{batch}/cancel", post(cancel_batch))
         .route("/v1/ready", get(ready))
@@ -379,16 +381,7 @@ async fn put_part(
 ) -> Answer<StatusCode> {
     let site = edge_site(&relay, &headers)?;
     let (id, index) = (object_id(&id)?, part_index(index)?);
-    let sha256 = headers
-        .get(SHA256_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .ok_or_else(|| {
-            Failure(
-                StatusCode::BAD_REQUEST,
-                format!("missing {SHA256_HEADER} header"),
-            )
-        })?;
+    let sha256 = required_header(&headers, SHA256_HEADER)?;
     let r = relay.clone();
     let length = body.len() as u64;
     let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
@@ -404,6 +397,63 @@ async fn put_part(
             StatusCode::OK
         }
     })
+}
+
+/// A header the request cannot do without.
+fn required_header(headers: &HeaderMap, name: &str) -> Result<String, Failure> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .ok_or_else(|| Failure(StatusCode::BAD_REQUEST, format!("missing {name} header")))
+}
+
+/// A one-part object stored and sealed in one request: its part, then its manifest
+/// ([`MANIFEST_LENGTH_HEADER`]). The same checks as the two requests it replaces.
+async fn put_whole(
+    State(relay): State<Arc<Relay>>,
+    Path(id): Path<String>,
+    Query(query): Query<WholeQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Answer<StatusCode> {
+    let site = edge_site(&relay, &headers)?;
+    let id = object_id(&id)?;
+    check_batch(&query.batch)?;
+    let sha256 = required_header(&headers, SHA256_HEADER)?;
+    let manifest_len = required_header(&headers, MANIFEST_LENGTH_HEADER)?
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n <= body.len())
+        .ok_or_else(|| {
+            Failure(
+                StatusCode::BAD_REQUEST,
+                format!("{MANIFEST_LENGTH_HEADER} is not a length within the body"),
+            )
+        })?;
+    let part_len = body.len() - manifest_len;
+    let (part, manifest) = (body.slice(..part_len), body.slice(part_len..));
+    let seal = Seal {
+        batch: query.batch,
+        parts: vec![PartRef {
+            index: 0,
+            sha256: sha256.clone(),
+            length: part_len as u64,
+        }],
+        manifest: String::new(),
+    };
+    let r = relay.clone();
+    blocking(move || {
+        r.store.put_part(&site, id, 0, &sha256, &part)?;
+        r.store.seal(&site, id, &seal, &manifest)
+    })
+    .await?;
+    relay.sealed_something();
+    tracing::info!(object = %id, "object stored and sealed");
+    ::metrics::counter!("forte_relay_parts_stored_total").increment(1);
+    ::metrics::counter!("forte_relay_part_bytes_total").increment(part_len as u64);
+    ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
+    Ok(StatusCode::CREATED)
 }
 
 async fn object_status(

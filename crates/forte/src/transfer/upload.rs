@@ -54,14 +54,9 @@ impl UploadSink<'_> {
     }
 }
 
-impl Sink for UploadSink<'_> {
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
-        let what = format!("upload of part {index} of object {id}");
-        self.retry.run(&what, || {
-            self.attempt(Task::Upload, id, Some(index), || {
-                self.client.put_part(id, index, sealed, sha256)
-            })
-        })?;
+impl UploadSink<'_> {
+    /// Records an uploaded part and counts its bytes.
+    fn record_uploaded(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) {
         let hashes = PartHashes {
             ciphertext_sha256: Some(sha256),
             ciphertext_length: Some(sealed.len() as u64),
@@ -79,6 +74,64 @@ impl Sink for UploadSink<'_> {
                 &hashes,
             ),
         );
+    }
+
+    /// Records a sealed object: its parts, and its file (a bundle: each of its files).
+    fn record_sealed(&self, manifest: &Manifest, batch: &BatchKey, sealed: &[u8]) {
+        self.count(manifest.id, sealed.len());
+        let object = manifest.id.to_string();
+        for p in &manifest.parts {
+            let hashes = PartHashes {
+                raw_sha256: Some(&p.raw_sha256),
+                ..PartHashes::default()
+            };
+            note(
+                "a sealed part",
+                self.catalog
+                    .part_state(batch, &object, p.index, PartState::Sealed, &hashes),
+            );
+        }
+        // A bundle's files are recorded each under its own id, as if sent alone.
+        for file in manifest.files() {
+            let id = file.id.to_string();
+            let file = FileRecord {
+                raw_sha256: Some(&file.sha256),
+                ..FileRecord::new(batch, &id, &file.path, file.size, FileState::Sealed)
+            };
+            note("a sealed file", self.catalog.file_state(&file));
+        }
+    }
+}
+
+impl Sink for UploadSink<'_> {
+    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
+        let what = format!("upload of part {index} of object {id}");
+        self.retry.run(&what, || {
+            self.attempt(Task::Upload, id, Some(index), || {
+                self.client.put_part(id, index, sealed, sha256)
+            })
+        })?;
+        self.record_uploaded(id, index, sealed, sha256);
+        Ok(())
+    }
+
+    fn put_object(
+        &self,
+        manifest: &Manifest,
+        part: &[u8],
+        sha256: &str,
+        sealed_manifest: &[u8],
+    ) -> Result<()> {
+        let (id, batch) = (manifest.id, self.batch(manifest.id));
+        let what = format!("upload and seal of object {id} ({})", manifest.describe());
+        self.retry.run(&what, || {
+            self.attempt(Task::Upload, id, Some(0), || {
+                self.client
+                    .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
+            })
+        })?;
+        self.record_uploaded(id, 0, part, sha256);
+        self.record_sealed(manifest, &batch, sealed_manifest);
         Ok(())
     }
 
@@ -100,28 +153,7 @@ impl Sink for UploadSink<'_> {
                     .seal(manifest.id, batch.batch(), parts.clone(), sealed)
             })
         })?;
-        self.count(manifest.id, sealed.len());
-        let object = manifest.id.to_string();
-        for p in &manifest.parts {
-            let hashes = PartHashes {
-                raw_sha256: Some(&p.raw_sha256),
-                ..PartHashes::default()
-            };
-            note(
-                "a sealed part",
-                self.catalog
-                    .part_state(&batch, &object, p.index, PartState::Sealed, &hashes),
-            );
-        }
-        // A bundle's files are recorded each under its own id, as if sent alone.
-        for file in manifest.files() {
-            let id = file.id.to_string();
-            let file = FileRecord {
-                raw_sha256: Some(&file.sha256),
-                ..FileRecord::new(&batch, &id, &file.path, file.size, FileState::Sealed)
-            };
-            note("a sealed file", self.catalog.file_state(&file));
-        }
+        self.record_sealed(manifest, &batch, sealed);
         Ok(())
     }
 
