@@ -5,12 +5,13 @@ Two runs, each `forte send` (one shot) then `forte pull` (one shot), each under
 `/usr/bin/time` for its peak memory:
 
 1. one batch of --files small files (1–500 kB, half random bytes, half text);
-2. --batches batches of 20 files (1–500 kB) each, all ready at once.
+2. --batches batches of 20 files (1–500 kB) each, all ready at once;
+3. with --headers N, one batch of N real small files (1–64 kB C headers, bench/corpus.py).
 
 Reports files/s and MB/s of each leg and the peak RSS of each process, and checks every file
 arrived byte-identical.
 
-Usage: bench/load.py [--files 10000] [--batches 50]
+Usage: bench/load.py [--files 10000] [--batches 50] [--headers 100000] [--only headers]
 """
 
 import argparse
@@ -22,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from corpus import build_small_inbox
 from site_setup import make_site, start_relay
 from binary import FORTE
 
@@ -81,6 +83,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--batches", type=int, default=50)
+    ap.add_argument("--headers", type=int, help="also one batch of N real 1-64 kB files")
+    ap.add_argument("--only", choices=["headers"], help="run only the --headers batch")
     args = ap.parse_args()
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     rng = random.Random(1)
@@ -88,6 +92,10 @@ def main():
     print(f"machine: {os.cpu_count()} cores; relay on loopback; every file checked with diff -r")
     print("| run | data | edge (send) | core (pull) |")
     print("|---|---|---|---|")
+    if args.headers:
+        run("small-real-files", lambda inbox: (args.headers, build_small_inbox(inbox, args.headers)))
+    if args.only:
+        return
     run("one-batch", lambda inbox: (args.files, make_files(inbox / "many", args.files, rng, text)))
 
     def many(inbox):

@@ -38,6 +38,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -111,9 +112,9 @@ def fresh(path: Path) -> Path:
 
 
 class Contenders:
-    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu):
+    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=()):
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
-        self.pull_cpu = pull_cpu
+        self.pull_cpu, self.send_args = pull_cpu, list(send_args)
 
     def forte(self, out: Path, binary: Path = FORTE):
         """Every role (relay, puller, sender) runs `binary`."""
@@ -132,7 +133,7 @@ class Contenders:
             start = time.monotonic()
             sh(at_site([binary, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        "--level", self.level,
+                        "--level", self.level, *self.send_args,
                         "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
                stdout=subprocess.DEVNULL)
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
@@ -232,6 +233,7 @@ def main():
                     help="zstd levels of rsync -z, comma-separated, each LEVEL or LEVEL/THREADS; "
                          "the first is the target's (default 3, rsync's own, on one thread)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
+    ap.add_argument("--send-args", default="", help="more flags for forte send, e.g. '--connections 8'")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -267,7 +269,7 @@ def main():
             "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
             "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
         }
-        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu)
+        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu, shlex.split(args.send_args))
         contenders = {"forte": c.forte,
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
