@@ -18,6 +18,7 @@ import argparse
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -53,6 +54,9 @@ def make_files(batch: Path, count: int, rng: random.Random, text: bytes) -> int:
     return total
 
 
+SEND_ARGS = []
+
+
 def run(name, make):
     work = WORK / name
     shutil.rmtree(work, ignore_errors=True)
@@ -65,7 +69,7 @@ def run(name, make):
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         send_s, send_rss = timed([FORTE, "--catalog", work / "edge.sqlite", "send", inbox, "-q",
                                   "--recipient", work / "keys/core.pub", "--sign", work / "keys/edge.key",
-                                  *conn, work / "edge.token"])
+                                  *SEND_ARGS, *conn, work / "edge.token"])
         pull_s, pull_rss = timed([FORTE, "--catalog", work / "core.sqlite", "pull", "--to", dest, "-q",
                                   "--identity", work / "keys/core.key", "--trust", work / "keys/edge.pub",
                                   *conn, work / "core.token"])
@@ -85,7 +89,9 @@ def main():
     ap.add_argument("--batches", type=int, default=50)
     ap.add_argument("--headers", type=int, help="also one batch of N real 1-64 kB files")
     ap.add_argument("--only", choices=["headers"], help="run only the --headers batch")
+    ap.add_argument("--send-args", default="", help="more flags for forte send, e.g. '--connections 4'")
     args = ap.parse_args()
+    SEND_ARGS.extend(shlex.split(args.send_args))
     subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     rng = random.Random(1)
     text = (ROOT / "README.md").read_bytes()
