@@ -300,6 +300,22 @@ impl Weigh for Piece {
 }
 
 impl Piece {
+    /// Part `index` of `file` as read: raw bytes holding their share of the memory budget.
+    fn read(file: Arc<FileJob>, index: u32, data: Vec<u8>, charge: Charge) -> Self {
+        Self {
+            file,
+            body: Body::Part {
+                index,
+                raw_len: data.len() as u64,
+                data,
+                compressed_len: 0,
+                level: 0,
+            },
+            manifest: None,
+            charge: Some(charge),
+        }
+    }
+
     fn fail(&mut self, error: String) {
         self.body = Body::Failed { covers: 1, error };
     }
@@ -790,18 +806,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
     if !job.members.is_empty() {
         let charge = emit.waiting(|| pass.memory.charge(job.source.size.max(MIN_CHARGE)));
         emit.send(match read_bundle(&job, pass) {
-            Ok(data) => Piece {
-                file: job.clone(),
-                body: Body::Part {
-                    index: 0,
-                    raw_len: data.len() as u64,
-                    data,
-                    compressed_len: 0,
-                    level: 0,
-                },
-                manifest: None,
-                charge: Some(charge),
-            },
+            Ok(data) => Piece::read(job.clone(), 0, data, charge),
             Err(error) => failed(0, error),
         });
         return;
@@ -835,18 +840,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
                 return;
             }
         };
-        let piece = Piece {
-            file: job.clone(),
-            body: Body::Part {
-                index,
-                data,
-                raw_len: len,
-                compressed_len: 0,
-                level: 0,
-            },
-            manifest: None,
-            charge: Some(charge),
-        };
+        let piece = Piece::read(job.clone(), index, data, charge);
         if !emit.send(piece) {
             return;
         }
