@@ -147,6 +147,32 @@ pub(crate) fn sign_document(document: &impl Serialize, context: &[u8], key: &Edg
     canonical(&value)
 }
 
+/// [`sign_document`] for a document already in canonical form (`canonical_document`) whose
+/// members all sort before `signature`: the same bytes, without building a JSON tree, so that
+/// a batch's inventory of 100 000 files is not held several times over while it is signed.
+pub(crate) fn sign_canonical(
+    mut canonical_document: Vec<u8>,
+    context: &[u8],
+    key: &EdgeKey,
+) -> Vec<u8> {
+    let mut message = Vec::with_capacity(context.len() + canonical_document.len());
+    message.extend_from_slice(context);
+    message.extend_from_slice(&canonical_document);
+    let signature = key.0.sign(&message);
+    drop(message);
+    let member = SignatureMember {
+        alg: "ed25519".into(),
+        key: edge_key_id(&key.0.verifying_key()),
+        sig: b64().encode(signature.to_bytes()),
+    };
+    let closing = canonical_document.pop();
+    assert_eq!(closing, Some(b'}'), "a signed document is a JSON object");
+    canonical_document.extend_from_slice(b",\"signature\":");
+    canonical_document.extend_from_slice(&serde_json::to_vec(&member).expect("serialises"));
+    canonical_document.push(b'}');
+    canonical_document
+}
+
 /// Parses a document signed by [`sign_document`] whose `format` is one of `formats`, checks
 /// its signature against the trusted edge keys, and returns it without the signature. Nothing
 /// of an unverified document is ever returned.
