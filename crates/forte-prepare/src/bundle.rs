@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use forte_format::bundle::{member_len, END_OF_ARCHIVE};
+use forte_format::bundle::{header_len, member_len, END_OF_ARCHIVE};
 use forte_format::{Kind, ObjectId};
 
 use crate::source::SourceFile;
@@ -72,16 +72,27 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
     }
     let ids: Vec<ObjectId> = members.iter().map(|m| m.id).collect();
     let id = bundle_id(&ids);
-    let size = END_OF_ARCHIVE
-        + members
-            .iter()
-            .map(|m| member_len(&m.source.path, m.source.size))
-            .sum::<u64>();
     let newest = members
         .iter()
         .map(|m| (m.source.mtime_s, m.source.mtime_ns))
         .max()
         .unwrap_or_default();
+    let batch = members[0].batch.clone();
+    // Each member's data starts after its header; the next member's header after its padding.
+    let mut end = 0;
+    let members: Vec<BundleMember> = members
+        .into_iter()
+        .map(|m| {
+            let offset = end + header_len(&m.source.path);
+            end += member_len(&m.source.path, m.source.size);
+            BundleMember {
+                source: m.source,
+                id: m.id,
+                offset,
+            }
+        })
+        .collect();
+    let size = end + END_OF_ARCHIVE;
     PrepareJob {
         source: SourceFile {
             local: PathBuf::new(),
@@ -93,15 +104,9 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
             mtime_ns: newest.1,
         },
         id,
-        batch: members[0].batch.clone(),
+        batch,
         held: Default::default(),
-        members: members
-            .into_iter()
-            .map(|m| BundleMember {
-                source: m.source,
-                id: m.id,
-            })
-            .collect(),
+        members,
     }
 }
 
@@ -110,6 +115,8 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
 pub struct BundleMember {
     pub source: SourceFile,
     pub id: ObjectId,
+    /// Where its bytes start in the bundle's tar stream (after its header).
+    pub offset: u64,
 }
 
 #[cfg(test)]

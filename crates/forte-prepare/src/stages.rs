@@ -123,15 +123,20 @@ pub struct PrepareJob {
 }
 
 impl PrepareJob {
-    /// A file prepared from scratch under a new random id (`forte pack`).
-    pub fn fresh(source: SourceFile) -> Self {
+    /// A file to prepare from scratch as object `id` of `batch`.
+    pub fn new(source: SourceFile, id: ObjectId, batch: &str) -> Self {
         Self {
             source,
-            id: ObjectId::random(),
-            batch: String::new(),
+            id,
+            batch: batch.to_owned(),
             held: BTreeMap::new(),
             members: Vec::new(),
         }
+    }
+
+    /// A file prepared from scratch under a new random id, in no batch.
+    pub fn fresh(source: SourceFile) -> Self {
+        Self::new(source, ObjectId::random(), "")
     }
 
     /// The files of this job with their ids: a bundle's members, or the file itself.
@@ -858,21 +863,32 @@ fn read_part(
 ) -> Result<Vec<u8>, String> {
     let src = &job.source;
     let mut data = buffers.take(len as usize);
-    let read = (&mut *file)
-        .take(len)
-        .read_to_end(&mut data)
-        .map_err(|e| format!("part {index}: cannot read {}: {e}", src.local.display()))?;
-    if read as u64 != len {
-        return Err(format!(
-            "part {index}: {} shrank while being read; send it again once it is complete",
-            src.local.display()
-        ));
-    }
+    append_exactly(file, src, len, &mut data).map_err(|e| format!("part {index}: {e}"))?;
     if index + 1 == job.parts {
         unchanged_since_listing(file, src)?;
         forte_fs::drop_from_cache(file);
     }
     Ok(data)
+}
+
+/// Appends the next `len` bytes of `src`'s open `file` to `data`; fewer means it shrank.
+fn append_exactly(
+    file: &mut File,
+    src: &SourceFile,
+    len: u64,
+    data: &mut Vec<u8>,
+) -> Result<(), String> {
+    let read = file
+        .take(len)
+        .read_to_end(data)
+        .map_err(|e| format!("cannot read {}: {e}", src.local.display()))?;
+    if read as u64 != len {
+        return Err(format!(
+            "{} shrank while being read; send it again once it is complete",
+            src.local.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Reads a bundle's members, each once, into one tar stream: header, bytes, padding; then the
@@ -882,18 +898,18 @@ fn read_bundle(job: &FileJob, pass: &Pass) -> Result<Vec<u8>, String> {
     for member in &job.members {
         let src = &member.source;
         data.extend_from_slice(&bundle::header(&src.path, src.size, src.mode, src.mtime_s));
-        let mut file = File::open(&src.local)
-            .map_err(|e| format!("cannot open {}: {e}", src.local.display()))?;
-        let read = (&mut file)
-            .take(src.size)
-            .read_to_end(&mut data)
-            .map_err(|e| format!("cannot read {}: {e}", src.local.display()))?;
-        if read as u64 != src.size {
+        if data.len() as u64 != member.offset {
             return Err(format!(
-                "{} shrank while being read; send it again once it is complete",
-                src.local.display()
+                "internal error: {} starts at byte {} of bundle {}, planned {}",
+                src.path,
+                data.len(),
+                job.id,
+                member.offset
             ));
         }
+        let mut file = File::open(&src.local)
+            .map_err(|e| format!("cannot open {}: {e}", src.local.display()))?;
+        append_exactly(&mut file, src, src.size, &mut data)?;
         unchanged_since_listing(&file, src)?;
         forte_fs::drop_from_cache(&file);
         data.resize(bundle::padded(data.len() as u64) as usize, 0);
@@ -912,25 +928,21 @@ fn read_bundle(job: &FileJob, pass: &Pass) -> Result<Vec<u8>, String> {
 
 /// The manifest's members of a bundle job, with the hashes the `hash` stage found.
 fn bundle_members(job: &FileJob, sha256: &[String]) -> Vec<Member> {
-    let mut offset = 0;
     job.members
         .iter()
         .zip(sha256)
         .map(|(m, sha256)| {
             let src = &m.source;
-            offset += bundle::header_len(&src.path);
-            let member = Member {
+            Member {
                 id: m.id,
                 path: src.path.clone(),
                 size: src.size,
                 mode: src.mode,
                 mtime_s: src.mtime_s,
                 mtime_ns: src.mtime_ns,
-                offset,
+                offset: m.offset,
                 sha256: sha256.clone(),
-            };
-            offset += bundle::padded(src.size);
-            member
+            }
         })
         .collect()
 }
@@ -1011,14 +1023,10 @@ fn hash_raw(piece: &mut Piece) {
 
 /// The SHA-256 of each member's bytes in a bundle's tar stream `data` (none for a file).
 fn member_hashes(file: &FileJob, data: &[u8]) -> Vec<String> {
-    let mut offset = 0;
     file.members
         .iter()
         .map(|m| {
-            let src = &m.source;
-            offset += bundle::header_len(&src.path);
-            let bytes = &data[offset as usize..(offset + src.size) as usize];
-            offset += bundle::padded(src.size);
+            let bytes = &data[m.offset as usize..(m.offset + m.source.size) as usize];
             hex::encode(Sha256::digest(bytes))
         })
         .collect()

@@ -75,10 +75,7 @@ pub fn pack(
     let jobs: Vec<PrepareJob> = found
         .files
         .into_iter()
-        .map(|source| PrepareJob {
-            batch: batch.to_string(),
-            ..PrepareJob::fresh(source)
-        })
+        .map(|source| PrepareJob::new(source, ObjectId::random(), batch))
         .collect();
     let jobs = bundle_small(jobs, bundle, &|_| ObjectId::random());
     let outcomes =

@@ -193,10 +193,9 @@ impl<'a> Edge<'a> {
         let settings = self.setup.settings;
         let jobs: Vec<PrepareJob> = files
             .into_iter()
-            .map(|source| PrepareJob {
-                id: object_id(&settings.key, batch, &source),
-                batch: batch.to_owned(),
-                ..PrepareJob::fresh(source)
+            .map(|source| {
+                let id = object_id(&settings.key, batch, &source);
+                PrepareJob::new(source, id, batch)
             })
             .collect();
         bundle_small(jobs, settings.bundle, &|members| {
