@@ -127,16 +127,20 @@ fn signed_message(context: &[u8], unsigned: &Value) -> Vec<u8> {
     message
 }
 
+/// The `signature` member: `key`'s Ed25519 signature over `message`.
+fn signature_member(message: &[u8], key: &EdgeKey) -> SignatureMember {
+    SignatureMember {
+        alg: "ed25519".into(),
+        key: edge_key_id(&key.0.verifying_key()),
+        sig: b64().encode(key.0.sign(message).to_bytes()),
+    }
+}
+
 /// The signed, canonical JSON document of `document` (a JSON object): its members plus a
 /// `signature` member over `context` ‖ its canonical JSON. Shared by manifests and inventories.
 pub(crate) fn sign_document(document: &impl Serialize, context: &[u8], key: &EdgeKey) -> Vec<u8> {
     let mut value = serde_json::to_value(document).expect("a document always serialises");
-    let signature = key.0.sign(&signed_message(context, &value));
-    let member = SignatureMember {
-        alg: "ed25519".into(),
-        key: edge_key_id(&key.0.verifying_key()),
-        sig: b64().encode(signature.to_bytes()),
-    };
+    let member = signature_member(&signed_message(context, &value), key);
     value
         .as_object_mut()
         .expect("a signed document is a JSON object")
@@ -158,13 +162,8 @@ pub(crate) fn sign_canonical(
     let mut message = Vec::with_capacity(context.len() + canonical_document.len());
     message.extend_from_slice(context);
     message.extend_from_slice(&canonical_document);
-    let signature = key.0.sign(&message);
+    let member = signature_member(&message, key);
     drop(message);
-    let member = SignatureMember {
-        alg: "ed25519".into(),
-        key: edge_key_id(&key.0.verifying_key()),
-        sig: b64().encode(signature.to_bytes()),
-    };
     let closing = canonical_document.pop();
     assert_eq!(closing, Some(b'}'), "a signed document is a JSON object");
     canonical_document.extend_from_slice(b",\"signature\":");

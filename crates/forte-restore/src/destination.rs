@@ -25,7 +25,7 @@ pub fn new_staging(dest: &Path) -> Result<PathBuf> {
 /// `files` are every object's files ([`Manifest::files`]) with their targets. Returns the
 /// files already in place (with [`Existing::KeepIdentical`]).
 pub(crate) fn check_destination(
-    files: &[(Manifest, String)],
+    files: &[&(Manifest, String)],
     dest: &Path,
     existing: Existing,
 ) -> Result<std::collections::HashSet<ObjectId>> {

@@ -120,7 +120,7 @@ impl<'k> Restore<'k> {
             }
             placed.push((object, files));
         }
-        let all: Vec<(Manifest, String)> = placed.iter().flat_map(|(_, f)| f.clone()).collect();
+        let all: Vec<&(Manifest, String)> = placed.iter().flat_map(|(_, f)| f).collect();
         let already = check_destination(&all, dest, self.config.existing)?;
         let found: Vec<Placed> = all
             .iter()
