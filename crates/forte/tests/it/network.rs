@@ -576,3 +576,34 @@ fn a_pull_removes_and_counts_the_staging_directories_a_killed_one_left() {
         visible(&dest)
     );
 }
+
+#[test]
+fn a_relay_that_drops_a_bundle_delivers_nothing_and_names_the_files_in_it() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for name in ["a.txt", "logs/b.txt", "logs/c.txt"] {
+        write(&inbox.join("mixed").join(name), name.as_bytes());
+    }
+    write(&inbox.join("mixed/big.bin"), &sample_bytes(2 << 20, 5));
+    write(&inbox.join("mixed/.ready"), b"");
+    ok(&site.send(&["-q"]));
+    let batches = relay_batches(&site);
+    let ids = batches.values().next().unwrap();
+    assert_eq!(ids.len(), 2, "one bundle of three files and the large file: {batches:?}");
+    let store = site.relay.store.join("sites/site-a");
+    let part_len = |id: &String| {
+        std::fs::metadata(store.join("objects").join(id).join("part-000000.zst.age"))
+            .unwrap()
+            .len()
+    };
+    let bundle = ids.iter().min_by_key(|id| part_len(id)).unwrap();
+    move_object(&store, &site.root.join("aside"), bundle);
+    let err = fails(&site.pull());
+    for name in ["a.txt", "logs/b.txt", "logs/c.txt"] {
+        assert!(err.contains(name) && err.contains("missing"), "{name}: {err}");
+    }
+    assert!(
+        !site.root.join("dest/site-a/mixed").exists(),
+        "nothing of the batch is visible"
+    );
+}
