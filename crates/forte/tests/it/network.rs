@@ -589,7 +589,11 @@ fn a_relay_that_drops_a_bundle_delivers_nothing_and_names_the_files_in_it() {
     ok(&site.send(&["-q"]));
     let batches = relay_batches(&site);
     let ids = batches.values().next().unwrap();
-    assert_eq!(ids.len(), 2, "one bundle of three files and the large file: {batches:?}");
+    assert_eq!(
+        ids.len(),
+        2,
+        "one bundle of three files and the large file: {batches:?}"
+    );
     let store = site.relay.store.join("sites/site-a");
     let part_len = |id: &String| {
         std::fs::metadata(store.join("objects").join(id).join("part-000000.zst.age"))
@@ -600,7 +604,10 @@ fn a_relay_that_drops_a_bundle_delivers_nothing_and_names_the_files_in_it() {
     move_object(&store, &site.root.join("aside"), bundle);
     let err = fails(&site.pull());
     for name in ["a.txt", "logs/b.txt", "logs/c.txt"] {
-        assert!(err.contains(name) && err.contains("missing"), "{name}: {err}");
+        assert!(
+            err.contains(name) && err.contains("missing"),
+            "{name}: {err}"
+        );
     }
     assert!(
         !site.root.join("dest/site-a/mixed").exists(),
