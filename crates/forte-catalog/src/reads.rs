@@ -33,6 +33,16 @@ pub struct FileRow {
     pub delivered_to: Option<String>,
     pub state: FileState,
     pub updated_at: i64,
+    /// The object that carries it at the relay, when not its own: the bundle it travels in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub carrier: Option<String>,
+}
+
+impl FileRow {
+    /// The object the relay holds this file in: its bundle's, or its own.
+    pub fn at_relay(&self) -> &str {
+        self.carrier.as_deref().unwrap_or(&self.object_id)
+    }
 }
 
 /// One state change: of a batch, a file or a part, so its state is the text of any of the
@@ -119,7 +129,7 @@ fn batch_row(r: &AnyRow) -> Result<BatchRow> {
     })
 }
 
-const FILE_COLUMNS: &str = "SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at FROM files";
+const FILE_COLUMNS: &str = "SELECT object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at, carrier FROM files";
 
 fn file_row(r: &AnyRow) -> Result<FileRow> {
     Ok(FileRow {
@@ -131,6 +141,7 @@ fn file_row(r: &AnyRow) -> Result<FileRow> {
         delivered_to: r.try_get(5)?,
         state: vocabulary(r, 6, FileState::parse)?,
         updated_at: r.try_get(7)?,
+        carrier: r.try_get(8)?,
     })
 }
 

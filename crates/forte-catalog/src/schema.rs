@@ -83,6 +83,8 @@ const MIGRATIONS: &[&str] = &[
         net_tx_bps DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (node, at)
     )",
+    // 3: the object that carries a file at the relay: its own, or the bundle it travels in.
+    "ALTER TABLE files ADD COLUMN carrier TEXT",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -34,6 +34,7 @@ pub(crate) struct BatchChange {
 pub(crate) struct FileChange {
     pub(crate) batch: BatchKey,
     pub(crate) object_id: String,
+    pub(crate) carrier: Option<String>,
     pub(crate) path: String,
     pub(crate) size: i64,
     pub(crate) state: FileState,
@@ -228,11 +229,12 @@ async fn apply_file(conn: &mut AnyConnection, f: &FileChange) -> sqlx::Result<()
         }
     }
     sqlx::query(
-        "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+        "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at, carrier)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
          ON CONFLICT (batch_key, object_id) DO UPDATE SET state = excluded.state,
              raw_sha256 = COALESCE(excluded.raw_sha256, files.raw_sha256),
              delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
+             carrier = COALESCE(excluded.carrier, files.carrier),
              updated_at = excluded.updated_at",
     )
     .bind(&f.object_id)
@@ -243,6 +245,7 @@ async fn apply_file(conn: &mut AnyConnection, f: &FileChange) -> sqlx::Result<()
     .bind(f.delivered_to.as_deref())
     .bind(f.state.as_str())
     .bind(f.at)
+    .bind(f.carrier.as_deref())
     .execute(&mut *conn)
     .await?;
     // The same state again is an event only when it says something (a detail).

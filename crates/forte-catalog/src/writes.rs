@@ -35,6 +35,8 @@ pub struct BatchRecord<'a> {
 pub struct FileRecord<'a> {
     pub batch: &'a BatchKey,
     pub object_id: &'a str,
+    /// The object that carries it at the relay, when not its own: the bundle it travels in.
+    pub carrier: Option<&'a str>,
     /// Its path in the batch.
     pub path: &'a str,
     pub size: u64,
@@ -58,6 +60,7 @@ impl<'a> FileRecord<'a> {
         Self {
             batch,
             object_id,
+            carrier: None,
             path,
             size,
             state,
@@ -106,6 +109,7 @@ impl Catalog {
         self.submit(Record::File(FileChange {
             batch: f.batch.clone(),
             object_id: f.object_id.into(),
+            carrier: f.carrier.map(Into::into),
             path: f.path.into(),
             size: f.size as i64,
             state: f.state,

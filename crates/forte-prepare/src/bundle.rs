@@ -1,6 +1,7 @@
 //! Grouping small files into bundles ([`forte_format::bundle`]): one object, one part, one
 //! upload and one seal for many files.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use forte_format::bundle::{header_len, member_len, END_OF_ARCHIVE};
@@ -63,6 +64,48 @@ pub fn bundle_small(
         out.push(close(open, bundle_id));
     }
     out
+}
+
+/// Puts the files an earlier run bundled (`earlier` gives the object a file's id travelled in)
+/// back into the same bundles, where every member is still here unchanged: the bundle's id,
+/// derived from its members' ids, comes out the same, so a late file or an interrupted deletion
+/// does not regroup, and send again, what was sent. Returns those bundles, and the jobs left
+/// for [`bundle_small`] in their order.
+pub fn bundle_as_before(
+    jobs: Vec<PrepareJob>,
+    earlier: &dyn Fn(ObjectId) -> Option<ObjectId>,
+    bundle_id: &dyn Fn(&[ObjectId]) -> ObjectId,
+) -> (Vec<PrepareJob>, Vec<PrepareJob>) {
+    let bundled_before = |job: &PrepareJob| {
+        let file = job.source.kind == Kind::File && job.members.is_empty();
+        earlier(job.id).filter(|bundle| file && *bundle != job.id)
+    };
+    let mut groups: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+    for job in &jobs {
+        if let Some(bundle) = bundled_before(job) {
+            groups.entry(bundle).or_default().push(job.id);
+        }
+    }
+    groups.retain(|bundle, members| members.len() > 1 && bundle_id(members) == *bundle);
+    let (mut order, mut members) = (Vec::new(), HashMap::<ObjectId, Vec<PrepareJob>>::new());
+    let mut rest = Vec::new();
+    for job in jobs {
+        match bundled_before(&job).filter(|bundle| groups.contains_key(bundle)) {
+            Some(bundle) => {
+                let group = members.entry(bundle).or_default();
+                if group.is_empty() {
+                    order.push(bundle);
+                }
+                group.push(job);
+            }
+            None => rest.push(job),
+        }
+    }
+    let bundles = order
+        .into_iter()
+        .map(|bundle| close(members.remove(&bundle).unwrap_or_default(), &|_| bundle))
+        .collect();
+    (bundles, rest)
 }
 
 /// One bundle of `members`, or the member itself when it is alone.
@@ -189,5 +232,40 @@ mod tests {
             &derive,
         );
         assert_eq!(first[0].id, again[0].id);
+    }
+
+    /// A late file or a deleted member must not regroup what was bundled before: whole
+    /// bundles come back as they were, and only what is left is bundled afresh.
+    #[test]
+    fn files_bundled_before_go_back_into_the_same_bundles_while_all_are_here() {
+        let limits = BundleLimits::DEFAULT;
+        let derive = |ids: &[ObjectId]| {
+            let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+            let names: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+            ObjectId::derive(b"k", &names)
+        };
+        let small = BundleLimits {
+            members: 2,
+            ..limits
+        };
+        let files = [job("a", 1), job("b", 1), job("c", 1), job("d", 1)];
+        let sent = bundle_small(files.to_vec(), small, &derive);
+        assert_eq!(sent.len(), 2, "a+b and c+d");
+        let carrier: HashMap<ObjectId, ObjectId> = sent
+            .iter()
+            .flat_map(|b| b.members.iter().map(|m| (m.id, b.id)))
+            .collect();
+        // A late file before the others, and "d" deleted once acknowledged.
+        let now = vec![
+            job("0-late", 1),
+            files[0].clone(),
+            files[1].clone(),
+            files[2].clone(),
+        ];
+        let (kept, rest) = bundle_as_before(now, &|id| carrier.get(&id).copied(), &derive);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].id, sent[0].id, "a+b is the same bundle");
+        let rest: Vec<&str> = rest.iter().map(|j| j.source.path.as_str()).collect();
+        assert_eq!(rest, ["0-late", "c"], "c's bundle lost a member");
     }
 }

@@ -15,7 +15,7 @@ mod sink;
 mod source;
 mod stages;
 
-pub use bundle::{bundle_small, BundleLimits, BundleMember};
+pub use bundle::{bundle_as_before, bundle_small, BundleLimits, BundleMember};
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};
 pub use stages::{FileOutcome, HeldPart, JobQueue, Prepare, PrepareConfig, PrepareJob, Totals};

@@ -257,7 +257,9 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
                 })?;
                 delivered.files += 1;
                 delivered.bytes += m.size;
-                delivered.placed.push(Placed::new(m, &file.target, false));
+                delivered
+                    .placed
+                    .push(Placed::new(m, file.carrier, &file.target, false));
             }
             Kind::Dir => {
                 std::fs::create_dir_all(&target)

@@ -122,10 +122,15 @@ impl<'k> Restore<'k> {
         }
         let all: Vec<&(Manifest, String)> = placed.iter().flat_map(|(_, f)| f).collect();
         let already = check_destination(&all, dest, self.config.existing)?;
-        let found: Vec<Placed> = all
+        let found: Vec<Placed> = placed
             .iter()
-            .filter(|(file, _)| already.contains(&file.id))
-            .map(|(file, target)| Placed::new(file, target, true))
+            .flat_map(|(object, files)| {
+                let carrier = object.manifest.id;
+                files
+                    .iter()
+                    .filter(|(file, _)| already.contains(&file.id))
+                    .map(move |(file, target)| Placed::new(file, carrier, target, true))
+            })
             .collect();
         for (_, files) in &mut placed {
             files.retain(|(file, _)| !already.contains(&file.id));

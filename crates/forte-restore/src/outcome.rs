@@ -32,6 +32,8 @@ pub struct Delivered {
 #[derive(Debug, Clone, Serialize)]
 pub struct Placed {
     pub id: ObjectId,
+    /// The object that carried it: its own id, or its bundle's.
+    pub carrier: ObjectId,
     /// Its path in the batch (the manifest's).
     pub path: String,
     /// Its path under the destination (the layout's).
@@ -45,9 +47,10 @@ pub struct Placed {
 }
 
 impl Placed {
-    pub(crate) fn new(m: &Manifest, target: &str, already: bool) -> Self {
+    pub(crate) fn new(m: &Manifest, carrier: ObjectId, target: &str, already: bool) -> Self {
         Self {
             id: m.id,
+            carrier,
             path: m.path.clone(),
             target: target.to_string(),
             size: m.size,

@@ -39,6 +39,8 @@ pub(crate) struct StagedFile {
     /// Relative path at the destination, from the layout.
     pub(crate) target: String,
     pub(crate) staged: PathBuf,
+    /// The object it travels in: its own, or its bundle.
+    pub(crate) carrier: ObjectId,
 }
 
 impl Weigh for Job {
@@ -75,6 +77,7 @@ impl Job {
             .into_iter()
             .map(|(manifest, target)| StagedFile {
                 staged: staging.join(manifest.id.to_string()),
+                carrier: object.manifest.id,
                 manifest,
                 target,
             })

@@ -172,6 +172,9 @@ fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<bool> {
         if let Some(sha) = &f.raw_sha256 {
             println!("  sha256 {sha}");
         }
+        if let Some(bundle) = &f.carrier {
+            println!("  travels in bundle {bundle}");
+        }
         if let Some(to) = &f.delivered_to {
             println!("  delivered to {to}");
         }

@@ -1,7 +1,7 @@
 //! Acknowledgement: the relay may delete a batch once the core has delivered it durably (and
 //! made the second copy); an acknowledgement lost to a killed puller is given again.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 
 use forte_catalog::FileState::{Acknowledged, Delivered};
 use forte_catalog::{BatchState, FileRecord, Role};
@@ -28,8 +28,9 @@ impl Delivery<'_> {
                 continue;
             };
             let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
-            let ids: Option<Vec<ObjectId>> =
-                pending.iter().map(|f| f.object_id.parse().ok()).collect();
+            // The relay knows a bundle's files by the bundle.
+            let carriers: BTreeSet<&str> = pending.iter().map(|f| f.at_relay()).collect();
+            let ids: Option<Vec<ObjectId>> = carriers.iter().map(|id| id.parse().ok()).collect();
             let Some(ids) = ids.filter(|ids| !ids.is_empty()) else {
                 continue;
             };

@@ -73,8 +73,16 @@ impl Delivery<'_> {
                 report.delivered_files = delivered.files;
                 report.already_delivered = delivered.already;
                 report.bytes = delivered.bytes;
+                // What was delivered is in the catalogue before the relay may forget the batch:
+                // a puller killed after the acknowledgement could never record it again.
                 self.record_delivered(&batch.key, &delivered);
-                report.error = self.acknowledge(&batch, &report.batch, &delivered).err();
+                self.record_batch(&batch, &report.batch, BatchState::Delivered);
+                report.error = match self.catalog.flush() {
+                    Ok(()) => self.acknowledge(&batch, &report.batch, &delivered).err(),
+                    Err(e) => Some(format!(
+                        "delivered, but not acknowledged until the catalogue records it: {e:#}"
+                    )),
+                };
             }
             Err(e) => {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
@@ -157,7 +165,9 @@ impl Delivery<'_> {
                         .part_state(key, &object, *index, PartState::Verified, &hashes);
                 note("a verified part", part);
             }
+            let carrier = (p.carrier != p.id).then(|| p.carrier.to_string());
             let file = FileRecord {
+                carrier: carrier.as_deref(),
                 raw_sha256: Some(&p.sha256),
                 delivered_to: Some(&p.target),
                 detail: p.already.then_some("already in place from an earlier pull"),

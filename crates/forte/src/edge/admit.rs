@@ -5,13 +5,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchKey, BatchState, FileRecord, FileState};
+use forte_catalog::{BatchKey, BatchState, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
 
+use super::deletion::drop_emptied_dirs;
 use super::inbox::{Batch, READY_MARKER};
-use super::{batch_id, Edge, InFlight};
-use crate::record::note;
+use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
 use crate::transfer::upload::{at_relay, AtRelay};
 
 /// What the relay already has of a batch's files, and what this catalogue knows of them from
@@ -41,6 +41,8 @@ impl Edge<'_> {
         let jobs = match discover(dir) {
             Ok(mut found) => {
                 found.files.retain(|f| f.path != READY_MARKER);
+                let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
+                drop_emptied_dirs(&mut found.files, &rows);
                 let report = &mut flight.report;
                 report.files = found.files.len();
                 let (files, bytes) = (found.files.len() as u64, found.total_bytes());
@@ -130,11 +132,7 @@ impl Edge<'_> {
     ) -> Option<BTreeMap<u32, HeldPart>> {
         let files = job.files();
         let record = |source: &SourceFile, id: ObjectId, state, detail: Option<&str>| {
-            let object = id.to_string();
-            let (path, size) = (&source.path, source.size);
-            let file = FileRecord::new(batch_key, &object, path, size, state);
-            let file = FileRecord { detail, ..file };
-            note("a file", self.setup.catalog.file_state(&file));
+            self.record_file(batch_key, job.id, (source, id), state, detail);
         };
         for &(source, id) in &files {
             record(source, id, FileState::Discovered, None);
@@ -144,10 +142,8 @@ impl Edge<'_> {
             AtRelay::Delivered => {
                 // The relay reports it delivered: the core acknowledged it.
                 for &(source, id) in &files {
-                    if earlier(id).map(|f| f.state) != Some(FileState::Acknowledged) {
-                        let why = "the relay reports it acknowledged by the core";
-                        record(source, id, FileState::Acknowledged, Some(why));
-                    }
+                    let was = earlier(id).map(|f| f.state);
+                    self.record_acknowledged_file(batch_key, job.id, (source, id), was);
                 }
                 flight.report.already_at_relay += files.len();
                 None
@@ -156,12 +152,12 @@ impl Edge<'_> {
                 flight.report.already_at_relay += files.len();
                 flight.members.push(job.id);
                 for &(source, id) in &files {
-                    record(
-                        source,
-                        id,
-                        FileState::AtRelay,
-                        Some("sealed by an earlier run"),
-                    );
+                    // An earlier run killed between the relay's seal and its own record of it
+                    // left the file short of sealed in the lineage.
+                    let state = earlier(id).map(|f| f.state);
+                    if !matches!(state, Some(FileState::Sealed | FileState::Acknowledged)) {
+                        record(source, id, FileState::Sealed, Some(SEALED_EARLIER));
+                    }
                     let recorded = earlier(id).and_then(|f| f.raw_sha256.clone());
                     match sealed_entry(source, id, recorded) {
                         Ok(entry) => flight.entries.push(entry),

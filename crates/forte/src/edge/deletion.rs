@@ -1,10 +1,11 @@
 //! What happens to a batch after it was sent: a late file sends it again, a cancelled batch is
 //! skipped, and acknowledged files are deleted at the source, one by one.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchRow, BatchState, Role};
+use forte_catalog::{BatchRow, BatchState, FileRow, Role};
 use forte_format::{Kind, ObjectId};
 use forte_prepare::{discover, SourceFile};
 
@@ -34,15 +35,12 @@ impl Edge<'_> {
         ) {
             return true;
         }
-        let Ok(found) = discover(&batch.dir) else {
+        let Ok(mut found) = discover(&batch.dir) else {
             return false;
         };
-        let known: std::collections::HashSet<String> = self
-            .setup
-            .catalog
-            .files(&batch_key)
-            .map(|files| files.into_iter().map(|f| f.object_id).collect())
-            .unwrap_or_default();
+        let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
+        drop_emptied_dirs(&mut found.files, &rows);
+        let known: HashSet<String> = rows.into_iter().map(|f| f.object_id).collect();
         let late: Vec<&str> = found
             .files
             .iter()
@@ -147,13 +145,27 @@ impl Edge<'_> {
             .into_iter()
             .filter(|f| f.path != READY_MARKER)
             .collect();
-        let objects = self.objects(&b.name, sources);
-        let ids: Vec<ObjectId> = objects.iter().map(|j| j.id).collect();
-        // Each file with the object that carries it: a bundle is delivered whole or not at all.
-        let files: Vec<(SourceFile, ObjectId)> = objects
+        let Ok(rows) = self.setup.catalog.files(&b.batch_key) else {
+            return;
+        };
+        let recorded: HashMap<&str, &FileRow> =
+            rows.iter().map(|r| (r.object_id.as_str(), r)).collect();
+        // Each file with its own id and the object that carries it at the relay: the one the
+        // catalogue recorded (its bundle as sent, though some members may be deleted since),
+        // else the one it would travel in now. A bundle is delivered whole or not at all.
+        let carried: Vec<(SourceFile, ObjectId, ObjectId)> = self
+            .objects(&b.name, sources)
             .iter()
-            .flat_map(|j| j.files().into_iter().map(|(f, _)| (f.clone(), j.id)))
+            .flat_map(|j| {
+                j.files().into_iter().map(|(f, id)| {
+                    let row = recorded.get(id.to_string().as_str());
+                    let carrier = row.and_then(|r| r.at_relay().parse().ok());
+                    (f.clone(), id, carrier.unwrap_or(j.id))
+                })
+            })
             .collect();
+        let ids: BTreeSet<ObjectId> = carried.iter().map(|(_, _, carrier)| *carrier).collect();
+        let ids: Vec<ObjectId> = ids.into_iter().collect();
         let Ok(known) = self.setup.client.statuses(&ids) else {
             return;
         };
@@ -162,6 +174,16 @@ impl Edge<'_> {
                 .get(id)
                 .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered)
         };
+        // The acknowledgement is kept before the source goes: a sender killed after deleting
+        // a file could never record it again.
+        for (source, id, carrier) in carried.iter().filter(|(_, _, c)| delivered(c)) {
+            let was = recorded.get(id.to_string().as_str()).map(|r| r.state);
+            self.record_acknowledged_file(&b.batch_key, *carrier, (source, *id), was);
+        }
+        if let Err(e) = self.setup.catalog.flush() {
+            eprintln!("warning: batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
+            return;
+        }
         let never_sent = found
             .rejected
             .iter()
@@ -170,7 +192,7 @@ impl Edge<'_> {
             deleted,
             mut kept,
             waiting,
-        } = delete_delivered(&files, delivered);
+        } = delete_delivered(&files_of(carried), delivered);
         kept.extend(never_sent);
         prune_empty_dirs(dir);
         let only_marker = std::fs::read_dir(dir)
@@ -204,6 +226,28 @@ impl Edge<'_> {
             self.setup.failures.report(&b.name, None, &error);
         }
     }
+}
+
+/// Each file with the object that carries it.
+fn files_of(carried: Vec<(SourceFile, ObjectId, ObjectId)>) -> Vec<(SourceFile, ObjectId)> {
+    carried
+        .into_iter()
+        .map(|(f, _, carrier)| (f, carrier))
+        .collect()
+}
+
+/// Drops from a sent batch's `files` the empty directories that held files it sent (`rows`):
+/// what deleting acknowledged files leaves when the sender is killed before it prunes them.
+/// They are not new content, and the next deletion prunes them.
+pub(super) fn drop_emptied_dirs(files: &mut Vec<SourceFile>, rows: &[FileRow]) {
+    let held_sent_files: HashSet<&str> = rows
+        .iter()
+        .flat_map(|row| {
+            let path = row.path.as_str();
+            path.match_indices('/').map(move |(end, _)| &path[..end])
+        })
+        .collect();
+    files.retain(|f| f.kind != Kind::Dir || !held_sent_files.contains(f.path.as_str()));
 }
 
 /// What deleting one batch's acknowledged files did.
@@ -251,6 +295,7 @@ fn delete_delivered(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forte_catalog::FileState;
 
     /// A batch directory: `a/one`, `a/two` and `b` (a directory), as discovery finds them.
     fn batch() -> (tempfile::TempDir, Vec<(SourceFile, ObjectId)>) {
@@ -269,6 +314,31 @@ mod tests {
             })
             .collect();
         (dir, files)
+    }
+
+    /// A sender killed between deleting a directory's acknowledged files and pruning it
+    /// leaves it empty: not something new to send. An empty directory that never held a sent
+    /// file is.
+    #[test]
+    fn directories_emptied_by_deletion_are_not_new_content() {
+        let (dir, _) = batch();
+        std::fs::remove_file(dir.path().join("a/one")).unwrap();
+        std::fs::remove_file(dir.path().join("a/two")).unwrap();
+        let mut found = discover(dir.path()).unwrap().files;
+        let sent = |path: &str| FileRow {
+            object_id: path.into(),
+            batch_key: forte_catalog::BatchKey::edge("batch"),
+            path: path.into(),
+            size: 1,
+            raw_sha256: None,
+            delivered_to: None,
+            state: FileState::Acknowledged,
+            updated_at: 0,
+            carrier: None,
+        };
+        drop_emptied_dirs(&mut found, &[sent("a/one"), sent("a/two")]);
+        let left: Vec<&str> = found.iter().map(|f| f.path.as_str()).collect();
+        assert_eq!(left, ["b"]);
     }
 
     fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {

@@ -15,9 +15,9 @@ mod seal;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, Stage};
+use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, FileState, Stage};
 use forte_format::{EdgeKey, InventoryEntry, ObjectId};
-use forte_prepare::{bundle_small, JobQueue, PrepareJob, SourceFile};
+use forte_prepare::{bundle_as_before, bundle_small, JobQueue, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -71,6 +71,11 @@ fn bundle_id(key: &EdgeKey, batch: &str, members: &[ObjectId]) -> ObjectId {
 }
 
 /// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
+/// Why the edge records a file acknowledged: it does not hear from the core, only the relay.
+const ACKNOWLEDGED: &str = "the relay reports it acknowledged by the core";
+/// Why the edge records a file sealed that this run did not seal.
+const SEALED_EARLIER: &str = "sealed by an earlier run";
+
 fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
     BatchKey::edge(ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string())
 }
@@ -187,8 +192,10 @@ impl<'a> Edge<'a> {
     }
 
     /// The objects that carry a batch's `files`: each file under its derived id, small ones in
-    /// bundles. The same files always give the same objects, so a later run (resuming,
-    /// cancelling, deleting what was delivered) finds them at the relay.
+    /// bundles, those the catalogue records in a bundle in that bundle again while all its
+    /// members are here. The same files always give the same objects, so a later run
+    /// (resuming, cancelling, deleting what was delivered, sending late files) finds them at
+    /// the relay.
     fn objects(&self, batch: &str, files: Vec<SourceFile>) -> Vec<PrepareJob> {
         let settings = self.setup.settings;
         let jobs: Vec<PrepareJob> = files
@@ -198,14 +205,68 @@ impl<'a> Edge<'a> {
                 PrepareJob::new(source, id, batch)
             })
             .collect();
-        bundle_small(jobs, settings.bundle, &|members| {
-            bundle_id(&settings.key, batch, members)
-        })
+        let rows = self.setup.catalog.files(&batch_id(&settings.key, batch));
+        let carriers: HashMap<ObjectId, ObjectId> = rows
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|row| {
+                Some((
+                    row.object_id.parse().ok()?,
+                    row.carrier.as_deref()?.parse().ok()?,
+                ))
+            })
+            .collect();
+        let bundle_id = |members: &[ObjectId]| bundle_id(&settings.key, batch, members);
+        let earlier = |id| carriers.get(&id).copied();
+        let (mut objects, rest) = bundle_as_before(jobs, &earlier, &bundle_id);
+        objects.extend(bundle_small(rest, settings.bundle, &bundle_id));
+        objects
     }
 
     /// Reports a failure through the failure hook.
     pub fn report_failure(&self, batch: &str, error: &str) {
         self.setup.failures.report(batch, None, error);
+    }
+
+    /// Records the state of one file of `carrier` (its own object, or its bundle), under the
+    /// file's own id, with why when it is not the obvious step.
+    fn record_file(
+        &self,
+        key: &BatchKey,
+        carrier: ObjectId,
+        (source, id): (&SourceFile, ObjectId),
+        state: FileState,
+        detail: Option<&str>,
+    ) {
+        let (object, bundle) = (id.to_string(), (carrier != id).then(|| carrier.to_string()));
+        let file = FileRecord::new(key, &object, &source.path, source.size, state);
+        let carrier = bundle.as_deref();
+        let file = FileRecord {
+            detail,
+            carrier,
+            ..file
+        };
+        note("a file", self.setup.catalog.file_state(&file));
+    }
+
+    /// Records a file the relay reports delivered as acknowledged, once, and sealed before that
+    /// if the catalogue does not say so (`was`): the run that sealed it was killed before it
+    /// could record it, and the relay delivers only what was sealed.
+    fn record_acknowledged_file(
+        &self,
+        key: &BatchKey,
+        carrier: ObjectId,
+        file: (&SourceFile, ObjectId),
+        was: Option<FileState>,
+    ) {
+        if !matches!(was, Some(FileState::Sealed | FileState::Acknowledged)) {
+            let sealed = Some(SEALED_EARLIER);
+            self.record_file(key, carrier, file, FileState::Sealed, sealed);
+        }
+        if was != Some(FileState::Acknowledged) {
+            let acked = Some(ACKNOWLEDGED);
+            self.record_file(key, carrier, file, FileState::Acknowledged, acked);
+        }
     }
 
     /// Records a batch's state and totals (the batch's, not this run's).
