@@ -85,10 +85,12 @@ impl Inventory {
     }
 
     /// Signed with the edge's key, then encrypted to the core: what is stored beside the
-    /// objects (`inventory.age`). The relay sees only its length.
-    pub fn seal(&self, key: &EdgeKey, recipients: &Recipients) -> Vec<u8> {
+    /// objects (`inventory.age`). The relay sees only its length. Consumed, so that the list
+    /// is gone before the encrypted copy is made.
+    pub fn seal(self, key: &EdgeKey, recipients: &Recipients) -> Vec<u8> {
         let signed = self.sign(key);
-        let mut sealed = Vec::new();
+        drop(self);
+        let mut sealed = Vec::with_capacity(crate::seal::encrypted_len(signed.len()));
         crate::seal::encrypt(&recipients.0, &signed, &mut sealed);
         sealed
     }
@@ -110,8 +112,12 @@ impl Inventory {
                 })
                 .collect(),
         };
-        let document = serde_json::to_vec(&canonical).expect("an inventory always serialises");
-        sign_canonical(document, SIGNING_CONTEXT, key)
+        // Room for the whole message at once: growing it would copy it, doubling its size.
+        let members: usize = self.objects.iter().map(|o| o.path.len() + 160).sum();
+        let mut message = Vec::with_capacity(SIGNING_CONTEXT.len() + members + 1024);
+        message.extend_from_slice(SIGNING_CONTEXT);
+        serde_json::to_writer(&mut message, &canonical).expect("an inventory always serialises");
+        sign_canonical(message, SIGNING_CONTEXT, key)
     }
 
     /// Parses a signed inventory (decrypted), checks its signature against the trusted edge
@@ -239,7 +245,7 @@ mod tests {
         let identity = age::x25519::Identity::generate();
         let recipients = Recipients(vec![identity.to_public()]);
         let inventory = Inventory::new("b", vec![entry("a")]);
-        let sealed = inventory.seal(&k, &recipients);
+        let sealed = inventory.clone().seal(&k, &recipients);
         let document = crate::seal::decrypt(&[identity], &sealed, 1 << 20).unwrap();
         let trusted = TrustedEdges(vec![k.0.verifying_key()]);
         assert_eq!(Inventory::open(&document, &trusted).unwrap(), inventory);

@@ -28,6 +28,12 @@ pub fn encrypt(recipients: &[x25519::Recipient], plaintext: &[u8], out: &mut Vec
     writer.finish().expect("writing to memory");
 }
 
+/// An upper bound of the length of an age file of `plaintext` bytes to one or a few
+/// recipients: its header, and a 16-byte tag per 64 KiB chunk.
+pub fn encrypted_len(plaintext: usize) -> usize {
+    plaintext + (plaintext / (64 << 10) + 1) * 16 + 1024
+}
+
 /// Why an age file could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {

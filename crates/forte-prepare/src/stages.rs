@@ -381,7 +381,7 @@ impl<'k> Prepare<'k> {
             .flat_map(|f| f.unfinished("not prepared: an earlier failure stopped the pass"))
             .collect();
         let mut outcomes: std::collections::HashMap<ObjectId, FileOutcome> = self
-            .run_from(&Mutex::new(files.into_iter()), sink)
+            .pass(&Mutex::new(files.into_iter()), sink, true)
             .into_iter()
             .map(|o| (o.id, o))
             .collect();
@@ -392,10 +392,15 @@ impl<'k> Prepare<'k> {
     }
 
     /// Prepares files as `jobs` hands them out, until it has no more, and hands the results
-    /// to `sink`. Returns the outcomes in the order the files finished. The next file is
-    /// asked for only when the read stage is free, so the queue decides the order as late
-    /// as possible.
-    pub fn run_from(&self, jobs: &dyn JobQueue, sink: &dyn Sink) -> Vec<FileOutcome> {
+    /// to `sink`, whose [`Sink::done`] hears each file's outcome. The next file is asked for
+    /// only when the read stage is free, so the queue decides the order as late as possible.
+    pub fn run_from(&self, jobs: &dyn JobQueue, sink: &dyn Sink) {
+        self.pass(jobs, sink, false);
+    }
+
+    /// [`Prepare::run_from`], returning the outcomes in the order the files finished if
+    /// `keep_outcomes` (a daemon's endless queue would otherwise keep one per file it ever sent).
+    fn pass(&self, jobs: &dyn JobQueue, sink: &dyn Sink, keep_outcomes: bool) -> Vec<FileOutcome> {
         let cfg = &self.config;
         let cpu = cfg.cpu.max(1);
         let pass = Pass::new(cfg, sink);
@@ -447,7 +452,9 @@ impl<'k> Prepare<'k> {
                 let outcomes = self.store(piece, &pass);
                 if !outcomes.is_empty() {
                     sink.done(&outcomes);
-                    pass.outcomes.lock().extend(outcomes);
+                    if keep_outcomes {
+                        pass.outcomes.lock().extend(outcomes);
+                    }
                 }
             });
             while pass.stop.get().is_none() {

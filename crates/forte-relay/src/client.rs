@@ -5,13 +5,15 @@ use std::time::Duration;
 use base64::Engine;
 use forte_format::ObjectId;
 use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
+use serde::Serialize;
 
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal,
-    StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER,
+    ApiError, BatchAck, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
+    MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER,
 };
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
@@ -253,12 +255,28 @@ impl RelayClient {
     /// Seals a batch: all its objects, and its sealed inventory.
     pub fn seal_batch(&self, batch: &str, objects: &[ObjectId], inventory: &[u8]) -> Result<()> {
         let url = self.url(&format!("/v1/batches/{batch}"));
-        let body = BatchSeal {
-            objects: objects.to_vec(),
-            inventory: Some(base64::engine::general_purpose::STANDARD.encode(inventory)),
-        };
-        self.send(url.clone(), self.http.put(&url).json(&body))
-            .map(drop)
+        // A `BatchSeal`, written without a base64 copy of the inventory beside the JSON: at
+        // 100 000 files each would be tens of MB.
+        #[derive(Serialize)]
+        struct Body<'a> {
+            objects: &'a [ObjectId],
+            #[serde(serialize_with = "base64_of")]
+            inventory: &'a [u8],
+        }
+        fn base64_of<S: serde::Serializer>(
+            bytes: &&[u8],
+            to: S,
+        ) -> std::result::Result<S::Ok, S::Error> {
+            let text = base64::display::Base64Display::new(
+                bytes,
+                &base64::engine::general_purpose::STANDARD,
+            );
+            to.collect_str(&text)
+        }
+        let mut body = Vec::with_capacity(objects.len() * 35 + inventory.len() * 4 / 3 + 64);
+        serde_json::to_writer(&mut body, &Body { objects, inventory }).expect("serialises");
+        let request = self.http.put(&url).header(CONTENT_TYPE, "application/json");
+        self.send(url.clone(), request.body(body)).map(drop)
     }
 
     /// Objects of complete batches; with `open`, also sealed objects of batches still being

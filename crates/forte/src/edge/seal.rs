@@ -79,8 +79,10 @@ impl Edge<'_> {
         report.seconds = admitted.elapsed().as_secs_f64();
         // A batch whose every object was delivered before has nothing left to offer.
         if report.failed == 0 && !members.is_empty() {
-            let inventory = Inventory::new(&report.batch, entries);
-            let sealed = inventory.seal(&self.setup.settings.key, &self.setup.settings.recipients);
+            // The entries go as soon as they are sealed: at 100 000 files they are tens of MB.
+            let settings = self.setup.settings;
+            let sealed =
+                Inventory::new(&report.batch, entries).seal(&settings.key, &settings.recipients);
             let what = format!("seal of batch {}", report.batch);
             if let Err(e) = self.setup.retry.run(&what, || {
                 self.setup
