@@ -178,6 +178,13 @@ mod tests {
         })
     }
 
+    /// A bundle id derived from its members' ids, as the edge derives them.
+    fn derive(ids: &[ObjectId]) -> ObjectId {
+        let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+        let names: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+        ObjectId::derive(b"k", &names)
+    }
+
     #[test]
     fn small_files_share_bundles_up_to_the_limits_and_large_ones_stay_alone() {
         let limits = BundleLimits {
@@ -213,11 +220,6 @@ mod tests {
         let out = bundle_small(vec![job("a", 1)], limits, &|_| ObjectId::random());
         assert_eq!(out[0].source.kind, Kind::File);
         let jobs = || vec![job("a", 1), job("b", 2)];
-        let derive = |ids: &[ObjectId]| {
-            let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-            let names: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
-            ObjectId::derive(b"k", &names)
-        };
         let first = bundle_small(jobs(), limits, &derive);
         let again = bundle_small(
             first[0]
@@ -239,11 +241,6 @@ mod tests {
     #[test]
     fn files_bundled_before_go_back_into_the_same_bundles_while_all_are_here() {
         let limits = BundleLimits::DEFAULT;
-        let derive = |ids: &[ObjectId]| {
-            let names: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-            let names: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
-            ObjectId::derive(b"k", &names)
-        };
         let small = BundleLimits {
             members: 2,
             ..limits
