@@ -21,23 +21,50 @@ struct Known {
     files: HashMap<String, forte_catalog::FileRow>,
 }
 
+/// Batches discovered and planned at the same time.
+const ADMITTED_AT_ONCE: usize = 8;
+
+/// A batch discovered, and what to send of it.
+struct Planned {
+    batch_key: BatchKey,
+    flight: InFlight,
+    jobs: Vec<(PrepareJob, u64)>,
+}
+
 impl Edge<'_> {
     /// Queues every batch not already in flight: discovers its files, asks the relay what it
     /// holds, and records the batch as queued (its arrival). A batch with nothing left to send
     /// is finished at once.
     pub fn admit(&self, batches: &[Batch]) {
-        for batch in batches {
-            self.admit_one(batch);
+        // Asking the relay what it holds costs each batch a round trip: several batches ask at
+        // once (at 200 ms, 14 batches asking one after another kept the link idle for 2.8 s),
+        // and are then queued in inbox order, the order the policy sees them arrive in.
+        for some in batches.chunks(ADMITTED_AT_ONCE) {
+            let planned: Vec<Option<Planned>> = std::thread::scope(|s| {
+                let planning: Vec<_> = some
+                    .iter()
+                    .map(|b| s.spawn(|| self.plan_batch(b)))
+                    .collect();
+                planning
+                    .into_iter()
+                    .map(|p| p.join().expect("planning a batch panicked"))
+                    .collect()
+            });
+            for (batch, planned) in some.iter().zip(planned) {
+                if let Some(planned) = planned {
+                    self.enqueue(batch, planned);
+                }
+            }
         }
     }
 
-    fn admit_one(&self, Batch { name, dir }: &Batch) {
+    /// Discovers a batch not in flight and plans what to send of it.
+    fn plan_batch(&self, Batch { name, dir }: &Batch) -> Option<Planned> {
         let batch_key = batch_id(&self.setup.settings.key, name);
         if self.in_flight.lock().contains_key(&batch_key) {
-            return;
+            return None;
         }
-        let admitted = Instant::now();
-        let mut flight = InFlight::new(name, admitted);
+        let mut flight = InFlight::new(name, Instant::now());
         let jobs = match discover(dir) {
             Ok(mut found) => {
                 found.files.retain(|f| f.path != READY_MARKER);
@@ -64,15 +91,29 @@ impl Edge<'_> {
                 Vec::new()
             }
         };
+        Some(Planned {
+            batch_key,
+            flight,
+            jobs,
+        })
+    }
+
+    /// Queues a planned batch, or finishes it at once if nothing is left to send.
+    fn enqueue(&self, batch: &Batch, planned: Planned) {
+        let Planned {
+            batch_key,
+            mut flight,
+            jobs,
+        } = planned;
         flight.pending = jobs.len();
         if jobs.is_empty() {
             self.finish(&batch_key, flight);
             return;
         }
-        let ready = dir.join(READY_MARKER);
-        let priority = self.setup.policy.priority_of(name, Some(&ready));
+        let ready = batch.dir.join(READY_MARKER);
+        let priority = self.setup.policy.priority_of(&batch.name, Some(&ready));
         self.in_flight.lock().insert(batch_key, flight);
-        self.queue.admit(admitted, priority, jobs);
+        self.queue.admit(Instant::now(), priority, jobs);
     }
 
     /// The jobs that send what the relay lacks of a batch's `files`, small ones bundled; what
