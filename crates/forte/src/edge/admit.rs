@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchKey, BatchState, FileState};
+use forte_catalog::{BatchKey, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
 
@@ -18,7 +18,7 @@ use crate::transfer::upload::{at_relay, AtRelay};
 /// earlier runs, so that what a re-run learns is recorded once.
 struct Known {
     at_relay: HashMap<ObjectId, AtRelay>,
-    files: HashMap<String, forte_catalog::FileRow>,
+    files: HashMap<String, FileRow>,
 }
 
 /// Batches discovered and planned at the same time.
@@ -81,7 +81,7 @@ impl Edge<'_> {
                         .iter()
                         .map(|(p, why)| format!("skipped {}: {why}", p.display())),
                 );
-                self.plan(&batch_key, found.files, &mut flight)
+                self.plan(&batch_key, found.files, rows, &mut flight)
             }
             Err(e) => {
                 let error = format!("{e:#}");
@@ -117,15 +117,17 @@ impl Edge<'_> {
     }
 
     /// The jobs that send what the relay lacks of a batch's `files`, small ones bundled; what
-    /// it holds already is booked to the batch's flight.
+    /// it holds already is booked to the batch's flight. `rows` are the batch's files in the
+    /// catalogue.
     fn plan(
         &self,
         batch_key: &BatchKey,
         files: Vec<SourceFile>,
+        rows: Vec<FileRow>,
         flight: &mut InFlight,
     ) -> Vec<(PrepareJob, u64)> {
         let name = flight.name.clone();
-        let jobs = self.objects(&name, files);
+        let jobs = self.objects(&name, files, &rows);
         let ids: Vec<ObjectId> = jobs.iter().map(|j| j.id).collect();
         let at_relay = match at_relay(self.setup.client, &self.setup.retry, &ids) {
             Ok(at) => at,
@@ -137,15 +139,9 @@ impl Edge<'_> {
                 return Vec::new();
             }
         };
-        let files_known = self.setup.catalog.files(batch_key).map(|files| {
-            files
-                .into_iter()
-                .map(|f| (f.object_id.clone(), f))
-                .collect()
-        });
         let mut known = Known {
             at_relay,
-            files: files_known.unwrap_or_default(),
+            files: rows.into_iter().map(|f| (f.object_id.clone(), f)).collect(),
         };
         let mut planned = Vec::new();
         for mut job in jobs {

@@ -91,8 +91,10 @@ impl Edge<'_> {
                 .filter(|f| f.path != READY_MARKER)
                 .collect();
             let file_count = files.len() as u64;
-            let ids: Vec<ObjectId> = self.objects(name, files).iter().map(|j| j.id).collect();
             let batch_key = batch_id(&self.setup.settings.key, name);
+            let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
+            let objects = self.objects(name, files, &rows);
+            let ids: Vec<ObjectId> = objects.iter().map(|j| j.id).collect();
             let what = format!("cancellation of batch {name}");
             match self.setup.retry.run(&what, || {
                 self.setup.client.cancel_batch(batch_key.batch(), &ids)
@@ -154,7 +156,7 @@ impl Edge<'_> {
         // catalogue recorded (its bundle as sent, though some members may be deleted since),
         // else the one it would travel in now. A bundle is delivered whole or not at all.
         let carried: Vec<(SourceFile, ObjectId, ObjectId)> = self
-            .objects(&b.name, sources)
+            .objects(&b.name, sources, &rows)
             .iter()
             .flat_map(|j| {
                 j.files().into_iter().map(|(f, id)| {

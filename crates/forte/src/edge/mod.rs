@@ -15,7 +15,9 @@ mod seal;
 use std::collections::HashMap;
 use std::time::Instant;
 
-use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, FileState, Stage};
+use forte_catalog::{
+    now_us, BatchKey, BatchRecord, BatchState, FileRecord, FileRow, FileState, Stage,
+};
 use forte_format::{EdgeKey, InventoryEntry, ObjectId};
 use forte_prepare::{bundle_as_before, bundle_small, JobQueue, PrepareJob, SourceFile};
 use forte_relay::client::RelayClient;
@@ -196,7 +198,8 @@ impl<'a> Edge<'a> {
     /// members are here. The same files always give the same objects, so a later run
     /// (resuming, cancelling, deleting what was delivered, sending late files) finds them at
     /// the relay.
-    fn objects(&self, batch: &str, files: Vec<SourceFile>) -> Vec<PrepareJob> {
+    /// `rows` are the batch's files in the catalogue, read once by the caller.
+    fn objects(&self, batch: &str, files: Vec<SourceFile>, rows: &[FileRow]) -> Vec<PrepareJob> {
         let settings = self.setup.settings;
         let jobs: Vec<PrepareJob> = files
             .into_iter()
@@ -205,9 +208,7 @@ impl<'a> Edge<'a> {
                 PrepareJob::new(source, id, batch)
             })
             .collect();
-        let rows = self.setup.catalog.files(&batch_id(&settings.key, batch));
         let carriers: HashMap<ObjectId, ObjectId> = rows
-            .unwrap_or_default()
             .iter()
             .filter_map(|row| {
                 Some((
