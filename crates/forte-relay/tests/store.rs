@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use forte_format::{part_file_name, ObjectId};
-use forte_relay::api::{ObjectState, Seal};
+use forte_relay::api::ObjectState;
 use forte_relay::server::store::{Store, StoreError, Stored};
 
 use common::{part, sha};
@@ -38,12 +38,7 @@ fn put(store: &Store, id: ObjectId, index: u32, body: &[u8]) -> Result<Stored, S
 
 /// Seals `id` (one part, `body`) into `batch` with a one-byte manifest.
 fn seal_one(store: &Store, id: ObjectId, batch: &str, body: &[u8]) {
-    let seal = Seal {
-        batch: batch.into(),
-        parts: vec![part(0, body)],
-        manifest: String::new(),
-    };
-    store.seal(SITE, id, &seal, b"m").unwrap();
+    store.seal(SITE, id, batch, &[part(0, body)], b"m").unwrap();
 }
 
 /// The message of an `Io` error; panics on any other outcome.

@@ -385,7 +385,12 @@ async fn put_part(
     let r = relay.clone();
     let length = body.len() as u64;
     let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
-    Ok(match stored {
+    Ok(part_stored(stored, id, index, length))
+}
+
+/// Logs and counts a part the store took; the answer for it.
+fn part_stored(stored: Stored, id: ObjectId, index: u32, length: u64) -> StatusCode {
+    match stored {
         Stored::New => {
             tracing::info!(object = %id, part = index, "part stored");
             ::metrics::counter!("forte_relay_parts_stored_total").increment(1);
@@ -396,7 +401,14 @@ async fn put_part(
             ::metrics::counter!("forte_relay_parts_already_held_total").increment(1);
             StatusCode::OK
         }
-    })
+    }
+}
+
+/// Wakes the long polls and logs and counts an object sealed.
+fn object_sealed(relay: &Relay, id: ObjectId) {
+    relay.sealed_something();
+    tracing::info!(object = %id, "object sealed");
+    ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
 }
 
 /// A header the request cannot do without.
@@ -433,26 +445,20 @@ async fn put_whole(
         })?;
     let part_len = body.len() - manifest_len;
     let (part, manifest) = (body.slice(..part_len), body.slice(part_len..));
-    let seal = Seal {
-        batch: query.batch,
-        parts: vec![PartRef {
-            index: 0,
-            sha256: sha256.clone(),
-            length: part_len as u64,
-        }],
-        manifest: String::new(),
-    };
+    let parts = [PartRef {
+        index: 0,
+        sha256: sha256.clone(),
+        length: part_len as u64,
+    }];
     let r = relay.clone();
-    blocking(move || {
-        r.store.put_part(&site, id, 0, &sha256, &part)?;
-        r.store.seal(&site, id, &seal, &manifest)
+    let stored = blocking(move || {
+        let stored = r.store.put_part(&site, id, 0, &sha256, &part)?;
+        r.store.seal(&site, id, &query.batch, &parts, &manifest)?;
+        Ok(stored)
     })
     .await?;
-    relay.sealed_something();
-    tracing::info!(object = %id, "object stored and sealed");
-    ::metrics::counter!("forte_relay_parts_stored_total").increment(1);
-    ::metrics::counter!("forte_relay_part_bytes_total").increment(part_len as u64);
-    ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
+    part_stored(stored, id, 0, part_len as u64);
+    object_sealed(&relay, id);
     Ok(StatusCode::CREATED)
 }
 
@@ -509,10 +515,8 @@ async fn seal(
             )
         })?;
     let r = relay.clone();
-    blocking(move || r.store.seal(&site, id, &seal, &manifest)).await?;
-    relay.sealed_something();
-    tracing::info!(object = %id, "object sealed");
-    ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
+    blocking(move || r.store.seal(&site, id, &seal.batch, &seal.parts, &manifest)).await?;
+    object_sealed(&relay, id);
     Ok(StatusCode::CREATED)
 }
 

@@ -27,7 +27,7 @@ use forte_format::{part_file_name, ObjectId, MANIFEST_FILE};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
-use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject, Seal};
+use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject};
 
 /// Why a store operation was refused.
 #[derive(Debug)]
@@ -357,13 +357,22 @@ impl Store {
         })
     }
 
-    pub fn seal(&self, site: &str, id: ObjectId, seal: &Seal, manifest: &[u8]) -> Result<()> {
+    /// Seals object `id` of `batch`: its `parts` (in order, each held as listed) and its
+    /// sealed `manifest`.
+    pub fn seal(
+        &self,
+        site: &str,
+        id: ObjectId,
+        batch: &str,
+        parts: &[PartRef],
+        manifest: &[u8],
+    ) -> Result<()> {
         if self.acked(site, id).exists() {
             return Err(StoreError::Conflict(format!(
                 "object {id} was already delivered"
             )));
         }
-        for (i, p) in seal.parts.iter().enumerate() {
+        for (i, p) in parts.iter().enumerate() {
             if p.index as usize != i {
                 return Err(StoreError::Invalid(format!(
                     "part list of object {id} is not in order at {i}"
@@ -371,8 +380,7 @@ impl Store {
             }
         }
         let held = self.held_parts(site, id);
-        let missing: Vec<u32> = seal
-            .parts
+        let missing: Vec<u32> = parts
             .iter()
             .filter(|p| !held.contains(p))
             .map(|p| p.index)
@@ -393,8 +401,8 @@ impl Store {
         let ready = ReadyObject {
             site: site.to_string(),
             id,
-            batch: seal.batch.clone(),
-            parts: seal.parts.clone(),
+            batch: batch.to_string(),
+            parts: parts.to_vec(),
             sealed_at: now(),
             batch_sealed: false,
         };
