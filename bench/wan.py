@@ -31,7 +31,7 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003 | --small 3000] [--runs 3]
-                 [--level 3] [--rsync-levels 3,1,3/2] [--chart FILE] [--compare NAME=PATH]
+                 [--level 3] [--rsync-levels 3,1,3/2] [--pin] [--chart FILE] [--compare NAME=PATH]
 """
 
 import argparse
@@ -64,9 +64,13 @@ def sh(cmd, **kw):
     return subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
+SITE_CPUS: list = []  # --pin: the site's commands run on these CPUs only (taskset)
+
+
 def at_site(cmd):
-    """A command run in the site's namespace, behind the shaped link."""
-    return ["ip", "netns", "exec", NS, *map(str, cmd)]
+    """A command run in the site's namespace, behind the shaped link (and on the site's CPU with --pin)."""
+    pin = ["taskset", "-c", ",".join(map(str, SITE_CPUS))] if SITE_CPUS else []
+    return ["ip", "netns", "exec", NS, *pin, *map(str, cmd)]
 
 
 def toxiproxy_server():
@@ -112,15 +116,17 @@ def fresh(path: Path) -> Path:
 
 
 class Contenders:
-    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=()):
+    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=(),
+                 relay_log=None):
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
-        self.pull_cpu, self.send_args = pull_cpu, list(send_args)
+        self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
 
     def forte(self, out: Path, binary: Path = FORTE):
         """Every role (relay, puller, sender) runs `binary`."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
-        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443")
+        log = open(self.relay_log, "w") if self.relay_log else subprocess.DEVNULL
+        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log)
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
             for cat in ("edge.sqlite", "core.sqlite"):
@@ -145,6 +151,8 @@ class Contenders:
         finally:
             relay.terminate()
             relay.wait()
+            if self.relay_log:
+                log.close()
         return elapsed, dest / "wan"
 
     def rsync_copy(self, out: Path):
@@ -233,7 +241,13 @@ def main():
                     help="zstd levels of rsync -z, comma-separated, each LEVEL or LEVEL/THREADS; "
                          "the first is the target's (default 3, rsync's own, on one thread)")
     ap.add_argument("--pull-cpu", type=int, help="CPU budget of forte's puller (default: all cores)")
+    ap.add_argument("--pin", action="store_true",
+                    help="deployment-shaped: the site (every sender) on CPU 0, the data centre (relay, "
+                         "puller, receivers, Toxiproxy) on CPU 1")
     ap.add_argument("--send-args", default="", help="more flags for forte send, e.g. '--connections 8'")
+    ap.add_argument("--relay-log", type=Path,
+                    help="write the relay's log (a line per part stored, object and batch sealed) of "
+                         "forte's last run into this file, to see when the link was busy")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -251,9 +265,15 @@ def main():
     gpg_key(WORK / "gnupg")
     source = digest_tree(inbox)
     shape = "1 batch of small files" if args.small else "14 batches"
+    cpus = "site on CPU 0, data centre on CPU 1" if args.pin else "2 cores shared"
     print(f"data: {shape}, {len(source)} files, {raw / 1e6:.1f} MB; link {args.link_rate}, "
-          f"+{args.latency_ms} ms; 2 cores", file=sys.stderr)
+          f"+{args.latency_ms} ms; {cpus}", file=sys.stderr)
 
+    if args.pin:
+        # The harness and everything it starts (relay, puller, daemons) inherit CPU 1; at_site
+        # moves the site's commands to CPU 0.
+        SITE_CPUS.append(0)
+        os.sched_setaffinity(0, {1})
     setup_link(parse_rate(args.link_rate))
     rsyncd_conf = WORK / "rsyncd.conf"
     rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {WORK}/rsync-dmz\nread only = no\n"
@@ -269,7 +289,8 @@ def main():
             "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
             "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
         }
-        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu, shlex.split(args.send_args))
+        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu, shlex.split(args.send_args),
+                       args.relay_log)
         contenders = {"forte": c.forte,
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
