@@ -35,6 +35,7 @@ Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.00
 """
 
 import argparse
+import datetime
 import hashlib
 import json
 import os
@@ -125,7 +126,15 @@ class Contenders:
         """Every role (relay, puller, sender) runs `binary`."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
-        log = open(self.relay_log, "w") if self.relay_log else subprocess.DEVNULL
+        if self.relay_log:
+            self.relay_log.unlink(missing_ok=True)
+        # Appending, so that the harness's own lines (below) land between the relay's.
+        log = open(self.relay_log, "a", buffering=1) if self.relay_log else subprocess.DEVNULL
+
+        def mark(what):
+            if self.relay_log:
+                log.write(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%S.%fZ} HARNESS {what}\n")
+
         relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log)
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
@@ -137,15 +146,18 @@ class Contenders:
                  *(["--cpu", str(self.pull_cpu)] if self.pull_cpu else []),
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
+            mark("send started")
             sh(at_site([binary, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
                         "--level", self.level, *self.send_args,
                         "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
                stdout=subprocess.DEVNULL)
+            mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
             while sum(len(f) for _, _, f in os.walk(dest / "wan")) < want:
                 time.sleep(0.1)
             elapsed = time.monotonic() - start
+            mark("last file delivered")
             puller.terminate()
             puller.wait()
         finally:

@@ -17,6 +17,10 @@ use crate::api::{
 };
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
+/// Status queries in flight together: 100 000 large files are 100 queries, which one after
+/// another would wait 100 round trips.
+const STATUS_QUERIES_AT_ONCE: usize = 8;
+
 /// A failed request: the HTTP status if the relay answered, and what it said.
 #[derive(Debug, thiserror::Error)]
 #[error("relay {url}: {message}")]
@@ -214,24 +218,52 @@ impl RelayClient {
         }
     }
 
-    /// What the relay holds of many objects, in queries of at most [`MAX_STATUS_QUERY`] ids;
+    /// What the relay holds of many objects, in queries of at most [`MAX_STATUS_QUERY`] ids,
+    /// [`STATUS_QUERIES_AT_ONCE`] of them in flight together (each waits a round trip);
     /// objects it has never heard of are absent from the answer.
     pub fn statuses(&self, ids: &[ObjectId]) -> Result<HashMap<ObjectId, ObjectStatus>> {
-        let url = self.url("/v1/objects/status");
         let mut all = HashMap::new();
-        for chunk in ids.chunks(MAX_STATUS_QUERY) {
-            let query = StatusQuery {
-                ids: chunk.to_vec(),
-            };
-            let r = self.send(url.clone(), self.http.post(&url).json(&query))?;
-            let answer: HashMap<String, ObjectStatus> = Self::json(&url, r)?;
-            all.extend(
-                answer
+        let queries: Vec<&[ObjectId]> = ids.chunks(MAX_STATUS_QUERY).collect();
+        for some in queries.chunks(STATUS_QUERIES_AT_ONCE) {
+            let answers = std::thread::scope(|s| {
+                let asking: Vec<_> = some
+                    .iter()
+                    .map(|chunk| s.spawn(|| self.status_query(chunk)))
+                    .collect();
+                asking
                     .into_iter()
-                    .filter_map(|(id, s)| Some((id.parse().ok()?, s))),
-            );
+                    .map(|a| a.join().expect("a status query panicked"))
+                    .collect::<Vec<_>>()
+            });
+            for answer in answers {
+                all.extend(answer?);
+            }
         }
         Ok(all)
+    }
+
+    /// Opens `n` connections at once, each with a TLS handshake and an empty status query, so
+    /// that `n` upload workers starting together find them open instead of each waiting a
+    /// round trip for its own handshake. Best effort: a failure here shows again, with retries,
+    /// on the first real request.
+    pub fn open_connections(&self, n: usize) {
+        std::thread::scope(|s| {
+            for _ in 0..n {
+                s.spawn(|| self.status_query(&[]));
+            }
+        });
+    }
+
+    /// One status query of at most [`MAX_STATUS_QUERY`] ids.
+    fn status_query(&self, ids: &[ObjectId]) -> Result<HashMap<ObjectId, ObjectStatus>> {
+        let url = self.url("/v1/objects/status");
+        let query = StatusQuery { ids: ids.to_vec() };
+        let r = self.send(url.clone(), self.http.post(&url).json(&query))?;
+        let answer: HashMap<String, ObjectStatus> = Self::json(&url, r)?;
+        Ok(answer
+            .into_iter()
+            .filter_map(|(id, s)| Some((id.parse().ok()?, s)))
+            .collect())
     }
 
     pub fn seal(

@@ -485,8 +485,9 @@ async fn object_statuses(
             format!("at most {MAX_STATUS_QUERY} ids per status query"),
         ));
     }
+    let asked = query.ids.len();
     let r = relay.clone();
-    let answer = blocking(move || {
+    let answer: std::collections::BTreeMap<_, _> = blocking(move || {
         Ok(query
             .ids
             .into_iter()
@@ -494,6 +495,10 @@ async fn object_statuses(
             .collect())
     })
     .await?;
+    // An empty query only opens a connection (the edge's workers do so before a pass).
+    if asked > 0 {
+        tracing::info!(objects = asked, held = answer.len(), "status asked");
+    }
     Ok(Json(answer))
 }
 

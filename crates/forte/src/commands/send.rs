@@ -29,9 +29,9 @@ pub struct Args {
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     settle: u64,
     /// Concurrent uploads to the relay: enough to keep a long link busy while each request
-    /// waits its round trip (8 measured 1.03×, 1.15× and 1.34× the rate of 4 at +20, +100 and
-    /// +200 ms; docs/benchmarks.md).
-    #[arg(long, default_value_t = 8)]
+    /// waits its round trip (at +200 ms on a 65 MB/s link, 16 measured 1.07× the rate of 8,
+    /// and the same at +20 ms; docs/benchmarks.md).
+    #[arg(long, default_value_t = 16)]
     connections: usize,
     /// With --watch: delete a batch's source files once the core acknowledged every one.
     #[arg(long, requires = "watch")]

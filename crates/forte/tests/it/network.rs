@@ -614,3 +614,32 @@ fn a_relay_that_drops_a_bundle_delivers_nothing_and_names_the_files_in_it() {
         "nothing of the batch is visible"
     );
 }
+
+#[test]
+fn a_send_asks_the_relay_about_all_its_batches_in_one_query() {
+    // Each status query waits a round trip: batches asked about one after another, or eight
+    // at a time, kept a long link idle before the first byte went.
+    let mut site = Site::new();
+    let log = site.root.join("relay.log");
+    site.relay = start_relay_logging_to(&site.root, &log);
+    let inbox = site.root.join("inbox");
+    for b in 0..12u64 {
+        let dir = inbox.join(format!("run-{b:02}"));
+        write(&dir.join("data.bin"), &sample_bytes(300_000, b));
+        write(&dir.join("notes.txt"), &sample_bytes(2_000, b + 100));
+        write(&dir.join(".ready"), b"");
+    }
+    let asked = || {
+        let log = std::fs::read_to_string(&log).unwrap();
+        log.lines()
+            .filter(|l| l.contains("status asked"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    ok(&site.send(&["-q"]));
+    assert_eq!(asked().len(), 1, "{:#?}", asked());
+    // A second run finds all of it at the relay, with one query too, and sends nothing.
+    let out = ok(&site.send(&[]));
+    assert!(out.contains("sent 0 of 2 files (2 sent before"), "{out}");
+    assert_eq!(asked().len(), 2, "{:#?}", asked());
+}
