@@ -57,6 +57,16 @@ pub struct Charge {
     units: u64,
 }
 
+impl Charge {
+    /// Gives back all but `units` (if it holds more): what it stands for got smaller.
+    pub fn shrink_to(&mut self, units: u64) {
+        if units < self.units {
+            self.budget.release(self.units - units);
+            self.units = units;
+        }
+    }
+}
+
 impl Drop for Charge {
     fn drop(&mut self) {
         self.budget.release(self.units);
@@ -460,6 +470,20 @@ mod tests {
         let (a, b) = (budget.charge(4), budget.charge(6));
         assert_eq!(*budget.free.lock(), 0);
         drop((a, b));
+        assert_eq!(*budget.free.lock(), 10);
+    }
+
+    #[test]
+    fn a_shrunk_charge_gives_back_the_difference_at_once_and_the_rest_when_dropped() {
+        let budget = Budget::new(10);
+        let mut part = budget.charge(8);
+        part.shrink_to(3);
+        assert_eq!(*budget.free.lock(), 7);
+        // Growing is not what shrinking does: the charge stays at 3.
+        part.shrink_to(5);
+        assert_eq!(*budget.free.lock(), 7);
+        let next = budget.charge(7);
+        drop((part, next));
         assert_eq!(*budget.free.lock(), 10);
     }
 

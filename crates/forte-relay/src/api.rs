@@ -80,6 +80,16 @@ pub struct BatchSeal {
     pub inventory: Option<String>,
 }
 
+/// Query of `PUT /v1/batches/{batch}`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BatchSealQuery {
+    /// Wait up to this long (at most [`MAX_WAIT_MS`]) for listed objects still being uploaded
+    /// to be sealed, instead of refusing the seal at once: the edge sends the seal beside its
+    /// last uploads, not a round trip after them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
 /// Body of `POST /v1/sites/{site}/batches/{batch}/ack`: the objects the core delivered (and of
 /// `POST /v1/batches/{batch}/cancel`: the objects the edge cancels). The
 /// relay records them first, so that from then on none of them is listed, even if it stops

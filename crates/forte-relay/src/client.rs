@@ -283,10 +283,20 @@ impl RelayClient {
             .map(drop)
     }
 
-    /// Declares a batch complete: `objects` are all of it, each sealed or delivered.
-    /// Seals a batch: all its objects, and its sealed inventory.
-    pub fn seal_batch(&self, batch: &str, objects: &[ObjectId], inventory: &[u8]) -> Result<()> {
-        let url = self.url(&format!("/v1/batches/{batch}"));
+    /// Seals a batch: `objects` are all of it, each sealed or delivered, and `inventory` its
+    /// sealed inventory. With `wait`, the relay waits that long for objects still being
+    /// uploaded before it refuses the seal.
+    pub fn seal_batch(
+        &self,
+        batch: &str,
+        objects: &[ObjectId],
+        inventory: &[u8],
+        wait: Option<Duration>,
+    ) -> Result<()> {
+        let mut url = self.url(&format!("/v1/batches/{batch}"));
+        if let Some(wait) = wait {
+            url.push_str(&format!("?wait_ms={}", wait.as_millis()));
+        }
         // A `BatchSeal`, written without a base64 copy of the inventory beside the JSON: at
         // 100 000 files each would be tens of MB.
         #[derive(Serialize)]

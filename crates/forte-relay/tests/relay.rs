@@ -114,10 +114,10 @@ fn upload_seal_pull_ack() {
     );
     let other = ObjectId::random();
     let err = edge
-        .seal_batch("batch-1", &[id, other], b"sealed inventory")
+        .seal_batch("batch-1", &[id, other], b"sealed inventory", None)
         .unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
-    edge.seal_batch("batch-1", &[id], b"sealed inventory")
+    edge.seal_batch("batch-1", &[id], b"sealed inventory", None)
         .unwrap();
     let ready = core.ready(false).unwrap();
     assert_eq!(ready.len(), 1);
@@ -181,7 +181,7 @@ fn tokens_are_checked_and_sites_are_separate() {
     edge_b.put_part(id, 0, b"b", &sha(b"b")).unwrap();
     edge_b.seal(id, "batch", vec![part(0, b"b")], b"m").unwrap();
     edge_b
-        .seal_batch("batch", &[id], b"sealed inventory")
+        .seal_batch("batch", &[id], b"sealed inventory", None)
         .unwrap();
     let core_a = client(&relay, CORE_A);
     assert!(core_a.ready(false).unwrap().is_empty());
@@ -238,7 +238,8 @@ fn a_full_quota_answers_507_and_frees_after_ack() {
     );
     // Once a's batch is sealed the core can pull it: 507, worth waiting for.
     edge.seal(a, "b", vec![part(0, &big)], b"m").unwrap();
-    edge.seal_batch("b", &[a], b"sealed inventory").unwrap();
+    edge.seal_batch("b", &[a], b"sealed inventory", None)
+        .unwrap();
     let err = edge.put_part(b, 0, &big, &sha(&big)).unwrap_err();
     assert_eq!(err.status, Some(507), "{err}");
     assert!(err.is_transient() && err.message.contains("quota"), "{err}");
@@ -555,7 +556,7 @@ fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
             edge.seal(*id, "batch-1", vec![part(0, &body)], b"sealed manifest")
                 .unwrap();
         }
-        edge.seal_batch("batch-1", &ids, b"sealed inventory")
+        edge.seal_batch("batch-1", &ids, b"sealed inventory", None)
             .unwrap();
         let core = client(&relay, CORE_A);
         assert_eq!(core.ready(false).unwrap().len(), 3);
@@ -609,7 +610,7 @@ fn abandoned_uploads_expire_and_sealed_batches_can_be_cancelled() {
         }
         edge.seal(sealed, "batch-1", vec![part(0, b"part")], b"m")
             .unwrap();
-        edge.seal_batch("batch-1", &[sealed], b"sealed inventory")
+        edge.seal_batch("batch-1", &[sealed], b"sealed inventory", None)
             .unwrap();
     }
     let site = tmp.path().join("store/sites/site-a");
@@ -651,7 +652,7 @@ fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
     edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
     edge.seal(id, "batch-1", vec![part(0, b"part")], b"m")
         .unwrap();
-    edge.seal_batch("batch-1", &[id], b"sealed inventory")
+    edge.seal_batch("batch-1", &[id], b"sealed inventory", None)
         .unwrap();
     let site = tmp.path().join("store/sites/site-a");
     let saved = tmp.path().join("saved");
@@ -736,7 +737,8 @@ fn a_long_poll_of_the_ready_list_answers_at_the_next_seal() {
         edge.put_part(id, 0, &p, &sha(&p)).unwrap();
         edge.seal(id, "batch-1", vec![part(0, &p)], b"manifest")
             .unwrap();
-        edge.seal_batch("batch-1", &[id], b"inventory").unwrap();
+        edge.seal_batch("batch-1", &[id], b"inventory", None)
+            .unwrap();
     });
     let started = std::time::Instant::now();
     let (listed, later) = core
@@ -781,7 +783,8 @@ fn a_one_part_object_is_stored_and_sealed_in_one_request_with_the_same_checks() 
         (status.state, status.parts),
         (ObjectState::Complete, vec![part(0, &p)])
     );
-    edge.seal_batch("batch-1", &[id], b"inventory").unwrap();
+    edge.seal_batch("batch-1", &[id], b"inventory", None)
+        .unwrap();
     let ready = core.ready(false).unwrap();
     assert_eq!(ready.len(), 1);
     assert_eq!(core.manifest("site-a", id).unwrap(), b"manifest");
@@ -789,4 +792,43 @@ fn a_one_part_object_is_stored_and_sealed_in_one_request_with_the_same_checks() 
     edge.put_whole(id, "batch-1", &p, &sha(&p), b"manifest")
         .unwrap();
     assert_eq!(core.ready(false).unwrap().len(), 1);
+}
+
+#[test]
+fn a_batch_seal_asked_to_wait_takes_members_sealed_while_it_waits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let edge = client(&relay, EDGE_A);
+    let core = client(&relay, CORE_A);
+    let (early, late) = (ObjectId::random(), ObjectId::random());
+    let body = vec![7u8; 500];
+    edge.put_part(early, 0, &body, &sha(&body)).unwrap();
+    edge.seal(early, "b", vec![part(0, &body)], b"manifest")
+        .unwrap();
+    // The edge seals the batch while its last object is still on the way; the relay waits.
+    let wait = Some(Duration::from_secs(20));
+    std::thread::scope(|s| {
+        let seal = s.spawn(|| edge.seal_batch("b", &[early, late], b"inventory", wait));
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(
+            core.ready(false).unwrap().is_empty(),
+            "sealed before its last object"
+        );
+        edge.put_part(late, 0, &body, &sha(&body)).unwrap();
+        edge.seal(late, "b", vec![part(0, &body)], b"manifest")
+            .unwrap();
+        seal.join().unwrap().unwrap();
+    });
+    assert_eq!(core.ready(false).unwrap().len(), 2);
+
+    // A member that never comes: refused once the wait is over, naming it.
+    let never = ObjectId::random();
+    let started = std::time::Instant::now();
+    let wait = Some(Duration::from_millis(300));
+    let err = edge
+        .seal_batch("c", &[early, never], b"inventory", wait)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+    assert!(err.message.contains(&never.to_string()), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(300));
 }

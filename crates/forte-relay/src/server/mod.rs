@@ -22,9 +22,9 @@ pub use auth::{Principal, Tokens};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, ObjectStatus, PartRef, ReadyObject, ReadyQuery, Seal,
-    StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY, MAX_PART_INDEX,
-    MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
+    ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectStatus, PartRef, ReadyObject, ReadyQuery,
+    Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
+    MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -528,6 +528,7 @@ async fn seal(
 async fn seal_batch(
     State(relay): State<Arc<Relay>>,
     Path(batch): Path<String>,
+    Query(query): Query<BatchSealQuery>,
     headers: HeaderMap,
     Json(seal): Json<BatchSeal>,
 ) -> Answer<StatusCode> {
@@ -546,6 +547,10 @@ async fn seal_batch(
         ),
         None => None,
     };
+    if let Some(wait) = query.wait_ms {
+        let objects = Arc::new(seal.objects.clone());
+        wait_for_members(&relay, (&site, &batch), objects, wait).await?;
+    }
     let r = relay.clone();
     let count = seal.objects.len();
     let b = batch.clone();
@@ -558,6 +563,41 @@ async fn seal_batch(
     tracing::info!(batch = %batch, objects = count, "batch sealed");
     ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)
+}
+
+/// Waits up to `wait_ms` (at most [`MAX_WAIT_MS`]) until every one of `objects` is sealed or
+/// delivered: an edge seals a batch while its last objects are still crossing the link, so
+/// that the seal does not wait a round trip after them.
+async fn wait_for_members(
+    relay: &Arc<Relay>,
+    (site, batch): (&str, &str),
+    objects: Arc<Vec<ObjectId>>,
+    wait_ms: u64,
+) -> Result<(), Failure> {
+    let deadline =
+        tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms.min(MAX_WAIT_MS));
+    let mut seals = relay.seals.subscribe();
+    let mut first = true;
+    loop {
+        // Marked seen before looking, so that a seal during the look wakes the next wait.
+        seals.borrow_and_update();
+        let (r, site, objects) = (relay.clone(), site.to_string(), objects.clone());
+        let missing = blocking(move || Ok(r.store.unsealed(&site, &objects))).await?;
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if std::mem::take(&mut first) {
+            let objects = missing.len();
+            tracing::info!(batch = %batch, objects, "batch seal waits for objects on the way");
+        }
+        // Timing out is an answer too: the seal then names what is missing.
+        if tokio::time::timeout_at(deadline, seals.changed())
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
 }
 
 /// The edge cancels one of its batches: the listed objects (open or sealed, not delivered)

@@ -437,14 +437,7 @@ impl Store {
         objects: &[ObjectId],
         inventory: Option<&[u8]>,
     ) -> Result<()> {
-        let missing: Vec<String> = objects
-            .iter()
-            .filter(|id| {
-                !self.meta_dir(site, **id).join("sealed.json").exists()
-                    && !self.acked(site, **id).exists()
-            })
-            .map(ToString::to_string)
-            .collect();
+        let missing = self.unsealed(site, objects);
         if !missing.is_empty() {
             return Err(StoreError::Conflict(format!(
                 "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
@@ -462,6 +455,18 @@ impl Store {
         }
         let record = serde_json::to_vec(objects).expect("serialises");
         self.write_durably(site, &self.batch_record(site, batch), &record, &what)
+    }
+
+    /// Those of `objects` neither sealed nor delivered.
+    pub fn unsealed(&self, site: &str, objects: &[ObjectId]) -> Vec<String> {
+        objects
+            .iter()
+            .filter(|id| {
+                !self.meta_dir(site, **id).join("sealed.json").exists()
+                    && !self.acked(site, **id).exists()
+            })
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// The sealed inventory of a sealed batch; `None` if it was sealed without one.

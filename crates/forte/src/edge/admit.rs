@@ -141,6 +141,8 @@ impl Edge<'_> {
             jobs,
         } = planned;
         flight.pending = jobs.len();
+        flight.unsealed = jobs.len();
+        flight.unlisted_files = flight.pending_files;
         if jobs.is_empty() {
             self.finish(&batch_key, flight);
             return;

@@ -13,6 +13,7 @@ pub mod inbox;
 mod seal;
 
 use std::collections::HashMap;
+use std::sync::mpsc::Receiver;
 use std::time::Instant;
 
 use forte_catalog::{
@@ -20,7 +21,7 @@ use forte_catalog::{
 };
 use forte_format::{EdgeKey, InventoryEntry, ObjectId};
 use forte_prepare::{bundle_as_before, bundle_small, JobQueue, PrepareJob, SourceFile};
-use forte_relay::client::RelayClient;
+use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -72,14 +73,21 @@ fn bundle_id(key: &EdgeKey, batch: &str, members: &[ObjectId]) -> ObjectId {
     ObjectId::derive(key.0.as_bytes(), &names)
 }
 
-/// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
 /// Why the edge records a file acknowledged: it does not hear from the core, only the relay.
 const ACKNOWLEDGED: &str = "the relay reports it acknowledged by the core";
 /// Why the edge records a file sealed that this run did not seal.
 const SEALED_EARLIER: &str = "sealed by an earlier run";
 
+/// The batch's key: its id, which is what the relay sees (opaque, stable across runs).
 fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
     BatchKey::edge(ObjectId::derive(key.0.as_bytes(), &[b"batch", batch.as_bytes()]).to_string())
+}
+
+/// A batch seal sent beside the batch's last uploads: the relay's answer, and the sealed
+/// inventory to seal with again if it was not yes.
+struct EarlySeal {
+    answer: Result<(), RelayError>,
+    inventory: Vec<u8>,
 }
 
 /// A batch between its admission to the queue and its seal at the relay.
@@ -98,6 +106,13 @@ struct InFlight {
     pending: usize,
     /// The files of those objects.
     pending_files: usize,
+    /// Objects whose last request (the one that seals them) has not started, and files with
+    /// no inventory entry yet: when both reach zero with nothing failed, the batch is sealed
+    /// beside its last uploads instead of a round trip after them.
+    unsealed: usize,
+    unlisted_files: usize,
+    /// The answer to that early seal.
+    early_seal: Option<Receiver<EarlySeal>>,
     admitted: Instant,
     /// When its first file left the queue.
     started_at: Option<i64>,
@@ -123,6 +138,9 @@ impl InFlight {
             entries: Vec::new(),
             pending: 0,
             pending_files: 0,
+            unsealed: 0,
+            unlisted_files: 0,
+            early_seal: None,
             admitted,
             started_at: None,
         }

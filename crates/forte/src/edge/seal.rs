@@ -1,14 +1,21 @@
 //! Finishing: each file's outcome booked to its batch, and a batch sealed at the relay, with its
 //! signed inventory, the moment its last file is.
 
+use std::thread::Scope;
+use std::time::Duration;
+
 use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, Stage};
-use forte_format::Inventory;
+use forte_format::{Inventory, InventoryEntry, Manifest};
 use forte_prepare::{FileOutcome, Prepare};
 
-use super::{Edge, InFlight};
+use super::{EarlySeal, Edge, InFlight};
 use crate::progress::prepare_with_progress;
 use crate::record::note;
 use crate::transfer::upload::UploadSink;
+
+/// How long the relay may wait for a batch's last objects when it is sealed beside them: a
+/// link that takes longer has the batch sealed again once they are all there.
+const EARLY_SEAL_WAIT: Duration = Duration::from_secs(10);
 
 impl Edge<'_> {
     /// Books one finished object's files (sent or failed) to its batch, and finishes the
@@ -37,6 +44,45 @@ impl Edge<'_> {
         }
     }
 
+    /// An object's last request is starting: its files are listed for the batch's inventory.
+    /// Once every object of the batch is this far and every file listed, with nothing failed,
+    /// the batch is sealed on a thread of `scope`, beside the uploads still crossing the link:
+    /// the relay waits for them, and the seal does not cost a round trip after the last one.
+    fn object_final<'s>(&'s self, manifest: &Manifest, scope: &'s Scope<'s, '_>) {
+        let Some(batch_key) = self.batch_of.lock().get(&manifest.id).cloned() else {
+            return;
+        };
+        let mut flights = self.in_flight.lock();
+        let Some(flight) = flights.get_mut(&batch_key) else {
+            return;
+        };
+        let files = manifest.files();
+        flight.unlisted_files = flight.unlisted_files.saturating_sub(files.len());
+        flight.entries.extend(files.iter().map(InventoryEntry::of));
+        flight.unsealed = flight.unsealed.saturating_sub(1);
+        if flight.unsealed > 0 || flight.unlisted_files > 0 || flight.report.failed > 0 {
+            return;
+        }
+        let (name, members) = (flight.name.clone(), flight.members.clone());
+        let entries = std::mem::take(&mut flight.entries);
+        let (answer_to, answer) = std::sync::mpsc::channel();
+        flight.early_seal = Some(answer);
+        drop(flights);
+        scope.spawn(move || {
+            let settings = self.setup.settings;
+            let inventory =
+                Inventory::new(&name, entries).seal(&settings.key, &settings.recipients);
+            let batch = batch_key.batch();
+            let wait = Some(EARLY_SEAL_WAIT);
+            let answer = self
+                .setup
+                .client
+                .seal_batch(batch, &members, &inventory, wait);
+            // The flight may be gone (the batch failed meanwhile): nobody waits for the answer.
+            let _ = answer_to.send(EarlySeal { answer, inventory });
+        });
+    }
+
     /// Books one file's outcome to its batch's flight: its inventory entry, or its failure.
     fn book_outcome(&self, batch_key: &BatchKey, flight: &mut InFlight, outcome: &FileOutcome) {
         let report = &mut flight.report;
@@ -44,7 +90,6 @@ impl Edge<'_> {
             None => {
                 report.sent += 1;
                 report.raw_bytes += outcome.size;
-                flight.entries.extend(outcome.inventory_entry());
             }
             Some(e) => {
                 self.setup
@@ -72,6 +117,7 @@ impl Edge<'_> {
             bytes,
             members,
             entries,
+            early_seal,
             admitted,
             started_at,
             ..
@@ -79,15 +125,27 @@ impl Edge<'_> {
         report.seconds = admitted.elapsed().as_secs_f64();
         // A batch whose every object was delivered before has nothing left to offer.
         if report.failed == 0 && !members.is_empty() {
-            // The entries go as soon as they are sealed: at 100 000 files they are tens of MB.
-            let settings = self.setup.settings;
-            let sealed =
-                Inventory::new(&report.batch, entries).seal(&settings.key, &settings.recipients);
+            let inventory = match early_seal.and_then(|answer| answer.recv().ok()) {
+                Some(EarlySeal { answer: Ok(()), .. }) => None,
+                // Not sealed beside the last uploads (a relay that does not wait, or one of
+                // them retried for longer than the relay waited): sealed now, as they are all
+                // there.
+                Some(EarlySeal { inventory, .. }) => Some(inventory),
+                // The entries go as soon as they are sealed: at 100 000 files they are tens of
+                // MB.
+                None => {
+                    let settings = self.setup.settings;
+                    let inventory = Inventory::new(&report.batch, entries);
+                    Some(inventory.seal(&settings.key, &settings.recipients))
+                }
+            };
             let what = format!("seal of batch {}", report.batch);
-            if let Err(e) = self.setup.retry.run(&what, || {
-                self.setup
-                    .client
-                    .seal_batch(batch_key.batch(), &members, &sealed)
+            if let Err(e) = inventory.map_or(Ok(()), |sealed| {
+                self.setup.retry.run(&what, || {
+                    self.setup
+                        .client
+                        .seal_batch(batch_key.batch(), &members, &sealed, None)
+                })
             }) {
                 let error = format!("cannot seal the batch at the relay: {e}");
                 self.setup.failures.report(&report.batch, None, &error);
@@ -145,24 +203,27 @@ impl Edge<'_> {
     pub fn send_queued(&self, quiet: bool) {
         let edge = self.setup.settings;
         let prepare = Prepare::new(edge.prepare.clone(), &edge.recipients, &edge.key);
-        let sink = UploadSink {
-            client: self.setup.client,
-            batch_of: &self.batch_of,
-            retry: self.setup.retry,
-            catalog: self.setup.catalog,
-            sealed: Default::default(),
-            on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
-        };
-        let (files, bytes) = self.queue.totals();
-        let publish_queue = || {
+        std::thread::scope(|early_seals| {
+            let sink = UploadSink {
+                client: self.setup.client,
+                batch_of: &self.batch_of,
+                retry: self.setup.retry,
+                catalog: self.setup.catalog,
+                sealed: Default::default(),
+                on_final: &|manifest| self.object_final(manifest, early_seals),
+                on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
+            };
             let (files, bytes) = self.queue.totals();
-            crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
-        };
-        crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
-            prepare_with_progress(&prepare, files, bytes, quiet, || {
-                prepare.run_from(self, &sink)
-            })
+            let publish_queue = || {
+                let (files, bytes) = self.queue.totals();
+                crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
+            };
+            crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
+                prepare_with_progress(&prepare, files, bytes, quiet, || {
+                    prepare.run_from(self, &sink)
+                })
+            });
+            self.abandon_unfinished();
         });
-        self.abandon_unfinished();
     }
 }

@@ -24,6 +24,8 @@ pub struct UploadSink<'a> {
     pub catalog: &'a Catalog,
     /// Sealed bytes uploaded so far, per object.
     pub sealed: Mutex<HashMap<ObjectId, u64>>,
+    /// Told of every object whose last request (the one that seals it) is about to start.
+    pub on_final: &'a (dyn Fn(&Manifest) + Sync),
     /// Told of every finished object (its files' outcomes) with its sealed bytes.
     pub on_done: &'a (dyn Fn(&[FileOutcome], u64) + Sync),
 }
@@ -123,6 +125,7 @@ impl Sink for UploadSink<'_> {
         sealed_manifest: &[u8],
     ) -> Result<()> {
         let (id, batch) = (manifest.id, self.batch(manifest.id));
+        (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
         self.retry.run(&what, || {
             self.attempt(Task::Upload, id, Some(0), || {
@@ -147,6 +150,7 @@ impl Sink for UploadSink<'_> {
             .collect();
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
         let batch = self.batch(manifest.id);
+        (self.on_final)(manifest);
         self.retry.run(&what, || {
             self.attempt(Task::Seal, manifest.id, None, || {
                 self.client

@@ -489,7 +489,8 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
     );
 
     let inventory = std::fs::read(packed.join(forte_format::INVENTORY_FILE)).unwrap();
-    edge.seal_batch("batch-ahead", &ids, &inventory).unwrap();
+    edge.seal_batch("batch-ahead", &ids, &inventory, None)
+        .unwrap();
     let expected: std::collections::BTreeMap<String, String> = source_hashes(&src)
         .into_iter()
         .map(|(p, h)| (format!("site-a/batch-ahead/{p}"), h))

@@ -163,3 +163,31 @@ fn a_puller_survives_a_stall_longer_than_its_timeout_resets_and_an_outage() {
     let status = site.status(&site.core_catalog, &[]);
     assert!(status.contains("recent failed attempts:"), "{status}");
 }
+
+#[test]
+fn a_batch_is_sealed_beside_its_last_upload_not_a_round_trip_after_it() {
+    let mut site = Site::new();
+    let log = site.root.join("relay.log");
+    site.relay = start_relay_logging_to(&site.root, &log);
+    let batch = site.root.join("inbox/run-1");
+    write(&batch.join("big.bin"), &random_bytes(1_500_000));
+    write(&batch.join("notes.txt"), b"a small file");
+    write(&batch.join(".ready"), b"");
+    let relay_addr = site.relay.url.trim_start_matches("https://").to_string();
+    let proxy = FaultProxy::start(&relay_addr);
+    // The large file takes about three seconds to cross.
+    proxy.set(Fault::Throttle(500_000));
+    let out = ok(&via(&proxy, &site, site.send(&[])));
+    assert!(out.contains("sent 2 of 2 files"), "{out}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    // The seal went as soon as the last object set off, and the relay waited for it.
+    let waited = log.find("batch seal waits for objects on the way");
+    let sealed = log.find("batch sealed");
+    assert!(
+        matches!((waited, sealed), (Some(w), Some(s)) if w < s),
+        "{log}"
+    );
+    ok(&site.pull());
+    let delivered = source_hashes(&site.root.join("dest/site-a/run-1"));
+    assert_eq!(delivered, source_hashes(&batch));
+}
