@@ -99,8 +99,9 @@ struct InFlight {
     /// Every object of the batch not yet delivered, sent now or before: the batch's seal
     /// lists them all.
     members: Vec<ObjectId>,
-    /// The inventory entry of each member stored at the relay so far (sealed by an earlier
-    /// run, or sent by this one): the batch is sealed with the signed list of exactly these.
+    /// The inventory entry of each file of the members listed so far (sealed by an earlier
+    /// run, or whose object's last request started in this one): the batch is sealed with the
+    /// signed list of exactly these.
     entries: Vec<InventoryEntry>,
     /// Objects (files or bundles) handed to the prepare pass or still queued, not yet finished.
     pending: usize,

@@ -1,5 +1,5 @@
 //! Finishing: each file's outcome booked to its batch, and a batch sealed at the relay, with its
-//! signed inventory, the moment its last file is.
+//! signed inventory, beside its last uploads (or once they are all there).
 
 use std::thread::Scope;
 use std::time::Duration;
@@ -83,7 +83,7 @@ impl Edge<'_> {
         });
     }
 
-    /// Books one file's outcome to its batch's flight: its inventory entry, or its failure.
+    /// Books one file's outcome to its batch's flight: sent, or its failure.
     fn book_outcome(&self, batch_key: &BatchKey, flight: &mut InFlight, outcome: &FileOutcome) {
         let report = &mut flight.report;
         match &outcome.error {
@@ -125,28 +125,36 @@ impl Edge<'_> {
         report.seconds = admitted.elapsed().as_secs_f64();
         // A batch whose every object was delivered before has nothing left to offer.
         if report.failed == 0 && !members.is_empty() {
-            let inventory = match early_seal.and_then(|answer| answer.recv().ok()) {
-                Some(EarlySeal { answer: Ok(()), .. }) => None,
+            let inventory = match early_seal.map(|answer| answer.recv()) {
+                Some(Ok(EarlySeal { answer: Ok(()), .. })) => Ok(None),
                 // Not sealed beside the last uploads (a relay that does not wait, or one of
                 // them retried for longer than the relay waited): sealed now, as they are all
                 // there.
-                Some(EarlySeal { inventory, .. }) => Some(inventory),
+                Some(Ok(EarlySeal { inventory, .. })) => Ok(Some(inventory)),
+                // Its entries went with it; the next run seals the batch.
+                Some(Err(_)) => Err("the thread sealing it stopped without an answer".to_string()),
                 // The entries go as soon as they are sealed: at 100 000 files they are tens of
                 // MB.
                 None => {
                     let settings = self.setup.settings;
                     let inventory = Inventory::new(&report.batch, entries);
-                    Some(inventory.seal(&settings.key, &settings.recipients))
+                    Ok(Some(inventory.seal(&settings.key, &settings.recipients)))
                 }
             };
             let what = format!("seal of batch {}", report.batch);
-            if let Err(e) = inventory.map_or(Ok(()), |sealed| {
-                self.setup.retry.run(&what, || {
+            let sealed = inventory.and_then(|inventory| {
+                inventory.map_or(Ok(()), |sealed| {
                     self.setup
-                        .client
-                        .seal_batch(batch_key.batch(), &members, &sealed, None)
+                        .retry
+                        .run(&what, || {
+                            self.setup
+                                .client
+                                .seal_batch(batch_key.batch(), &members, &sealed, None)
+                        })
+                        .map_err(|e| e.to_string())
                 })
-            }) {
+            });
+            if let Err(e) = sealed {
                 let error = format!("cannot seal the batch at the relay: {e}");
                 self.setup.failures.report(&report.batch, None, &error);
                 report.errors.push(error);
