@@ -44,6 +44,21 @@ impl InventoryEntry {
             sha256: manifest.sha256.clone(),
         }
     }
+
+    /// The entries of what an object delivers ([`Manifest::files`]): itself, or each member of
+    /// a bundle, without building a manifest per member.
+    pub fn of_files(manifest: &Manifest) -> Vec<Self> {
+        if manifest.kind != crate::Kind::Bundle {
+            return vec![Self::of(manifest)];
+        }
+        let entry = |m: &crate::bundle::Member| Self {
+            id: m.id,
+            path: m.path.clone(),
+            size: m.size,
+            sha256: m.sha256.clone(),
+        };
+        manifest.members.iter().map(entry).collect()
+    }
 }
 
 /// An inventory's members in sorted key order: serde_json writes this struct as RFC 8785

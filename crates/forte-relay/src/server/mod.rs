@@ -547,16 +547,17 @@ async fn seal_batch(
         ),
         None => None,
     };
+    // Shared with each look of the wait, not copied into it.
+    let objects = Arc::new(seal.objects);
     if let Some(wait) = query.wait_ms {
-        let objects = Arc::new(seal.objects.clone());
-        wait_for_members(&relay, (&site, &batch), objects, wait).await?;
+        wait_for_members(&relay, (&site, &batch), objects.clone(), wait).await?;
     }
     let r = relay.clone();
-    let count = seal.objects.len();
+    let count = objects.len();
     let b = batch.clone();
     blocking(move || {
         r.store
-            .seal_batch(&site, &b, &seal.objects, inventory.as_deref())
+            .seal_batch(&site, &b, &objects, inventory.as_deref())
     })
     .await?;
     relay.sealed_something();

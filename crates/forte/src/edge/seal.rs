@@ -56,9 +56,9 @@ impl Edge<'_> {
         let Some(flight) = flights.get_mut(&batch_key) else {
             return;
         };
-        let files = manifest.files();
-        flight.unlisted_files = flight.unlisted_files.saturating_sub(files.len());
-        flight.entries.extend(files.iter().map(InventoryEntry::of));
+        let entries = InventoryEntry::of_files(manifest);
+        flight.unlisted_files = flight.unlisted_files.saturating_sub(entries.len());
+        flight.entries.extend(entries);
         flight.unsealed = flight.unsealed.saturating_sub(1);
         if flight.unsealed > 0 || flight.unlisted_files > 0 || flight.report.failed > 0 {
             return;
