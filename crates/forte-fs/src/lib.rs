@@ -43,6 +43,18 @@ pub fn drop_from_cache(file: &File) {
     }
 }
 
+/// Starts writing `file`'s dirty pages to disk without waiting for them: a file written whole
+/// and flushed later with [`syncfs`] goes to disk while the next files are written, so the
+/// flush that makes a batch durable finds little left to write (at the core, 280 MB staged
+/// ahead of a batch's seal took 56 ms to flush at the seal). Advice only: errors are ignored,
+/// and the flush still makes the data durable.
+pub fn start_writeback(file: &File) {
+    // SAFETY: sync_file_range takes a descriptor, which `file` keeps open for the call.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
 /// Flushes every dirty page and inode of the file system holding `path` to stable storage.
 pub fn syncfs(path: &Path) -> Result<()> {
     let dir = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;

@@ -262,7 +262,9 @@ impl Restore<'_> {
                     manifest.sha256
                 );
             }
-            asm.file = None;
+            if let Some(file) = asm.file.take() {
+                forte_fs::start_writeback(&file);
+            }
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
         }
         Ok(())
@@ -283,6 +285,7 @@ impl Restore<'_> {
             let mut out = create_staged(&file.staged)?;
             forte_fs::write_in_slices(&mut out, &stream[at..at + m.size as usize])
                 .with_context(|| format!("{}: cannot write {}", m.path, file.staged.display()))?;
+            forte_fs::start_writeback(&out);
             self.totals.raw_bytes.fetch_add(m.size, Ordering::Relaxed);
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
         }

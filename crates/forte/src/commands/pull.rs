@@ -153,8 +153,9 @@ impl Puller<'_> {
 
     /// Delivers batches as they are sealed, until stopped.
     fn watch(&self, interval: Duration) -> Result<bool> {
-        // While the edge is still sending a batch, look often: the core fetches and verifies
-        // its sealed files ahead, and takes the batch as soon as it is sealed.
+        // While the edge is still sending a batch, the core fetches and verifies its sealed
+        // files ahead, and takes the batch as soon as it is sealed: it waits on the relay's
+        // long poll for no longer than this, and polls this often a relay without one.
         let busy_poll = Duration::from_millis(200);
         loop {
             // One batch per listing, so a batch sealed meanwhile can go next if the policy
@@ -186,9 +187,12 @@ impl Puller<'_> {
                 }
                 Err(e) => self.failures.report("", None, &format!("{e:#}")),
             }
-            // Idle: the relay answers at the next seal. Fetching ahead: poll, since every
-            // object sealed would wake a long poll.
-            if pause == busy_poll || !self.delivery.wait_for_seal(pause) {
+            // Idle, or fetching ahead of a batch still being sent: the relay answers at its
+            // next seal of an object or a batch, so the next object is fetched ahead and the
+            // batch's seal is taken as soon as they happen (a 200 ms sleep here let the seal of
+            // the last batch wait up to 200 ms, and its last objects after it). A relay
+            // without long polls is polled.
+            if !self.delivery.wait_for_seal(pause) {
                 std::thread::sleep(pause);
             }
         }
