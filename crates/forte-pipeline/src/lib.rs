@@ -116,22 +116,20 @@ impl Budget {
     /// Waits until `units` are free and no waiter outranks `rank`, and takes them.
     fn acquire(&self, units: u64, rank: Rank) {
         let mut state = self.units.lock();
-        let outranked = |s: &Units| s.waiting.iter().any(|&r| r > rank);
-        if state.free >= units && !outranked(&state) {
-            state.free -= units;
-            return;
+        let held_back = |s: &Units| s.free < units || s.waiting.iter().any(|&r| r > rank);
+        if held_back(&state) {
+            state.waiting.push(rank);
+            while held_back(&state) {
+                self.wake.wait(&mut state);
+            }
+            let me = state.waiting.iter().position(|&r| r == rank);
+            state.waiting.swap_remove(me.expect("registered above"));
+            // Waiters held back only by this one may go now.
+            if state.free > units && !state.waiting.is_empty() {
+                self.wake.notify_all();
+            }
         }
-        state.waiting.push(rank);
-        while state.free < units || outranked(&state) {
-            self.wake.wait(&mut state);
-        }
-        let me = state.waiting.iter().position(|&r| r == rank);
-        state.waiting.swap_remove(me.expect("registered above"));
         state.free -= units;
-        // Waiters held back only by this one may go now.
-        if state.free > 0 && !state.waiting.is_empty() {
-            self.wake.notify_all();
-        }
     }
 
     fn release(&self, units: u64) {
