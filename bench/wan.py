@@ -31,7 +31,7 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003 | --small 3000] [--runs 3]
-                 [--level 3] [--rsync-levels 3,1,3/2] [--pin] [--chart FILE] [--compare NAME=PATH]
+                 [--level 3,auto] [--rsync-levels 3,1,3/2] [--pin] [--chart FILE] [--compare NAME=PATH]
 """
 
 import argparse
@@ -110,6 +110,18 @@ def link_bytes() -> int:
     return int(Path("/sys/class/net/veth-dc/statistics/rx_bytes").read_text())
 
 
+def cpu_busy() -> list:
+    """Seconds each CPU has spent busy (not idle or waiting on I/O) since boot, from /proc/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name != "cpu":
+            user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[:7])
+            busy.append((user + nice + system + irq + softirq) / tick)
+    return busy
+
+
 def fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
@@ -122,8 +134,8 @@ class Contenders:
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
         self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
 
-    def forte(self, out: Path, binary: Path = FORTE):
-        """Every role (relay, puller, sender) runs `binary`."""
+    def forte(self, out: Path, binary: Path = FORTE, level: str = None):
+        """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
         if self.relay_log:
@@ -149,7 +161,7 @@ class Contenders:
             mark("send started")
             sh(at_site([binary, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        "--level", self.level, *self.send_args,
+                        "--level", level or self.level, *self.send_args,
                         "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
                stdout=subprocess.DEVNULL)
             mark("send exited")
@@ -250,7 +262,9 @@ def main():
                     help="send one batch of N small real files (1-64 kB C headers) instead of A-N")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
-    ap.add_argument("--level", default="3", help="forte's zstd level (a number, or auto)")
+    ap.add_argument("--level", default="3",
+                    help="forte's zstd levels, comma-separated (each a number, or auto); the first is "
+                         "'forte', the others 'forte level N', in the same rounds")
     ap.add_argument("--rsync-levels", default="3",
                     help="zstd levels of rsync -z, comma-separated, each LEVEL or LEVEL/THREADS; "
                          "the first is the target's (default 3, rsync's own, on one thread)")
@@ -303,9 +317,11 @@ def main():
             "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
             "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
         }
-        c = Contenders(inbox, proxies, WORK / "gnupg", args.level, args.pull_cpu, shlex.split(args.send_args),
+        forte_levels = args.level.split(",")
+        c = Contenders(inbox, proxies, WORK / "gnupg", forte_levels[0], args.pull_cpu, shlex.split(args.send_args),
                        args.relay_log)
         contenders = {"forte": c.forte,
+                      **{f"forte level {n}": (lambda out, n=n: c.forte(out, level=n)) for n in forte_levels[1:]},
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,
@@ -316,12 +332,16 @@ def main():
             contenders = {k: v for k, v in contenders.items() if any(k.startswith(o) for o in keep)}
         times = {name: [] for name in contenders}
         sent = {name: [] for name in contenders}
+        # Busy seconds of each CPU during each run: with --pin, CPU 0 is the site's and CPU 1
+        # the data centre's, so a side busy for the whole run is what bounds it.
+        busy = {name: [] for name in contenders}
         for r in range(args.runs):
             for name, run in contenders.items():
                 subprocess.run(["sync"])
-                before = link_bytes()
+                before, cpu_before = link_bytes(), cpu_busy()
                 seconds, result = run(WORK / "out" / slug(name))
                 sent[name].append(link_bytes() - before)
+                busy[name].append([b - a for a, b in zip(cpu_before, cpu_busy())])
                 got = digest_tree(result)
                 if got != source:
                     missing = len(set(source) - set(got))
@@ -329,7 +349,8 @@ def main():
                     sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
                 times[name].append(seconds)
                 print(f"round {r + 1}: {name}: {seconds:.1f} s, {raw / 1e6 / seconds:.1f} MB/s, "
-                      f"{sent[name][-1] / 1e6:.0f} MB on the link", file=sys.stderr)
+                      f"{sent[name][-1] / 1e6:.0f} MB on the link, CPUs busy "
+                      f"{', '.join(f'{b:.1f}' for b in busy[name][-1])} s", file=sys.stderr)
     finally:
         for d in daemons:
             d.terminate()
@@ -338,14 +359,17 @@ def main():
 
     base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
     forte = statistics.median(times.get("forte", [float("nan")]))
+    sides = "site, data centre" if args.pin else "CPU 0, CPU 1"
     print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | on the link: MB, "
-          "raw/link ratio, MB/s | all runs (s) |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+          f"raw/link ratio, MB/s | CPU busy s ({sides}) | all runs (s) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
     for name, ts in times.items():
         m = statistics.median(ts)
         wire = statistics.median(sent[name])
+        cpu = ", ".join(f"{statistics.median(run[i] for run in busy[name]):.1f}" for i in range(len(busy[name][0])))
         print(f"| {name} | {m:.1f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
-              f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {', '.join(f'{t:.1f}' for t in ts)} |")
+              f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {cpu} | "
+              f"{', '.join(f'{t:.1f}' for t in ts)} |")
     if args.chart:
         rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
         targets = [(2.5, "rsync + copy (papers' baseline)", "rsync + copy"),

@@ -111,7 +111,10 @@ fn walk(dir: &Path, prefix: &str, found: &mut Discovery) -> Result<()> {
             found.rejected.push((printable(&local), why));
             continue;
         }
-        let meta = std::fs::symlink_metadata(&local)
+        // Not following a symbolic link, like `symlink_metadata`, but looked up by name in the
+        // open directory rather than along the whole path again.
+        let meta = entry
+            .metadata()
             .with_context(|| format!("cannot read {}", local.display()))?;
         let kind = meta.file_type();
         if kind.is_file() {
