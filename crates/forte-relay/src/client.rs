@@ -1,10 +1,11 @@
 //! A blocking client of the relay, for the worker threads of `send` and `pull`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
 use forte_format::ObjectId;
-use reqwest::blocking::{Client, RequestBuilder, Response};
+use reqwest::blocking::{Body, Client, RequestBuilder, Response};
 use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
 use serde::Serialize;
@@ -15,6 +16,7 @@ use crate::api::{
     ApiError, BatchAck, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
     MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER,
 };
+use crate::pace::{Paced, Pacer};
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
 /// Status queries in flight together: 100 000 large files are 100 queries, which one after
@@ -103,6 +105,8 @@ pub struct RelayClient {
     base: String,
     token: String,
     timeout: Duration,
+    /// Paces the parts it uploads, when a bandwidth limit is set.
+    pacer: Option<Arc<Pacer>>,
 }
 
 impl RelayClient {
@@ -123,7 +127,30 @@ impl RelayClient {
             base: endpoint.url.trim_end_matches('/').to_string(),
             token: endpoint.token.clone(),
             timeout,
+            pacer: None,
         })
+    }
+
+    /// Uploads parts through `pacer` from now on: each request's body goes out at the
+    /// pacer's rate, shared with every other upload of this client.
+    pub fn paced(mut self, pacer: Arc<Pacer>) -> Self {
+        self.pacer = Some(pacer);
+        self
+    }
+
+    /// A request carrying `body`: paced when a limit is set, with the time the limit makes
+    /// it take added to the request's timeout, so pacing never turns into a timeout.
+    fn upload(&self, request: RequestBuilder, body: Vec<u8>) -> RequestBuilder {
+        let Some(pacer) = &self.pacer else {
+            return request.body(body);
+        };
+        let paced_for = pacer.timetable().lowest().map_or(Duration::ZERO, |rate| {
+            Duration::from_secs_f64(body.len() as f64 / rate)
+        });
+        let len = body.len() as u64;
+        request
+            .timeout(self.timeout + paced_for)
+            .body(Body::sized(Paced::new(body, pacer.clone()), len))
     }
 
     /// How long one request may take.
@@ -177,10 +204,10 @@ impl RelayClient {
         let url = self.url(&format!("/v1/objects/{id}/parts/{index}"));
         self.send(
             url.clone(),
-            self.http
-                .put(&url)
-                .header(SHA256_HEADER, sha256)
-                .body(sealed.to_vec()),
+            self.upload(
+                self.http.put(&url).header(SHA256_HEADER, sha256),
+                sealed.to_vec(),
+            ),
         )
         .map(drop)
     }
@@ -199,11 +226,13 @@ impl RelayClient {
         let body = [sealed, manifest].concat();
         self.send(
             url.clone(),
-            self.http
-                .put(&url)
-                .header(SHA256_HEADER, sha256)
-                .header(MANIFEST_LENGTH_HEADER, manifest.len())
-                .body(body),
+            self.upload(
+                self.http
+                    .put(&url)
+                    .header(SHA256_HEADER, sha256)
+                    .header(MANIFEST_LENGTH_HEADER, manifest.len()),
+                body,
+            ),
         )
         .map(drop)
     }

@@ -13,5 +13,6 @@
 
 pub mod api;
 pub mod client;
+pub mod pace;
 pub mod server;
 pub mod tls;

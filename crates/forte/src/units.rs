@@ -1,5 +1,7 @@
 //! Byte sizes as people write them: `16MiB`, `512k`, `1G`, `4096`.
 
+use forte_relay::pace::Timetable;
+
 /// Parses a size; `k`/`M`/`G`/`T` are binary multiples with or without `i`/`B`.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
@@ -96,6 +98,66 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
     Ok(number * bytes / per_second)
 }
 
+/// Parses a bandwidth limit as `send --bwlimit` takes it: `off`, a rate as [`parse_rate`]
+/// reads it (`20MB`, `160mbit`), or a weekly timetable in rclone's style: entries separated by
+/// spaces, each `HH:MM,LIMIT` (every day) or `Day-HH:MM,LIMIT` (Mon … Sun), LIMIT a rate or
+/// `off`; each holds until the next ("08:00,2MB 19:00,off"; "Mon-08:00,2MB Sat-00:00,off").
+pub fn parse_bwlimit(text: &str) -> Result<Timetable, String> {
+    const EXAMPLES: &str =
+        "examples: 20MB, off, \"08:00,2MB 19:00,off\", \"Mon-08:00,2MB Sat-00:00,off\"";
+    let limit = |text: &str| match text.trim() {
+        "off" => Ok(None),
+        rate => parse_rate(rate).map(Some),
+    };
+    if !text.contains([',', ':']) {
+        return Timetable::new(vec![(0, limit(text)?)]).map_err(|e| format!("{text:?}: {e}"));
+    }
+    let days = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
+    let mut entries = Vec::new();
+    let (mut daily, mut weekly) = (false, false);
+    for entry in text.split_whitespace() {
+        let bad = |why: &str| format!("bandwidth timetable entry {entry:?}: {why} ({EXAMPLES})");
+        let (when, rate) = entry.split_once(',').ok_or_else(|| bad("no ,LIMIT"))?;
+        let (day, clock) = match when.split_once('-') {
+            Some((day, clock)) => {
+                let day = days
+                    .iter()
+                    .position(|d| d.eq_ignore_ascii_case(day))
+                    .ok_or_else(|| bad("the day is none of Mon, Tue, Wed, Thu, Fri, Sat, Sun"))?;
+                (Some(day as u32), clock)
+            }
+            None => (None, when),
+        };
+        let (hour, minute) = clock
+            .split_once(':')
+            .and_then(|(h, m)| Some((h.parse::<u32>().ok()?, m.parse::<u32>().ok()?)))
+            .filter(|&(h, m)| h < 24 && m < 60)
+            .ok_or_else(|| bad("the time is not HH:MM"))?;
+        let rate = limit(rate).map_err(|e| bad(&e))?;
+        let minute = hour * 60 + minute;
+        match day {
+            Some(day) => {
+                weekly = true;
+                entries.push((day * 24 * 60 + minute, rate));
+            }
+            None => {
+                daily = true;
+                entries.extend((0..7).map(|day| (day * 24 * 60 + minute, rate)));
+            }
+        }
+    }
+    if daily && weekly {
+        return Err(format!(
+            "bandwidth timetable {text:?} mixes daily (HH:MM) and weekly (Day-HH:MM) entries: use one kind"
+        ));
+    }
+    let minutes: std::collections::BTreeSet<u32> = entries.iter().map(|(m, _)| *m).collect();
+    if minutes.len() != entries.len() {
+        return Err(format!("bandwidth timetable {text:?} sets one time twice"));
+    }
+    Timetable::new(entries).map_err(|e| format!("bandwidth timetable {text:?}: {e}"))
+}
+
 /// A size for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -133,6 +195,33 @@ pub fn ratio(raw: u64, compressed: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bandwidth_limit_is_a_rate_off_or_a_weekly_timetable() {
+        assert_eq!(parse_bwlimit("20MB"), Ok(Timetable::fixed(Some(20e6))));
+        assert_eq!(parse_bwlimit("off"), Ok(Timetable::fixed(None)));
+        let daily = parse_bwlimit("08:00,2MB 19:30,off").unwrap();
+        let (mon, sun) = (0, 6 * 24 * 60);
+        assert_eq!(daily.at(mon + 7 * 60 + 59), None);
+        assert_eq!(daily.at(mon + 8 * 60), Some(2e6));
+        assert_eq!(daily.at(sun + 19 * 60 + 29), Some(2e6));
+        assert_eq!(daily.at(sun + 19 * 60 + 30), None);
+        let weekly = parse_bwlimit("Mon-08:00,1MB sat-00:00,off").unwrap();
+        assert_eq!(weekly.at(4 * 24 * 60), Some(1e6), "Friday");
+        assert_eq!(weekly.at(5 * 24 * 60 + 1), None, "Saturday");
+        for (bad, says) in [
+            ("08:00", "no ,LIMIT"),
+            ("25:00,1MB", "not HH:MM"),
+            ("Mun-08:00,1MB", "none of Mon"),
+            ("08:00,fast", "not a rate"),
+            ("08:00,1MB Mon-09:00,off", "mixes daily"),
+            ("08:00,1MB 08:00,off", "one time twice"),
+            ("0MB", "sends nothing"),
+        ] {
+            let e = parse_bwlimit(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn rates_parse() {

@@ -33,6 +33,11 @@ pub struct Args {
     /// and the same at +20 ms; docs/benchmarks.md).
     #[arg(long, default_value_t = 16)]
     connections: usize,
+    /// Upload bandwidth limit, held by pacing every upload (never by letting requests time
+    /// out): a rate (20MB, 160mbit), off, or a weekly timetable in local time,
+    /// "08:00,2MB 19:00,off" or "Mon-08:00,2MB Sat-00:00,off" [config: send.bwlimit] [default: off].
+    #[arg(long, value_name = "RATE|TIMETABLE")]
+    bwlimit: Option<String>,
     /// With --watch: delete a batch's source files once the core acknowledged every one.
     #[arg(long, requires = "watch")]
     delete_after_ack: bool,
@@ -63,7 +68,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     edge_settings.prepare.sink_workers = args.connections.max(1);
     let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
-    let client = link.connect()?;
+    let mut client = link.connect()?;
+    if let Some(pacer) = settings::upload_pacer(args.bwlimit.as_deref(), config)? {
+        client = client.paced(pacer);
+    }
     let edge = Edge::new(EdgeSetup {
         client: &client,
         settings: &edge_settings,

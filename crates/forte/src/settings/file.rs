@@ -19,6 +19,9 @@
 //! token_file = "keys/site-a.token"
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //!
+//! [send]
+//! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
+//!
 //! [schedule]
 //! policy = "sjf-aging"           # fifo, sjf, sjf-aging, priority, lanes
 //! max_wait = "1h"
@@ -55,9 +58,18 @@ pub struct Config {
     #[serde(default)]
     pub relay: RelaySection,
     #[serde(default)]
+    pub send: SendSection,
+    #[serde(default)]
     pub schedule: ScheduleSection,
     #[serde(default)]
     pub ingest: IngestSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendSection {
+    /// The upload's bandwidth limit: a rate or a timetable (`units::parse_bwlimit`).
+    pub bwlimit: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

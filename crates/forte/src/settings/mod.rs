@@ -11,13 +11,15 @@ mod file;
 mod flags;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
+use forte_relay::pace::{Pacer, Timetable};
 use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
@@ -25,7 +27,7 @@ pub use file::{check_level, Config, Level};
 pub use flags::{parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags};
 
 use crate::schedule::{Policy, PolicyName};
-use crate::units::parse_duration;
+use crate::units::{parse_bwlimit, parse_duration};
 
 /// The edge's: the keys that seal objects and how they are prepared.
 pub struct EdgeSettings {
@@ -179,6 +181,38 @@ pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {
         endpoint: RelayEndpoint { url, token, trust },
         timeout: Duration::from_secs(flags.timeout.max(1)),
     })
+}
+
+/// `send`'s upload pacer: the `--bwlimit` flag if given, else `send.bwlimit`; none when neither
+/// sets a limit. Timetables are read in local time.
+pub fn upload_pacer(flag: Option<&str>, config: &Config) -> Result<Option<Arc<Pacer>>> {
+    let Some(text) = flag.or(config.send.bwlimit.as_deref()) else {
+        return Ok(None);
+    };
+    let timetable = parse_bwlimit(text).map_err(|e| anyhow!("--bwlimit (send.bwlimit): {e}"))?;
+    if timetable == Timetable::fixed(None) {
+        return Ok(None);
+    }
+    Ok(Some(Arc::new(Pacer::new(
+        timetable,
+        Box::new(local_minute_of_week),
+    ))))
+}
+
+/// The local time as minutes since Monday 00:00, the clock a bandwidth timetable is read by.
+fn local_minute_of_week() -> u32 {
+    // SAFETY: time with a null pointer only returns the time.
+    let now = unsafe { libc::time(std::ptr::null_mut()) };
+    let mut tm = std::mem::MaybeUninit::<libc::tm>::zeroed();
+    // SAFETY: localtime_r fills the tm it is given from `now` and touches nothing else.
+    if unsafe { libc::localtime_r(&now, tm.as_mut_ptr()) }.is_null() {
+        return 0;
+    }
+    // SAFETY: it succeeded, so the struct is filled (and was zeroed before).
+    let tm = unsafe { tm.assume_init() };
+    // tm_wday counts from Sunday; the timetable's week starts on Monday.
+    let day = (tm.tm_wday.clamp(0, 6) as u32 + 6) % 7;
+    day * 24 * 60 + tm.tm_hour.clamp(0, 23) as u32 * 60 + tm.tm_min.clamp(0, 59) as u32
 }
 
 pub fn policy(flags: &ScheduleFlags, config: &Config) -> Result<Policy> {

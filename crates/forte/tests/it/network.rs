@@ -643,3 +643,42 @@ fn a_send_asks_the_relay_about_all_its_batches_in_one_query() {
     assert!(out.contains("sent 0 of 2 files (2 sent before"), "{out}");
     assert_eq!(asked().len(), 2, "{:#?}", asked());
 }
+
+#[test]
+fn a_bandwidth_limit_paces_the_upload_and_every_byte_arrives() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    // Incompressible, so about as many sealed bytes cross the link as were read.
+    write(&inbox.join("run-01/data.bin"), &random_bytes(6_000_000));
+    write(&inbox.join("run-01/small.txt"), &sample_bytes(40_000, 3));
+    write(&inbox.join("run-01/.ready"), b"");
+    let started = std::time::Instant::now();
+    let out = ok(&site.send(&["--bwlimit", "2MB"]));
+    let took = started.elapsed();
+    // 6 MB at 2 MB/s cannot go in under 3 s less the 50 ms burst, whatever the machine; on
+    // loopback without the limit the same send takes well under a second.
+    assert!(
+        took >= std::time::Duration::from_millis(2900),
+        "sent in {took:?}: {out}"
+    );
+    ok(&site.pull());
+    let mut expected = tree(&inbox.join("run-01"));
+    expected.remove(".ready");
+    assert_eq!(tree(&site.root.join("dest/site-a/run-01")), expected);
+}
+
+#[test]
+fn a_bad_bandwidth_limit_is_refused_before_anything_is_sent() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("run-01/data.bin"), &sample_bytes(100_000, 1));
+    write(&inbox.join("run-01/.ready"), b"");
+    let err = fails(&site.send(&["--bwlimit", "08:00,2MB 25:00,off"]));
+    assert!(
+        err.contains("\"25:00,off\": the time is not HH:MM"),
+        "{err}"
+    );
+    // Nothing reached the relay: a second send with no limit sends the whole batch.
+    let out = ok(&site.send(&[]));
+    assert!(out.contains("sent 1 of 1 files"), "{out}");
+}
