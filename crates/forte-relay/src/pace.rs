@@ -141,6 +141,10 @@ impl Bucket {
                     "upload bandwidth limit now in force"
                 );
             }
+            // 0 is no limit. Set at every look, so it is there once uploads have started
+            // whenever the metrics endpoint was installed.
+            metrics::gauge!("forte_upload_limit_bytes_per_second", "role" => "edge")
+                .set(rate.unwrap_or(0.0));
             self.rate = rate;
             self.looked = Some(now);
         }

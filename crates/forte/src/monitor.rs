@@ -3,8 +3,9 @@
 //!
 //! Names: `forte_stage_*{role,stage}` for each pipeline stage (queue depth, bytes and items
 //! through it, busy seconds, service rate), `forte_queue_*{role}` for the batch queue,
-//! `forte_batches_total{role,outcome}`, `forte_failures_total{role}` and
-//! `forte_retries_total`.
+//! `forte_batches_total{role,outcome}`, `forte_failures_total{role}`,
+//! `forte_retries_total`, and with `send --bwlimit` the limit in force,
+//! `forte_upload_limit_bytes_per_second{role="edge"}` (0: none; set by `forte_relay::pace`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

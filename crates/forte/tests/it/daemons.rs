@@ -318,7 +318,15 @@ fn sender_and_puller_serve_prometheus_metrics() {
     let inbox = site.root.join("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
     let (edge_addr, core_addr) = (free_addr(), free_addr());
-    let _send = spawn(&site.send(&["--watch", "--interval", "1", "--metrics", &edge_addr]));
+    let _send = spawn(&site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--metrics",
+        &edge_addr,
+        "--bwlimit",
+        "50MB",
+    ]));
     let mut pull = site.pull();
     pull.extend(args!["--watch", "--interval", "1", "--metrics", &core_addr]);
     let _pull = spawn(&pull);
@@ -363,6 +371,14 @@ fn sender_and_puller_serve_prometheus_metrics() {
     assert_eq!(
         sample(&edge, "forte_queue_files", &[("role", "edge")]),
         Some(0.0)
+    );
+    assert_eq!(
+        sample(
+            &edge,
+            "forte_upload_limit_bytes_per_second",
+            &[("role", "edge")]
+        ),
+        Some(50e6)
     );
 
     let core_delivered = || {
