@@ -31,7 +31,8 @@ Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
 Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003 | --small 3000] [--runs 3]
-                 [--level 3,auto] [--rsync-levels 3,1,3/2] [--pin] [--chart FILE] [--compare NAME=PATH]
+                 [--level 3,auto] [--rsync-levels 3,1,3/2] [--pin] [--window 30] [--chart FILE]
+                 [--compare NAME=PATH]
 """
 
 import argparse
@@ -44,6 +45,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -120,6 +122,38 @@ def cpu_busy() -> list:
             user, nice, system, _idle, _iowait, irq, softirq = map(int, fields[:7])
             busy.append((user + nice + system + irq + softirq) / tick)
     return busy
+
+
+class LinkSampler:
+    """Reads the link's byte counter every `period` seconds in a thread while a run goes, so a
+    rate can be judged window by window (a limit held, a step followed), not only on average."""
+
+    def __init__(self, period: float = 0.5):
+        self.period, self.samples, self.stop = period, [], threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self):
+        while not self.stop.is_set():
+            self.samples.append((time.monotonic(), link_bytes()))
+            self.stop.wait(self.period)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        self.thread.join()
+
+    def window_rates(self, seconds: float) -> list:
+        """MB/s on the link over each whole window of `seconds` from the first sample on."""
+        rates, start = [], 0
+        for i, (t, b) in enumerate(self.samples):
+            t0, b0 = self.samples[start]
+            if t - t0 >= seconds:
+                rates.append((b - b0) / 1e6 / (t - t0))
+                start = i
+        return rates
 
 
 def fresh(path: Path) -> Path:
@@ -276,6 +310,9 @@ def main():
     ap.add_argument("--relay-log", type=Path,
                     help="write the relay's log (a line per part stored, object and batch sealed) of "
                          "forte's last run into this file, to see when the link was busy")
+    ap.add_argument("--window", type=float, metavar="SECONDS",
+                    help="also print each run's link rate over consecutive windows of this length "
+                         "(min, median, max): whether a --bwlimit holds, or a rate recovers after a step")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -339,8 +376,14 @@ def main():
             for name, run in contenders.items():
                 subprocess.run(["sync"])
                 before, cpu_before = link_bytes(), cpu_busy()
-                seconds, result = run(WORK / "out" / slug(name))
+                with LinkSampler() as link:
+                    seconds, result = run(WORK / "out" / slug(name))
                 sent[name].append(link_bytes() - before)
+                if args.window:
+                    w = link.window_rates(args.window)
+                    print(f"  {name}: {len(w)} whole {args.window:g}-s windows on the link: " +
+                          (f"min {min(w):.1f}, median {statistics.median(w):.1f}, max {max(w):.1f} MB/s "
+                           f"({', '.join(f'{r:.1f}' for r in w)})" if w else "none"), file=sys.stderr)
                 busy[name].append([b - a for a, b in zip(cpu_before, cpu_busy())])
                 got = digest_tree(result)
                 if got != source:
