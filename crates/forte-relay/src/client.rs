@@ -105,8 +105,9 @@ pub struct RelayClient {
     base: String,
     token: String,
     timeout: Duration,
-    /// Paces the parts it uploads, when a bandwidth limit is set.
-    pacer: Option<Arc<Pacer>>,
+    /// Paces the parts it uploads, when a bandwidth limit is set, and how many uploads may
+    /// share it at once.
+    pacer: Option<(Arc<Pacer>, usize)>,
 }
 
 impl RelayClient {
@@ -132,20 +133,23 @@ impl RelayClient {
     }
 
     /// Uploads parts through `pacer` from now on: each request's body goes out at the
-    /// pacer's rate, shared with every other upload of this client.
-    pub fn paced(mut self, pacer: Arc<Pacer>) -> Self {
-        self.pacer = Some(pacer);
+    /// pacer's rate, shared with the other uploads of this client, at most `uploads` at once.
+    pub fn paced(mut self, pacer: Arc<Pacer>, uploads: usize) -> Self {
+        self.pacer = Some((pacer, uploads.max(1)));
         self
     }
 
     /// A request carrying `body`: paced when a limit is set, with the time the limit makes
     /// it take added to the request's timeout, so pacing never turns into a timeout.
     fn upload(&self, request: RequestBuilder, body: Vec<u8>) -> RequestBuilder {
-        let Some(pacer) = &self.pacer else {
+        let Some((pacer, uploads)) = &self.pacer else {
             return request.body(body);
         };
+        // The bucket hands out chunks in the order they are asked for, so `uploads` bodies
+        // going at once each get their share: a body takes up to `uploads` times its bytes'
+        // time at the lowest limit, and its timeout must allow for that.
         let paced_for = pacer.timetable().lowest().map_or(Duration::ZERO, |rate| {
-            Duration::from_secs_f64(body.len() as f64 / rate)
+            Duration::from_secs_f64((body.len() * uploads) as f64 / rate)
         });
         let len = body.len() as u64;
         request

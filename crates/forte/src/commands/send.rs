@@ -70,7 +70,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let mut client = link.connect()?;
     if let Some(pacer) = settings::upload_pacer(args.bwlimit.as_deref(), config)? {
-        client = client.paced(pacer);
+        client = client.paced(pacer, edge_settings.prepare.sink_workers);
     }
     let edge = Edge::new(EdgeSetup {
         client: &client,

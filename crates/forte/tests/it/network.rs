@@ -682,3 +682,34 @@ fn a_bad_bandwidth_limit_is_refused_before_anything_is_sent() {
     let out = ok(&site.send(&[]));
     assert!(out.contains("sent 1 of 1 files"), "{out}");
 }
+
+#[test]
+fn uploads_sharing_a_low_limit_are_not_timed_out_by_it() {
+    // Four 1.5 MB objects on four connections at 1 MB/s: each upload gets a quarter of the
+    // limit and takes about 6 s, longer than the 2 s timeout plus its own bytes at the
+    // whole limit. Pacing must never turn into a timeout (and a retry, and a failure).
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for i in 0..4u64 {
+        write(
+            &inbox.join(format!("run-01/part-{i}.bin")),
+            &random_bytes(1_500_000),
+        );
+    }
+    write(&inbox.join("run-01/.ready"), b"");
+    let out = run(&site.send(&["--bwlimit", "1MB", "--connections", "4", "--timeout", "2"]));
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(!stderr.contains("retrying"), "{stderr}");
+    assert!(
+        stdout.contains("sent 4 of 4 files (0 sent before, 0 failed)"),
+        "{stdout}"
+    );
+    ok(&site.pull());
+    let mut expected = tree(&inbox.join("run-01"));
+    expected.remove(".ready");
+    assert_eq!(tree(&site.root.join("dest/site-a/run-01")), expected);
+}
