@@ -40,7 +40,8 @@ impl Timetable {
         }
     }
 
-    /// Entries as (minute of the week, limit); at least one, each minute under a week.
+    /// Entries as (minute of the week, limit); at least one, each minute under a week and
+    /// given once.
     pub fn new(mut entries: Vec<(u32, Option<f64>)>) -> Result<Self, String> {
         if entries.is_empty() {
             return Err("a timetable needs at least one entry".into());
@@ -54,7 +55,9 @@ impl Timetable {
             ));
         }
         entries.sort_by_key(|(m, _)| *m);
-        entries.dedup_by_key(|(m, _)| *m);
+        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err("it sets one time twice".into());
+        }
         Ok(Self { entries })
     }
 
@@ -105,7 +108,8 @@ impl Pacer {
     }
 
     /// The limit in force now (looking at the timetable again if a second has passed).
-    pub fn rate(&self) -> Option<f64> {
+    #[cfg(test)]
+    fn rate(&self) -> Option<f64> {
         self.state.lock().rate_at(Instant::now(), self)
     }
 
@@ -224,6 +228,7 @@ mod tests {
         assert!(Timetable::new(vec![]).is_err());
         assert!(Timetable::new(vec![(WEEK_MINUTES, None)]).is_err());
         assert!(Timetable::new(vec![(0, Some(0.0))]).is_err());
+        assert!(Timetable::new(vec![(60, None), (60, Some(1e6))]).is_err());
     }
 
     #[test]

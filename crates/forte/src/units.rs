@@ -151,10 +151,6 @@ pub fn parse_bwlimit(text: &str) -> Result<Timetable, String> {
             "bandwidth timetable {text:?} mixes daily (HH:MM) and weekly (Day-HH:MM) entries: use one kind"
         ));
     }
-    let minutes: std::collections::BTreeSet<u32> = entries.iter().map(|(m, _)| *m).collect();
-    if minutes.len() != entries.len() {
-        return Err(format!("bandwidth timetable {text:?} sets one time twice"));
-    }
     Timetable::new(entries).map_err(|e| format!("bandwidth timetable {text:?}: {e}"))
 }
 

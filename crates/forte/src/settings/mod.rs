@@ -19,7 +19,7 @@ use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
-use forte_relay::pace::{Pacer, Timetable};
+use forte_relay::pace::Pacer;
 use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
@@ -190,7 +190,8 @@ pub fn upload_pacer(flag: Option<&str>, config: &Config) -> Result<Option<Arc<Pa
         return Ok(None);
     };
     let timetable = parse_bwlimit(text).map_err(|e| anyhow!("--bwlimit (send.bwlimit): {e}"))?;
-    if timetable == Timetable::fixed(None) {
+    // A timetable that never limits (`off`, or every entry off) needs no pacing at all.
+    if timetable.lowest().is_none() {
         return Ok(None);
     }
     Ok(Some(Arc::new(Pacer::new(
