@@ -65,8 +65,17 @@ def setup_link(rate: float):
     sh(["ip", "netns", "exec", NS, "ip", "addr", "add", "10.77.0.1/24", "dev", "veth-site"])
     sh(["ip", "netns", "exec", NS, "ip", "link", "set", "veth-site", "up"])
     sh(["ip", "netns", "exec", NS, "ip", "link", "set", "lo", "up"])
+    shape_link("add", rate)
+
+
+def set_link_rate(rate: float):
+    """Changes the rate of the link `setup_link` made, while traffic crosses it."""
+    shape_link("change", rate)
+
+
+def shape_link(verb: str, rate: float):
     mbit = rate * 8 / 1e6
-    sh(["ip", "netns", "exec", NS, "tc", "qdisc", "add", "dev", "veth-site", "root", "tbf",
+    sh(["ip", "netns", "exec", NS, "tc", "qdisc", verb, "dev", "veth-site", "root", "tbf",
         "rate", f"{mbit:.0f}mbit", "burst", "1mb", "latency", "100ms"])
 
 

@@ -52,7 +52,7 @@ from pathlib import Path
 
 from chart import bar_chart
 from corpus import build_inbox, build_small_inbox
-from network import NS, parse_rate, setup_link, teardown_link
+from network import NS, parse_rate, set_link_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
 from binary import FORTE
 
@@ -156,6 +156,36 @@ class LinkSampler:
         return rates
 
 
+class RateSteps:
+    """Changes the link's rate at set seconds into a run (`--step 30:20MB,60:65MB`) in a thread,
+    and sets it back to `base` when the run ends: a link whose spare bandwidth changes."""
+
+    def __init__(self, base: float, steps: str = None):
+        self.base, self.stop = base, threading.Event()
+        self.steps = [(float(t), parse_rate(r)) for t, r in
+                      (s.split(":", 1) for s in steps.split(","))] if steps else []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        start = time.monotonic()
+        for at, rate in self.steps:
+            if self.stop.wait(max(0.0, start + at - time.monotonic())):
+                return
+            set_link_rate(rate)
+            print(f"  link rate {rate / 1e6:.0f} MB/s at {time.monotonic() - start:.1f} s", file=sys.stderr)
+
+    def __enter__(self):
+        if self.steps:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        if self.steps:
+            self.thread.join()
+            set_link_rate(self.base)
+
+
 def fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
@@ -164,12 +194,14 @@ def fresh(path: Path) -> Path:
 
 class Contenders:
     def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=(),
-                 relay_log=None):
+                 relay_log=None, history=False):
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
         self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
+        self.history = history
 
-    def forte(self, out: Path, binary: Path = FORTE, level: str = None):
-        """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first."""
+    def forte(self, out: Path, binary: Path = FORTE, level: str = None, more_args=(), catalog="edge"):
+        """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first;
+        `more_args` go to send after --send-args; the edge catalogue is WORK/`catalog`.sqlite."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
         if self.relay_log:
@@ -184,8 +216,11 @@ class Contenders:
         relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log)
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
-            for cat in ("edge.sqlite", "core.sqlite"):
-                (WORK / cat).unlink(missing_ok=True)
+            edge_catalog = WORK / f"{catalog}.sqlite"
+            # With --history the edge keeps its catalogue, and so its tuning history, from run to
+            # run (each variant its own).
+            for cat in ([] if self.history else [edge_catalog]) + [WORK / "core.sqlite"]:
+                cat.unlink(missing_ok=True)
             puller = subprocess.Popen(
                 [binary, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
                  "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "--relay", url,
@@ -193,9 +228,9 @@ class Contenders:
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
             mark("send started")
-            sh(at_site([binary, "--catalog", WORK / "edge.sqlite", "send", self.inbox, "-q",
+            sh(at_site([binary, "--catalog", edge_catalog, "send", self.inbox, "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        "--level", level or self.level, *self.send_args,
+                        "--level", level or self.level, *self.send_args, *more_args,
                         "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
                stdout=subprocess.DEVNULL)
             mark("send exited")
@@ -313,6 +348,15 @@ def main():
     ap.add_argument("--window", type=float, metavar="SECONDS",
                     help="also print each run's link rate over consecutive windows of this length "
                          "(min, median, max): whether a --bwlimit holds, or a rate recovers after a step")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="also time forte with these more send flags as 'forte NAME', in the same rounds "
+                         "(e.g. 'c4=--connections 4'); repeatable")
+    ap.add_argument("--history", action="store_true",
+                    help="keep each forte variant's edge catalogue between rounds, so that from the second "
+                         "round on send starts from its tuning history")
+    ap.add_argument("--step", metavar="S:RATE,...",
+                    help="change the link's rate during every run: at S seconds after its start to RATE "
+                         "(tc qdisc change), e.g. '30:20MB,60:65MB'; the rate is set back at each run's start")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -356,9 +400,12 @@ def main():
         }
         forte_levels = args.level.split(",")
         c = Contenders(inbox, proxies, WORK / "gnupg", forte_levels[0], args.pull_cpu, shlex.split(args.send_args),
-                       args.relay_log)
+                       args.relay_log, args.history)
+        variants = dict(v.split("=", 1) for v in args.variant)
         contenders = {"forte": c.forte,
                       **{f"forte level {n}": (lambda out, n=n: c.forte(out, level=n)) for n in forte_levels[1:]},
+                      **{f"forte {n}": (lambda out, n=n, a=a: c.forte(out, more_args=shlex.split(a), catalog=slug(n)))
+                         for n, a in variants.items()},
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,
@@ -376,7 +423,7 @@ def main():
             for name, run in contenders.items():
                 subprocess.run(["sync"])
                 before, cpu_before = link_bytes(), cpu_busy()
-                with LinkSampler() as link:
+                with LinkSampler() as link, RateSteps(parse_rate(args.link_rate), args.step):
                     seconds, result = run(WORK / "out" / slug(name))
                 sent[name].append(link_bytes() - before)
                 if args.window:

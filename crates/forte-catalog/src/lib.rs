@@ -44,7 +44,9 @@ use anyhow::{Context, Result};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
-pub use reads::{BatchRow, Event, FailedAttempt, FileRow, PartRow, StageRow, UsageRow};
+pub use reads::{
+    BatchRow, Event, FailedAttempt, FileRow, PartRow, StageRow, TunedRow, TuningSample, UsageRow,
+};
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
 pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, UsageRecorder};
 
@@ -355,6 +357,33 @@ mod tests {
             std::slice::from_ref(&row)
         );
         assert_eq!(catalog.usage_of(None).unwrap(), [row]);
+        // The tuning history keeps one setting per relay, cluster and hour: the newest.
+        let tuned = |uploads, at| TunedRow {
+            relay: "https://relay:8443".into(),
+            cluster: "small".into(),
+            hour: 14,
+            uploads,
+            goodput: 60e6,
+            at,
+        };
+        catalog.record_tuned(tuned(24, 1)).unwrap();
+        catalog.record_tuned(tuned(32, 2)).unwrap();
+        let kept = catalog.tuned("https://relay:8443", "small").unwrap();
+        assert_eq!(kept, [tuned(32, 2)]);
+        assert!(catalog
+            .tuned("https://relay:8443", "large")
+            .unwrap()
+            .is_empty());
+        let sample = TuningSample {
+            node: "edge@test".into(),
+            at: 7,
+            uploads: 24,
+            level: 3,
+            goodput: 50e6,
+            reason: Some("probing".into()),
+        };
+        catalog.record_tuning_sample(sample.clone()).unwrap();
+        assert_eq!(catalog.tuning_samples().unwrap(), [sample]);
         let failed = &catalog.failed_attempts(5).unwrap()[0];
         assert_eq!(
             (failed.task, failed.error.as_str()),

@@ -71,6 +71,32 @@ pub struct UsageRow {
     pub net_tx_bps: f64,
 }
 
+/// The setting that worked best for a relay, a size cluster and an hour of the day.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TunedRow {
+    pub relay: String,
+    /// `small` or `large`: what a mean request of the run was.
+    pub cluster: String,
+    /// Hour of the day, 0 to 23, local time.
+    pub hour: i64,
+    pub uploads: i64,
+    /// Bytes per second at that setting.
+    pub goodput: f64,
+    pub at: i64,
+}
+
+/// One interval of a send's tuning: its setting, the goodput measured, and why the setting
+/// changed after it (none: it stayed).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TuningSample {
+    pub node: String,
+    pub at: i64,
+    pub uploads: i64,
+    pub level: i64,
+    pub goodput: f64,
+    pub reason: Option<String>,
+}
+
 /// One stage of a batch.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct StageRow {
@@ -231,6 +257,38 @@ impl Catalog {
                 object_id: r.try_get(2)?,
                 part: r.try_get(3)?,
                 error: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+            })
+        })
+    }
+
+    /// What worked for `relay` and `cluster`, at every hour it was measured.
+    pub fn tuned(&self, relay: &str, cluster: &str) -> Result<Vec<TunedRow>> {
+        let query = sqlx::query("SELECT relay, cluster, hour, uploads, goodput, at FROM tuning WHERE relay = $1 AND cluster = $2 ORDER BY hour")
+            .bind(relay)
+            .bind(cluster);
+        self.read(query, |r| {
+            Ok(TunedRow {
+                relay: r.try_get(0)?,
+                cluster: r.try_get(1)?,
+                hour: r.try_get(2)?,
+                uploads: r.try_get(3)?,
+                goodput: r.try_get(4)?,
+                at: r.try_get(5)?,
+            })
+        })
+    }
+
+    /// The tuning timeline of every send, oldest first.
+    pub fn tuning_samples(&self) -> Result<Vec<TuningSample>> {
+        let query = sqlx::query("SELECT node, at, uploads, level, goodput, reason FROM tuning_samples ORDER BY node, at");
+        self.read(query, |r| {
+            Ok(TuningSample {
+                node: r.try_get(0)?,
+                at: r.try_get(1)?,
+                uploads: r.try_get(2)?,
+                level: r.try_get(3)?,
+                goodput: r.try_get(4)?,
+                reason: r.try_get(5)?,
             })
         })
     }

@@ -85,6 +85,27 @@ const MIGRATIONS: &[&str] = &[
     )",
     // 3: the object that carries a file at the relay: its own, or the bundle it travels in.
     "ALTER TABLE files ADD COLUMN carrier TEXT",
+    // 4: the send's tuning: the setting that worked per relay, size cluster and hour of day
+    // (the next run's starting point), and every interval's setting and goodput (its
+    // timeline).
+    "CREATE TABLE tuning (
+        relay TEXT NOT NULL,
+        cluster TEXT NOT NULL,
+        hour BIGINT NOT NULL,
+        uploads BIGINT NOT NULL,
+        goodput DOUBLE PRECISION NOT NULL,
+        at BIGINT NOT NULL,
+        PRIMARY KEY (relay, cluster, hour)
+    );
+    CREATE TABLE tuning_samples (
+        node TEXT NOT NULL,
+        at BIGINT NOT NULL,
+        uploads BIGINT NOT NULL,
+        level BIGINT NOT NULL,
+        goodput DOUBLE PRECISION NOT NULL,
+        reason TEXT,
+        PRIMARY KEY (node, at)
+    )",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

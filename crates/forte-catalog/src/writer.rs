@@ -7,7 +7,7 @@ use std::sync::Arc;
 use sqlx::{AnyConnection, AnyPool, Row};
 
 use crate::new_id;
-use crate::reads::UsageRow;
+use crate::reads::{TunedRow, TuningSample, UsageRow};
 use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
 
 /// One change to record, with the time it happened.
@@ -18,6 +18,8 @@ pub(crate) enum Record {
     Attempt(AttemptDone),
     Stage(StageSpan),
     Usage(UsageRow),
+    Tuned(TunedRow),
+    TuningSample(TuningSample),
 }
 
 /// A batch's state and totals, as its node knows them.
@@ -112,6 +114,8 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
         Record::Attempt(a) => insert_attempt(conn, a).await,
         Record::Stage(s) => widen_stage(conn, s).await,
         Record::Usage(u) => insert_usage(conn, u).await,
+        Record::Tuned(t) => upsert_tuned(conn, t).await,
+        Record::TuningSample(t) => insert_tuning_sample(conn, t).await,
     }
 }
 
@@ -357,6 +361,41 @@ async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()
     .bind(u.disk_write_bps)
     .bind(u.net_rx_bps)
     .bind(u.net_tx_bps)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// Keeps the setting that worked for a relay, cluster and hour, replacing an older one.
+async fn upsert_tuned(conn: &mut AnyConnection, t: &TunedRow) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO tuning (relay, cluster, hour, uploads, goodput, at) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (relay, cluster, hour) DO UPDATE SET uploads = excluded.uploads, goodput = excluded.goodput, at = excluded.at",
+    )
+    .bind(&t.relay)
+    .bind(&t.cluster)
+    .bind(t.hour)
+    .bind(t.uploads)
+    .bind(t.goodput)
+    .bind(t.at)
+    .execute(conn)
+    .await
+    .map(drop)
+}
+
+/// Records one interval of a send's tuning; a second one of a node at the same time is
+/// ignored.
+async fn insert_tuning_sample(conn: &mut AnyConnection, t: &TuningSample) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO tuning_samples (node, at, uploads, level, goodput, reason) VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (node, at) DO NOTHING",
+    )
+    .bind(&t.node)
+    .bind(t.at)
+    .bind(t.uploads)
+    .bind(t.level)
+    .bind(t.goodput)
+    .bind(&t.reason)
     .execute(conn)
     .await
     .map(drop)

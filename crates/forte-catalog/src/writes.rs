@@ -4,7 +4,7 @@ use std::sync::mpsc::SyncSender;
 
 use anyhow::Result;
 
-use crate::reads::UsageRow;
+use crate::reads::{TunedRow, TuningSample, UsageRow};
 use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Stage, Task};
 use crate::writer::{AttemptDone, BatchChange, FileChange, Msg, PartChange, Record, StageSpan};
 use crate::Catalog;
@@ -173,6 +173,16 @@ impl Catalog {
             started_at,
             ended_at,
         }))
+    }
+
+    /// Keeps the setting that worked for a relay, cluster and hour (replacing the last one).
+    pub fn record_tuned(&self, row: TunedRow) -> Result<()> {
+        self.submit(Record::Tuned(row))
+    }
+
+    /// Records one interval of a send's tuning.
+    pub fn record_tuning_sample(&self, row: TuningSample) -> Result<()> {
+        self.submit(Record::TuningSample(row))
     }
 
     /// Records one utilisation sample.

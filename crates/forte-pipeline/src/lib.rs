@@ -384,6 +384,23 @@ impl Pipeline {
         O: Weigh + Send + 'static,
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
+        self.gated_stage(scope, spec, None, input, output, job);
+    }
+
+    /// [`Pipeline::stage`], with at most `gate`'s limit of its workers holding an item at once.
+    fn gated_stage<'scope, I, O, F>(
+        &self,
+        scope: &'scope Scope<'scope, '_>,
+        spec: StageSpec,
+        gate: Option<Arc<Gate>>,
+        input: Receiver<I>,
+        output: Sender<O>,
+        job: F,
+    ) where
+        I: Weigh + Send + 'static,
+        O: Weigh + Send + 'static,
+        F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
+    {
         let StageSpec {
             name,
             work,
@@ -393,13 +410,23 @@ impl Pipeline {
         let (rank, stats) = self.register(name, workers, &input);
         let job = Arc::new(job);
         for _ in 0..workers {
-            let (input, output, stats, job) =
-                (input.clone(), output.clone(), stats.clone(), job.clone());
+            let (input, output, stats, job, gate) = (
+                input.clone(),
+                output.clone(),
+                stats.clone(),
+                job.clone(),
+                gate.clone(),
+            );
             let budget = (work == Work::Cpu).then(|| self.budget.clone());
             std::thread::Builder::new()
                 .name(format!("forte-{name}"))
                 .spawn_scoped(scope, move || {
-                    for item in input.iter() {
+                    loop {
+                        // A worker takes an item only with the gate's leave, so a lowered
+                        // limit leaves items in the queue rather than in idle hands.
+                        let pass = gate.as_ref().map(|g| g.enter());
+                        let Ok(item) = input.recv() else { break };
+                        let _working = pass.map(GatePass::working);
                         stats.items_in.fetch_add(1, Ordering::Relaxed);
                         stats.bytes_in.fetch_add(item.weight(), Ordering::Relaxed);
                         if let Some(b) = &budget {
@@ -427,12 +454,13 @@ impl Pipeline {
         }
     }
 
-    /// Starts the last stage: `workers` threads that consume every item of `input`.
+    /// Starts the last stage: `gate.max()` threads that consume every item of `input`, at
+    /// most `gate.limit()` at once (a limit that may change while they run).
     pub fn sink<'scope, I, F>(
         &self,
         scope: &'scope Scope<'scope, '_>,
         name: &'static str,
-        workers: usize,
+        gate: Arc<Gate>,
         input: Receiver<I>,
         job: F,
     ) where
@@ -440,13 +468,139 @@ impl Pipeline {
         F: Fn(I) + Send + Sync + 'scope,
     {
         let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
-        self.stage(
+        let workers = gate.max();
+        self.gated_stage(
             scope,
             StageSpec::io(name, workers),
+            Some(gate),
             input,
             never_tx,
             move |item, _| job(item),
         );
+    }
+}
+
+/// How many of a stage's workers may hold an item at once: a limit below the number of
+/// workers, changeable while they run (the send's tuner turns the uploads in flight with it).
+///
+/// It also keeps the integral over time of the workers holding an item, from which a reader
+/// tells a stage that has all it may take (all its workers busy) from one short of work.
+#[derive(Debug)]
+pub struct Gate {
+    state: Mutex<GateState>,
+    freed: Condvar,
+    max: usize,
+}
+
+#[derive(Debug)]
+struct GateState {
+    limit: usize,
+    /// Workers let through, waiting for an item or working on one.
+    passed: usize,
+    /// Of those, the ones holding an item.
+    working: usize,
+    /// Seconds of `working` workers summed over time, up to `since`.
+    working_seconds: f64,
+    since: Instant,
+}
+
+impl GateState {
+    fn account(&mut self) {
+        let now = Instant::now();
+        self.working_seconds += self.working as f64 * (now - self.since).as_secs_f64();
+        self.since = now;
+    }
+}
+
+impl Gate {
+    /// `limit` of `max` workers at once, the limit kept between 1 and `max`.
+    pub fn new(limit: usize, max: usize) -> Arc<Self> {
+        let max = max.max(1);
+        Arc::new(Self {
+            state: Mutex::new(GateState {
+                limit: limit.clamp(1, max),
+                passed: 0,
+                working: 0,
+                working_seconds: 0.0,
+                since: Instant::now(),
+            }),
+            freed: Condvar::new(),
+            max,
+        })
+    }
+
+    /// All `workers` at once, always.
+    pub fn fixed(workers: usize) -> Arc<Self> {
+        Self::new(workers, workers)
+    }
+
+    /// The most workers there are, and so the highest limit.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    pub fn limit(&self) -> usize {
+        self.state.lock().limit
+    }
+
+    /// Sets the limit (kept between 1 and [`Gate::max`]) and returns it. Workers above a
+    /// lowered limit finish their item and then wait.
+    pub fn set_limit(&self, limit: usize) -> usize {
+        let limit = limit.clamp(1, self.max);
+        self.state.lock().limit = limit;
+        self.freed.notify_all();
+        limit
+    }
+
+    /// Seconds of workers holding an item, summed over the gate's life: its difference over an
+    /// interval divided by the interval is the mean number working.
+    pub fn working_seconds(&self) -> f64 {
+        let mut state = self.state.lock();
+        state.account();
+        state.working_seconds
+    }
+
+    fn enter(&self) -> GatePass<'_> {
+        let mut state = self.state.lock();
+        while state.passed >= state.limit {
+            self.freed.wait(&mut state);
+        }
+        state.passed += 1;
+        GatePass {
+            gate: self,
+            working: false,
+        }
+    }
+}
+
+/// A worker's leave to take an item; given back when dropped.
+struct GatePass<'a> {
+    gate: &'a Gate,
+    working: bool,
+}
+
+impl GatePass<'_> {
+    /// The worker now holds an item.
+    fn working(mut self) -> Self {
+        let mut state = self.gate.state.lock();
+        state.account();
+        state.working += 1;
+        self.working = true;
+        drop(state);
+        self
+    }
+}
+
+impl Drop for GatePass<'_> {
+    fn drop(&mut self) {
+        let mut state = self.gate.state.lock();
+        if self.working {
+            state.account();
+            state.working -= 1;
+        }
+        state.passed -= 1;
+        drop(state);
+        self.gate.freed.notify_one();
     }
 }
 
@@ -485,7 +639,7 @@ mod tests {
                 emit.send(x);
                 emit.send(x);
             });
-            pipeline.sink(s, "sum", 1, mid_rx, |x| {
+            pipeline.sink(s, "sum", Gate::fixed(1), mid_rx, |x| {
                 total.fetch_add(x, Ordering::Relaxed);
             });
             for i in 1..=100 {
@@ -500,6 +654,41 @@ mod tests {
         assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
         assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
         assert_eq!(snap[0].queue_capacity, 2);
+    }
+
+    #[test]
+    fn a_gate_bounds_the_sink_workers_at_its_limit_as_it_changes() {
+        let pipeline = Pipeline::new(Budget::new(1));
+        let gate = Gate::new(2, 8);
+        let (tx, rx) = queue::<u64>(64);
+        let (running, peak) = (AtomicU64::new(0), AtomicU64::new(0));
+        let peak_after_raise = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            pipeline.sink(s, "upload", gate.clone(), rx, |x| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                let record = if x < 40 { &peak } else { &peak_after_raise };
+                record.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(3));
+                running.fetch_sub(1, Ordering::SeqCst);
+            });
+            for i in 0..40 {
+                tx.send(i).unwrap();
+            }
+            while !tx.is_empty() {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(gate.set_limit(100), 8, "kept at the most workers there are");
+            for i in 40..120 {
+                tx.send(i).unwrap();
+            }
+            drop(tx);
+        });
+        assert_eq!(peak.load(Ordering::SeqCst), 2);
+        assert!(peak_after_raise.load(Ordering::SeqCst) > 2);
+        assert_eq!(gate.max(), 8);
+        // 120 items of about 3 ms each were held by some worker for at least 0.36 s in all.
+        assert!(gate.working_seconds() >= 0.36, "{}", gate.working_seconds());
     }
 
     #[test]
@@ -543,7 +732,7 @@ mod tests {
                 running.fetch_sub(1, Ordering::SeqCst);
                 emit.send(x);
             });
-            pipeline.sink(s, "drain", 1, out_rx, |_| {});
+            pipeline.sink(s, "drain", Gate::fixed(1), out_rx, |_| {});
             for i in 0..60 {
                 tx.send(i).unwrap();
             }

@@ -5,14 +5,14 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{bundle, EdgeKey, Kind, Manifest, Member, ObjectId, PartEntry, Recipients};
 use forte_format::{FORMAT, FORMAT_V3};
-use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Pipeline, StageSpec, Weigh};
+use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, StageSpec, Weigh};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::adapt::{fill, LevelControl, Pressure};
@@ -39,8 +39,9 @@ pub struct PrepareConfig {
     /// stays below about `parts_in_flight × 2 × part_size` (raw and compressed copies of
     /// incompressible data); small files share the budget by their size.
     pub parts_in_flight: usize,
-    /// Workers of the sink stage (writers or uploaders).
-    pub sink_workers: usize,
+    /// Workers of the sink stage (writers or uploaders), and how many of them work at once: a
+    /// limit the send's tuner changes while the pass runs.
+    pub sink: Arc<Gate>,
 }
 
 impl PrepareConfig {
@@ -56,7 +57,7 @@ impl PrepareConfig {
             adapt: None,
             cpu,
             parts_in_flight: cpu + 4,
-            sink_workers: cpu.max(2),
+            sink: Gate::fixed(cpu.max(2)),
         }
     }
 }
@@ -71,6 +72,8 @@ pub struct Totals {
     pub compressed_bytes: AtomicU64,
     /// Bytes handed to the sink: sealed parts and manifests.
     pub sealed_bytes: AtomicU64,
+    /// The zstd level the last part was compressed at.
+    pub level: AtomicI32,
 }
 
 /// What became of one source file.
@@ -449,7 +452,7 @@ impl<'k> Prepare<'k> {
             );
             let seal = in_place(|piece| self.seal_if_complete(piece));
             p.stage(s, on_cores("seal"), hashed_rx, seal_tx, seal);
-            p.sink(s, "sink", cfg.sink_workers, seal_rx, |piece| {
+            p.sink(s, "sink", cfg.sink.clone(), seal_rx, |piece| {
                 let outcomes = self.store(piece, &pass);
                 if !outcomes.is_empty() {
                     sink.done(&outcomes);
@@ -486,6 +489,7 @@ impl<'k> Prepare<'k> {
         let bound = zstd::zstd_safe::compress_bound(data.len());
         let mut out = pass.pools.compressed.take(bound);
         *level = pass.levels.current();
+        self.totals.level.store(*level, Ordering::Relaxed);
         match compress(*level, data, &mut out) {
             Ok(()) => {
                 *compressed_len = out.len() as u64;

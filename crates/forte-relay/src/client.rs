@@ -162,6 +162,24 @@ impl RelayClient {
         self.timeout
     }
 
+    /// The relay's URL: what this client's history of tuning is kept under.
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    /// The limit its uploads are paced at now, if any.
+    pub fn upload_limit(&self) -> Option<f64> {
+        self.pacer.as_ref().and_then(|(pacer, _)| pacer.rate())
+    }
+
+    /// The time of one empty status query: a round trip to the relay on an open connection
+    /// (after [`RelayClient::open_connections`]), the relay's work on it next to nothing.
+    pub fn round_trip(&self) -> Result<Duration> {
+        let start = std::time::Instant::now();
+        self.status_query(&[])?;
+        Ok(start.elapsed())
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -61,6 +61,14 @@ impl Timetable {
         Ok(Self { entries })
     }
 
+    /// The same timetable with no limit above `rate`: a target rate under a timetable.
+    pub fn capped(mut self, rate: f64) -> Self {
+        for (_, limit) in &mut self.entries {
+            *limit = Some(limit.map_or(rate, |l| l.min(rate)));
+        }
+        self
+    }
+
     /// The limit in force at `minute` of the week (0 = Monday 00:00).
     pub fn at(&self, minute: u32) -> Option<f64> {
         let before = self.entries.iter().rev().find(|(m, _)| *m <= minute);
@@ -108,8 +116,7 @@ impl Pacer {
     }
 
     /// The limit in force now (looking at the timetable again if a second has passed).
-    #[cfg(test)]
-    fn rate(&self) -> Option<f64> {
+    pub fn rate(&self) -> Option<f64> {
         self.state.lock().rate_at(Instant::now(), self)
     }
 

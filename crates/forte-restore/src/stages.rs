@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use anyhow::{bail, Context, Result};
 use forte_format::seal::{decrypt, sha256_hex};
 use forte_format::{bundle, Kind, Manifest, ObjectId};
-use forte_pipeline::{queue, Budget, Charge, Emit, StageSpec, Weigh};
+use forte_pipeline::{queue, Budget, Charge, Emit, Gate, StageSpec, Weigh};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
@@ -187,11 +187,17 @@ impl Restore<'_> {
             p.stage(s, decompress, decrypted_rx, raw_tx, |piece, emit| {
                 step(decompress_and_verify(piece), emit)
             });
-            p.sink(s, "assemble", self.config.writers.max(1), raw_rx, |piece| {
-                if let Err(problem) = self.assemble(piece) {
-                    problems.add(problem);
-                }
-            });
+            p.sink(
+                s,
+                "assemble",
+                Gate::fixed(self.config.writers),
+                raw_rx,
+                |piece| {
+                    if let Err(problem) = self.assemble(piece) {
+                        problems.add(problem);
+                    }
+                },
+            );
             for job in &jobs {
                 if problems.stopped() || jobs_tx.send(job.clone()).is_err() {
                     break;

@@ -57,11 +57,16 @@ pub fn attempt<T, E: std::fmt::Display>(
     result
 }
 
+/// This machine in a role, as the catalogue names it: `role@host`.
+pub fn node(role: Role) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{role}@{}", host.trim())
+}
+
 /// Samples this machine's utilisation once a second into the catalogue while the returned
 /// sampler lives (FORTE's 1 Hz CPU, memory, disk and network measurements), as `role@host`.
 pub fn sample_usage(catalog: &Catalog, role: Role) -> Option<forte_usage::Sampler> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let node = format!("{role}@{}", host.trim());
+    let node = node(role);
     let recorder = catalog.usage_recorder()?;
     let record = move |s: forte_usage::Sample| {
         recorder.record(forte_catalog::UsageRow {

@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use forte_catalog::Role;
+use forte_pipeline::Gate;
 use serde::Serialize;
 
 use super::{Daemon, Output};
 use crate::edge::{ready_batches, Batch, Edge, EdgeSetup, Inbox, SendReport, READY_MARKER};
 use crate::hook::Failures;
 use crate::record::Catalog;
-use crate::settings::{self, Config, EdgeFlags, RelayFlags, ScheduleFlags};
+use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
 use crate::transfer::retry::Retry;
+use crate::transfer::tune::MAX_UPLOADS;
 use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
@@ -28,11 +30,17 @@ pub struct Args {
     /// Seconds without any change after which a batch without a .ready marker is complete.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     settle: u64,
-    /// Concurrent uploads to the relay: enough to keep a long link busy while each request
-    /// waits its round trip (at +200 ms on a 65 MB/s link, 16 measured 1.07× the rate of 8,
-    /// and the same at +20 ms; docs/benchmarks.md).
-    #[arg(long, default_value_t = 16)]
-    connections: usize,
+    /// Uploads in flight to the relay. auto starts from this relay's history (per size of
+    /// request and hour of day), else from the measured round trip, and is tuned every 2 s
+    /// on the goodput while the transfer runs, each change logged with its reason; a number
+    /// fixes it [config: send.connections] [default: auto].
+    #[arg(long, value_name = "N|auto")]
+    connections: Option<Connections>,
+    /// Hold the upload at this rate (30MB, 240mbit) by pacing every upload, never by letting
+    /// requests time out; under a --bwlimit timetable, the lower of the two holds
+    /// [config: send.target_rate].
+    #[arg(long, value_name = "RATE")]
+    target_rate: Option<String>,
     /// Upload bandwidth limit, held by pacing every upload (never by letting requests time
     /// out): a rate (20MB, 160mbit), off, or a weekly timetable in local time,
     /// "08:00,2MB 19:00,off" or "Mon-08:00,2MB Sat-00:00,off" [config: send.bwlimit] [default: off].
@@ -65,12 +73,20 @@ struct Summary {
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let link = settings::relay(&args.relay, config)?;
     let mut edge_settings = settings::edge(&args.edge, config)?;
-    edge_settings.prepare.sink_workers = args.connections.max(1);
+    let connections = args.connections.or(config.send.connections);
+    let tune = connections.is_none_or(|c| c == Connections::Auto);
+    edge_settings.prepare.sink = match connections {
+        Some(Connections::Fixed(n)) => Gate::fixed(n),
+        // Until the tuner has measured the round trip: the setting that was the default.
+        _ => Gate::new(16, MAX_UPLOADS),
+    };
     let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let mut client = link.connect()?;
-    if let Some(pacer) = settings::upload_pacer(args.bwlimit.as_deref(), config)? {
-        client = client.paced(pacer, edge_settings.prepare.sink_workers);
+    let pacer =
+        settings::upload_pacer(args.bwlimit.as_deref(), args.target_rate.as_deref(), config)?;
+    if let Some(pacer) = pacer {
+        client = client.paced(pacer, edge_settings.prepare.sink.max());
     }
     let edge = Edge::new(EdgeSetup {
         client: &client,
@@ -87,6 +103,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             command: args.daemon.on_failure.clone(),
         },
         on_finished: args.daemon.watch.then_some(print_report as fn(&SendReport)),
+        tune,
     });
     if !args.cancel.is_empty() {
         return edge.cancel(&args.inbox, &args.cancel);

@@ -52,7 +52,7 @@ impl Edge<'_> {
             // The upload workers' connections open while the batches are discovered and asked
             // about: at 200 ms, each worker opening its own when the pass starts left the link
             // idle for another round trip.
-            let workers = self.setup.settings.prepare.sink_workers;
+            let workers = self.setup.settings.prepare.sink.limit();
             s.spawn(move || self.setup.client.open_connections(workers));
             self.discover_and_plan(batches);
         });

@@ -11,6 +11,7 @@ mod admit;
 mod deletion;
 pub mod inbox;
 mod seal;
+mod tuning;
 
 use std::collections::HashMap;
 use std::sync::mpsc::Receiver;
@@ -159,6 +160,9 @@ pub struct EdgeSetup<'a> {
     pub failures: Failures,
     /// Told of each batch's report as the batch finishes (the daemon prints it).
     pub on_finished: Option<fn(&SendReport)>,
+    /// Tune the uploads in flight while each pass runs (`--connections auto`), within the
+    /// prepare settings' sink gate; otherwise they stay at its limit.
+    pub tune: bool,
 }
 
 /// What every batch of a `send` run shares: the relay, the queue and the batches in flight.

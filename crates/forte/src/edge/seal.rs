@@ -8,6 +8,7 @@ use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, S
 use forte_format::{Inventory, InventoryEntry, Manifest};
 use forte_prepare::{FileOutcome, Prepare};
 
+use super::tuning::Tuning;
 use super::{EarlySeal, Edge, InFlight};
 use crate::progress::prepare_with_progress;
 use crate::record::note;
@@ -226,10 +227,25 @@ impl Edge<'_> {
                 let (files, bytes) = self.queue.totals();
                 crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
             };
-            crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
-                prepare_with_progress(&prepare, files, bytes, quiet, || {
-                    prepare.run_from(self, &sink)
-                })
+            let tuning = self.setup.tune.then(|| Tuning {
+                client: self.setup.client,
+                catalog: self.setup.catalog,
+                prepare: &prepare,
+                gate: &edge.prepare.sink,
+                queued: (files, bytes),
+                part_size: edge.prepare.part_size,
+            });
+            std::thread::scope(|tuner| {
+                let (stop_tuning, tuning_stopped) = std::sync::mpsc::channel::<()>();
+                if let Some(tuning) = &tuning {
+                    tuner.spawn(move || tuning.run(tuning_stopped));
+                }
+                crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
+                    prepare_with_progress(&prepare, files, bytes, quiet, || {
+                        prepare.run_from(self, &sink)
+                    })
+                });
+                drop(stop_tuning);
             });
             self.abandon_unfinished();
         });

@@ -20,7 +20,9 @@
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //!
 //! [send]
+//! connections = "auto"             # or a number: uploads in flight, fixed
 //! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
+//! target_rate = "30MB"             # hold the upload at this rate
 //!
 //! [schedule]
 //! policy = "sjf-aging"           # fifo, sjf, sjf-aging, priority, lanes
@@ -68,8 +70,12 @@ pub struct Config {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SendSection {
+    /// Uploads in flight: `auto` (tuned while the transfer runs) or a fixed number.
+    pub connections: Option<Connections>,
     /// The upload's bandwidth limit: a rate or a timetable (`units::parse_bwlimit`).
     pub bwlimit: Option<String>,
+    /// A rate the upload is held at (`units::parse_rate`).
+    pub target_rate: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -157,6 +163,39 @@ impl TryFrom<NumberOrText> for Level {
             NumberOrText::Number(n) => i32::try_from(n)
                 .map(Level::Fixed)
                 .map_err(|_| format!("zstd level {n} is out of range")),
+            NumberOrText::Text(t) => t.parse(),
+        }
+    }
+}
+
+/// How many uploads `send` keeps in flight: tuned while it runs, or a fixed number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "NumberOrText")]
+pub enum Connections {
+    Auto,
+    Fixed(usize),
+}
+
+impl std::str::FromStr for Connections {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "auto" => Ok(Connections::Auto),
+            t => match t.parse::<usize>() {
+                Ok(n) if n > 0 => Ok(Connections::Fixed(n)),
+                _ => Err(format!(
+                    "{text:?} is not a number of connections (a number such as 16, or auto)"
+                )),
+            },
+        }
+    }
+}
+
+impl TryFrom<NumberOrText> for Connections {
+    type Error = String;
+    fn try_from(v: NumberOrText) -> Result<Self, String> {
+        match v {
+            NumberOrText::Number(n) => n.to_string().parse(),
             NumberOrText::Text(t) => t.parse(),
         }
     }

@@ -19,15 +19,15 @@ use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
-use forte_relay::pace::Pacer;
+use forte_relay::pace::{Pacer, Timetable};
 use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
-pub use file::{check_level, Config, Level};
+pub use file::{check_level, Config, Connections, Level};
 pub use flags::{parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags};
 
 use crate::schedule::{Policy, PolicyName};
-use crate::units::{parse_bwlimit, parse_duration};
+use crate::units::{parse_bwlimit, parse_duration, parse_rate};
 
 /// The edge's: the keys that seal objects and how they are prepared.
 pub struct EdgeSettings {
@@ -100,7 +100,7 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
     if let Some(cpu) = flags.cpu.or(c.cpu) {
         p.cpu = cpu.max(1);
         p.parts_in_flight = p.cpu + 4;
-        p.sink_workers = p.cpu.max(2);
+        p.sink = forte_pipeline::Gate::fixed(p.cpu.max(2));
     }
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
         p.parts_in_flight = n.max(1);
@@ -183,13 +183,31 @@ pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {
     })
 }
 
-/// `send`'s upload pacer: the `--bwlimit` flag if given, else `send.bwlimit`; none when neither
-/// sets a limit. Timetables are read in local time.
-pub fn upload_pacer(flag: Option<&str>, config: &Config) -> Result<Option<Arc<Pacer>>> {
-    let Some(text) = flag.or(config.send.bwlimit.as_deref()) else {
-        return Ok(None);
+/// `send`'s upload pacer: the `--bwlimit` flag if given, else `send.bwlimit`, and the
+/// `--target-rate` flag if given, else `send.target_rate`, which caps every entry of the
+/// timetable; none when neither sets a limit. Timetables are read in local time.
+pub fn upload_pacer(
+    bwlimit: Option<&str>,
+    target_rate: Option<&str>,
+    config: &Config,
+) -> Result<Option<Arc<Pacer>>> {
+    let timetable = match bwlimit.or(config.send.bwlimit.as_deref()) {
+        Some(text) => parse_bwlimit(text).map_err(|e| anyhow!("--bwlimit (send.bwlimit): {e}"))?,
+        None => Timetable::fixed(None),
     };
-    let timetable = parse_bwlimit(text).map_err(|e| anyhow!("--bwlimit (send.bwlimit): {e}"))?;
+    let timetable = match target_rate.or(config.send.target_rate.as_deref()) {
+        Some(text) => {
+            let rate = parse_rate(text)
+                .and_then(|r| {
+                    (r > 0.0)
+                        .then_some(r)
+                        .ok_or_else(|| format!("{text:?} sends nothing; give a rate such as 30MB"))
+                })
+                .map_err(|e| anyhow!("--target-rate (send.target_rate): {e}"))?;
+            timetable.capped(rate)
+        }
+        None => timetable,
+    };
     // A timetable that never limits (`off`, or every entry off) needs no pacing at all.
     if timetable.lowest().is_none() {
         return Ok(None);
@@ -201,7 +219,7 @@ pub fn upload_pacer(flag: Option<&str>, config: &Config) -> Result<Option<Arc<Pa
 }
 
 /// The local time as minutes since Monday 00:00, the clock a bandwidth timetable is read by.
-fn local_minute_of_week() -> u32 {
+pub(crate) fn local_minute_of_week() -> u32 {
     // SAFETY: time with a null pointer only returns the time.
     let now = unsafe { libc::time(std::ptr::null_mut()) };
     let mut tm = std::mem::MaybeUninit::<libc::tm>::zeroed();

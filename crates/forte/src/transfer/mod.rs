@@ -3,4 +3,5 @@
 
 pub mod download;
 pub mod retry;
+pub mod tune;
 pub mod upload;

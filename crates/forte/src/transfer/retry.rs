@@ -1,8 +1,16 @@
 //! Retrying transient failures with exponential backoff and jitter.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use forte_relay::client::RelayError;
+
+/// Retries of this process so far (the tuner counts them against a setting).
+static RETRIES: AtomicU64 = AtomicU64::new(0);
+
+pub fn retries_so_far() -> u64 {
+    RETRIES.load(Ordering::Relaxed)
+}
 
 /// How long to keep trying.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +67,7 @@ impl Retry {
                 Err(e) => {
                     let wait = jitter(delay);
                     crate::monitor::retry();
+                    RETRIES.fetch_add(1, Ordering::Relaxed);
                     eprintln!(
                         "retrying {what} in {:.1} s (attempt {attempt}): {e}",
                         wait.as_secs_f64()

@@ -713,3 +713,61 @@ fn uploads_sharing_a_low_limit_are_not_timed_out_by_it() {
     expected.remove(".ready");
     assert_eq!(tree(&site.root.join("dest/site-a/run-01")), expected);
 }
+
+#[test]
+fn auto_connections_start_from_the_relays_history_on_the_next_run() {
+    // A first send, held at 3 MB/s for about 3 s, measures one setting at least: the tuner
+    // keeps it in the edge's catalogue under this relay, and the next send starts from it
+    // instead of the round trip's guess.
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("run-01/data.bin"), &random_bytes(9_000_000));
+    write(&inbox.join("run-01/.ready"), b"");
+    // Parts of 1 MiB finish one after another, so every interval measures some goodput.
+    let first = run(&site.send(&["--target-rate", "3MB", "--part-size", "1MiB"]));
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("uploads in flight") && stderr.contains("start: round trip"),
+        "{stderr}"
+    );
+    write(&inbox.join("run-02/data.bin"), &random_bytes(9_000_000));
+    write(&inbox.join("run-02/.ready"), b"");
+    let second = run(&site.send(&["--part-size", "1MiB"]));
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("start: history of {}", site.relay.url)),
+        "{stderr}"
+    );
+    ok(&site.pull());
+    for batch in ["run-01", "run-02"] {
+        let mut expected = tree(&inbox.join(batch));
+        expected.remove(".ready");
+        assert_eq!(tree(&site.root.join("dest/site-a").join(batch)), expected);
+    }
+}
+
+#[test]
+fn a_target_rate_holds_the_upload_at_it_and_a_bad_one_is_refused() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("run-01/data.bin"), &random_bytes(6_000_000));
+    write(&inbox.join("run-01/.ready"), b"");
+    let err = fails(&site.send(&["--target-rate", "0MB"]));
+    assert!(err.contains("--target-rate (send.target_rate)"), "{err}");
+    assert!(err.contains("sends nothing"), "{err}");
+    let usage = run(&site.send(&["--connections", "none"]));
+    let err = String::from_utf8_lossy(&usage.stderr);
+    assert_eq!(usage.status.code(), Some(2), "{err}");
+    assert!(err.contains("not a number of connections"), "{err}");
+    let started = std::time::Instant::now();
+    let out = ok(&site.send(&["--target-rate", "2MB", "--connections", "2"]));
+    let took = started.elapsed();
+    // 6 MB at 2 MB/s cannot go in under 3 s less the 50 ms burst.
+    assert!(
+        took >= std::time::Duration::from_millis(2900),
+        "sent in {took:?}: {out}"
+    );
+    assert!(out.contains("sent 1 of 1 files"), "{out}");
+}

@@ -1,0 +1,208 @@
+//! `--connections auto`: the tuner ([`crate::transfer::tune`]) run beside a send pass. It
+//! picks the starting point (this relay's history for the queue's size cluster and the hour,
+//! else FStream's heuristic from a measured round trip), turns the uploads in flight every
+//! [`PROBE`], and says so: a log line per change with its reason, the gauges
+//! `forte_tuned_uploads` and `forte_upload_goodput_bytes_per_second`, and one catalogue row per
+//! interval (`forte report --charts` draws them). At the end the best setting of the pass is
+//! kept as history for the next one.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Instant;
+
+use forte_catalog::{now_us, Role, TunedRow, TuningSample};
+use forte_pipeline::Gate;
+use forte_prepare::Prepare;
+use forte_relay::client::RelayClient;
+
+use crate::record::{node, note, Catalog};
+use crate::transfer::retry::retries_so_far;
+use crate::transfer::tune::{starting_point, Climb, Sample, GUESSED_LINK, PROBE};
+
+/// Requests smaller than this on average make a queue of small files (bundles and small
+/// objects); larger, of large ones. The two want very different settings.
+const SMALL_REQUEST: f64 = 4.0 * 1024.0 * 1024.0;
+
+/// What the tuner needs of the send.
+pub(super) struct Tuning<'a> {
+    pub client: &'a RelayClient,
+    pub catalog: &'a Catalog,
+    pub prepare: &'a Prepare<'a>,
+    pub gate: &'a Gate,
+    /// The queue at the start of the pass: objects and their bytes.
+    pub queued: (usize, u64),
+    pub part_size: u64,
+}
+
+impl Tuning<'_> {
+    /// Tunes until `stop` is dropped.
+    pub fn run(&self, stop: Receiver<()>) {
+        let (objects, bytes) = self.queued;
+        let request = (bytes as f64 / objects.max(1) as f64).min(self.part_size as f64);
+        let cluster = if request < SMALL_REQUEST {
+            "small"
+        } else {
+            "large"
+        };
+        let relay = self.client.base_url().to_string();
+        let hour = local_hour();
+        let history = self.catalog.tuned(&relay, cluster).unwrap_or_else(|e| {
+            tracing::warn!("no tuning history: {e:#}");
+            Vec::new()
+        });
+        let (start, why) = match nearest_hour(&history, hour) {
+            Some(row) => (
+                row.uploads as usize,
+                format!(
+                    "history of {relay} for {cluster} requests at {:02}:00: {:.1} MB/s",
+                    row.hour,
+                    row.goodput / 1e6
+                ),
+            ),
+            None => {
+                let round_trip = match self.client.round_trip() {
+                    Ok(t) => t,
+                    // The pass's own requests will say what is wrong; start from the guess.
+                    Err(_) => PROBE / 10,
+                };
+                // The fastest this relay was ever seen to go is a better guess at its link
+                // than none, when only the other cluster has history.
+                let link = history
+                    .iter()
+                    .map(|r| r.goodput)
+                    .fold(GUESSED_LINK, f64::max);
+                (
+                    starting_point(round_trip, link, request),
+                    format!(
+                        "round trip {:.0} ms, link {:.0} MB/s, {:.0} kB per request",
+                        round_trip.as_secs_f64() * 1e3,
+                        link / 1e6,
+                        request / 1e3
+                    ),
+                )
+            }
+        };
+        let mut climb = Climb::new(start);
+        self.set(climb.uploads(), &format!("start: {why}"));
+        let node = node(Role::Edge);
+        let mut last = self.reading();
+        while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE) {
+            let now = self.reading();
+            let sample = now.since(&last, self.client.upload_limit());
+            last = now;
+            let uploads = climb.uploads();
+            let change = climb.observe(sample);
+            metrics::gauge!("forte_upload_goodput_bytes_per_second", "role" => "edge")
+                .set(sample.goodput);
+            if let Some(change) = &change {
+                self.set(change.uploads, &change.reason);
+            }
+            note(
+                "a tuning sample",
+                self.catalog.record_tuning_sample(TuningSample {
+                    node: node.clone(),
+                    at: now_us(),
+                    uploads: uploads as i64,
+                    level: i64::from(self.prepare.totals.level.load(Ordering::Relaxed)),
+                    goodput: sample.goodput,
+                    reason: change.map(|c| c.reason),
+                }),
+            );
+        }
+        if let Some((uploads, goodput)) = climb.best() {
+            note(
+                "the tuning history",
+                self.catalog.record_tuned(TunedRow {
+                    relay,
+                    cluster: cluster.into(),
+                    hour: i64::from(hour),
+                    uploads: uploads as i64,
+                    goodput,
+                    at: now_us(),
+                }),
+            );
+        }
+    }
+
+    fn set(&self, uploads: usize, reason: &str) {
+        let uploads = self.gate.set_limit(uploads);
+        metrics::gauge!("forte_tuned_uploads", "role" => "edge").set(uploads as f64);
+        tracing::info!(uploads, reason, "uploads in flight");
+    }
+
+    fn reading(&self) -> Reading {
+        let sink = self.prepare.pipeline.snapshot();
+        let requests = sink
+            .iter()
+            .find(|s| s.name == "sink")
+            .map_or(0, |s| s.items_in);
+        Reading {
+            at: Instant::now(),
+            bytes: self.prepare.totals.sealed_bytes.load(Ordering::Relaxed),
+            working_seconds: self.gate.working_seconds(),
+            requests,
+            retries: retries_so_far(),
+        }
+    }
+}
+
+/// Counters at one moment, whose differences make a [`Sample`].
+struct Reading {
+    at: Instant,
+    bytes: u64,
+    working_seconds: f64,
+    requests: u64,
+    retries: u64,
+}
+
+impl Reading {
+    fn since(&self, before: &Reading, limit: Option<f64>) -> Sample {
+        let seconds = (self.at - before.at).as_secs_f64().max(1e-3);
+        Sample {
+            goodput: self.bytes.saturating_sub(before.bytes) as f64 / seconds,
+            busy: (self.working_seconds - before.working_seconds) / seconds,
+            requests: self.requests.saturating_sub(before.requests),
+            retries: self.retries.saturating_sub(before.retries),
+            limit,
+        }
+    }
+}
+
+/// The history row of the hour of the day nearest `hour` (23:00 is next to 00:00).
+fn nearest_hour(rows: &[TunedRow], hour: u32) -> Option<&TunedRow> {
+    let distance = |h: i64| {
+        let d = (h - i64::from(hour)).rem_euclid(24);
+        d.min(24 - d)
+    };
+    rows.iter().min_by_key(|r| distance(r.hour))
+}
+
+/// The hour of the day in local time, as the history is kept.
+fn local_hour() -> u32 {
+    crate::settings::local_minute_of_week() % (24 * 60) / 60
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(hour: i64, uploads: i64) -> TunedRow {
+        TunedRow {
+            relay: "r".into(),
+            cluster: "small".into(),
+            hour,
+            uploads,
+            goodput: 1.0,
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn history_starts_from_the_nearest_hour_round_midnight() {
+        let rows = [row(1, 10), row(12, 20), row(22, 30)];
+        assert_eq!(nearest_hour(&rows, 23).unwrap().uploads, 30);
+        assert_eq!(nearest_hour(&rows, 0).unwrap().uploads, 10);
+        assert_eq!(nearest_hour(&rows, 14).unwrap().uploads, 20);
+        assert!(nearest_hour(&[], 3).is_none());
+    }
+}
