@@ -120,6 +120,19 @@ def build_inbox(inbox: Path, scale: float) -> int:
     return total
 
 
+def build_incompressible_batch(inbox: Path, megabytes: int) -> int:
+    """One ready batch of 32 MB files of random bytes (what recordings already compressed by
+    their camera or logger look like to zstd), `megabytes` in all; returns their bytes."""
+    batch, total, n = inbox / "batch-media", 0, 0
+    batch.mkdir(parents=True, exist_ok=True)
+    while total < megabytes * 1_000_000:
+        size = min(32_000_000, megabytes * 1_000_000 - total)
+        (batch / f"{n:04d}.mp4").write_bytes(os.urandom(size))
+        total, n = total + size, n + 1
+    (batch / ".ready").touch()
+    return total
+
+
 def build_small_inbox(inbox: Path, count: int) -> int:
     """One ready batch of `count` real files of 1–64 kB; returns their bytes."""
     headers = sorted(p for p in Path("/usr/include").rglob("*.h")

@@ -51,7 +51,7 @@ import urllib.request
 from pathlib import Path
 
 from chart import bar_chart
-from corpus import build_inbox, build_small_inbox
+from corpus import build_incompressible_batch, build_inbox, build_small_inbox
 from network import NS, parse_rate, set_link_rate, setup_link, teardown_link
 from site_setup import make_site, start_relay
 from binary import FORTE
@@ -329,6 +329,12 @@ def main():
     ap.add_argument("--scale", type=float, default=0.003)
     ap.add_argument("--small", type=int, metavar="N",
                     help="send one batch of N small real files (1-64 kB C headers) instead of A-N")
+    ap.add_argument("--media", type=int, metavar="MB",
+                    help="send one batch of MB megabytes of incompressible 32 MB files instead of A-N "
+                         "(a link-bound workload)")
+    ap.add_argument("--mix", type=int, metavar="MB",
+                    help="the mixed workload: A-N (--scale) plus --small files (3000 unless given) plus a "
+                         "batch of MB megabytes of incompressible 32 MB files")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
     ap.add_argument("--level", default="3",
@@ -369,11 +375,19 @@ def main():
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
     fresh(WORK)
     inbox = WORK / "inbox"
-    raw = build_small_inbox(inbox, args.small) if args.small else build_inbox(inbox, args.scale)
+    if args.media:
+        raw = build_incompressible_batch(inbox, args.media)
+    elif args.mix:
+        raw = (build_inbox(inbox, args.scale) + build_small_inbox(inbox, args.small or 3000)
+               + build_incompressible_batch(inbox, args.mix))
+    else:
+        raw = build_small_inbox(inbox, args.small) if args.small else build_inbox(inbox, args.scale)
     make_site(FORTE, WORK, "wan")
     gpg_key(WORK / "gnupg")
     source = digest_tree(inbox)
-    shape = "1 batch of small files" if args.small else "14 batches"
+    shape = ("1 batch of incompressible media" if args.media
+             else "14 batches, small files and incompressible media" if args.mix
+             else "1 batch of small files" if args.small else "14 batches")
     cpus = "site on CPU 0, data centre on CPU 1" if args.pin else "2 cores shared"
     print(f"data: {shape}, {len(source)} files, {raw / 1e6:.1f} MB; link {args.link_rate}, "
           f"+{args.latency_ms} ms; {cpus}", file=sys.stderr)

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use forte_catalog::UsageRow;
+use forte_catalog::{TuningSample, UsageRow};
 
 use crate::kpi::BatchKpi;
 
@@ -87,8 +87,7 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi]) -> String {
 /// Utilisation over time, one panel per measure, one line per node: CPU %, memory, disk
 /// read + write, network send and receive.
 pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
-    type Measure = (&'static str, fn(&UsageRow) -> f64, &'static str);
-    let measures: [Measure; 5] = [
+    let measures: [Measure<UsageRow>; 5] = [
         ("CPU", |u| u.cpu_percent, "%"),
         ("memory", |u| u.memory_used as f64 / 1e6, "MB"),
         (
@@ -99,14 +98,39 @@ pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
         ("network send", |u| u.net_tx_bps / 1e6, "MB/s"),
         ("network receive", |u| u.net_rx_bps / 1e6, "MB/s"),
     ];
+    panels(title, rows, |u| (u.at, &u.node), &measures)
+}
+
+/// The send's tuning over time, one line per sending node: the goodput each interval
+/// measured, the uploads in flight it ran with, and the zstd level.
+pub fn tuning_svg(title: &str, rows: &[TuningSample]) -> String {
+    let measures: [Measure<TuningSample>; 3] = [
+        ("goodput", |t| t.goodput / 1e6, "MB/s"),
+        ("uploads in flight", |t| t.uploads as f64, "uploads"),
+        ("zstd level", |t| t.level as f64, ""),
+    ];
+    panels(title, rows, |t| (t.at, &t.node), &measures)
+}
+
+/// A measure drawn in a panel: its name, its value in a row, its unit.
+type Measure<R> = (&'static str, fn(&R) -> f64, &'static str);
+
+/// Panels of lines over a shared time axis, one panel per measure and one line per node;
+/// `at_node` gives a row's time (µs) and node.
+fn panels<R>(
+    title: &str,
+    rows: &[R],
+    at_node: fn(&R) -> (i64, &str),
+    measures: &[Measure<R>],
+) -> String {
     let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let mut nodes: Vec<&str> = rows.iter().map(|u| u.node.as_str()).collect();
+    let mut nodes: Vec<&str> = rows.iter().map(|r| at_node(r).1).collect();
     nodes.sort_unstable();
     nodes.dedup();
-    let t0 = rows.iter().map(|u| u.at).min().unwrap_or(0);
+    let t0 = rows.iter().map(|r| at_node(r).0).min().unwrap_or(0);
     let t1 = rows
         .iter()
-        .map(|u| u.at)
+        .map(|r| at_node(r).0)
         .max()
         .unwrap_or(t0 + 1)
         .max(t0 + 1);
@@ -127,10 +151,11 @@ pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
         for (n, node) in nodes.iter().enumerate() {
             let points: String = rows
                 .iter()
-                .filter(|u| u.node == *node)
-                .map(|u| {
-                    let px = LEFT + (u.at - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
-                    let py = bottom - value(u) / max * (bottom - top - 6.0);
+                .filter(|r| at_node(r).1 == *node)
+                .map(|r| {
+                    let at = at_node(r).0;
+                    let px = LEFT + (at - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
+                    let py = bottom - value(r) / max * (bottom - top - 6.0);
                     format!("{px:.1},{py:.1} ")
                 })
                 .collect();

@@ -1,15 +1,16 @@
 //! `forte report`: the pipeline's KPIs (FORTE §2.2) from the catalogues, with a per-batch
-//! timeline and utilisation charts.
+//! timeline, utilisation charts and, when a send tuned itself, its tuning timeline.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchRow, StageRow, UsageRow};
-use forte_report::chart::{timeline_svg, utilisation_svg, write_svg_and_png};
+use forte_catalog::{BatchRow, StageRow, TuningSample, UsageRow};
+use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png};
 use forte_report::kpi::{self, BatchKpi, LinkUse, RunKpi};
 use serde::Serialize;
 
 use crate::record::{self, Catalog};
+use crate::transfer::tune::PROBE;
 use crate::units::{human, parse_rate};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,7 +29,8 @@ pub struct Args {
     /// Output format of the numbers.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
-    /// Write timeline.svg/.png and utilisation.svg/.png into this directory.
+    /// Write timeline.svg/.png and utilisation.svg/.png into this directory, and tuning.svg/.png
+    /// (goodput, uploads in flight and zstd level every 2 s) when a send tuned itself.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
     /// Title of the charts.
@@ -66,14 +68,17 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     }
     let mut rows: Vec<(BatchRow, Vec<StageRow>)> = Vec::new();
     let mut usage: Vec<UsageRow> = Vec::new();
+    let mut tuning: Vec<TuningSample> = Vec::new();
     for c in std::iter::once(catalog).chain(&catalogs) {
         for b in c.batches()? {
             let stages = c.stages(&b.batch_key)?;
             rows.push((b, stages));
         }
         usage.extend(c.usage_of(None)?);
+        tuning.extend(c.tuning_samples()?);
     }
     usage.sort_by_key(|u| u.at);
+    tuning.sort_by_key(|t| t.at);
     let batches = kpi::batches(&rows);
     let run = kpi::run(&batches);
     let verdict = match (nominal, &run) {
@@ -94,6 +99,10 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
             &utilisation_svg(&title, &usage),
             &dir.join("utilisation.svg"),
         )?;
+        if !tuning.is_empty() {
+            let title = format!("{}: tuning (every {} s)", args.title, PROBE.as_secs());
+            write_svg_and_png(&tuning_svg(&title, &tuning), &dir.join("tuning.svg"))?;
+        }
     }
     let report = Report {
         batches,
@@ -108,8 +117,9 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     }
     if let Some(dir) = &args.charts {
         if args.format == Format::Text {
+            let tuned = if tuning.is_empty() { "" } else { ", tuning" };
             println!(
-                "charts: {} (timeline, utilisation; .svg and .png)",
+                "charts: {} (timeline, utilisation{tuned}; .svg and .png)",
                 dir.display()
             );
         }

@@ -1,7 +1,7 @@
 //! `--connections auto`: the tuner ([`crate::transfer::tune`]) run beside a send pass. It
 //! picks the starting point (this relay's history for the queue's size cluster and the hour,
 //! else FStream's heuristic from a measured round trip), turns the uploads in flight every
-//! [`PROBE`], and says so: a log line per change with its reason, the gauges
+//! [`PROBE`] or more, and says so: a log line per change with its reason, the gauges
 //! `forte_tuned_uploads` and `forte_upload_goodput_bytes_per_second`, and one catalogue row per
 //! interval (`forte report --charts` draws them). At the end the best setting of the pass is
 //! kept as history for the next one.
@@ -17,7 +17,9 @@ use forte_relay::client::RelayClient;
 
 use crate::record::{node, note, Catalog};
 use crate::transfer::retry::retries_so_far;
-use crate::transfer::tune::{starting_point, Climb, Sample, GUESSED_LINK, PROBE};
+use crate::transfer::tune::{
+    starting_point, Climb, Sample, GUESSED_LINK, LONGEST_INTERVAL, MIN_REQUESTS, PROBE,
+};
 
 /// Requests smaller than this on average make a queue of small files (bundles and small
 /// objects); larger, of large ones. The two want very different settings.
@@ -86,8 +88,14 @@ impl Tuning<'_> {
         self.set(climb.uploads(), &format!("start: {why}"));
         let node = node(Role::Edge);
         let mut last = self.reading();
-        while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE) {
+        while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE / 4) {
             let now = self.reading();
+            let long_enough = now.at - last.at >= PROBE
+                && (now.requests - last.requests >= MIN_REQUESTS
+                    || now.at - last.at >= LONGEST_INTERVAL);
+            if !long_enough {
+                continue;
+            }
             let sample = now.since(&last, self.client.upload_limit());
             last = now;
             let uploads = climb.uploads();

@@ -8,7 +8,7 @@
 //! commit and a slow request do not leave the link idle. A run that has history for this
 //! relay, size cluster and hour starts where that run ended instead.
 //!
-//! Then, every [`PROBE`], a hill climb on Falcon's utility: U = T / K^n − T·B·loss, where T
+//! Then, every [`PROBE`] (longer until [`MIN_REQUESTS`] requests finished), a hill climb on Falcon's utility: U = T / K^n − T·B·loss, where T
 //! is the goodput (bytes acknowledged by the relay per second), n the uploads in flight,
 //! K the cost of one more stream and loss the share of requests retried. A step that
 //! raised U is followed by a larger one the same way (Falcon's accelerating gradient); one
@@ -19,8 +19,13 @@
 
 use std::time::Duration;
 
-/// How long each setting is measured before the next decision.
+/// How long each setting is measured before the next decision, at least.
 pub const PROBE: Duration = Duration::from_secs(2);
+/// Requests an interval must see finish before it is judged: goodput is counted as requests
+/// finish, and two or three 16 MiB parts on a 20 MB/s link would make it jump by half from
+/// one interval to the next. An interval lasts until then, or [`LONGEST_INTERVAL`].
+pub const MIN_REQUESTS: u64 = 8;
+pub const LONGEST_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Bounds of the uploads in flight under `--connections auto`.
 pub const MIN_UPLOADS: usize = 2;

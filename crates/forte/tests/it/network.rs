@@ -740,6 +740,19 @@ fn auto_connections_start_from_the_relays_history_on_the_next_run() {
         stderr.contains(&format!("start: history of {}", site.relay.url)),
         "{stderr}"
     );
+    // Its timeline is in the report's charts.
+    let charts = site.root.join("charts");
+    let text = ok(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--charts",
+        &charts
+    ]);
+    assert!(text.contains("timeline, utilisation, tuning"), "{text}");
+    let svg = std::fs::read_to_string(charts.join("tuning.svg")).unwrap();
+    assert!(svg.contains("uploads in flight") && svg.contains("goodput"));
+    assert!(svg.contains("<polyline"), "{svg}");
     ok(&site.pull());
     for batch in ["run-01", "run-02"] {
         let mut expected = tree(&inbox.join(batch));
