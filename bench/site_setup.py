@@ -16,6 +16,16 @@ def make_site(forte, work, site):
     (work / "core.token").write_text(core)
 
 
+def add_edge_site(forte, work, site, keys, token_file):
+    """A second edge: its own keys in work/`keys` (the core's pair in them unused) and an edge
+    token for `site`, added to tokens.toml and written to work/`token_file`."""
+    subprocess.run([forte, "keygen", "--dir", work / keys], check=True, stdout=subprocess.DEVNULL)
+    token = f"{site}-edge-token-0123456789"
+    with open(work / "tokens.toml", "a") as tokens:
+        tokens.write(f'[[token]]\ntoken = "{token}"\nrole = "edge"\nsite = "{site}"\n')
+    (work / token_file).write_text(token)
+
+
 def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL, flags=()):
     """Starts `forte relay` (with extra `flags`); returns the process, its URL and its
     certificate fingerprint."""

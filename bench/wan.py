@@ -42,6 +42,7 @@ import json
 import os
 import shlex
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -53,7 +54,7 @@ from pathlib import Path
 from chart import bar_chart
 from corpus import build_incompressible_batch, build_inbox, build_small_inbox
 from network import NS, parse_rate, set_link_rate, setup_link, teardown_link
-from site_setup import make_site, start_relay
+from site_setup import add_edge_site, make_site, start_relay
 from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,6 +157,29 @@ class LinkSampler:
         return rates
 
 
+def print_shares(first: Path, second: Path, window: float = 10.0):
+    """Each sender's share of the two senders' goodput in windows of `window` seconds, from the
+    tuning samples in their catalogues (each sample: the goodput over the interval it ends)."""
+    def windows(catalog):
+        rows = sqlite3.connect(catalog).execute("SELECT at, goodput FROM tuning_samples ORDER BY at").fetchall()
+        out, before = {}, None
+        for at, goodput in rows:
+            if before is not None:
+                w = int(at / 1e6 // window)
+                out[w] = out.get(w, 0.0) + goodput * (at - before) / 1e6
+            before = at
+        return out
+    a, b = windows(first), windows(second)
+    common = sorted(set(a) & set(b))
+    if not common:
+        print("  shares: too few tuning samples to compare", file=sys.stderr)
+        return
+    t0 = common[0]
+    shares = [(int((w - t0) * window), a[w] / (a[w] + b[w])) for w in common if a[w] + b[w] > 0]
+    print(f"  sender 1's share per {window:g}-s window (s from the first): " +
+          ", ".join(f"{t}: {share:.2f}" for t, share in shares), file=sys.stderr)
+
+
 class RateSteps:
     """Changes the link's rate at set seconds into a run (`--step 30:20MB,60:65MB`) in a thread,
     and sets it back to `base` when the run ends: a link whose spare bandwidth changes."""
@@ -194,10 +218,10 @@ def fresh(path: Path) -> Path:
 
 class Contenders:
     def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=(),
-                 relay_log=None, history=False):
+                 relay_log=None, history=False, senders=1):
         self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
         self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
-        self.history = history
+        self.history, self.senders = history, senders
 
     def forte(self, out: Path, binary: Path = FORTE, level: str = None, more_args=(), catalog="edge"):
         """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first;
@@ -223,22 +247,41 @@ class Contenders:
                 cat.unlink(missing_ok=True)
             puller = subprocess.Popen(
                 [binary, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
-                 "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "--relay", url,
+                 "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
+                 *(["--trust", WORK / "keys2/edge.pub"] if self.senders > 1 else []), "--relay", url,
                  *(["--cpu", str(self.pull_cpu)] if self.pull_cpu else []),
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
             mark("send started")
-            sh(at_site([binary, "--catalog", edge_catalog, "send", self.inbox, "-q",
-                        "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        "--level", level or self.level, *self.send_args, *more_args,
-                        "--relay", f"https://{self.proxies['forte']}", *conn, WORK / "edge.token"]),
-               stdout=subprocess.DEVNULL)
+
+            def send(catalog_path, keys, token):
+                return subprocess.Popen(at_site(
+                    [binary, "--catalog", catalog_path, "send", self.inbox, "-q",
+                     "--recipient", WORK / "keys/core.pub", "--sign", WORK / keys / "edge.key",
+                     "--level", level or self.level, *self.send_args, *more_args,
+                     "--relay", f"https://{self.proxies['forte']}", *conn, WORK / token]),
+                    stdout=subprocess.DEVNULL)
+
+            # A second sender is a second site (its own edge key, token and catalogue) sending
+            # the same data at the same time over the same link.
+            second = WORK / f"{catalog}-2.sqlite"
+            second.unlink(missing_ok=True)
+            sends = [send(edge_catalog, "keys", "edge.token")] + (
+                [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
+            for p in sends:
+                if p.wait() != 0:
+                    sys.exit(f"forte send exited with {p.returncode}")
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
+            sites = ["wan", "wan2"][:self.senders]
             # Looked at every 10 ms (a walk of the tree takes about 1 ms): rsync's time is its
             # exit, so a coarser look would add up to its interval to forte's alone.
-            while sum(len(f) for _, _, f in os.walk(dest / "wan")) < want:
+            while any(sum(len(f) for _, _, f in os.walk(dest / site)) < want for site in sites):
                 time.sleep(0.01)
+            if self.senders > 1:
+                if digest_tree(dest / "wan2") != digest_tree(self.inbox):
+                    sys.exit("the second sender's delivery differs from the source")
+                print_shares(edge_catalog, second)
             elapsed = time.monotonic() - start
             mark("last file delivered")
             puller.terminate()
@@ -363,6 +406,10 @@ def main():
     ap.add_argument("--step", metavar="S:RATE,...",
                     help="change the link's rate during every run: at S seconds after its start to RATE "
                          "(tc qdisc change), e.g. '30:20MB,60:65MB'; the rate is set back at each run's start")
+    ap.add_argument("--senders", type=int, default=1, choices=[1, 2],
+                    help="forte only: 2 runs a second sender (a second site with its own key, token and "
+                         "catalogue) with the same data at the same time over the same link, and prints "
+                         "each one's share of the goodput over time")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -383,6 +430,8 @@ def main():
     else:
         raw = build_small_inbox(inbox, args.small) if args.small else build_inbox(inbox, args.scale)
     make_site(FORTE, WORK, "wan")
+    if args.senders > 1:
+        add_edge_site(FORTE, WORK, "wan2", "keys2", "edge2.token")
     gpg_key(WORK / "gnupg")
     source = digest_tree(inbox)
     shape = ("1 batch of incompressible media" if args.media
@@ -414,7 +463,7 @@ def main():
         }
         forte_levels = args.level.split(",")
         c = Contenders(inbox, proxies, WORK / "gnupg", forte_levels[0], args.pull_cpu, shlex.split(args.send_args),
-                       args.relay_log, args.history)
+                       args.relay_log, args.history, args.senders)
         variants = dict(v.split("=", 1) for v in args.variant)
         contenders = {"forte": c.forte,
                       **{f"forte level {n}": (lambda out, n=n: c.forte(out, level=n)) for n in forte_levels[1:]},

@@ -368,12 +368,9 @@ mod tests {
         };
         catalog.record_tuned(tuned(24, 1)).unwrap();
         catalog.record_tuned(tuned(32, 2)).unwrap();
-        let kept = catalog.tuned("https://relay:8443", "small").unwrap();
+        let kept = catalog.tuned("https://relay:8443").unwrap();
         assert_eq!(kept, [tuned(32, 2)]);
-        assert!(catalog
-            .tuned("https://relay:8443", "large")
-            .unwrap()
-            .is_empty());
+        assert!(catalog.tuned("https://other:8443").unwrap().is_empty());
         let sample = TuningSample {
             node: "edge@test".into(),
             at: 7,

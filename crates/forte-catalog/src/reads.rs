@@ -261,11 +261,10 @@ impl Catalog {
         })
     }
 
-    /// What worked for `relay` and `cluster`, at every hour it was measured.
-    pub fn tuned(&self, relay: &str, cluster: &str) -> Result<Vec<TunedRow>> {
-        let query = sqlx::query("SELECT relay, cluster, hour, uploads, goodput, at FROM tuning WHERE relay = $1 AND cluster = $2 ORDER BY hour")
-            .bind(relay)
-            .bind(cluster);
+    /// What worked for `relay`, for every cluster and hour it was measured.
+    pub fn tuned(&self, relay: &str) -> Result<Vec<TunedRow>> {
+        let query = sqlx::query("SELECT relay, cluster, hour, uploads, goodput, at FROM tuning WHERE relay = $1 ORDER BY cluster, hour")
+            .bind(relay);
         self.read(query, |r| {
             Ok(TunedRow {
                 relay: r.try_get(0)?,

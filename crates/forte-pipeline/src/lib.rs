@@ -182,6 +182,7 @@ impl BufferPool {
 /// Counters of one stage, updated by its workers and readable at any time.
 pub struct StageStats {
     name: &'static str,
+    work: Work,
     workers: usize,
     capacity: usize,
     depth: Box<dyn Fn() -> usize + Send + Sync>,
@@ -196,6 +197,7 @@ pub struct StageStats {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StageSnapshot {
     pub name: &'static str,
+    pub work: Work,
     pub workers: usize,
     /// Items waiting in the stage's input queue.
     pub queue_depth: usize,
@@ -216,6 +218,7 @@ impl StageStats {
         let busy_seconds = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
         StageSnapshot {
             name: self.name,
+            work: self.work,
             workers: self.workers,
             queue_depth: (self.depth)(),
             queue_capacity: self.capacity,
@@ -288,7 +291,8 @@ impl<O: Weigh> Emit<'_, O> {
 }
 
 /// Whether a stage's workers compute (and so take [`Budget`] tokens) or mostly wait on I/O.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Work {
     Cpu,
     Io,
@@ -347,14 +351,14 @@ impl Pipeline {
     /// added so far.
     fn register<I: Send + 'static>(
         &self,
-        name: &'static str,
-        workers: usize,
+        spec: StageSpec,
         input: &Receiver<I>,
     ) -> (Rank, Arc<StageStats>) {
         let probe = input.clone();
         let stats = Arc::new(StageStats {
-            name,
-            workers,
+            name: spec.name,
+            work: spec.work,
+            workers: spec.workers,
             capacity: input.capacity().unwrap_or(0),
             depth: Box::new(move || probe.len()),
             items_in: AtomicU64::new(0),
@@ -401,13 +405,16 @@ impl Pipeline {
         O: Weigh + Send + 'static,
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
+        let spec = StageSpec {
+            workers: spec.workers.max(1),
+            ..spec
+        };
         let StageSpec {
             name,
             work,
             workers,
         } = spec;
-        let workers = workers.max(1);
-        let (rank, stats) = self.register(name, workers, &input);
+        let (rank, stats) = self.register(spec, &input);
         let job = Arc::new(job);
         for _ in 0..workers {
             let (input, output, stats, job, gate) = (

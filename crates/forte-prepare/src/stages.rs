@@ -12,7 +12,9 @@ use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{bundle, EdgeKey, Kind, Manifest, Member, ObjectId, PartEntry, Recipients};
 use forte_format::{FORMAT, FORMAT_V3};
-use forte_pipeline::{queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, StageSpec, Weigh};
+use forte_pipeline::{
+    queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, StageSpec, Weigh, Work,
+};
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::adapt::{fill, LevelControl, Pressure};
@@ -527,20 +529,22 @@ impl<'k> Prepare<'k> {
         }
     }
 
-    /// How full the queues before `compress` and before the sink are.
+    /// How full the queue before the sink is, and how long the computing stages were busy.
     ///
     /// Against the most parts that can wait there: the memory budget (`parts_in_flight`)
     /// holds fewer parts than a queue has room for, so a queue's capacity is never reached.
     fn pressure(&self) -> Pressure {
         let stages = self.pipeline.snapshot();
-        let fill = |name: &str| {
-            stages.iter().find(|s| s.name == name).map_or(0.0, |s| {
-                fill(s.queue_depth, s.queue_capacity, self.config.parts_in_flight)
-            })
-        };
+        let waiting_for_sink = stages.iter().find(|s| s.name == "sink").map_or(0.0, |s| {
+            fill(s.queue_depth, s.queue_capacity, self.config.parts_in_flight)
+        });
         Pressure {
-            waiting_to_compress: fill("compress"),
-            waiting_for_sink: fill("sink"),
+            waiting_for_sink,
+            cpu_busy_seconds: stages
+                .iter()
+                .filter(|s| s.work == Work::Cpu)
+                .map(|s| s.busy_seconds)
+                .sum(),
         }
     }
 
@@ -781,7 +785,7 @@ impl<'s> Pass<'s> {
                 compressed: BufferPool::new(cpu, POOLED_BUFFER),
                 sealed: BufferPool::new(cpu, POOLED_BUFFER),
             },
-            levels: LevelControl::new(cfg.level, cfg.adapt),
+            levels: LevelControl::new(cfg.level, cfg.adapt, cfg.cpu),
             stop: OnceLock::new(),
             outcomes: Mutex::default(),
             sink,

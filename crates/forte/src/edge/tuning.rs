@@ -48,11 +48,16 @@ impl Tuning<'_> {
         };
         let relay = self.client.base_url().to_string();
         let hour = local_hour();
-        let history = self.catalog.tuned(&relay, cluster).unwrap_or_else(|e| {
+        let history = self.catalog.tuned(&relay).unwrap_or_else(|e| {
             tracing::warn!("no tuning history: {e:#}");
             Vec::new()
         });
-        let (start, why) = match nearest_hour(&history, hour) {
+        let of_cluster: Vec<TunedRow> = history
+            .iter()
+            .filter(|r| r.cluster == cluster)
+            .cloned()
+            .collect();
+        let (start, why) = match nearest_hour(&of_cluster, hour) {
             Some(row) => (
                 row.uploads as usize,
                 format!(
@@ -67,8 +72,8 @@ impl Tuning<'_> {
                     // The pass's own requests will say what is wrong; start from the guess.
                     Err(_) => PROBE / 10,
                 };
-                // The fastest this relay was ever seen to go is a better guess at its link
-                // than none, when only the other cluster has history.
+                // The fastest this relay was ever seen to go (with the other cluster) is a
+                // better guess at its link than none.
                 let link = history
                     .iter()
                     .map(|r| r.goodput)
@@ -88,6 +93,10 @@ impl Tuning<'_> {
         self.set(climb.uploads(), &format!("start: {why}"));
         let node = node(Role::Edge);
         let mut last = self.reading();
+        // The first interval holds the pass's start (connections opening, the pipeline
+        // filling): its goodput says nothing of the setting, and judged as a first
+        // measurement it made the next one look like a gain of half.
+        let mut warming_up = true;
         while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE / 4) {
             let now = self.reading();
             let long_enough = now.at - last.at >= PROBE
@@ -98,6 +107,9 @@ impl Tuning<'_> {
             }
             let sample = now.since(&last, self.client.upload_limit());
             last = now;
+            if std::mem::take(&mut warming_up) {
+                continue;
+            }
             let uploads = climb.uploads();
             let change = climb.observe(sample);
             metrics::gauge!("forte_upload_goodput_bytes_per_second", "role" => "edge")
