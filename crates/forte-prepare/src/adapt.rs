@@ -18,8 +18,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-/// Parts between two decisions.
-const PARTS_PER_STEP: u32 = 4;
+/// Parts between two decisions: at 4, a link-bound A–N run (10 MB/s) spent 40 % of its parts
+/// climbing from level 3 and ended 4 % behind level 9.
+const PARTS_PER_STEP: u32 = 2;
 /// Share of the CPU budget in use from which the CPU is the bottleneck.
 const CPU_BOUND: f64 = 0.9;
 /// Share under which the CPU is idle enough that a better ratio is free.

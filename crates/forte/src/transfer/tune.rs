@@ -133,9 +133,19 @@ impl Climb {
         let n = self.uploads;
         if s.busy < BUSY * n as f64 && s.retries == 0 {
             // Uploads waited for work: more of them cannot help. Forget the comparison, which
-            // was not of the link.
+            // was not of the link, and come down to one more than were busy, so that the
+            // setting says what is used (a limit of 11 where the memory budget let 6 work
+            // kept a second sender on the same link at a third of the share) and the next
+            // probe starts from there.
             self.previous = None;
-            return None;
+            self.settled_for = Some(0);
+            let used = (s.busy.ceil() as usize + 1).max(MIN_UPLOADS);
+            return (used < n)
+                .then(|| {
+                    self.direction = 1;
+                    self.set(used, format!("{:.1} of {n} uploads were busy", s.busy))
+                })
+                .flatten();
         }
         let loss = s.retries as f64 / s.requests.max(1) as f64;
         let utility = s.goodput / K.powi(n as i32) - s.goodput * B * loss;
@@ -322,12 +332,18 @@ mod tests {
     }
 
     #[test]
-    fn it_never_grows_when_the_uploads_wait_for_work() {
+    fn it_never_grows_when_the_uploads_wait_for_work_and_comes_down_to_what_is_used() {
         let mut climb = Climb::new(8);
+        let change = climb
+            .observe(sample(20e6, 3.0))
+            .expect("down to what is used");
+        assert_eq!(change.uploads, 4);
+        assert_eq!(climb.uploads(), 4);
+        // Busy at 3 of 4: not all, and one more than were busy already.
         for _ in 0..10 {
-            assert_eq!(climb.observe(sample(20e6, 3.0)), None);
+            assert_eq!(climb.observe(sample(20e6, 2.9)), None);
         }
-        assert_eq!(climb.uploads(), 8);
+        assert_eq!(climb.uploads(), 4);
     }
 
     #[test]
