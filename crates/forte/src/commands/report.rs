@@ -30,7 +30,7 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Write timeline.svg/.png and utilisation.svg/.png into this directory, and tuning.svg/.png
-    /// (goodput, uploads in flight and zstd level every 2 s) when a send tuned itself.
+    /// (goodput, uploads in flight and zstd level per interval) when a send tuned itself.
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
     /// Title of the charts.
@@ -100,7 +100,11 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
             &dir.join("utilisation.svg"),
         )?;
         if !tuning.is_empty() {
-            let title = format!("{}: tuning (every {} s)", args.title, PROBE.as_secs());
+            let title = format!(
+                "{}: tuning (intervals of {} s or more)",
+                args.title,
+                PROBE.as_secs()
+            );
             write_svg_and_png(&tuning_svg(&title, &tuning), &dir.join("tuning.svg"))?;
         }
     }

@@ -31,9 +31,10 @@ pub struct Args {
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     settle: u64,
     /// Uploads in flight to the relay. auto starts from this relay's history (per size of
-    /// request and hour of day), else from the measured round trip, and is tuned every 2 s
-    /// on the goodput while the transfer runs, each change logged with its reason; a number
-    /// fixes it [config: send.connections] [default: auto].
+    /// request and hour of day), else from the measured round trip, and is tuned on the
+    /// goodput while the transfer runs (every 2 s, or longer until 8 requests finished), each
+    /// change logged with its reason; a number fixes it [config: send.connections]
+    /// [default: auto].
     #[arg(long, value_name = "N|auto")]
     connections: Option<Connections>,
     /// Hold the upload at this rate (30MB, 240mbit) by pacing every upload, never by letting
