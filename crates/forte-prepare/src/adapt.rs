@@ -8,10 +8,13 @@
 //! idle too (reading bounds the pass), a better ratio costs nothing: one level up. Decisions
 //! are taken every few parts, one step at a time, between the configured bounds.
 //!
-//! The CPU's share is the busy time of the pipeline's computing stages over the wall time
-//! times the CPU budget, between two decisions. The queues alone could not tell: on two cores
-//! the read and hash stages compete with compression for the same tokens, so a CPU-bound pass
-//! kept the compress queue short and the level at 3, 12 % slower than level 1 end to end.
+//! The CPU's share is the larger of two, between two decisions: the busy time of the
+//! pipeline's computing stages over the wall time times the CPU budget, and the share of the
+//! whole machine busy (`/proc/stat`), whoever keeps it busy. The queues alone could not tell:
+//! on two cores the read and hash stages compete with compression for the same tokens, so a
+//! CPU-bound pass kept the compress queue short and the level at 3, 12 % slower than level 1
+//! end to end. The budget's share alone could not either: with the relay and the puller on
+//! the same two cores, auto stayed near level 2, 11 % slower than level 1.
 
 use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 use std::time::Instant;
@@ -34,14 +37,18 @@ pub struct Pressure {
     pub cpu_busy_seconds: f64,
 }
 
+/// At a decision: the time, the computing stages' busy seconds and the machine's CPU ticks
+/// (busy, total), if readable.
+type Reading = (Instant, f64, Option<(u64, u64)>);
+
 #[derive(Debug)]
 pub struct LevelControl {
     level: AtomicI32,
     bounds: Option<(i32, i32)>,
     parts: AtomicU32,
-    /// The CPU budget, and the busy seconds and time at the last decision.
+    /// The CPU budget, and what was read at the last decision.
     cpu: usize,
-    last: Mutex<Option<(Instant, f64)>>,
+    last: Mutex<Option<Reading>>,
 }
 
 impl LevelControl {
@@ -68,24 +75,36 @@ impl LevelControl {
 
     /// Called after each compressed part with the pipeline's state at that moment.
     pub fn observe(&self, pressure: Pressure) {
-        self.observe_at(Instant::now(), pressure);
+        if self.is_adaptive() {
+            self.observe_at(Instant::now(), pressure, forte_usage::cpu_ticks().ok());
+        }
     }
 
-    fn observe_at(&self, now: Instant, pressure: Pressure) {
+    fn observe_at(&self, now: Instant, pressure: Pressure, machine: Option<(u64, u64)>) {
         let Some((lo, hi)) = self.bounds else { return };
         if self.parts.fetch_add(1, Ordering::Relaxed) % PARTS_PER_STEP != PARTS_PER_STEP - 1 {
             return;
         }
-        let before = self.last.lock().replace((now, pressure.cpu_busy_seconds));
+        let before = self
+            .last
+            .lock()
+            .replace((now, pressure.cpu_busy_seconds, machine));
         // The first decision only starts the clock of the CPU's share.
-        let Some((then, busy_then)) = before else {
+        let Some((then, busy_then, machine_then)) = before else {
             return;
         };
         let wall = (now - then).as_secs_f64() * self.cpu as f64;
         if wall <= 0.0 {
             return;
         }
-        let cpu = (pressure.cpu_busy_seconds - busy_then) / wall;
+        let budget_share = (pressure.cpu_busy_seconds - busy_then) / wall;
+        let machine_share = match (machine_then, machine) {
+            (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
+                busy1.saturating_sub(busy0) as f64 / (total1 - total0) as f64
+            }
+            _ => 0.0,
+        };
+        let cpu = budget_share.max(machine_share);
         let level = self.current();
         self.level.store(
             next_level(level, lo, hi, pressure.waiting_for_sink, cpu),
@@ -162,10 +181,26 @@ mod tests {
                         waiting_for_sink: 0.0,
                         cpu_busy_seconds: 1.9 * f64::from(step),
                     },
+                    None,
                 );
             }
         }
         assert_eq!(adaptive.current(), 3);
+        // The budget half used but the machine busy (other processes on its cores): down too.
+        let shared = LevelControl::new(5, Some((1, 9)), 2);
+        for step in 0..3u32 {
+            for _ in 0..PARTS_PER_STEP {
+                shared.observe_at(
+                    start + Duration::from_secs(step.into()),
+                    Pressure {
+                        waiting_for_sink: 0.0,
+                        cpu_busy_seconds: f64::from(step),
+                    },
+                    Some((190 * u64::from(step), 200 * u64::from(step))),
+                );
+            }
+        }
+        assert_eq!(shared.current(), 3);
         let fixed = LevelControl::new(3, None, 2);
         for _ in 0..PARTS_PER_STEP * 3 {
             fixed.observe(Pressure {

@@ -46,17 +46,24 @@ fn numbers(fields: &[&str]) -> Vec<u64> {
     fields.iter().map(|f| f.parse().unwrap_or(0)).collect()
 }
 
+/// The machine's CPU time so far, all cores, in clock ticks: (busy, total). Their differences
+/// over an interval give the share of the machine busy, whoever kept it busy.
+pub fn cpu_ticks() -> Result<(u64, u64)> {
+    let stat = read("/proc/stat")?;
+    let cpu: Vec<u64> = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .map(|rest| numbers(&rest.split_whitespace().collect::<Vec<_>>()))
+        .context("/proc/stat has no cpu line")?;
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let total: u64 = cpu.iter().take(8).sum();
+    let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+    Ok((total.saturating_sub(idle), total))
+}
+
 impl Counters {
     pub fn now() -> Result<Self> {
-        let stat = read("/proc/stat")?;
-        let cpu: Vec<u64> = stat
-            .lines()
-            .find_map(|l| l.strip_prefix("cpu "))
-            .map(|rest| numbers(&rest.split_whitespace().collect::<Vec<_>>()))
-            .context("/proc/stat has no cpu line")?;
-        // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
-        let total: u64 = cpu.iter().take(8).sum();
-        let idle = cpu.get(3).copied().unwrap_or(0) + cpu.get(4).copied().unwrap_or(0);
+        let (cpu_busy, cpu_total) = cpu_ticks()?;
 
         let (mut disk_read_bytes, mut disk_write_bytes) = (0, 0);
         for line in read("/proc/diskstats")?.lines() {
@@ -86,8 +93,8 @@ impl Counters {
         }
         Ok(Self {
             at: Instant::now(),
-            cpu_busy: total.saturating_sub(idle),
-            cpu_total: total,
+            cpu_busy,
+            cpu_total,
             disk_read_bytes,
             disk_write_bytes,
             net_rx_bytes,
