@@ -198,7 +198,7 @@ struct Loopback<'a> {
 impl Loopback<'_> {
     /// Steps 8 to 10: send the inbox, pull it, and compare what arrived.
     fn send_and_pull(&self, keys: &KeyPaths, inbox: &Path) -> Result<()> {
-        println!("8. send: each batch in one pass, straight to the relay over 4 connections");
+        println!("8. send: each batch in one pass, straight to the relay, the uploads in flight tuned to the link");
         self.forte(
             Role::Edge,
             "send",
