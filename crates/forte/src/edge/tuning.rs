@@ -40,7 +40,13 @@ impl Tuning<'_> {
     /// Tunes until `stop` is dropped.
     pub fn run(&self, stop: Receiver<()>) {
         let (objects, bytes) = self.queued;
-        let request = (bytes as f64 / objects.max(1) as f64).min(self.part_size as f64);
+        // A daemon's pass may start with nothing queued: then its requests are taken to be
+        // parts, the largest there are, which asks for the fewest uploads.
+        let request = if objects == 0 {
+            self.part_size as f64
+        } else {
+            (bytes as f64 / objects as f64).min(self.part_size as f64)
+        };
         let cluster = if request < SMALL_REQUEST {
             "small"
         } else {
@@ -107,7 +113,8 @@ impl Tuning<'_> {
             }
             let sample = now.since(&last, self.client.upload_limit());
             last = now;
-            if std::mem::take(&mut warming_up) {
+            if std::mem::take(&mut warming_up) || sample.is_idle() {
+                // Not judged, and an idle daemon's intervals are not worth a row each.
                 continue;
             }
             let uploads = climb.uploads();

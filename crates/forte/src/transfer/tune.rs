@@ -79,6 +79,13 @@ pub struct Sample {
     pub limit: Option<f64>,
 }
 
+impl Sample {
+    /// No request finished and no upload was busy.
+    pub fn is_idle(&self) -> bool {
+        self.requests == 0 && self.busy < 0.05
+    }
+}
+
 /// A change of setting and why.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Change {
@@ -131,6 +138,12 @@ impl Climb {
     /// it changes.
     pub fn observe(&mut self, s: Sample) -> Option<Change> {
         let n = self.uploads;
+        if s.is_idle() {
+            // Nothing was sent (a daemon between batches): nothing to judge, and the setting
+            // stays for the next batch rather than coming down to none busy.
+            self.previous = None;
+            return None;
+        }
         if s.busy < BUSY * n as f64 && s.retries == 0 {
             // Uploads waited for work: more of them cannot help. Forget the comparison, which
             // was not of the link, and come down to one more than were busy, so that the
@@ -344,6 +357,20 @@ mod tests {
             assert_eq!(climb.observe(sample(20e6, 2.9)), None);
         }
         assert_eq!(climb.uploads(), 4);
+    }
+
+    #[test]
+    fn an_idle_interval_changes_nothing() {
+        let mut climb = Climb::new(12);
+        let idle = Sample {
+            requests: 0,
+            ..sample(0.0, 0.0)
+        };
+        for _ in 0..10 {
+            assert_eq!(climb.observe(idle), None);
+        }
+        assert_eq!(climb.uploads(), 12);
+        assert_eq!(climb.best(), None);
     }
 
     #[test]
