@@ -491,7 +491,8 @@ impl Pipeline {
 /// workers, changeable while they run (the send's tuner turns the uploads in flight with it).
 ///
 /// It also keeps the integral over time of the workers holding an item, from which a reader
-/// tells a stage that has all it may take (all its workers busy) from one short of work.
+/// tells a stage that has all it may take (all its workers busy) from one short of work, and
+/// how many items its workers have taken.
 #[derive(Debug)]
 pub struct Gate {
     state: Mutex<GateState>,
@@ -509,6 +510,8 @@ struct GateState {
     /// Seconds of `working` workers summed over time, up to `since`.
     working_seconds: f64,
     since: Instant,
+    /// Items taken so far.
+    taken: u64,
 }
 
 impl GateState {
@@ -530,6 +533,7 @@ impl Gate {
                 working: 0,
                 working_seconds: 0.0,
                 since: Instant::now(),
+                taken: 0,
             }),
             freed: Condvar::new(),
             max,
@@ -567,6 +571,11 @@ impl Gate {
         state.working_seconds
     }
 
+    /// Items its workers have taken so far.
+    pub fn taken(&self) -> u64 {
+        self.state.lock().taken
+    }
+
     fn enter(&self) -> GatePass<'_> {
         let mut state = self.state.lock();
         while state.passed >= state.limit {
@@ -592,6 +601,7 @@ impl GatePass<'_> {
         let mut state = self.gate.state.lock();
         state.account();
         state.working += 1;
+        state.taken += 1;
         self.working = true;
         drop(state);
         self
@@ -696,6 +706,7 @@ mod tests {
         assert_eq!(gate.max(), 8);
         // 120 items of about 3 ms each were held by some worker for at least 0.36 s in all.
         assert!(gate.working_seconds() >= 0.36, "{}", gate.working_seconds());
+        assert_eq!(gate.taken(), 120);
     }
 
     #[test]

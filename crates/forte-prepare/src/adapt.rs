@@ -65,7 +65,7 @@ impl LevelControl {
         }
     }
 
-    pub fn is_adaptive(&self) -> bool {
+    fn is_adaptive(&self) -> bool {
         self.bounds.is_some()
     }
 
@@ -73,18 +73,20 @@ impl LevelControl {
         self.level.load(Ordering::Relaxed)
     }
 
-    /// Called after each compressed part with the pipeline's state at that moment.
-    pub fn observe(&self, pressure: Pressure) {
-        if self.is_adaptive() {
-            self.observe_at(Instant::now(), pressure, forte_usage::cpu_ticks().ok());
-        }
-    }
-
-    fn observe_at(&self, now: Instant, pressure: Pressure, machine: Option<(u64, u64)>) {
-        let Some((lo, hi)) = self.bounds else { return };
-        if self.parts.fetch_add(1, Ordering::Relaxed) % PARTS_PER_STEP != PARTS_PER_STEP - 1 {
+    /// Called after each compressed part; `pressure` reads the pipeline's state, and it and
+    /// the machine's CPU are read only when a decision is due.
+    pub fn observe(&self, pressure: impl FnOnce() -> Pressure) {
+        if !self.is_adaptive()
+            || self.parts.fetch_add(1, Ordering::Relaxed) % PARTS_PER_STEP != PARTS_PER_STEP - 1
+        {
             return;
         }
+        self.decide(Instant::now(), pressure(), forte_usage::cpu_ticks().ok());
+    }
+
+    /// One decision at `now`, from the pipeline's state and the machine's CPU ticks.
+    fn decide(&self, now: Instant, pressure: Pressure, machine: Option<(u64, u64)>) {
+        let Some((lo, hi)) = self.bounds else { return };
         let before = self
             .last
             .lock()
@@ -167,47 +169,54 @@ mod tests {
         assert_eq!(fill(20, 12, 6), 1.0);
     }
 
+    /// Three decisions a second apart with the link waiting, the pipeline's computing stages
+    /// busy `busy_per_second` seconds a second and the machine `machine` ticks busy of 200
+    /// a second (none: unreadable); the level after them.
+    fn after_three_decisions(busy_per_second: f64, machine: Option<u64>) -> i32 {
+        let control = LevelControl::new(5, Some((1, 9)), 2);
+        let start = Instant::now();
+        for second in 0..3u32 {
+            control.decide(
+                start + Duration::from_secs(second.into()),
+                Pressure {
+                    waiting_for_sink: 0.0,
+                    cpu_busy_seconds: busy_per_second * f64::from(second),
+                },
+                machine.map(|busy| (busy * u64::from(second), 200 * u64::from(second))),
+            );
+        }
+        control.current()
+    }
+
     #[test]
-    fn one_step_every_few_parts_judged_on_the_cpu_share_since_the_last() {
+    fn each_decision_is_judged_on_the_cpu_share_since_the_last() {
         // Two workers busy 1.9 s of each second (95 %), the link waiting: down a step per
         // decision after the first, which only starts the clock.
-        let adaptive = LevelControl::new(5, Some((1, 9)), 2);
-        let start = Instant::now();
-        for step in 0..3u32 {
-            for _ in 0..PARTS_PER_STEP {
-                adaptive.observe_at(
-                    start + Duration::from_secs(step.into()),
-                    Pressure {
-                        waiting_for_sink: 0.0,
-                        cpu_busy_seconds: 1.9 * f64::from(step),
-                    },
-                    None,
-                );
-            }
-        }
-        assert_eq!(adaptive.current(), 3);
+        assert_eq!(after_three_decisions(1.9, None), 3);
         // The budget half used but the machine busy (other processes on its cores): down too.
-        let shared = LevelControl::new(5, Some((1, 9)), 2);
-        for step in 0..3u32 {
-            for _ in 0..PARTS_PER_STEP {
-                shared.observe_at(
-                    start + Duration::from_secs(step.into()),
-                    Pressure {
-                        waiting_for_sink: 0.0,
-                        cpu_busy_seconds: f64::from(step),
-                    },
-                    Some((190 * u64::from(step), 200 * u64::from(step))),
-                );
-            }
-        }
-        assert_eq!(shared.current(), 3);
+        assert_eq!(after_three_decisions(1.0, Some(190)), 3);
+        // Neither busy: a better ratio is free.
+        assert_eq!(after_three_decisions(0.2, Some(40)), 7);
+    }
+
+    #[test]
+    fn a_decision_every_few_parts_and_none_when_fixed() {
+        let read = std::cell::Cell::new(0);
+        let adaptive = LevelControl::new(5, Some((1, 9)), 2);
         let fixed = LevelControl::new(3, None, 2);
         for _ in 0..PARTS_PER_STEP * 3 {
-            fixed.observe(Pressure {
-                waiting_for_sink: 1.0,
-                cpu_busy_seconds: 0.0,
-            });
+            for control in [&adaptive, &fixed] {
+                control.observe(|| {
+                    read.set(read.get() + 1);
+                    Pressure {
+                        waiting_for_sink: 1.0,
+                        cpu_busy_seconds: 0.0,
+                    }
+                });
+            }
         }
+        // The pipeline was read once per decision of the adaptive control only.
+        assert_eq!(read.get(), 3);
         assert_eq!(fixed.current(), 3);
     }
 }

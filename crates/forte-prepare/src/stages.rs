@@ -496,9 +496,7 @@ impl<'k> Prepare<'k> {
             Ok(()) => {
                 *compressed_len = out.len() as u64;
                 pass.pools.raw.give(std::mem::replace(data, out));
-                if pass.levels.is_adaptive() {
-                    pass.levels.observe(self.pressure());
-                }
+                pass.levels.observe(|| self.pressure());
             }
             Err(e) => {
                 let error = format!("part {index}: compression failed: {e}");

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use forte_catalog::Role;
-use forte_pipeline::Gate;
 use serde::Serialize;
 
 use super::{Daemon, Output};
@@ -16,7 +15,6 @@ use crate::hook::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
 use crate::transfer::retry::Retry;
-use crate::transfer::tune::MAX_UPLOADS;
 use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
@@ -32,7 +30,7 @@ pub struct Args {
     settle: u64,
     /// Uploads in flight to the relay. auto starts from this relay's history (per size of
     /// request and hour of day), else from the measured round trip, and is tuned on the
-    /// goodput while the transfer runs (every 2 s, or longer until 8 requests finished), each
+    /// goodput while the transfer runs (every 2 s, or longer until 8 requests went out), each
     /// change logged with its reason; a number fixes it [config: send.connections]
     /// [default: auto].
     #[arg(long, value_name = "N|auto")]
@@ -74,13 +72,8 @@ struct Summary {
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let link = settings::relay(&args.relay, config)?;
     let mut edge_settings = settings::edge(&args.edge, config)?;
-    let connections = args.connections.or(config.send.connections);
-    let tune = connections.is_none_or(|c| c == Connections::Auto);
-    edge_settings.prepare.sink = match connections {
-        Some(Connections::Fixed(n)) => Gate::fixed(n),
-        // Until the tuner has measured the round trip: the setting that was the default.
-        _ => Gate::new(16, MAX_UPLOADS),
-    };
+    let (uploads, tune) = settings::uploads(args.connections, config);
+    edge_settings.prepare.sink = uploads;
     let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let mut client = link.connect()?;

@@ -58,12 +58,8 @@ impl Tuning<'_> {
             tracing::warn!("no tuning history: {e:#}");
             Vec::new()
         });
-        let of_cluster: Vec<TunedRow> = history
-            .iter()
-            .filter(|r| r.cluster == cluster)
-            .cloned()
-            .collect();
-        let (start, why) = match nearest_hour(&of_cluster, hour) {
+        let of_cluster = history.iter().filter(|r| r.cluster == cluster);
+        let (start, why) = match nearest_hour(of_cluster, hour) {
             Some(row) => (
                 row.uploads as usize,
                 format!(
@@ -158,16 +154,11 @@ impl Tuning<'_> {
     }
 
     fn reading(&self) -> Reading {
-        let sink = self.prepare.pipeline.snapshot();
-        let requests = sink
-            .iter()
-            .find(|s| s.name == "sink")
-            .map_or(0, |s| s.items_in);
         Reading {
             at: Instant::now(),
             bytes: self.prepare.totals.sealed_bytes.load(Ordering::Relaxed),
             working_seconds: self.gate.working_seconds(),
-            requests,
+            requests: self.gate.taken(),
             retries: retries_so_far(),
         }
     }
@@ -196,12 +187,15 @@ impl Reading {
 }
 
 /// The history row of the hour of the day nearest `hour` (23:00 is next to 00:00).
-fn nearest_hour(rows: &[TunedRow], hour: u32) -> Option<&TunedRow> {
+fn nearest_hour<'a>(
+    rows: impl IntoIterator<Item = &'a TunedRow>,
+    hour: u32,
+) -> Option<&'a TunedRow> {
     let distance = |h: i64| {
         let d = (h - i64::from(hour)).rem_euclid(24);
         d.min(24 - d)
     };
-    rows.iter().min_by_key(|r| distance(r.hour))
+    rows.into_iter().min_by_key(|r| distance(r.hour))
 }
 
 /// The hour of the day in local time, as the history is kept.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
+use forte_pipeline::Gate;
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
 use forte_relay::pace::{Pacer, Timetable};
@@ -27,6 +28,7 @@ pub use file::{check_level, Config, Connections, Level};
 pub use flags::{parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags};
 
 use crate::schedule::{Policy, PolicyName};
+use crate::transfer::tune::MAX_UPLOADS;
 use crate::units::{parse_bwlimit, parse_duration, parse_rate};
 
 /// The edge's: the keys that seal objects and how they are prepared.
@@ -100,7 +102,7 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
     if let Some(cpu) = flags.cpu.or(c.cpu) {
         p.cpu = cpu.max(1);
         p.parts_in_flight = p.cpu + 4;
-        p.sink = forte_pipeline::Gate::fixed(p.cpu.max(2));
+        p.sink = Gate::fixed(p.cpu.max(2));
     }
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
         p.parts_in_flight = n.max(1);
@@ -181,6 +183,16 @@ pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {
         endpoint: RelayEndpoint { url, token, trust },
         timeout: Duration::from_secs(flags.timeout.max(1)),
     })
+}
+
+/// `send`'s uploads in flight: the `--connections` flag if given, else `send.connections`,
+/// else auto. Returns the sink's gate and whether the tuner turns it.
+pub fn uploads(flag: Option<Connections>, config: &Config) -> (Arc<Gate>, bool) {
+    match flag.or(config.send.connections) {
+        Some(Connections::Fixed(n)) => (Gate::fixed(n), false),
+        // Until the tuner has measured the round trip: the setting that was the default.
+        _ => (Gate::new(16, MAX_UPLOADS), true),
+    }
 }
 
 /// `send`'s upload pacer: the `--bwlimit` flag if given, else `send.bwlimit`, and the

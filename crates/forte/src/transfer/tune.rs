@@ -8,8 +8,8 @@
 //! commit and a slow request do not leave the link idle. A run that has history for this
 //! relay, size cluster and hour starts where that run ended instead.
 //!
-//! Then, every [`PROBE`] (longer until [`MIN_REQUESTS`] requests finished), a hill climb on Falcon's utility: U = T / K^n − T·B·loss, where T
-//! is the goodput (bytes acknowledged by the relay per second), n the uploads in flight,
+//! Then, every [`PROBE`] (longer until [`MIN_REQUESTS`] requests went out), a hill climb on
+//! Falcon's utility: U = T / K^n − T·B·loss, where T is the goodput (bytes acknowledged by the relay per second), n the uploads in flight,
 //! K the cost of one more stream and loss the share of requests retried. A step that
 //! raised U is followed by a larger one the same way (Falcon's accelerating gradient); one
 //! that lowered it is undone and the direction turned; once settled it probes one small
@@ -21,7 +21,7 @@ use std::time::Duration;
 
 /// How long each setting is measured before the next decision, at least.
 pub const PROBE: Duration = Duration::from_secs(2);
-/// Requests an interval must see finish before it is judged: goodput is counted as requests
+/// Requests an interval must see go out before it is judged: goodput is counted as requests
 /// finish, and two or three 16 MiB parts on a 20 MB/s link would make it jump by half from
 /// one interval to the next. An interval lasts until then, or [`LONGEST_INTERVAL`].
 pub const MIN_REQUESTS: u64 = 8;
@@ -72,7 +72,7 @@ pub struct Sample {
     pub goodput: f64,
     /// Mean uploads holding a request over the interval.
     pub busy: f64,
-    /// Requests finished and retried in the interval.
+    /// Requests that went out, and retries, in the interval.
     pub requests: u64,
     pub retries: u64,
     /// The bandwidth limit in force, if any.
