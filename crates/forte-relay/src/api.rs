@@ -30,6 +30,11 @@ pub const SHA256_HEADER: &str = "x-forte-sha256";
 /// header gives the manifest's length and [`SHA256_HEADER`] the part's SHA-256.
 pub const MANIFEST_LENGTH_HEADER: &str = "x-forte-manifest-length";
 
+/// Header of an upload's answer while the relay holds the site to a share of its ingress
+/// (two or more sites sending): the site's bytes per second. The sender's tuner takes it as a
+/// limit that binds, rather than as a link that stopped paying.
+pub const SHARE_HEADER: &str = "x-forte-share";
+
 /// Query of `PUT /v1/objects/{id}/whole`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WholeQuery {

@@ -1,5 +1,6 @@
 //! A blocking client of the relay, for the worker threads of `send` and `pull`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::api::{
     ApiError, BatchAck, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
-    MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER,
+    MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::pace::{Paced, Pacer};
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
@@ -108,6 +109,9 @@ pub struct RelayClient {
     /// Paces the parts it uploads, when a bandwidth limit is set, and how many uploads may
     /// share it at once.
     pacer: Option<(Arc<Pacer>, usize)>,
+    /// The share of the relay's ingress its last upload's answer gave this site, in bytes per
+    /// second as f64 bits; 0 while none is in force.
+    relay_share: AtomicU64,
 }
 
 impl RelayClient {
@@ -129,6 +133,7 @@ impl RelayClient {
             token: endpoint.token.clone(),
             timeout,
             pacer: None,
+            relay_share: AtomicU64::new(0),
         })
     }
 
@@ -167,9 +172,27 @@ impl RelayClient {
         &self.base
     }
 
-    /// The limit its uploads are paced at now, if any.
+    /// The limit its uploads go at now, if any: its own pacer's, or the share of the relay's
+    /// ingress the relay holds this site to while other sites send, whichever is lower.
     pub fn upload_limit(&self) -> Option<f64> {
-        self.pacer.as_ref().and_then(|(pacer, _)| pacer.rate())
+        let own = self.pacer.as_ref().and_then(|(pacer, _)| pacer.rate());
+        let share = f64::from_bits(self.relay_share.load(Ordering::Relaxed));
+        match (own, (share > 0.0).then_some(share)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sends an upload and keeps the share its answer gives (or that none is in force).
+    fn send_upload(&self, url: String, request: RequestBuilder, body: Vec<u8>) -> Result<()> {
+        let response = self.send(url, self.upload(request, body))?;
+        let share = response
+            .headers()
+            .get(SHARE_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        self.relay_share.store(share.to_bits(), Ordering::Relaxed);
+        Ok(())
     }
 
     /// The time of one empty status query: a round trip to the relay on an open connection
@@ -224,14 +247,11 @@ impl RelayClient {
     /// Uploads a sealed part; the relay checks `sha256` before answering.
     pub fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let url = self.url(&format!("/v1/objects/{id}/parts/{index}"));
-        self.send(
+        self.send_upload(
             url.clone(),
-            self.upload(
-                self.http.put(&url).header(SHA256_HEADER, sha256),
-                sealed.to_vec(),
-            ),
+            self.http.put(&url).header(SHA256_HEADER, sha256),
+            sealed.to_vec(),
         )
-        .map(drop)
     }
 
     /// Stores and seals a one-part object in one request: its sealed part (SHA-256 `sha256`)
@@ -246,17 +266,14 @@ impl RelayClient {
     ) -> Result<()> {
         let url = self.url(&format!("/v1/objects/{id}/whole?batch={batch}"));
         let body = [sealed, manifest].concat();
-        self.send(
+        self.send_upload(
             url.clone(),
-            self.upload(
-                self.http
-                    .put(&url)
-                    .header(SHA256_HEADER, sha256)
-                    .header(MANIFEST_LENGTH_HEADER, manifest.len()),
-                body,
-            ),
+            self.http
+                .put(&url)
+                .header(SHA256_HEADER, sha256)
+                .header(MANIFEST_LENGTH_HEADER, manifest.len()),
+            body,
         )
-        .map(drop)
     }
 
     /// What the relay holds of an object; `None` if it has never heard of it.

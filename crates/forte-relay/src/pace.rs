@@ -169,9 +169,16 @@ impl Bucket {
             self.paid_until = now;
             return Duration::ZERO;
         };
-        self.paid_until = self.paid_until.max(now) + Duration::from_secs_f64(bytes as f64 / rate);
-        self.paid_until.saturating_duration_since(now + BURST)
+        reserve(&mut self.paid_until, now, bytes, rate)
     }
+}
+
+/// GCRA: reserves `bytes` at `rate` bytes per second at `now` against `paid_until` (when
+/// everything reserved before is paid for); returns how long to wait before they go, which
+/// is zero within a [`BURST`] ahead of the rate.
+pub(crate) fn reserve(paid_until: &mut Instant, now: Instant, bytes: u64, rate: f64) -> Duration {
+    *paid_until = (*paid_until).max(now) + Duration::from_secs_f64(bytes as f64 / rate);
+    paid_until.saturating_duration_since(now + BURST)
 }
 
 /// A request body that reads its bytes out through a [`Pacer`].

@@ -832,3 +832,41 @@ fn a_batch_seal_asked_to_wait_takes_members_sealed_while_it_waits() {
     assert!(err.message.contains(&never.to_string()), "{err}");
     assert!(started.elapsed() >= Duration::from_millis(300));
 }
+
+#[test]
+fn sites_sending_at_once_are_told_their_share_and_one_alone_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let relay = relay(dir.path(), None);
+    let body = vec![7u8; 1 << 20];
+    let upload = |c: &RelayClient, until: std::time::Instant| {
+        let mut shares = Vec::new();
+        while std::time::Instant::now() < until {
+            // Each part its own object: nothing is sealed, only bodies matter here.
+            c.put_part(ObjectId::random(), 0, &body, &sha(&body))
+                .unwrap();
+            shares.push(c.upload_limit());
+        }
+        shares
+    };
+    let a = client(&relay, EDGE_A);
+    let alone = upload(&a, std::time::Instant::now() + Duration::from_millis(1500));
+    assert!(
+        alone.iter().all(Option::is_none),
+        "one site sending is never held to a share: {alone:?}"
+    );
+    // Past the time a site counts as sending, then two sites at once.
+    std::thread::sleep(Duration::from_millis(2100));
+    let b = client(&relay, EDGE_B);
+    let until = std::time::Instant::now() + Duration::from_millis(2000);
+    let (with_a, with_b) = std::thread::scope(|s| {
+        let other = s.spawn(|| upload(&b, until));
+        (upload(&a, until), other.join().unwrap())
+    });
+    for (site, seen) in [("site-a", &with_a), ("site-b", &with_b)] {
+        let share = seen.iter().rev().flatten().next();
+        assert!(
+            share.is_some_and(|s| *s > 0.0),
+            "{site} was never told a share while both sent: {seen:?}"
+        );
+    }
+}

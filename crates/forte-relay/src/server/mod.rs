@@ -2,6 +2,7 @@
 
 mod auth;
 mod metrics;
+mod share;
 pub mod store;
 
 use std::net::SocketAddr;
@@ -19,12 +20,13 @@ use base64::Engine;
 use forte_format::ObjectId;
 
 pub use auth::{Principal, Tokens};
+use share::{SharedBody, Shares};
 use store::{Store, StoreError, Stored};
 
 use crate::api::{
     ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectStatus, PartRef, ReadyObject, ReadyQuery,
     Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
-    MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
+    MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -51,6 +53,8 @@ struct Relay {
     tokens: Tokens,
     /// Counts seals of objects and batches: what a long poll of `GET /v1/ready` waits on.
     seals: tokio::sync::watch::Sender<u64>,
+    /// Each sending site's share of the ingress, paced as its uploads' bodies are read.
+    shares: Arc<Shares>,
 }
 
 impl Relay {
@@ -160,6 +164,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
         store,
         tokens,
         seals: tokio::sync::watch::channel(0).0,
+        shares: Arc::default(),
     });
     if let Some(age) = config.expire_open_after {
         let weak = Arc::downgrade(&relay);
@@ -219,15 +224,18 @@ fn router(relay: Arc<Relay>) -> Router {
 
 /// Runs before any handler reads a body: a request without a known token gets 401, and one
 /// announcing a body over [`MAX_BODY`] gets 413, without a byte of the body being read. Only
-/// authenticated sites can make the relay buffer a part.
+/// authenticated sites can make the relay buffer a part. An upload's body is read at its
+/// site's share ([`share`]), and the answer says the share when one is in force.
 async fn gate(
     State(relay): State<Arc<Relay>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if let Err(refused) = principal(&relay, request.headers()) {
-        return refused.into_response();
-    }
+    let site = match principal(&relay, request.headers()) {
+        Err(refused) => return refused.into_response(),
+        Ok(Principal::Edge { site }) if request.method() == axum::http::Method::PUT => Some(site),
+        Ok(_) => None,
+    };
     let announced = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
@@ -240,7 +248,19 @@ async fn gate(
         )
         .into_response();
     }
-    next.run(request).await
+    let Some(site) = site else {
+        return next.run(request).await;
+    };
+    let shares = relay.shares.clone();
+    let request = request
+        .map(|body| axum::body::Body::new(SharedBody::new(body, site.clone(), shares.clone())));
+    let mut response = next.run(request).await;
+    if let Some(cap) = shares.cap_for(&site) {
+        response
+            .headers_mut()
+            .insert(SHARE_HEADER, axum::http::HeaderValue::from(cap as u64));
+    }
+    response
 }
 
 /// An error answer: a status and a JSON body that says what and why.
