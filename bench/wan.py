@@ -36,6 +36,7 @@ Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.00
 """
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import json
@@ -157,27 +158,72 @@ class LinkSampler:
         return rates
 
 
-def print_shares(first: Path, second: Path, window: float = 10.0):
-    """Each sender's share of the two senders' goodput in windows of `window` seconds, from the
-    tuning samples in their catalogues (each sample: the goodput over the interval it ends)."""
-    def windows(catalog):
-        rows = sqlite3.connect(catalog).execute("SELECT at, goodput FROM tuning_samples ORDER BY at").fetchall()
-        out, before = {}, None
-        for at, goodput in rows:
-            if before is not None:
-                w = int(at / 1e6 // window)
-                out[w] = out.get(w, 0.0) + goodput * (at - before) / 1e6
-            before = at
-        return out
-    a, b = windows(first), windows(second)
-    common = sorted(set(a) & set(b))
-    if not common:
-        print("  shares: too few tuning samples to compare", file=sys.stderr)
-        return
-    t0 = common[0]
-    shares = [(int((w - t0) * window), a[w] / (a[w] + b[w])) for w in common if a[w] + b[w] > 0]
-    print(f"  sender 1's share per {window:g}-s window (s from the first): " +
-          ", ".join(f"{t}: {share:.2f}" for t, share in shares), file=sys.stderr)
+class SiteShares:
+    """Each site's bytes as they arrive at the relay (its `forte_relay_received_bytes_total`,
+    read every second in a thread with the core token): what each sender got of the link."""
+
+    def __init__(self, url: str, token: str, sites=("wan", "wan2")):
+        self.url, self.token, self.sites = url, token, sites
+        self.samples, self.stop = [], threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _read(self):
+        import ssl
+        request = urllib.request.Request(f"{self.url}/metrics", headers={"Authorization": f"Bearer {self.token}"})
+        # The bench's own relay on loopback, whose certificate is self-signed.
+        text = urllib.request.urlopen(request, context=ssl._create_unverified_context(), timeout=5).read().decode()
+        got = {}
+        for line in text.splitlines():
+            if line.startswith("forte_relay_received_bytes_total{"):
+                labels, value = line.rsplit(" ", 1)
+                for site in self.sites:
+                    if f'site="{site}"' in labels:
+                        got[site] = float(value)
+        return [got.get(site, 0.0) for site in self.sites]
+
+    def _run(self):
+        while not self.stop.wait(1.0):
+            try:
+                self.samples.append((time.monotonic(), self._read()))
+            except OSError:
+                pass
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        self.thread.join()
+
+    def report(self, window: float = 10.0, within: float = 0.05):
+        """Prints site 1's share per `window` seconds while both send, and from which second
+        on every window stays within `within` of an equal share."""
+        both = [(t, b) for t, b in self.samples if all(x > 0 for x in b)]
+        windows, start = [], 0
+        for i, (t, b) in enumerate(both):
+            t0, b0 = both[start]
+            if t - t0 >= window:
+                got = [x - y for x, y in zip(b, b0)]
+                # A window in which one site had finished (sent under a tenth of the other) is
+                # not a share of the link.
+                if min(got) > 0.1 * max(got):
+                    windows.append((t0 - both[0][0], got[0] / sum(got), sum(got) / (t - t0) / 1e6))
+                start = i
+        if not windows:
+            print("  shares: the two sites never sent at once for a whole window", file=sys.stderr)
+            return
+        print(f"  site 1's share of the link per {window:g}-s window at the relay (s from the first "
+              "byte of both, share, MB/s of both): " +
+              ", ".join(f"{t:.0f}: {share:.2f} {rate:.1f}" for t, share, rate in windows), file=sys.stderr)
+        fair_from = None
+        for t, share, _ in windows:
+            if abs(share - 0.5) > within:
+                fair_from = None
+            elif fair_from is None:
+                fair_from = t
+        print("  " + (f"within {within:.2f} of equal from {fair_from:.0f} s on" if fair_from is not None
+                      else f"not within {within:.2f} of equal at the end"), file=sys.stderr)
 
 
 class RateSteps:
@@ -223,9 +269,11 @@ class Contenders:
         self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
         self.history, self.senders = history, senders
 
-    def forte(self, out: Path, binary: Path = FORTE, level: str = None, more_args=(), catalog="edge"):
+    def forte(self, out: Path, binary: Path = FORTE, level: str = None, more_args=(), catalog="edge",
+              relay_args=()):
         """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first;
-        `more_args` go to send after --send-args; the edge catalogue is WORK/`catalog`.sqlite."""
+        `more_args` go to send after --send-args, `relay_args` to the relay; the edge catalogue
+        is WORK/`catalog`.sqlite."""
         relay_dir, dest = WORK / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
         if self.relay_log:
@@ -237,7 +285,8 @@ class Contenders:
             if self.relay_log:
                 log.write(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%S.%fZ} HARNESS {what}\n")
 
-        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log)
+        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log,
+                                              relay_args)
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
             edge_catalog = WORK / f"{catalog}.sqlite"
@@ -266,11 +315,14 @@ class Contenders:
             # the same data at the same time over the same link.
             second = WORK / f"{catalog}-2.sqlite"
             second.unlink(missing_ok=True)
-            sends = [send(edge_catalog, "keys", "edge.token")] + (
-                [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
-            for p in sends:
-                if p.wait() != 0:
-                    sys.exit(f"forte send exited with {p.returncode}")
+            # With two senders, each one's bytes arriving at the relay are read every second.
+            shares = SiteShares(url, (WORK / "core.token").read_text().strip()) if self.senders > 1 else None
+            with shares or contextlib.nullcontext():
+                sends = [send(edge_catalog, "keys", "edge.token")] + (
+                    [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
+                for p in sends:
+                    if p.wait() != 0:
+                        sys.exit(f"forte send exited with {p.returncode}")
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
             sites = ["wan", "wan2"][:self.senders]
@@ -281,7 +333,7 @@ class Contenders:
             if self.senders > 1:
                 if digest_tree(dest / "wan2") != digest_tree(self.inbox):
                     sys.exit("the second sender's delivery differs from the source")
-                print_shares(edge_catalog, second)
+                shares.report()
             elapsed = time.monotonic() - start
             mark("last file delivered")
             puller.terminate()
@@ -400,6 +452,9 @@ def main():
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                     help="also time forte with these more send flags as 'forte NAME', in the same rounds "
                          "(e.g. 'c4=--connections 4'); repeatable")
+    ap.add_argument("--relay-variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="also time forte with these relay flags as 'forte NAME', in the same rounds "
+                         "(e.g. 'tcp-split=--no-fair-shares'); repeatable")
     ap.add_argument("--history", action="store_true",
                     help="keep each forte variant's edge catalogue between rounds, so that from the second "
                          "round on send starts from its tuning history")
@@ -409,7 +464,7 @@ def main():
     ap.add_argument("--senders", type=int, default=1, choices=[1, 2],
                     help="forte only: 2 runs a second sender (a second site with its own key, token and "
                          "catalogue) with the same data at the same time over the same link, and prints "
-                         "each one's share of the goodput over time")
+                         "each one's share of the link over time (its bytes arriving at the relay, per 10 s)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -469,6 +524,8 @@ def main():
                       **{f"forte level {n}": (lambda out, n=n: c.forte(out, level=n)) for n in forte_levels[1:]},
                       **{f"forte {n}": (lambda out, n=n, a=a: c.forte(out, more_args=shlex.split(a), catalog=slug(n)))
                          for n, a in variants.items()},
+                      **{f"forte {n}": (lambda out, a=a: c.forte(out, relay_args=shlex.split(a)))
+                         for n, a in (v.split("=", 1) for v in args.relay_variant)},
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,

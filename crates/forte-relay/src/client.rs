@@ -568,6 +568,7 @@ mod tests {
             tls_names: vec!["localhost".into(), "127.0.0.1".into()],
             quota_per_site: None,
             expire_open_after: None,
+            fair_shares: true,
         })
         .unwrap()
     }

@@ -39,6 +39,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
         tls_names: vec!["localhost".into(), "127.0.0.1".into()],
         quota_per_site: quota,
         expire_open_after: None,
+        fair_shares: true,
     })
     .unwrap()
 }
@@ -354,6 +355,12 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
     };
     at_least("forte_relay_parts_stored_total", None, 1.0);
     at_least("forte_relay_part_bytes_total", None, 4.0);
+    // Every body byte a site sent, counted as it arrives (the refused part's too).
+    at_least(
+        "forte_relay_received_bytes_total",
+        Some(("site", "site-a")),
+        5.0,
+    );
     at_least("forte_relay_refused_total", Some(("status", "422")), 1.0);
     assert_eq!(get(EDGE_A).status().as_u16(), 403);
     assert_eq!(get("wrong-token-0123456789").status().as_u16(), 401);

@@ -46,6 +46,9 @@ pub struct RelayConfig {
     /// Open objects (uploads never sealed) unchanged this long are deleted: an edge abandoned
     /// them. Checked at start and then every tenth of this time (at most hourly).
     pub expire_open_after: Option<std::time::Duration>,
+    /// Hold sites sending at once to fair shares of the ingress ([`share`]); without, they
+    /// split it as TCP does, per connection.
+    pub fair_shares: bool,
 }
 
 struct Relay {
@@ -164,7 +167,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
         store,
         tokens,
         seals: tokio::sync::watch::channel(0).0,
-        shares: Arc::default(),
+        shares: Arc::new(Shares::new(config.fair_shares)),
     });
     if let Some(age) = config.expire_open_after {
         let weak = Arc::downgrade(&relay);

@@ -45,8 +45,9 @@ const SATISFIED: f64 = 0.8;
 const SMOOTHING: f64 = 0.5;
 
 /// The sites' flows and the cap in force.
-#[derive(Default)]
 pub struct Shares {
+    /// Caps are decided; without, flows are only counted.
+    fair: bool,
     state: Mutex<State>,
 }
 
@@ -69,15 +70,24 @@ struct Flow {
 }
 
 impl Shares {
+    pub fn new(fair: bool) -> Self {
+        Self {
+            fair,
+            state: Mutex::default(),
+        }
+    }
+
     /// Counts `bytes` of `site`'s upload as arrived at `now`; returns how long to wait before
     /// reading more of it.
     pub fn arrived(&self, site: &str, bytes: usize, now: Instant) -> Duration {
+        ::metrics::counter!("forte_relay_received_bytes_total", "site" => site.to_owned())
+            .increment(bytes as u64);
         let mut state = self.state.lock();
         if state
             .decided
             .is_none_or(|at| now.duration_since(at) >= DECIDE_EVERY)
         {
-            state.decide(now);
+            state.decide(now, self.fair);
         }
         let cap = state.cap;
         let flow = state.sites.entry(site.to_owned()).or_insert_with(|| Flow {
@@ -158,7 +168,7 @@ impl http_body::Body for SharedBody {
 }
 
 impl State {
-    fn decide(&mut self, now: Instant) {
+    fn decide(&mut self, now: Instant, fair: bool) {
         let elapsed = self
             .decided
             .map_or(DECIDE_EVERY, |at| now.duration_since(at))
@@ -172,7 +182,12 @@ impl State {
             flow.rate = SMOOTHING * rate + (1.0 - SMOOTHING) * flow.rate;
             flow.arrived = 0;
         }
-        let cap = water_fill(self.sites.values().map(|f| f.rate), self.cap);
+        let cap = water_fill(self.sites.values().map(|f| f.rate), self.cap).filter(|_| fair);
+        tracing::debug!(
+            rates = ?self.sites.iter().map(|(s, f)| format!("{s} {:.1}", f.rate / 1e6)).collect::<Vec<_>>(),
+            cap = ?cap.map(|c| (c / 1e6 * 10.0).round() / 10.0),
+            "ingress share decided (MB/s)"
+        );
         if cap.is_some() != self.cap.is_some() {
             match cap {
                 Some(cap) => tracing::info!(
@@ -293,7 +308,7 @@ mod tests {
 
     #[test]
     fn the_relay_reads_a_capped_site_at_its_share_and_forgets_sites_that_stopped() {
-        let shares = Shares::default();
+        let shares = Shares::new(true);
         let start = Instant::now();
         let chunk = 64 << 10;
         // Two sites at 40 and 20 MB/s for two seconds, in 10 ms steps.

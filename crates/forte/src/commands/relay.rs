@@ -34,6 +34,12 @@ pub struct Args {
     /// `off` keeps them forever.
     #[arg(long, value_parser = parse_expiry, value_name = "DURATION|off", default_value = "7d")]
     expire_open_after: Expiry,
+    /// Let sites sending at once split the relay's ingress as TCP does, per connection,
+    /// instead of holding each to a fair share (the default: a site with more uploads in
+    /// flight would otherwise take more of a shared link). For sites on separate links whose
+    /// rates are close, which the relay would treat as sharing one.
+    #[arg(long)]
+    no_fair_shares: bool,
 }
 
 /// How long abandoned uploads are kept.
@@ -57,6 +63,7 @@ pub fn run(args: Args) -> Result<bool> {
         tls_names: args.tls_names,
         quota_per_site: args.quota_per_site,
         expire_open_after: args.expire_open_after.0,
+        fair_shares: !args.no_fair_shares,
     })?;
     Ok(true)
 }
