@@ -45,7 +45,7 @@ const DECIDE_EVERY: Duration = Duration::from_secs(1);
 const SENDING_WITHIN: Duration = Duration::from_secs(2);
 /// A capped site may go this much over an equal split of what the sites under it use, so a
 /// site that wants more goes on showing it, and what another leaves unused flows back.
-const HEADROOM: f64 = 1.05;
+const HEADROOM: f64 = 1.03;
 /// A site sending less than this share of the cap may be limited by something of its own.
 const SATISFIED: f64 = 0.8;
 /// How long a site under [`SATISFIED`] of the cap is held at an equal share before it is
@@ -57,7 +57,7 @@ const RECHECK: Duration = Duration::from_secs(30);
 /// Sites sending at this share of the cap or more are held by it: when every site that wants
 /// more is, the cap may be what keeps the link from filling, and it grows by [`GROW`] (a
 /// start from slow first rates reaches the link in seconds, not a minute at [`HEADROOM`]).
-const BOUND: f64 = 0.95;
+const BOUND: f64 = 0.97;
 const GROW: f64 = 1.15;
 /// Per decision, how much of the highest total the sites were seen to get together is still
 /// believed: an equal split is of that, not of a total a cap has just held down.
