@@ -6,7 +6,8 @@
 //! link. When the link waits for parts (none wait before the sink) while the CPU budget is
 //! used up, compression starves the link: one level down. When the link waits and the CPU is
 //! idle too (reading bounds the pass), a better ratio costs nothing: one level up. Decisions
-//! are taken every few parts, one step at a time, between the configured bounds.
+//! are taken every few parts, one step at a time (two up while the link is behind and the CPU
+//! idles), between the configured bounds.
 //!
 //! The CPU's share is the larger of two, between two decisions: the busy time of the
 //! pipeline's computing stages over the wall time times the CPU budget, and the share of the
@@ -124,11 +125,15 @@ pub fn fill(depth: usize, capacity: usize, parts_in_flight: usize) -> f64 {
 }
 
 /// The next level from how full the queue before the sink is and the CPU budget's share in
-/// use since the last decision.
+/// use since the last decision. Two steps up while the link is behind and the CPU idles: a
+/// link-bound A–N run at 10 MB/s climbing one step every 2 parts sent a third of its parts
+/// below level 9 and ended 3 % behind it.
 fn next_level(level: i32, lo: i32, hi: i32, waiting_for_sink: f64, cpu: f64) -> i32 {
     let link_behind = waiting_for_sink >= 0.5;
     let link_waits = waiting_for_sink < 0.25;
-    if (link_behind && cpu < CPU_BOUND) || (link_waits && cpu < CPU_IDLE) {
+    if link_behind && cpu < CPU_IDLE {
+        (level + 2).min(hi)
+    } else if (link_behind && cpu < CPU_BOUND) || (link_waits && cpu < CPU_IDLE) {
         (level + 1).min(hi)
     } else if link_waits && cpu >= CPU_BOUND {
         (level - 1).max(lo)
@@ -145,8 +150,11 @@ mod tests {
 
     #[test]
     fn the_level_follows_the_bottleneck_within_bounds() {
-        // The link is behind and the CPU has room: more compression.
-        assert_eq!(next_level(3, 1, 9, 1.0, 0.5), 4);
+        // The link is behind and the CPU has room: more compression; two steps while the CPU
+        // idles.
+        assert_eq!(next_level(3, 1, 9, 1.0, 0.7), 4);
+        assert_eq!(next_level(3, 1, 9, 1.0, 0.5), 5);
+        assert_eq!(next_level(8, 1, 9, 1.0, 0.5), 9);
         assert_eq!(next_level(9, 1, 9, 1.0, 0.5), 9);
         // The link waits and the CPU is used up: less.
         assert_eq!(next_level(3, 1, 9, 0.0, 0.95), 2);

@@ -55,8 +55,10 @@ const HOLD: Duration = Duration::from_secs(5);
 /// How long that verdict lasts before the site is held at an equal share again.
 const RECHECK: Duration = Duration::from_secs(30);
 /// Sites sending at this share of the cap or more are held by it: when every site that wants
-/// more is, the cap may be what keeps the link from filling, and it grows by [`GROW`] (a
-/// start from slow first rates reaches the link in seconds, not a minute at [`HEADROOM`]).
+/// more is, two decisions running (one such second is noise on a long round trip: it made
+/// the cap overshoot by a fifth), the cap may be what keeps the link from filling, and it
+/// grows by [`GROW`] (a start from slow first rates reaches the link in seconds, not a minute
+/// at [`HEADROOM`]).
 const BOUND: f64 = 0.97;
 const GROW: f64 = 1.15;
 /// Per decision, how much of the highest total the sites were seen to get together is still
@@ -80,6 +82,8 @@ struct State {
     split_at: Option<Instant>,
     /// The highest total rate of all sites lately ([`PEAK_KEPT`]): what they can get together.
     peak_total: f64,
+    /// Decisions running at which the cap held every site that wants more ([`BOUND`]).
+    all_bound_for: u32,
 }
 
 struct Flow {
@@ -292,6 +296,10 @@ impl State {
         let own: f64 = of(Standing::OwnLimited).map(|(rate, _)| rate).sum();
         let others = sending - of(Standing::OwnLimited).count();
         let split = |total: f64| HEADROOM * (total - own) / others.max(1) as f64;
+        let all_bound = others > 0
+            && of(Standing::Wanting).all(|(rate, _)| *rate >= BOUND * cap)
+            && of(Standing::Held).next().is_none();
+        self.all_bound_for = if all_bound { self.all_bound_for + 1 } else { 0 };
         let next = if newly_held {
             // Held at no more than an equal share of what the others leave of the peak: if
             // they share a link with it, the room this frees goes to it.
@@ -301,7 +309,7 @@ impl State {
         } else if others == 0 {
             // Every site is limited on its own side: the cap binds nobody.
             cap * HEADROOM
-        } else if of(Standing::Wanting).all(|(rate, _)| *rate >= BOUND * cap) {
+        } else if self.all_bound_for >= 2 {
             cap * GROW
         } else {
             split(total)
