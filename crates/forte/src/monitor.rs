@@ -4,8 +4,10 @@
 //! Names: `forte_stage_*{role,stage}` for each pipeline stage (queue depth, bytes and items
 //! through it, busy seconds, service rate), `forte_queue_*{role}` for the batch queue,
 //! `forte_batches_total{role,outcome}`, `forte_failures_total{role}`,
-//! `forte_retries_total`, and with `send --bwlimit` the limit in force,
-//! `forte_upload_limit_bytes_per_second{role="edge"}` (0: none; set by `forte_relay::pace`).
+//! `forte_retries_total`, the settings the send tunes (`forte_tuned_uploads`, with
+//! `forte_upload_goodput_bytes_per_second`, from `edge::tuning`; `forte_zstd_level`), and with
+//! `send --bwlimit` the limit in force, `forte_upload_limit_bytes_per_second{role="edge"}` (0:
+//! none; set by `forte_relay::pace`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -81,6 +83,11 @@ pub fn queue(role: Role, batches: usize, files: usize, bytes: u64) {
     gauge!("forte_queue_batches", "role" => role).set(batches as f64);
     gauge!("forte_queue_files", "role" => role).set(files as f64);
     gauge!("forte_queue_bytes", "role" => role).set(bytes as f64);
+}
+
+/// The zstd level parts are compressed at now (`--level auto` turns it).
+pub fn zstd_level(level: i32) {
+    gauge!("forte_zstd_level", "role" => "edge").set(f64::from(level));
 }
 
 /// A batch ended: `outcome` is `sent`, `delivered` or `failed`.

@@ -1,6 +1,7 @@
 //! Finishing: each file's outcome booked to its batch, and a batch sealed at the relay, with its
 //! signed inventory, beside its last uploads (or once they are all there).
 
+use std::sync::atomic::Ordering;
 use std::thread::Scope;
 use std::time::Duration;
 
@@ -223,9 +224,10 @@ impl Edge<'_> {
                 on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
             };
             let (files, bytes) = self.queue.totals();
-            let publish_queue = || {
+            let publish = || {
                 let (files, bytes) = self.queue.totals();
                 crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
+                crate::monitor::zstd_level(prepare.totals.level.load(Ordering::Relaxed));
             };
             let tuning = self.setup.tune.then(|| Tuning {
                 client: self.setup.client,
@@ -240,7 +242,7 @@ impl Edge<'_> {
                 if let Some(tuning) = &tuning {
                     tuner.spawn(move || tuning.run(tuning_stopped));
                 }
-                crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish_queue, || {
+                crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish, || {
                     prepare_with_progress(&prepare, files, bytes, quiet, || {
                         prepare.run_from(self, &sink)
                     })

@@ -326,6 +326,8 @@ fn sender_and_puller_serve_prometheus_metrics() {
         &edge_addr,
         "--bwlimit",
         "50MB",
+        "--level",
+        "5",
     ]));
     let mut pull = site.pull();
     pull.extend(args!["--watch", "--interval", "1", "--metrics", &core_addr]);
@@ -379,6 +381,10 @@ fn sender_and_puller_serve_prometheus_metrics() {
             &[("role", "edge")]
         ),
         Some(50e6)
+    );
+    assert_eq!(
+        sample(&edge, "forte_zstd_level", &[("role", "edge")]),
+        Some(5.0)
     );
 
     let core_delivered = || {
