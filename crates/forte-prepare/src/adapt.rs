@@ -125,9 +125,9 @@ pub fn fill(depth: usize, capacity: usize, parts_in_flight: usize) -> f64 {
 }
 
 /// The next level from how full the queue before the sink is and the CPU budget's share in
-/// use since the last decision. Two steps up while the link is behind and the CPU idles: a
-/// link-bound A–N run at 10 MB/s climbing one step every 2 parts sent a third of its parts
-/// below level 9 and ended 3 % behind it.
+/// use since the last decision. Two steps up while the link is behind and the CPU idles: the
+/// climb from the start level to the top takes half the parts (measured: it did not change
+/// what a link-bound run at 10 MB/s puts on the link, 300 MB against level 9's 288).
 fn next_level(level: i32, lo: i32, hi: i32, waiting_for_sink: f64, cpu: f64) -> i32 {
     let link_behind = waiting_for_sink >= 0.5;
     let link_waits = waiting_for_sink < 0.25;
