@@ -804,3 +804,60 @@ fn kills_during_a_small_file_batch_lose_nothing_and_deliver_nothing_twice() {
         assert!(core.contains("UTC  acknowledged"), "core: {core}");
     }
 }
+
+/// Two sites send at once, each held to 4 MB/s by its own `--bwlimit` so that both are on the
+/// relay for seconds (its fair shares decide a cap while two sites send), and the relay is
+/// killed with SIGKILL and restarted half way: both sites' files arrive identical, each under
+/// its own site, and the relay holds nothing once they are acknowledged.
+#[test]
+fn two_sites_sending_at_once_lose_nothing_when_the_relay_is_killed() {
+    let mut site = Site::new();
+    let keys_b = keygen(&site.root.join("keys-b"));
+    let mut expected = BTreeMap::new();
+    for (inbox, name) in [("inbox", "site-a"), ("inbox-b", "site-b")] {
+        let batch = site.root.join(inbox).join("run-1");
+        for i in 0..4u64 {
+            let bytes = sample_bytes(3_000_000, i + 100 * u64::from(name == "site-b"));
+            write(&batch.join(format!("ch{i}.bin")), &bytes);
+            expected.insert(format!("{name}/run-1/ch{i}.bin"), sha256_hex(&bytes));
+        }
+        write(&batch.join(".ready"), b"");
+    }
+    let paced = [
+        "--watch",
+        "--interval",
+        "1",
+        "--bwlimit",
+        "4MB",
+        "--level",
+        "1",
+    ];
+    let _send_a = spawn(&site.send(&paced));
+    let _send_b = spawn(&site.send_as_site_b(&keys_b, &paced));
+    let mut pull = site.pull();
+    pull.extend(args![
+        "--trust",
+        &keys_b.edge_pub,
+        "--watch",
+        "--interval",
+        "1"
+    ]);
+    let _pull = spawn(&pull);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    site.restart_relay();
+    let dest = site.root.join("dest");
+    assert!(
+        wait_for(120, || visible(&dest) == expected),
+        "not both sites' files arrived identical: {:?}",
+        visible(&dest).keys().collect::<Vec<_>>()
+    );
+    assert!(
+        wait_for(30, || std::fs::read_dir(site.relay.store.join("sites"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .all(|s| std::fs::read_dir(s.path().join("objects"))
+                .map_or(true, |mut o| o.next().is_none()))),
+        "the relay still holds objects after both batches were acknowledged"
+    );
+}

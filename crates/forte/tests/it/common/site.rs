@@ -8,6 +8,8 @@ use std::process::{Child, Stdio};
 use super::*;
 
 pub const EDGE_TOKEN: &str = "edge-site-a-0123456789abcdef";
+/// A second site's edge token (`site-b`, in `edge-b.token`), for tests of sites sending at once.
+pub const EDGE_B_TOKEN: &str = "edge-site-b-0123456789abcdef";
 pub const CORE_TOKEN: &str = "core-token-0123456789abcdef";
 
 /// A `forte relay` child process, killed when dropped.
@@ -48,6 +50,7 @@ fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Rela
         &tokens,
         format!(
             "[[token]]\ntoken = \"{EDGE_TOKEN}\"\nrole = \"edge\"\nsite = \"site-a\"\n\
+             [[token]]\ntoken = \"{EDGE_B_TOKEN}\"\nrole = \"edge\"\nsite = \"site-b\"\n\
              [[token]]\ntoken = \"{CORE_TOKEN}\"\nrole = \"core\"\nsites = [\"*\"]\n"
         )
         .as_bytes(),
@@ -77,6 +80,7 @@ fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Rela
     // Keep draining its output so it never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
     write(&root.join("edge.token"), EDGE_TOKEN.as_bytes());
+    write(&root.join("edge-b.token"), EDGE_B_TOKEN.as_bytes());
     write(&root.join("core.token"), CORE_TOKEN.as_bytes());
     let listen = url.trim_start_matches("https://").to_string();
     Relay {
@@ -244,6 +248,24 @@ impl Site {
 }
 
 impl Site {
+    /// `send` for a second site, `site-b`: its own inbox (`inbox-b`), catalogue, token and
+    /// signing key `edge` (the core must `--trust` its public key).
+    pub fn send_as_site_b(&self, edge: &Keys, extra: &[&str]) -> Args {
+        let mut a = args![
+            "--catalog",
+            self.root.join("edge-b.sqlite"),
+            "send",
+            self.root.join("inbox-b"),
+            "--recipient",
+            &self.keys.core_pub,
+            "--sign",
+            &edge.edge_key
+        ];
+        a.extend(self.relay_args("edge-b.token"));
+        a.extend(extra.iter().map(Into::into));
+        a
+    }
+
     /// `send` of the inbox with the core's recipient but another edge's signing key.
     pub fn send_signed_by(&self, edge: &Keys) -> Args {
         let mut a = args![
