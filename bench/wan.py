@@ -126,17 +126,19 @@ def cpu_busy() -> list:
     return busy
 
 
-class LinkSampler:
-    """Reads the link's byte counter every `period` seconds in a thread while a run goes, so a
-    rate can be judged window by window (a limit held, a step followed), not only on average."""
+class Sampler:
+    """Calls `read` every `period` seconds in a thread while a run goes, keeping (time, value)."""
 
-    def __init__(self, period: float = 0.5):
-        self.period, self.samples, self.stop = period, [], threading.Event()
+    def __init__(self, read, period: float):
+        self.read, self.period, self.samples, self.stop = read, period, [], threading.Event()
         self.thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self):
         while not self.stop.is_set():
-            self.samples.append((time.monotonic(), link_bytes()))
+            try:
+                self.samples.append((time.monotonic(), self.read()))
+            except OSError:
+                pass  # one reading missed (the relay busy answering): the next will do
             self.stop.wait(self.period)
 
     def __enter__(self):
@@ -146,6 +148,14 @@ class LinkSampler:
     def __exit__(self, *_):
         self.stop.set()
         self.thread.join()
+
+
+class LinkSampler(Sampler):
+    """The link's byte counter every `period` seconds, so a rate can be judged window by
+    window (a limit held, a step followed), not only on average."""
+
+    def __init__(self, period: float = 0.5):
+        super().__init__(link_bytes, period)
 
     def window_rates(self, seconds: float) -> list:
         """MB/s on the link over each whole window of `seconds` from the first sample on."""
@@ -158,14 +168,13 @@ class LinkSampler:
         return rates
 
 
-class SiteShares:
+class SiteShares(Sampler):
     """Each site's bytes as they arrive at the relay (its `forte_relay_received_bytes_total`,
-    read every second in a thread with the core token): what each sender got of the link."""
+    read every second with the core token): what each sender got of the link."""
 
     def __init__(self, url: str, token: str, sites=("wan", "wan2")):
         self.url, self.token, self.sites = url, token, sites
-        self.samples, self.stop = [], threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(self._read, 1.0)
 
     def _read(self):
         import ssl
@@ -180,21 +189,6 @@ class SiteShares:
                     if f'site="{site}"' in labels:
                         got[site] = float(value)
         return [got.get(site, 0.0) for site in self.sites]
-
-    def _run(self):
-        while not self.stop.wait(1.0):
-            try:
-                self.samples.append((time.monotonic(), self._read()))
-            except OSError:
-                pass
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *_):
-        self.stop.set()
-        self.thread.join()
 
     def report(self, window: float = 10.0, within: float = 0.05):
         """Prints site 1's share per `window` seconds while both send, and from which second
