@@ -3,8 +3,10 @@
 //! else FStream's heuristic from a measured round trip), turns the uploads in flight every
 //! [`PROBE`] or more, and says so: a log line per change with its reason, the gauges
 //! `forte_tuned_uploads` and `forte_upload_goodput_bytes_per_second`, and one catalogue row per
-//! interval (`forte report --charts` draws them). At the end the best setting of the pass is
-//! kept as history for the next one.
+//! interval (`forte report --charts` draws them). The best setting of the pass is kept as
+//! history for the next run as soon as it is found: a daemon's pass lasts as long as the
+//! daemon, which may end with SIGKILL or a power cut, and a pass's end was the only time
+//! history was written.
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -99,6 +101,7 @@ impl Tuning<'_> {
         // filling): its goodput says nothing of the setting, and judged as a first
         // measurement it made the next one look like a gain of half.
         let mut warming_up = true;
+        let mut kept = None;
         while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE / 4) {
             let now = self.reading();
             let long_enough = now.at - last.at >= PROBE
@@ -131,14 +134,22 @@ impl Tuning<'_> {
                     reason: change.map(|c| c.reason),
                 }),
             );
+            if climb.best() != kept {
+                kept = climb.best();
+                self.keep_history(&relay, cluster, kept);
+            }
         }
-        if let Some((uploads, goodput)) = climb.best() {
+    }
+
+    /// Keeps `best` (uploads, goodput) as this relay's history for `cluster` at this hour.
+    fn keep_history(&self, relay: &str, cluster: &str, best: Option<(usize, f64)>) {
+        if let Some((uploads, goodput)) = best {
             note(
                 "the tuning history",
                 self.catalog.record_tuned(TunedRow {
-                    relay,
+                    relay: relay.to_string(),
                     cluster: cluster.into(),
-                    hour: i64::from(hour),
+                    hour: i64::from(local_hour()),
                     uploads: uploads as i64,
                     goodput,
                     at: now_us(),

@@ -715,6 +715,55 @@ fn uploads_sharing_a_low_limit_are_not_timed_out_by_it() {
 }
 
 #[test]
+fn a_daemon_killed_at_any_moment_has_kept_its_tuning_history() {
+    // Batches of 3 MB arrive every second to a daemon held at 2 MB/s, so its uploads always
+    // have work: its one pass lasts as long as the daemon, and its tuner judges intervals as
+    // batches come. It is killed with
+    // SIGKILL; the next run starts from the history it kept. (History was written when a pass
+    // ended, which a daemon's does only when it stops cleanly: the next run started from the
+    // round trip again.)
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let log = site.root.join("send.log");
+    let daemon = spawn_logged(
+        &site.send(&[
+            "--watch",
+            "--interval",
+            "1",
+            "--target-rate",
+            "2MB",
+            "--part-size",
+            "1MiB",
+        ]),
+        &log,
+    );
+    for k in 0..8 {
+        let batch = inbox.join(format!("run-{k:02}"));
+        write(&batch.join("data.bin"), &random_bytes(3_000_000));
+        write(&batch.join(".ready"), b"");
+        std::thread::sleep(std::time::Duration::from_millis(1000));
+    }
+    let passes = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(30, || passes().matches("sent 1 of 1 files").count() == 8),
+        "{}",
+        passes()
+    );
+    let mut daemon = daemon;
+    kill(&mut daemon);
+    write(&inbox.join("run-last/data.bin"), &random_bytes(3_000_000));
+    write(&inbox.join("run-last/.ready"), b"");
+    let next = run(&site.send(&["--part-size", "1MiB"]));
+    let stderr = String::from_utf8_lossy(&next.stderr);
+    assert!(next.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("start: history of {}", site.relay.url)),
+        "the daemon kept no history: {stderr}\ndaemon: {}",
+        passes()
+    );
+}
+
+#[test]
 fn auto_connections_start_from_the_relays_history_on_the_next_run() {
     // A first send, held at 4 MB/s for about 6 s, measures one setting at least (the first
     // interval, the start, is not judged; each needs 8 requests, here 2 s of 1 MiB parts):
