@@ -101,14 +101,29 @@ pub struct RelayEndpoint {
     pub trust: RelayTrust,
 }
 
+/// How long a body of `len` bytes may take beyond the usual timeout: a limit is shared by
+/// every upload going at once (`at_once`), so a body takes up to that many times its bytes'
+/// time at the slowest rate it may go at, the lowest of its own timetable (`own`) and the share
+/// of the relay's ingress the relay last gave this site (`share`, several sites at once).
+fn paced_for(len: usize, at_once: usize, own: Option<f64>, share: Option<f64>) -> Duration {
+    let slowest = match (own, share) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    slowest.map_or(Duration::ZERO, |rate| {
+        Duration::from_secs_f64((len * at_once) as f64 / rate)
+    })
+}
+
 pub struct RelayClient {
     http: Client,
     base: String,
     token: String,
     timeout: Duration,
-    /// Paces the parts it uploads, when a bandwidth limit is set, and how many uploads may
-    /// share it at once.
-    pacer: Option<(Arc<Pacer>, usize)>,
+    /// Paces the parts it uploads, when a bandwidth limit is set.
+    pacer: Option<Arc<Pacer>>,
+    /// How many uploads may go at once, sharing a limit (its own or the relay's share).
+    uploads_at_once: usize,
     /// The share of the relay's ingress its last upload's answer gave this site, in bytes per
     /// second as f64 bits; 0 while none is in force.
     relay_share: AtomicU64,
@@ -133,33 +148,40 @@ impl RelayClient {
             token: endpoint.token.clone(),
             timeout,
             pacer: None,
+            uploads_at_once: 1,
             relay_share: AtomicU64::new(0),
         })
     }
 
-    /// Uploads parts through `pacer` from now on: each request's body goes out at the
-    /// pacer's rate, shared with the other uploads of this client, at most `uploads` at once.
-    pub fn paced(mut self, pacer: Arc<Pacer>, uploads: usize) -> Self {
-        self.pacer = Some((pacer, uploads.max(1)));
+    /// Uploads at most `at_once` parts at a time from now on, through `pacer` if a bandwidth
+    /// limit is set: each request's body goes out at the pacer's rate, shared with the other
+    /// uploads of this client.
+    pub fn uploading(mut self, at_once: usize, pacer: Option<Arc<Pacer>>) -> Self {
+        self.uploads_at_once = at_once.max(1);
+        self.pacer = pacer;
         self
     }
 
-    /// A request carrying `body`: paced when a limit is set, with the time the limit makes
-    /// it take added to the request's timeout, so pacing never turns into a timeout.
+    /// A request carrying `body`, paced when a limit is set, with the time the slowest limit
+    /// it may go at makes it take added to the request's timeout: pacing, its own or the
+    /// relay's reading at this site's share, never turns into a timeout.
     fn upload(&self, request: RequestBuilder, body: Vec<u8>) -> RequestBuilder {
-        let Some((pacer, uploads)) = &self.pacer else {
-            return request.body(body);
-        };
-        // The bucket hands out chunks in the order they are asked for, so `uploads` bodies
-        // going at once each get their share: a body takes up to `uploads` times its bytes'
-        // time at the lowest limit, and its timeout must allow for that.
-        let paced_for = pacer.timetable().lowest().map_or(Duration::ZERO, |rate| {
-            Duration::from_secs_f64((body.len() * uploads) as f64 / rate)
-        });
-        let len = body.len() as u64;
-        request
-            .timeout(self.timeout + paced_for)
-            .body(Body::sized(Paced::new(body, pacer.clone()), len))
+        let own = self.pacer.as_ref().and_then(|p| p.timetable().lowest());
+        let paced_for = paced_for(body.len(), self.uploads_at_once, own, self.relay_share());
+        let request = request.timeout(self.timeout + paced_for);
+        match &self.pacer {
+            Some(pacer) => {
+                let len = body.len() as u64;
+                request.body(Body::sized(Paced::new(body, pacer.clone()), len))
+            }
+            None => request.body(body),
+        }
+    }
+
+    /// The share of the relay's ingress it holds this site to, if any.
+    fn relay_share(&self) -> Option<f64> {
+        let share = f64::from_bits(self.relay_share.load(Ordering::Relaxed));
+        (share > 0.0).then_some(share)
     }
 
     /// How long one request may take.
@@ -175,9 +197,8 @@ impl RelayClient {
     /// The limit its uploads go at now, if any: its own pacer's, or the share of the relay's
     /// ingress the relay holds this site to while other sites send, whichever is lower.
     pub fn upload_limit(&self) -> Option<f64> {
-        let own = self.pacer.as_ref().and_then(|(pacer, _)| pacer.rate());
-        let share = f64::from_bits(self.relay_share.load(Ordering::Relaxed));
-        match (own, (share > 0.0).then_some(share)) {
+        let own = self.pacer.as_ref().and_then(|pacer| pacer.rate());
+        match (own, self.relay_share()) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -550,6 +571,21 @@ mod tests {
     use crate::server::{start, RelayConfig, RunningRelay};
 
     const EDGE: &str = "edge-token-0123456789abcdef";
+
+    #[test]
+    fn a_body_may_take_as_long_as_the_slowest_limit_it_shares_makes_it() {
+        let mib16 = 16 << 20;
+        // No limit: the usual timeout.
+        assert_eq!(paced_for(mib16, 8, None, None), Duration::ZERO);
+        // Its own 10 MB/s shared by 8 uploads: 13.4 s for 16 MiB.
+        let own = paced_for(mib16, 8, Some(10e6), None);
+        assert_eq!(own.as_millis(), 13_421);
+        // The relay holds the site to 1 MB/s (many sites at once): that is the slowest, and
+        // what the timeout must allow for, not its own 10 MB/s.
+        let shared = paced_for(mib16, 8, Some(10e6), Some(1e6));
+        assert_eq!(shared.as_millis(), 134_217);
+        assert_eq!(paced_for(mib16, 8, None, Some(1e6)), shared);
+    }
 
     fn relay(dir: &std::path::Path) -> RunningRelay {
         std::fs::create_dir_all(dir).unwrap();

@@ -76,12 +76,11 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     edge_settings.prepare.sink = uploads;
     let policy = settings::policy(&args.schedule, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
-    let mut client = link.connect()?;
     let pacer =
         settings::upload_pacer(args.bwlimit.as_deref(), args.target_rate.as_deref(), config)?;
-    if let Some(pacer) = pacer {
-        client = client.paced(pacer, edge_settings.prepare.sink.max());
-    }
+    let client = link
+        .connect()?
+        .uploading(edge_settings.prepare.sink.max(), pacer);
     let edge = Edge::new(EdgeSetup {
         client: &client,
         settings: &edge_settings,
