@@ -106,13 +106,17 @@ pub struct RelayEndpoint {
 /// time at the slowest rate it may go at, the lowest of its own timetable (`own`) and the share
 /// of the relay's ingress the relay last gave this site (`share`, several sites at once).
 fn paced_for(len: usize, at_once: usize, own: Option<f64>, share: Option<f64>) -> Duration {
-    let slowest = match (own, share) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    };
-    slowest.map_or(Duration::ZERO, |rate| {
+    lower(own, share).map_or(Duration::ZERO, |rate| {
         Duration::from_secs_f64((len * at_once) as f64 / rate)
     })
+}
+
+/// The lower of two limits, either of which may be none.
+fn lower(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 pub struct RelayClient {
@@ -197,11 +201,10 @@ impl RelayClient {
     /// The limit its uploads go at now, if any: its own pacer's, or the share of the relay's
     /// ingress the relay holds this site to while other sites send, whichever is lower.
     pub fn upload_limit(&self) -> Option<f64> {
-        let own = self.pacer.as_ref().and_then(|pacer| pacer.rate());
-        match (own, self.relay_share()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        lower(
+            self.pacer.as_ref().and_then(|pacer| pacer.rate()),
+            self.relay_share(),
+        )
     }
 
     /// Sends an upload and keeps the share its answer gives (or that none is in force).

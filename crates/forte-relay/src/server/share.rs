@@ -265,8 +265,6 @@ impl State {
         }
         let total: f64 = self.sites.values().map(|f| f.rate).sum();
         self.peak_total = total.max(self.peak_total * PEAK_KEPT);
-        // Never above the whole measured total: a cap that high binds nobody.
-        let bounded = |cap: f64| Some(cap.clamp(1.0, total.max(1.0)));
         let recheck_due = |at: Instant| {
             now.duration_since(at) >= RECHECK
                 && self
@@ -316,7 +314,7 @@ impl State {
         } else {
             split(total)
         };
-        bounded(next)
+        Some(within(next, total))
     }
 
     /// A fresh equal split of the peak total between every sending site, each one's verdict
@@ -327,9 +325,13 @@ impl State {
         }
         self.split_at = Some(now);
         let total = self.peak_total;
-        let cap = HEADROOM * total / self.sites.len() as f64;
-        Some(cap.clamp(1.0, total.max(1.0)))
+        Some(within(HEADROOM * total / self.sites.len() as f64, total))
     }
+}
+
+/// `cap`, never above `total`: a cap higher than what all sites get together binds nobody.
+fn within(cap: f64, total: f64) -> f64 {
+    cap.clamp(1.0, total.max(1.0))
 }
 
 #[cfg(test)]

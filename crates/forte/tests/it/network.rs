@@ -718,14 +718,13 @@ fn uploads_sharing_a_low_limit_are_not_timed_out_by_it() {
 fn a_daemon_killed_at_any_moment_has_kept_its_tuning_history() {
     // Batches of 3 MB arrive every second to a daemon held at 2 MB/s, so its uploads always
     // have work: its one pass lasts as long as the daemon, and its tuner judges intervals as
-    // batches come. It is killed with
-    // SIGKILL; the next run starts from the history it kept. (History was written when a pass
-    // ended, which a daemon's does only when it stops cleanly: the next run started from the
-    // round trip again.)
+    // batches come. It is killed with SIGKILL; the next run starts from the history it kept.
+    // (History was written when a pass ended, which a daemon's does only when it stops
+    // cleanly: the next run started from the round trip again.)
     let site = Site::new();
     let inbox = site.root.join("inbox");
     let log = site.root.join("send.log");
-    let daemon = spawn_logged(
+    let mut daemon = spawn_logged(
         &site.send(&[
             "--watch",
             "--interval",
@@ -752,17 +751,24 @@ fn a_daemon_killed_at_any_moment_has_kept_its_tuning_history() {
         "{}",
         passes()
     );
-    let mut daemon = daemon;
     kill(&mut daemon);
     write(&inbox.join("run-last/data.bin"), &random_bytes(3_000_000));
     write(&inbox.join("run-last/.ready"), b"");
+    send_starts_from_history(
+        &site,
+        &format!("the daemon kept no history\ndaemon: {}", passes()),
+    );
+}
+
+/// A `send` of what the inbox holds: it succeeds and its tuner starts from this relay's
+/// history; `context` is printed if not.
+fn send_starts_from_history(site: &Site, context: &str) {
     let next = run(&site.send(&["--part-size", "1MiB"]));
     let stderr = String::from_utf8_lossy(&next.stderr);
-    assert!(next.status.success(), "{stderr}");
+    assert!(next.status.success(), "{context}\n{stderr}");
     assert!(
         stderr.contains(&format!("start: history of {}", site.relay.url)),
-        "the daemon kept no history: {stderr}\ndaemon: {}",
-        passes()
+        "{context}\n{stderr}"
     );
 }
 
@@ -786,13 +792,7 @@ fn auto_connections_start_from_the_relays_history_on_the_next_run() {
     );
     write(&inbox.join("run-02/data.bin"), &random_bytes(9_000_000));
     write(&inbox.join("run-02/.ready"), b"");
-    let second = run(&site.send(&["--part-size", "1MiB"]));
-    let stderr = String::from_utf8_lossy(&second.stderr);
-    assert!(second.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!("start: history of {}", site.relay.url)),
-        "{stderr}"
-    );
+    send_starts_from_history(&site, "the second send");
     // Its timeline is in the report's charts.
     let charts = site.root.join("charts");
     let text = ok(&args![
