@@ -27,8 +27,10 @@
 //!
 //! The modules: `vocabulary` (roles, states, stages, tasks, batch keys as types), `schema`
 //! (the migrations), `writes` (what callers record), `writer` (the thread that commits it),
-//! `reads` (rows back).
+//! `reads` (rows back), `claims` (core workers' leases on batches, read and written at once,
+//! not through the writer).
 
+mod claims;
 mod reads;
 mod schema;
 mod vocabulary;
@@ -44,6 +46,7 @@ use anyhow::{Context, Result};
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
+pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use reads::{
     BatchRow, Event, FailedAttempt, FileRow, PartRow, StageRow, TunedRow, TuningSample, UsageRow,
 };

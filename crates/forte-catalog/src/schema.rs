@@ -106,6 +106,15 @@ const MIGRATIONS: &[&str] = &[
         reason TEXT,
         PRIMARY KEY (node, at)
     )",
+    // 5: leases of core workers on batches (`claims`): who holds each batch, until when (the
+    // database's clock, microseconds), and the attempt number that fences out older holders.
+    "CREATE TABLE batch_claims (
+        batch_key TEXT PRIMARY KEY,
+        worker TEXT NOT NULL,
+        attempt BIGINT NOT NULL,
+        lease_until BIGINT NOT NULL,
+        claimed_at BIGINT NOT NULL
+    )",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

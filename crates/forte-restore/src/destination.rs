@@ -143,35 +143,47 @@ pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
     Ok(copied)
 }
 
-/// Removes staging directories left in `dest` by a restore that was killed. Call only when no
-/// other restore writes to `dest`.
+/// Removes staging directories left in `dest` by restores of this machine that were killed: those
+/// whose process is gone. Other workers' staging (processes still running, or other machines
+/// sharing the destination) is left alone.
 pub fn remove_stale_staging(dest: &Path) -> Result<usize> {
     let mut removed = 0;
     let Ok(entries) = std::fs::read_dir(dest) else {
         return Ok(0);
     };
+    let host = forte_usage::host_name();
     for entry in entries.flatten() {
-        if entry
-            .file_name()
-            .to_string_lossy()
-            .starts_with(".forte-staging-")
-        {
-            std::fs::remove_dir_all(entry.path()).with_context(|| {
-                format!(
-                    "cannot remove stale staging directory {}",
-                    entry.path().display()
-                )
-            })?;
-            removed += 1;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(owner) = name.strip_prefix(STAGING_PREFIX) else {
+            continue;
+        };
+        // HOST-PID-N; before host names were part of it, PID-N. A name without a process
+        // number is no running worker's.
+        let mut fields = owner.rsplitn(3, '-').skip(1);
+        let pid = fields.next().and_then(|p| p.parse::<u32>().ok());
+        let ours = fields.next().is_none_or(|h| h == host);
+        if !ours || pid.is_some_and(forte_usage::process_alive) {
+            continue;
         }
+        std::fs::remove_dir_all(entry.path()).with_context(|| {
+            format!(
+                "cannot remove stale staging directory {}",
+                entry.path().display()
+            )
+        })?;
+        removed += 1;
     }
     Ok(removed)
 }
 
-/// A fresh staging directory inside the destination.
+const STAGING_PREFIX: &str = ".forte-staging-";
+
+/// A fresh staging directory inside the destination, named for this machine and process so
+/// that workers sharing the destination know whose it is.
 fn tempdir_in(dest: &Path) -> Result<PathBuf> {
+    let (host, pid) = (forte_usage::host_name(), std::process::id());
     for attempt in 0..100u32 {
-        let path = dest.join(format!(".forte-staging-{}-{attempt}", std::process::id()));
+        let path = dest.join(format!("{STAGING_PREFIX}{host}-{pid}-{attempt}"));
         match std::fs::create_dir(&path) {
             Ok(()) => return Ok(path),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -272,4 +284,35 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
     }
     forte_fs::syncfs(dest)?;
     Ok(delivered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_staging_of_processes_gone_from_this_machine_is_stale() {
+        let dest = tempfile::tempdir().unwrap();
+        let host = forte_usage::host_name();
+        let live = std::process::id();
+        let names = [
+            format!("{STAGING_PREFIX}{host}-{live}-0"),
+            format!("{STAGING_PREFIX}{host}-4000000-0"),
+            format!("{STAGING_PREFIX}other-host-4000000-0"),
+            format!("{STAGING_PREFIX}4000000-1"),
+            format!("{STAGING_PREFIX}0a1b"),
+        ];
+        for name in &names {
+            std::fs::create_dir(dest.path().join(name)).unwrap();
+        }
+        assert_eq!(remove_stale_staging(dest.path()).unwrap(), 3);
+        let mut left: Vec<String> = std::fs::read_dir(dest.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut kept = vec![names[0].clone(), names[2].clone()];
+        kept.sort();
+        assert_eq!(left, kept, "a live worker's and another machine's staging stay");
+    }
 }

@@ -11,6 +11,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+/// This machine's host name (`/proc/sys/kernel/hostname`), or `localhost` when unreadable.
+pub fn host_name() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    match name.trim() {
+        "" => "localhost".to_string(),
+        name => name.to_string(),
+    }
+}
+
+/// Whether a process `pid` runs on this machine now.
+pub fn process_alive(pid: u32) -> bool {
+    std::path::Path::new("/proc").join(pid.to_string()).exists()
+}
+
 /// Cumulative counters at one instant.
 #[derive(Debug, Clone)]
 pub struct Counters {

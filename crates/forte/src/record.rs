@@ -59,8 +59,7 @@ pub fn attempt<T, E: std::fmt::Display>(
 
 /// This machine in a role, as the catalogue names it: `role@host`.
 pub fn node(role: Role) -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    format!("{role}@{}", host.trim())
+    format!("{role}@{}", forte_usage::host_name())
 }
 
 /// Samples this machine's utilisation once a second into the catalogue while the returned

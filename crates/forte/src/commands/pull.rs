@@ -15,7 +15,9 @@ use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
 use crate::schedule::Policy;
-use crate::settings::{self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags};
+use crate::settings::{
+    self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags, WorkerFlags,
+};
 use crate::transfer::retry::Retry;
 use crate::units::{human, mb_per_s};
 
@@ -41,6 +43,8 @@ pub struct Args {
     #[command(flatten)]
     schedule: ScheduleFlags,
     #[command(flatten)]
+    worker: WorkerFlags,
+    #[command(flatten)]
     daemon: Daemon,
     #[command(flatten)]
     output: Output,
@@ -53,9 +57,11 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     core.restore.existing = Existing::KeepIdentical;
     core.restore.readers = args.connections.max(1);
     let policy = settings::policy(&args.schedule, config)?;
+    let worker = settings::worker(&args.worker, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
-    // One puller per destination: whatever a killed one left half-staged is garbage.
+    // Whatever a killed puller of this machine left half-staged is garbage; other workers'
+    // staging is theirs.
     let stale = remove_stale_staging(&args.to)?;
     if stale > 0 {
         eprintln!("removed {stale} staging directories left by an interrupted pull");
@@ -66,7 +72,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         Retry::one_shot()
     };
     let copy_to = args.copy_to.as_deref();
-    let delivery = Delivery::new(&client, retry, &layout, &args.to, copy_to, catalog);
+    let delivery = Delivery::new(&client, retry, &layout, &args.to, copy_to, catalog, worker);
     if let Some(addr) = args.daemon.metrics {
         crate::monitor::serve(addr)?;
     }
@@ -115,15 +121,15 @@ impl Puller<'_> {
         )
     }
 
-    /// Delivers one sealed batch and reports it.
-    fn pull(&self, batch: Vec<ReadyObject>) -> DeliveryReport {
+    /// Delivers one sealed batch and reports it; `None` when another worker holds it.
+    fn pull(&self, batch: Vec<ReadyObject>) -> Option<DeliveryReport> {
         let restore = self.restore();
         let report = crate::monitor::while_running(
             Role::Core,
             &restore.pipeline,
             || {},
             || self.delivery.pull_batch(&restore, batch),
-        );
+        )?;
         let outcome = if report.error.is_none() {
             BatchState::Delivered
         } else {
@@ -136,17 +142,22 @@ impl Puller<'_> {
         if let Some(e) = &report.error {
             self.failures.report(&report.batch, None, e);
         }
-        report
+        Some(report)
     }
 
     /// Delivers every sealed batch waiting now; true when all went.
     fn once(&self) -> Result<bool> {
         let waiting = self.delivery.waiting(&self.policy, false)?;
-        let reports: Vec<DeliveryReport> = waiting.into_iter().map(|b| self.pull(b)).collect();
+        let listed = waiting.len();
+        let reports: Vec<DeliveryReport> = waiting.into_iter().filter_map(|b| self.pull(b)).collect();
+        let others = listed - reports.len();
         if self.json {
             println!("{}", serde_json::to_string_pretty(&reports)?);
-        } else if reports.is_empty() {
+        } else if listed == 0 {
             println!("nothing waiting at the relay");
+        }
+        if others > 0 {
+            eprintln!("{others} batches are being delivered by other workers; left to them");
         }
         Ok(reports.iter().all(|r| r.error.is_none()))
     }
@@ -165,7 +176,8 @@ impl Puller<'_> {
                 Ok(batches) => {
                     let (sealed, open): (Vec<_>, Vec<_>) =
                         batches.into_iter().partition(|b| b[0].batch_sealed);
-                    if sealed.into_iter().any(|b| self.pull(b).error.is_none()) {
+                    let delivered = |b| self.pull(b).is_some_and(|r| r.error.is_none());
+                    if sealed.into_iter().any(delivered) {
                         continue;
                     }
                     if !open.is_empty() {

@@ -12,6 +12,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{new_staging, Restore, Staged};
 use parking_lot::Mutex;
 
+use super::lease::Held;
 use super::{batch_key_of, Delivery};
 use crate::layout::Fields;
 use crate::record::note;
@@ -29,9 +30,17 @@ pub(super) struct Ahead {
     /// Fetching ahead failed once: the batch is left for the whole pull after its seal,
     /// which reports what is wrong.
     pub(super) failed: bool,
+    /// This worker's lease on the batch, released with the staging directory unless the
+    /// delivery takes it over.
+    pub(super) held: Option<Held>,
 }
 
 impl Ahead {
+    /// Whether another worker took the batch over (this one stalled past its lease).
+    fn lost(&self) -> bool {
+        self.held.as_ref().is_none_or(Held::lost)
+    }
+
     /// Those of `objects` not staged yet.
     pub(super) fn not_staged(&self, objects: Vec<ReadyObject>) -> Vec<ReadyObject> {
         let held: HashSet<ObjectId> = self.staged.ids().collect();
@@ -50,38 +59,65 @@ impl Drop for Ahead {
 
 impl Delivery<'_> {
     /// What was fetched ahead of a sealed batch, kept only if it all verified; else a fresh
-    /// start, whose pull stage begins now. With when the batch's pull started.
+    /// start, whose pull stage begins now. With when the batch's pull started. `None` when
+    /// another worker holds the batch.
     pub(super) fn take_ahead(
         &self,
         key: &BatchKey,
         objects: &[ReadyObject],
-    ) -> (Instant, i64, Result<Ahead>) {
-        let fetched = self.ahead.lock().remove(key).filter(|a| !a.failed);
-        match fetched {
-            Some(ahead) => (ahead.started, ahead.started_at, Ok(ahead)),
-            None => {
-                let (started, started_at) = (Instant::now(), now_us());
-                note(
-                    "a stage",
-                    self.catalog.stage(key, Stage::Pull, started_at, None),
-                );
-                let ahead = self.fresh_ahead(objects, started, started_at);
-                (started, started_at, ahead)
+    ) -> Option<(Instant, i64, Result<Ahead>)> {
+        let held = match self.ahead.lock().remove(key) {
+            Some(ahead) if !ahead.lost() && !ahead.failed => {
+                return Some((ahead.started, ahead.started_at, Ok(ahead)))
             }
-        }
+            // Fetching ahead failed: start afresh, under the same lease.
+            Some(mut ahead) if !ahead.lost() => ahead.held.take(),
+            _ => None,
+        };
+        let (started, started_at) = (Instant::now(), now_us());
+        let held = match held.map_or_else(|| self.claim(key), |h| Ok(Some(h))) {
+            Ok(Some(held)) => held,
+            Ok(None) => return None,
+            Err(e) => return Some((started, started_at, Err(e))),
+        };
+        note(
+            "a stage",
+            self.catalog.stage(key, Stage::Pull, started_at, None),
+        );
+        let ahead = self.fresh_ahead(objects, held, started, started_at);
+        Some((started, started_at, ahead))
+    }
+
+    /// Claims `key` for this worker: `None` while another worker holds it.
+    fn claim(&self, key: &BatchKey) -> Result<Option<Held>> {
+        Held::claim(&self.leases, &self.worker, key)
     }
 
     /// Verifies and stages the sealed objects of a batch the edge is still sending, so that
     /// little is left to do when its seal arrives. Nothing becomes visible and nothing is
-    /// acknowledged. Returns whether there was anything new to fetch.
+    /// acknowledged. Returns whether there was anything new to fetch. A batch another worker
+    /// holds is left to it.
     pub fn fetch_ahead(&self, restore: &Restore, objects: Vec<ReadyObject>) -> bool {
         let batch_key = batch_key_of(&objects);
         let mut all = self.ahead.lock();
+        if all.get(&batch_key).is_some_and(Ahead::lost) {
+            eprintln!("batch {batch_key}: another worker took it over while this one fetched it ahead; left to it");
+            all.remove(&batch_key);
+            return false;
+        }
         if all.get(&batch_key).is_some_and(|a| a.failed) {
             return false;
         }
         if !all.contains_key(&batch_key) {
-            let Ok(ahead) = self.fresh_ahead(&objects, Instant::now(), now_us()) else {
+            let held = match self.claim(&batch_key) {
+                Ok(Some(held)) => held,
+                Ok(None) => return false,
+                Err(e) => {
+                    eprintln!("batch {batch_key}: not fetched ahead: {e:#}");
+                    return false;
+                }
+            };
+            let Ok(ahead) = self.fresh_ahead(&objects, held, Instant::now(), now_us()) else {
                 return false;
             };
             note(
@@ -109,6 +145,7 @@ impl Delivery<'_> {
     pub(super) fn fresh_ahead(
         &self,
         objects: &[ReadyObject],
+        held: Held,
         started: Instant,
         started_at: i64,
     ) -> Result<Ahead> {
@@ -120,6 +157,7 @@ impl Delivery<'_> {
             batch_time: objects.iter().map(|o| o.sealed_at).min().unwrap_or(0),
             name: None,
             failed: false,
+            held: Some(held),
         })
     }
 

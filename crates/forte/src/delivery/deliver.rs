@@ -10,6 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{replicate, Restore, RestoreFailure};
 
 use super::ahead::Ahead;
+use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
 use crate::transfer::download::RelaySource;
@@ -32,12 +33,18 @@ impl Sealed<'_> {
 }
 
 impl Delivery<'_> {
-    /// Delivers one sealed batch, all or nothing, and acknowledges it at the relay.
-    pub fn pull_batch(&self, restore: &Restore, objects: Vec<ReadyObject>) -> DeliveryReport {
+    /// Delivers one sealed batch, all or nothing, and acknowledges it at the relay. `None` when
+    /// another worker holds the batch, or took it over from this one: it delivers it.
+    pub fn pull_batch(
+        &self,
+        restore: &Restore,
+        objects: Vec<ReadyObject>,
+    ) -> Option<DeliveryReport> {
         let batch = Sealed {
             key: batch_key_of(&objects),
             objects: &objects,
         };
+        let (started, started_at, ahead) = self.take_ahead(&batch.key, &objects)?;
         let mut report = DeliveryReport {
             site: batch.site().to_owned(),
             batch: batch.id().to_owned(),
@@ -50,19 +57,22 @@ impl Delivery<'_> {
             rejected_parts: Vec::new(),
         };
         self.record_batch(&batch, &report.batch, BatchState::Pulling);
-        let (started, started_at, ahead) = self.take_ahead(&batch.key, &objects);
         let mut name = None;
         let result = ahead.and_then(|ahead| self.commit(restore, &batch, ahead, &mut name));
         if let Some(name) = name {
             report.batch = name;
         }
         // The second copy must exist before the relay may delete anything.
-        let result = result.and_then(|delivered| match self.copy_to {
-            Some(copy) => replicate(self.dest, copy, &delivered.placed).map(|_| delivered),
-            None => Ok(delivered),
+        let result = result.and_then(|(delivered, held)| match self.copy_to {
+            Some(copy) => replicate(self.dest, copy, &delivered.placed).map(|_| (delivered, held)),
+            None => Ok((delivered, held)),
+        });
+        let result = result.and_then(|(delivered, held)| {
+            held.check("recording and acknowledging it")?;
+            Ok((delivered, held))
         });
         match result {
-            Ok(delivered) => {
+            Ok((delivered, held)) => {
                 if !delivered.inventory {
                     eprintln!(
                         "warning: batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
@@ -75,7 +85,7 @@ impl Delivery<'_> {
                 report.bytes = delivered.bytes;
                 // What was delivered is in the catalogue before the relay may forget the batch:
                 // a puller killed after the acknowledgement could never record it again.
-                self.record_delivered(&batch.key, &delivered);
+                self.record_delivered(&batch.key, &delivered, &held.signature());
                 self.record_batch(&batch, &report.batch, BatchState::Delivered);
                 report.error = match self.catalog.flush() {
                     Ok(()) => self.acknowledge(&batch, &report.batch, &delivered).err(),
@@ -83,6 +93,13 @@ impl Delivery<'_> {
                         "delivered, but not acknowledged until the catalogue records it: {e:#}"
                     )),
                 };
+                if report.error.is_none() {
+                    held.delivered();
+                }
+            }
+            Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
+                eprintln!("{e}");
+                return None;
             }
             Err(e) => {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
@@ -103,19 +120,21 @@ impl Delivery<'_> {
             .catalog
             .stage(&batch.key, Stage::Pull, started_at, ended);
         note("a stage", stage);
-        report
+        Some(report)
     }
 
     /// Stages what was not fetched ahead and commits the whole batch, provided the relay
-    /// listed exactly the objects of the edge's signed inventory. Sets `name` to the batch's
-    /// name, found in its verified manifests.
+    /// listed exactly the objects of the edge's signed inventory and this worker still holds
+    /// the batch. Sets `name` to the batch's name, found in its verified manifests. Returns
+    /// what was delivered and the lease, which the acknowledgement needs.
     fn commit(
         &self,
         restore: &Restore,
         batch: &Sealed<'_>,
         mut ahead: Ahead,
         name: &mut Option<String>,
-    ) -> Result<forte_restore::Delivered> {
+    ) -> Result<(forte_restore::Delivered, Held)> {
+        let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
             client: self.client,
             retry: self.retry,
@@ -130,12 +149,14 @@ impl Delivery<'_> {
             ahead.staged.extend(more?);
         }
         name.clone_from(&ahead.name);
-        restore.commit(
+        held.check("placing its files")?;
+        let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
             &ahead.staging,
             self.dest,
             inventory.as_ref(),
-        )
+        )?;
+        Ok((delivered, held))
     }
 
     /// Records the batch's state, with its totals as the relay listed them.
@@ -150,8 +171,13 @@ impl Delivery<'_> {
         note("a batch", self.catalog.batch_state(&record));
     }
 
-    /// Records every delivered file and its verified parts.
-    fn record_delivered(&self, key: &BatchKey, delivered: &forte_restore::Delivered) {
+    /// Records every delivered file and its verified parts; `by` names the worker in each
+    /// file's lineage.
+    fn record_delivered(&self, key: &BatchKey, delivered: &forte_restore::Delivered, by: &str) {
+        let (fresh, again) = (
+            format!("delivered {by}"),
+            format!("already in place from an earlier pull; acknowledged {by}"),
+        );
         for p in &delivered.placed {
             let object = p.id.to_string();
             for (index, raw, sealed) in &p.parts {
@@ -170,7 +196,7 @@ impl Delivery<'_> {
                 carrier: carrier.as_deref(),
                 raw_sha256: Some(&p.sha256),
                 delivered_to: Some(&p.target),
-                detail: p.already.then_some("already in place from an earlier pull"),
+                detail: Some(if p.already { &again } else { &fresh }),
                 ..FileRecord::new(key, &object, &p.path, p.size, Delivered)
             };
             note("a delivered file", self.catalog.file_state(&file));

@@ -5,18 +5,22 @@
 //! step recorded in the catalogue.
 //!
 //! `ahead` stages objects before their batch is sealed, `deliver` takes a sealed batch to the
-//! destination, `acknowledge` tells the relay it may delete.
+//! destination, `acknowledge` tells the relay it may delete, `lease` keeps a batch this
+//! worker's alone while it works on it (several workers may share one relay and catalogue).
 
 mod acknowledge;
 mod ahead;
 mod deliver;
+mod lease;
+
+pub use lease::Worker;
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use forte_catalog::{now_us, BatchKey, Role};
+use forte_catalog::{now_us, BatchKey, Leases, Role};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use parking_lot::Mutex;
@@ -54,6 +58,9 @@ pub struct Delivery<'a> {
     pub dest: &'a Path,
     pub copy_to: Option<&'a Path>,
     pub catalog: &'a Catalog,
+    /// Which worker this is, and its leases on batches in the catalogue.
+    worker: Worker,
+    leases: Leases,
     /// Batches still being sent whose sealed objects are already verified and staged, by
     /// batch key.
     ahead: Mutex<HashMap<BatchKey, Ahead>>,
@@ -69,6 +76,7 @@ impl<'a> Delivery<'a> {
         dest: &'a Path,
         copy_to: Option<&'a Path>,
         catalog: &'a Catalog,
+        worker: Worker,
     ) -> Self {
         Self {
             client,
@@ -77,6 +85,8 @@ impl<'a> Delivery<'a> {
             dest,
             copy_to,
             catalog,
+            worker,
+            leases: catalog.leases(),
             ahead: Mutex::default(),
             generation: Mutex::default(),
         }
@@ -106,7 +116,7 @@ impl<'a> Delivery<'a> {
         })?;
         *self.generation.lock() = generation;
         let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
-        let waiting = group_by_batch(ready)
+        let waiting: Vec<_> = group_by_batch(ready)
             .into_iter()
             .map(|objects| {
                 let sealed_at = objects.iter().map(|o| o.sealed_at).max().unwrap_or(0);
@@ -119,6 +129,13 @@ impl<'a> Delivery<'a> {
                 (waiting, objects)
             })
             .collect();
+        if open {
+            // Batches fetched ahead that the relay no longer lists were delivered by another
+            // worker (this one lost its lease): their staging and leases go.
+            let listed: std::collections::HashSet<BatchKey> =
+                waiting.iter().map(|(_, objects)| batch_key_of(objects)).collect();
+            self.ahead.lock().retain(|key, _| listed.contains(key));
+        }
         let ordered = policy.order(waiting, now);
         let bytes = ordered.iter().map(|b| sealed_bytes(b)).sum();
         let files = ordered.iter().map(Vec::len).sum();

@@ -24,6 +24,10 @@
 //! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
 //! target_rate = "30MB"             # hold the upload at this rate
 //!
+//! [pull]
+//! worker = "core-1"              # default: HOST:PID; unique among workers sharing a catalogue
+//! lease = "30s"                  # a dead or stalled worker's batches go to others after this
+//!
 //! [schedule]
 //! policy = "sjf-aging"           # fifo, sjf, sjf-aging, priority, lanes
 //! max_wait = "1h"
@@ -62,6 +66,8 @@ pub struct Config {
     #[serde(default)]
     pub send: SendSection,
     #[serde(default)]
+    pub pull: PullSection,
+    #[serde(default)]
     pub schedule: ScheduleSection,
     #[serde(default)]
     pub ingest: IngestSection,
@@ -76,6 +82,15 @@ pub struct SendSection {
     pub bwlimit: Option<String>,
     /// A rate the upload is held at (`units::parse_rate`).
     pub target_rate: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullSection {
+    /// This core worker's name in leases and lineage.
+    pub worker: Option<String>,
+    /// How long a claimed batch stays the worker's without a renewal (`units::parse_duration`).
+    pub lease: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

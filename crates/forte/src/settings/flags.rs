@@ -56,6 +56,19 @@ pub struct CoreFlags {
     pub(super) writers: Option<usize>,
 }
 
+/// Which core worker this is, among those sharing one catalogue; `pull`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct WorkerFlags {
+    /// This worker's name in the catalogue's leases and lineage [config: pull.worker]
+    /// [default: HOST:PID]. Workers sharing one catalogue need different names.
+    #[arg(long, value_name = "NAME")]
+    pub(super) worker: Option<String>,
+    /// How long a claimed batch stays this worker's without a renewal: a worker that died or
+    /// stalled loses its batches to the others after this [config: pull.lease] [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    pub(super) lease: Option<String>,
+}
+
 /// Where the relay is and how to trust it; `send` and `pull`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RelayFlags {

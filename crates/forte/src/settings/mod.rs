@@ -25,8 +25,11 @@ use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
 pub use file::{check_level, Config, Connections, Level};
-pub use flags::{parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags};
+pub use flags::{
+    parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags, WorkerFlags,
+};
 
+use crate::delivery::Worker;
 use crate::schedule::{Policy, PolicyName};
 use crate::transfer::tune::MAX_UPLOADS;
 use crate::units::{parse_bwlimit, parse_duration, parse_rate};
@@ -148,6 +151,30 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
         trusted: TrustedEdges::load(&trust)?,
         restore,
     })
+}
+
+/// This core worker's name and lease among the workers sharing a catalogue.
+pub fn worker(flags: &WorkerFlags, config: &Config) -> Result<Worker> {
+    let c = &config.pull;
+    let name = flags
+        .worker
+        .clone()
+        .or(c.worker.clone())
+        .unwrap_or_else(Worker::default_name);
+    if name.trim().is_empty() {
+        bail!("the worker name is empty: pass --worker NAME or set pull.worker, or leave both out for HOST:PID");
+    }
+    let lease = match flags.lease.as_ref().or(c.lease.as_ref()) {
+        Some(text) => {
+            let lease = parse_duration(text).map_err(anyhow::Error::msg)?;
+            if lease < Duration::from_secs(1) {
+                bail!("lease {text} is too short: it is renewed every third of it; give 1s or more (default 30s)");
+            }
+            lease
+        }
+        None => Duration::from_secs(30),
+    };
+    Ok(Worker { name, lease })
 }
 
 pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {

@@ -1,0 +1,133 @@
+//! This worker's hold on batches, so that several core workers sharing one relay and one
+//! catalogue deliver each batch once (the leases themselves are `forte_catalog::Leases`).
+//!
+//! A batch is claimed before it is fetched ahead or delivered; a heartbeat renews the lease
+//! while the worker works on it; the lease is checked again before each step the others can
+//! see (files placed at the destination, then the delivery recorded and acknowledged), so a
+//! worker that stalled past its lease and was overtaken stops there and leaves the batch to the
+//! new holder. Placing a verified file is idempotent (one already in place with the same
+//! SHA-256 is kept), which covers the one gap a lease cannot: a worker stopped between its last
+//! check and the step after it.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use forte_catalog::{BatchKey, Claim, Heartbeat, Holder, Lease, Leases};
+
+/// Which core worker this is, and how long its claims last without a renewal.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub name: String,
+    pub lease: Duration,
+}
+
+impl Worker {
+    /// `HOST:PID`: unique among the workers of a catalogue, and telling a worker on this
+    /// machine whether the holder of a batch is still running.
+    pub fn default_name() -> String {
+        format!("{}:{}", forte_usage::host_name(), std::process::id())
+    }
+}
+
+/// A batch this worker holds: its lease, renewed in the background until dropped. Dropping it
+/// releases the lease, so that another worker may take the batch at once, unless the batch was
+/// delivered ([`Held::delivered`]).
+pub(super) struct Held {
+    leases: Leases,
+    lease: Lease,
+    duration: Duration,
+    heartbeat: Option<Heartbeat>,
+    release: bool,
+}
+
+/// The lease was overtaken: another worker holds the batch now and will deliver it.
+#[derive(Debug)]
+pub(super) struct LeaseLost(pub String);
+
+impl std::fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for LeaseLost {}
+
+impl Held {
+    /// Claims `batch` for `worker`: `None` while another live worker holds it. A holder on this
+    /// machine whose process is gone (killed) is overtaken at once rather than at its lease's
+    /// end.
+    pub(super) fn claim(leases: &Leases, worker: &Worker, batch: &BatchKey) -> Result<Option<Self>> {
+        let mut claim = leases.claim(batch, &worker.name, worker.lease, None)?;
+        if let Claim::Busy(holder) = &claim {
+            if gone_from_this_machine(holder) {
+                claim = leases.claim(batch, &worker.name, worker.lease, Some(holder))?;
+            }
+        }
+        let Claim::Held(lease) = claim else {
+            return Ok(None);
+        };
+        let heartbeat = Heartbeat::start(leases.clone(), lease.clone(), worker.lease);
+        Ok(Some(Self {
+            leases: leases.clone(),
+            lease,
+            duration: worker.lease,
+            heartbeat: Some(heartbeat),
+            release: true,
+        }))
+    }
+
+    /// Whether the heartbeat found the lease overtaken (or could not renew it in time).
+    pub(super) fn lost(&self) -> bool {
+        self.heartbeat.as_ref().is_none_or(Heartbeat::lost)
+    }
+
+    /// Renews the lease now; fails with [`LeaseLost`], naming the new holder, unless this
+    /// worker still holds the batch. Called before `step`, which others would see.
+    pub(super) fn check(&self, step: &str) -> Result<()> {
+        if !self.lost() && self.leases.renew(&self.lease, self.duration)? {
+            return Ok(());
+        }
+        let now = match self.leases.holder(&self.lease.batch) {
+            Ok(Some(h)) => format!("worker {} holds it (attempt {})", h.worker, h.attempt),
+            _ => "another worker holds it".to_string(),
+        };
+        Err(LeaseLost(format!(
+            "batch {}: this worker's lease (attempt {}) ran out before {step} and {now}; left to it",
+            self.lease.batch, self.lease.attempt
+        ))
+        .into())
+    }
+
+    /// This worker's name and attempt, for the lineage: `delivered by worker W (attempt N)`.
+    pub(super) fn signature(&self) -> String {
+        format!("by worker {} (attempt {})", self.lease.worker, self.lease.attempt)
+    }
+
+    /// The batch is delivered and acknowledged: the lease is left to run out rather than
+    /// released, so a worker that listed the batch just before the acknowledgement cannot
+    /// claim it again meanwhile.
+    pub(super) fn delivered(mut self) {
+        self.release = false;
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        // Stop renewing first: a renewal after the release would take the lease back.
+        drop(self.heartbeat.take());
+        if self.release {
+            let _ = self.leases.release(&self.lease);
+        }
+    }
+}
+
+/// A holder named `HOST:PID` for this machine whose process is not running.
+fn gone_from_this_machine(holder: &Holder) -> bool {
+    let Some((host, pid)) = holder.worker.rsplit_once(':') else {
+        return false;
+    };
+    host == forte_usage::host_name()
+        && pid
+            .parse()
+            .is_ok_and(|pid| !forte_usage::process_alive(pid))
+}
