@@ -309,7 +309,10 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         let second = held(catalog.claim(&batch, "w2", LEASE, None).unwrap());
         assert_eq!(second.attempt, 2);
-        assert!(!catalog.renew(&first, LEASE).unwrap(), "the old holder renewed");
+        assert!(
+            !catalog.renew(&first, LEASE).unwrap(),
+            "the old holder renewed"
+        );
         assert!(!catalog.release(&first).unwrap(), "the old holder released");
         // A holder known to be gone is overtaken at once, naming its exact attempt.
         let gone = catalog.holder(&batch).unwrap().unwrap();
@@ -338,7 +341,7 @@ mod tests {
     /// Workers claiming the same batches at once: each batch goes to exactly one of them.
     pub fn race_claims(url: &str) {
         let batches: Vec<BatchKey> = (0..20)
-            .map(|i| BatchKey::core("site-a", &format!("race-{i}")))
+            .map(|i| BatchKey::core("site-a", format!("race-{i}")))
             .collect();
         let won: Vec<Vec<BatchKey>> = std::thread::scope(|s| {
             let workers: Vec<_> = (0..4)
@@ -381,7 +384,10 @@ mod tests {
         std::thread::sleep(Duration::from_secs(1));
         assert!(!heartbeat.lost());
         assert!(
-            matches!(leases.claim(&batch, "w2", short, None).unwrap(), Claim::Busy(_)),
+            matches!(
+                leases.claim(&batch, "w2", short, None).unwrap(),
+                Claim::Busy(_)
+            ),
             "a lease kept by its heartbeat was taken"
         );
         drop(heartbeat);

@@ -313,6 +313,9 @@ mod tests {
         left.sort();
         let mut kept = vec![names[0].clone(), names[2].clone()];
         kept.sort();
-        assert_eq!(left, kept, "a live worker's and another machine's staging stay");
+        assert_eq!(
+            left, kept,
+            "a live worker's and another machine's staging stay"
+        );
     }
 }

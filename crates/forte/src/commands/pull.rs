@@ -149,7 +149,8 @@ impl Puller<'_> {
     fn once(&self) -> Result<bool> {
         let waiting = self.delivery.waiting(&self.policy, false)?;
         let listed = waiting.len();
-        let reports: Vec<DeliveryReport> = waiting.into_iter().filter_map(|b| self.pull(b)).collect();
+        let reports: Vec<DeliveryReport> =
+            waiting.into_iter().filter_map(|b| self.pull(b)).collect();
         let others = listed - reports.len();
         if self.json {
             println!("{}", serde_json::to_string_pretty(&reports)?);

@@ -72,7 +72,11 @@ impl Delivery<'_> {
             }
             // Fetching ahead failed: start afresh, under the same lease.
             Some(mut ahead) if !ahead.lost() => ahead.held.take(),
-            _ => None,
+            Some(_) => {
+                eprintln!("{}", taken_over(key));
+                None
+            }
+            None => None,
         };
         let (started, started_at) = (Instant::now(), now_us());
         let held = match held.map_or_else(|| self.claim(key), |h| Ok(Some(h))) {
@@ -101,7 +105,7 @@ impl Delivery<'_> {
         let batch_key = batch_key_of(&objects);
         let mut all = self.ahead.lock();
         if all.get(&batch_key).is_some_and(Ahead::lost) {
-            eprintln!("batch {batch_key}: another worker took it over while this one fetched it ahead; left to it");
+            eprintln!("{}", taken_over(&batch_key));
             all.remove(&batch_key);
             return false;
         }
@@ -199,4 +203,10 @@ impl Delivery<'_> {
         ahead.name = name.into_inner();
         staged
     }
+}
+
+/// What a worker says when it finds that a batch it fetched ahead was taken over (it stalled
+/// past its lease).
+fn taken_over(key: &BatchKey) -> String {
+    format!("batch {key}: another worker took it over while this one fetched it ahead; left to it")
 }

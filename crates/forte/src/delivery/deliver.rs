@@ -174,10 +174,7 @@ impl Delivery<'_> {
     /// Records every delivered file and its verified parts; `by` names the worker in each
     /// file's lineage.
     fn record_delivered(&self, key: &BatchKey, delivered: &forte_restore::Delivered, by: &str) {
-        let (fresh, again) = (
-            format!("delivered {by}"),
-            format!("already in place from an earlier pull; acknowledged {by}"),
-        );
+        let again = format!("already in place from an earlier pull; {by}");
         for p in &delivered.placed {
             let object = p.id.to_string();
             for (index, raw, sealed) in &p.parts {
@@ -196,7 +193,7 @@ impl Delivery<'_> {
                 carrier: carrier.as_deref(),
                 raw_sha256: Some(&p.sha256),
                 delivered_to: Some(&p.target),
-                detail: Some(if p.already { &again } else { &fresh }),
+                detail: Some(if p.already { &again } else { by }),
                 ..FileRecord::new(key, &object, &p.path, p.size, Delivered)
             };
             note("a delivered file", self.catalog.file_state(&file));

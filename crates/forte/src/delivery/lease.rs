@@ -56,7 +56,11 @@ impl Held {
     /// Claims `batch` for `worker`: `None` while another live worker holds it. A holder on this
     /// machine whose process is gone (killed) is overtaken at once rather than at its lease's
     /// end.
-    pub(super) fn claim(leases: &Leases, worker: &Worker, batch: &BatchKey) -> Result<Option<Self>> {
+    pub(super) fn claim(
+        leases: &Leases,
+        worker: &Worker,
+        batch: &BatchKey,
+    ) -> Result<Option<Self>> {
         let mut claim = leases.claim(batch, &worker.name, worker.lease, None)?;
         if let Claim::Busy(holder) = &claim {
             if gone_from_this_machine(holder) {
@@ -100,7 +104,10 @@ impl Held {
 
     /// This worker's name and attempt, for the lineage: `delivered by worker W (attempt N)`.
     pub(super) fn signature(&self) -> String {
-        format!("by worker {} (attempt {})", self.lease.worker, self.lease.attempt)
+        format!(
+            "by worker {} (attempt {})",
+            self.lease.worker, self.lease.attempt
+        )
     }
 
     /// The batch is delivered and acknowledged: the lease is left to run out rather than

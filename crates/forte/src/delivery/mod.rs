@@ -132,9 +132,17 @@ impl<'a> Delivery<'a> {
         if open {
             // Batches fetched ahead that the relay no longer lists were delivered by another
             // worker (this one lost its lease): their staging and leases go.
-            let listed: std::collections::HashSet<BatchKey> =
-                waiting.iter().map(|(_, objects)| batch_key_of(objects)).collect();
-            self.ahead.lock().retain(|key, _| listed.contains(key));
+            let listed: std::collections::HashSet<BatchKey> = waiting
+                .iter()
+                .map(|(_, objects)| batch_key_of(objects))
+                .collect();
+            self.ahead.lock().retain(|key, _| {
+                let keep = listed.contains(key);
+                if !keep {
+                    eprintln!("batch {key}: the relay no longer offers it (another worker delivered it, or its site cancelled it); what this worker fetched ahead is dropped and the batch left to it");
+                }
+                keep
+            });
         }
         let ordered = policy.order(waiting, now);
         let bytes = ordered.iter().map(|b| sealed_bytes(b)).sum();

@@ -20,3 +20,4 @@ mod resources;
 mod roundtrip;
 mod startup;
 mod tamper;
+mod workers;

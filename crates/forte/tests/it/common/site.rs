@@ -139,7 +139,10 @@ impl Site {
                 return None;
             }
         };
-        let db = format!("forte_e2e_{}", std::process::id());
+        // One database per site: tests of one binary run at once.
+        static SITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = SITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let db = format!("forte_e2e_{}_{n}", std::process::id());
         stdout_of(
             tool("psql")
                 .arg(&base)
@@ -212,11 +215,9 @@ impl Site {
         let mut found = Vec::new();
         let objects = self.relay.store.join("sites/site-a/objects");
         for o in std::fs::read_dir(objects).into_iter().flatten().flatten() {
-            found.extend(
-                std::fs::read_dir(o.path())
-                    .unwrap()
-                    .map(|e| e.unwrap().path()),
-            );
+            // An object acknowledged meanwhile is gone: it is not held.
+            let entries = std::fs::read_dir(o.path()).into_iter().flatten().flatten();
+            found.extend(entries.map(|e| e.path()));
         }
         found.sort();
         found
