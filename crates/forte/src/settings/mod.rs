@@ -357,6 +357,8 @@ mod tests {
         ingest: IngestFlags,
         #[command(flatten)]
         relay: RelayFlags,
+        #[command(flatten)]
+        worker: WorkerFlags,
     }
 
     fn config(text: &str) -> Config {
@@ -364,6 +366,23 @@ mod tests {
         let file = dir.path().join("forte.toml");
         std::fs::write(&file, text).unwrap();
         Config::load(Some(&file)).unwrap()
+    }
+
+    #[test]
+    fn a_worker_is_named_and_leased_by_flag_then_file_then_default() {
+        let none = Flags::parse_from(["t"]);
+        let w = worker(&none.worker, &Config::default()).unwrap();
+        assert_eq!(w.name, Worker::default_name());
+        assert_eq!(w.lease, Duration::from_secs(30));
+        let file = config("[pull]\nworker = \"core-1\"\nlease = \"2m\"\n");
+        let w = worker(&none.worker, &file).unwrap();
+        assert_eq!((w.name.as_str(), w.lease), ("core-1", Duration::from_secs(120)));
+        let flags = Flags::parse_from(["t", "--worker", "core-2", "--lease", "5s"]);
+        let w = worker(&flags.worker, &file).unwrap();
+        assert_eq!((w.name.as_str(), w.lease), ("core-2", Duration::from_secs(5)));
+        let short = Flags::parse_from(["t", "--lease", "100ms"]);
+        let e = worker(&short.worker, &file).unwrap_err().to_string();
+        assert!(e.contains("lease 100ms is too short"), "{e}");
     }
 
     #[test]
