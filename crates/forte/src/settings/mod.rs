@@ -376,10 +376,16 @@ mod tests {
         assert_eq!(w.lease, Duration::from_secs(30));
         let file = config("[pull]\nworker = \"core-1\"\nlease = \"2m\"\n");
         let w = worker(&none.worker, &file).unwrap();
-        assert_eq!((w.name.as_str(), w.lease), ("core-1", Duration::from_secs(120)));
+        assert_eq!(
+            (w.name.as_str(), w.lease),
+            ("core-1", Duration::from_secs(120))
+        );
         let flags = Flags::parse_from(["t", "--worker", "core-2", "--lease", "5s"]);
         let w = worker(&flags.worker, &file).unwrap();
-        assert_eq!((w.name.as_str(), w.lease), ("core-2", Duration::from_secs(5)));
+        assert_eq!(
+            (w.name.as_str(), w.lease),
+            ("core-2", Duration::from_secs(5))
+        );
         let short = Flags::parse_from(["t", "--lease", "100ms"]);
         let e = worker(&short.worker, &file).unwrap_err().to_string();
         assert!(e.contains("lease 100ms is too short"), "{e}");
