@@ -427,9 +427,18 @@ fn unavailable(e: &sqlx::Error) -> bool {
 async fn commit(
     pool: &AnyPool,
     records: &[Record],
+    sqlite: bool,
 ) -> std::result::Result<(), (usize, sqlx::Error)> {
     let together = async {
-        let mut tx = pool.begin().await?;
+        // SQLite: take the write lock at the start. A deferred transaction that read first
+        // fails at its first write, without waiting, once another connection (a lease
+        // renewed meanwhile) has written (SQLITE_BUSY_SNAPSHOT); an immediate one waits for
+        // the lock like any writer.
+        let mut tx = if sqlite {
+            pool.begin_with("BEGIN IMMEDIATE").await?
+        } else {
+            pool.begin().await?
+        };
         for r in records {
             apply(&mut tx, r).await?;
         }
@@ -466,6 +475,7 @@ pub(crate) fn writer(
     inbox: Receiver<Msg>,
 ) {
     let (mut records, mut flushes) = (Vec::new(), Vec::new());
+    let sqlite = url.starts_with("sqlite");
     let mut outage: Option<(std::time::Instant, std::time::Duration)> = None;
     loop {
         // Everything that queued up while the last commit ran goes into this one; block for
@@ -486,7 +496,7 @@ pub(crate) fn writer(
             return; // every sender is gone
         }
         if !records.is_empty() {
-            if let Err((done, e)) = runtime.block_on(commit(&pool, &records)) {
+            if let Err((done, e)) = runtime.block_on(commit(&pool, &records, sqlite)) {
                 records.drain(..done);
                 let (since, delay) = outage.get_or_insert((
                     std::time::Instant::now(),

@@ -719,13 +719,7 @@ fn kills_during_a_small_file_batch_lose_nothing_and_deliver_nothing_twice() {
     let dest = site.root.join("dest");
     let _sender = spawn_logged(&send, &send_log);
     let _puller = spawn_logged(&pull, &pull_log);
-    assert!(
-        wait_for(120, || visible(&dest) == expected),
-        "not everything arrived: {} of {} files{}",
-        visible(&dest).len(),
-        expected.len(),
-        logs()
-    );
+    assert_all_arrive(&dest, &expected, logs);
     assert!(
         wait_for(60, || expected.keys().all(|p| !inbox
             .join(p.strip_prefix("site-a/").unwrap())

@@ -137,13 +137,7 @@ fn workers_sharing_a_catalogue_deliver_each_batch_once_through_kills() {
             .collect::<String>()
     };
     let dest = site.root.join("dest");
-    assert!(
-        wait_for(120, || visible(&dest) == expected),
-        "not everything arrived: {} of {} files{}",
-        visible(&dest).len(),
-        expected.len(),
-        logs()
-    );
+    assert_all_arrive(&dest, &expected, logs);
     assert!(
         wait_for(30, || site.relay_objects().is_empty()),
         "the relay still holds {:?}",

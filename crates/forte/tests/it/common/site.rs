@@ -291,6 +291,22 @@ impl Site {
     }
 }
 
+/// Waits up to 120 s until the files visible in `dest` are exactly `expected`; else fails,
+/// saying how many arrived, with `logs` (the daemons' output).
+pub fn assert_all_arrive(
+    dest: &Path,
+    expected: &std::collections::BTreeMap<String, String>,
+    logs: impl Fn() -> String,
+) {
+    assert!(
+        wait_for(120, || visible(dest) == *expected),
+        "not everything arrived: {} of {} files{}",
+        visible(dest).len(),
+        expected.len(),
+        logs()
+    );
+}
+
 /// Waits up to `seconds` for `done`, polling; false if it never came.
 pub fn wait_for(seconds: u64, mut done: impl FnMut() -> bool) -> bool {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
