@@ -6,7 +6,9 @@
 # Debian; the report's PNG charts need a TrueType font (DejaVu); Parquet files from `forte
 # ingest` are read back by pyarrow and DuckDB from PyPI, in a virtualenv inside the clone
 # (Debian packages neither); the catalogue tests run against a real PostgreSQL server, which
-# .ci/postgres.sh installs and starts. Installing needs root (or sudo) the first time only.
+# .ci/postgres.sh installs and starts; the S3 tests against a real S3 server, versitygw (it
+# serves a directory as S3), built from the Go module proxy into target/go. Installing needs
+# root (or sudo) the first time only.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -36,5 +38,12 @@ export FORTE_TEST_PYTHON
 
 FORTE_TEST_POSTGRES="${FORTE_TEST_POSTGRES:-$(.ci/postgres.sh)}"
 export FORTE_TEST_POSTGRES
+
+FORTE_TEST_VERSITYGW="${FORTE_TEST_VERSITYGW:-$PWD/target/go/bin/versitygw}"
+if [ ! -x "$FORTE_TEST_VERSITYGW" ]; then
+    echo "building versitygw v1.8.0 into target/go (Go module proxy)" >&2
+    GOPATH="$PWD/target/go" GOFLAGS=-modcacherw go install github.com/versity/versitygw/cmd/versitygw@v1.8.0
+fi
+export FORTE_TEST_VERSITYGW
 
 cargo test --workspace "$@"

@@ -20,6 +20,13 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Makes [`provider`] the process's default, for clients built by other crates (the S3
+/// client of `object_store`) that take the default rather than one handed to them.
+pub fn install_default_provider() {
+    // Fails only when a default is installed already, which is then the one in use.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// SHA-256 of a certificate's DER bytes, lower-case hex: what `--relay-fingerprint` pins.
 pub fn fingerprint(cert: &CertificateDer<'_>) -> String {
     hex::encode(Sha256::digest(cert.as_ref()))

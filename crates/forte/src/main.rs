@@ -9,6 +9,7 @@ mod layout;
 mod monitor;
 mod progress;
 mod record;
+mod s3;
 mod schedule;
 mod settings;
 mod transfer;

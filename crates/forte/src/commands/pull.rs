@@ -10,7 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{Delivery, DeliveryReport};
+use crate::delivery::{Delivery, DeliveryReport, SecondCopy};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
@@ -34,9 +34,12 @@ pub struct Args {
     #[arg(long, default_value = "{site}/{batch}/{path}")]
     layout: String,
     /// A second destination (analysts' copy): every delivered file is copied there too,
-    /// atomically, before the relay is told it may delete.
-    #[arg(long, value_name = "DIR")]
-    copy_to: Option<PathBuf>,
+    /// atomically, before the relay is told it may delete. A directory, or an S3-compatible
+    /// bucket, s3://BUCKET/PREFIX, with the endpoint and keys in AWS_ENDPOINT_URL,
+    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION: each object is completed only
+    /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256`.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+    copy_to: Option<String>,
     /// Concurrent downloads from the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
@@ -71,8 +74,16 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     } else {
         Retry::one_shot()
     };
-    let copy_to = args.copy_to.as_deref();
-    let delivery = Delivery::new(&client, retry, &layout, &args.to, copy_to, catalog, worker);
+    let copy_to = args.copy_to.as_deref().map(SecondCopy::open).transpose()?;
+    let delivery = Delivery::new(
+        &client,
+        retry,
+        &layout,
+        &args.to,
+        copy_to.as_ref(),
+        catalog,
+        worker,
+    );
     if let Some(addr) = args.daemon.metrics {
         crate::monitor::serve(addr)?;
     }

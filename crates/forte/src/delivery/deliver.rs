@@ -7,7 +7,7 @@ use forte_catalog::FileState::{Acknowledged, Delivered};
 use forte_catalog::Stage;
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartHashes, PartState};
 use forte_relay::api::ReadyObject;
-use forte_restore::{replicate, Restore, RestoreFailure};
+use forte_restore::{Restore, RestoreFailure};
 
 use super::ahead::Ahead;
 use super::lease::{Held, LeaseLost};
@@ -64,7 +64,9 @@ impl Delivery<'_> {
         }
         // The second copy must exist before the relay may delete anything.
         let result = result.and_then(|(delivered, held)| match self.copy_to {
-            Some(copy) => replicate(self.dest, copy, &delivered.placed).map(|_| (delivered, held)),
+            Some(copy) => copy
+                .replicate(self.dest, &delivered.placed)
+                .map(|_| (delivered, held)),
             None => Ok((delivered, held)),
         });
         let result = result.and_then(|(delivered, held)| {

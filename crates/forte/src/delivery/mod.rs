@@ -10,9 +10,11 @@
 
 mod acknowledge;
 mod ahead;
+mod copy;
 mod deliver;
 mod lease;
 
+pub use copy::SecondCopy;
 pub use lease::Worker;
 
 use std::collections::HashMap;
@@ -56,7 +58,7 @@ pub struct Delivery<'a> {
     pub retry: Retry,
     pub layout: &'a Layout,
     pub dest: &'a Path,
-    pub copy_to: Option<&'a Path>,
+    pub copy_to: Option<&'a SecondCopy>,
     pub catalog: &'a Catalog,
     /// Which worker this is, and its leases on batches in the catalogue.
     worker: Worker,
@@ -74,7 +76,7 @@ impl<'a> Delivery<'a> {
         retry: Retry,
         layout: &'a Layout,
         dest: &'a Path,
-        copy_to: Option<&'a Path>,
+        copy_to: Option<&'a SecondCopy>,
         catalog: &'a Catalog,
         worker: Worker,
     ) -> Self {

@@ -18,6 +18,7 @@ mod network;
 mod report;
 mod resources;
 mod roundtrip;
+mod s3;
 mod startup;
 mod tamper;
 mod workers;

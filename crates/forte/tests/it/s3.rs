@@ -1,0 +1,190 @@
+//! The second copy in an S3-compatible bucket (`pull --copy-to s3://…`), against a real S3
+//! server: versitygw serving a directory (`.ci/run` installs it from the Go module proxy).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::common::site::*;
+use crate::common::*;
+
+const ACCESS: &str = "forte-test-access";
+const SECRET: &str = "forte-test-secret-0123456789";
+
+/// A versitygw process serving `root` (each directory a bucket) on a free port.
+struct S3Server {
+    child: Child,
+    root: PathBuf,
+    endpoint: String,
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// versitygw from $FORTE_TEST_VERSITYGW, PATH or ~/go/bin; `None` (the test skipped, loudly)
+/// outside CI when there is none; in CI its absence fails the test.
+fn versitygw() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("FORTE_TEST_VERSITYGW").map(PathBuf::from),
+        std::env::var_os("HOME").map(|h| PathBuf::from(h).join("go/bin/versitygw")),
+        Some(PathBuf::from("/usr/local/bin/versitygw")),
+    ];
+    if let Some(found) = candidates.into_iter().flatten().find(|p| p.exists()) {
+        return Some(found);
+    }
+    if std::env::var("CI").is_ok() {
+        panic!(
+            "versitygw not found: CI must run the S3 tests (.ci/run installs it with go install)"
+        );
+    }
+    eprintln!(
+        "SKIPPED: no versitygw (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)"
+    );
+    None
+}
+
+impl S3Server {
+    fn start(root: &Path, buckets: &[&str]) -> Option<Self> {
+        let binary = versitygw()?;
+        for b in buckets {
+            std::fs::create_dir_all(root.join(b)).unwrap();
+        }
+        let endpoint = format!("http://{}", free_addr());
+        let child = Command::new(binary)
+            .args(["--access", ACCESS, "--secret", SECRET, "--port"])
+            .arg(endpoint.trim_start_matches("http://"))
+            .arg("posix")
+            .arg(root)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = endpoint.trim_start_matches("http://").to_string();
+        assert!(
+            wait_for(20, || std::net::TcpStream::connect(&addr).is_ok()),
+            "versitygw did not start on {endpoint}"
+        );
+        Some(Self {
+            child,
+            root: root.to_path_buf(),
+            endpoint,
+        })
+    }
+
+    /// `pull` with `--copy-to URL` and this server's endpoint and keys (`secret` instead of
+    /// the right one, to test refusal).
+    fn pull(&self, site: &Site, url: &str, secret: &str) -> std::process::Output {
+        let mut args = site.pull();
+        args.extend(args!["--copy-to", url]);
+        forte()
+            .args(&args)
+            .env("AWS_ENDPOINT_URL", &self.endpoint)
+            .env("AWS_ACCESS_KEY_ID", ACCESS)
+            .env("AWS_SECRET_ACCESS_KEY", secret)
+            .env("AWS_REGION", "us-east-1")
+            .output()
+            .unwrap()
+    }
+}
+
+fn batch(site: &Site) -> std::collections::BTreeMap<String, String> {
+    let dir = site.root.join("inbox/run-1");
+    write(&dir.join("big.bin"), &random_bytes(19 << 20));
+    write(&dir.join("logs/a.txt"), b"hello\n");
+    write(&dir.join(".ready"), b"");
+    source_hashes(&dir)
+}
+
+/// Every file lands in the bucket under the layout's names, identical, with its SHA-256 as
+/// metadata: a second pull of the same batch finds the objects there and keeps them.
+#[test]
+fn a_second_copy_in_a_bucket_is_whole_and_carries_its_sha256() {
+    let site = Site::new();
+    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+        return;
+    };
+    let expected = batch(&site);
+    ok(&site.send(&["-q"]));
+    let out = s3.pull(&site, "s3://analysts/copy", SECRET);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let copied = s3.root.join("analysts/copy/site-a/run-1");
+    assert_eq!(visible(&copied), expected);
+    assert!(
+        site.relay_objects().is_empty(),
+        "acknowledged after the copy"
+    );
+
+    // The same batch again (a fresh edge catalogue sends it anew): the objects in the bucket
+    // are known by their SHA-256 and kept.
+    std::fs::remove_file(&site.edge_catalog).unwrap();
+    ok(&site.send(&["-q"]));
+    let out = s3.pull(&site, "s3://analysts/copy", SECRET);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(visible(&copied), expected);
+}
+
+/// An object in the way with other contents is not overwritten, and the batch is not
+/// acknowledged: the relay keeps it.
+#[test]
+fn an_object_with_other_contents_is_not_overwritten() {
+    let site = Site::new();
+    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+        return;
+    };
+    batch(&site);
+    let in_the_way = s3.root.join("analysts/site-a/run-1/logs/a.txt");
+    write(&in_the_way, b"someone else's\n");
+    ok(&site.send(&["-q"]));
+    let out = s3.pull(&site, "s3://analysts", SECRET);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("s3://analysts/site-a/run-1/logs/a.txt exists with other contents"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read(&in_the_way).unwrap(), b"someone else's\n");
+    assert!(!site.relay_objects().is_empty(), "not acknowledged");
+}
+
+/// A missing bucket or a wrong key fails at start, saying which and what to do, and nothing is
+/// pulled.
+#[test]
+fn a_missing_bucket_or_a_bad_key_fails_before_anything_is_pulled() {
+    let site = Site::new();
+    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+        return;
+    };
+    batch(&site);
+    ok(&site.send(&["-q"]));
+    let no_bucket = s3.pull(&site, "s3://nosuch/copy", SECRET);
+    let stderr = String::from_utf8_lossy(&no_bucket.stderr);
+    assert!(!no_bucket.status.success());
+    assert!(
+        stderr.contains("bucket nosuch does not exist") && stderr.contains("NoSuchBucket"),
+        "{stderr}"
+    );
+    let bad_key = s3.pull(&site, "s3://analysts/copy", "wrong-secret");
+    let stderr = String::from_utf8_lossy(&bad_key.stderr);
+    assert!(!bad_key.status.success());
+    assert!(
+        stderr.contains("refused the credentials for bucket analysts")
+            && stderr.contains("AWS_SECRET_ACCESS_KEY"),
+        "{stderr}"
+    );
+    assert!(
+        visible(&site.root.join("dest")).is_empty(),
+        "nothing pulled"
+    );
+    assert!(!site.relay_objects().is_empty());
+}
