@@ -54,6 +54,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
+    if crate::s3::Bucket::is_url(&args.to.to_string_lossy()) {
+        anyhow::bail!(
+            "--to {} : a bucket is not yet a primary destination; deliver to a directory and keep the bucket as the second copy: --to DIR --copy-to {}",
+            args.to.display(),
+            args.to.display()
+        );
+    }
     let layout = Layout::parse(&args.layout)?;
     let link = settings::relay(&args.relay, config)?;
     let mut core = settings::core(&args.core, config)?;

@@ -188,3 +188,22 @@ fn a_missing_bucket_or_a_bad_key_fails_before_anything_is_pulled() {
     );
     assert!(!site.relay_objects().is_empty());
 }
+
+/// A bucket as the primary destination is not built: it is refused, saying what to do, rather
+/// than taken for a local directory named `s3:`.
+#[test]
+fn a_bucket_as_the_primary_destination_is_refused_with_what_to_do() {
+    let site = Site::new();
+    batch(&site);
+    ok(&site.send(&["-q"]));
+    let mut args = site.pull();
+    let to = args.iter().position(|a| a == "--to").unwrap();
+    args[to + 1] = "s3://analysts/copy".into();
+    let stderr = fails(&args);
+    assert!(
+        stderr.contains("--to DIR --copy-to s3://analysts/copy"),
+        "{stderr}"
+    );
+    assert!(!Path::new("s3:").exists());
+    assert!(!site.relay_objects().is_empty());
+}
