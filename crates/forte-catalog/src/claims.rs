@@ -51,8 +51,6 @@ pub struct Lease {
 pub struct Holder {
     pub worker: String,
     pub attempt: i64,
-    /// Microseconds (the database's clock) until the lease ends; 0 when released.
-    pub lease_until: i64,
     /// Whether that lease is still running (by the database's clock).
     pub live: bool,
 }
@@ -73,7 +71,7 @@ impl Catalog {
             runtime: self.runtime.clone(),
             pool: self.pool.clone(),
             url: self.url.clone(),
-            postgres: self.url.starts_with("postgres"),
+            postgres: crate::is_postgres(&self.url),
         }
     }
 }
@@ -147,7 +145,6 @@ impl Leases {
                 // Skipped while another worker's claim of it was being committed.
                 worker: String::new(),
                 attempt: 0,
-                lease_until: 0,
                 live: true,
             }))),
         }
@@ -192,7 +189,7 @@ impl Leases {
     /// Who holds `batch`, if it was ever claimed.
     pub fn holder(&self, batch: &BatchKey) -> Result<Option<Holder>> {
         let sql = format!(
-            "SELECT worker, attempt, lease_until, CASE WHEN lease_until >= {now} THEN 1 ELSE 0 END
+            "SELECT worker, attempt, CASE WHEN lease_until >= {now} THEN 1 ELSE 0 END
              FROM batch_claims WHERE batch_key = $1",
             now = self.now_sql()
         );
@@ -208,8 +205,7 @@ impl Leases {
             Ok(Holder {
                 worker: r.try_get(0)?,
                 attempt: r.try_get(1)?,
-                lease_until: r.try_get(2)?,
-                live: r.try_get::<i64, _>(3)? == 1,
+                live: r.try_get::<i64, _>(2)? == 1,
             })
         })
         .transpose()

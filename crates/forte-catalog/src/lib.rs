@@ -226,6 +226,12 @@ impl Catalog {
     }
 }
 
+/// Whether the catalogue at `url` is PostgreSQL (else SQLite): the few statements the two
+/// speak differently (lease times, row locks, how a writer's transaction begins) ask this.
+pub(crate) fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres")
+}
+
 /// A URL with any password replaced, safe to print.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

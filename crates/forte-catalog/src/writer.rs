@@ -475,7 +475,7 @@ pub(crate) fn writer(
     inbox: Receiver<Msg>,
 ) {
     let (mut records, mut flushes) = (Vec::new(), Vec::new());
-    let sqlite = url.starts_with("sqlite");
+    let sqlite = !crate::is_postgres(&url);
     let mut outage: Option<(std::time::Instant, std::time::Duration)> = None;
     loop {
         // Everything that queued up while the last commit ran goes into this one; block for

@@ -1,6 +1,7 @@
 //! The second copy in an S3-compatible bucket (`pull --copy-to s3://…`), against a real S3
 //! server: versitygw serving a directory (`.ci/run` installs it from the Go module proxy).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -88,9 +89,37 @@ impl S3Server {
             .output()
             .unwrap()
     }
+
+    /// [`S3Server::pull`] with the right keys, which must succeed.
+    fn pull_ok(&self, site: &Site, url: &str) {
+        let out = self.pull(site, url, SECRET);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// [`S3Server::pull`], which must fail; its stderr.
+    fn pull_fails(&self, site: &Site, url: &str, secret: &str) -> String {
+        let out = self.pull(site, url, secret);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "pull succeeded: {stderr}");
+        stderr
+    }
 }
 
-fn batch(site: &Site) -> std::collections::BTreeMap<String, String> {
+/// A site whose batch (see [`batch`]) was sent to its relay, an S3 server with the bucket
+/// `analysts`, and the batch's files; `None` when there is no S3 server (outside CI).
+fn sent() -> Option<(Site, S3Server, BTreeMap<String, String>)> {
+    let site = Site::new();
+    let s3 = S3Server::start(&site.root.join("s3"), &["analysts"])?;
+    let expected = batch(&site);
+    ok(&site.send(&["-q"]));
+    Some((site, s3, expected))
+}
+
+fn batch(site: &Site) -> BTreeMap<String, String> {
     let dir = site.root.join("inbox/run-1");
     write(&dir.join("big.bin"), &random_bytes(19 << 20));
     write(&dir.join("logs/a.txt"), b"hello\n");
@@ -102,18 +131,10 @@ fn batch(site: &Site) -> std::collections::BTreeMap<String, String> {
 /// metadata: a second pull of the same batch finds the objects there and keeps them.
 #[test]
 fn a_second_copy_in_a_bucket_is_whole_and_carries_its_sha256() {
-    let site = Site::new();
-    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+    let Some((site, s3, expected)) = sent() else {
         return;
     };
-    let expected = batch(&site);
-    ok(&site.send(&["-q"]));
-    let out = s3.pull(&site, "s3://analysts/copy", SECRET);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s3.pull_ok(&site, "s3://analysts/copy");
     let copied = s3.root.join("analysts/copy/site-a/run-1");
     assert_eq!(visible(&copied), expected);
     assert!(
@@ -125,12 +146,7 @@ fn a_second_copy_in_a_bucket_is_whole_and_carries_its_sha256() {
     // are known by their SHA-256 and kept.
     std::fs::remove_file(&site.edge_catalog).unwrap();
     ok(&site.send(&["-q"]));
-    let out = s3.pull(&site, "s3://analysts/copy", SECRET);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    s3.pull_ok(&site, "s3://analysts/copy");
     assert_eq!(visible(&copied), expected);
 }
 
@@ -138,17 +154,12 @@ fn a_second_copy_in_a_bucket_is_whole_and_carries_its_sha256() {
 /// acknowledged: the relay keeps it.
 #[test]
 fn an_object_with_other_contents_is_not_overwritten() {
-    let site = Site::new();
-    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+    let Some((site, s3, _)) = sent() else {
         return;
     };
-    batch(&site);
     let in_the_way = s3.root.join("analysts/site-a/run-1/logs/a.txt");
     write(&in_the_way, b"someone else's\n");
-    ok(&site.send(&["-q"]));
-    let out = s3.pull(&site, "s3://analysts", SECRET);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = s3.pull_fails(&site, "s3://analysts", SECRET);
     assert!(
         stderr.contains("s3://analysts/site-a/run-1/logs/a.txt exists with other contents"),
         "{stderr}"
@@ -161,22 +172,15 @@ fn an_object_with_other_contents_is_not_overwritten() {
 /// pulled.
 #[test]
 fn a_missing_bucket_or_a_bad_key_fails_before_anything_is_pulled() {
-    let site = Site::new();
-    let Some(s3) = S3Server::start(&site.root.join("s3"), &["analysts"]) else {
+    let Some((site, s3, _)) = sent() else {
         return;
     };
-    batch(&site);
-    ok(&site.send(&["-q"]));
-    let no_bucket = s3.pull(&site, "s3://nosuch/copy", SECRET);
-    let stderr = String::from_utf8_lossy(&no_bucket.stderr);
-    assert!(!no_bucket.status.success());
+    let stderr = s3.pull_fails(&site, "s3://nosuch/copy", SECRET);
     assert!(
         stderr.contains("bucket nosuch does not exist") && stderr.contains("NoSuchBucket"),
         "{stderr}"
     );
-    let bad_key = s3.pull(&site, "s3://analysts/copy", "wrong-secret");
-    let stderr = String::from_utf8_lossy(&bad_key.stderr);
-    assert!(!bad_key.status.success());
+    let stderr = s3.pull_fails(&site, "s3://analysts/copy", "wrong-secret");
     assert!(
         stderr.contains("refused the credentials for bucket analysts")
             && stderr.contains("AWS_SECRET_ACCESS_KEY"),
