@@ -792,7 +792,7 @@ fn auto_connections_start_from_the_relays_history_on_the_next_run() {
     );
     write(&inbox.join("run-02/data.bin"), &random_bytes(9_000_000));
     write(&inbox.join("run-02/.ready"), b"");
-    send_starts_from_history(&site, "the second send");
+    send_starts_from_history(&site, &format!("the second send; first: {stderr}"));
     // Its timeline is in the report's charts.
     let charts = site.root.join("charts");
     let text = ok(&args![
