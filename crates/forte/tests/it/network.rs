@@ -774,13 +774,14 @@ fn send_starts_from_history(site: &Site, context: &str) {
 
 #[test]
 fn auto_connections_start_from_the_relays_history_on_the_next_run() {
-    // A first send, held at 4 MB/s for about 6 s, measures one setting at least (the first
+    // A first send, held at 4 MB/s for about 10 s, measures one setting at least (the first
     // interval, the start, is not judged; each needs 8 requests, here 2 s of 1 MiB parts):
     // the tuner keeps it in the edge's catalogue under this relay, and the next send starts
-    // from it instead of the round trip's guess.
+    // from it instead of the round trip's guess. (6 s left no judged best in 2 of 6 runs of
+    // the whole suite on a loaded machine.)
     let site = Site::new();
     let inbox = site.root.join("inbox");
-    write(&inbox.join("run-01/data.bin"), &random_bytes(24_000_000));
+    write(&inbox.join("run-01/data.bin"), &random_bytes(40_000_000));
     write(&inbox.join("run-01/.ready"), b"");
     // Parts of 1 MiB finish one after another, so every interval measures some goodput.
     let first = run(&site.send(&["--target-rate", "4MB", "--part-size", "1MiB"]));
