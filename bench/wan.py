@@ -62,7 +62,10 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "wan"
 DC = "10.77.0.2"  # the data-centre end of the veth pair
 API = "http://127.0.0.1:8474"
-RSYNC_STORE = WORK / "rsync-store"  # the rsync daemon's module that rsync -z writes into
+# The data centre's storage (every contender's destination, the relay's directory and the rsync
+# daemon's modules): a journaled ext4 made afresh before each run, see Storage.
+VOLUME = WORK / "vol"
+RSYNC_STORE = VOLUME / "rsync-store"  # the rsync daemon's module that rsync -z writes into
 
 
 def sh(cmd, **kw):
@@ -250,6 +253,47 @@ class RateSteps:
             set_link_rate(self.base)
 
 
+class Storage:
+    """The data centre's storage, a journaled ext4 on a loop device, made afresh before each run.
+
+    The host's root file system here is ext4 without a journal, where allocating an inode skips
+    every inode deleted in the last `dirty_expire` seconds (30) after reading its inode table
+    block: a run that writes 10 000 files right after the last run deleted 10 000 spent two
+    thirds of its CPU in that scan (perf, stop 32), and each round was slower than the one
+    before, for every contender. A storage system with a journal, as any data centre's has,
+    does not do this, and a fresh one gives every contender in every round the same start."""
+
+    def __init__(self, size="8G"):
+        self.image = WORK / "vol.img"
+        self.size = size
+
+    def remake(self):
+        self.unmount()
+        self.image.unlink(missing_ok=True)
+        sh(["truncate", "-s", self.size, self.image])
+        # Inode tables and journal are zeroed now, not by a kernel thread during the run.
+        sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.image])
+        VOLUME.mkdir(parents=True, exist_ok=True)
+        sh(["mount", "-o", "loop", self.image, VOLUME])
+
+    def unmount(self):
+        if os.path.ismount(VOLUME):
+            sh(["umount", VOLUME])
+
+
+def delivered(dest: Path, site: str, want: int) -> bool:
+    """Whether `want` files are in place under dest/site. The tree is walked only when no batch
+    is being put in place (no staging directory in `dest`): a walk of 10 000 files takes about
+    10 ms, so walking it every 10 ms would take a core from forte while it runs, which rsync,
+    timed by its exit, does not pay."""
+    try:
+        if any(name.startswith(".forte-staging-") for name in os.listdir(dest)):
+            return False
+    except FileNotFoundError:
+        return False
+    return sum(len(f) for _, _, f in os.walk(dest / site)) >= want
+
+
 def fresh(path: Path) -> Path:
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True)
@@ -268,7 +312,7 @@ class Contenders:
         """Every role (relay, puller, sender) runs `binary`; `level` overrides --level's first;
         `more_args` go to send after --send-args, `relay_args` to the relay; the edge catalogue
         is WORK/`catalog`.sqlite."""
-        relay_dir, dest = WORK / "relay", fresh(out)
+        relay_dir, dest = VOLUME / "relay", fresh(out)
         shutil.rmtree(relay_dir, ignore_errors=True)
         if self.relay_log:
             self.relay_log.unlink(missing_ok=True)
@@ -320,9 +364,9 @@ class Contenders:
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
             sites = ["wan", "wan2"][:self.senders]
-            # Looked at every 10 ms (a walk of the tree takes about 1 ms): rsync's time is its
-            # exit, so a coarser look would add up to its interval to forte's alone.
-            while any(sum(len(f) for _, _, f in os.walk(dest / site)) < want for site in sites):
+            # Looked at every 10 ms: rsync's time is its exit, so a coarser look would add up to
+            # its interval to forte's alone.
+            while not all(delivered(dest, site, want) for site in sites):
                 time.sleep(0.01)
             if self.senders > 1:
                 if digest_tree(dest / "wan2") != digest_tree(self.inbox):
@@ -340,7 +384,7 @@ class Contenders:
         return elapsed, dest / "wan"
 
     def rsync_copy(self, out: Path):
-        dmz, store = fresh(WORK / "rsync-dmz"), fresh(out)
+        dmz, store = fresh(VOLUME / "rsync-dmz"), fresh(out)
         start = time.monotonic()
         sh(at_site(["rsync", "-a", "--exclude", ".ready", f"{self.inbox}/",
                     f"rsync://{self.proxies['rsync']}/dmz/"]))
@@ -377,7 +421,7 @@ class Contenders:
             server.wait()
 
     def cb_im_rsync(self, out: Path):
-        staged, dmz, store = fresh(WORK / "cbim-staged"), fresh(WORK / "rsync-dmz"), fresh(out)
+        staged, dmz, store = fresh(VOLUME / "cbim-staged"), fresh(VOLUME / "rsync-dmz"), fresh(out)
         env = f"export GNUPGHOME='{self.gpg_home}';"
         start = time.monotonic()
         # Edge: the pipe chain per file, two at a time; the sums go beside the results.
@@ -459,6 +503,9 @@ def main():
                     help="forte only: 2 runs a second sender (a second site with its own key, token and "
                          "catalogue) with the same data at the same time over the same link, and prints "
                          "each one's share of the link over time (its bytes arriving at the relay, per 10 s)")
+    ap.add_argument("--host-fs", action="store_true",
+                    help="write into WORK on the host's file system instead of a fresh journaled ext4 "
+                         "per run (see Storage)")
     ap.add_argument("--chart", type=Path, help="also draw the medians as a bar chart into this SVG file")
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
@@ -469,6 +516,9 @@ def main():
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install {tool}")
     sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
+    storage = None if args.host_fs else Storage()
+    if storage:
+        storage.unmount()
     fresh(WORK)
     inbox = WORK / "inbox"
     if args.media:
@@ -497,7 +547,7 @@ def main():
         os.sched_setaffinity(0, {1})
     setup_link(parse_rate(args.link_rate))
     rsyncd_conf = WORK / "rsyncd.conf"
-    rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {WORK}/rsync-dmz\nread only = no\n"
+    rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {VOLUME}/rsync-dmz\nread only = no\n"
                            f"[store]\npath = {RSYNC_STORE}\nread only = no\n")
     daemons = [subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "127.0.0.1", "--port", "7873",
                                  "--config", rsyncd_conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
@@ -535,10 +585,12 @@ def main():
         busy = {name: [] for name in contenders}
         for r in range(args.runs):
             for name, run in contenders.items():
+                if storage:
+                    storage.remake()
                 subprocess.run(["sync"])
                 before, cpu_before = link_bytes(), cpu_busy()
                 with LinkSampler() as link, RateSteps(parse_rate(args.link_rate), args.step):
-                    seconds, result = run(WORK / "out" / slug(name))
+                    seconds, result = run(VOLUME / "out" / slug(name))
                 sent[name].append(link_bytes() - before)
                 if args.window:
                     w = link.window_rates(args.window)
@@ -560,6 +612,8 @@ def main():
             d.terminate()
             d.wait()
         teardown_link()
+        if storage:
+            storage.unmount()
 
     base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
     forte = statistics.median(times.get("forte", [float("nan")]))
