@@ -604,7 +604,7 @@ def main():
                     differ = sum(1 for k in source if k in got and got[k] != source[k])
                     sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
                 times[name].append(seconds)
-                print(f"round {r + 1}: {name}: {seconds:.1f} s, {raw / 1e6 / seconds:.1f} MB/s, "
+                print(f"round {r + 1}: {name}: {seconds:.2f} s, {raw / 1e6 / seconds:.1f} MB/s, "
                       f"{sent[name][-1] / 1e6:.0f} MB on the link, CPUs busy "
                       f"{', '.join(f'{b:.1f}' for b in busy[name][-1])} s", file=sys.stderr)
     finally:
@@ -625,9 +625,9 @@ def main():
         m = statistics.median(ts)
         wire = statistics.median(sent[name])
         cpu = ", ".join(f"{statistics.median(run[i] for run in busy[name]):.1f}" for i in range(len(busy[name][0])))
-        print(f"| {name} | {m:.1f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
+        print(f"| {name} | {m:.2f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
               f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {cpu} | "
-              f"{', '.join(f'{t:.1f}' for t in ts)} |")
+              f"{', '.join(f'{t:.2f}' for t in ts)} |")
     if args.chart:
         rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
         targets = [(2.5, "rsync + copy (papers' baseline)", "rsync + copy"),

@@ -246,8 +246,11 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
         }
     }
     forte_fs::syncfs(staging)?;
-    // Now clean, the delivered bytes need not stay in the page cache.
-    for file in files.iter().filter(|f| f.manifest.kind == Kind::File) {
+    // Now clean, the delivered bytes need not stay in the page cache. Not worth it for small
+    // files: an open, an advice and a close each took 45 ms of a 10 000-file batch's 250 ms
+    // from its seal to its last file in place, to free pages the kernel reclaims first anyway.
+    let large = |f: &&&StagedFile| f.manifest.kind == Kind::File && f.manifest.size >= 1 << 20;
+    for file in files.iter().filter(large) {
         if let Ok(file) = File::open(&file.staged) {
             forte_fs::drop_from_cache(&file);
         }
