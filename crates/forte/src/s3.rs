@@ -8,20 +8,15 @@
 //! verified. The hash is recorded on the object (metadata `sha256`, `x-amz-meta-sha256`), which
 //! is how a second pull knows an object already there is the same file.
 //!
-//! Endpoint and credentials come as S3 tools take them: `AWS_ENDPOINT_URL` (or `AWS_ENDPOINT`),
-//! `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION` (or
-//! `AWS_DEFAULT_REGION`). An `http://` endpoint (a store on the local network) is allowed.
+//! Endpoint and credentials: see `forte_bucket`.
 
 use std::io::Read;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use object_store::aws::AmazonS3Builder;
+use forte_bucket::{Bucket, Credentials};
 use object_store::path::Path as Key;
-use object_store::{
-    Attribute, Attributes, GetOptions, ObjectStore, PutMultipartOptions, WriteMultipart,
-};
+use object_store::{Attribute, Attributes, GetOptions, PutMultipartOptions, WriteMultipart};
 use sha2::{Digest, Sha256};
 
 use forte_restore::Placed;
@@ -33,68 +28,15 @@ const PARTS_AT_ONCE: usize = 4;
 /// The object metadata that holds the file's SHA-256.
 const SHA256_METADATA: &str = "sha256";
 
-/// A bucket and a prefix in it, with a client for the endpoint the environment names.
-pub struct Bucket {
-    store: Arc<dyn ObjectStore>,
-    runtime: tokio::runtime::Runtime,
-    bucket: String,
-    prefix: String,
+/// A bucket that receives the second copy of every delivered file.
+pub struct BucketCopy {
+    bucket: Bucket,
 }
 
-impl Bucket {
-    /// Whether `text` names an S3 destination.
-    pub fn is_url(text: &str) -> bool {
-        text.starts_with("s3://")
-    }
-
-    /// Opens `s3://BUCKET/PREFIX` and checks at once that the bucket can be listed with the
-    /// credentials given, so that a wrong name or key fails before anything is pulled.
-    pub fn open(url: &str) -> Result<Self> {
-        let rest = url
-            .strip_prefix("s3://")
-            .ok_or_else(|| anyhow!("{url} is not an S3 URL (s3://BUCKET/PREFIX)"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            bail!("{url} names no bucket: give s3://BUCKET or s3://BUCKET/PREFIX");
-        }
-        let endpoint = ["AWS_ENDPOINT_URL", "AWS_ENDPOINT"]
-            .iter()
-            .find_map(|v| std::env::var(v).ok());
-        forte_relay::tls::install_default_provider();
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
-        if let Some(endpoint) = &endpoint {
-            builder = builder
-                .with_endpoint(endpoint)
-                .with_allow_http(endpoint.starts_with("http://"));
-        }
-        let store = builder
-            .build()
-            .with_context(|| format!("cannot use {url}: set AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION for it"))?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("starting the S3 client's runtime")?;
-        let this = Self {
-            store: Arc::new(store),
-            runtime,
-            bucket: bucket.to_string(),
-            prefix: prefix.trim_matches('/').to_string(),
-        };
-        let at = endpoint.as_deref().unwrap_or("AWS");
-        this.runtime
-            .block_on(this.store.list_with_delimiter(Some(&this.key(""))))
-            .map_err(|e| refused(e, &this.bucket, at))?;
-        Ok(this)
-    }
-
-    /// The object name of `target` (a layout path) under the prefix.
-    fn key(&self, target: &str) -> Key {
-        match (self.prefix.as_str(), target) {
-            ("", t) => Key::from(t),
-            (p, "") => Key::from(p),
-            (p, t) => Key::from(format!("{p}/{t}")),
-        }
+impl BucketCopy {
+    /// Opens `s3://BUCKET/PREFIX`, its credentials checked now.
+    pub fn open(url: &str, credentials: &Credentials) -> Result<Self> {
+        Bucket::open(url, credentials).map(|bucket| Self { bucket })
     }
 
     /// Copies each of `placed` from `dest` into the bucket under its layout path, each
@@ -104,8 +46,8 @@ impl Bucket {
     pub fn replicate(&self, dest: &Path, placed: &[Placed]) -> Result<usize> {
         let mut copied = 0;
         for p in placed {
-            let key = self.key(&p.target);
-            let shown = format!("s3://{}/{key}", self.bucket);
+            let key = self.bucket.key(&p.target);
+            let shown = self.bucket.shown(&key);
             match self.held_sha256(&key)? {
                 Some(held) if held == p.sha256 => continue,
                 Some(_) => bail!("{shown} exists with other contents; refusing to overwrite it"),
@@ -125,7 +67,10 @@ impl Bucket {
             head: true,
             ..Default::default()
         };
-        match self.runtime.block_on(self.store.get_opts(key, head)) {
+        match self
+            .bucket
+            .block_on(self.bucket.store().get_opts(key, head))
+        {
             Ok(found) => Ok(Some(
                 found
                     .attributes
@@ -134,7 +79,7 @@ impl Bucket {
                     .unwrap_or_default(),
             )),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e).with_context(|| format!("cannot look up s3://{}/{key}", self.bucket)),
+            Err(e) => Err(e).with_context(|| format!("cannot look up {}", self.bucket.shown(key))),
         }
     }
 
@@ -152,8 +97,8 @@ impl Bucket {
             attributes,
             ..Default::default()
         };
-        self.runtime.block_on(async {
-            let upload = self.store.put_multipart_opts(key, options).await?;
+        self.bucket.block_on(async {
+            let upload = self.bucket.store().put_multipart_opts(key, options).await?;
             let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_BYTES);
             let (mut hasher, mut buffer) = (Sha256::new(), vec![0u8; PART_BYTES]);
             let sent = loop {
@@ -187,106 +132,36 @@ impl Bucket {
 }
 
 /// What went wrong opening a bucket, with what to do.
-fn refused(e: object_store::Error, bucket: &str, endpoint: &str) -> anyhow::Error {
-    let text = e.to_string();
-    let fix = if text.contains("InvalidBucketName") {
-        format!("{bucket} is not a valid bucket name (3 to 63 lower-case letters, digits, dots and hyphens)")
-    } else if text.contains("NoSuchBucket") || matches!(e, object_store::Error::NotFound { .. }) {
-        format!("bucket {bucket} does not exist at {endpoint}: create it, or name another")
-    } else if text.contains("AccessDenied")
-        || text.contains("InvalidAccessKeyId")
-        || text.contains("SignatureDoesNotMatch")
-        || matches!(
-            e,
-            object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. }
-        )
-    {
-        format!("{endpoint} refused the credentials for bucket {bucket}: check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
-    } else {
-        format!("cannot reach bucket {bucket} at {endpoint}: check AWS_ENDPOINT_URL")
-    };
-    // The store's answer, without the XML body around its error code.
-    let said = match (text.find("<Code>"), text.find("</Code>")) {
-        (Some(start), Some(end)) if start < end => text[start + 6..end].to_string(),
-        _ => text.chars().take(300).collect(),
-    };
-    anyhow!("{fix} (the store said: {said})")
-}
-
 #[cfg(test)]
 mod tests {
+    use forte_bucket::test_server::S3Server;
+
     use super::*;
 
     /// versitygw serving a temporary directory with one bucket, `bkt` (the integration tests in
     /// tests/it/s3.rs run the same server through `pull`). `None`, loudly, outside CI without it.
-    fn server(root: &Path) -> Option<std::process::Child> {
-        let binary = std::env::var_os("FORTE_TEST_VERSITYGW")
-            .map(std::path::PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join("go/bin/versitygw")))
-            .filter(|p| p.exists());
-        let Some(binary) = binary else {
-            assert!(
-                std::env::var("CI").is_err(),
-                "versitygw not found: .ci/run installs it"
-            );
-            eprintln!("SKIPPED: no versitygw");
-            return None;
-        };
-        std::fs::create_dir_all(root.join("bkt")).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = std::process::Command::new(binary)
-            .args(["--access", "k", "--secret", "secret-0123456789", "--port"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("posix")
-            .arg(root)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
-        std::env::set_var("AWS_ACCESS_KEY_ID", "k");
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", "secret-0123456789");
-        std::env::set_var("AWS_REGION", "us-east-1");
-        Some(child)
-    }
-
-    /// An upload whose bytes do not hash to the expected SHA-256 is aborted: no object under
-    /// its name, nothing of it in the bucket. One that does is completed with its SHA-256.
     #[test]
     fn an_upload_is_completed_only_when_its_bytes_match_the_sha256() {
         let dir = tempfile::tempdir().unwrap();
-        let Some(mut s3) = server(&dir.path().join("s3")) else {
+        let Some(s3) = S3Server::start(&dir.path().join("s3"), &["bkt"]) else {
             return;
         };
-        let bucket = Bucket::open("s3://bkt/pre").unwrap();
+        let copy = BucketCopy::open("s3://bkt/pre", &s3.credentials()).unwrap();
         let file = dir.path().join("f.bin");
         let bytes: Vec<u8> = (0..(20u32 << 20)).map(|i| (i % 251) as u8).collect();
         std::fs::write(&file, &bytes).unwrap();
         let right = hex::encode(Sha256::digest(&bytes));
         let wrong = hex::encode(Sha256::digest(b"other"));
-        let key = bucket.key("x/f.bin");
-        let e = bucket.upload(&file, &key, &wrong).unwrap_err().to_string();
+        let key = copy.bucket.key("x/f.bin");
+        let e = copy.upload(&file, &key, &wrong).unwrap_err().to_string();
         assert!(e.contains("the upload was aborted"), "{e}");
-        assert_eq!(bucket.held_sha256(&key).unwrap(), None);
+        assert_eq!(copy.held_sha256(&key).unwrap(), None);
         assert!(!dir.path().join("s3/bkt/pre/x/f.bin").exists());
-        bucket.upload(&file, &key, &right).unwrap();
-        assert_eq!(bucket.held_sha256(&key).unwrap(), Some(right));
+        copy.upload(&file, &key, &right).unwrap();
+        assert_eq!(copy.held_sha256(&key).unwrap(), Some(right));
         assert_eq!(
             std::fs::read(dir.path().join("s3/bkt/pre/x/f.bin")).unwrap(),
             bytes
         );
-        let _ = s3.kill();
-        let _ = s3.wait();
     }
 }

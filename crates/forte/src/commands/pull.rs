@@ -35,8 +35,8 @@ pub struct Args {
     layout: String,
     /// A second destination (analysts' copy): every delivered file is copied there too,
     /// atomically, before the relay is told it may delete. A directory, or an S3-compatible
-    /// bucket, s3://BUCKET/PREFIX, with the endpoint and keys in AWS_ENDPOINT_URL,
-    /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION: each object is completed only
+    /// bucket, s3://BUCKET/PREFIX, with the endpoint and keys in [s3] of the configuration
+    /// file or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION: each object is completed only
     /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256`.
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     copy_to: Option<String>,
@@ -54,7 +54,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
-    if crate::s3::Bucket::is_url(&args.to.to_string_lossy()) {
+    if forte_bucket::Bucket::is_url(&args.to.to_string_lossy()) {
         anyhow::bail!(
             "--to {} : a bucket is not yet a primary destination; deliver to a directory and keep the bucket as the second copy: --to DIR --copy-to {}",
             args.to.display(),
@@ -81,7 +81,12 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     } else {
         Retry::one_shot()
     };
-    let copy_to = args.copy_to.as_deref().map(SecondCopy::open).transpose()?;
+    let credentials = settings::s3(config);
+    let copy_to = args
+        .copy_to
+        .as_deref()
+        .map(|to| SecondCopy::open(to, &credentials))
+        .transpose()?;
     let delivery = Delivery::new(
         &client,
         retry,

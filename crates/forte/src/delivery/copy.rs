@@ -6,18 +6,20 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use forte_restore::{replicate, Placed};
 
-use crate::s3::Bucket;
+use forte_bucket::{Bucket, Credentials};
+
+use crate::s3::BucketCopy;
 
 pub enum SecondCopy {
     Dir(PathBuf),
-    Bucket(Bucket),
+    Bucket(BucketCopy),
 }
 
 impl SecondCopy {
     /// `DIR`, or `s3://BUCKET/PREFIX` (opened, and its credentials checked, now).
-    pub fn open(text: &str) -> Result<Self> {
+    pub fn open(text: &str, credentials: &Credentials) -> Result<Self> {
         if Bucket::is_url(text) {
-            Bucket::open(text).map(Self::Bucket)
+            BucketCopy::open(text, credentials).map(Self::Bucket)
         } else {
             Ok(Self::Dir(PathBuf::from(text)))
         }

@@ -28,6 +28,12 @@
 //! worker = "core-1"              # default: HOST:PID; unique among workers sharing a catalogue
 //! lease = "30s"                  # a dead or stalled worker's batches go to others after this
 //!
+//! [s3]                           # buckets (relay --store, pull --copy-to s3://…);
+//! endpoint = "http://s3.local:7070"  # each key unset here comes from AWS_ENDPOINT_URL,
+//! access_key_id = "…"            # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
+//! secret_access_key = "…"
+//! region = "us-east-1"
+//!
 //! [schedule]
 //! policy = "sjf-aging"           # fifo, sjf, sjf-aging, priority, lanes
 //! max_wait = "1h"
@@ -71,6 +77,18 @@ pub struct Config {
     pub schedule: ScheduleSection,
     #[serde(default)]
     pub ingest: IngestSection,
+    #[serde(default)]
+    pub s3: S3Section,
+}
+
+/// Where the S3 server is and its keys; each unset one comes from the environment.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Section {
+    pub endpoint: Option<String>,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+    pub region: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -153,6 +153,17 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     })
 }
 
+/// The S3 endpoint and keys the configuration file gives (the environment gives the rest).
+pub fn s3(config: &Config) -> forte_bucket::Credentials {
+    let c = &config.s3;
+    forte_bucket::Credentials {
+        endpoint: c.endpoint.clone(),
+        access_key_id: c.access_key_id.clone(),
+        secret_access_key: c.secret_access_key.clone(),
+        region: c.region.clone(),
+    }
+}
+
 /// This core worker's name and lease among the workers sharing a catalogue.
 pub fn worker(flags: &WorkerFlags, config: &Config) -> Result<Worker> {
     let c = &config.pull;

@@ -2,95 +2,19 @@
 //! server: versitygw serving a directory (`.ci/run` installs it from the Go module proxy).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+
+use forte_bucket::test_server::{S3Server, SECRET};
 
 use crate::common::site::*;
 use crate::common::*;
 
-const ACCESS: &str = "forte-test-access";
-const SECRET: &str = "forte-test-secret-0123456789";
-
-/// A versitygw process serving `root` (each directory a bucket) on a free port.
-struct S3Server {
-    child: Child,
-    root: PathBuf,
-    endpoint: String,
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// versitygw from $FORTE_TEST_VERSITYGW, PATH or ~/go/bin; `None` (the test skipped, loudly)
-/// outside CI when there is none; in CI its absence fails the test.
-fn versitygw() -> Option<PathBuf> {
-    let candidates = [
-        std::env::var_os("FORTE_TEST_VERSITYGW").map(PathBuf::from),
-        std::env::var_os("HOME").map(|h| PathBuf::from(h).join("go/bin/versitygw")),
-        Some(PathBuf::from("/usr/local/bin/versitygw")),
-    ];
-    if let Some(found) = candidates.into_iter().flatten().find(|p| p.exists()) {
-        return Some(found);
-    }
-    if std::env::var("CI").is_ok() {
-        panic!(
-            "versitygw not found: CI must run the S3 tests (.ci/run installs it with go install)"
-        );
-    }
-    eprintln!(
-        "SKIPPED: no versitygw (go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)"
-    );
-    None
-}
-
-impl S3Server {
-    fn start(root: &Path, buckets: &[&str]) -> Option<Self> {
-        let binary = versitygw()?;
-        for b in buckets {
-            std::fs::create_dir_all(root.join(b)).unwrap();
-        }
-        let endpoint = format!("http://{}", free_addr());
-        let child = Command::new(binary)
-            .args(["--access", ACCESS, "--secret", SECRET, "--port"])
-            .arg(endpoint.trim_start_matches("http://"))
-            .arg("posix")
-            .arg(root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let addr = endpoint.trim_start_matches("http://").to_string();
-        assert!(
-            wait_for(20, || std::net::TcpStream::connect(&addr).is_ok()),
-            "versitygw did not start on {endpoint}"
-        );
-        Some(Self {
-            child,
-            root: root.to_path_buf(),
-            endpoint,
-        })
-    }
-
+/// `pull` with `--copy-to`, and the S3 server's endpoint and keys.
+trait PullWithCopy {
     /// `pull` with `--copy-to URL` and this server's endpoint and keys (`secret` instead of
     /// the right one, to test refusal).
-    fn pull(&self, site: &Site, url: &str, secret: &str) -> std::process::Output {
-        let mut args = site.pull();
-        args.extend(args!["--copy-to", url]);
-        forte()
-            .args(&args)
-            .env("AWS_ENDPOINT_URL", &self.endpoint)
-            .env("AWS_ACCESS_KEY_ID", ACCESS)
-            .env("AWS_SECRET_ACCESS_KEY", secret)
-            .env("AWS_REGION", "us-east-1")
-            .output()
-            .unwrap()
-    }
+    fn pull(&self, site: &Site, url: &str, secret: &str) -> std::process::Output;
 
-    /// [`S3Server::pull`] with the right keys, which must succeed.
+    /// [`PullWithCopy::pull`] with the right keys, which must succeed.
     fn pull_ok(&self, site: &Site, url: &str) {
         let out = self.pull(site, url, SECRET);
         assert!(
@@ -100,12 +24,20 @@ impl S3Server {
         );
     }
 
-    /// [`S3Server::pull`], which must fail; its stderr.
+    /// [`PullWithCopy::pull`], which must fail; its stderr.
     fn pull_fails(&self, site: &Site, url: &str, secret: &str) -> String {
         let out = self.pull(site, url, secret);
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(!out.status.success(), "pull succeeded: {stderr}");
         stderr
+    }
+}
+
+impl PullWithCopy for S3Server {
+    fn pull(&self, site: &Site, url: &str, secret: &str) -> std::process::Output {
+        let mut args = site.pull();
+        args.extend(args!["--copy-to", url]);
+        forte().args(&args).envs(self.env(secret)).output().unwrap()
     }
 }
 
@@ -208,6 +140,6 @@ fn a_bucket_as_the_primary_destination_is_refused_with_what_to_do() {
         stderr.contains("--to DIR --copy-to s3://analysts/copy"),
         "{stderr}"
     );
-    assert!(!Path::new("s3:").exists());
+    assert!(!std::path::Path::new("s3:").exists());
     assert!(!site.relay_objects().is_empty());
 }
