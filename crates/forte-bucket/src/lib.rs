@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3Builder, Checksum};
 use object_store::path::Path as Key;
 use object_store::ObjectStore;
 
@@ -62,7 +62,10 @@ impl Bucket {
         });
         // Fails only when a default is installed already, which is then the one in use.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(name);
+        // Every body carries its SHA-256, which the server checks before it keeps it.
+        let mut builder = AmazonS3Builder::from_env()
+            .with_bucket_name(name)
+            .with_checksum_algorithm(Checksum::SHA256);
         if let Some(key) = &given.access_key_id {
             builder = builder.with_access_key_id(key);
         }

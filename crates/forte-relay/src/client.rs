@@ -600,7 +600,7 @@ mod tests {
         .unwrap();
         start(RelayConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            store: dir.join("store"),
+            store: dir.join("store").into(),
             tokens,
             tls_cert: None,
             tls_key: None,

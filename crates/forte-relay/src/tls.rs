@@ -62,24 +62,70 @@ pub fn server_identity(
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
         .and_then(|certs| certs.collect())
         .with_context(|| format!("cannot read certificates from {}", cert_path.display()))?;
-    let Some(leaf) = chain.first() else {
-        bail!("{} holds no PEM certificate", cert_path.display());
-    };
-    let fingerprint = fingerprint(leaf);
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .with_context(|| format!("cannot read the private key in {}", key_path.display()))?;
+    let shown = format!("{} and {}", cert_path.display(), key_path.display());
+    identity(chain, key, cert_path, &shown)
+}
+
+/// A self-signed certificate for `names` and its key, as one PEM text.
+pub fn self_signed_pem(names: &[String]) -> Result<Vec<u8>> {
+    let generated = rcgen::generate_simple_self_signed(names.to_vec())
+        .context("generating a self-signed certificate")?;
+    Ok(format!(
+        "{}{}",
+        generated.cert.pem(),
+        generated.signing_key.serialize_pem()
+    )
+    .into_bytes())
+}
+
+/// The identity in `pem` (certificates and a key, as [`self_signed_pem`] makes them); the
+/// certificate is also written to a file of the temporary directory, for clients that trust it
+/// as a CA file.
+pub fn identity_from_pem(pem: &[u8]) -> Result<ServerIdentity> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<_, _>>()
+        .context("cannot read the certificate kept in the store")?;
+    let key = PrivateKeyDer::from_pem_slice(pem)
+        .context("cannot read the private key kept in the store")?;
+    let Some(leaf) = chain.first() else {
+        bail!("the identity kept in the store holds no certificate");
+    };
+    let cert_path =
+        std::env::temp_dir().join(format!("forte-relay-{}.pem", &fingerprint(leaf)[..16]));
+    // The certificate blocks of the text, without the key.
+    let mut cert_pem = String::new();
+    let mut inside = false;
+    for line in String::from_utf8_lossy(pem).lines() {
+        inside |= line == "-----BEGIN CERTIFICATE-----";
+        if inside {
+            cert_pem.push_str(line);
+            cert_pem.push('\n');
+        }
+        inside &= line != "-----END CERTIFICATE-----";
+    }
+    std::fs::write(&cert_path, cert_pem)
+        .with_context(|| format!("cannot write {}", cert_path.display()))?;
+    identity(chain, key, cert_path, "the identity kept in the store")
+}
+
+fn identity(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_path: PathBuf,
+    shown: &str,
+) -> Result<ServerIdentity> {
+    let Some(leaf) = chain.first() else {
+        bail!("{shown} holds no PEM certificate");
+    };
+    let fingerprint = fingerprint(leaf);
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .with_context(|| {
-            format!(
-                "{} and {} do not form a usable pair",
-                cert_path.display(),
-                key_path.display()
-            )
-        })?;
+        .with_context(|| format!("{shown} do not form a usable pair"))?;
     Ok(ServerIdentity {
         config,
         fingerprint,

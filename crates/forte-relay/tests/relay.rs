@@ -32,7 +32,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
     .unwrap();
     start(RelayConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        store: dir.join("store"),
+        store: dir.join("store").into(),
         tokens,
         tls_cert: None,
         tls_key: None,
@@ -631,8 +631,8 @@ fn abandoned_uploads_expire_and_sealed_batches_can_be_cancelled() {
         .unwrap();
     assert!(status.success());
 
-    let store = Store::inspect(&tmp.path().join("store")).unwrap();
-    let holdings = store.holdings();
+    let store = Store::inspect(tmp.path().join("store")).unwrap();
+    let holdings = store.holdings().unwrap();
     assert_eq!(holdings.len(), 2, "{holdings:?}");
     let (objects, _) = store.expire_open(Duration::from_secs(7 * 86_400)).unwrap();
     assert_eq!(objects, 1, "only the abandoned open object expires");

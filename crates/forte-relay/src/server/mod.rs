@@ -21,7 +21,7 @@ use forte_format::ObjectId;
 
 pub use auth::{Principal, Tokens};
 use share::{SharedBody, Shares};
-use store::{Store, StoreError, Stored};
+use store::{Location, Store, StoreError, Stored};
 
 use crate::api::{
     ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectStatus, PartRef, ReadyObject, ReadyQuery,
@@ -34,8 +34,9 @@ use crate::tls::server_identity;
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
     pub listen: SocketAddr,
-    /// Where objects and the relay's records live.
-    pub store: PathBuf,
+    /// Where objects and the relay's records live: a directory, or a bucket that several
+    /// relays may share.
+    pub store: Location,
     pub tokens: PathBuf,
     pub tls_cert: Option<PathBuf>,
     pub tls_key: Option<PathBuf>,
@@ -153,16 +154,30 @@ pub fn run(config: RelayConfig) -> Result<()> {
 fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdentity)> {
     metrics::install();
     let tokens = Tokens::load(&config.tokens)?;
-    let store = Store::open(&config.store, config.quota_per_site)?;
+    let store = Store::open(config.store.clone(), config.quota_per_site)?;
     if let Some(age) = config.expire_open_after {
         expire_open(&store, age);
     }
-    let identity = server_identity(
-        config.tls_cert.as_deref(),
-        config.tls_key.as_deref(),
-        &config.store.join("tls"),
-        &config.tls_names,
-    )?;
+    let self_signed = config.tls_cert.is_none() && config.tls_key.is_none();
+    let identity = match &config.store {
+        // Relays sharing a bucket present one certificate, kept in the bucket.
+        Location::Bucket { .. } if self_signed => {
+            let pem = store.shared_identity(|| crate::tls::self_signed_pem(&config.tls_names))?;
+            crate::tls::identity_from_pem(&pem)?
+        }
+        Location::Bucket { .. } => server_identity(
+            config.tls_cert.as_deref(),
+            config.tls_key.as_deref(),
+            std::path::Path::new(""),
+            &config.tls_names,
+        )?,
+        Location::Dir(dir) => server_identity(
+            config.tls_cert.as_deref(),
+            config.tls_key.as_deref(),
+            &dir.join("tls"),
+            &config.tls_names,
+        )?,
+    };
     let relay = Arc::new(Relay {
         store,
         tokens,

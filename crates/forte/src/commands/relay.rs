@@ -2,7 +2,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Result;
+use forte_relay::server::store::Location;
 use forte_relay::server::{run as serve, RelayConfig};
+
+use crate::settings::{self, Config};
 
 use crate::units::{parse_duration, parse_size};
 
@@ -11,13 +14,18 @@ pub struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8443")]
     listen: SocketAddr,
-    /// Directory for stored objects, the relay's records and its self-signed certificate.
-    #[arg(long, value_name = "DIR")]
-    store: PathBuf,
+    /// Where stored objects, the relay's records and its self-signed certificate live: a
+    /// directory, or an S3-compatible bucket, s3://BUCKET/PREFIX, with the endpoint and keys in
+    /// [s3] of the configuration file or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY and AWS_REGION. Relays serving one bucket share everything in it
+    /// (put them behind one load balancer): they present one certificate, kept in the bucket.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+    store: String,
     /// Tokens file (TOML): one [[token]] per edge site and per core; see `forte relay --help`.
     #[arg(long, value_name = "FILE")]
     tokens: PathBuf,
-    /// TLS certificate chain (PEM); without it a self-signed pair is made in STORE/tls.
+    /// TLS certificate chain (PEM); without it a self-signed pair is made in STORE/tls (in a
+    /// bucket, STORE/tls/identity.pem).
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// TLS private key (PEM).
@@ -53,10 +61,10 @@ fn parse_expiry(text: &str) -> Result<Expiry, String> {
     parse_duration(text).map(|d| Expiry(Some(d)))
 }
 
-pub fn run(args: Args) -> Result<bool> {
+pub fn run(args: Args, config: &Config) -> Result<bool> {
     serve(RelayConfig {
         listen: args.listen,
-        store: args.store,
+        store: Location::parse(&args.store, settings::s3(config)),
         tokens: args.tokens,
         tls_cert: args.tls_cert,
         tls_key: args.tls_key,

@@ -2,13 +2,12 @@
 //! there. Run on the relay host; access to the store directory is the authority (the edge
 //! cancels its own batches over the network with `forte send --cancel`).
 
-use std::path::PathBuf;
-
 use anyhow::Result;
-use forte_relay::server::store::Store;
+use forte_relay::server::store::{Location, Store};
 
 use super::Output;
 use crate::layout::format_utc;
+use crate::settings::{self, Config};
 use crate::units::human;
 
 #[derive(clap::Args)]
@@ -22,9 +21,9 @@ enum Action {
     /// List what the store holds per site and batch: sealed batches waiting for the core,
     /// objects of batches still being sent, and uploads not sealed yet.
     List {
-        /// The relay's store directory (as given to `forte relay --store`).
-        #[arg(long, value_name = "DIR")]
-        store: PathBuf,
+        /// The relay's store, as given to `forte relay --store`: a directory or a bucket.
+        #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+        store: String,
         #[command(flatten)]
         output: Output,
     },
@@ -33,9 +32,9 @@ enum Action {
     /// from its next start. Objects not sealed yet carry no batch; the edge cancels those
     /// (`forte send INBOX --cancel NAME`), or they expire (`forte relay --expire-open-after`).
     Cancel {
-        /// The relay's store directory.
-        #[arg(long, value_name = "DIR")]
-        store: PathBuf,
+        /// The relay's store: a directory or a bucket.
+        #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+        store: String,
         /// The site, as in the tokens file.
         #[arg(long)]
         site: String,
@@ -45,14 +44,17 @@ enum Action {
     },
 }
 
-pub fn run(args: Args) -> Result<bool> {
+pub fn run(args: Args, config: &Config) -> Result<bool> {
+    let at = |store: &str| Location::parse(store, settings::s3(config));
     match args.action {
         Action::List { store, output } => {
-            let holdings = Store::inspect(&store)?.holdings();
+            let holdings = Store::inspect(at(&store))?
+                .holdings()
+                .map_err(|e| anyhow::anyhow!("cannot list {store}: {e:?}"))?;
             if output.json {
                 println!("{}", serde_json::to_string_pretty(&holdings)?);
             } else if holdings.is_empty() {
-                println!("{} holds nothing", store.display());
+                println!("{store} holds nothing");
             }
             for h in holdings.iter().filter(|_| !output.json) {
                 let what = match (&h.batch, h.batch_sealed) {
@@ -75,7 +77,7 @@ pub fn run(args: Args) -> Result<bool> {
                 forte_relay::api::valid_site(&site) && forte_relay::api::valid_batch(&batch),
                 "site {site:?} or batch {batch:?} is not a valid name (see `forte relay-store list`)"
             );
-            let (objects, bytes) = Store::inspect(&store)?
+            let (objects, bytes) = Store::inspect(at(&store))?
                 .cancel_sealed(&site, &batch)
                 .map_err(|e| {
                     anyhow::anyhow!("cannot cancel batch {batch} of site {site}: {e:?}")

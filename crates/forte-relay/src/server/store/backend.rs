@@ -1,0 +1,54 @@
+//! Where the store's records and bodies live: a directory, or an S3-compatible bucket. Both
+//! hold the same keys (`sites/<site>/objects/<id>/part-000000.zst.age`, …); the store above
+//! knows what the keys mean, a backend only how to keep them.
+
+use super::{Result, StoreError};
+
+/// One stored record or body.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// Its key under the store's root (`sites/…`).
+    pub key: String,
+    pub size: u64,
+    /// When it was last written, in seconds since the epoch.
+    pub modified: u64,
+}
+
+impl Entry {
+    /// The last segment of the key.
+    pub fn name(&self) -> &str {
+        self.key.rsplit('/').next().unwrap_or(&self.key)
+    }
+}
+
+/// How the store keeps its keys. Every write is durable when it returns: the relay answers an
+/// upload only after that.
+pub trait Backend: Send + Sync {
+    /// Stores `bytes` at `key`, replacing what is there.
+    fn put(&self, key: &str, bytes: &[u8], what: &str) -> Result<()>;
+    /// Stores `bytes` at `key` only if nothing is there; whether it did. Two relays writing the
+    /// same key at once: exactly one of them does.
+    fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool>;
+    /// What is at `key`, `None` if nothing.
+    fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>>;
+    fn exists(&self, key: &str, what: &str) -> Result<bool>;
+    /// Whether anything is under `prefix/` (a directory, even empty, counts).
+    fn any_under(&self, prefix: &str, what: &str) -> Result<bool>;
+    /// Removes `key`; nothing there is fine.
+    fn delete(&self, key: &str, what: &str) -> Result<()>;
+    /// Removes everything under `prefix/`; returns the bytes freed.
+    fn delete_under(&self, prefix: &str, what: &str) -> Result<u64>;
+    /// Every entry under `prefix/`, at any depth.
+    fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>>;
+    /// The names directly under `prefix/`: entries, and prefixes with entries below them.
+    fn children(&self, prefix: &str, what: &str) -> Result<Vec<String>>;
+    /// Makes durable what was written before (a retried part found already held, which the
+    /// crash of an earlier attempt may have left unflushed).
+    fn flush(&self, what: &str) -> Result<()>;
+    /// Where the store is, for operators' messages.
+    fn location(&self) -> String;
+}
+
+pub(crate) fn io_error(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Io(format!("{what}: {e}"))
+}

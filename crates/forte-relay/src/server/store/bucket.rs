@@ -1,0 +1,138 @@
+//! The store in an S3-compatible bucket: each key an object under the bucket's prefix. A PUT is
+//! durable once answered, so nothing needs flushing; create-only writes are `If-None-Match: *`,
+//! and every body carries its SHA-256 (`x-amz-checksum-sha256`), which the server checks
+//! before it keeps the body. Several relay processes may serve one bucket: the store above
+//! keeps no state the bucket does not hold, beyond caches it checks against listings.
+
+use forte_bucket::Bucket;
+use futures_util::TryStreamExt;
+use object_store::path::Path as Key;
+use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use super::backend::{io_error, Backend, Entry};
+use super::{Result, StoreError};
+
+pub struct BucketBackend {
+    bucket: Bucket,
+}
+
+impl BucketBackend {
+    pub fn new(bucket: Bucket) -> Self {
+        Self { bucket }
+    }
+
+    fn key(&self, key: &str) -> Key {
+        self.bucket.key(key)
+    }
+
+    fn failed(&self, what: &str, key: &Key, e: object_store::Error) -> StoreError {
+        io_error(what, format!("{}: {e}", self.bucket.shown(key)))
+    }
+
+    fn put_with(&self, key: &str, bytes: &[u8], mode: PutMode, what: &str) -> Result<bool> {
+        let key = self.key(key);
+        let options = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        let payload = PutPayload::from(bytes.to_vec());
+        let store = self.bucket.store();
+        match self.bucket.block_on(store.put_opts(&key, payload, options)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Ok(false),
+            Err(e) => Err(self.failed(what, &key, e)),
+        }
+    }
+}
+
+impl Backend for BucketBackend {
+    fn put(&self, key: &str, bytes: &[u8], what: &str) -> Result<()> {
+        self.put_with(key, bytes, PutMode::Overwrite, what)
+            .map(drop)
+    }
+
+    fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool> {
+        self.put_with(key, bytes, PutMode::Create, what)
+    }
+
+    fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>> {
+        let key = self.key(key);
+        let store = self.bucket.store();
+        let got = self
+            .bucket
+            .block_on(async { store.get(&key).await?.bytes().await });
+        match got {
+            Ok(bytes) => Ok(Some(bytes.to_vec())),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.failed(what, &key, e)),
+        }
+    }
+
+    fn exists(&self, key: &str, what: &str) -> Result<bool> {
+        let key = self.key(key);
+        match self.bucket.block_on(self.bucket.store().head(&key)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.failed(what, &key, e)),
+        }
+    }
+
+    fn any_under(&self, prefix: &str, what: &str) -> Result<bool> {
+        Ok(!self.children(prefix, what)?.is_empty())
+    }
+
+    fn delete(&self, key: &str, what: &str) -> Result<()> {
+        let key = self.key(key);
+        match self.bucket.block_on(self.bucket.store().delete(&key)) {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.failed(what, &key, e)),
+        }
+    }
+
+    fn delete_under(&self, prefix: &str, what: &str) -> Result<u64> {
+        let entries = self.list(prefix, what)?;
+        for e in &entries {
+            self.delete(&e.key, what)?;
+        }
+        Ok(entries.iter().map(|e| e.size).sum())
+    }
+
+    fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>> {
+        let key = self.key(prefix);
+        let listed: Vec<object_store::ObjectMeta> = self
+            .bucket
+            .block_on(self.bucket.store().list(Some(&key)).try_collect())
+            .map_err(|e| self.failed(what, &key, e))?;
+        Ok(listed
+            .iter()
+            .map(|m| Entry {
+                key: self.bucket.relative(&m.location).to_string(),
+                size: m.size,
+                modified: m.last_modified.timestamp().max(0) as u64,
+            })
+            .collect())
+    }
+
+    fn children(&self, prefix: &str, what: &str) -> Result<Vec<String>> {
+        let key = self.key(prefix);
+        let listed = self
+            .bucket
+            .block_on(self.bucket.store().list_with_delimiter(Some(&key)))
+            .map_err(|e| self.failed(what, &key, e))?;
+        Ok(listed
+            .common_prefixes
+            .iter()
+            .chain(listed.objects.iter().map(|m| &m.location))
+            .filter_map(|k| k.filename().map(str::to_string))
+            .collect())
+    }
+
+    fn flush(&self, _what: &str) -> Result<()> {
+        Ok(())
+    }
+
+    fn location(&self) -> String {
+        self.bucket.shown(&self.bucket.key(""))
+    }
+}

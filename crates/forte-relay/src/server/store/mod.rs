@@ -1,0 +1,941 @@
+//! The relay's store: ciphertext objects in the pack layout, plus the relay's own small records,
+//! in a directory or an S3-compatible bucket (the [`Backend`]), under the same keys:
+//!
+//! ```text
+//! sites/<site>/objects/<id>/manifest.age, part-NNNNNN.zst.age   (as `forte pack` writes)
+//! sites/<site>/meta/<id>/part-NNNNNN.sha256   "<sha256> <length>": the part is held
+//! sites/<site>/meta/<id>/sealed.json          the object is complete (a ReadyObject)
+//! sites/<site>/batches/<batch>.json           the batch is sealed: its object ids
+//! sites/<site>/batches/<batch>.inventory.age  its sealed inventory, for the core
+//! sites/<site>/batches/<batch>.acking.json    objects being acknowledged together
+//! sites/<site>/acked/<id>                     the core acknowledged delivery (create-only)
+//! sites/<site>/tmp/                           bodies being written (directory only)
+//! ```
+//!
+//! Every write is durable before the relay answers (see the backends). A part's record is
+//! written before the part, and a part counts as held only when both exist. A crash before a
+//! directory's flush may leave a record or part that is not what it claims: the edge was not
+//! answered, retries, and the relay re-hashes a held part before trusting it on a retry;
+//! whatever slipped through is caught by the core's ciphertext check.
+//!
+//! Several relays may share one bucket: what one relay learns from another is read from the
+//! bucket each time (the only things kept in memory are the quota's running figures and the
+//! sealed records already read, checked against each listing).
+
+mod backend;
+mod bucket;
+mod dir;
+
+use std::collections::{HashMap, HashSet};
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use forte_bucket::{Bucket, Credentials};
+use forte_format::{part_file_name, ObjectId, MANIFEST_FILE};
+use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
+
+use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject};
+pub use backend::{Backend, Entry};
+use bucket::BucketBackend;
+use dir::DirBackend;
+
+/// Where a relay's store is: a directory, or `s3://BUCKET/PREFIX` with the credentials for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    Dir(PathBuf),
+    Bucket {
+        url: String,
+        credentials: Credentials,
+    },
+}
+
+impl Location {
+    /// `s3://…` is a bucket, with `credentials` over the environment's; anything else a directory.
+    pub fn parse(text: &str, credentials: Credentials) -> Self {
+        if Bucket::is_url(text) {
+            Self::Bucket {
+                url: text.to_string(),
+                credentials,
+            }
+        } else {
+            Self::Dir(PathBuf::from(text))
+        }
+    }
+}
+
+impl From<&Path> for Location {
+    fn from(dir: &Path) -> Self {
+        Self::Dir(dir.to_path_buf())
+    }
+}
+
+impl From<PathBuf> for Location {
+    fn from(dir: PathBuf) -> Self {
+        Self::Dir(dir)
+    }
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dir(dir) => write!(f, "{}", dir.display()),
+            Self::Bucket { url, .. } => f.write_str(url),
+        }
+    }
+}
+
+/// Why a store operation was refused.
+#[derive(Debug)]
+pub enum StoreError {
+    NotFound(String),
+    /// The request contradicts what is stored (missing parts at seal, delivered object).
+    Conflict(String),
+    /// The request itself is wrong (hash mismatch, bad part list).
+    Invalid(String),
+    /// Quota or disk full, with batches waiting for the core, whose pull frees space.
+    Full(String),
+    /// Quota or disk full with nothing the core can pull: every byte held belongs to batches
+    /// not sealed yet, so waiting cannot help (a batch larger than the space, or several
+    /// unsealed batches that together fill it).
+    NoRoom(String),
+    Io(String),
+}
+
+impl StoreError {
+    fn io(what: &str, path: &Path, e: std::io::Error) -> Self {
+        if e.raw_os_error() == Some(28) || e.kind() == ErrorKind::StorageFull {
+            return StoreError::Full(format!("relay disk full while writing {what}"));
+        }
+        StoreError::Io(format!("{what}: {}: {e}", path.display()))
+    }
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+/// What a part upload did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    New,
+    AlreadyHeld,
+}
+
+/// What the relay holds of one batch of one site (`batch` is `None` for objects not sealed
+/// yet, whose batch the relay cannot know).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Holding {
+    pub site: String,
+    pub batch: Option<String>,
+    /// The edge sealed the batch: it is waiting for the core.
+    pub batch_sealed: bool,
+    pub objects: usize,
+    pub bytes: u64,
+    /// Seconds since the epoch of the oldest and newest change among its objects.
+    pub oldest: u64,
+    pub newest: u64,
+}
+
+/// One object the relay holds, not delivered yet.
+struct HeldObject {
+    id: ObjectId,
+    /// The batch it was sealed into; `None` while open.
+    batch: Option<String>,
+    bytes: u64,
+    /// When it last changed, in seconds since the epoch.
+    changed: u64,
+}
+
+pub struct Store {
+    backend: Box<dyn Backend>,
+    quota: Option<u64>,
+    /// Bytes held per site, for the quota; rebuilt from the store at start.
+    usage: Mutex<HashMap<String, u64>>,
+    /// Sealed records read before, by key, with the size and time they were listed with: a
+    /// record is written once, so one listed again unchanged need not be read again.
+    sealed_records: Mutex<HashMap<String, (u64, u64, ReadyObject)>>,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn record_name(index: u32) -> String {
+    format!("part-{index:06}.sha256")
+}
+
+const SEALED_RECORD: &str = "sealed.json";
+
+fn site_key(site: &str) -> String {
+    format!("sites/{site}")
+}
+
+fn object_key(site: &str, id: ObjectId) -> String {
+    format!("sites/{site}/objects/{id}")
+}
+
+fn meta_key(site: &str, id: ObjectId) -> String {
+    format!("sites/{site}/meta/{id}")
+}
+
+fn sealed_key(site: &str, id: ObjectId) -> String {
+    format!("sites/{site}/meta/{id}/{SEALED_RECORD}")
+}
+
+fn acked_key(site: &str, id: ObjectId) -> String {
+    format!("sites/{site}/acked/{id}")
+}
+
+fn batch_key(site: &str, batch: &str) -> String {
+    format!("sites/{site}/batches/{batch}.json")
+}
+
+fn inventory_key(site: &str, batch: &str) -> String {
+    format!("sites/{site}/batches/{batch}.inventory.age")
+}
+
+fn acking_key(site: &str, batch: &str) -> String {
+    format!("sites/{site}/batches/{batch}.acking.json")
+}
+
+/// The backend at `location`; a directory is created unless `inspect`.
+fn backend_at(location: &Location, inspect: bool) -> anyhow::Result<Box<dyn Backend>> {
+    Ok(match location {
+        Location::Dir(root) => {
+            let sites = root.join("sites");
+            if inspect {
+                anyhow::ensure!(
+                    sites.is_dir(),
+                    "{} is not a relay store (it has no sites/ directory): give the directory `forte relay --store` uses",
+                    root.display()
+                );
+            } else {
+                std::fs::create_dir_all(&sites).map_err(|e| {
+                    anyhow::anyhow!("cannot create relay store {}: {e}", sites.display())
+                })?;
+            }
+            let dir = DirBackend::new(root);
+            if !inspect {
+                dir.remove_tmp();
+            }
+            Box::new(dir)
+        }
+        Location::Bucket { url, credentials } => {
+            Box::new(BucketBackend::new(Bucket::open(url, credentials)?))
+        }
+    })
+}
+
+impl Store {
+    /// The store at `location` as it is, for reading and for operators' commands, without the
+    /// clean-up a serving relay does at start (which would disturb one running on it).
+    pub fn inspect(location: impl Into<Location>) -> anyhow::Result<Self> {
+        Ok(Self::over(backend_at(&location.into(), true)?, None))
+    }
+
+    pub fn open(location: impl Into<Location>, quota: Option<u64>) -> anyhow::Result<Self> {
+        let backend = backend_at(&location.into(), false)?;
+        let store = Self::over(backend, quota);
+        let sites = store.sites().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        for site in &sites {
+            let held = store
+                .backend
+                .list(&format!("{}/objects", site_key(site)), "usage")
+                .map_err(|e| anyhow::anyhow!("cannot read what site {site} holds: {e:?}"))?;
+            let bytes = held.iter().map(|e| e.size).sum();
+            store.usage.lock().insert(site.clone(), bytes);
+        }
+        // Batch acknowledgements a stop interrupted are finished before anything is served.
+        for site in &sites {
+            for (batch, ids) in store.acking(site) {
+                store.ack_batch(site, &batch, &ids).map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot finish acknowledging batch {batch} of site {site}: {e:?}"
+                    )
+                })?;
+            }
+        }
+        Ok(store)
+    }
+
+    fn over(backend: Box<dyn Backend>, quota: Option<u64>) -> Self {
+        Self {
+            backend,
+            quota,
+            usage: Mutex::default(),
+            sealed_records: Mutex::default(),
+        }
+    }
+
+    /// Where the store is: its directory, or `s3://BUCKET/PREFIX`.
+    pub fn location(&self) -> String {
+        self.backend.location()
+    }
+
+    /// The TLS identity (certificate and key, PEM) kept in the store, for relays sharing a
+    /// bucket to present one certificate: the first relay stores the one `generate` makes
+    /// (create-only: of two starting at once, one wins), every other one reads it.
+    pub fn shared_identity(
+        &self,
+        generate: impl FnOnce() -> anyhow::Result<Vec<u8>>,
+    ) -> anyhow::Result<Vec<u8>> {
+        const KEY: &str = "tls/identity.pem";
+        let what = "the relay's TLS identity";
+        let read = || -> anyhow::Result<Option<Vec<u8>>> {
+            self.backend
+                .get(KEY, what)
+                .map_err(|e| anyhow::anyhow!("cannot read {what}: {e:?}"))
+        };
+        if let Some(pem) = read()? {
+            return Ok(pem);
+        }
+        let pem = generate()?;
+        let stored = self
+            .backend
+            .put_new(KEY, &pem, what)
+            .map_err(|e| anyhow::anyhow!("cannot store {what}: {e:?}"))?;
+        if stored {
+            return Ok(pem);
+        }
+        read()?.ok_or_else(|| anyhow::anyhow!("{what} vanished from the store"))
+    }
+
+    fn is_acked(&self, site: &str, id: ObjectId) -> Result<bool> {
+        self.backend.exists(&acked_key(site, id), "acknowledgement")
+    }
+
+    fn is_sealed(&self, site: &str, id: ObjectId) -> Result<bool> {
+        self.backend.exists(&sealed_key(site, id), "sealed record")
+    }
+
+    /// The parts of an object the relay holds: record and part both present.
+    fn held_parts(&self, site: &str, id: ObjectId) -> Result<Vec<PartRef>> {
+        let what = format!("parts of object {id}");
+        let bodies: HashSet<String> = self
+            .backend
+            .children(&object_key(site, id), &what)?
+            .into_iter()
+            .collect();
+        let mut parts = Vec::new();
+        for name in self.backend.children(&meta_key(site, id), &what)? {
+            let Some(index) = name
+                .strip_prefix("part-")
+                .and_then(|n| n.strip_suffix(".sha256"))
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if !bodies.contains(&part_file_name(index)) {
+                continue;
+            }
+            let record = self
+                .backend
+                .get(&format!("{}/{name}", meta_key(site, id)), &what)?;
+            let Some(text) = record.and_then(|r| String::from_utf8(r).ok()) else {
+                continue;
+            };
+            let Some((sha256, length)) = text.trim().split_once(' ') else {
+                continue;
+            };
+            let Ok(length) = length.parse() else { continue };
+            parts.push(PartRef {
+                index,
+                sha256: sha256.to_string(),
+                length,
+            });
+        }
+        parts.sort_by_key(|p| p.index);
+        Ok(parts)
+    }
+
+    fn add_usage(&self, site: &str, delta: i64) {
+        let mut usage = self.usage.lock();
+        let used = usage.entry(site.to_string()).or_default();
+        *used = used.saturating_add_signed(delta);
+    }
+
+    pub fn put_part(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<Stored> {
+        if self.is_acked(site, id)? {
+            return Err(StoreError::Conflict(format!(
+                "object {id} was already delivered"
+            )));
+        }
+        let previous = self
+            .held_parts(site, id)?
+            .into_iter()
+            .find(|p| p.index == index);
+        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        let what = format!("part {index} of object {id}");
+        if let Some(p) = &previous {
+            // A crash between rename and flush can leave a record whose part is not what it
+            // says: trust a held part only after hashing it again (this happens on retries).
+            let intact = self
+                .backend
+                .get(&part_key, &what)?
+                .is_some_and(|held| hex::encode(Sha256::digest(&held)) == p.sha256);
+            if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
+                self.backend.flush(&what)?;
+                return Ok(Stored::AlreadyHeld);
+            }
+        }
+        let found = hex::encode(Sha256::digest(body));
+        if found != sha256 {
+            return Err(StoreError::Invalid(format!(
+                "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
+            )));
+        }
+        // A part that replaces a held one (a torn part, or new bytes) counts only the
+        // difference, in the check as in the charge.
+        let size = body.len() as i64 - previous.as_ref().map_or(0, |p| p.length as i64);
+        self.charge(site, size)?;
+        let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
+        let stored = self
+            .backend
+            .put(
+                &record_key,
+                format!("{sha256} {}\n", body.len()).as_bytes(),
+                &what,
+            )
+            .and_then(|()| self.backend.put(&part_key, body, &what));
+        if stored.is_err() {
+            self.add_usage(site, -size);
+        }
+        if let Err(StoreError::Full(why)) = stored {
+            return Err(self.no_room_unless_waiting(&["*".to_string()], why));
+        }
+        stored?;
+        // Another relay on the same bucket may have acknowledged the object meanwhile: its
+        // deletion ran after its tombstone, which this check would see, or before this part
+        // was written, which then must go.
+        if self.is_acked(site, id)? {
+            self.remove_object(site, id, &what)?;
+            return Err(StoreError::Conflict(format!(
+                "object {id} was already delivered"
+            )));
+        }
+        Ok(Stored::New)
+    }
+    /// Counts `size` more bytes against the site before they are written, under one lock, so
+    /// uploads arriving together cannot all pass the quota check on the same figure.
+    fn charge(&self, site: &str, size: i64) -> Result<()> {
+        let Some(quota) = self.quota else {
+            self.add_usage(site, size);
+            return Ok(());
+        };
+        let mut usage = self.usage.lock();
+        let used = usage.entry(site.to_string()).or_default();
+        if used.saturating_add_signed(size) > quota {
+            let held = *used;
+            drop(usage);
+            return Err(self.no_room_unless_waiting(
+                &[site.to_string()],
+                format!("site {site} is at its quota ({held} of {quota} bytes held)"),
+            ));
+        }
+        *used = used.saturating_add_signed(size);
+        Ok(())
+    }
+
+    /// A full store is worth waiting for only while the core has sealed batches to pull of
+    /// `sites` (`*` for all): pulling them frees space. Otherwise nothing will, and the sender
+    /// must be told at once what to do.
+    fn no_room_unless_waiting(&self, sites: &[String], why: String) -> StoreError {
+        if !self.ready(sites, false).is_empty() {
+            return StoreError::Full(format!("{why}; retry after the core has pulled"));
+        }
+        StoreError::NoRoom(format!(
+            "{why}, and nothing in it is waiting for the core: all of it belongs to batches not sealed yet, so no pull can free space. A batch larger than the relay's space can never be sealed there: raise the relay's --quota-per-site or its disk, cancel the batch (`forte send INBOX --cancel BATCH` at the edge, or `forte relay-store cancel` at the relay), or split it into smaller batches"
+        ))
+    }
+
+    pub fn status(&self, site: &str, id: ObjectId) -> Result<ObjectStatus> {
+        if self.is_acked(site, id)? {
+            return Ok(ObjectStatus {
+                state: ObjectState::Delivered,
+                parts: vec![],
+            });
+        }
+        if !self
+            .backend
+            .any_under(&meta_key(site, id), "object status")?
+        {
+            return Err(StoreError::NotFound(format!(
+                "object {id} is not at the relay"
+            )));
+        }
+        let state = if self.is_sealed(site, id)? {
+            ObjectState::Complete
+        } else {
+            ObjectState::Open
+        };
+        Ok(ObjectStatus {
+            state,
+            parts: self.held_parts(site, id)?,
+        })
+    }
+
+    /// Seals object `id` of `batch`: its `parts` (in order, each held as listed) and its
+    /// sealed `manifest`.
+    pub fn seal(
+        &self,
+        site: &str,
+        id: ObjectId,
+        batch: &str,
+        parts: &[PartRef],
+        manifest: &[u8],
+    ) -> Result<()> {
+        if self.is_acked(site, id)? {
+            return Err(StoreError::Conflict(format!(
+                "object {id} was already delivered"
+            )));
+        }
+        for (i, p) in parts.iter().enumerate() {
+            if p.index as usize != i {
+                return Err(StoreError::Invalid(format!(
+                    "part list of object {id} is not in order at {i}"
+                )));
+            }
+        }
+        let held = self.held_parts(site, id)?;
+        let missing: Vec<u32> = parts
+            .iter()
+            .filter(|p| !held.contains(p))
+            .map(|p| p.index)
+            .collect();
+        if !missing.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "object {id} cannot be sealed: parts {missing:?} are missing or differ"
+            )));
+        }
+        let what = format!("manifest of object {id}");
+        let manifest_key = format!("{}/{MANIFEST_FILE}", object_key(site, id));
+        self.backend.put(&manifest_key, manifest, &what)?;
+        self.add_usage(site, manifest.len() as i64);
+        let ready = ReadyObject {
+            site: site.to_string(),
+            id,
+            batch: batch.to_string(),
+            parts: parts.to_vec(),
+            sealed_at: now(),
+            batch_sealed: false,
+        };
+        let record = serde_json::to_vec(&ready).expect("serialises");
+        self.backend.put(&sealed_key(site, id), &record, &what)
+    }
+
+    /// Declares a batch complete: every listed object must be sealed or already delivered.
+    /// The sealed inventory, opaque to the relay, is stored before the batch record, so a
+    /// sealed batch offered to the core always has the inventory it was sealed with.
+    pub fn seal_batch(
+        &self,
+        site: &str,
+        batch: &str,
+        objects: &[ObjectId],
+        inventory: Option<&[u8]>,
+    ) -> Result<()> {
+        let missing = self.unsealed(site, objects);
+        if !missing.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
+            )));
+        }
+        let what = format!("batch {batch}");
+        let inventory_at = inventory_key(site, batch);
+        match inventory {
+            Some(sealed) => self.backend.put(&inventory_at, sealed, &what)?,
+            None => self.backend.delete(&inventory_at, &what)?,
+        }
+        let record = serde_json::to_vec(objects).expect("serialises");
+        self.backend.put(&batch_key(site, batch), &record, &what)
+    }
+
+    /// Those of `objects` neither sealed nor delivered (or that cannot be told now).
+    pub fn unsealed(&self, site: &str, objects: &[ObjectId]) -> Vec<String> {
+        objects
+            .iter()
+            .filter(|id| {
+                !matches!(self.is_sealed(site, **id), Ok(true))
+                    && !matches!(self.is_acked(site, **id), Ok(true))
+            })
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// The sealed inventory of a sealed batch; `None` if it was sealed without one.
+    pub fn read_inventory(&self, site: &str, batch: &str) -> Result<Option<Vec<u8>>> {
+        if !self
+            .backend
+            .exists(&batch_key(site, batch), "batch record")?
+        {
+            return Err(StoreError::NotFound(format!(
+                "batch {batch} of site {site} is not sealed"
+            )));
+        }
+        self.backend.get(&inventory_key(site, batch), "inventory")
+    }
+
+    /// The sealed records of one site's objects, read once each (see `sealed_records`); an
+    /// object delivered but put back (by whoever can write the store, replaying it) is garbage,
+    /// and goes.
+    fn sealed_objects(&self, site: &str) -> Vec<ReadyObject> {
+        let listed = match self
+            .backend
+            .list(&format!("{}/meta", site_key(site)), "listing")
+        {
+            Ok(listed) => listed,
+            Err(e) => {
+                tracing::error!("cannot list the objects of site {site}: {e:?}");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for entry in listed.iter().filter(|e| e.name() == SEALED_RECORD) {
+            let known = self.sealed_records.lock().get(&entry.key).cloned();
+            let object = match known {
+                Some((size, modified, o)) if (size, modified) == (entry.size, entry.modified) => o,
+                _ => {
+                    let read = self.backend.get(&entry.key, "sealed record").ok().flatten();
+                    let Some(o) = read.and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
+                    else {
+                        continue;
+                    };
+                    if matches!(self.is_acked(&o.site, o.id), Ok(true)) {
+                        let _ = self.remove_object(
+                            &o.site,
+                            o.id,
+                            "removal of a delivered object put back",
+                        );
+                        continue;
+                    }
+                    let mut records = self.sealed_records.lock();
+                    records.insert(entry.key.clone(), (entry.size, entry.modified, o.clone()));
+                    o
+                }
+            };
+            out.push(object);
+        }
+        out
+    }
+
+    /// Objects of sealed batches of the given sites, oldest first; with `open`, also the
+    /// sealed objects of batches not sealed yet.
+    pub fn ready(&self, sites: &[String], open: bool) -> Vec<ReadyObject> {
+        let all_sites: Vec<String> = if sites.iter().any(|s| s == "*") {
+            self.sites().unwrap_or_default()
+        } else {
+            sites.to_vec()
+        };
+        // Each batch record read once per listing, not once per object.
+        let mut batches: HashMap<(String, String), Option<Vec<ObjectId>>> = HashMap::new();
+        // Objects of a batch being acknowledged are gone from the listing all at once.
+        let leaving: HashSet<(String, ObjectId)> = all_sites
+            .iter()
+            .flat_map(|site| {
+                self.acking(site)
+                    .into_iter()
+                    .flat_map(|(_, ids)| ids)
+                    .map(|id| (site.clone(), id))
+            })
+            .collect();
+        let mut ready: Vec<ReadyObject> = all_sites
+            .iter()
+            .flat_map(|site| self.sealed_objects(site))
+            .filter(|o| !leaving.contains(&(o.site.clone(), o.id)))
+            .filter_map(|mut o| {
+                let members = batches
+                    .entry((o.site.clone(), o.batch.clone()))
+                    .or_insert_with(|| {
+                        self.backend
+                            .get(&batch_key(&o.site, &o.batch), "batch record")
+                            .ok()
+                            .flatten()
+                            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                    });
+                o.batch_sealed = members.as_ref().is_some_and(|ids| ids.contains(&o.id));
+                (o.batch_sealed || open).then_some(o)
+            })
+            .collect();
+        ready.sort_by(|a, b| (a.sealed_at, &a.batch, a.id).cmp(&(b.sealed_at, &b.batch, b.id)));
+        ready
+    }
+
+    pub fn read_manifest(&self, site: &str, id: ObjectId) -> Result<Vec<u8>> {
+        let incomplete =
+            || StoreError::NotFound(format!("object {id} of site {site} is not complete"));
+        if !self.is_sealed(site, id)? {
+            return Err(incomplete());
+        }
+        let manifest_key = format!("{}/{MANIFEST_FILE}", object_key(site, id));
+        self.backend
+            .get(&manifest_key, "manifest")?
+            .ok_or_else(incomplete)
+    }
+
+    pub fn read_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
+        let key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        self.backend.get(&key, "part")?.ok_or_else(|| {
+            StoreError::NotFound(format!("part {index} of object {id} is not at the relay"))
+        })
+    }
+
+    /// Delivery acknowledged: delete the object, keep a tombstone so the edge can learn it.
+    /// Only through [`Store::ack_batch`], so a batch never loses some of its objects.
+    fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
+        if self.is_acked(site, id)? {
+            // Written by this relay or another: the object's data may still need deleting.
+            return self
+                .remove_object(site, id, &format!("acknowledgement of object {id}"))
+                .map(drop);
+        }
+        if !self.is_sealed(site, id)? {
+            return Err(StoreError::NotFound(format!(
+                "object {id} of site {site} is not complete"
+            )));
+        }
+        let what = format!("acknowledgement of object {id}");
+        self.backend
+            .put_new(&acked_key(site, id), now().to_string().as_bytes(), &what)?;
+        self.remove_object(site, id, &what).map(drop)
+    }
+
+    /// Deletes an object's data and records; returns the bytes freed.
+    fn remove_object(&self, site: &str, id: ObjectId, what: &str) -> Result<u64> {
+        let freed = self.backend.delete_under(&object_key(site, id), what)?;
+        self.backend.delete_under(&meta_key(site, id), what)?;
+        self.sealed_records.lock().remove(&sealed_key(site, id));
+        self.add_usage(site, -(freed as i64));
+        Ok(freed)
+    }
+
+    /// Sites with anything stored.
+    fn sites(&self) -> Result<Vec<String>> {
+        let mut sites = self.backend.children("sites", "listing of sites")?;
+        sites.sort();
+        Ok(sites)
+    }
+
+    /// The objects of one site not delivered yet.
+    fn held_objects(&self, site: &str) -> Result<Vec<HeldObject>> {
+        let what = format!("objects of site {site}");
+        let id_of = |key: &str, under: &str| -> Option<ObjectId> {
+            key.strip_prefix(under)?.split('/').next()?.parse().ok()
+        };
+        let meta_under = format!("{}/meta/", site_key(site));
+        let objects_under = format!("{}/objects/", site_key(site));
+        let mut held: HashMap<ObjectId, HeldObject> = HashMap::new();
+        for e in self.backend.list(meta_under.trim_end_matches('/'), &what)? {
+            let Some(id) = id_of(&e.key, &meta_under) else {
+                continue;
+            };
+            let o = held.entry(id).or_insert(HeldObject {
+                id,
+                batch: None,
+                bytes: 0,
+                changed: 0,
+            });
+            o.changed = o.changed.max(e.modified);
+            if e.name() == SEALED_RECORD {
+                o.batch = self
+                    .backend
+                    .get(&e.key, &what)?
+                    .and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
+                    .map(|r| r.batch);
+            }
+        }
+        for e in self
+            .backend
+            .list(objects_under.trim_end_matches('/'), &what)?
+        {
+            // Its records say when it last changed: each part's is written with the part.
+            if let Some(o) = id_of(&e.key, &objects_under).and_then(|id| held.get_mut(&id)) {
+                o.bytes += e.size;
+            }
+        }
+        Ok(held.into_values().collect())
+    }
+
+    /// What the relay holds, per site and batch, for operators (`forte relay-store list`).
+    pub fn holdings(&self) -> Result<Vec<Holding>> {
+        let mut out: Vec<Holding> = Vec::new();
+        for site in self.sites()? {
+            for o in self.held_objects(&site)? {
+                let sealed = match &o.batch {
+                    Some(b) => self.backend.exists(&batch_key(&site, b), "batch record")?,
+                    None => false,
+                };
+                let key = (site.clone(), o.batch.clone());
+                match out
+                    .iter_mut()
+                    .find(|h| (h.site.clone(), h.batch.clone()) == key)
+                {
+                    Some(h) => {
+                        h.objects += 1;
+                        h.bytes += o.bytes;
+                        h.oldest = h.oldest.min(o.changed);
+                        h.newest = h.newest.max(o.changed);
+                    }
+                    None => out.push(Holding {
+                        site: site.clone(),
+                        batch: o.batch,
+                        batch_sealed: sealed,
+                        objects: 1,
+                        bytes: o.bytes,
+                        oldest: o.changed,
+                        newest: o.changed,
+                    }),
+                }
+            }
+        }
+        out.sort_by(|a, b| (&a.site, &a.batch).cmp(&(&b.site, &b.batch)));
+        Ok(out)
+    }
+
+    /// Cancels a batch at the relay: deletes those of `ids` (open or sealed, not delivered),
+    /// and the batch's seal and inventory, so the core never gets it. What was delivered
+    /// stays delivered. Returns the objects and bytes removed.
+    pub fn cancel(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<(usize, u64)> {
+        let what = format!("cancellation of batch {batch}");
+        for key in [batch_key(site, batch), inventory_key(site, batch)] {
+            self.backend.delete(&key, &what)?;
+        }
+        let (mut objects, mut bytes) = (0, 0);
+        for id in ids {
+            if self.is_acked(site, *id)? {
+                continue;
+            }
+            if self.backend.any_under(&meta_key(site, *id), &what)?
+                || self.backend.any_under(&object_key(site, *id), &what)?
+            {
+                bytes += self.remove_object(site, *id, &what)?;
+                objects += 1;
+            }
+        }
+        Ok((objects, bytes))
+    }
+
+    /// Cancels a batch by the relay's batch id alone (`forte relay-store cancel`): every
+    /// object sealed into it. Open objects carry no batch yet; they expire
+    /// ([`Store::expire_open`]) or are cancelled by the edge, which knows their ids.
+    pub fn cancel_sealed(&self, site: &str, batch: &str) -> Result<(usize, u64)> {
+        let ids: Vec<ObjectId> = self
+            .held_objects(site)?
+            .into_iter()
+            .filter(|o| o.batch.as_deref() == Some(batch))
+            .map(|o| o.id)
+            .collect();
+        self.cancel(site, batch, &ids)
+    }
+
+    /// Deletes open objects (never sealed) unchanged for `older_than`: uploads an edge
+    /// abandoned. Returns the objects and bytes removed.
+    pub fn expire_open(&self, older_than: std::time::Duration) -> Result<(usize, u64)> {
+        let cutoff = now().saturating_sub(older_than.as_secs());
+        let (mut objects, mut bytes) = (0, 0);
+        for site in self.sites()? {
+            for o in self.held_objects(&site)? {
+                if o.batch.is_none() && o.changed < cutoff {
+                    bytes += self.remove_object(&site, o.id, "expiry of an abandoned upload")?;
+                    objects += 1;
+                }
+            }
+        }
+        Ok((objects, bytes))
+    }
+
+    /// Batch acknowledgements under way at one site: batch id → its objects.
+    fn acking(&self, site: &str) -> Vec<(String, Vec<ObjectId>)> {
+        let under = format!("{}/batches", site_key(site));
+        self.backend
+            .children(&under, "acknowledgements")
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|name| {
+                let batch = name.strip_suffix(".acking.json")?.to_string();
+                let bytes = self
+                    .backend
+                    .get(&format!("{under}/{name}"), "acknowledgement")
+                    .ok()??;
+                Some((batch, serde_json::from_slice(&bytes).ok()?))
+            })
+            .collect()
+    }
+
+    /// Delivery of a whole batch acknowledged: its objects are recorded first, so that none
+    /// of them is listed any more even if the relay stops half-way, then each is deleted
+    /// (tombstones kept, as for [`Store::ack`]). Idempotent.
+    pub fn ack_batch(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<()> {
+        let mut unknown = Vec::new();
+        for id in ids {
+            if !self.is_acked(site, *id)? && !self.is_sealed(site, *id)? {
+                unknown.push(id.to_string());
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(StoreError::NotFound(format!(
+                "batch {batch} of site {site}: objects {unknown:?} are not complete"
+            )));
+        }
+        let record = acking_key(site, batch);
+        let what = format!("acknowledgement of batch {batch}");
+        let ids_json = serde_json::to_vec(ids).expect("serialises");
+        self.backend.put(&record, &ids_json, &what)?;
+        for id in ids {
+            self.ack(site, *id)?;
+        }
+        self.backend.delete(&record, &what)
+    }
+
+    /// A damaged part reported by the core: drop it and reopen the object, so the edge
+    /// uploads the part again and re-seals.
+    pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
+        let what = "rejected part";
+        let part = format!("{}/{}", object_key(site, id), part_file_name(index));
+        let length = self
+            .backend
+            .list(&object_key(site, id), what)?
+            .iter()
+            .find(|e| e.key == part)
+            .map_or(0, |e| e.size);
+        let record = format!("{}/{}", meta_key(site, id), record_name(index));
+        for key in [sealed_key(site, id), record, part] {
+            self.backend.delete(&key, what)?;
+        }
+        self.sealed_records.lock().remove(&sealed_key(site, id));
+        self.add_usage(site, -(length as i64));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_full_and_any_other_io_error_names_the_file() {
+        let path = Path::new("/store/sites/s/tmp/0123");
+        // ENOSPC, as Linux reports it.
+        let e = StoreError::io("part 3", path, std::io::Error::from_raw_os_error(28));
+        assert!(
+            matches!(&e, StoreError::Full(m) if m == "relay disk full while writing part 3"),
+            "{e:?}"
+        );
+        // The kind alone, without an OS error number (as a wrapped or non-Linux error has it).
+        let e = StoreError::io("part 3", path, std::io::Error::from(ErrorKind::StorageFull));
+        assert!(matches!(&e, StoreError::Full(_)), "{e:?}");
+        let e = StoreError::io("part 3", path, std::io::Error::from_raw_os_error(21));
+        assert!(
+            matches!(&e, StoreError::Io(m)
+                if m == "part 3: /store/sites/s/tmp/0123: Is a directory (os error 21)"),
+            "{e:?}"
+        );
+    }
+}
