@@ -47,3 +47,6 @@ fi
 export FORTE_TEST_VERSITYGW
 
 cargo test --workspace "$@"
+# The relay's suite once more, its store a bucket of a real S3 server (the same tests, see
+# crates/forte-relay/tests/relay.rs).
+FORTE_TEST_RELAY_STORE=s3 cargo test -p forte-relay --test relay "$@"

@@ -33,7 +33,8 @@ pub struct Credentials {
 /// A bucket and a prefix in it, with a client for the endpoint the environment names.
 pub struct Bucket {
     store: Arc<dyn ObjectStore>,
-    runtime: tokio::runtime::Runtime,
+    /// Always `Some` but in `drop`.
+    runtime: Option<tokio::runtime::Runtime>,
     name: String,
     prefix: String,
     endpoint: String,
@@ -91,7 +92,7 @@ impl Bucket {
             .context("starting the S3 client's runtime")?;
         let this = Self {
             store: Arc::new(store),
-            runtime,
+            runtime: Some(runtime),
             name: name.to_string(),
             prefix: prefix.trim_matches('/').to_string(),
             endpoint: endpoint.unwrap_or_else(|| "AWS".into()),
@@ -132,7 +133,21 @@ impl Bucket {
     /// Runs one call of the client to its end. From blocking code only: never on a thread that
     /// drives asynchronous tasks.
     pub fn block_on<F: Future>(&self, call: F) -> F::Output {
-        self.runtime.block_on(call)
+        let runtime = self
+            .runtime
+            .as_ref()
+            .expect("a bucket's runtime lives as long as it");
+        runtime.block_on(call)
+    }
+}
+
+impl Drop for Bucket {
+    fn drop(&mut self) {
+        // Without waiting: the owner (a relay's store) may be dropped on an asynchronous
+        // thread, where waiting for the runtime's threads is not allowed.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 

@@ -1,9 +1,17 @@
 //! The relay over real TLS and real sockets, driven by the real client.
+//!
+//! The suite runs against the directory store, and with `FORTE_TEST_RELAY_STORE=s3` (test.sh
+//! runs it a second time so) against a bucket of a real S3 server, versitygw, whose files are
+//! the same `DIR/store` tree: what a test looks for on disk is there in both runs.
 
 mod common;
 
+use std::ops::Deref;
 use std::path::Path;
 use std::time::Duration;
+
+use forte_bucket::test_server::S3Server;
+use forte_relay::server::store::Location;
 
 use forte_format::ObjectId;
 use forte_relay::api::ObjectState;
@@ -18,7 +26,36 @@ const EDGE_B: &str = "edge-b-token-0123456789";
 const CORE_A: &str = "core-a-token-0123456789";
 const CORE_ALL: &str = "core-all-token-0123456789";
 
-fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
+/// A relay, and the S3 server under its store when the suite runs against a bucket.
+struct TestRelay {
+    relay: RunningRelay,
+    s3: Option<S3Server>,
+}
+
+impl Deref for TestRelay {
+    type Target = RunningRelay;
+
+    fn deref(&self) -> &RunningRelay {
+        &self.relay
+    }
+}
+
+/// `dir/store` as the store: the directory, or the bucket `store` of an S3 server serving
+/// `dir`.
+fn store_in(dir: &Path) -> (Location, Option<S3Server>) {
+    match std::env::var("FORTE_TEST_RELAY_STORE").as_deref() {
+        Ok("s3") => {
+            let s3 = S3Server::start(dir, &["store"])
+                .expect("FORTE_TEST_RELAY_STORE=s3 needs versitygw");
+            let credentials = s3.credentials();
+            let url = "s3://store".to_string();
+            (Location::Bucket { url, credentials }, Some(s3))
+        }
+        _ => (dir.join("store").into(), None),
+    }
+}
+
+fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
     let tokens = dir.join("tokens.toml");
     std::fs::write(
         &tokens,
@@ -30,9 +67,10 @@ fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
         ),
     )
     .unwrap();
-    start(RelayConfig {
+    let (store, s3) = store_in(dir);
+    let relay = start(RelayConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
-        store: dir.join("store").into(),
+        store,
         tokens,
         tls_cert: None,
         tls_key: None,
@@ -41,7 +79,8 @@ fn relay(dir: &Path, quota: Option<u64>) -> RunningRelay {
         expire_open_after: None,
         fair_shares: true,
     })
-    .unwrap()
+    .unwrap();
+    TestRelay { relay, s3 }
 }
 
 fn client(relay: &RunningRelay, token: &str) -> RelayClient {
@@ -378,7 +417,7 @@ mod fuzz {
     struct Shared {
         _dir: tempfile::TempDir,
         store: std::path::PathBuf,
-        relay: RunningRelay,
+        relay: TestRelay,
         http: reqwest::blocking::Client,
     }
 
@@ -447,12 +486,13 @@ mod fuzz {
             }
             let status = request.body(body).send().unwrap().status().as_u16();
             prop_assert!(status < 500 || status == 507, "{url}: {status}");
-            // Only the store's own layout exists: sites/<valid site>/… and nothing else.
+            // Only the store's own layout exists: sites/<valid site>/… and nothing else (and in
+            // a bucket, the S3 server's own temporary directory).
             let store = &s.store;
             for entry in std::fs::read_dir(store).unwrap().flatten() {
                 let name = entry.file_name().to_string_lossy().into_owned();
                 prop_assert!(
-                    ["sites", "tls", "tokens"].iter().any(|k| name.starts_with(k)),
+                    ["sites", "tls", "tokens", ".sgwtmp"].iter().any(|k| name.starts_with(k)),
                     "unexpected {name} in the store after {url}"
                 );
             }
@@ -674,8 +714,10 @@ fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
         assert!(copied.success());
     }
     core.ack_batch("site-a", "batch-1", &[id]).unwrap();
-    // Whoever can write the store puts the delivered object back (a replay).
+    // Whoever can write the store puts the delivered object back (a replay). (An S3 server
+    // may have removed the emptied directories.)
     for kind in ["objects", "meta"] {
+        std::fs::create_dir_all(site.join(kind)).unwrap();
         std::fs::rename(
             saved.join(kind).join(id.to_string()),
             site.join(kind).join(id.to_string()),
@@ -695,7 +737,7 @@ fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
 #[test]
 fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path() {
     let tmp = tempfile::tempdir().unwrap();
-    let relay = relay(tmp.path(), None);
+    let mut relay = relay(tmp.path(), None);
     let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
     let id = ObjectId::random();
     edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
@@ -706,10 +748,13 @@ fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path()
             .contains(&format!("part 1 of object {id} is not at the relay")),
         "{err}"
     );
-    // A directory where part 1 should be: reading it fails with EISDIR, an internal error.
+    // A directory where part 1 should be: reading it fails with EISDIR, an internal error;
+    // in a bucket, the S3 server gone is one.
     let store = tmp.path().join("store");
-    std::fs::create_dir(store.join(format!("sites/site-a/objects/{id}/part-000001.zst.age")))
-        .unwrap();
+    if relay.s3.take().is_none() {
+        let part = store.join(format!("sites/site-a/objects/{id}/part-000001.zst.age"));
+        std::fs::create_dir(part).unwrap();
+    }
     let err = core.part("site-a", id, 1).unwrap_err();
     assert_eq!(err.status, Some(500), "{err}");
     assert!(err.message.contains("see the relay's log"), "{err}");

@@ -464,9 +464,10 @@ impl Store {
                 parts: vec![],
             });
         }
-        if !self
-            .backend
-            .any_under(&meta_key(site, id), "object status")?
+        // An object reopened by a rejection may have no record left, but its manifest.
+        let what = "object status";
+        if !self.backend.any_under(&meta_key(site, id), what)?
+            && !self.backend.any_under(&object_key(site, id), what)?
         {
             return Err(StoreError::NotFound(format!(
                 "object {id} is not at the relay"
