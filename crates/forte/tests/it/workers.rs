@@ -4,19 +4,20 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::common::site::*;
 use crate::common::*;
+use forte_bucket::test_server::{S3Server, SECRET};
 use forte_format::seal::sha256_hex;
 
 /// Writes a ready batch of `files` files of `size` bytes under `inbox`, and adds each, by its
-/// delivered path, to `expected`.
-fn batch(
+/// delivered path (under `site`), to `expected`.
+fn batch_of(
+    site: &str,
     inbox: &Path,
     name: &str,
-    files: usize,
-    size: usize,
+    (files, size): (usize, usize),
     expected: &mut BTreeMap<String, String>,
 ) {
     let dir = inbox.join(name);
@@ -24,9 +25,20 @@ fn batch(
         // Incompressible, so that a limited upload takes as long as its size says.
         let bytes = random_bytes((size + i * 977) as u64);
         write(&dir.join(format!("data/{i:03}.bin")), &bytes);
-        expected.insert(format!("site-a/{name}/data/{i:03}.bin"), sha256_hex(&bytes));
+        expected.insert(format!("{site}/{name}/data/{i:03}.bin"), sha256_hex(&bytes));
     }
     write(&dir.join(".ready"), b"");
+}
+
+/// [`batch_of`] site-a.
+fn batch(
+    inbox: &Path,
+    name: &str,
+    files: usize,
+    size: usize,
+    expected: &mut BTreeMap<String, String>,
+) {
+    batch_of("site-a", inbox, name, (files, size), expected);
 }
 
 /// Rows of `sql` on the catalogue at `url`, one string per row (`|` between columns).
@@ -247,5 +259,161 @@ fn a_stalled_worker_neither_delivers_nor_acknowledges_a_second_time() {
         acknowledged.iter().all(|row| row.ends_with("|1")),
         "acknowledged twice: {acknowledged:?}{}",
         logs()
+    );
+}
+
+/// `args` with the relay at `relay` in place of the site's own.
+fn via(mut args: Args, relay: &Relay) -> Args {
+    for (flag, value) in [
+        ("--relay", &relay.url),
+        ("--relay-fingerprint", &relay.fingerprint),
+    ] {
+        let at = args.iter().position(|a| a == flag).expect("a relay flag") + 1;
+        args[at] = value.into();
+    }
+    args
+}
+
+/// Files in the bucket other than tombstones (`sites/*/acked/*`, what tells an edge its objects
+/// were delivered), the relays' shared certificate and the S3 server's own temporary files.
+fn left_in_bucket(tree: &Path) -> Vec<String> {
+    visible(tree)
+        .into_keys()
+        .filter(|k| !(k.starts_with(".sgwtmp") || k == "tls/identity.pem" || k.contains("/acked/")))
+        .collect()
+}
+
+/// The scale-out run, shortened for CI (`FORTE_TEST_SCALE_SECONDS`, default 40; the
+/// acceptance run is 600): two relay processes over one S3 bucket, three core workers on one
+/// PostgreSQL catalogue, two sites sending, while a worker or a relay is killed (SIGKILL) and
+/// restarted every second or two. Every file arrives once and identical, the bucket is left with
+/// nothing but tombstones, and each file's lineage names the worker that delivered it.
+#[test]
+fn two_relays_on_one_bucket_and_three_workers_deliver_everything_once_through_kills() {
+    let Some(site) = Site::with_postgres() else {
+        return;
+    };
+    let Some(s3) = S3Server::start(&site.root.join("s3"), &["relay"]) else {
+        return;
+    };
+    let seconds: u64 = std::env::var("FORTE_TEST_SCALE_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let env = s3.env(SECRET);
+    let tree = site.root.join("s3/relay");
+    let relay_log = |i: usize| site.root.join(format!("relay-{i}.log"));
+    let start_relay = |i: usize, listen: &str| {
+        start_bucket_relay(&site.root, listen, "s3://relay", &tree, &env, &relay_log(i))
+    };
+    let mut relays = vec![start_relay(0, "127.0.0.1:0")];
+    relays.push(start_relay(1, "127.0.0.1:0"));
+    assert_eq!(
+        relays[0].fingerprint, relays[1].fingerprint,
+        "relays on one bucket present one certificate"
+    );
+
+    let keys_b = keygen(&site.root.join("keys-b"));
+    let (inbox_a, inbox_b) = (site.root.join("inbox"), site.root.join("inbox-b"));
+    for inbox in [&inbox_a, &inbox_b] {
+        std::fs::create_dir_all(inbox).unwrap();
+    }
+    let watch = ["--watch", "--interval", "1", "--part-size", "1MiB"];
+    let _senders = [
+        spawn_logged(
+            &via(site.send(&watch), &relays[0]),
+            &site.root.join("send-a.log"),
+        ),
+        spawn_logged(
+            &via(site.send_as_site_b(&keys_b, &watch), &relays[1]),
+            &site.root.join("send-b.log"),
+        ),
+    ];
+    let names = ["core-1", "core-2", "core-3"];
+    let log = |n: &str| site.root.join(format!("{n}.log"));
+    // A restarted relay listens where it did: each worker keeps its relay's address.
+    let pulls: Vec<Args> = (0..names.len())
+        .map(|i| {
+            let mut pull = via(pull_worker(&site, names[i], "3s"), &relays[i % 2]);
+            pull.extend(args!["--trust", &keys_b.edge_pub]);
+            pull
+        })
+        .collect();
+    let worker = |i: usize| spawn_logged(&pulls[i], &log(names[i]));
+    let mut workers: Vec<Daemon> = (0..names.len()).map(worker).collect();
+
+    let mut expected = BTreeMap::new();
+    // A fixed sequence of victims and pauses, different every round (no randomness to chase).
+    let started = Instant::now();
+    let mut round = 0usize;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let (site_name, inbox) = [("site-a", &inbox_a), ("site-b", &inbox_b)][round % 2];
+        batch_of(
+            site_name,
+            inbox,
+            &format!("run-{round}"),
+            (2, 300_000),
+            &mut expected,
+        );
+        std::thread::sleep(Duration::from_millis(700 + (round as u64 * 397) % 1300));
+        match (round * 7 + round / 5) % 5 {
+            victim @ 0..=2 => {
+                kill(&mut workers[victim]);
+                workers[victim] = worker(victim);
+            }
+            r => {
+                let i = r - 3;
+                let listen = relays[i].listen.clone();
+                let _ = relays[i].child.kill();
+                let _ = relays[i].child.wait();
+                relays[i] = start_relay(i, &listen);
+            }
+        }
+        // Whatever is visible is a sent file, identical.
+        for (path, hash) in visible(&site.root.join("dest")) {
+            assert_eq!(
+                expected.get(&path),
+                Some(&hash),
+                "{path} is not a sent file"
+            );
+        }
+        round += 1;
+    }
+    let logs = || {
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        let mut all: String = names
+            .iter()
+            .map(|n| format!("\n{n}: {}", read(&log(n))))
+            .collect();
+        for i in 0..2 {
+            all += &format!("\nrelay {i}: {}", read(&relay_log(i)));
+        }
+        all
+    };
+    assert_all_arrive(&site.root.join("dest"), &expected, logs);
+    assert!(
+        wait_for(60, || left_in_bucket(&tree).is_empty()),
+        "the bucket still holds {:?}{}",
+        left_in_bucket(&tree),
+        logs()
+    );
+    let url = &site.core_catalog;
+    assert_eq!(written_twice(url), Vec::<String>::new(), "written twice");
+    let by = delivered_by(url);
+    assert_eq!(
+        by.len(),
+        expected.len(),
+        "a delivered event per file: {by:?}"
+    );
+    assert!(
+        by.values().all(|w| names.contains(&w.as_str())),
+        "each lineage names its worker: {by:?}"
+    );
+    eprintln!(
+        "{round} rounds in {} s: {} files of {} batches delivered once, by {:?}",
+        started.elapsed().as_secs(),
+        expected.len(),
+        round,
+        by.values().collect::<std::collections::BTreeSet<_>>()
     );
 }

@@ -549,6 +549,18 @@ impl Store {
                 "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
             )));
         }
+        // A seal retried after the core took the batch (its answer lost): nothing to offer,
+        // and no record to leave behind.
+        let mut delivered = true;
+        for id in objects {
+            delivered &= self.is_acked(site, *id)?;
+            if !delivered {
+                break;
+            }
+        }
+        if delivered && !objects.is_empty() {
+            return Ok(());
+        }
         let what = format!("batch {batch}");
         let inventory_at = inventory_key(site, batch);
         match inventory {
@@ -891,6 +903,11 @@ impl Store {
         self.backend.put(&record, &ids_json, &what)?;
         for id in ids {
             self.ack(site, *id)?;
+        }
+        // The batch is delivered: its seal and inventory go with its objects (the tombstones
+        // stay, for the edge to learn what was delivered).
+        for key in [batch_key(site, batch), inventory_key(site, batch)] {
+            self.backend.delete(&key, &what)?;
         }
         self.backend.delete(&record, &what)
     }

@@ -35,16 +35,59 @@ pub fn start_relay(root: &Path, listen: &str) -> Relay {
 
 /// Starts a relay with extra flags (`--quota-per-site 1MiB`).
 pub fn start_relay_with(root: &Path, listen: &str, flags: &[&str]) -> Relay {
-    spawn_relay(root, listen, flags, Stdio::inherit())
+    let store = root.join("relay");
+    spawn_relay(
+        root,
+        listen,
+        (store.as_os_str(), &store),
+        flags,
+        Stdio::inherit(),
+        &[],
+    )
 }
 
 /// Starts a relay on any free port whose log (stderr) goes to `log`.
 pub fn start_relay_logging_to(root: &Path, log: &Path) -> Relay {
     let log = std::fs::File::create(log).unwrap();
-    spawn_relay(root, "127.0.0.1:0", &[], Stdio::from(log))
+    let store = root.join("relay");
+    spawn_relay(
+        root,
+        "127.0.0.1:0",
+        (store.as_os_str(), &store),
+        &[],
+        Stdio::from(log),
+        &[],
+    )
 }
 
-fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Relay {
+/// Starts a relay on `listen` whose store is the bucket `url` of the S3 server with the
+/// endpoint and keys in `env`, the bucket's files under `tree`; its log (appended) in `log`.
+pub fn start_bucket_relay(
+    root: &Path,
+    listen: &str,
+    url: &str,
+    tree: &Path,
+    env: &[(&'static str, String)],
+    log: &Path,
+) -> Relay {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .unwrap();
+    let store = (std::ffi::OsStr::new(url), tree);
+    spawn_relay(root, listen, store, &[], Stdio::from(log), env)
+}
+
+/// `store`: the `--store` argument, and where its files are.
+fn spawn_relay(
+    root: &Path,
+    listen: &str,
+    (store_arg, store): (&std::ffi::OsStr, &Path),
+    flags: &[&str],
+    stderr: Stdio,
+    env: &[(&'static str, String)],
+) -> Relay {
     let tokens = root.join("tokens.toml");
     write(
         &tokens,
@@ -55,13 +98,13 @@ fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Rela
         )
         .as_bytes(),
     );
-    let store = root.join("relay");
     let mut child = forte()
         .args(["relay", "--listen", listen, "--store"])
-        .arg(&store)
+        .arg(store_arg)
         .arg("--tokens")
         .arg(&tokens)
         .args(flags)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
@@ -87,7 +130,7 @@ fn spawn_relay(root: &Path, listen: &str, flags: &[&str], stderr: Stdio) -> Rela
         child,
         url,
         fingerprint,
-        store,
+        store: store.to_path_buf(),
         listen,
     }
 }
