@@ -488,3 +488,38 @@ fn reject_reports_a_file_it_cannot_remove() {
         )
     );
 }
+
+/// Two relays on one bucket hold a site to one quota: each counts again from the bucket what
+/// the other stored (a figure at most two seconds old), so the second cannot take another
+/// quota's worth; once the first's bytes are gone, it can.
+#[test]
+fn relays_sharing_a_bucket_share_its_quota() {
+    use forte_bucket::test_server::S3Server;
+    use forte_relay::server::store::Location;
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(s3) = S3Server::start(tmp.path(), &["relay"]) else {
+        return;
+    };
+    let bucket = || Location::Bucket {
+        url: "s3://relay/store".into(),
+        credentials: s3.credentials(),
+    };
+    let (a, b) = (
+        Store::open(bucket(), Some(1000)).unwrap(),
+        Store::open(bucket(), Some(1000)).unwrap(),
+    );
+    let first = ObjectId::random();
+    assert_eq!(put(&a, first, 0, &[1u8; 800]).unwrap(), Stored::New);
+    std::thread::sleep(Duration::from_millis(2100));
+    let m = no_room_message(put(&b, ObjectId::random(), 0, &[2u8; 800]));
+    assert!(
+        m.contains("site site-a is at its quota (800 of 1000 bytes held)"),
+        "{m}"
+    );
+    a.cancel(SITE, "never-sealed", &[first]).unwrap();
+    std::thread::sleep(Duration::from_millis(2100));
+    assert_eq!(
+        put(&b, ObjectId::random(), 0, &[2u8; 800]).unwrap(),
+        Stored::New
+    );
+}

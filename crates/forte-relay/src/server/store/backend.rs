@@ -47,6 +47,8 @@ pub trait Backend: Send + Sync {
     fn flush(&self, what: &str) -> Result<()>;
     /// Where the store is, for operators' messages.
     fn location(&self) -> String;
+    /// Whether other relays may write the same store at the same time.
+    fn shared(&self) -> bool;
 }
 
 pub(crate) fn io_error(what: &str, e: impl std::fmt::Display) -> StoreError {

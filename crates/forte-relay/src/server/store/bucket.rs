@@ -135,4 +135,8 @@ impl Backend for BucketBackend {
     fn location(&self) -> String {
         self.bucket.shown(&self.bucket.key(""))
     }
+
+    fn shared(&self) -> bool {
+        true
+    }
 }

@@ -167,4 +167,8 @@ impl Backend for DirBackend {
     fn location(&self) -> String {
         self.root.display().to_string()
     }
+
+    fn shared(&self) -> bool {
+        false
+    }
 }

@@ -151,6 +151,8 @@ pub struct Store {
     quota: Option<u64>,
     /// Bytes held per site, for the quota; rebuilt from the store at start.
     usage: Mutex<HashMap<String, u64>>,
+    /// When each site's bytes were last counted from a shared bucket.
+    counted: Mutex<HashMap<String, std::time::Instant>>,
     /// Sealed records read before, by key, with the size and time they were listed with: a
     /// record is written once, so one listed again unchanged need not be read again.
     sealed_records: Mutex<HashMap<String, (u64, u64, ReadyObject)>>,
@@ -167,6 +169,9 @@ fn record_name(index: u32) -> String {
 }
 
 const SEALED_RECORD: &str = "sealed.json";
+
+/// How old a site's byte count from a shared bucket may be when a quota is checked.
+const RECOUNT_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn site_key(site: &str) -> String {
     format!("sites/{site}")
@@ -265,6 +270,7 @@ impl Store {
             backend,
             quota,
             usage: Mutex::default(),
+            counted: Mutex::default(),
             sealed_records: Mutex::default(),
         }
     }
@@ -431,6 +437,7 @@ impl Store {
             self.add_usage(site, size);
             return Ok(());
         };
+        self.recount_if_shared(site)?;
         let mut usage = self.usage.lock();
         let used = usage.entry(site.to_string()).or_default();
         if used.saturating_add_signed(size) > quota {
@@ -442,6 +449,32 @@ impl Store {
             ));
         }
         *used = used.saturating_add_signed(size);
+        Ok(())
+    }
+
+    /// Relays sharing a bucket each count their own uploads: the site's figure is taken again
+    /// from the bucket when it is older than [`RECOUNT_AFTER`], so what the others stored or
+    /// freed counts too (uploads under way in this relay meanwhile are counted once written).
+    fn recount_if_shared(&self, site: &str) -> Result<()> {
+        if !self.backend.shared() {
+            return Ok(());
+        }
+        let due = {
+            let mut counted = self.counted.lock();
+            let last = counted.get(site).copied();
+            let due = last.is_none_or(|at| at.elapsed() >= RECOUNT_AFTER);
+            if due {
+                counted.insert(site.to_string(), std::time::Instant::now());
+            }
+            due
+        };
+        if due {
+            let held = self
+                .backend
+                .list(&format!("{}/objects", site_key(site)), "quota")?;
+            let bytes = held.iter().map(|e| e.size).sum();
+            self.usage.lock().insert(site.to_string(), bytes);
+        }
         Ok(())
     }
 
