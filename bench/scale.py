@@ -11,7 +11,11 @@ Workloads: the 14 A–N batches (bench/corpus.py, large files), and N small file
 object each (--bundle-below 0, the worst case for the relay: a request per file each way) or in
 bundles (the default).
 
-Usage: bench/scale.py [--scale 0.003] [--small 5000] [--runs 3]
+With --store s3 (or both, alternating in the same rounds) the relay's store is a bucket of a
+local versitygw (built by test.sh into target/go/bin, or in ~/go/bin), whose CPU seconds are
+counted beside the relay's: the S3 server does the disk writes the directory relay does itself.
+
+Usage: bench/scale.py [--scale 0.003] [--small 5000] [--runs 3] [--store dir|s3|both]
 """
 
 import argparse
@@ -46,28 +50,57 @@ def timed(cmd) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def one_run(inbox: Path, send_flags: list) -> dict:
-    for name in ["relay", "dest"]:
+S3_KEYS = {"AWS_ACCESS_KEY_ID": "forte-bench", "AWS_SECRET_ACCESS_KEY": "forte-bench-secret-0123",
+           "AWS_REGION": "us-east-1"}
+
+
+def versitygw() -> Path:
+    for candidate in [Path(__file__).resolve().parent.parent / "target/go/bin/versitygw",
+                      Path.home() / "go/bin/versitygw"]:
+        if candidate.exists():
+            return candidate
+    sys.exit("versitygw is missing: ./test.sh builds it into target/go/bin "
+             "(go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)")
+
+
+def one_run(inbox: Path, send_flags: list, store: str) -> dict:
+    for name in ["relay", "dest", "s3"]:
         shutil.rmtree(WORK / name, ignore_errors=True)
     for catalog in WORK.glob("*.sqlite*"):
         catalog.unlink()
-    relay, url, fingerprint = start_relay(FORTE, WORK / "relay", WORK / "tokens.toml", "127.0.0.1:0")
+    s3, env = None, dict(os.environ)
+    if store == "s3":
+        (WORK / "s3/relay").mkdir(parents=True)
+        env.update(S3_KEYS, AWS_ENDPOINT_URL="http://127.0.0.1:7079")
+        s3 = subprocess.Popen([versitygw(), "--access", S3_KEYS["AWS_ACCESS_KEY_ID"], "--secret",
+                               S3_KEYS["AWS_SECRET_ACCESS_KEY"], "--port", "127.0.0.1:7079", "posix",
+                               WORK / "s3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+    tree = WORK / ("s3/relay/store" if store == "s3" else "relay")
+    relay, url, fingerprint = start_relay(FORTE, "s3://relay/store" if store == "s3" else WORK / "relay",
+                                          WORK / "tokens.toml", "127.0.0.1:0", env=env)
     try:
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         started = time.monotonic()
         send = timed([FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--recipient",
                       WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "-q", *send_flags,
                       *conn, WORK / "edge.token"])
-        stored = sum(p.stat().st_size for p in (WORK / "relay").rglob("part-*") if p.is_file())
+        sent = time.monotonic()
+        stored = sum(p.stat().st_size for p in tree.rglob("part-*") if p.is_file())
         pull = timed([FORTE, "--catalog", WORK / "core.sqlite", "pull", "--to", WORK / "dest",
                       "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "-q",
                       *conn, WORK / "core.token"])
-        seconds = time.monotonic() - started
+        ended = time.monotonic()
         relay_cpu = cpu_of(relay.pid)
+        s3_cpu = cpu_of(s3.pid) if s3 else 0.0
     finally:
         relay.terminate()
         relay.wait()
-    return {"send": send, "pull": pull, "relay": relay_cpu, "sealed": stored, "seconds": seconds}
+        if s3:
+            s3.terminate()
+            s3.wait()
+    return {"send": send, "pull": pull, "relay": relay_cpu, "s3": s3_cpu, "sealed": stored,
+            "send_s": sent - started, "pull_s": ended - sent, "seconds": ended - started}
 
 
 def main():
@@ -75,6 +108,8 @@ def main():
     ap.add_argument("--scale", type=float, default=0.003)
     ap.add_argument("--small", type=int, default=5000)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--store", choices=["dir", "s3", "both"], default="dir",
+                    help="the relay's store: a directory, a bucket of a local versitygw, or each in turn")
     args = ap.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
@@ -85,26 +120,33 @@ def main():
              "small": args.small}
     workloads = {"A–N": (large, []), f"{args.small} small files, one object each": (small, ["--bundle-below", "0"]),
                  f"{args.small} small files, bundled": (small, [])}
-    results = {name: [] for name in workloads}
+    stores = ["dir", "s3"] if args.store == "both" else [args.store]
+    results = {(name, store): [] for name in workloads for store in stores}
     for r in range(args.runs):
         for name, (inbox, flags) in workloads.items():
-            result = one_run(inbox, flags)
-            if digest_tree(WORK / "dest" / "scale") != digest_tree(inbox):
-                sys.exit(f"{name}: the delivered files differ from the source")
-            results[name].append(result)
-            print(f"round {r + 1}: {name}: send {result['send']:.2f}, relay {result['relay']:.2f}, "
-                  f"pull {result['pull']:.2f} CPU s; {result['seconds']:.1f} s", file=sys.stderr)
+            for store in stores:
+                result = one_run(inbox, flags, store)
+                if digest_tree(WORK / "dest" / "scale") != digest_tree(inbox):
+                    sys.exit(f"{name}, {store}: the delivered files differ from the source")
+                results[(name, store)].append(result)
+                print(f"round {r + 1}: {name}, {store}: send {result['send']:.2f}, relay {result['relay']:.2f}, "
+                      f"S3 server {result['s3']:.2f}, pull {result['pull']:.2f} CPU s; send {result['send_s']:.2f} s, "
+                      f"pull {result['pull_s']:.2f} s", file=sys.stderr)
     print(f"\nmedians of {args.runs} runs; CPU seconds per process; loopback, one shot each\n")
-    print("| workload | raw MB | sealed MB | files | send CPU s | relay CPU s | pull CPU s "
-          "| relay sealed MB per CPU-s | relay files per CPU-s | worker raw MB per CPU-s | worker files per CPU-s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, rows in results.items():
+    print("| workload | store | raw MB | sealed MB | files | send CPU s | relay CPU s | S3 server CPU s | pull CPU s "
+          "| relay (+ S3 server) sealed MB per CPU-s | relay (+ S3 server) files per CPU-s "
+          "| worker raw MB per CPU-s | worker files per CPU-s | send s | pull s |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (name, store), rows in results.items():
         key = "A–N" if name == "A–N" else "small"
-        med = {k: statistics.median(row[k] for row in rows) for k in ["send", "relay", "pull", "sealed"]}
-        print(f"| {name} | {raw[key] / 1e6:.0f} | {med['sealed'] / 1e6:.0f} | {files[key]} | {med['send']:.2f} "
-              f"| {med['relay']:.2f} | {med['pull']:.2f} | {med['sealed'] / 1e6 / med['relay']:.0f} "
-              f"| {files[key] / med['relay']:.0f} | {raw[key] / 1e6 / med['pull']:.0f} "
-              f"| {files[key] / med['pull']:.0f} |")
+        med = {k: statistics.median(row[k] for row in rows)
+               for k in ["send", "relay", "s3", "pull", "sealed", "send_s", "pull_s"]}
+        store_cpu = med["relay"] + med["s3"]
+        print(f"| {name} | {store} | {raw[key] / 1e6:.0f} | {med['sealed'] / 1e6:.0f} | {files[key]} "
+              f"| {med['send']:.2f} | {med['relay']:.2f} | {med['s3']:.2f} | {med['pull']:.2f} "
+              f"| {med['sealed'] / 1e6 / store_cpu:.0f} | {files[key] / store_cpu:.0f} "
+              f"| {raw[key] / 1e6 / med['pull']:.0f} | {files[key] / med['pull']:.0f} "
+              f"| {med['send_s']:.2f} | {med['pull_s']:.2f} |")
 
 
 if __name__ == "__main__":

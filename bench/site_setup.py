@@ -26,12 +26,12 @@ def add_edge_site(forte, work, site, keys, token_file):
     (work / token_file).write_text(token)
 
 
-def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL, flags=()):
-    """Starts `forte relay` (with extra `flags`); returns the process, its URL and its
+def start_relay(forte, store, tokens, listen, stderr=subprocess.DEVNULL, flags=(), env=None):
+    """Starts `forte relay` (with extra `flags`, in `env`); returns the process, its URL and its
     certificate fingerprint."""
     relay = subprocess.Popen([forte, "relay", "--listen", listen, "--store", store, "--tokens", tokens,
                               *flags],
-                             stdout=subprocess.PIPE, stderr=stderr, text=True)
+                             stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     url = relay.stdout.readline().split()[-1]
     fingerprint = relay.stdout.readline().split()[-1].rstrip(")")
     # Keep reading its output so that it never blocks on a full pipe.
