@@ -76,6 +76,27 @@ fn delivered_by(url: &str) -> BTreeMap<String, String> {
     .collect()
 }
 
+/// Asserts by the catalogue at `url` that no file was written twice and that each of
+/// `expected` has one delivery, by one of `workers`; returns the worker of each.
+fn assert_delivered_once_by(
+    url: &str,
+    expected: &BTreeMap<String, String>,
+    workers: &[&str],
+) -> BTreeMap<String, String> {
+    assert_eq!(written_twice(url), Vec::<String>::new(), "written twice");
+    let by = delivered_by(url);
+    assert_eq!(
+        by.len(),
+        expected.len(),
+        "a delivered event per file: {by:?}"
+    );
+    assert!(
+        by.values().all(|w| workers.contains(&w.as_str())),
+        "each lineage names its worker: {by:?}"
+    );
+    by
+}
+
 fn pull_worker(site: &Site, name: &str, lease: &str) -> Args {
     let mut pull = site.pull();
     pull.extend(args![
@@ -155,18 +176,7 @@ fn workers_sharing_a_catalogue_deliver_each_batch_once_through_kills() {
         "the relay still holds {:?}",
         site.relay_objects()
     );
-    let url = &site.core_catalog;
-    assert_eq!(written_twice(url), Vec::<String>::new(), "written twice");
-    let by = delivered_by(url);
-    assert_eq!(
-        by.len(),
-        expected.len(),
-        "a delivered event per file: {by:?}"
-    );
-    assert!(
-        by.values().all(|w| names.contains(&w.as_str())),
-        "each lineage names its worker: {by:?}"
-    );
+    let by = assert_delivered_once_by(&site.core_catalog, &expected, &names);
     let workers_used: std::collections::BTreeSet<_> = by.values().collect();
     assert!(workers_used.len() > 1, "one worker did everything: {by:?}");
 }
@@ -397,18 +407,7 @@ fn two_relays_on_one_bucket_and_three_workers_deliver_everything_once_through_ki
         left_in_bucket(&tree),
         logs()
     );
-    let url = &site.core_catalog;
-    assert_eq!(written_twice(url), Vec::<String>::new(), "written twice");
-    let by = delivered_by(url);
-    assert_eq!(
-        by.len(),
-        expected.len(),
-        "a delivered event per file: {by:?}"
-    );
-    assert!(
-        by.values().all(|w| names.contains(&w.as_str())),
-        "each lineage names its worker: {by:?}"
-    );
+    let by = assert_delivered_once_by(&site.core_catalog, &expected, &names);
     eprintln!(
         "{round} rounds in {} s: {} files of {} batches delivered once, by {:?}",
         started.elapsed().as_secs(),
