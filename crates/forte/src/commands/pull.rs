@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use forte_catalog::{BatchState, Role};
 use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
@@ -23,9 +23,15 @@ use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Destination directory.
-    #[arg(long, value_name = "DEST")]
+    /// Destination: a directory, or an S3-compatible bucket, s3://BUCKET/PREFIX (endpoint and
+    /// keys as for --copy-to), each object completed only once its bytes matched the file's
+    /// SHA-256, which it carries as metadata `sha256`.
+    #[arg(long, value_name = "DEST|s3://BUCKET/PREFIX")]
     to: PathBuf,
+    /// With --to s3://…: where files are assembled and verified before they go to the bucket,
+    /// and removed from once it holds them.
+    #[arg(long, value_name = "DIR")]
+    scratch: Option<PathBuf>,
     #[command(flatten)]
     relay: RelayFlags,
     #[command(flatten)]
@@ -54,13 +60,6 @@ pub struct Args {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
-    if forte_bucket::Bucket::is_url(&args.to.to_string_lossy()) {
-        anyhow::bail!(
-            "--to {} : a bucket is not yet a primary destination; deliver to a directory and keep the bucket as the second copy: --to DIR --copy-to {}",
-            args.to.display(),
-            args.to.display()
-        );
-    }
     let layout = Layout::parse(&args.layout)?;
     let link = settings::relay(&args.relay, config)?;
     let mut core = settings::core(&args.core, config)?;
@@ -70,9 +69,27 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let worker = settings::worker(&args.worker, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
+    let credentials = settings::s3(config);
+    let to = args.to.to_string_lossy().into_owned();
+    let (dest, into_bucket) = if forte_bucket::Bucket::is_url(&to) {
+        let scratch = args
+            .scratch
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("forte-scratch"));
+        std::fs::create_dir_all(&scratch).with_context(|| {
+            format!("cannot create the scratch directory {}", scratch.display())
+        })?;
+        (scratch, Some(SecondCopy::open(&to, &credentials)?))
+    } else {
+        anyhow::ensure!(
+            args.scratch.is_none(),
+            "--scratch is for a bucket destination (--to s3://BUCKET/PREFIX); {to} is a directory, where files are assembled in place"
+        );
+        (args.to.clone(), None)
+    };
     // Whatever a killed puller of this machine left half-staged is garbage; other workers'
     // staging is theirs.
-    let stale = remove_stale_staging(&args.to)?;
+    let stale = remove_stale_staging(&dest)?;
     if stale > 0 {
         eprintln!("removed {stale} staging directories left by an interrupted pull");
     }
@@ -81,7 +98,6 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     } else {
         Retry::one_shot()
     };
-    let credentials = settings::s3(config);
     let copy_to = args
         .copy_to
         .as_deref()
@@ -91,7 +107,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         &client,
         retry,
         &layout,
-        &args.to,
+        (&dest, into_bucket.as_ref()),
         copy_to.as_ref(),
         catalog,
         worker,

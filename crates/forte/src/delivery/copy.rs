@@ -1,4 +1,5 @@
-//! The second copy (`pull --copy-to`): a directory, or an S3-compatible bucket. Every file of a
+//! The second copy (`pull --copy-to`): a directory, or an S3-compatible bucket; and a bucket as
+//! the destination itself (`pull --to s3://…`), fed from a scratch directory. Every file of a
 //! batch is there, whole and verified, before the relay is told it may delete the batch.
 
 use std::path::{Path, PathBuf};
@@ -31,6 +32,32 @@ impl SecondCopy {
         match self {
             Self::Dir(copy) => replicate(dest, copy, placed),
             Self::Bucket(bucket) => bucket.replicate(dest, placed),
+        }
+    }
+}
+
+/// Removes the `placed` files from the scratch directory `dest` once the bucket that is the
+/// destination holds them, and the directories they leave empty. What cannot be removed stays,
+/// said on stderr: the bucket has it, and a later delivery of the same file replaces it.
+pub fn clear_scratch(dest: &Path, placed: &[Placed]) {
+    for p in placed {
+        let file = dest.join(&p.target);
+        if let Err(e) = std::fs::remove_file(&file) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                eprintln!(
+                    "warning: cannot remove {} from the scratch directory: {e}",
+                    file.display()
+                );
+            }
+            continue;
+        }
+        // Emptied parents go too, up to the scratch directory itself.
+        let mut dir = file.parent();
+        while let Some(d) = dir.filter(|d| *d != dest) {
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
         }
     }
 }

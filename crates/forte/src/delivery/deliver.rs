@@ -10,6 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{Restore, RestoreFailure};
 
 use super::ahead::Ahead;
+use super::copy::clear_scratch;
 use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
@@ -63,11 +64,16 @@ impl Delivery<'_> {
             report.batch = name;
         }
         // The second copy must exist before the relay may delete anything.
-        let result = result.and_then(|(delivered, held)| match self.copy_to {
-            Some(copy) => copy
-                .replicate(self.dest, &delivered.placed)
-                .map(|_| (delivered, held)),
-            None => Ok((delivered, held)),
+        // The bucket that is the destination, then the second copy: each holds every file,
+        // verified, before anything is acknowledged.
+        let result = result.and_then(|(delivered, held)| {
+            for copy in self.into_bucket.iter().chain(&self.copy_to) {
+                copy.replicate(self.dest, &delivered.placed)?;
+            }
+            if self.into_bucket.is_some() {
+                clear_scratch(self.dest, &delivered.placed);
+            }
+            Ok((delivered, held))
         });
         let result = result.and_then(|(delivered, held)| {
             held.check("recording and acknowledging it")?;

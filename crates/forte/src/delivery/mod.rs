@@ -57,7 +57,11 @@ pub struct Delivery<'a> {
     pub client: &'a RelayClient,
     pub retry: Retry,
     pub layout: &'a Layout,
+    /// Where files are placed: the destination, or with `into_bucket` a scratch directory they
+    /// leave once the bucket holds them.
     pub dest: &'a Path,
+    /// The destination when it is a bucket (`--to s3://…`).
+    pub into_bucket: Option<&'a SecondCopy>,
     pub copy_to: Option<&'a SecondCopy>,
     pub catalog: &'a Catalog,
     /// Which worker this is, and its leases on batches in the catalogue.
@@ -75,7 +79,7 @@ impl<'a> Delivery<'a> {
         client: &'a RelayClient,
         retry: Retry,
         layout: &'a Layout,
-        dest: &'a Path,
+        (dest, into_bucket): (&'a Path, Option<&'a SecondCopy>),
         copy_to: Option<&'a SecondCopy>,
         catalog: &'a Catalog,
         worker: Worker,
@@ -85,6 +89,7 @@ impl<'a> Delivery<'a> {
             retry,
             layout,
             dest,
+            into_bucket,
             copy_to,
             catalog,
             worker,

@@ -125,21 +125,44 @@ fn a_missing_bucket_or_a_bad_key_fails_before_anything_is_pulled() {
     assert!(!site.relay_objects().is_empty());
 }
 
-/// A bucket as the primary destination is not built: it is refused, saying what to do, rather
-/// than taken for a local directory named `s3:`.
+/// A bucket as the destination (`--to s3://…`): every file lands there under the layout's
+/// names, whole and carrying its SHA-256, the scratch directory it was assembled in is left
+/// empty, and the relay is emptied; a directory's `--scratch` is refused.
 #[test]
-fn a_bucket_as_the_primary_destination_is_refused_with_what_to_do() {
-    let site = Site::new();
-    batch(&site);
-    ok(&site.send(&["-q"]));
+fn a_bucket_as_the_destination_gets_every_file_and_the_scratch_is_left_empty() {
+    let Some((site, s3, expected)) = sent() else {
+        return;
+    };
+    let scratch = site.root.join("scratch");
     let mut args = site.pull();
     let to = args.iter().position(|a| a == "--to").unwrap();
-    args[to + 1] = "s3://analysts/copy".into();
+    args[to + 1] = "s3://analysts/primary".into();
+    args.extend(args!["--scratch", &scratch]);
+    let out = forte().args(&args).envs(s3.env(SECRET)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        visible(&s3.root.join("analysts/primary/site-a/run-1")),
+        expected
+    );
+    assert_eq!(
+        visible(&scratch),
+        BTreeMap::new(),
+        "the scratch directory is left empty"
+    );
+    assert!(
+        site.relay_objects().is_empty(),
+        "acknowledged once in the bucket"
+    );
+
+    let mut args = site.pull();
+    args.extend(args!["--scratch", &scratch]);
     let stderr = fails(&args);
     assert!(
-        stderr.contains("--to DIR --copy-to s3://analysts/copy"),
+        stderr.contains("--scratch is for a bucket destination"),
         "{stderr}"
     );
-    assert!(!std::path::Path::new("s3:").exists());
-    assert!(!site.relay_objects().is_empty());
 }

@@ -12,6 +12,9 @@ pub struct Entry {
     pub size: u64,
     /// When it was last written, in seconds since the epoch.
     pub modified: u64,
+    /// What changes whenever its contents do (a bucket's ETag), for caching what was read;
+    /// `None` where reading again is as cheap (a directory).
+    pub version: Option<String>,
 }
 
 impl Entry {

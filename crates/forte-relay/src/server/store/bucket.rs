@@ -110,6 +110,7 @@ impl Backend for BucketBackend {
                 key: self.bucket.relative(&m.location).to_string(),
                 size: m.size,
                 modified: m.last_modified.timestamp().max(0) as u64,
+                version: m.e_tag.clone(),
             })
             .collect())
     }

@@ -81,6 +81,7 @@ fn walk(dir: &Path, key: &str, out: &mut Vec<Entry>) {
                 key,
                 size: meta.len(),
                 modified,
+                version: None,
             });
         }
     }

@@ -20,7 +20,7 @@
 //!
 //! Several relays may share one bucket: what one relay learns from another is read from the
 //! bucket each time (the only things kept in memory are the quota's running figures and the
-//! sealed records already read, checked against each listing).
+//! sealed records already read, checked against each listing's ETags).
 
 mod backend;
 mod bucket;
@@ -153,9 +153,9 @@ pub struct Store {
     usage: Mutex<HashMap<String, u64>>,
     /// When each site's bytes were last counted from a shared bucket.
     counted: Mutex<HashMap<String, std::time::Instant>>,
-    /// Sealed records read before, by key, with the size and time they were listed with: a
-    /// record is written once, so one listed again unchanged need not be read again.
-    sealed_records: Mutex<HashMap<String, (u64, u64, ReadyObject)>>,
+    /// Sealed records read from a bucket before, by key, with the version (ETag) they were
+    /// listed with: one listed again with the same version need not be read again.
+    sealed_records: Mutex<HashMap<String, (String, ReadyObject)>>,
 }
 
 fn now() -> u64 {
@@ -646,8 +646,8 @@ impl Store {
         let mut out = Vec::new();
         for entry in listed.iter().filter(|e| e.name() == SEALED_RECORD) {
             let known = self.sealed_records.lock().get(&entry.key).cloned();
-            let object = match known {
-                Some((size, modified, o)) if (size, modified) == (entry.size, entry.modified) => o,
+            let object = match (known, &entry.version) {
+                (Some((version, o)), Some(listed)) if version == *listed => o,
                 _ => {
                     let read = self.backend.get(&entry.key, "sealed record").ok().flatten();
                     let Some(o) = read.and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
@@ -662,13 +662,22 @@ impl Store {
                         );
                         continue;
                     }
-                    let mut records = self.sealed_records.lock();
-                    records.insert(entry.key.clone(), (entry.size, entry.modified, o.clone()));
+                    if let Some(version) = &entry.version {
+                        let mut records = self.sealed_records.lock();
+                        records.insert(entry.key.clone(), (version.clone(), o.clone()));
+                    }
                     o
                 }
             };
             out.push(object);
         }
+        // Records gone from the listing are forgotten: one put back later is read again, and
+        // checked against the tombstones.
+        let site_prefix = format!("{}/", site_key(site));
+        let listed_keys: HashSet<&str> = listed.iter().map(|e| e.key.as_str()).collect();
+        self.sealed_records
+            .lock()
+            .retain(|key, _| !key.starts_with(&site_prefix) || listed_keys.contains(key.as_str()));
         out
     }
 
