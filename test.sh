@@ -48,5 +48,5 @@ export FORTE_TEST_VERSITYGW
 
 cargo test --workspace "$@"
 # The relay's suite once more, its store a bucket of a real S3 server (the same tests, see
-# crates/forte-relay/tests/relay.rs).
-FORTE_TEST_RELAY_STORE=s3 cargo test -p forte-relay --test relay "$@"
+# crates/forte-relay/tests/relay.rs), with the workspace's features so that nothing is built again.
+FORTE_TEST_RELAY_STORE=s3 cargo test --workspace --test relay "$@"
