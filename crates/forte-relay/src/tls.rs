@@ -62,10 +62,14 @@ pub fn server_identity(
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&cert_path)
         .and_then(|certs| certs.collect())
         .with_context(|| format!("cannot read certificates from {}", cert_path.display()))?;
+    let Some(leaf) = chain.first() else {
+        bail!("{} holds no PEM certificate", cert_path.display());
+    };
+    let fingerprint = fingerprint(leaf);
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .with_context(|| format!("cannot read the private key in {}", key_path.display()))?;
     let shown = format!("{} and {}", cert_path.display(), key_path.display());
-    identity(chain, key, cert_path, &shown)
+    identity(chain, key, (fingerprint, cert_path), &shown)
 }
 
 /// A self-signed certificate for `names` and its key, as one PEM text.
@@ -92,8 +96,8 @@ pub fn identity_from_pem(pem: &[u8]) -> Result<ServerIdentity> {
     let Some(leaf) = chain.first() else {
         bail!("the identity kept in the store holds no certificate");
     };
-    let cert_path =
-        std::env::temp_dir().join(format!("forte-relay-{}.pem", &fingerprint(leaf)[..16]));
+    let fingerprint = fingerprint(leaf);
+    let cert_path = std::env::temp_dir().join(format!("forte-relay-{}.pem", &fingerprint[..16]));
     // The certificate blocks of the text, without the key.
     let mut cert_pem = String::new();
     let mut inside = false;
@@ -107,19 +111,22 @@ pub fn identity_from_pem(pem: &[u8]) -> Result<ServerIdentity> {
     }
     std::fs::write(&cert_path, cert_pem)
         .with_context(|| format!("cannot write {}", cert_path.display()))?;
-    identity(chain, key, cert_path, "the identity kept in the store")
+    identity(
+        chain,
+        key,
+        (fingerprint, cert_path),
+        "the identity kept in the store",
+    )
 }
 
+/// The server configuration for `chain` (its leaf's fingerprint given) and `key`; `shown`
+/// names where they came from, for the error.
 fn identity(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-    cert_path: PathBuf,
+    (fingerprint, cert_path): (String, PathBuf),
     shown: &str,
 ) -> Result<ServerIdentity> {
-    let Some(leaf) = chain.first() else {
-        bail!("{shown} holds no PEM certificate");
-    };
-    let fingerprint = fingerprint(leaf);
     let config = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?

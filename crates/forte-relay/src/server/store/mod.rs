@@ -245,12 +245,9 @@ impl Store {
         let store = Self::over(backend, quota);
         let sites = store.sites().map_err(|e| anyhow::anyhow!("{e:?}"))?;
         for site in &sites {
-            let held = store
-                .backend
-                .list(&format!("{}/objects", site_key(site)), "usage")
+            store
+                .count_usage(site)
                 .map_err(|e| anyhow::anyhow!("cannot read what site {site} holds: {e:?}"))?;
-            let bytes = held.iter().map(|e| e.size).sum();
-            store.usage.lock().insert(site.clone(), bytes);
         }
         // Batch acknowledgements a stop interrupted are finished before anything is served.
         for site in &sites {
@@ -469,12 +466,18 @@ impl Store {
             due
         };
         if due {
-            let held = self
-                .backend
-                .list(&format!("{}/objects", site_key(site)), "quota")?;
-            let bytes = held.iter().map(|e| e.size).sum();
-            self.usage.lock().insert(site.to_string(), bytes);
+            self.count_usage(site)?;
         }
+        Ok(())
+    }
+
+    /// Sets the site's figure for the quota to the bytes its objects hold in the store.
+    fn count_usage(&self, site: &str) -> Result<()> {
+        let held = self
+            .backend
+            .list(&format!("{}/objects", site_key(site)), "usage")?;
+        let bytes = held.iter().map(|e| e.size).sum();
+        self.usage.lock().insert(site.to_string(), bytes);
         Ok(())
     }
 
