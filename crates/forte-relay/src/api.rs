@@ -173,6 +173,10 @@ pub const MAX_WAIT_MS: u64 = 60_000;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ApiError {
     pub error: String,
+    /// Set when an upload or seal was refused because the relay holds the object already in
+    /// this state (sealed, or delivered): nothing was replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<ObjectState>,
 }
 
 /// Site names: 1–64 of `[A-Za-z0-9._-]`, not starting with a dot. They name directories.

@@ -14,8 +14,8 @@ use serde::Serialize;
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, BatchAck, Cancelled, ObjectStatus, PartRef, ReadyObject, Seal, StatusQuery,
-    MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
+    ApiError, BatchAck, Cancelled, ObjectState, ObjectStatus, PartRef, ReadyObject, Seal,
+    StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::pace::{Paced, Pacer};
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
@@ -34,6 +34,8 @@ pub struct RelayError {
     /// No answer, and none will come however often we ask: the relay's certificate is not the
     /// one we trust, it does not speak TLS, or the URL is unusable. Only for `status: None`.
     pub permanent: bool,
+    /// An upload or seal refused because the relay holds the object already, in this state.
+    pub held: Option<ObjectState>,
 }
 
 impl RelayError {
@@ -66,11 +68,13 @@ impl RelayError {
             status: None,
             message,
             permanent,
+            held: None,
         }
     }
 
     /// The relay answered with an error status.
-    fn answered(url: String, status: StatusCode, said: String) -> Self {
+    fn answered(url: String, status: StatusCode, said: ApiError) -> Self {
+        let ApiError { error: said, held } = said;
         let message = match status {
             StatusCode::UNAUTHORIZED => format!(
                 "the relay refused the token ({status}: {said}): check --token-file \
@@ -87,6 +91,7 @@ impl RelayError {
             status: Some(status.as_u16()),
             message,
             permanent: false,
+            held,
         }
     }
 }
@@ -240,11 +245,11 @@ impl RelayClient {
             return Ok(response);
         }
         let status = response.status();
-        let message = response
-            .json::<ApiError>()
-            .map(|e| e.error)
-            .unwrap_or_else(|_| status.canonical_reason().unwrap_or("error").to_string());
-        Err(RelayError::answered(url, status, message))
+        let said = response.json::<ApiError>().unwrap_or_else(|_| ApiError {
+            error: status.canonical_reason().unwrap_or("error").to_string(),
+            held: None,
+        });
+        Err(RelayError::answered(url, status, said))
     }
 
     fn body(url: &str, response: Response) -> Result<Vec<u8>> {
@@ -256,6 +261,7 @@ impl RelayClient {
                 status: None,
                 message: format!("reading the answer: {e}"),
                 permanent: false,
+                held: None,
             })
     }
 
@@ -265,6 +271,7 @@ impl RelayClient {
             status: None,
             message: format!("unexpected answer: {e}"),
             permanent: false,
+            held: None,
         })
     }
 
@@ -627,7 +634,10 @@ mod tests {
         RelayError::answered(
             "https://relay/v1/ready".into(),
             StatusCode::from_u16(status).unwrap(),
-            "what the relay said".into(),
+            ApiError {
+                error: "what the relay said".into(),
+                held: None,
+            },
         )
     }
 

@@ -169,6 +169,20 @@ fn upload_seal_pull_ack() {
     );
     assert_eq!(core.manifest("site-a", id).unwrap(), manifest);
     assert_eq!(core.part("site-a", id, 1).unwrap(), p1);
+    // Other bytes for a sealed object's part (an edge that did not ask first) are refused,
+    // saying it is sealed, and replace nothing; the same bytes again (a retry) are taken.
+    let other_bytes = vec![3u8; 1000];
+    let err = edge
+        .put_part(id, 0, &other_bytes, &sha(&other_bytes))
+        .unwrap_err();
+    assert_eq!(
+        (err.status, err.held),
+        (Some(409), Some(ObjectState::Complete)),
+        "{err}"
+    );
+    assert!(err.message.contains("is sealed already"), "{err}");
+    edge.put_part(id, 0, &p0, &sha(&p0)).unwrap();
+    assert_eq!(core.part("site-a", id, 0).unwrap(), p0);
     // The store is in the pack layout.
     let object = tmp.path().join(format!("store/sites/site-a/objects/{id}"));
     assert_eq!(
@@ -184,7 +198,11 @@ fn upload_seal_pull_ack() {
     );
     assert!(core.ready(false).unwrap().is_empty());
     let err = edge.put_part(id, 0, &p0, &sha(&p0)).unwrap_err();
-    assert_eq!(err.status, Some(409), "{err}");
+    assert_eq!(
+        (err.status, err.held),
+        (Some(409), Some(ObjectState::Delivered)),
+        "{err}"
+    );
 }
 
 #[test]

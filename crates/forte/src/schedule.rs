@@ -261,6 +261,11 @@ impl<T> BatchQueue<T> {
         self.changed.notify_all();
     }
 
+    /// Batches may come again, after a close.
+    pub fn reopen(&self) {
+        self.lock().closed = false;
+    }
+
     /// Items and bytes queued.
     pub fn totals(&self) -> (usize, u64) {
         let state = self.lock();

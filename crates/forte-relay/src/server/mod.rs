@@ -24,8 +24,8 @@ use share::{SharedBody, Shares};
 use store::{Location, Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectStatus, PartRef, ReadyObject, ReadyQuery,
-    Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
+    ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectState, ObjectStatus, PartRef, ReadyObject,
+    ReadyQuery, Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
     MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::tls::server_identity;
@@ -260,7 +260,7 @@ async fn gate(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if announced.is_some_and(|n| n > MAX_BODY as u64) {
-        return Failure(
+        return Failure::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("a body of at most {MAX_BODY} bytes is accepted"),
         )
@@ -281,41 +281,68 @@ async fn gate(
     response
 }
 
-/// An error answer: a status and a JSON body that says what and why.
-struct Failure(StatusCode, String);
+/// An error answer: a status and a JSON body that says what and why, and for an upload or
+/// seal refused because the relay holds the object already (sealed, or delivered), in which
+/// state: the edge then asks the relay what it holds instead of failing the batch.
+struct Failure {
+    status: StatusCode,
+    message: String,
+    held: Option<ObjectState>,
+}
+
+impl Failure {
+    fn new(status: StatusCode, message: String) -> Self {
+        Self {
+            status,
+            message,
+            held: None,
+        }
+    }
+}
 
 impl IntoResponse for Failure {
     fn into_response(self) -> Response {
-        ::metrics::counter!("forte_relay_refused_total", "status" => self.0.as_u16().to_string())
+        let Failure {
+            status,
+            message,
+            held,
+        } = self;
+        ::metrics::counter!("forte_relay_refused_total", "status" => status.as_u16().to_string())
             .increment(1);
-        if self.0 == StatusCode::UNAUTHORIZED {
-            tracing::warn!(status = 401, "refused: {}", self.1);
-            let mut r = (self.0, Json(ApiError { error: self.1 })).into_response();
+        if status == StatusCode::NOT_FOUND {
+            // Asking about objects the relay does not hold is routine (resume, status).
+            tracing::debug!(status = 404, "{message}");
+        } else if status != StatusCode::INTERNAL_SERVER_ERROR {
+            // Logged with its detail where it arose (`internal_error`).
+            tracing::warn!(status = status.as_u16(), "refused: {message}");
+        }
+        let body = ApiError {
+            error: message,
+            held,
+        };
+        let mut r = (status, Json(body)).into_response();
+        if status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert("www-authenticate", "Bearer".parse().expect("valid header"));
-            return r;
         }
-        if self.0 == StatusCode::NOT_FOUND {
-            // Asking about objects the relay does not hold is routine (resume, status).
-            tracing::debug!(status = 404, "{}", self.1);
-        } else if self.0 == StatusCode::INTERNAL_SERVER_ERROR {
-            // Logged with its detail where it arose (`internal_error`).
-        } else {
-            tracing::warn!(status = self.0.as_u16(), "refused: {}", self.1);
-        }
-        (self.0, Json(ApiError { error: self.1 })).into_response()
+        r
     }
 }
 
 impl From<StoreError> for Failure {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::NotFound(m) => Failure(StatusCode::NOT_FOUND, m),
-            StoreError::Conflict(m) => Failure(StatusCode::CONFLICT, m),
-            StoreError::Invalid(m) => Failure(StatusCode::UNPROCESSABLE_ENTITY, m),
-            StoreError::Full(m) => Failure(StatusCode::INSUFFICIENT_STORAGE, m),
+            StoreError::NotFound(m) => Failure::new(StatusCode::NOT_FOUND, m),
+            StoreError::Conflict(m) => Failure::new(StatusCode::CONFLICT, m),
+            StoreError::Held(state, message) => Failure {
+                status: StatusCode::CONFLICT,
+                message,
+                held: Some(state),
+            },
+            StoreError::Invalid(m) => Failure::new(StatusCode::UNPROCESSABLE_ENTITY, m),
+            StoreError::Full(m) => Failure::new(StatusCode::INSUFFICIENT_STORAGE, m),
             // Not worth retrying: nothing will free the space unless someone acts.
-            StoreError::NoRoom(m) => Failure(StatusCode::PAYLOAD_TOO_LARGE, m),
+            StoreError::NoRoom(m) => Failure::new(StatusCode::PAYLOAD_TOO_LARGE, m),
             StoreError::Io(m) => internal_error(&m),
         }
     }
@@ -327,7 +354,7 @@ const INTERNAL_ERROR: &str = "relay storage error; see the relay's log";
 
 fn internal_error(detail: &str) -> Failure {
     tracing::error!(status = 500, "storage error: {detail}");
-    Failure(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR.into())
+    Failure::new(StatusCode::INTERNAL_SERVER_ERROR, INTERNAL_ERROR.into())
 }
 
 type Answer<T> = std::result::Result<T, Failure>;
@@ -337,17 +364,17 @@ fn principal(relay: &Relay, headers: &HeaderMap) -> Answer<Principal> {
         .get("authorization")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
+        .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
     relay
         .tokens
         .lookup(token)
-        .ok_or_else(|| Failure(StatusCode::UNAUTHORIZED, "unknown token".into()))
+        .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "unknown token".into()))
 }
 
 fn edge_site(relay: &Relay, headers: &HeaderMap) -> Answer<String> {
     match principal(relay, headers)? {
         Principal::Edge { site } => Ok(site),
-        Principal::Core { .. } => Err(Failure(
+        Principal::Core { .. } => Err(Failure::new(
             StatusCode::FORBIDDEN,
             "a core token cannot upload".into(),
         )),
@@ -358,7 +385,7 @@ fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
     let who = principal(relay, headers)?;
     if !crate::api::valid_site(site) {
         // Site names become directory names: nothing like `..` gets that far.
-        return Err(Failure(
+        return Err(Failure::new(
             StatusCode::BAD_REQUEST,
             format!("{site:?} is not a site name"),
         ));
@@ -367,7 +394,7 @@ fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
         Ok(())
     } else {
         // Not 403: a token must not learn which other sites exist.
-        Err(Failure(
+        Err(Failure::new(
             StatusCode::NOT_FOUND,
             format!("no site {site} for this token"),
         ))
@@ -376,7 +403,7 @@ fn core_for(relay: &Relay, headers: &HeaderMap, site: &str) -> Answer<()> {
 
 fn object_id(text: &str) -> Answer<ObjectId> {
     text.parse()
-        .map_err(|e: String| Failure(StatusCode::BAD_REQUEST, e))
+        .map_err(|e: String| Failure::new(StatusCode::BAD_REQUEST, e))
 }
 
 /// Refuses a batch id the store could not use as a file name.
@@ -384,7 +411,7 @@ fn check_batch(batch: &str) -> Answer<()> {
     if crate::api::valid_batch(batch) {
         Ok(())
     } else {
-        Err(Failure(
+        Err(Failure::new(
             StatusCode::BAD_REQUEST,
             format!("batch id {batch:?} is not valid"),
         ))
@@ -393,7 +420,7 @@ fn check_batch(batch: &str) -> Answer<()> {
 
 fn part_index(index: u32) -> Answer<u32> {
     if index > MAX_PART_INDEX {
-        return Err(Failure(
+        return Err(Failure::new(
             StatusCode::BAD_REQUEST,
             format!("part index {index} is out of range"),
         ));
@@ -455,7 +482,7 @@ fn required_header(headers: &HeaderMap, name: &str) -> Result<String, Failure> {
         .get(name)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
-        .ok_or_else(|| Failure(StatusCode::BAD_REQUEST, format!("missing {name} header")))
+        .ok_or_else(|| Failure::new(StatusCode::BAD_REQUEST, format!("missing {name} header")))
 }
 
 /// A one-part object stored and sealed in one request: its part, then its manifest
@@ -476,7 +503,7 @@ async fn put_whole(
         .ok()
         .filter(|&n| n <= body.len())
         .ok_or_else(|| {
-            Failure(
+            Failure::new(
                 StatusCode::BAD_REQUEST,
                 format!("{MANIFEST_LENGTH_HEADER} is not a length within the body"),
             )
@@ -518,7 +545,7 @@ async fn object_statuses(
 ) -> Answer<Json<std::collections::BTreeMap<String, ObjectStatus>>> {
     let site = edge_site(&relay, &headers)?;
     if query.ids.len() > MAX_STATUS_QUERY {
-        return Err(Failure(
+        return Err(Failure::new(
             StatusCode::BAD_REQUEST,
             format!("at most {MAX_STATUS_QUERY} ids per status query"),
         ));
@@ -552,7 +579,7 @@ async fn seal(
     let manifest = base64::engine::general_purpose::STANDARD
         .decode(&seal.manifest)
         .map_err(|e| {
-            Failure(
+            Failure::new(
                 StatusCode::BAD_REQUEST,
                 format!("manifest is not base64: {e}"),
             )
@@ -577,7 +604,7 @@ async fn seal_batch(
             base64::engine::general_purpose::STANDARD
                 .decode(text)
                 .map_err(|_| {
-                    Failure(
+                    Failure::new(
                         StatusCode::BAD_REQUEST,
                         format!("the inventory of batch {batch} is not base64"),
                     )
@@ -660,7 +687,7 @@ async fn cancel_batch(
 async fn render_metrics(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> Answer<String> {
     match principal(&relay, &headers)? {
         Principal::Core { .. } => Ok(metrics::render()),
-        Principal::Edge { .. } => Err(Failure(
+        Principal::Edge { .. } => Err(Failure::new(
             StatusCode::FORBIDDEN,
             "metrics need a core token".into(),
         )),
@@ -675,7 +702,7 @@ async fn ready(
     let sites = match principal(&relay, &headers)? {
         Principal::Core { sites } => sites,
         Principal::Edge { .. } => {
-            return Err(Failure(
+            return Err(Failure::new(
                 StatusCode::FORBIDDEN,
                 "an edge token cannot pull".into(),
             ))
@@ -707,7 +734,7 @@ async fn get_inventory(
     blocking(move || r.store.read_inventory(&site, &b))
         .await?
         .ok_or_else(|| {
-            Failure(
+            Failure::new(
                 StatusCode::NOT_FOUND,
                 format!("batch {batch} was sealed without an inventory"),
             )

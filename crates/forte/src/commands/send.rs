@@ -121,6 +121,18 @@ struct Pass<'a> {
     settle: Duration,
 }
 
+/// Sends `batches` in one pass; their reports. The relay is asked what it held of the new
+/// ones while they are sent.
+fn send_batches(edge: &Edge, batches: &[Batch], quiet: bool) -> Vec<SendReport> {
+    let unasked = edge.admit(batches);
+    edge.close();
+    std::thread::scope(|s| {
+        s.spawn(|| edge.ask_relay(unasked));
+        edge.send_queued(quiet);
+    });
+    edge.take_finished()
+}
+
 impl Pass<'_> {
     /// Sends the ready batches once and reports them; true when every file went.
     fn once(&self, args: &Args) -> Result<bool> {
@@ -137,11 +149,19 @@ impl Pass<'_> {
             }
             !skip
         });
-        edge.admit(&ready);
-        edge.close();
         let quiet = args.output.quiet || args.output.json;
-        edge.send_queued(quiet);
-        let mut batches = edge.take_finished();
+        let mut batches = send_batches(edge, &ready, quiet);
+        // Batches the relay held some of already, from a run this catalogue has no record
+        // of, go once more: their files are in the catalogue now, so the relay is asked first.
+        let again: Vec<Batch> = ready
+            .into_iter()
+            .filter(|b| batches.iter().any(|r| r.send_again && r.batch == b.name))
+            .collect();
+        if !again.is_empty() {
+            batches.retain(|r| !r.send_again);
+            edge.reopen();
+            batches.extend(send_batches(edge, &again, quiet));
+        }
         // Report in inbox order, whatever order the policy finished them in.
         batches.sort_by(|a, b| a.batch.cmp(&b.batch));
         if !args.output.json {
@@ -193,7 +213,8 @@ impl Pass<'_> {
                             .into_iter()
                             .filter(|b| edge.needs_sending(b))
                             .collect();
-                        edge.admit(&todo);
+                        let unasked = edge.admit(&todo);
+                        edge.ask_relay(unasked);
                     }
                     Err(e) => edge.report_failure("", &format!("{e:#}")),
                 }

@@ -13,8 +13,9 @@ pub mod inbox;
 mod seal;
 mod tuning;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Instant;
 
 use forte_catalog::{
@@ -32,6 +33,7 @@ use crate::schedule::{BatchQueue, Policy};
 use crate::settings::EdgeSettings;
 use crate::transfer::retry::Retry;
 
+use admit::Asked;
 pub use inbox::{ready_batches, Batch, Inbox, READY_MARKER};
 
 /// What sending one batch did.
@@ -47,6 +49,10 @@ pub struct SendReport {
     pub sealed_bytes: u64,
     pub seconds: f64,
     pub errors: Vec<String>,
+    /// Not sealed: the relay held some of it already, sealed or delivered by a run this
+    /// catalogue has no record of. Admitted again, the batch is planned from what it holds.
+    #[serde(skip)]
+    pub send_again: bool,
 }
 
 /// The object id of a file: derived from the edge's secret and the file's identity, so a
@@ -118,6 +124,12 @@ struct InFlight {
     admitted: Instant,
     /// When its first file left the queue.
     started_at: Option<i64>,
+    /// For a batch new to this catalogue, sent before the relay said what it held of it: the
+    /// relay's answer, which its seal waits for.
+    asked: Option<Arc<Asked>>,
+    /// The relay refused an upload of it because it held the object already, sealed or
+    /// delivered by a run this catalogue has no record of: the batch is sent again.
+    held_before: bool,
 }
 
 impl InFlight {
@@ -133,6 +145,7 @@ impl InFlight {
                 sealed_bytes: 0,
                 seconds: 0.0,
                 errors: Vec::new(),
+                send_again: false,
             },
             name: name.to_owned(),
             bytes: 0,
@@ -145,6 +158,8 @@ impl InFlight {
             early_seal: None,
             admitted,
             started_at: None,
+            asked: None,
+            held_before: false,
         }
     }
 }
@@ -174,6 +189,9 @@ pub struct Edge<'a> {
     batch_of: Mutex<HashMap<ObjectId, BatchKey>>,
     in_flight: Mutex<HashMap<BatchKey, InFlight>>,
     finished: Mutex<Vec<SendReport>>,
+    /// Objects whose upload the relay refused because it held them already (sealed or
+    /// delivered), until their outcome is booked.
+    held_before: Mutex<HashSet<ObjectId>>,
 }
 
 impl JobQueue for Edge<'_> {
@@ -203,12 +221,18 @@ impl<'a> Edge<'a> {
             batch_of: Mutex::default(),
             in_flight: Mutex::default(),
             finished: Mutex::default(),
+            held_before: Mutex::default(),
         }
     }
 
     /// No batch will be admitted any more: a pass ends when the queue is empty.
     pub fn close(&self) {
         self.queue.close();
+    }
+
+    /// Batches may be admitted again, for another pass.
+    pub fn reopen(&self) {
+        self.queue.reopen();
     }
 
     /// The reports of the batches finished since the last call, in the order they finished.

@@ -9,6 +9,7 @@ use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, S
 use forte_format::{Inventory, InventoryEntry, Manifest};
 use forte_prepare::{FileOutcome, Prepare};
 
+use super::admit::HeldBefore;
 use super::tuning::Tuning;
 use super::{EarlySeal, Edge, InFlight};
 use crate::progress::prepare_with_progress;
@@ -34,8 +35,13 @@ impl Edge<'_> {
             return;
         };
         flight.report.sealed_bytes += sealed_bytes;
-        for outcome in outcomes {
-            self.book_outcome(&batch_key, flight, outcome);
+        if self.held_before.lock().remove(&object) {
+            // Not a failure: the batch is sent again, planned from what the relay holds.
+            flight.held_before = true;
+        } else {
+            for outcome in outcomes {
+                self.book_outcome(&batch_key, flight, outcome);
+            }
         }
         flight.pending -= 1;
         flight.pending_files -= outcomes.len();
@@ -63,6 +69,12 @@ impl Edge<'_> {
         flight.entries.extend(entries);
         flight.unsealed = flight.unsealed.saturating_sub(1);
         if flight.unsealed > 0 || flight.unlisted_files > 0 || flight.report.failed > 0 {
+            return;
+        }
+        // A new batch is sealed only once the relay said it held none of it before; the
+        // answer usually came long before its last upload, else the seal follows them.
+        let asked = flight.asked.as_ref().map(|a| a.get());
+        if flight.held_before || asked.is_some_and(|held| held != Some(HeldBefore::Nothing)) {
             return;
         }
         let (name, members) = (flight.name.clone(), flight.members.clone());
@@ -122,9 +134,28 @@ impl Edge<'_> {
             early_seal,
             admitted,
             started_at,
+            asked,
+            held_before,
             ..
         } = flight;
         report.seconds = admitted.elapsed().as_secs_f64();
+        match asked.map(|a| a.wait()) {
+            _ if held_before => report.send_again = true,
+            Some(HeldBefore::Some) => report.send_again = true,
+            Some(HeldBefore::Unknown(error)) => {
+                self.setup.failures.report(&report.batch, None, &error);
+                report.errors.push(error);
+                report.failed += 1;
+            }
+            Some(HeldBefore::Nothing) | None => {}
+        }
+        if report.send_again {
+            // Queued again, so that a later scan sends it if this run does not.
+            let files = report.files as u64;
+            self.record_batch(batch_key, &report.batch, files, bytes, BatchState::Queued);
+            self.finished.lock().push(report);
+            return;
+        }
         // A batch whose every object was delivered before has nothing left to offer.
         if report.failed == 0 && !members.is_empty() {
             let inventory = match early_seal.map(|answer| answer.recv()) {
@@ -222,6 +253,9 @@ impl Edge<'_> {
                 sealed: Default::default(),
                 on_final: &|manifest| self.object_final(manifest, early_seals),
                 on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
+                on_held: &|id| {
+                    self.held_before.lock().insert(id);
+                },
             };
             let (files, bytes) = self.queue.totals();
             let publish = || {

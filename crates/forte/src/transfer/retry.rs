@@ -113,6 +113,7 @@ mod tests {
             status,
             message: "what went wrong".into(),
             permanent,
+            held: None,
         }
     }
 

@@ -28,6 +28,9 @@ pub struct UploadSink<'a> {
     pub on_final: &'a (dyn Fn(&Manifest) + Sync),
     /// Told of every finished object (its files' outcomes) with its sealed bytes.
     pub on_done: &'a (dyn Fn(&[FileOutcome], u64) + Sync),
+    /// Told of every object whose upload or seal the relay refused because it held the object
+    /// already (sealed or delivered), before its outcome.
+    pub on_held: &'a (dyn Fn(ObjectId) + Sync),
 }
 
 impl UploadSink<'_> {
@@ -53,6 +56,21 @@ impl UploadSink<'_> {
         op: impl FnOnce() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
         crate::record::attempt(self.catalog, task, &self.batch(id), id, part, op)
+    }
+
+    /// A request about object `id` (`what`), retried and each attempt recorded; a refusal
+    /// because the relay holds the object already is told to `on_held`.
+    fn request<T>(
+        &self,
+        what: &str,
+        (task, id, part): (Task, ObjectId, Option<u32>),
+        op: impl Fn() -> Result<T, RelayError>,
+    ) -> Result<T, RelayError> {
+        let done = self.retry.run(what, || self.attempt(task, id, part, &op));
+        if done.as_ref().is_err_and(|e| e.held.is_some()) {
+            (self.on_held)(id);
+        }
+        done
     }
 }
 
@@ -108,10 +126,8 @@ impl UploadSink<'_> {
 impl Sink for UploadSink<'_> {
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
-        self.retry.run(&what, || {
-            self.attempt(Task::Upload, id, Some(index), || {
-                self.client.put_part(id, index, sealed, sha256)
-            })
+        self.request(&what, (Task::Upload, id, Some(index)), || {
+            self.client.put_part(id, index, sealed, sha256)
         })?;
         self.record_uploaded(id, index, sealed, sha256);
         Ok(())
@@ -127,11 +143,9 @@ impl Sink for UploadSink<'_> {
         let (id, batch) = (manifest.id, self.batch(manifest.id));
         (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
-        self.retry.run(&what, || {
-            self.attempt(Task::Upload, id, Some(0), || {
-                self.client
-                    .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
-            })
+        self.request(&what, (Task::Upload, id, Some(0)), || {
+            self.client
+                .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
         })?;
         self.record_uploaded(id, 0, part, sha256);
         self.record_sealed(manifest, &batch, sealed_manifest);
@@ -151,11 +165,9 @@ impl Sink for UploadSink<'_> {
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
         let batch = self.batch(manifest.id);
         (self.on_final)(manifest);
-        self.retry.run(&what, || {
-            self.attempt(Task::Seal, manifest.id, None, || {
-                self.client
-                    .seal(manifest.id, batch.batch(), parts.clone(), sealed)
-            })
+        self.request(&what, (Task::Seal, manifest.id, None), || {
+            self.client
+                .seal(manifest.id, batch.batch(), parts.clone(), sealed)
         })?;
         self.record_sealed(manifest, &batch, sealed);
         Ok(())

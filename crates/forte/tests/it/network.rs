@@ -838,3 +838,49 @@ fn a_target_rate_holds_the_upload_at_it_and_a_bad_one_is_refused() {
     );
     assert!(out.contains("sent 1 of 1 files"), "{out}");
 }
+
+/// A new edge catalogue (the old one lost) sends a batch it has no record of without asking
+/// the relay first. What the relay holds of it, sealed or delivered, is not replaced: the run
+/// asks, books those files as at the relay and succeeds, and the core gets every file once.
+#[test]
+fn a_new_catalogue_replaces_nothing_the_relay_holds() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    make_batches(&inbox);
+    let send = || json(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"])));
+    send();
+    let objects = site.relay.store.join("sites/site-a/objects");
+    let held = tree(&objects);
+    let held_before = |b: &serde_json::Value| {
+        b["failed"] == 0 && b["sent"] == 0 && b["already_at_relay"] == b["files"]
+    };
+
+    // Sealed, not pulled yet.
+    std::fs::remove_file(&site.edge_catalog).unwrap();
+    let again = send();
+    let batches = again["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 3, "{again:#}");
+    assert!(batches.iter().all(held_before), "{again:#}");
+    assert_eq!(tree(&objects), held, "the sealed objects are as they were");
+    ok(&site.pull());
+    for batch in ["truck-7-run-1", "truck-7-run-2", "truck-9-run-1"] {
+        let mut expected = tree(&inbox.join(batch));
+        expected.remove(".ready");
+        assert_eq!(tree(&site.root.join("dest/site-a").join(batch)), expected);
+    }
+
+    // Delivered and acknowledged.
+    std::fs::remove_file(&site.edge_catalog).unwrap();
+    let again = send();
+    assert!(
+        again["batches"].as_array().unwrap().iter().all(held_before),
+        "{again:#}"
+    );
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
+    );
+    let out = ok(&site.pull());
+    assert!(out.contains("nothing waiting"), "{out}");
+}

@@ -90,8 +90,11 @@ impl std::fmt::Display for Location {
 #[derive(Debug)]
 pub enum StoreError {
     NotFound(String),
-    /// The request contradicts what is stored (missing parts at seal, delivered object).
+    /// The request contradicts what is stored (missing parts at seal).
     Conflict(String),
+    /// An upload or seal for an object the relay holds already in `state` (sealed, or
+    /// delivered and acknowledged), which it must not replace.
+    Held(ObjectState, String),
     /// The request itself is wrong (hash mismatch, bad part list).
     Invalid(String),
     /// Quota or disk full, with batches waiting for the core, whose pull frees space.
@@ -368,9 +371,10 @@ impl Store {
         body: &[u8],
     ) -> Result<Stored> {
         if self.is_acked(site, id)? {
-            return Err(StoreError::Conflict(format!(
-                "object {id} was already delivered"
-            )));
+            return Err(StoreError::Held(
+                ObjectState::Delivered,
+                format!("object {id} was already delivered"),
+            ));
         }
         let previous = self
             .held_parts(site, id)?
@@ -388,6 +392,14 @@ impl Store {
             if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
                 self.backend.flush(&what)?;
                 return Ok(Stored::AlreadyHeld);
+            }
+            // Other bytes for a sealed object's part would break the seal, which lists the
+            // held part's hash: an edge that did not ask first (a new catalogue) is told.
+            if self.is_sealed(site, id)? {
+                return Err(StoreError::Held(
+                    ObjectState::Complete,
+                    format!("object {id} is sealed already: its part {index} is not replaced"),
+                ));
             }
         }
         let found = hex::encode(Sha256::digest(body));
@@ -421,9 +433,10 @@ impl Store {
         // was written, which then must go.
         if self.is_acked(site, id)? {
             self.remove_object(site, id, &what)?;
-            return Err(StoreError::Conflict(format!(
-                "object {id} was already delivered"
-            )));
+            return Err(StoreError::Held(
+                ObjectState::Delivered,
+                format!("object {id} was already delivered"),
+            ));
         }
         Ok(Stored::New)
     }
@@ -531,9 +544,10 @@ impl Store {
         manifest: &[u8],
     ) -> Result<()> {
         if self.is_acked(site, id)? {
-            return Err(StoreError::Conflict(format!(
-                "object {id} was already delivered"
-            )));
+            return Err(StoreError::Held(
+                ObjectState::Delivered,
+                format!("object {id} was already delivered"),
+            ));
         }
         for (i, p) in parts.iter().enumerate() {
             if p.index as usize != i {
