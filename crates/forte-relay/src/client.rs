@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use forte_format::ObjectId;
+use parking_lot::{Condvar, Mutex};
 use reqwest::blocking::{Body, Client, RequestBuilder, Response};
 use reqwest::header::CONTENT_TYPE;
 use reqwest::StatusCode;
@@ -136,6 +137,10 @@ pub struct RelayClient {
     /// The share of the relay's ingress its last upload's answer gave this site, in bytes per
     /// second as f64 bits; 0 while none is in force.
     relay_share: AtomicU64,
+    /// [`RelayClient::open_connections`] calls under way: uploads wait for the connections
+    /// they open rather than each opening its own, a handshake's round trips later.
+    opening: Mutex<usize>,
+    opened: Condvar,
 }
 
 impl RelayClient {
@@ -159,6 +164,8 @@ impl RelayClient {
             pacer: None,
             uploads_at_once: 1,
             relay_share: AtomicU64::new(0),
+            opening: Mutex::new(0),
+            opened: Condvar::new(),
         })
     }
 
@@ -214,6 +221,7 @@ impl RelayClient {
 
     /// Sends an upload and keeps the share its answer gives (or that none is in force).
     fn send_upload(&self, url: String, request: RequestBuilder, body: Vec<u8>) -> Result<()> {
+        self.wait_for_connections();
         let response = self.send(url, self.upload(request, body))?;
         let share = response
             .headers()
@@ -346,11 +354,26 @@ impl RelayClient {
     /// round trip for its own handshake. Best effort: a failure here shows again, with retries,
     /// on the first real request.
     pub fn open_connections(&self, n: usize) {
+        *self.opening.lock() += 1;
         std::thread::scope(|s| {
             for _ in 0..n {
                 s.spawn(|| self.status_query(&[]));
             }
         });
+        *self.opening.lock() -= 1;
+        self.opened.notify_all();
+    }
+
+    /// Waits while connections are being opened (at most a timeout): the prepare pass starts
+    /// beside the handshakes, and its first uploads take the connections they open.
+    fn wait_for_connections(&self) {
+        let mut opening = self.opening.lock();
+        let deadline = std::time::Instant::now() + self.timeout;
+        while *opening > 0 {
+            if self.opened.wait_until(&mut opening, deadline).timed_out() {
+                return;
+            }
+        }
     }
 
     /// One status query of at most [`MAX_STATUS_QUERY`] ids.

@@ -124,10 +124,16 @@ struct Pass<'a> {
 /// Sends `batches` in one pass; their reports. The relay is asked what it held of the new
 /// ones while they are sent.
 fn send_batches(edge: &Edge, batches: &[Batch], quiet: bool) -> Vec<SendReport> {
-    let unasked = edge.admit(batches);
-    edge.close();
     std::thread::scope(|s| {
-        s.spawn(|| edge.ask_relay(unasked));
+        // The connections open while the batches are discovered and their first files
+        // prepared; the status query and the uploads then go on them together.
+        let opening = s.spawn(|| edge.open_connections());
+        let unasked = edge.admit(batches);
+        edge.close();
+        s.spawn(move || {
+            let _ = opening.join();
+            edge.ask_relay(unasked);
+        });
         edge.send_queued(quiet);
     });
     edge.take_finished()
@@ -213,7 +219,12 @@ impl Pass<'_> {
                             .into_iter()
                             .filter(|b| edge.needs_sending(b))
                             .collect();
-                        let unasked = edge.admit(&todo);
+                        let unasked = std::thread::scope(|s| {
+                            if !todo.is_empty() {
+                                s.spawn(|| edge.open_connections());
+                            }
+                            edge.admit(&todo)
+                        });
                         edge.ask_relay(unasked);
                     }
                     Err(e) => edge.report_failure("", &format!("{e:#}")),

@@ -8,7 +8,7 @@
 //! not know of, under a new catalogue), the batch is not sealed but sent again after asking,
 //! and the relay refuses to replace what it had sealed meanwhile.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -16,10 +16,12 @@ use anyhow::{Context, Result};
 use forte_catalog::{BatchKey, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
+use forte_relay::api::{ObjectState, ObjectStatus};
 use parking_lot::{Condvar, Mutex};
 
 use super::deletion::drop_emptied_dirs;
 use super::inbox::{Batch, READY_MARKER};
+use super::seal::seal_beside;
 use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
 use crate::transfer::upload::{at_relay, AtRelay};
 
@@ -66,9 +68,33 @@ pub(super) enum HeldBefore {
 pub(super) struct Asked {
     answer: Mutex<Option<HeldBefore>>,
     answered: Condvar,
+    /// The ciphertext SHA-256 of every part of the batch this run sent before the answer
+    /// came, recorded before each request: an object the answer reports sealed with only these
+    /// parts was sealed by this run (the query and the uploads cross together).
+    sent: Mutex<HashSet<String>>,
 }
 
 impl Asked {
+    /// A part about to be sent.
+    pub(super) fn sending(&self, sha256: &str) {
+        if self.answer.lock().is_none() {
+            self.sent.lock().insert(sha256.to_owned());
+        }
+    }
+
+    /// Whether the relay's `status` of an object shows it sealed or delivered before this
+    /// run.
+    fn held_before(&self, status: &ObjectStatus) -> bool {
+        match status.state {
+            ObjectState::Open => false,
+            ObjectState::Delivered => true,
+            ObjectState::Complete => {
+                let sent = self.sent.lock();
+                !status.parts.iter().all(|p| sent.contains(&p.sha256))
+            }
+        }
+    }
+
     fn set(&self, held: HeldBefore) {
         self.answer.lock().get_or_insert(held);
         self.answered.notify_all();
@@ -95,11 +121,11 @@ impl Asked {
 /// objects while they are sent. Dropped unasked, their seals learn that they were not.
 #[must_use = "the batches' seals wait until the relay was asked about them"]
 #[derive(Default)]
-pub struct Unasked(Vec<(Arc<Asked>, Vec<ObjectId>)>);
+pub struct Unasked(Vec<(BatchKey, Arc<Asked>, Vec<ObjectId>)>);
 
 impl Drop for Unasked {
     fn drop(&mut self) {
-        for (asked, _) in &self.0 {
+        for (_, asked, _) in &self.0 {
             asked.set(HeldBefore::Unknown("the relay was not asked".into()));
         }
     }
@@ -109,19 +135,20 @@ impl Edge<'_> {
     /// Queues every batch not already in flight: discovers its files, asks the relay what it
     /// holds of those this catalogue knows, and records the batch as queued (its arrival). A
     /// batch with nothing left to send is finished at once. The batches new to this catalogue
-    /// are returned for [`Edge::ask_relay`], which their seals wait for.
+    /// are returned for [`Edge::ask_relay`], which their seals wait for. Run it beside
+    /// [`Edge::open_connections`]: the batches are discovered while the connections open.
     pub fn admit(&self, batches: &[Batch]) -> Unasked {
         if batches.is_empty() {
             return Unasked::default();
         }
-        std::thread::scope(|s| {
-            // The upload workers' connections open while the batches are discovered and asked
-            // about: at 200 ms, each worker opening its own when the pass starts left the link
-            // idle for another round trip.
-            let workers = self.setup.settings.prepare.sink.limit();
-            s.spawn(move || self.setup.client.open_connections(workers));
-            self.discover_and_plan(batches)
-        })
+        self.discover_and_plan(batches)
+    }
+
+    /// Opens the upload workers' connections, which uploads wait for: at 200 ms, each worker
+    /// opening its own when the pass starts left the link idle for another round trip.
+    pub fn open_connections(&self) {
+        let workers = self.setup.settings.prepare.sink.limit();
+        self.setup.client.open_connections(workers);
     }
 
     /// Asks the relay what it held of the objects of new batches, sent meanwhile: the answer
@@ -131,13 +158,16 @@ impl Edge<'_> {
         if batches.is_empty() {
             return;
         }
-        let ids: Vec<ObjectId> = batches.iter().flat_map(|(_, ids)| ids.clone()).collect();
-        let found = at_relay(self.setup.client, &self.setup.retry, &ids);
-        for (asked, ids) in batches {
-            asked.set(match &found {
+        let ids: Vec<ObjectId> = batches.iter().flat_map(|(_, _, ids)| ids.clone()).collect();
+        let (client, what) = (
+            self.setup.client,
+            format!("status of {} objects", ids.len()),
+        );
+        let found = self.setup.retry.run(&what, || client.statuses(&ids));
+        for (batch_key, asked, ids) in batches {
+            let held = match &found {
                 Ok(found) => {
-                    let held =
-                        |id| matches!(found.get(id), Some(AtRelay::Sealed | AtRelay::Delivered));
+                    let held = |id| found.get(id).is_some_and(|s| asked.held_before(s));
                     if ids.iter().any(held) {
                         HeldBefore::Some
                     } else {
@@ -145,11 +175,22 @@ impl Edge<'_> {
                     }
                 }
                 Err(e) => HeldBefore::Unknown(format!("cannot ask the relay what it holds: {e:#}")),
-            });
+            };
+            // Answered under the flights' lock, so that the batch's seal goes exactly once:
+            // beside its last uploads as usual, or now if they all started before the answer.
+            let mut flights = self.in_flight.lock();
+            asked.set(held);
+            let seal = flights
+                .get_mut(&batch_key)
+                .and_then(|flight| seal_beside(&batch_key, flight));
+            drop(flights);
+            if let Some(seal) = seal {
+                self.send_seal_beside(seal);
+            }
         }
     }
 
-    /// [`Edge::admit`] without opening connections.
+    /// Discovers `batches`, plans and queues them.
     fn discover_and_plan(&self, batches: &[Batch]) -> Unasked {
         let discovered: Vec<(&Batch, Discovered)> = batches
             .chunks(DISCOVERED_AT_ONCE)
@@ -195,7 +236,7 @@ impl Edge<'_> {
             let mut nothing = ids.iter().map(|&id| (id, AtRelay::Nothing)).collect();
             let asked = Arc::new(Asked::default());
             found.flight.asked = Some(asked.clone());
-            unasked.0.push((asked, ids));
+            unasked.0.push((found.batch_key.clone(), asked, ids));
             planned.push((batch, self.plan(found, Ok(&mut nothing))));
         }
         // A new batch's files are in the catalogue before any of its bytes leave: a run killed
@@ -408,4 +449,43 @@ fn sealed_entry(
         size: source.size,
         sha256,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forte_relay::api::PartRef;
+
+    fn status(state: ObjectState, hashes: &[&str]) -> ObjectStatus {
+        let parts = hashes.iter().enumerate();
+        ObjectStatus {
+            state,
+            parts: parts
+                .map(|(i, h)| PartRef {
+                    index: i as u32,
+                    sha256: h.to_string(),
+                    length: 1,
+                })
+                .collect(),
+        }
+    }
+
+    /// The status query crosses with the uploads: an object sealed from this run's parts
+    /// is this run's, one sealed from other parts or delivered was there before; parts of an
+    /// open object are replaced as they come.
+    #[test]
+    fn only_objects_sealed_from_other_parts_or_delivered_were_held_before() {
+        let asked = Asked::default();
+        asked.sending("ours-0");
+        asked.sending("ours-1");
+        let held = |state, hashes: &[&str]| asked.held_before(&status(state, hashes));
+        assert!(!held(ObjectState::Complete, &["ours-0", "ours-1"]));
+        assert!(held(ObjectState::Complete, &["ours-0", "earlier-1"]));
+        assert!(held(ObjectState::Delivered, &[]));
+        assert!(!held(ObjectState::Open, &["earlier-0"]));
+        // Parts sent once the answer is in are not needed to read it.
+        asked.set(HeldBefore::Nothing);
+        asked.sending("later");
+        assert!(held(ObjectState::Complete, &["later"]));
+    }
 }

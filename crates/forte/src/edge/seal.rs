@@ -2,11 +2,12 @@
 //! signed inventory, beside its last uploads (or once they are all there).
 
 use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
 use std::thread::Scope;
 use std::time::Duration;
 
 use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, Stage};
-use forte_format::{Inventory, InventoryEntry, Manifest};
+use forte_format::{Inventory, InventoryEntry, Manifest, ObjectId};
 use forte_prepare::{FileOutcome, Prepare};
 
 use super::admit::HeldBefore;
@@ -68,33 +69,46 @@ impl Edge<'_> {
         flight.unlisted_files = flight.unlisted_files.saturating_sub(entries.len());
         flight.entries.extend(entries);
         flight.unsealed = flight.unsealed.saturating_sub(1);
-        if flight.unsealed > 0 || flight.unlisted_files > 0 || flight.report.failed > 0 {
-            return;
+        if let Some(seal) = seal_beside(&batch_key, flight) {
+            drop(flights);
+            scope.spawn(move || self.send_seal_beside(seal));
         }
-        // A new batch is sealed only once the relay said it held none of it before; the
-        // answer usually came long before its last upload, else the seal follows them.
-        let asked = flight.asked.as_ref().map(|a| a.get());
-        if flight.held_before || asked.is_some_and(|held| held != Some(HeldBefore::Nothing)) {
+    }
+
+    /// A part of object `id` is about to be sent: noted for the relay's answer about a new
+    /// batch, if it has not come yet.
+    fn sending(&self, id: ObjectId, sha256: &str) {
+        let Some(batch_key) = self.batch_of.lock().get(&id).cloned() else {
             return;
+        };
+        let asked = self
+            .in_flight
+            .lock()
+            .get(&batch_key)
+            .and_then(|f| f.asked.clone());
+        if let Some(asked) = asked {
+            asked.sending(sha256);
         }
-        let (name, members) = (flight.name.clone(), flight.members.clone());
-        let entries = std::mem::take(&mut flight.entries);
-        let (answer_to, answer) = std::sync::mpsc::channel();
-        flight.early_seal = Some(answer);
-        drop(flights);
-        scope.spawn(move || {
-            let settings = self.setup.settings;
-            let inventory =
-                Inventory::new(&name, entries).seal(&settings.key, &settings.recipients);
-            let batch = batch_key.batch();
-            let wait = Some(EARLY_SEAL_WAIT);
-            let answer = self
-                .setup
-                .client
-                .seal_batch(batch, &members, &inventory, wait);
-            // The flight may be gone (the batch failed meanwhile): nobody waits for the answer.
-            let _ = answer_to.send(EarlySeal { answer, inventory });
-        });
+    }
+
+    /// Sends a batch seal beside the batch's last uploads; its answer goes to the flight.
+    pub(super) fn send_seal_beside(&self, seal: SealBeside) {
+        let SealBeside {
+            batch_key,
+            name,
+            members,
+            entries,
+            answer_to,
+        } = seal;
+        let settings = self.setup.settings;
+        let inventory = Inventory::new(&name, entries).seal(&settings.key, &settings.recipients);
+        let wait = Some(EARLY_SEAL_WAIT);
+        let answer = self
+            .setup
+            .client
+            .seal_batch(batch_key.batch(), &members, &inventory, wait);
+        // The flight may be gone (the batch failed meanwhile): nobody waits for the answer.
+        let _ = answer_to.send(EarlySeal { answer, inventory });
     }
 
     /// Books one file's outcome to its batch's flight: sent, or its failure.
@@ -142,12 +156,13 @@ impl Edge<'_> {
         match asked.map(|a| a.wait()) {
             _ if held_before => report.send_again = true,
             Some(HeldBefore::Some) => report.send_again = true,
-            Some(HeldBefore::Unknown(error)) => {
+            // Only if nothing else failed: a relay that cannot be asked refused the uploads too.
+            Some(HeldBefore::Unknown(error)) if report.failed == 0 => {
                 self.setup.failures.report(&report.batch, None, &error);
                 report.errors.push(error);
                 report.failed += 1;
             }
-            Some(HeldBefore::Nothing) | None => {}
+            Some(HeldBefore::Nothing | HeldBefore::Unknown(_)) | None => {}
         }
         if report.send_again {
             // Queued again, so that a later scan sends it if this run does not.
@@ -256,6 +271,7 @@ impl Edge<'_> {
                 on_held: &|id| {
                     self.held_before.lock().insert(id);
                 },
+                on_sending: &|id, sha256| self.sending(id, sha256),
             };
             let (files, bytes) = self.queue.totals();
             let publish = || {
@@ -286,4 +302,38 @@ impl Edge<'_> {
             self.abandon_unfinished();
         });
     }
+}
+
+/// A batch seal to send beside the batch's last uploads.
+pub(super) struct SealBeside {
+    batch_key: BatchKey,
+    name: String,
+    members: Vec<ObjectId>,
+    entries: Vec<InventoryEntry>,
+    answer_to: Sender<EarlySeal>,
+}
+
+/// The flight's seal, taken when it may go beside the last uploads: every object's last
+/// request started, every file listed, nothing failed, not taken before, and for a batch new
+/// to the catalogue the relay said it held none of it sealed or delivered (the answer usually
+/// comes long before the last upload; if not, it sends the seal when it comes).
+pub(super) fn seal_beside(batch_key: &BatchKey, flight: &mut InFlight) -> Option<SealBeside> {
+    let listed = flight.unsealed == 0 && flight.unlisted_files == 0;
+    if !listed || flight.report.failed > 0 || flight.early_seal.is_some() || flight.held_before {
+        return None;
+    }
+    if let Some(asked) = &flight.asked {
+        if asked.get() != Some(HeldBefore::Nothing) {
+            return None;
+        }
+    }
+    let (answer_to, answer) = std::sync::mpsc::channel();
+    flight.early_seal = Some(answer);
+    Some(SealBeside {
+        batch_key: batch_key.clone(),
+        name: flight.name.clone(),
+        members: flight.members.clone(),
+        entries: std::mem::take(&mut flight.entries),
+        answer_to,
+    })
 }

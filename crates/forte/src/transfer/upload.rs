@@ -31,6 +31,8 @@ pub struct UploadSink<'a> {
     /// Told of every object whose upload or seal the relay refused because it held the object
     /// already (sealed or delivered), before its outcome.
     pub on_held: &'a (dyn Fn(ObjectId) + Sync),
+    /// Told of every part (its object and ciphertext SHA-256) before it is sent.
+    pub on_sending: &'a (dyn Fn(ObjectId, &str) + Sync),
 }
 
 impl UploadSink<'_> {
@@ -126,6 +128,7 @@ impl UploadSink<'_> {
 impl Sink for UploadSink<'_> {
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
+        (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(index)), || {
             self.client.put_part(id, index, sealed, sha256)
         })?;
@@ -143,6 +146,7 @@ impl Sink for UploadSink<'_> {
         let (id, batch) = (manifest.id, self.batch(manifest.id));
         (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
+        (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(0)), || {
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)

@@ -195,7 +195,9 @@ fn a_stalled_worker_neither_delivers_nor_acknowledges_a_second_time() {
     let dest = site.root.join("dest");
     let (log_a, log_b) = (site.root.join("a.log"), site.root.join("b.log"));
     let a = spawn_logged(&pull_worker(&site, "core-a", "2s"), &log_a);
-    // Slow enough that core-a holds the batch, fetching it ahead, for seconds.
+    // Slow enough that core-a holds the batch, fetching it ahead, for seconds; one upload at a
+    // time, so that its first objects are sealed early (five sharing the limit sealed the
+    // first after 7 of the 9 s, and core-b could take over only after the last).
     let _sender = spawn_logged(
         &site.send(&[
             "--watch",
@@ -205,6 +207,8 @@ fn a_stalled_worker_neither_delivers_nor_acknowledges_a_second_time() {
             "1MiB",
             "--bwlimit",
             "1MB",
+            "--connections",
+            "1",
         ]),
         &site.root.join("send.log"),
     );
