@@ -24,7 +24,7 @@ use share::{SharedBody, Shares};
 use store::{Location, Store, StoreError, Stored};
 
 use crate::api::{
-    ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectState, ObjectStatus, PartRef, ReadyObject,
+    ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectState, ObjectStatus, ReadyObject,
     ReadyQuery, Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
     MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER, SHARE_HEADER,
 };
@@ -510,16 +510,10 @@ async fn put_whole(
         })?;
     let part_len = body.len() - manifest_len;
     let (part, manifest) = (body.slice(..part_len), body.slice(part_len..));
-    let parts = [PartRef {
-        index: 0,
-        sha256: sha256.clone(),
-        length: part_len as u64,
-    }];
     let r = relay.clone();
     let stored = blocking(move || {
-        let stored = r.store.put_part(&site, id, 0, &sha256, &part)?;
-        r.store.seal(&site, id, &query.batch, &parts, &manifest)?;
-        Ok(stored)
+        let part = (sha256.as_str(), &part[..]);
+        r.store.put_whole(&site, id, &query.batch, part, &manifest)
     })
     .await?;
     part_stored(stored, id, 0, part_len as u64);

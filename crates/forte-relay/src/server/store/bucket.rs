@@ -26,6 +26,7 @@ impl BucketBackend {
     }
 
     fn failed(&self, what: &str, key: &Key, e: object_store::Error) -> StoreError {
+        ::metrics::counter!("forte_relay_bucket_failures_total").increment(1);
         io_error(what, format!("{}: {e}", self.bucket.shown(key)))
     }
 
@@ -37,6 +38,7 @@ impl BucketBackend {
         };
         let payload = PutPayload::from(bytes.to_vec());
         let store = self.bucket.store();
+        request("put");
         match self.bucket.block_on(store.put_opts(&key, payload, options)) {
             Ok(_) => Ok(true),
             Err(object_store::Error::AlreadyExists { .. })
@@ -44,6 +46,12 @@ impl BucketBackend {
             Err(e) => Err(self.failed(what, &key, e)),
         }
     }
+}
+
+/// Counts a request to the bucket by operation (a listing counts once, however many pages):
+/// what the relay costs an S3 service, and where its time goes.
+fn request(op: &'static str) {
+    ::metrics::counter!("forte_relay_bucket_requests_total", "op" => op).increment(1);
 }
 
 impl Backend for BucketBackend {
@@ -58,6 +66,7 @@ impl Backend for BucketBackend {
 
     fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>> {
         let key = self.key(key);
+        request("get");
         let store = self.bucket.store();
         let got = self
             .bucket
@@ -71,6 +80,7 @@ impl Backend for BucketBackend {
 
     fn exists(&self, key: &str, what: &str) -> Result<bool> {
         let key = self.key(key);
+        request("head");
         match self.bucket.block_on(self.bucket.store().head(&key)) {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -84,6 +94,7 @@ impl Backend for BucketBackend {
 
     fn delete(&self, key: &str, what: &str) -> Result<()> {
         let key = self.key(key);
+        request("delete");
         match self.bucket.block_on(self.bucket.store().delete(&key)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.failed(what, &key, e)),
@@ -100,6 +111,7 @@ impl Backend for BucketBackend {
 
     fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>> {
         let key = self.key(prefix);
+        request("list");
         let listed: Vec<object_store::ObjectMeta> = self
             .bucket
             .block_on(self.bucket.store().list(Some(&key)).try_collect())
@@ -117,6 +129,7 @@ impl Backend for BucketBackend {
 
     fn children(&self, prefix: &str, what: &str) -> Result<Vec<String>> {
         let key = self.key(prefix);
+        request("list");
         let listed = self
             .bucket
             .block_on(self.bucket.store().list_with_delimiter(Some(&key)))

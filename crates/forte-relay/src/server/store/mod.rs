@@ -167,6 +167,17 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A part's record (`SHA256 LENGTH`), if it reads as one.
+fn part_record(index: u32, record: &[u8]) -> Option<PartRef> {
+    let text = std::str::from_utf8(record).ok()?;
+    let (sha256, length) = text.trim().split_once(' ')?;
+    Some(PartRef {
+        index,
+        sha256: sha256.to_string(),
+        length: length.parse().ok()?,
+    })
+}
+
 fn record_name(index: u32) -> String {
     format!("part-{index:06}.sha256")
 }
@@ -339,21 +350,34 @@ impl Store {
             let record = self
                 .backend
                 .get(&format!("{}/{name}", meta_key(site, id)), &what)?;
-            let Some(text) = record.and_then(|r| String::from_utf8(r).ok()) else {
-                continue;
-            };
-            let Some((sha256, length)) = text.trim().split_once(' ') else {
-                continue;
-            };
-            let Ok(length) = length.parse() else { continue };
-            parts.push(PartRef {
-                index,
-                sha256: sha256.to_string(),
-                length,
-            });
+            parts.extend(record.and_then(|r| part_record(index, &r)));
         }
         parts.sort_by_key(|p| p.index);
         Ok(parts)
+    }
+
+    /// Part `index` of an object as [`Store::held_parts`] would list it, with its bytes, read
+    /// directly: two requests to a bucket, where listing the object's records and reading
+    /// each took two and one per part.
+    fn held_part(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        what: &str,
+    ) -> Result<Option<(PartRef, Vec<u8>)>> {
+        let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
+        let Some(record) = self.backend.get(&record_key, what)? else {
+            return Ok(None);
+        };
+        let Some(part) = part_record(index, &record) else {
+            return Ok(None);
+        };
+        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        Ok(self
+            .backend
+            .get(&part_key, what)?
+            .map(|bytes| (part, bytes)))
     }
 
     fn add_usage(&self, site: &str, delta: i64) {
@@ -376,19 +400,13 @@ impl Store {
                 format!("object {id} was already delivered"),
             ));
         }
-        let previous = self
-            .held_parts(site, id)?
-            .into_iter()
-            .find(|p| p.index == index);
         let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
         let what = format!("part {index} of object {id}");
-        if let Some(p) = &previous {
+        let previous = self.held_part(site, id, index, &what)?;
+        if let Some((p, held)) = &previous {
             // A crash between rename and flush can leave a record whose part is not what it
             // says: trust a held part only after hashing it again (this happens on retries).
-            let intact = self
-                .backend
-                .get(&part_key, &what)?
-                .is_some_and(|held| hex::encode(Sha256::digest(&held)) == p.sha256);
+            let intact = hex::encode(Sha256::digest(held)) == p.sha256;
             if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
                 self.backend.flush(&what)?;
                 return Ok(Stored::AlreadyHeld);
@@ -410,7 +428,7 @@ impl Store {
         }
         // A part that replaces a held one (a torn part, or new bytes) counts only the
         // difference, in the check as in the charge.
-        let size = body.len() as i64 - previous.as_ref().map_or(0, |p| p.length as i64);
+        let size = body.len() as i64 - previous.as_ref().map_or(0, |(p, _)| p.length as i64);
         self.charge(site, size)?;
         let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
         let stored = self
@@ -567,6 +585,38 @@ impl Store {
                 "object {id} cannot be sealed: parts {missing:?} are missing or differ"
             )));
         }
+        self.write_seal(site, id, batch, parts, manifest)
+    }
+
+    /// Stores and seals a one-part object of `batch`: its part (SHA-256 `sha256`) and its
+    /// sealed `manifest`. The part just stored is the whole list: nothing is read back.
+    pub fn put_whole(
+        &self,
+        site: &str,
+        id: ObjectId,
+        batch: &str,
+        (sha256, part): (&str, &[u8]),
+        manifest: &[u8],
+    ) -> Result<Stored> {
+        let stored = self.put_part(site, id, 0, sha256, part)?;
+        let parts = [PartRef {
+            index: 0,
+            sha256: sha256.to_string(),
+            length: part.len() as u64,
+        }];
+        self.write_seal(site, id, batch, &parts, manifest)?;
+        Ok(stored)
+    }
+
+    /// Writes the manifest and sealed record of an object whose `parts` are held.
+    fn write_seal(
+        &self,
+        site: &str,
+        id: ObjectId,
+        batch: &str,
+        parts: &[PartRef],
+        manifest: &[u8],
+    ) -> Result<()> {
         let what = format!("manifest of object {id}");
         let manifest_key = format!("{}/{MANIFEST_FILE}", object_key(site, id));
         self.backend.put(&manifest_key, manifest, &what)?;
