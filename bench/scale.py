@@ -15,11 +15,14 @@ With --store s3 (or both, alternating in the same rounds) the relay's store is a
 local versitygw (built by test.sh into target/go/bin, or in ~/go/bin), whose CPU seconds are
 counted beside the relay's: the S3 server does the disk writes the directory relay does itself.
 
-Usage: bench/scale.py [--scale 0.003] [--small 5000] [--runs 3] [--store dir|s3|both]
+Usage: bench/scale.py [--scale 0.003] [--small 5000] [--runs 3] [--store dir|s3|both] [--only TEXT]
 """
 
 import argparse
 import os
+import re
+import ssl
+import urllib.request
 import resource
 import shutil
 import statistics
@@ -63,6 +66,15 @@ def versitygw() -> Path:
              "(go install github.com/versity/versitygw/cmd/versitygw@v1.8.0)")
 
 
+def bucket_requests(url: str, token: str) -> dict:
+    """The relay's requests to its bucket so far, by operation (its /metrics, read with a core
+    token; the relay's certificate is pinned elsewhere, so not checked here)."""
+    request = urllib.request.Request(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"})
+    text = urllib.request.urlopen(request, context=ssl._create_unverified_context()).read().decode()
+    found = re.findall(r'^forte_relay_bucket_requests_total\{op="(\w+)"\} (\d+)', text, re.M)
+    return {op: int(n) for op, n in found}
+
+
 def one_run(inbox: Path, send_flags: list, store: str) -> dict:
     for name in ["relay", "dest", "s3"]:
         shutil.rmtree(WORK / name, ignore_errors=True)
@@ -91,6 +103,7 @@ def one_run(inbox: Path, send_flags: list, store: str) -> dict:
                       "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "-q",
                       *conn, WORK / "core.token"])
         ended = time.monotonic()
+        requests = bucket_requests(url, (WORK / "core.token").read_text().strip()) if s3 else {}
         relay_cpu = cpu_of(relay.pid)
         s3_cpu = cpu_of(s3.pid) if s3 else 0.0
     finally:
@@ -99,7 +112,7 @@ def one_run(inbox: Path, send_flags: list, store: str) -> dict:
         if s3:
             s3.terminate()
             s3.wait()
-    return {"send": send, "pull": pull, "relay": relay_cpu, "s3": s3_cpu, "sealed": stored,
+    return {"send": send, "pull": pull, "relay": relay_cpu, "s3": s3_cpu, "sealed": stored, "requests": requests,
             "send_s": sent - started, "pull_s": ended - sent, "seconds": ended - started}
 
 
@@ -110,6 +123,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--store", choices=["dir", "s3", "both"], default="dir",
                     help="the relay's store: a directory, a bucket of a local versitygw, or each in turn")
+    ap.add_argument("--only", action="append",
+                    help="run only the workloads whose name contains this (repeatable: A–N, bundled, one object)")
     args = ap.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
@@ -120,6 +135,8 @@ def main():
              "small": args.small}
     workloads = {"A–N": (large, []), f"{args.small} small files, one object each": (small, ["--bundle-below", "0"]),
                  f"{args.small} small files, bundled": (small, [])}
+    if args.only:
+        workloads = {n: w for n, w in workloads.items() if any(o in n for o in args.only)}
     stores = ["dir", "s3"] if args.store == "both" else [args.store]
     results = {(name, store): [] for name in workloads for store in stores}
     for r in range(args.runs):
@@ -131,7 +148,7 @@ def main():
                 results[(name, store)].append(result)
                 print(f"round {r + 1}: {name}, {store}: send {result['send']:.2f}, relay {result['relay']:.2f}, "
                       f"S3 server {result['s3']:.2f}, pull {result['pull']:.2f} CPU s; send {result['send_s']:.2f} s, "
-                      f"pull {result['pull_s']:.2f} s", file=sys.stderr)
+                      f"pull {result['pull_s']:.2f} s; bucket requests {result['requests']}", file=sys.stderr)
     print(f"\nmedians of {args.runs} runs; CPU seconds per process; loopback, one shot each\n")
     print("| workload | store | raw MB | sealed MB | files | send CPU s | relay CPU s | S3 server CPU s | pull CPU s "
           "| relay (+ S3 server) sealed MB per CPU-s | relay (+ S3 server) files per CPU-s "
