@@ -36,8 +36,10 @@ impl Edge<'_> {
             return;
         };
         flight.report.sealed_bytes += sealed_bytes;
-        if self.held_before.lock().remove(&object) {
-            // Not a failure: the batch is sent again, planned from what the relay holds.
+        // Not a failure in a batch sent without asking: it is sent again, planned from what
+        // the relay holds. A batch planned from the relay's answer fails with what it said.
+        let held = self.held_before.lock().remove(&object);
+        if held && flight.asked.is_some() {
             flight.held_before = true;
         } else {
             for outcome in outcomes {
