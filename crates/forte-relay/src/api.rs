@@ -66,7 +66,7 @@ pub enum ObjectState {
 }
 
 /// Answer to `GET /v1/objects/{id}`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ObjectStatus {
     pub state: ObjectState,
     pub parts: Vec<PartRef>,

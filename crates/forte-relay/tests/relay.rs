@@ -940,3 +940,49 @@ fn sites_sending_at_once_are_told_their_share_and_one_alone_is_not() {
         );
     }
 }
+
+/// A status query of many ids is answered from listings of the site, the same as each asked
+/// alone: open objects with their parts, sealed, delivered, and absent ones left out.
+#[test]
+fn many_statuses_at_once_equal_each_asked_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let ids: Vec<ObjectId> = (0..12).map(|_| ObjectId::random()).collect();
+    let body = |i: usize, p: u32| vec![(i as u8) ^ (p as u8); 50 + i];
+    // 0-3 open (0 with two parts), 4-7 sealed, 8-9 delivered, 10-11 never sent.
+    for (i, &id) in ids.iter().enumerate().take(10) {
+        edge.put_part(id, 0, &body(i, 0), &sha(&body(i, 0)))
+            .unwrap();
+        if i == 0 {
+            edge.put_part(id, 1, &body(i, 1), &sha(&body(i, 1)))
+                .unwrap();
+        }
+        if i >= 4 {
+            let batch = if i < 8 { "batch-s" } else { "batch-d" };
+            let parts = vec![part(0, &body(i, 0))];
+            edge.seal(id, batch, parts, b"sealed manifest").unwrap();
+        }
+    }
+    edge.seal_batch("batch-d", &ids[8..10], b"sealed inventory", None)
+        .unwrap();
+    core.ack_batch("site-a", "batch-d", &ids[8..10]).unwrap();
+
+    let at_once = edge.statuses(&ids).unwrap();
+    for &id in &ids {
+        let alone = edge.status(id).unwrap();
+        assert_eq!(at_once.get(&id), alone.as_ref(), "{id}");
+    }
+    let state = |i: usize| at_once.get(&ids[i]).map(|s| s.state);
+    assert_eq!(at_once[&ids[0]].parts.len(), 2);
+    assert_eq!(
+        (0..12).map(state).collect::<Vec<_>>(),
+        [
+            [Some(ObjectState::Open); 4].as_slice(),
+            &[Some(ObjectState::Complete); 4],
+            &[Some(ObjectState::Delivered); 2],
+            &[None; 2],
+        ]
+        .concat()
+    );
+}

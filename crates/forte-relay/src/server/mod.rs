@@ -547,10 +547,10 @@ async fn object_statuses(
     let asked = query.ids.len();
     let r = relay.clone();
     let answer: std::collections::BTreeMap<_, _> = blocking(move || {
-        Ok(query
-            .ids
+        let found = r.store.statuses(&site, &query.ids)?;
+        Ok(found
             .into_iter()
-            .filter_map(|id| r.store.status(&site, id).ok().map(|s| (id.to_string(), s)))
+            .map(|(id, s)| (id.to_string(), s))
             .collect())
     })
     .await?;

@@ -167,6 +167,17 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// Status queries of at least this many ids are answered from listings of the whole site.
+const STATUSES_LISTED_FROM: usize = 8;
+
+/// The part index a record's name (`part-N.sha256`) names.
+fn record_index(name: &str) -> Option<u32> {
+    name.strip_prefix("part-")?
+        .strip_suffix(".sha256")?
+        .parse()
+        .ok()
+}
+
 /// A part's record (`SHA256 LENGTH`), if it reads as one.
 fn part_record(index: u32, record: &[u8]) -> Option<PartRef> {
     let text = std::str::from_utf8(record).ok()?;
@@ -337,11 +348,7 @@ impl Store {
             .collect();
         let mut parts = Vec::new();
         for name in self.backend.children(&meta_key(site, id), &what)? {
-            let Some(index) = name
-                .strip_prefix("part-")
-                .and_then(|n| n.strip_suffix(".sha256"))
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
+            let Some(index) = record_index(&name) else {
                 continue;
             };
             if !bodies.contains(&part_file_name(index)) {
@@ -549,6 +556,87 @@ impl Store {
             state,
             parts: self.held_parts(site, id)?,
         })
+    }
+
+    /// The status of each of `ids` the relay holds or delivered ([`Store::status`] of each).
+    /// Many are answered from one listing of the site's records and one of its bodies: asked
+    /// one by one, an object not at the relay cost a bucket three requests (its tombstone and
+    /// two listings), and a new batch is asked about whole.
+    pub fn statuses(
+        &self,
+        site: &str,
+        ids: &[ObjectId],
+    ) -> Result<HashMap<ObjectId, ObjectStatus>> {
+        if ids.len() < STATUSES_LISTED_FROM {
+            let each = ids
+                .iter()
+                .filter_map(|&id| Some((id, self.status(site, id).ok()?)));
+            return Ok(each.collect());
+        }
+        let what = format!("status of objects of site {site}");
+        let id_of = |key: &str, under: &str| -> Option<ObjectId> {
+            key.strip_prefix(under)?.split('/').next()?.parse().ok()
+        };
+        let (meta_under, objects_under) = (
+            format!("{}/meta/", site_key(site)),
+            format!("{}/objects/", site_key(site)),
+        );
+        let mut records: HashMap<ObjectId, Vec<Entry>> = HashMap::new();
+        for e in self.backend.list(meta_under.trim_end_matches('/'), &what)? {
+            if let Some(id) = id_of(&e.key, &meta_under) {
+                records.entry(id).or_default().push(e);
+            }
+        }
+        let mut bodies: HashMap<ObjectId, HashSet<String>> = HashMap::new();
+        for e in self
+            .backend
+            .list(objects_under.trim_end_matches('/'), &what)?
+        {
+            if let Some(id) = id_of(&e.key, &objects_under) {
+                bodies.entry(id).or_default().insert(e.name().to_string());
+            }
+        }
+        let mut found = HashMap::new();
+        for &id in ids {
+            if self.is_acked(site, id)? {
+                let parts = Vec::new();
+                found.insert(
+                    id,
+                    ObjectStatus {
+                        state: ObjectState::Delivered,
+                        parts,
+                    },
+                );
+                continue;
+            }
+            let (held_records, held_bodies) = (records.get(&id), bodies.get(&id));
+            if held_records.is_none() && held_bodies.is_none() {
+                continue;
+            }
+            let (no_records, no_bodies) = (Vec::new(), HashSet::new());
+            let held_records = held_records.unwrap_or(&no_records);
+            let held_bodies = held_bodies.unwrap_or(&no_bodies);
+            let sealed = held_records.iter().any(|e| e.name() == SEALED_RECORD);
+            let mut parts = Vec::new();
+            for e in held_records {
+                let Some(index) = record_index(e.name()) else {
+                    continue;
+                };
+                if !held_bodies.contains(&part_file_name(index)) {
+                    continue;
+                }
+                let record = self.backend.get(&e.key, &what)?;
+                parts.extend(record.and_then(|r| part_record(index, &r)));
+            }
+            parts.sort_by_key(|p| p.index);
+            let state = if sealed {
+                ObjectState::Complete
+            } else {
+                ObjectState::Open
+            };
+            found.insert(id, ObjectStatus { state, parts });
+        }
+        Ok(found)
     }
 
     /// Seals object `id` of `batch`: its `parts` (in order, each held as listed) and its
