@@ -124,6 +124,11 @@ struct Pass<'a> {
 /// Sends `batches` in one pass; their reports. The relay is asked what it held of the new
 /// ones while they are sent.
 fn send_batches(edge: &Edge, batches: &[Batch], quiet: bool) -> Vec<SendReport> {
+    // Nothing to send, nothing to connect to: an unreachable relay does not hold up a run with
+    // nothing to do (the tuner's first round trip waited out the request timeout).
+    if batches.is_empty() {
+        return Vec::new();
+    }
     std::thread::scope(|s| {
         // The connections open while the batches are discovered and their first files
         // prepared; the status query and the uploads then go on them together.

@@ -197,3 +197,21 @@ fn a_relay_that_is_down_is_still_retried() {
         std::fs::read_to_string(&log).unwrap()
     );
 }
+
+/// With nothing ready to send, `send` does not contact the relay: a relay that is down or
+/// unreachable does not hold up (or fail) a run that has nothing to do.
+#[test]
+fn an_inbox_with_nothing_ready_does_not_contact_the_relay() {
+    let site = Site::new();
+    std::fs::create_dir_all(site.root.join("inbox")).unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let out = ok(&with(site.send(&[]), "--relay", &url));
+    assert!(out.contains("sent 0 batches"), "{out}");
+    listener.set_nonblocking(true).unwrap();
+    let contacted = listener.accept();
+    assert!(
+        matches!(&contacted, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "send connected to the relay: {contacted:?}"
+    );
+}
