@@ -249,8 +249,8 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
             // An empty file has no part to write it; a bundle, or the file's last part, wrote
             // the others already, and set their times and mode.
             if m.kind == Kind::File && m.parts.is_empty() && object.kind != Kind::Bundle {
-                create_staged(&file.staged)?;
-                set_times_and_mode(&file.staged, m)?;
+                let empty = create_staged(&file.staged)?;
+                set_staged_times_and_mode(&empty, &file.staged, m)?;
             }
         }
     }

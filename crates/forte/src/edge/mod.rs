@@ -191,7 +191,7 @@ pub struct Edge<'a> {
     finished: Mutex<Vec<SendReport>>,
     /// Objects whose upload the relay refused because it held them already (sealed or
     /// delivered), until their outcome is booked.
-    held_before: Mutex<HashSet<ObjectId>>,
+    refused_as_held: Mutex<HashSet<ObjectId>>,
 }
 
 impl JobQueue for Edge<'_> {
@@ -221,7 +221,7 @@ impl<'a> Edge<'a> {
             batch_of: Mutex::default(),
             in_flight: Mutex::default(),
             finished: Mutex::default(),
-            held_before: Mutex::default(),
+            refused_as_held: Mutex::default(),
         }
     }
 

@@ -38,7 +38,7 @@ impl Edge<'_> {
         flight.report.sealed_bytes += sealed_bytes;
         // Not a failure in a batch sent without asking: it is sent again, planned from what
         // the relay holds. A batch planned from the relay's answer fails with what it said.
-        let held = self.held_before.lock().remove(&object);
+        let held = self.refused_as_held.lock().remove(&object);
         if held && flight.asked.is_some() {
             flight.held_before = true;
         } else {
@@ -271,7 +271,7 @@ impl Edge<'_> {
                 on_final: &|manifest| self.object_final(manifest, early_seals),
                 on_done: &|outcomes, sealed| self.object_done(outcomes, sealed),
                 on_held: &|id| {
-                    self.held_before.lock().insert(id);
+                    self.refused_as_held.lock().insert(id);
                 },
                 on_sending: &|id, sha256| self.sending(id, sha256),
             };

@@ -186,6 +186,9 @@ fn at_once(ids: &[ObjectId], each: impl Fn(ObjectId) -> Result<()> + Sync) -> Re
     })
 }
 
+/// An object's records and its bodies, from listings of a site: by object id.
+type ListedByObject = (HashMap<ObjectId, Vec<Entry>>, HashMap<ObjectId, Vec<Entry>>);
+
 /// Status queries of at least this many ids are answered from listings of the whole site.
 const STATUSES_LISTED_FROM: usize = 8;
 
@@ -359,15 +362,31 @@ impl Store {
 
     /// The parts of an object the relay holds: record and part both present.
     fn held_parts(&self, site: &str, id: ObjectId) -> Result<Vec<PartRef>> {
+        let (records, bodies) = self.names_of(site, id)?;
+        self.parts_among(site, id, &records, &bodies)
+    }
+
+    /// The names of an object's records and of its bodies (parts, manifest).
+    fn names_of(&self, site: &str, id: ObjectId) -> Result<(Vec<String>, HashSet<String>)> {
         let what = format!("parts of object {id}");
-        let bodies: HashSet<String> = self
-            .backend
-            .children(&object_key(site, id), &what)?
-            .into_iter()
-            .collect();
+        let records = self.backend.children(&meta_key(site, id), &what)?;
+        let bodies = self.backend.children(&object_key(site, id), &what)?;
+        Ok((records, bodies.into_iter().collect()))
+    }
+
+    /// The parts of an object among the names of its `records` and `bodies`: those with both,
+    /// each as its record says, in order.
+    fn parts_among(
+        &self,
+        site: &str,
+        id: ObjectId,
+        records: &[String],
+        bodies: &HashSet<String>,
+    ) -> Result<Vec<PartRef>> {
+        let what = format!("parts of object {id}");
         let mut parts = Vec::new();
-        for name in self.backend.children(&meta_key(site, id), &what)? {
-            let Some(index) = record_index(&name) else {
+        for name in records {
+            let Some(index) = record_index(name) else {
                 continue;
             };
             if !bodies.contains(&part_file_name(index)) {
@@ -380,6 +399,53 @@ impl Store {
         }
         parts.sort_by_key(|p| p.index);
         Ok(parts)
+    }
+
+    /// An object's status from the names of its `records` and `bodies`; `None` when it is not
+    /// `present` at the relay (an object reopened by a rejection may have no record left, but
+    /// its manifest).
+    fn status_among(
+        &self,
+        site: &str,
+        id: ObjectId,
+        records: &[String],
+        bodies: &HashSet<String>,
+        present: bool,
+    ) -> Result<Option<ObjectStatus>> {
+        if self.is_acked(site, id)? {
+            let parts = Vec::new();
+            let state = ObjectState::Delivered;
+            return Ok(Some(ObjectStatus { state, parts }));
+        }
+        if !present {
+            return Ok(None);
+        }
+        let state = if records.iter().any(|n| n == SEALED_RECORD) {
+            ObjectState::Complete
+        } else {
+            ObjectState::Open
+        };
+        let parts = self.parts_among(site, id, records, bodies)?;
+        Ok(Some(ObjectStatus { state, parts }))
+    }
+
+    /// The site's records and bodies (parts, manifests), each object's by its id: two
+    /// listings, for questions about many objects at once.
+    fn listed_by_object(&self, site: &str, what: &str) -> Result<ListedByObject> {
+        let mut listed = (HashMap::new(), HashMap::new());
+        for (under, by_id) in [("meta", &mut listed.0), ("objects", &mut listed.1)] {
+            let under = format!("{}/{under}", site_key(site));
+            for e in self.backend.list(&under, what)? {
+                let id = e
+                    .key
+                    .strip_prefix(&under)
+                    .and_then(|k| k.trim_start_matches('/').split('/').next()?.parse().ok());
+                if let Some(id) = id {
+                    by_id.entry(id).or_insert_with(Vec::new).push(e);
+                }
+            }
+        }
+        Ok(listed)
     }
 
     /// Part `index` of an object as [`Store::held_parts`] would list it, with its bytes, read
@@ -551,30 +617,15 @@ impl Store {
     }
 
     pub fn status(&self, site: &str, id: ObjectId) -> Result<ObjectStatus> {
-        if self.is_acked(site, id)? {
-            return Ok(ObjectStatus {
-                state: ObjectState::Delivered,
-                parts: vec![],
-            });
-        }
-        // An object reopened by a rejection may have no record left, but its manifest.
+        let (records, bodies) = self.names_of(site, id)?;
+        // In a directory an object's emptied directories still count, as they always did.
         let what = "object status";
-        if !self.backend.any_under(&meta_key(site, id), what)?
-            && !self.backend.any_under(&object_key(site, id), what)?
-        {
-            return Err(StoreError::NotFound(format!(
-                "object {id} is not at the relay"
-            )));
-        }
-        let state = if self.is_sealed(site, id)? {
-            ObjectState::Complete
-        } else {
-            ObjectState::Open
-        };
-        Ok(ObjectStatus {
-            state,
-            parts: self.held_parts(site, id)?,
-        })
+        let present = !records.is_empty()
+            || !bodies.is_empty()
+            || self.backend.any_under(&meta_key(site, id), what)?
+            || self.backend.any_under(&object_key(site, id), what)?;
+        self.status_among(site, id, &records, &bodies, present)?
+            .ok_or_else(|| StoreError::NotFound(format!("object {id} is not at the relay")))
     }
 
     /// The status of each of `ids` the relay holds or delivered ([`Store::status`] of each).
@@ -593,67 +644,25 @@ impl Store {
             return Ok(each.collect());
         }
         let what = format!("status of objects of site {site}");
-        let id_of = |key: &str, under: &str| -> Option<ObjectId> {
-            key.strip_prefix(under)?.split('/').next()?.parse().ok()
+        let (records, bodies) = self.listed_by_object(site, &what)?;
+        let names = |listed: Option<&Vec<Entry>>| -> Vec<String> {
+            listed
+                .into_iter()
+                .flatten()
+                .map(|e| e.name().to_string())
+                .collect()
         };
-        let (meta_under, objects_under) = (
-            format!("{}/meta/", site_key(site)),
-            format!("{}/objects/", site_key(site)),
-        );
-        let mut records: HashMap<ObjectId, Vec<Entry>> = HashMap::new();
-        for e in self.backend.list(meta_under.trim_end_matches('/'), &what)? {
-            if let Some(id) = id_of(&e.key, &meta_under) {
-                records.entry(id).or_default().push(e);
-            }
-        }
-        let mut bodies: HashMap<ObjectId, HashSet<String>> = HashMap::new();
-        for e in self
-            .backend
-            .list(objects_under.trim_end_matches('/'), &what)?
-        {
-            if let Some(id) = id_of(&e.key, &objects_under) {
-                bodies.entry(id).or_default().insert(e.name().to_string());
-            }
-        }
         let mut found = HashMap::new();
         for &id in ids {
-            if self.is_acked(site, id)? {
-                let parts = Vec::new();
-                found.insert(
-                    id,
-                    ObjectStatus {
-                        state: ObjectState::Delivered,
-                        parts,
-                    },
-                );
-                continue;
+            let held_records = names(records.get(&id));
+            let held_bodies: HashSet<String> = names(bodies.get(&id)).into_iter().collect();
+            // Listings show keys only: an object whose directories a rejection emptied reads
+            // as absent here, and as open with no parts alone; the edge sends it whole either way.
+            let present = !held_records.is_empty() || !held_bodies.is_empty();
+            let status = self.status_among(site, id, &held_records, &held_bodies, present)?;
+            if let Some(status) = status {
+                found.insert(id, status);
             }
-            let (held_records, held_bodies) = (records.get(&id), bodies.get(&id));
-            if held_records.is_none() && held_bodies.is_none() {
-                continue;
-            }
-            let (no_records, no_bodies) = (Vec::new(), HashSet::new());
-            let held_records = held_records.unwrap_or(&no_records);
-            let held_bodies = held_bodies.unwrap_or(&no_bodies);
-            let sealed = held_records.iter().any(|e| e.name() == SEALED_RECORD);
-            let mut parts = Vec::new();
-            for e in held_records {
-                let Some(index) = record_index(e.name()) else {
-                    continue;
-                };
-                if !held_bodies.contains(&part_file_name(index)) {
-                    continue;
-                }
-                let record = self.backend.get(&e.key, &what)?;
-                parts.extend(record.and_then(|r| part_record(index, &r)));
-            }
-            parts.sort_by_key(|p| p.index);
-            let state = if sealed {
-                ObjectState::Complete
-            } else {
-                ObjectState::Open
-            };
-            found.insert(id, ObjectStatus { state, parts });
         }
         Ok(found)
     }
@@ -955,41 +964,30 @@ impl Store {
     /// The objects of one site not delivered yet.
     fn held_objects(&self, site: &str) -> Result<Vec<HeldObject>> {
         let what = format!("objects of site {site}");
-        let id_of = |key: &str, under: &str| -> Option<ObjectId> {
-            key.strip_prefix(under)?.split('/').next()?.parse().ok()
-        };
-        let meta_under = format!("{}/meta/", site_key(site));
-        let objects_under = format!("{}/objects/", site_key(site));
-        let mut held: HashMap<ObjectId, HeldObject> = HashMap::new();
-        for e in self.backend.list(meta_under.trim_end_matches('/'), &what)? {
-            let Some(id) = id_of(&e.key, &meta_under) else {
-                continue;
-            };
-            let o = held.entry(id).or_insert(HeldObject {
+        let (records, bodies) = self.listed_by_object(site, &what)?;
+        let mut held = Vec::new();
+        for (id, records) in records {
+            let mut o = HeldObject {
                 id,
                 batch: None,
                 bytes: 0,
                 changed: 0,
-            });
-            o.changed = o.changed.max(e.modified);
-            if e.name() == SEALED_RECORD {
-                o.batch = self
-                    .backend
-                    .get(&e.key, &what)?
-                    .and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
-                    .map(|r| r.batch);
+            };
+            for e in records {
+                o.changed = o.changed.max(e.modified);
+                if e.name() == SEALED_RECORD {
+                    o.batch = self
+                        .backend
+                        .get(&e.key, &what)?
+                        .and_then(|b| serde_json::from_slice::<ReadyObject>(&b).ok())
+                        .map(|r| r.batch);
+                }
             }
-        }
-        for e in self
-            .backend
-            .list(objects_under.trim_end_matches('/'), &what)?
-        {
             // Its records say when it last changed: each part's is written with the part.
-            if let Some(o) = id_of(&e.key, &objects_under).and_then(|id| held.get_mut(&id)) {
-                o.bytes += e.size;
-            }
+            o.bytes = bodies.get(&id).into_iter().flatten().map(|e| e.size).sum();
+            held.push(o);
         }
-        Ok(held.into_values().collect())
+        Ok(held)
     }
 
     /// What the relay holds, per site and batch, for operators (`forte relay-store list`).
