@@ -26,7 +26,7 @@ use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 const STATUS_QUERIES_AT_ONCE: usize = 8;
 
 /// A failed request: the HTTP status if the relay answered, and what it said.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("relay {url}: {message}")]
 pub struct RelayError {
     pub url: String,
@@ -125,6 +125,43 @@ fn lower(a: Option<f64>, b: Option<f64>) -> Option<f64> {
     }
 }
 
+/// Connections announced by [`RelayClient::opening_connections`], which uploads wait for until
+/// they are open or this is dropped.
+pub struct OpeningConnections<'a> {
+    client: &'a RelayClient,
+    n: usize,
+}
+
+impl OpeningConnections<'_> {
+    /// Opens the connections at once, each with a TLS handshake and an empty status query, so
+    /// that upload workers starting together find them open instead of each waiting a round
+    /// trip for its own handshake. Best effort: a failure that may heal shows again, with
+    /// retries, on the first real request; one that cannot is kept, and every later upload
+    /// fails with it at once.
+    pub fn open(self) {
+        let client = self.client;
+        let refused = std::thread::scope(|s| {
+            let opening: Vec<_> = (0..self.n)
+                .map(|_| s.spawn(|| client.status_query(&[])))
+                .collect();
+            opening
+                .into_iter()
+                .filter_map(|o| o.join().expect("opening a connection panicked").err())
+                .find(|e| !e.is_transient())
+        });
+        if refused.is_some() {
+            *client.refused.lock() = refused;
+        }
+    }
+}
+
+impl Drop for OpeningConnections<'_> {
+    fn drop(&mut self) {
+        *self.client.opening.lock() -= 1;
+        self.client.opened.notify_all();
+    }
+}
+
 pub struct RelayClient {
     http: Client,
     base: String,
@@ -137,10 +174,15 @@ pub struct RelayClient {
     /// The share of the relay's ingress its last upload's answer gave this site, in bytes per
     /// second as f64 bits; 0 while none is in force.
     relay_share: AtomicU64,
-    /// [`RelayClient::open_connections`] calls under way: uploads wait for the connections
+    /// [`OpeningConnections`] under way: uploads wait for the connections
     /// they open rather than each opening its own, a handshake's round trips later.
     opening: Mutex<usize>,
     opened: Condvar,
+    /// What no retry can fix that opening the connections met (a refused token, a certificate
+    /// that is not the pinned one): uploads fail with it rather than send. An upload the relay
+    /// refuses before reading its body would otherwise end in a broken pipe, which looks like
+    /// a network fault and is retried.
+    refused: Mutex<Option<RelayError>>,
 }
 
 impl RelayClient {
@@ -166,6 +208,7 @@ impl RelayClient {
             relay_share: AtomicU64::new(0),
             opening: Mutex::new(0),
             opened: Condvar::new(),
+            refused: Mutex::new(None),
         })
     }
 
@@ -222,6 +265,9 @@ impl RelayClient {
     /// Sends an upload and keeps the share its answer gives (or that none is in force).
     fn send_upload(&self, url: String, request: RequestBuilder, body: Vec<u8>) -> Result<()> {
         self.wait_for_connections();
+        if let Some(refused) = self.refused.lock().clone() {
+            return Err(refused);
+        }
         let response = self.send(url, self.upload(request, body))?;
         let share = response
             .headers()
@@ -233,7 +279,7 @@ impl RelayClient {
     }
 
     /// The time of one empty status query: a round trip to the relay on an open connection
-    /// (after [`RelayClient::open_connections`]), the relay's work on it next to nothing.
+    /// (after [`OpeningConnections::open`]), the relay's work on it next to nothing.
     pub fn round_trip(&self) -> Result<Duration> {
         let start = std::time::Instant::now();
         self.status_query(&[])?;
@@ -349,19 +395,12 @@ impl RelayClient {
         Ok(all)
     }
 
-    /// Opens `n` connections at once, each with a TLS handshake and an empty status query, so
-    /// that `n` upload workers starting together find them open instead of each waiting a
-    /// round trip for its own handshake. Best effort: a failure here shows again, with retries,
-    /// on the first real request.
-    pub fn open_connections(&self, n: usize) {
+    /// Announces that `n` connections are about to be opened: uploads from now on wait for
+    /// them (see [`OpeningConnections::open`]). Call it before the uploads can start, and open
+    /// them on another thread.
+    pub fn opening_connections(&self, n: usize) -> OpeningConnections<'_> {
         *self.opening.lock() += 1;
-        std::thread::scope(|s| {
-            for _ in 0..n {
-                s.spawn(|| self.status_query(&[]));
-            }
-        });
-        *self.opening.lock() -= 1;
-        self.opened.notify_all();
+        OpeningConnections { client: self, n }
     }
 
     /// Waits while connections are being opened (at most a timeout): the prepare pass starts
@@ -723,6 +762,30 @@ mod tests {
             !err.is_transient() && err.message.contains("--token-file"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_upload_after_a_refused_token_fails_with_the_refusal_not_a_broken_pipe() {
+        let tmp = tempfile::tempdir().unwrap();
+        let relay = relay(tmp.path());
+        let c = client(
+            relay.url(),
+            "not-a-token-0123456789",
+            RelayTrust::Fingerprint(relay.fingerprint.clone()),
+        )
+        .unwrap();
+        c.opening_connections(2).open();
+        // The relay refuses the token before it reads a body; a body this large is still being
+        // written when the refusal closes the connection.
+        let body = vec![7u8; 16 << 20];
+        let sha256 = forte_format::seal::sha256_hex(&body);
+        for index in 0..5 {
+            let err = c
+                .put_part(ObjectId::random(), index, &body, &sha256)
+                .unwrap_err();
+            assert_eq!(err.status, Some(401), "{err}");
+            assert!(!err.is_transient(), "{err}");
+        }
     }
 
     #[test]

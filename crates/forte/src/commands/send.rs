@@ -132,7 +132,8 @@ fn send_batches(edge: &Edge, batches: &[Batch], quiet: bool) -> Vec<SendReport> 
     std::thread::scope(|s| {
         // The connections open while the batches are discovered and their first files
         // prepared; the status query and the uploads then go on them together.
-        let opening = s.spawn(|| edge.open_connections());
+        let opening = edge.opening_connections();
+        let opening = s.spawn(move || opening.open());
         let unasked = edge.admit(batches);
         edge.close();
         s.spawn(move || {
@@ -226,7 +227,8 @@ impl Pass<'_> {
                             .collect();
                         let unasked = std::thread::scope(|s| {
                             if !todo.is_empty() {
-                                s.spawn(|| edge.open_connections());
+                                let opening = edge.opening_connections();
+                                s.spawn(move || opening.open());
                             }
                             edge.admit(&todo)
                         });

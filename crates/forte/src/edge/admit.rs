@@ -17,6 +17,7 @@ use forte_catalog::{BatchKey, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
 use forte_relay::api::{ObjectState, ObjectStatus};
+use forte_relay::client::OpeningConnections;
 use parking_lot::{Condvar, Mutex};
 
 use super::deletion::drop_emptied_dirs;
@@ -138,7 +139,7 @@ impl Edge<'_> {
     /// holds of those this catalogue knows, and records the batch as queued (its arrival). A
     /// batch with nothing left to send is finished at once. The batches new to this catalogue
     /// are returned for [`Edge::ask_relay`], which their seals wait for. Run it beside
-    /// [`Edge::open_connections`]: the batches are discovered while the connections open.
+    /// [`Edge::opening_connections`]: the batches are discovered while the connections open.
     pub fn admit(&self, batches: &[Batch]) -> Unasked {
         if batches.is_empty() {
             return Unasked::default();
@@ -146,11 +147,12 @@ impl Edge<'_> {
         self.discover_and_plan(batches)
     }
 
-    /// Opens the upload workers' connections, which uploads wait for: at 200 ms, each worker
-    /// opening its own when the pass starts left the link idle for another round trip.
-    pub fn open_connections(&self) {
+    /// Announces the upload workers' connections, which uploads wait for from now on; open
+    /// them on another thread. At 200 ms, each worker opening its own when the pass started
+    /// left the link idle for another round trip.
+    pub fn opening_connections(&self) -> OpeningConnections<'_> {
         let workers = self.setup.settings.prepare.sink.limit();
-        self.setup.client.open_connections(workers);
+        self.setup.client.opening_connections(workers)
     }
 
     /// Asks the relay what it held of the objects of new batches, sent meanwhile: the answer
