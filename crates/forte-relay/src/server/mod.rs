@@ -606,17 +606,20 @@ async fn seal_batch(
         ),
         None => None,
     };
-    // Shared with each look of the wait, not copied into it.
-    let objects = Arc::new(seal.objects);
-    if let Some(wait) = query.wait_ms {
-        wait_for_members(&relay, (&site, &batch), objects.clone(), wait).await?;
-    }
-    let r = relay.clone();
+    let objects = seal.objects;
     let count = objects.len();
-    let b = batch.clone();
+    // After a wait that saw every object sealed or delivered, they need not be looked at again.
+    let present = match query.wait_ms {
+        Some(wait) => wait_for_members(&relay, (&site, &batch), &objects, wait).await?,
+        None => false,
+    };
+    let (r, b) = (relay.clone(), batch.clone());
     blocking(move || {
-        r.store
-            .seal_batch(&site, &b, &objects, inventory.as_deref())
+        let inventory = inventory.as_deref();
+        match present {
+            true => r.store.write_batch_seal(&site, &b, &objects, inventory),
+            false => r.store.seal_batch(&site, &b, &objects, inventory),
+        }
     })
     .await?;
     relay.sealed_something();
@@ -627,27 +630,29 @@ async fn seal_batch(
 
 /// Waits up to `wait_ms` (at most [`MAX_WAIT_MS`]) until every one of `objects` is sealed or
 /// delivered: an edge seals a batch while its last objects are still crossing the link, so
-/// that the seal does not wait a round trip after them.
+/// that the seal does not wait a round trip after them. Whether none is missing at the end;
+/// after the first look only the missing ones are looked at again.
 async fn wait_for_members(
     relay: &Arc<Relay>,
     (site, batch): (&str, &str),
-    objects: Arc<Vec<ObjectId>>,
+    objects: &[ObjectId],
     wait_ms: u64,
-) -> Result<(), Failure> {
+) -> Result<bool, Failure> {
     let deadline =
         tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms.min(MAX_WAIT_MS));
     let mut seals = relay.seals.subscribe();
+    let mut waiting = objects.to_vec();
     let mut first = true;
     loop {
         // Marked seen before looking, so that a seal during the look wakes the next wait.
         seals.borrow_and_update();
-        let (r, site, objects) = (relay.clone(), site.to_string(), objects.clone());
-        let missing = blocking(move || Ok(r.store.unsealed(&site, &objects))).await?;
-        if missing.is_empty() {
-            return Ok(());
+        let (r, site) = (relay.clone(), site.to_string());
+        waiting = blocking(move || Ok(r.store.unsealed(&site, &waiting))).await?;
+        if waiting.is_empty() {
+            return Ok(true);
         }
         if std::mem::take(&mut first) {
-            let objects = missing.len();
+            let objects = waiting.len();
             tracing::info!(batch = %batch, objects, "batch seal waits for objects on the way");
         }
         // Timing out is an answer too: the seal then names what is missing.
@@ -655,7 +660,7 @@ async fn wait_for_members(
             .await
             .is_err()
         {
-            return Ok(());
+            return Ok(false);
         }
     }
 }

@@ -39,8 +39,9 @@ pub trait Backend: Send + Sync {
     fn any_under(&self, prefix: &str, what: &str) -> Result<bool>;
     /// Removes `key`; nothing there is fine.
     fn delete(&self, key: &str, what: &str) -> Result<()>;
-    /// Removes everything under `prefix/`; returns the bytes freed.
-    fn delete_under(&self, prefix: &str, what: &str) -> Result<u64>;
+    /// Removes everything under each of `prefixes` (`prefix/`); returns what it removed.
+    /// Many at once cost a bucket one listing each, gone together, and one bulk deletion.
+    fn delete_under(&self, prefixes: &[String], what: &str) -> Result<Vec<Entry>>;
     /// Every entry under `prefix/`, at any depth.
     fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>>;
     /// The names directly under `prefix/`: entries, and prefixes with entries below them.

@@ -5,9 +5,9 @@
 //! keeps no state the bucket does not hold, beyond caches it checks against listings.
 
 use forte_bucket::Bucket;
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as Key;
-use object_store::{ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use super::backend::{io_error, Backend, Entry};
 use super::{Result, StoreError};
@@ -23,6 +23,15 @@ impl BucketBackend {
 
     fn key(&self, key: &str) -> Key {
         self.bucket.key(key)
+    }
+
+    fn entry(&self, m: &ObjectMeta) -> Entry {
+        Entry {
+            key: self.bucket.relative(&m.location).to_string(),
+            size: m.size,
+            modified: m.last_modified.timestamp().max(0) as u64,
+            version: m.e_tag.clone(),
+        }
     }
 
     fn failed(&self, what: &str, key: &Key, e: object_store::Error) -> StoreError {
@@ -47,6 +56,12 @@ impl BucketBackend {
         }
     }
 }
+
+/// Listings in flight together when many prefixes are deleted.
+const LISTINGS_AT_ONCE: usize = 16;
+
+/// Keys one bulk deletion (`DeleteObjects`) takes at most, as S3 defines it.
+const BULK_DELETE_KEYS: usize = 1000;
 
 /// Counts a request to the bucket by operation (a listing counts once, however many pages):
 /// what the relay costs an S3 service, and where its time goes.
@@ -101,30 +116,52 @@ impl Backend for BucketBackend {
         }
     }
 
-    fn delete_under(&self, prefix: &str, what: &str) -> Result<u64> {
-        let entries = self.list(prefix, what)?;
-        for e in &entries {
-            self.delete(&e.key, what)?;
+    fn delete_under(&self, prefixes: &[String], what: &str) -> Result<Vec<Entry>> {
+        let store = self.bucket.store();
+        let listings = prefixes.iter().map(|prefix| {
+            let key = self.key(prefix);
+            request("list");
+            async move {
+                let listed: Vec<ObjectMeta> = store.list(Some(&key)).try_collect().await?;
+                Ok::<_, object_store::Error>(listed)
+            }
+        });
+        let listed: Vec<ObjectMeta> = self
+            .bucket
+            .block_on(
+                futures_util::stream::iter(listings)
+                    .buffer_unordered(LISTINGS_AT_ONCE)
+                    .try_concat(),
+            )
+            .map_err(|e| self.failed(what, &self.key(&prefixes.join(", ")), e))?;
+        if listed.is_empty() {
+            return Ok(Vec::new());
         }
-        Ok(entries.iter().map(|e| e.size).sum())
+        for _ in listed.chunks(BULK_DELETE_KEYS) {
+            request("delete");
+        }
+        let keys: Vec<object_store::Result<Key>> =
+            listed.iter().map(|m| Ok(m.location.clone())).collect();
+        let deleted = self.bucket.block_on(
+            store
+                .delete_stream(futures_util::stream::iter(keys).boxed())
+                .try_for_each(|_| futures_util::future::ready(Ok(()))),
+        );
+        match deleted {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(self.failed(what, &listed[0].location, e)),
+        }
+        Ok(listed.iter().map(|m| self.entry(m)).collect())
     }
 
     fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>> {
         let key = self.key(prefix);
         request("list");
-        let listed: Vec<object_store::ObjectMeta> = self
+        let listed: Vec<ObjectMeta> = self
             .bucket
             .block_on(self.bucket.store().list(Some(&key)).try_collect())
             .map_err(|e| self.failed(what, &key, e))?;
-        Ok(listed
-            .iter()
-            .map(|m| Entry {
-                key: self.bucket.relative(&m.location).to_string(),
-                size: m.size,
-                modified: m.last_modified.timestamp().max(0) as u64,
-                version: m.e_tag.clone(),
-            })
-            .collect())
+        Ok(listed.iter().map(|m| self.entry(m)).collect())
     }
 
     fn children(&self, prefix: &str, what: &str) -> Result<Vec<String>> {

@@ -134,14 +134,19 @@ impl Backend for DirBackend {
         }
     }
 
-    fn delete_under(&self, prefix: &str, what: &str) -> Result<u64> {
-        let freed = self.list(prefix, what)?.iter().map(|e| e.size).sum();
-        let dir = self.path(prefix);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(freed),
-            Err(e) if e.kind() == ErrorKind::NotFound => Ok(freed),
-            Err(e) => Err(StoreError::io(what, &dir, e)),
+    fn delete_under(&self, prefixes: &[String], what: &str) -> Result<Vec<Entry>> {
+        let mut removed = Vec::new();
+        for prefix in prefixes {
+            let listed = self.list(prefix, what)?;
+            let dir = self.path(prefix);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(StoreError::io(what, &dir, e)),
+            }
+            removed.extend(listed);
         }
+        Ok(removed)
     }
 
     fn list(&self, prefix: &str, _what: &str) -> Result<Vec<Entry>> {

@@ -167,14 +167,14 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Objects of one batch acknowledged at the same time: each is a tombstone and a few
-/// deletions, which to a bucket are requests that each wait for an answer (149 objects one
-/// after another kept a pull waiting on about 1 200 of them).
-const ACKED_AT_ONCE: usize = 8;
+/// Objects of one batch looked at or acknowledged at the same time: to a bucket each look or
+/// tombstone is a request that waits for an answer (149 objects one after another kept a pull
+/// waiting on about 1 200 of them).
+const AT_ONCE: usize = 8;
 
-/// Runs `each` for every id, [`ACKED_AT_ONCE`] threads sharing them; the first error.
+/// Runs `each` for every id, [`AT_ONCE`] threads sharing them; the first error.
 fn at_once(ids: &[ObjectId], each: impl Fn(ObjectId) -> Result<()> + Sync) -> Result<()> {
-    let per_thread = ids.len().div_ceil(ACKED_AT_ONCE).max(1);
+    let per_thread = ids.len().div_ceil(AT_ONCE).max(1);
     std::thread::scope(|s| {
         let threads: Vec<_> = ids
             .chunks(per_thread)
@@ -478,6 +478,9 @@ impl Store {
         *used = used.saturating_add_signed(delta);
     }
 
+    /// Stores part `index` of object `id`, whose ciphertext SHA-256 must be `sha256`. A new
+    /// part costs a bucket three requests: its record, written create-only (which tells
+    /// whether the part was held before), the part, and a look for a tombstone.
     pub fn put_part(
         &self,
         site: &str,
@@ -486,13 +489,52 @@ impl Store {
         sha256: &str,
         body: &[u8],
     ) -> Result<Stored> {
-        if self.is_acked(site, id)? {
-            return Err(StoreError::Held(
-                ObjectState::Delivered,
-                format!("object {id} was already delivered"),
-            ));
+        let found = hex::encode(Sha256::digest(body));
+        if found != sha256 {
+            return Err(StoreError::Invalid(format!(
+                "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
+            )));
         }
-        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        let what = format!("part {index} of object {id}");
+        let record = format!("{sha256} {}\n", body.len());
+        let size = body.len() as i64;
+        if let Err(e) = self.charge(site, size) {
+            // A part replacing a held one counts only the difference, which needs it read.
+            return match e {
+                StoreError::Full(_) | StoreError::NoRoom(_) => {
+                    self.put_part_again(site, id, index, sha256, body)
+                }
+                e => Err(e),
+            };
+        }
+        let recorded = self.backend.put_new(
+            &format!("{}/{}", meta_key(site, id), record_name(index)),
+            record.as_bytes(),
+            &what,
+        );
+        match recorded {
+            Ok(true) => self.put_body(site, id, index, body, size),
+            Ok(false) => {
+                self.add_usage(site, -size);
+                self.put_part_again(site, id, index, sha256, body)
+            }
+            Err(e) => {
+                self.add_usage(site, -size);
+                Err(self.no_room_unless_waiting_if_full(e))
+            }
+        }
+    }
+
+    /// [`Store::put_part`] of a part with a record already: a retry, a part torn by a crash,
+    /// or other bytes (refused if the object is sealed).
+    fn put_part_again(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<Stored> {
         let what = format!("part {index} of object {id}");
         let previous = self.held_part(site, id, index, &what)?;
         if let Some((p, held)) = &previous {
@@ -501,6 +543,7 @@ impl Store {
             let intact = hex::encode(Sha256::digest(held)) == p.sha256;
             if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
                 self.backend.flush(&what)?;
+                self.refuse_if_delivered(site, id, &what)?;
                 return Ok(Stored::AlreadyHeld);
             }
             // Other bytes for a sealed object's part would break the seal, which lists the
@@ -512,43 +555,58 @@ impl Store {
                 ));
             }
         }
-        let found = hex::encode(Sha256::digest(body));
-        if found != sha256 {
-            return Err(StoreError::Invalid(format!(
-                "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
-            )));
-        }
         // A part that replaces a held one (a torn part, or new bytes) counts only the
         // difference, in the check as in the charge.
         let size = body.len() as i64 - previous.as_ref().map_or(0, |(p, _)| p.length as i64);
         self.charge(site, size)?;
         let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
-        let stored = self
-            .backend
-            .put(
-                &record_key,
-                format!("{sha256} {}\n", body.len()).as_bytes(),
-                &what,
-            )
-            .and_then(|()| self.backend.put(&part_key, body, &what));
-        if stored.is_err() {
+        let record = format!("{sha256} {}\n", body.len());
+        if let Err(e) = self.backend.put(&record_key, record.as_bytes(), &what) {
             self.add_usage(site, -size);
+            return Err(self.no_room_unless_waiting_if_full(e));
         }
-        if let Err(StoreError::Full(why)) = stored {
-            return Err(self.no_room_unless_waiting(&["*".to_string()], why));
+        self.put_body(site, id, index, body, size)
+    }
+
+    /// Writes a part whose record is written and whose `charged` bytes are counted.
+    fn put_body(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        body: &[u8],
+        charged: i64,
+    ) -> Result<Stored> {
+        let what = format!("part {index} of object {id}");
+        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        if let Err(e) = self.backend.put(&part_key, body, &what) {
+            self.add_usage(site, -charged);
+            return Err(self.no_room_unless_waiting_if_full(e));
         }
-        stored?;
-        // Another relay on the same bucket may have acknowledged the object meanwhile: its
-        // deletion ran after its tombstone, which this check would see, or before this part
-        // was written, which then must go.
+        self.refuse_if_delivered(site, id, &what)?;
+        Ok(Stored::New)
+    }
+
+    /// A full store met while writing: see [`Store::no_room_unless_waiting`].
+    fn no_room_unless_waiting_if_full(&self, e: StoreError) -> StoreError {
+        match e {
+            StoreError::Full(why) => self.no_room_unless_waiting(&["*".to_string()], why),
+            e => e,
+        }
+    }
+
+    /// After a part was written: if the object was delivered (its tombstone written before,
+    /// or meanwhile by another relay on the same bucket, whose deletion may have run before
+    /// the part was written), what was written goes and the upload is refused.
+    fn refuse_if_delivered(&self, site: &str, id: ObjectId, what: &str) -> Result<()> {
         if self.is_acked(site, id)? {
-            self.remove_object(site, id, &what)?;
+            self.remove_object(site, id, what)?;
             return Err(StoreError::Held(
                 ObjectState::Delivered,
                 format!("object {id} was already delivered"),
             ));
         }
-        Ok(Stored::New)
+        Ok(())
     }
     /// Counts `size` more bytes against the site before they are written, under one lock, so
     /// uploads arriving together cannot all pass the quota check on the same figure.
@@ -750,8 +808,6 @@ impl Store {
     }
 
     /// Declares a batch complete: every listed object must be sealed or already delivered.
-    /// The sealed inventory, opaque to the relay, is stored before the batch record, so a
-    /// sealed batch offered to the core always has the inventory it was sealed with.
     pub fn seal_batch(
         &self,
         site: &str,
@@ -761,10 +817,25 @@ impl Store {
     ) -> Result<()> {
         let missing = self.unsealed(site, objects);
         if !missing.is_empty() {
+            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
             return Err(StoreError::Conflict(format!(
                 "batch {batch} cannot be sealed: objects {missing:?} are not sealed"
             )));
         }
+        self.write_batch_seal(site, batch, objects, inventory)
+    }
+
+    /// Declares complete a batch whose `objects` were all found sealed or delivered
+    /// ([`Store::unsealed`] found none missing). The sealed inventory, opaque to the relay, is
+    /// stored before the batch record, so a sealed batch offered to the core always has the
+    /// inventory it was sealed with.
+    pub fn write_batch_seal(
+        &self,
+        site: &str,
+        batch: &str,
+        objects: &[ObjectId],
+        inventory: Option<&[u8]>,
+    ) -> Result<()> {
         // A seal retried after the core took the batch (its answer lost): nothing to offer,
         // and no record to leave behind.
         let mut delivered = true;
@@ -787,15 +858,24 @@ impl Store {
         self.backend.put(&batch_key(site, batch), &record, &what)
     }
 
-    /// Those of `objects` neither sealed nor delivered (or that cannot be told now).
-    pub fn unsealed(&self, site: &str, objects: &[ObjectId]) -> Vec<String> {
+    /// Those of `objects` neither sealed nor delivered (or that cannot be told now), looked
+    /// at several at once.
+    pub fn unsealed(&self, site: &str, objects: &[ObjectId]) -> Vec<ObjectId> {
+        let missing = Mutex::new(Vec::new());
+        let _ = at_once(objects, |id| {
+            let sealed = matches!(self.is_sealed(site, id), Ok(true))
+                || matches!(self.is_acked(site, id), Ok(true));
+            if !sealed {
+                missing.lock().push(id);
+            }
+            Ok(())
+        });
+        // In the batch's order, for messages.
+        let missing: HashSet<ObjectId> = missing.into_inner().into_iter().collect();
         objects
             .iter()
-            .filter(|id| {
-                !matches!(self.is_sealed(site, **id), Ok(true))
-                    && !matches!(self.is_acked(site, **id), Ok(true))
-            })
-            .map(ToString::to_string)
+            .filter(|id| missing.contains(id))
+            .copied()
             .collect()
     }
 
@@ -925,31 +1005,30 @@ impl Store {
         })
     }
 
-    /// Delivery acknowledged: delete the object, keep a tombstone so the edge can learn it.
-    /// Only through [`Store::ack_batch`], so a batch never loses some of its objects.
-    fn ack(&self, site: &str, id: ObjectId) -> Result<()> {
-        if self.is_acked(site, id)? {
-            // Written by this relay or another: the object's data may still need deleting.
-            return self
-                .remove_object(site, id, &format!("acknowledgement of object {id}"))
-                .map(drop);
-        }
-        if !self.is_sealed(site, id)? {
-            return Err(StoreError::NotFound(format!(
-                "object {id} of site {site} is not complete"
-            )));
-        }
-        let what = format!("acknowledgement of object {id}");
-        self.backend
-            .put_new(&acked_key(site, id), now().to_string().as_bytes(), &what)?;
-        self.remove_object(site, id, &what).map(drop)
-    }
-
     /// Deletes an object's data and records; returns the bytes freed.
     fn remove_object(&self, site: &str, id: ObjectId, what: &str) -> Result<u64> {
-        let freed = self.backend.delete_under(&object_key(site, id), what)?;
-        self.backend.delete_under(&meta_key(site, id), what)?;
-        self.sealed_records.lock().remove(&sealed_key(site, id));
+        self.remove_objects(site, &[id], what)
+    }
+
+    /// Deletes the data and records of objects `ids`, all in one deletion; returns the bytes
+    /// of data freed.
+    fn remove_objects(&self, site: &str, ids: &[ObjectId], what: &str) -> Result<u64> {
+        let prefixes: Vec<String> = ids
+            .iter()
+            .flat_map(|&id| [object_key(site, id), meta_key(site, id)])
+            .collect();
+        let removed = self.backend.delete_under(&prefixes, what)?;
+        let data = format!("{}/objects/", site_key(site));
+        let freed: u64 = removed
+            .iter()
+            .filter(|e| e.key.starts_with(&data))
+            .map(|e| e.size)
+            .sum();
+        let mut sealed_records = self.sealed_records.lock();
+        for &id in ids {
+            sealed_records.remove(&sealed_key(site, id));
+        }
+        drop(sealed_records);
         self.add_usage(site, -(freed as i64));
         Ok(freed)
     }
@@ -1097,12 +1176,15 @@ impl Store {
     }
 
     /// Delivery of a whole batch acknowledged: its objects are recorded first, so that none
-    /// of them is listed any more even if the relay stops half-way, then each is deleted
-    /// (tombstones kept, as for [`Store::ack`]). Idempotent.
+    /// of them is listed any more even if the relay stops half-way; then each gets a tombstone
+    /// (create-only: kept so the edge can learn what was delivered, and written once however
+    /// many relays acknowledge) and their data and records are deleted together. Idempotent.
     pub fn ack_batch(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<()> {
         let unknown = Mutex::new(Vec::new());
         at_once(ids, |id| {
-            if !self.is_acked(site, id)? && !self.is_sealed(site, id)? {
+            // Sealed, or acknowledged before (by this relay or another, whose deletion may
+            // not have finished).
+            if !self.is_sealed(site, id)? && !self.is_acked(site, id)? {
                 unknown.lock().push(id.to_string());
             }
             Ok(())
@@ -1117,7 +1199,13 @@ impl Store {
         let what = format!("acknowledgement of batch {batch}");
         let ids_json = serde_json::to_vec(ids).expect("serialises");
         self.backend.put(&record, &ids_json, &what)?;
-        at_once(ids, |id| self.ack(site, id))?;
+        at_once(ids, |id| {
+            let stamp = now().to_string();
+            self.backend
+                .put_new(&acked_key(site, id), stamp.as_bytes(), &what)
+                .map(drop)
+        })?;
+        self.remove_objects(site, ids, &what)?;
         // The batch is delivered: its seal and inventory go with its objects (the tombstones
         // stay, for the edge to learn what was delivered).
         for key in [batch_key(site, batch), inventory_key(site, batch)] {
@@ -1150,6 +1238,120 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// A directory whose backend counts the calls made to it, by method: what a bucket would
+    /// be sent, each call a request (a deletion under many prefixes one listing each and one
+    /// bulk deletion).
+    #[derive(Clone)]
+    struct Counting {
+        dir: Arc<DirBackend>,
+        calls: Arc<Mutex<HashMap<&'static str, usize>>>,
+    }
+
+    impl Counting {
+        fn call(&self, method: &'static str) {
+            *self.calls.lock().entry(method).or_default() += 1;
+        }
+
+        /// The calls counted since the last take, sorted by method.
+        fn take(&self) -> Vec<(&'static str, usize)> {
+            let mut calls: Vec<_> = std::mem::take(&mut *self.calls.lock())
+                .into_iter()
+                .collect();
+            calls.sort();
+            calls
+        }
+    }
+
+    impl Backend for Counting {
+        fn put(&self, key: &str, bytes: &[u8], what: &str) -> Result<()> {
+            self.call("put");
+            self.dir.put(key, bytes, what)
+        }
+        fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool> {
+            self.call("put_new");
+            self.dir.put_new(key, bytes, what)
+        }
+        fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>> {
+            self.call("get");
+            self.dir.get(key, what)
+        }
+        fn exists(&self, key: &str, what: &str) -> Result<bool> {
+            self.call("exists");
+            self.dir.exists(key, what)
+        }
+        fn any_under(&self, prefix: &str, what: &str) -> Result<bool> {
+            self.call("any_under");
+            self.dir.any_under(prefix, what)
+        }
+        fn delete(&self, key: &str, what: &str) -> Result<()> {
+            self.call("delete");
+            self.dir.delete(key, what)
+        }
+        fn delete_under(&self, prefixes: &[String], what: &str) -> Result<Vec<Entry>> {
+            self.call("delete_under");
+            self.dir.delete_under(prefixes, what)
+        }
+        fn list(&self, prefix: &str, what: &str) -> Result<Vec<Entry>> {
+            self.call("list");
+            self.dir.list(prefix, what)
+        }
+        fn children(&self, prefix: &str, what: &str) -> Result<Vec<String>> {
+            self.call("children");
+            self.dir.children(prefix, what)
+        }
+        fn flush(&self, what: &str) -> Result<()> {
+            self.dir.flush(what)
+        }
+        fn location(&self) -> String {
+            self.dir.location()
+        }
+        fn shared(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_new_object_costs_a_bucket_five_requests_and_a_batchs_acknowledgement_one_deletion() {
+        let tmp = tempfile::tempdir().unwrap();
+        let counting = Counting {
+            dir: Arc::new(DirBackend::new(tmp.path())),
+            calls: Arc::default(),
+        };
+        let store = Store::over(Box::new(counting.clone()), None);
+        let ids: Vec<ObjectId> = (0..10).map(|_| ObjectId::random()).collect();
+        for (i, &id) in ids.iter().enumerate() {
+            let body = format!("ciphertext of object {i}").into_bytes();
+            let sha256 = hex::encode(Sha256::digest(&body));
+            let stored = store.put_whole("s", id, "b", (&sha256, &body), b"manifest");
+            assert_eq!(stored.unwrap(), Stored::New);
+        }
+        // Each: its part's record (create-only), the part, a look for a tombstone, its
+        // manifest and its sealed record.
+        let each = [("exists", 10), ("put", 30), ("put_new", 10)];
+        assert_eq!(counting.take(), each);
+        store.seal_batch("s", "b", &ids, None).unwrap();
+        counting.take();
+        store.ack_batch("s", "b", &ids).unwrap();
+        // Each object's sealed record looked at and its tombstone written; the acknowledgement
+        // record written, all the objects deleted at once, then the batch's three records.
+        let ack = [
+            ("delete", 3),
+            ("delete_under", 1),
+            ("exists", 10),
+            ("put", 1),
+            ("put_new", 10),
+        ];
+        assert_eq!(counting.take(), ack);
+        assert!(store
+            .statuses("s", &ids)
+            .unwrap()
+            .values()
+            .all(|s| s.state == ObjectState::Delivered));
+        let left = counting.dir.list("sites/s/objects", "test").unwrap();
+        assert!(left.is_empty(), "{left:?}");
+    }
 
     #[test]
     fn a_full_disk_is_full_and_any_other_io_error_names_the_file() {
