@@ -29,17 +29,40 @@ pub struct Object {
     pub manifest: Manifest,
 }
 
-/// Opens every object of `source`. Fails listing every object that cannot be trusted; a
-/// source with one bad object yields no objects at all.
+/// Manifests read and opened at the same time: from a relay each is a request that waits a
+/// round trip (and on a bucket relay two bucket requests), which one after another kept a pull
+/// of 149 objects from a bucket relay waiting most of a second on loopback.
+const MANIFESTS_AT_ONCE: usize = 8;
+
+/// Opens every object of `source`, [`MANIFESTS_AT_ONCE`] at a time. Fails listing every
+/// object that cannot be trusted; a source with one bad object yields no objects at all.
 pub fn open_objects(
     source: &dyn ObjectSource,
     identities: &Identities,
     trusted: &TrustedEdges,
 ) -> Result<Vec<Object>> {
+    let listed = source.list()?;
+    let per_thread = listed.len().div_ceil(MANIFESTS_AT_ONCE).max(1);
+    let opened: Vec<Result<Manifest>> = std::thread::scope(|s| {
+        let threads: Vec<_> = listed
+            .chunks(per_thread)
+            .map(|some| {
+                s.spawn(move || {
+                    some.iter()
+                        .map(|at| open_object(source, at, identities, trusted))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("opening manifests panicked"))
+            .collect()
+    });
     let mut objects = Vec::new();
     let mut errors = Vec::new();
-    for at in source.list()? {
-        match open_object(source, &at, identities, trusted) {
+    for (at, opened) in listed.into_iter().zip(opened) {
+        match opened {
             Ok(manifest) => objects.push(Object { at, manifest }),
             Err(e) => errors.push(format!("object {} ({}): {e:#}", at.id, at.place)),
         }
@@ -76,4 +99,66 @@ fn open_object(
         .check(at, &manifest)
         .map_err(|e| anyhow::anyhow!("{} (object {}): {e:#}", manifest.path, at.id))?;
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+
+    use forte_format::ObjectId;
+
+    use super::*;
+    use crate::object_source::PartError;
+
+    /// A source whose manifests are slow to come: each request waits (up to a second) for
+    /// another to be in flight beside it, and counts the most seen at once.
+    #[derive(Default)]
+    struct SlowManifests {
+        in_flight: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    impl ObjectSource for SlowManifests {
+        fn list(&self) -> Result<Vec<ObjectRef>> {
+            let at = |_| ObjectRef {
+                id: ObjectId::random(),
+                place: "test".into(),
+            };
+            Ok((0..4).map(at).collect())
+        }
+
+        fn manifest(&self, _object: &ObjectRef, _max_len: u64) -> Result<Vec<u8>> {
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while self.most.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            bail!("not a manifest")
+        }
+
+        fn part(&self, _: &ObjectRef, _: u32, _: u64) -> Result<Vec<u8>, PartError> {
+            unreachable!("no part is read before the manifests are open")
+        }
+
+        fn inventory(&self, _max_len: u64) -> Result<Option<Vec<u8>>> {
+            Ok(None)
+        }
+    }
+
+    #[test]
+    fn manifests_are_read_several_at_once_and_every_bad_one_is_named() {
+        let source = SlowManifests::default();
+        let identities = Identities(Vec::new());
+        let err = open_objects(&source, &identities, &TrustedEdges::default()).unwrap_err();
+        assert!(
+            source.most.load(Ordering::SeqCst) >= 2,
+            "one manifest at a time"
+        );
+        let text = format!("{err:#}");
+        assert!(text.contains("4 object(s) cannot be trusted"), "{text}");
+        assert_eq!(text.matches("not a manifest").count(), 4, "{text}");
+    }
 }
