@@ -15,7 +15,13 @@ With --store s3 (or both, alternating in the same rounds) the relay's store is a
 local versitygw (built by test.sh into target/go/bin, or in ~/go/bin), whose CPU seconds are
 counted beside the relay's: the S3 server does the disk writes the directory relay does itself.
 
+The relay's store (its directory, or the S3 server's) and the core's destination are each a
+fresh ext4 on a loop device per run, as on machines of their own (wan.Storage); with --host-fs
+both stay under the work directory on the host's file system, where the core's flushes
+(syncfs) also flush what the S3 server wrote without flushing.
+
 Usage: bench/scale.py [--scale 0.003] [--small 5000] [--runs 3] [--store dir|s3|both] [--only TEXT]
+                      [--host-fs]
 """
 
 import argparse
@@ -34,7 +40,7 @@ from pathlib import Path
 from binary import FORTE
 from corpus import build_inbox, build_small_inbox
 from site_setup import make_site, start_relay
-from wan import digest_tree
+from wan import Storage, digest_tree
 
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "scale"
 
@@ -75,21 +81,29 @@ def bucket_requests(url: str, token: str) -> dict:
     return {op: int(n) for op, n in found}
 
 
-def one_run(inbox: Path, send_flags: list, store: str) -> dict:
-    for name in ["relay", "dest", "s3"]:
-        shutil.rmtree(WORK / name, ignore_errors=True)
+def one_run(inbox: Path, send_flags: list, store: str, volumes) -> dict:
+    """One send and one pull. With `volumes` (the relay's and the core's), each is a fresh
+    file system of its own, as on separate machines; else everything is under WORK."""
+    if volumes:
+        for volume in volumes:
+            volume.remake()
+        relay_root, core_root = (v.mount for v in volumes)
+    else:
+        relay_root = core_root = WORK
+        for name in ["relay", "dest", "s3"]:
+            shutil.rmtree(WORK / name, ignore_errors=True)
     for catalog in WORK.glob("*.sqlite*"):
         catalog.unlink()
     s3, env = None, dict(os.environ)
     if store == "s3":
-        (WORK / "s3/relay").mkdir(parents=True)
+        (relay_root / "s3/relay").mkdir(parents=True)
         env.update(S3_KEYS, AWS_ENDPOINT_URL="http://127.0.0.1:7079")
         s3 = subprocess.Popen([versitygw(), "--access", S3_KEYS["AWS_ACCESS_KEY_ID"], "--secret",
                                S3_KEYS["AWS_SECRET_ACCESS_KEY"], "--port", "127.0.0.1:7079", "posix",
-                               WORK / "s3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               relay_root / "s3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
-    tree = WORK / ("s3/relay/store" if store == "s3" else "relay")
-    relay, url, fingerprint = start_relay(FORTE, "s3://relay/store" if store == "s3" else WORK / "relay",
+    tree = relay_root / ("s3/relay/store" if store == "s3" else "relay")
+    relay, url, fingerprint = start_relay(FORTE, "s3://relay/store" if store == "s3" else relay_root / "relay",
                                           WORK / "tokens.toml", "127.0.0.1:0", env=env)
     try:
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
@@ -99,7 +113,7 @@ def one_run(inbox: Path, send_flags: list, store: str) -> dict:
                       *conn, WORK / "edge.token"])
         sent = time.monotonic()
         stored = sum(p.stat().st_size for p in tree.rglob("part-*") if p.is_file())
-        pull = timed([FORTE, "--catalog", WORK / "core.sqlite", "pull", "--to", WORK / "dest",
+        pull = timed([FORTE, "--catalog", WORK / "core.sqlite", "pull", "--to", core_root / "dest",
                       "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "-q",
                       *conn, WORK / "core.token"])
         ended = time.monotonic()
@@ -123,6 +137,10 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--store", choices=["dir", "s3", "both"], default="dir",
                     help="the relay's store: a directory, a bucket of a local versitygw, or each in turn")
+    ap.add_argument("--host-fs", action="store_true",
+                    help="keep the relay's store and the core's destination on the host's file system, "
+                         "beside each other (a flush by the core then also flushes what the S3 server "
+                         "left unflushed), instead of a fresh file system each")
     ap.add_argument("--only", action="append",
                     help="run only the workloads whose name contains this (repeatable: A–N, bundled, one object)")
     args = ap.parse_args()
@@ -139,16 +157,30 @@ def main():
         workloads = {n: w for n, w in workloads.items() if any(o in n for o in args.only)}
     stores = ["dir", "s3"] if args.store == "both" else [args.store]
     results = {(name, store): [] for name in workloads for store in stores}
+    volumes = None if args.host_fs else (Storage("2G", WORK / "relay-vol"), Storage("4G", WORK / "core-vol"))
+    try:
+        rounds(args, workloads, stores, results, volumes)
+    finally:
+        for volume in volumes or []:
+            volume.unmount()
+    report(args, results, raw, files)
+
+
+def rounds(args, workloads, stores, results, volumes):
     for r in range(args.runs):
         for name, (inbox, flags) in workloads.items():
             for store in stores:
-                result = one_run(inbox, flags, store)
-                if digest_tree(WORK / "dest" / "scale") != digest_tree(inbox):
+                result = one_run(inbox, flags, store, volumes)
+                dest = (volumes[1].mount if volumes else WORK) / "dest" / "scale"
+                if digest_tree(dest) != digest_tree(inbox):
                     sys.exit(f"{name}, {store}: the delivered files differ from the source")
                 results[(name, store)].append(result)
                 print(f"round {r + 1}: {name}, {store}: send {result['send']:.2f}, relay {result['relay']:.2f}, "
                       f"S3 server {result['s3']:.2f}, pull {result['pull']:.2f} CPU s; send {result['send_s']:.2f} s, "
                       f"pull {result['pull_s']:.2f} s; bucket requests {result['requests']}", file=sys.stderr)
+
+
+def report(args, results, raw, files):
     print(f"\nmedians of {args.runs} runs; CPU seconds per process; loopback, one shot each\n")
     print("| workload | store | raw MB | sealed MB | files | send CPU s | relay CPU s | S3 server CPU s | pull CPU s "
           "| relay (+ S3 server) sealed MB per CPU-s | relay (+ S3 server) files per CPU-s "
@@ -164,6 +196,12 @@ def main():
               f"| {med['sealed'] / 1e6 / store_cpu:.0f} | {files[key] / store_cpu:.0f} "
               f"| {raw[key] / 1e6 / med['pull']:.0f} | {files[key] / med['pull']:.0f} "
               f"| {med['send_s']:.2f} | {med['pull_s']:.2f} |")
+    for name in {name for name, _ in results}:
+        if (name, "dir") in results and (name, "s3") in results:
+            took = {store: statistics.median(row["seconds"] for row in results[(name, store)])
+                    for store in ["dir", "s3"]}
+            print(f"\n{name}: send and pull, the directory relay's time ÷ the bucket relay's "
+                  f"(median of each): {took['dir']:.2f} s ÷ {took['s3']:.2f} s = {took['dir'] / took['s3']:.2f}×")
 
 
 if __name__ == "__main__":

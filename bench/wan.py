@@ -263,9 +263,10 @@ class Storage:
     before, for every contender. A storage system with a journal, as any data centre's has,
     does not do this, and a fresh one gives every contender in every round the same start."""
 
-    def __init__(self, size="8G"):
-        self.image = WORK / "vol.img"
+    def __init__(self, size="8G", mount=VOLUME):
+        self.image = mount.with_suffix(".img")
         self.size = size
+        self.mount = mount
 
     def remake(self):
         self.unmount()
@@ -273,12 +274,12 @@ class Storage:
         sh(["truncate", "-s", self.size, self.image])
         # Inode tables and journal are zeroed now, not by a kernel thread during the run.
         sh(["mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0", self.image])
-        VOLUME.mkdir(parents=True, exist_ok=True)
-        sh(["mount", "-o", "loop", self.image, VOLUME])
+        self.mount.mkdir(parents=True, exist_ok=True)
+        sh(["mount", "-o", "loop", self.image, self.mount])
 
     def unmount(self):
-        if os.path.ismount(VOLUME):
-            sh(["umount", VOLUME])
+        if os.path.ismount(self.mount):
+            sh(["umount", self.mount])
 
 
 def delivered(dest: Path, site: str, want: int) -> bool:
