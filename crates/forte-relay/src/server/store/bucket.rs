@@ -1,8 +1,10 @@
 //! The store in an S3-compatible bucket: each key an object under the bucket's prefix. A PUT is
 //! durable once answered, so nothing needs flushing; create-only writes are `If-None-Match: *`,
-//! and every body carries its SHA-256 (`x-amz-checksum-sha256`), which the server checks
-//! before it keeps the body. Several relay processes may serve one bucket: the store above
-//! keeps no state the bucket does not hold, beyond caches it checks against listings.
+//! and every body carries its CRC64-NVME (`x-amz-checksum-crc64nvme`), which the server checks
+//! before it keeps the body (the store above has checked its SHA-256 before writing it).
+//! Deleting many prefixes lists them concurrently and removes every key in bulk
+//! (`DeleteObjects`). Several relay processes may serve one bucket: the store above keeps no
+//! state the bucket does not hold, beyond caches it checks against listings.
 
 use forte_bucket::Bucket;
 use futures_util::{StreamExt, TryStreamExt};
