@@ -215,6 +215,16 @@ fn record_name(index: u32) -> String {
     format!("part-{index:06}.sha256")
 }
 
+/// Where part `index` of an object is kept.
+fn part_key(site: &str, id: ObjectId, index: u32) -> String {
+    format!("{}/{}", object_key(site, id), part_file_name(index))
+}
+
+/// Where the record of part `index` of an object is kept.
+fn record_key(site: &str, id: ObjectId, index: u32) -> String {
+    format!("{}/{}", meta_key(site, id), record_name(index))
+}
+
 const SEALED_RECORD: &str = "sealed.json";
 
 /// How old a site's byte count from a shared bucket may be when a quota is checked.
@@ -458,17 +468,15 @@ impl Store {
         index: u32,
         what: &str,
     ) -> Result<Option<(PartRef, Vec<u8>)>> {
-        let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
-        let Some(record) = self.backend.get(&record_key, what)? else {
+        let Some(record) = self.backend.get(&record_key(site, id, index), what)? else {
             return Ok(None);
         };
         let Some(part) = part_record(index, &record) else {
             return Ok(None);
         };
-        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
         Ok(self
             .backend
-            .get(&part_key, what)?
+            .get(&part_key(site, id, index), what)?
             .map(|bytes| (part, bytes)))
     }
 
@@ -507,11 +515,9 @@ impl Store {
                 e => Err(e),
             };
         }
-        let recorded = self.backend.put_new(
-            &format!("{}/{}", meta_key(site, id), record_name(index)),
-            record.as_bytes(),
-            &what,
-        );
+        let recorded = self
+            .backend
+            .put_new(&record_key(site, id, index), record.as_bytes(), &what);
         match recorded {
             Ok(true) => self.put_body(site, id, index, body, size),
             Ok(false) => {
@@ -559,9 +565,11 @@ impl Store {
         // difference, in the check as in the charge.
         let size = body.len() as i64 - previous.as_ref().map_or(0, |(p, _)| p.length as i64);
         self.charge(site, size)?;
-        let record_key = format!("{}/{}", meta_key(site, id), record_name(index));
         let record = format!("{sha256} {}\n", body.len());
-        if let Err(e) = self.backend.put(&record_key, record.as_bytes(), &what) {
+        let recorded = self
+            .backend
+            .put(&record_key(site, id, index), record.as_bytes(), &what);
+        if let Err(e) = recorded {
             self.add_usage(site, -size);
             return Err(self.no_room_unless_waiting_if_full(e));
         }
@@ -578,8 +586,7 @@ impl Store {
         charged: i64,
     ) -> Result<Stored> {
         let what = format!("part {index} of object {id}");
-        let part_key = format!("{}/{}", object_key(site, id), part_file_name(index));
-        if let Err(e) = self.backend.put(&part_key, body, &what) {
+        if let Err(e) = self.backend.put(&part_key(site, id, index), body, &what) {
             self.add_usage(site, -charged);
             return Err(self.no_room_unless_waiting_if_full(e));
         }
@@ -999,7 +1006,7 @@ impl Store {
     }
 
     pub fn read_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
-        let key = format!("{}/{}", object_key(site, id), part_file_name(index));
+        let key = part_key(site, id, index);
         self.backend.get(&key, "part")?.ok_or_else(|| {
             StoreError::NotFound(format!("part {index} of object {id} is not at the relay"))
         })
@@ -1218,14 +1225,14 @@ impl Store {
     /// uploads the part again and re-seals.
     pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
         let what = "rejected part";
-        let part = format!("{}/{}", object_key(site, id), part_file_name(index));
+        let part = part_key(site, id, index);
         let length = self
             .backend
             .list(&object_key(site, id), what)?
             .iter()
             .find(|e| e.key == part)
             .map_or(0, |e| e.size);
-        let record = format!("{}/{}", meta_key(site, id), record_name(index));
+        let record = record_key(site, id, index);
         for key in [sealed_key(site, id), record, part] {
             self.backend.delete(&key, what)?;
         }
