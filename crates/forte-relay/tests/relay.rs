@@ -410,6 +410,15 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
         let found = value(metric, label);
         assert!(found.is_some_and(|v| v >= n), "{metric}: {found:?}\n{text}");
     };
+    // Every family is described, and counters are there before their first event.
+    for s in &scrape.samples {
+        assert!(
+            scrape.docs.contains_key(&s.metric),
+            "no # HELP for {}:\n{text}",
+            s.metric
+        );
+    }
+    at_least("forte_relay_parts_rejected_total", None, 0.0);
     at_least("forte_relay_parts_stored_total", None, 1.0);
     at_least("forte_relay_part_bytes_total", None, 4.0);
     // Every body byte a site sent, counted as it arrives (the refused part's too).

@@ -5,19 +5,113 @@
 
 use std::sync::OnceLock;
 
+use metrics::{counter, describe_counter, describe_gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
-/// Installs the Prometheus recorder, once per process.
+/// Installs the Prometheus recorder, once per process, with every family described and every
+/// counter whose labels are known in advance present from the start, at 0 (an alert on a
+/// counter's rate needs the series before the first event).
 pub fn install() {
     HANDLE.get_or_init(|| {
         let recorder = PrometheusBuilder::new().build_recorder();
         let handle = recorder.handle();
         // Fails only if another recorder was installed first; then metrics go there.
         let _ = metrics::set_global_recorder(recorder);
+        describe();
         handle
     });
+}
+
+/// The relay's counters without labels: name, unit, help.
+const COUNTERS: [(&str, Unit, &str); 7] = [
+    (
+        "forte_relay_parts_stored_total",
+        Unit::Count,
+        "Parts stored (their SHA-256 checked first)",
+    ),
+    (
+        "forte_relay_part_bytes_total",
+        Unit::Bytes,
+        "Bytes of the parts stored",
+    ),
+    (
+        "forte_relay_parts_already_held_total",
+        Unit::Count,
+        "Part uploads the relay held already (retries), not stored again",
+    ),
+    (
+        "forte_relay_objects_sealed_total",
+        Unit::Count,
+        "Objects sealed",
+    ),
+    (
+        "forte_relay_batches_sealed_total",
+        Unit::Count,
+        "Batches sealed",
+    ),
+    (
+        "forte_relay_objects_acknowledged_total",
+        Unit::Count,
+        "Objects the core acknowledged as delivered, then deleted",
+    ),
+    (
+        "forte_relay_parts_rejected_total",
+        Unit::Count,
+        "Parts the core reported damaged, dropped for the edge to send again",
+    ),
+];
+
+/// The operations on a bucket, counted apart.
+const BUCKET_OPERATIONS: [&str; 5] = ["put", "get", "head", "delete", "list"];
+
+fn describe() {
+    for (name, unit, help) in COUNTERS {
+        describe_counter!(name, unit, help);
+        counter!(name).absolute(0);
+    }
+    describe_counter!(
+        "forte_relay_refused_total",
+        Unit::Count,
+        "Requests answered with an error, by HTTP status"
+    );
+    describe_counter!(
+        "forte_relay_received_bytes_total",
+        Unit::Bytes,
+        "Request bytes received, by site"
+    );
+    describe_gauge!(
+        "forte_relay_site_share_bytes_per_second",
+        "The share of the relay's ingress each sending site is held to (0: none)"
+    );
+    describe_gauge!(
+        "forte_relay_sites_sending",
+        Unit::Count,
+        "Sites sending now"
+    );
+    describe_counter!(
+        "forte_relay_bucket_requests_total",
+        Unit::Count,
+        "Requests to the bucket store, by operation (a listing counts once)"
+    );
+    describe_counter!(
+        "forte_relay_bucket_failures_total",
+        Unit::Count,
+        "Requests to the bucket store that failed"
+    );
+    describe_gauge!(
+        "forte_upload_limit_bytes_per_second",
+        "The upload limit in force (0: none)"
+    );
+}
+
+/// Counts the bucket store's requests from the start, at 0 (only a relay on a bucket has them).
+pub fn bucket_store() {
+    for op in BUCKET_OPERATIONS {
+        counter!("forte_relay_bucket_requests_total", "op" => op).absolute(0);
+    }
+    counter!("forte_relay_bucket_failures_total").absolute(0);
 }
 
 /// The metrics in Prometheus' text format.

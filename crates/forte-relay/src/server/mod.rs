@@ -153,6 +153,9 @@ pub fn run(config: RelayConfig) -> Result<()> {
 
 fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdentity)> {
     metrics::install();
+    if matches!(config.store, Location::Bucket { .. }) {
+        metrics::bucket_store();
+    }
     let tokens = Tokens::load(&config.tokens)?;
     let store = Store::open(config.store.clone(), config.quota_per_site)?;
     if let Some(age) = config.expire_open_after {

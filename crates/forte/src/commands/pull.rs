@@ -113,7 +113,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         worker,
     );
     if let Some(addr) = args.daemon.metrics {
-        crate::monitor::serve(addr)?;
+        crate::monitor::serve(addr, Role::Core)?;
     }
     // A puller killed after the relay took a batch's acknowledgement but before recording it
     // left files `delivered` that the relay no longer lists: ask the relay again.

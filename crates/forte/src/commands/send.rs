@@ -102,7 +102,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         return edge.cancel(&args.inbox, &args.cancel);
     }
     if let Some(addr) = args.daemon.metrics {
-        crate::monitor::serve(addr)?;
+        crate::monitor::serve(addr, Role::Edge)?;
     }
     let pass = Pass {
         edge: &edge,

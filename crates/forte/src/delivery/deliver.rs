@@ -15,6 +15,7 @@ use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
 use crate::transfer::download::RelaySource;
+use crate::transfer::retry::Operation;
 
 /// One sealed batch being delivered: its key, where the relay keeps it, what it is.
 struct Sealed<'o> {
@@ -220,9 +221,11 @@ impl Delivery<'_> {
         let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
         let (client, site, id) = (self.client, batch.site(), batch.id());
         self.retry
-            .run(&format!("acknowledgement of batch {name}"), || {
-                client.ack_batch(site, id, &ids)
-            })
+            .run(
+                Operation::Acknowledge,
+                &format!("acknowledgement of batch {name}"),
+                || client.ack_batch(site, id, &ids),
+            )
             .map_err(|e| format!("delivered, but the acknowledgement failed: {e}"))?;
         for p in &delivered.placed {
             let object = p.id.to_string();

@@ -31,7 +31,7 @@ use serde::Serialize;
 use crate::layout::Layout;
 use crate::record::Catalog;
 use crate::schedule::{Policy, Waiting};
-use crate::transfer::retry::Retry;
+use crate::transfer::retry::{Operation, Retry};
 
 use ahead::Ahead;
 
@@ -118,9 +118,11 @@ impl<'a> Delivery<'a> {
 
     pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {
         let client = self.client;
-        let (ready, generation) = self.retry.run("listing of ready objects", || {
-            client.ready_after(open, None)
-        })?;
+        let (ready, generation) =
+            self.retry
+                .run(Operation::Listing, "listing of ready objects", || {
+                    client.ready_after(open, None)
+                })?;
         *self.generation.lock() = generation;
         let (now, epoch) = (Instant::now(), now_us() / 1_000_000);
         let waiting: Vec<_> = group_by_batch(ready)

@@ -24,6 +24,7 @@ use super::deletion::drop_emptied_dirs;
 use super::inbox::{Batch, READY_MARKER};
 use super::seal::seal_beside;
 use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
+use crate::transfer::retry::Operation;
 use crate::transfer::upload::{at_relay, AtRelay};
 
 /// What the relay already has of the batches' files, and what this catalogue knows of a
@@ -167,7 +168,10 @@ impl Edge<'_> {
             self.setup.client,
             format!("status of {} objects", ids.len()),
         );
-        let found = self.setup.retry.run(&what, || client.statuses(&ids));
+        let found = self
+            .setup
+            .retry
+            .run(Operation::Status, &what, || client.statuses(&ids));
         for (batch_key, asked, ids) in batches {
             let held = match &found {
                 Ok(found) => {

@@ -11,6 +11,7 @@ use forte_prepare::{discover, SourceFile};
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
 use super::{batch_id, object_id, Edge};
+use crate::transfer::retry::Operation;
 use crate::units::human;
 
 impl Edge<'_> {
@@ -96,7 +97,7 @@ impl Edge<'_> {
             let objects = self.objects(name, files, &rows);
             let ids: Vec<ObjectId> = objects.iter().map(|j| j.id).collect();
             let what = format!("cancellation of batch {name}");
-            match self.setup.retry.run(&what, || {
+            match self.setup.retry.run(Operation::Cancel, &what, || {
                 self.setup.client.cancel_batch(batch_key.batch(), &ids)
             }) {
                 Ok(cancelled) => {

@@ -15,6 +15,7 @@ use super::tuning::Tuning;
 use super::{EarlySeal, Edge, InFlight};
 use crate::progress::prepare_with_progress;
 use crate::record::note;
+use crate::transfer::retry::Operation;
 use crate::transfer::upload::UploadSink;
 
 /// How long the relay may wait for a batch's last objects when it is sealed beside them: a
@@ -196,7 +197,7 @@ impl Edge<'_> {
                 inventory.map_or(Ok(()), |sealed| {
                     self.setup
                         .retry
-                        .run(&what, || {
+                        .run(Operation::Seal, &what, || {
                             self.setup
                                 .client
                                 .seal_batch(batch_key.batch(), &members, &sealed, None)

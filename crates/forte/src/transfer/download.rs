@@ -6,7 +6,7 @@ use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use forte_restore::{ObjectRef, ObjectSource, PartError};
 
-use super::retry::Retry;
+use super::retry::{Operation, Retry};
 use crate::record::{attempt, Catalog};
 
 pub struct RelaySource<'a> {
@@ -45,9 +45,9 @@ impl ObjectSource for RelaySource<'_> {
             return Ok(None);
         };
         let what = format!("download of the inventory of batch {}", first.batch);
-        let sealed = self
-            .retry
-            .run(&what, || self.client.inventory(&first.site, &first.batch))?;
+        let sealed = self.retry.run(Operation::Download, &what, || {
+            self.client.inventory(&first.site, &first.batch)
+        })?;
         if let Some(bytes) = &sealed {
             anyhow::ensure!(
                 bytes.len() as u64 <= max_len,
@@ -61,7 +61,7 @@ impl ObjectSource for RelaySource<'_> {
     fn manifest(&self, object: &ObjectRef, max_len: u64) -> Result<Vec<u8>> {
         let site = self.site(object);
         let what = format!("download of the manifest of object {}", object.id);
-        let bytes = self.retry.run(&what, || {
+        let bytes = self.retry.run(Operation::Download, &what, || {
             attempt(
                 self.catalog,
                 Task::Download,
@@ -84,7 +84,7 @@ impl ObjectSource for RelaySource<'_> {
         let what = format!("download of part {index} of object {}", object.id);
         let bytes = self
             .retry
-            .run(&what, || {
+            .run(Operation::Download, &what, || {
                 attempt(
                     self.catalog,
                     Task::Download,

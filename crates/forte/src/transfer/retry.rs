@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use forte_catalog::{Role, Task};
 use forte_relay::client::RelayError;
 
 /// Retries of this process so far (the tuner counts them against a setting).
@@ -10,6 +11,65 @@ static RETRIES: AtomicU64 = AtomicU64::new(0);
 
 pub fn retries_so_far() -> u64 {
     RETRIES.load(Ordering::Relaxed)
+}
+
+/// What a retried request does: the `operation` label of `forte_retries_total`, beside the role
+/// whose requests they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// What the relay holds of objects (the edge asks before and beside sending).
+    Status,
+    Upload,
+    /// Sealing an object or a batch.
+    Seal,
+    Cancel,
+    /// The core's listing of what is ready.
+    Listing,
+    /// An inventory, a manifest or a part.
+    Download,
+    Acknowledge,
+}
+
+impl Operation {
+    pub const ALL: [Operation; 7] = [
+        Self::Status,
+        Self::Upload,
+        Self::Seal,
+        Self::Cancel,
+        Self::Listing,
+        Self::Download,
+        Self::Acknowledge,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status => "status",
+            Self::Upload => "upload",
+            Self::Seal => "seal",
+            Self::Cancel => "cancel",
+            Self::Listing => "listing",
+            Self::Download => "download",
+            Self::Acknowledge => "acknowledge",
+        }
+    }
+
+    /// Whose requests these are.
+    pub fn role(self) -> Role {
+        match self {
+            Self::Status | Self::Upload | Self::Seal | Self::Cancel => Role::Edge,
+            Self::Listing | Self::Download | Self::Acknowledge => Role::Core,
+        }
+    }
+}
+
+impl From<Task> for Operation {
+    fn from(task: Task) -> Self {
+        match task {
+            Task::Upload => Self::Upload,
+            Task::Seal => Self::Seal,
+            Task::Download => Self::Download,
+        }
+    }
 }
 
 /// How long to keep trying.
@@ -41,18 +101,21 @@ impl Retry {
     }
 
     /// Runs `op` until it succeeds, fails for good (not transient), or the attempts run out.
-    /// `what` names the operation in the log line of each retry.
+    /// `what` names the request in the log line of each retry; each retry is counted under
+    /// `operation`.
     pub fn run<T>(
         &self,
+        operation: Operation,
         what: &str,
         op: impl FnMut() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        self.run_sleeping(what, op, std::thread::sleep)
+        self.run_sleeping(operation, what, op, std::thread::sleep)
     }
 
     /// [`Retry::run`] with the wait between attempts done by `sleep` (tests record it).
     fn run_sleeping<T>(
         &self,
+        operation: Operation,
         what: &str,
         mut op: impl FnMut() -> Result<T, RelayError>,
         mut sleep: impl FnMut(Duration),
@@ -66,7 +129,7 @@ impl Retry {
                 Err(e) if self.attempts.is_some_and(|n| attempt >= n) => return Err(e),
                 Err(e) => {
                     let wait = jitter(delay);
-                    crate::monitor::retry();
+                    crate::monitor::retry(operation);
                     RETRIES.fetch_add(1, Ordering::Relaxed);
                     eprintln!(
                         "retrying {what} in {:.1} s (attempt {attempt}): {e}",
@@ -121,7 +184,7 @@ mod tests {
     /// retry forever stops there, so that a wrong classification fails the test, not hangs it).
     fn calls(retry: Retry, e: impl Fn() -> RelayError) -> u32 {
         let n = Cell::new(0);
-        let _ = retry.run("a test", || {
+        let _ = retry.run(Operation::Upload, "a test", || {
             n.set(n.get() + 1);
             if n.get() == 20 {
                 return Ok(());
@@ -202,6 +265,7 @@ mod tests {
         let n = Cell::new(0);
         let mut slept = Vec::new();
         let got: Result<(), _> = retry.run_sleeping(
+            Operation::Upload,
             "a test",
             || {
                 n.set(n.get() + 1);
@@ -243,7 +307,7 @@ mod tests {
     #[test]
     fn a_transient_failure_then_success_succeeds() {
         let n = Cell::new(0);
-        let got = quick(None).run("a test", || {
+        let got = quick(None).run(Operation::Upload, "a test", || {
             n.set(n.get() + 1);
             if n.get() < 3 {
                 Err(error(Some(503), false))

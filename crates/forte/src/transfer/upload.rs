@@ -11,7 +11,7 @@ use forte_relay::api::{ObjectState, PartRef};
 use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 
-use super::retry::Retry;
+use super::retry::{Operation, Retry};
 use crate::record::note;
 
 pub struct UploadSink<'a> {
@@ -68,7 +68,9 @@ impl UploadSink<'_> {
         (task, id, part): (Task, ObjectId, Option<u32>),
         op: impl Fn() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        let done = self.retry.run(what, || self.attempt(task, id, part, &op));
+        let done = self
+            .retry
+            .run(task.into(), what, || self.attempt(task, id, part, &op));
         if done.as_ref().is_err_and(|e| e.held.is_some()) {
             (self.on_held)(id);
         }
@@ -204,9 +206,11 @@ pub fn at_relay(
     retry: &Retry,
     ids: &[ObjectId],
 ) -> Result<HashMap<ObjectId, AtRelay>> {
-    let mut known = retry.run(&format!("status of {} objects", ids.len()), || {
-        client.statuses(ids)
-    })?;
+    let mut known = retry.run(
+        Operation::Status,
+        &format!("status of {} objects", ids.len()),
+        || client.statuses(ids),
+    )?;
     Ok(ids
         .iter()
         .map(|id| {

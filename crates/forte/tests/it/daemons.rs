@@ -313,6 +313,67 @@ fn killed_pullers_deliver_exactly_once_and_never_show_partial_files() {
 }
 
 #[test]
+fn daemons_describe_every_metric_and_count_from_the_start() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let (edge_addr, core_addr) = (free_addr(), free_addr());
+    let _send = spawn(&site.send(&["--watch", "--metrics", &edge_addr]));
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--metrics", &core_addr]);
+    let _pull = spawn(&pull);
+    // Where, which metric, with which labels.
+    type Series<'a> = (&'a str, &'a str, &'a [(&'a str, &'a str)]);
+    let expected: [Series; 6] = [
+        (
+            &edge_addr,
+            "forte_batches_total",
+            &[("role", "edge"), ("outcome", "sent")],
+        ),
+        (
+            &edge_addr,
+            "forte_batches_total",
+            &[("role", "edge"), ("outcome", "failed")],
+        ),
+        (&edge_addr, "forte_failures_total", &[("role", "edge")]),
+        (
+            &edge_addr,
+            "forte_retries_total",
+            &[("role", "edge"), ("operation", "upload")],
+        ),
+        (
+            &core_addr,
+            "forte_batches_total",
+            &[("role", "core"), ("outcome", "delivered")],
+        ),
+        (
+            &core_addr,
+            "forte_retries_total",
+            &[("role", "core"), ("operation", "download")],
+        ),
+    ];
+    for (addr, metric, labels) in expected {
+        // Before anything happened: every counter an alert may watch is there, at 0.
+        let found = || scrape(addr).and_then(|s| sample(&s, metric, labels));
+        assert!(
+            wait_for(20, || found().is_some()),
+            "{metric} {labels:?} absent at {addr}"
+        );
+        assert_eq!(found(), Some(0.0), "{metric} {labels:?}");
+    }
+    for addr in [&edge_addr, &core_addr] {
+        let scraped = scrape(addr).unwrap();
+        for s in &scraped.samples {
+            assert!(
+                scraped.docs.contains_key(&s.metric),
+                "no # HELP for {} at {addr}",
+                s.metric
+            );
+        }
+    }
+}
+
+#[test]
 fn sender_and_puller_serve_prometheus_metrics() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
