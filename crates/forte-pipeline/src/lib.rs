@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 use std::thread::Scope;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 pub use crossbeam_channel::{Receiver, Sender};
 
@@ -190,7 +190,51 @@ pub struct StageStats {
     items_out: AtomicU64,
     bytes_in: AtomicU64,
     bytes_out: AtomicU64,
+    /// Busy time of the stretches of work that ended.
     busy_nanos: AtomicU64,
+    /// When each worker's stretch of work under way began, in nanoseconds since `epoch` plus
+    /// one (0: not working), so a reading counts work while it goes on, not when it ends.
+    working_since: Vec<AtomicU64>,
+    epoch: Instant,
+    /// The highest busy time read so far: a stretch that ends between the two loads of a
+    /// reading is briefly in neither, and a reading never goes back.
+    busy_read: AtomicU64,
+}
+
+impl StageStats {
+    fn nanos(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64 + 1
+    }
+
+    /// Worker `worker` starts a stretch of work.
+    fn start_work(&self, worker: usize) {
+        self.working_since[worker].store(self.nanos(), Ordering::Relaxed);
+    }
+
+    /// Worker `worker`'s stretch of work ends (done, or waiting on something).
+    fn stop_work(&self, worker: usize) {
+        let since = self.working_since[worker].swap(0, Ordering::Relaxed);
+        if since != 0 {
+            let busy = self.nanos().saturating_sub(since);
+            self.busy_nanos.fetch_add(busy, Ordering::Relaxed);
+        }
+    }
+
+    /// Busy time so far, the stretches under way included.
+    fn busy_nanos_now(&self) -> u64 {
+        let ended = self.busy_nanos.load(Ordering::Relaxed);
+        let now = self.nanos();
+        let under_way: u64 = self
+            .working_since
+            .iter()
+            .map(|since| match since.load(Ordering::Relaxed) {
+                0 => 0,
+                since => now.saturating_sub(since),
+            })
+            .sum();
+        let busy = ended + under_way;
+        self.busy_read.fetch_max(busy, Ordering::Relaxed).max(busy)
+    }
 }
 
 /// A point-in-time reading of one stage.
@@ -206,7 +250,8 @@ pub struct StageSnapshot {
     pub items_out: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
-    /// Summed over workers; time blocked on a full output queue is not counted.
+    /// Summed over workers, the work under way included; time blocked on a full output
+    /// queue or another resource is not counted.
     pub busy_seconds: f64,
     /// Input bytes per busy second of one worker: what the stage can do per worker.
     pub service_rate_bytes_per_sec: f64,
@@ -215,7 +260,7 @@ pub struct StageSnapshot {
 impl StageStats {
     pub fn snapshot(&self) -> StageSnapshot {
         let bytes_in = self.bytes_in.load(Ordering::Relaxed);
-        let busy_seconds = self.busy_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+        let busy_seconds = self.busy_nanos_now() as f64 / 1e9;
         StageSnapshot {
             name: self.name,
             work: self.work,
@@ -250,7 +295,8 @@ pub struct Emit<'a, O> {
     stats: &'a StageStats,
     budget: Option<&'a Budget>,
     rank: Rank,
-    blocked: Duration,
+    /// The worker's index in its stage, whose busy time it keeps.
+    worker: usize,
 }
 
 impl<O: Weigh> Emit<'_, O> {
@@ -271,7 +317,7 @@ impl<O: Weigh> Emit<'_, O> {
     /// Runs `wait`, something that blocks on a resource (a memory budget, a connection slot),
     /// without counting the time as busy and without holding a CPU token meanwhile.
     pub fn waiting<R>(&mut self, wait: impl FnOnce() -> R) -> R {
-        let start = Instant::now();
+        self.stats.stop_work(self.worker);
         if let Some(budget) = self.budget {
             budget.release(1);
         }
@@ -279,7 +325,7 @@ impl<O: Weigh> Emit<'_, O> {
         if let Some(budget) = self.budget {
             budget.acquire(1, self.rank);
         }
-        self.blocked += start.elapsed();
+        self.stats.start_work(self.worker);
         result
     }
 
@@ -366,6 +412,9 @@ impl Pipeline {
             bytes_in: AtomicU64::new(0),
             bytes_out: AtomicU64::new(0),
             busy_nanos: AtomicU64::new(0),
+            working_since: (0..spec.workers).map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
+            busy_read: AtomicU64::new(0),
         });
         let mut stages = self.stages.lock();
         stages.push(stats.clone());
@@ -416,7 +465,7 @@ impl Pipeline {
         } = spec;
         let (rank, stats) = self.register(spec, &input);
         let job = Arc::new(job);
-        for _ in 0..workers {
+        for worker in 0..workers {
             let (input, output, stats, job, gate) = (
                 input.clone(),
                 output.clone(),
@@ -439,22 +488,19 @@ impl Pipeline {
                         if let Some(b) = &budget {
                             b.acquire(1, rank);
                         }
-                        let start = Instant::now();
+                        stats.start_work(worker);
                         let mut emit = Emit {
                             tx: &output,
                             stats: &stats,
                             budget: budget.as_deref(),
                             rank,
-                            blocked: Duration::ZERO,
+                            worker,
                         };
                         job(item, &mut emit);
-                        let busy = start.elapsed().saturating_sub(emit.blocked);
+                        stats.stop_work(worker);
                         if let Some(b) = &budget {
                             b.release(1);
                         }
-                        stats
-                            .busy_nanos
-                            .fetch_add(busy.as_nanos() as u64, Ordering::Relaxed);
                     }
                 })
                 .expect("spawning a pipeline worker thread");
@@ -638,6 +684,7 @@ pub fn queue<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     impl Weigh for u64 {
         fn weight(&self) -> u64 {
@@ -671,6 +718,38 @@ mod tests {
         assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
         assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
         assert_eq!(snap[0].queue_capacity, 2);
+    }
+
+    #[test]
+    fn busy_time_counts_work_under_way_and_stops_when_idle() {
+        let pipeline = Pipeline::new(Budget::new(2));
+        let (tx, rx) = queue::<u64>(1);
+        let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
+        let (finish, finished) = crossbeam_channel::bounded::<()>(0);
+        let busy = || pipeline.snapshot()[0].busy_seconds;
+        std::thread::scope(|s| {
+            pipeline.sink(s, "work", Gate::fixed(1), rx, |_| {
+                started_tx.send(()).unwrap();
+                // Working until told to stop.
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while finished.try_recv().is_err() && Instant::now() < deadline {
+                    std::hint::spin_loop();
+                }
+            });
+            tx.send(1).unwrap();
+            started.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            // One item, not finished: its time so far is busy time already.
+            let during = busy();
+            assert!(during >= 0.15, "busy {during} s while working for 0.2 s");
+            finish.send(()).unwrap();
+            drop(tx);
+        });
+        let after = busy();
+        assert!(after >= 0.15, "{after}");
+        // Idle since: no more busy time, and a reading never goes back.
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(busy(), after);
     }
 
     #[test]

@@ -2,34 +2,42 @@
 //! given with `--metrics` (the relay serves its own on its HTTPS port).
 //!
 //! Names: `forte_stage_*{role,stage}` for each pipeline stage (queue depth, bytes and items
-//! through it, busy seconds, service rate), `forte_queue_*{role}` for the batch queue,
+//! through it, busy seconds, service rate), read from the running pipelines at each scrape,
+//! so a queue shows how full it is now and busy time grows while an item is worked on; `forte_queue_*{role}` for the batch queue,
 //! `forte_batches_total{role,outcome}`, `forte_failures_total{role}`,
 //! `forte_retries_total{role,operation}`, the settings the send tunes (`forte_tuned_uploads`, with
 //! `forte_upload_goodput_bytes_per_second`, from `edge::tuning`; `forte_zstd_level`), and with
 //! `send --bwlimit` the limit in force, `forte_upload_limit_bytes_per_second{role="edge"}` (0:
 //! none; set by `forte_relay::pace`).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchState, Role};
-use forte_pipeline::Pipeline;
+use forte_pipeline::{Pipeline, StageSnapshot};
 
 use crate::transfer::retry::Operation;
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use parking_lot::Mutex;
 
-/// Starts the metrics endpoint of `role`'s daemon on `addr` (its own thread and runtime), with
-/// every family described and every counter whose labels are known in advance present from
-/// the start, at 0: an alert on a counter's rate needs the series before the first event.
-/// (The stage families appear when the first pass starts its stages.)
+/// Starts the metrics endpoint of `role`'s daemon on `addr` (a thread of its own), with every
+/// family described and every counter whose labels are known in advance present from the
+/// start, at 0: an alert on a counter's rate needs the series before the first event. The
+/// pipeline stages' families are read at each scrape (see [`stage_families`]).
 pub fn serve(addr: SocketAddr, role: Role) -> Result<()> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    let handle = PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot record metrics")?;
+    std::thread::Builder::new()
+        .name("forte-metrics".into())
+        .spawn(move || serve_scrapes(listener, handle))
+        .context("cannot start the metrics thread")?;
     describe();
     let outcomes = match role {
         Role::Edge => [BatchState::Sent, BatchState::Failed],
@@ -48,37 +56,150 @@ pub fn serve(addr: SocketAddr, role: Role) -> Result<()> {
     Ok(())
 }
 
+/// Answers `GET /metrics` on `listener`: the recorded families, then the stages'.
+fn serve_scrapes(listener: std::net::TcpListener, handle: PrometheusHandle) {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => return eprintln!("metrics are not served: {e}"),
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => return eprintln!("metrics are not served: {e}"),
+        };
+        let scrape = move || {
+            let mut text = handle.render();
+            text.push_str(&stage_families());
+            async move { text }
+        };
+        let app = axum::Router::new().route("/metrics", axum::routing::get(scrape));
+        if let Err(e) = axum::serve(listener, app).await {
+            eprintln!("metrics are no longer served: {e}");
+        }
+    });
+}
+
+/// The pipelines running now, and the totals of those that ended, per role and stage.
+#[derive(Default)]
+struct Stages {
+    running: Vec<(u64, Role, Pipeline)>,
+    next: u64,
+    ended: BTreeMap<(&'static str, &'static str), StageTotals>,
+}
+
+/// What a stage did, summed over its pipelines.
+#[derive(Default, Clone, Copy)]
+struct StageTotals {
+    queue_depth: usize,
+    items: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+    busy_seconds: f64,
+}
+
+impl StageTotals {
+    fn add(&mut self, st: &StageSnapshot, running: bool) {
+        if running {
+            self.queue_depth += st.queue_depth;
+        }
+        self.items += st.items_in;
+        self.bytes_in += st.bytes_in;
+        self.bytes_out += st.bytes_out;
+        self.busy_seconds += st.busy_seconds;
+    }
+}
+
+static STAGES: Mutex<Option<Stages>> = Mutex::new(None);
+
+/// A stage family: its name, type, help text, and its value of a stage's totals.
+type StageFamily = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&StageTotals) -> f64,
+);
+
+/// The stages' families in Prometheus' text format, read now: queue depths as they are, and
+/// busy time with the work under way (in seconds).
+fn stage_families() -> String {
+    let mut totals = BTreeMap::new();
+    if let Some(stages) = STAGES.lock().as_ref() {
+        totals.clone_from(&stages.ended);
+        for (_, role, pipeline) in &stages.running {
+            for st in pipeline.snapshot() {
+                let key = (role.as_str(), st.name);
+                totals
+                    .entry(key)
+                    .or_insert_with(StageTotals::default)
+                    .add(&st, true);
+            }
+        }
+    }
+    let families: [StageFamily; 6] = [
+        (
+            "forte_stage_queue_depth",
+            "gauge",
+            "Items waiting in a pipeline stage's input queue",
+            |t| t.queue_depth as f64,
+        ),
+        (
+            "forte_stage_items_total",
+            "counter",
+            "Items (files or parts, as the stage takes them) that entered a pipeline stage",
+            |t| t.items as f64,
+        ),
+        (
+            "forte_stage_bytes_in_total",
+            "counter",
+            "Bytes that entered a pipeline stage",
+            |t| t.bytes_in as f64,
+        ),
+        (
+            "forte_stage_bytes_out_total",
+            "counter",
+            "Bytes a pipeline stage passed on",
+            |t| t.bytes_out as f64,
+        ),
+        (
+            "forte_stage_busy_seconds_total",
+            "counter",
+            "Time a stage's workers spent on items, summed over workers, work under way included",
+            |t| t.busy_seconds,
+        ),
+        (
+            "forte_stage_service_rate_bytes_per_second",
+            "gauge",
+            "Input bytes a stage handles per busy second of one worker",
+            |t| {
+                if t.busy_seconds > 0.0 {
+                    t.bytes_in as f64 / t.busy_seconds
+                } else {
+                    0.0
+                }
+            },
+        ),
+    ];
+    let mut text = String::new();
+    for (name, kind, help, value) in families {
+        if totals.is_empty() {
+            break;
+        }
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for ((role, stage), t) in &totals {
+            text.push_str(&format!(
+                "{name}{{role=\"{role}\",stage=\"{stage}\"}} {}\n",
+                value(t)
+            ));
+        }
+    }
+    text
+}
+
 /// The `# HELP` text and unit of every family the send and pull daemons publish.
 fn describe() {
-    describe_gauge!(
-        "forte_stage_queue_depth",
-        Unit::Count,
-        "Items waiting in a pipeline stage's input queue"
-    );
-    describe_gauge!(
-        "forte_stage_service_rate_bytes_per_second",
-        "Input bytes a stage handles per busy second of one worker"
-    );
-    describe_counter!(
-        "forte_stage_items_total",
-        Unit::Count,
-        "Items (files or parts) that entered a pipeline stage"
-    );
-    describe_counter!(
-        "forte_stage_bytes_in_total",
-        Unit::Bytes,
-        "Bytes that entered a pipeline stage"
-    );
-    describe_counter!(
-        "forte_stage_bytes_out_total",
-        Unit::Bytes,
-        "Bytes a pipeline stage passed on"
-    );
-    describe_counter!(
-        "forte_stage_busy_milliseconds_total",
-        Unit::Milliseconds,
-        "Time a stage's workers spent on items, summed over workers"
-    );
     describe_gauge!(
         "forte_queue_batches",
         Unit::Count,
@@ -129,52 +250,44 @@ fn describe() {
     );
 }
 
-/// Runs `work` while a thread publishes `pipeline`'s stage counters once a second (and once
-/// more at the end), plus whatever `also` publishes.
+/// Runs `work` while `pipeline`'s stages are read at each scrape, and `also` publishes once
+/// a second (and once more at the end). What the pipeline did stays counted after it ends.
 pub fn while_running<R>(
     role: Role,
     pipeline: &Pipeline,
     also: impl Fn() + Sync,
     work: impl FnOnce() -> R,
 ) -> R {
+    let id = {
+        let mut stages = STAGES.lock();
+        let stages = stages.get_or_insert_with(Stages::default);
+        stages.next += 1;
+        stages.running.push((stages.next, role, pipeline.clone()));
+        stages.next
+    };
     let (done, finished) = std::sync::mpsc::channel::<()>();
-    std::thread::scope(|s| {
+    let result = std::thread::scope(|s| {
         let also = &also;
-        s.spawn(move || {
-            // A pipeline's counters start at zero with each pass; the exported counters go on
-            // from where the last pass left them.
-            let mut seen: HashMap<&'static str, [u64; 4]> = HashMap::new();
-            loop {
-                let last = finished.recv_timeout(Duration::from_secs(1))
-                    != Err(std::sync::mpsc::RecvTimeoutError::Timeout);
-                for st in pipeline.snapshot() {
-                    let labels = [("role", role.as_str()), ("stage", st.name)];
-                    gauge!("forte_stage_queue_depth", &labels).set(st.queue_depth as f64);
-                    gauge!("forte_stage_service_rate_bytes_per_second", &labels)
-                        .set(st.service_rate_bytes_per_sec);
-                    let now = [
-                        st.items_in,
-                        st.bytes_in,
-                        st.bytes_out,
-                        (st.busy_seconds * 1e3) as u64,
-                    ];
-                    let before = seen.insert(st.name, now).unwrap_or_default();
-                    let delta = |i: usize| now[i].saturating_sub(before[i]);
-                    counter!("forte_stage_items_total", &labels).increment(delta(0));
-                    counter!("forte_stage_bytes_in_total", &labels).increment(delta(1));
-                    counter!("forte_stage_bytes_out_total", &labels).increment(delta(2));
-                    counter!("forte_stage_busy_milliseconds_total", &labels).increment(delta(3));
-                }
-                also();
-                if last {
-                    break;
-                }
+        s.spawn(move || loop {
+            let last = finished.recv_timeout(Duration::from_secs(1))
+                != Err(std::sync::mpsc::RecvTimeoutError::Timeout);
+            also();
+            if last {
+                break;
             }
         });
         let result = work();
         drop(done);
         result
-    })
+    });
+    let mut stages = STAGES.lock();
+    let stages = stages.get_or_insert_with(Stages::default);
+    stages.running.retain(|(running, _, _)| *running != id);
+    for st in pipeline.snapshot() {
+        let key = (role.as_str(), st.name);
+        stages.ended.entry(key).or_default().add(&st, false);
+    }
+    result
 }
 
 /// The batch queue of `role`: batches in flight, files and bytes waiting.

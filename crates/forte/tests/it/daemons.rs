@@ -415,7 +415,7 @@ fn sender_and_puller_serve_prometheus_metrics() {
         "{:?}",
         edge_sent()
     );
-    // Stage counters are published once a second.
+    // Stage counters are read at each scrape.
     let compressed = || {
         scrape(&edge_addr).and_then(|s| {
             sample(
@@ -429,6 +429,14 @@ fn sender_and_puller_serve_prometheus_metrics() {
         wait_for(10, || compressed() == Some(3.0 * 1_200_000.0)),
         "raw bytes into compress: {:?}",
         compressed()
+    );
+    // The queue and the settings are published once a second.
+    let level =
+        || scrape(&edge_addr).and_then(|s| sample(&s, "forte_zstd_level", &[("role", "edge")]));
+    assert!(
+        wait_for(10, || level() == Some(5.0)),
+        "zstd level {:?}",
+        level()
     );
     let edge = scrape(&edge_addr).unwrap();
     assert_eq!(
@@ -477,6 +485,26 @@ fn sender_and_puller_serve_prometheus_metrics() {
         "one part per file verified: {:?}",
         verified()
     );
+    // Busy time in seconds (base units), and every family described, stages' included.
+    for (addr, role, stage) in [
+        (&edge_addr, "edge", "compress"),
+        (&core_addr, "core", "decrypt"),
+    ] {
+        let scraped = scrape(addr).unwrap();
+        let labels = [("role", role), ("stage", stage)];
+        let busy = sample(&scraped, "forte_stage_busy_seconds_total", &labels);
+        assert!(
+            busy.is_some_and(|s| s > 0.0 && s < 60.0),
+            "{role} {stage}: {busy:?} s"
+        );
+        for s in &scraped.samples {
+            assert!(
+                scraped.docs.contains_key(&s.metric),
+                "no # HELP for {} at {addr}",
+                s.metric
+            );
+        }
+    }
 }
 
 /// Objects of a batch the edge has not finished are fetched, verified and staged by a
