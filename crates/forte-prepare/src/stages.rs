@@ -145,6 +145,11 @@ impl PrepareJob {
         Self::new(source, ObjectId::random(), "")
     }
 
+    /// The raw bytes of the files it carries (a bundle's tar stream is larger by its headers).
+    pub fn file_bytes(&self) -> u64 {
+        self.files().iter().map(|(source, _)| source.size).sum()
+    }
+
     /// The files of this job with their ids: a bundle's members, or the file itself.
     pub fn files(&self) -> Vec<(&SourceFile, ObjectId)> {
         if self.members.is_empty() {

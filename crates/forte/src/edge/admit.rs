@@ -370,6 +370,7 @@ impl Edge<'_> {
                 flight.pending_files += job.members.len().max(1);
                 job.held = held;
                 let size = job.source.size;
+                flight.pending_bytes.insert(job.id, job.file_bytes());
                 planned.push((job, size));
             }
         }

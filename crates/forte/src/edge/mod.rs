@@ -114,6 +114,8 @@ struct InFlight {
     pending: usize,
     /// The files of those objects.
     pending_files: usize,
+    /// The raw bytes of each of those objects: what is left of the batch to send.
+    pending_bytes: HashMap<ObjectId, u64>,
     /// Objects whose last request (the one that seals them) has not started, and files with
     /// no inventory entry yet: when both reach zero with nothing failed, the batch is sealed
     /// beside its last uploads instead of a round trip after them.
@@ -153,6 +155,7 @@ impl InFlight {
             entries: Vec::new(),
             pending: 0,
             pending_files: 0,
+            pending_bytes: HashMap::new(),
             unsealed: 0,
             unlisted_files: 0,
             early_seal: None,

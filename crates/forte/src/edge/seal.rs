@@ -49,6 +49,7 @@ impl Edge<'_> {
         }
         flight.pending -= 1;
         flight.pending_files -= outcomes.len();
+        flight.pending_bytes.remove(&object);
         if flight.pending == 0 {
             let flight = flights.remove(&batch_key).expect("looked up above");
             drop(flights);
@@ -278,8 +279,15 @@ impl Edge<'_> {
             };
             let (files, bytes) = self.queue.totals();
             let publish = || {
-                let (files, bytes) = self.queue.totals();
-                crate::monitor::queue(Role::Edge, self.in_flight.lock().len(), files, bytes);
+                // Everything admitted and not finished: queued, being prepared, or uploading
+                // (and waiting for a relay that does not answer).
+                let flights = self.in_flight.lock();
+                let files = flights.values().map(|f| f.pending_files).sum();
+                let bytes = flights
+                    .values()
+                    .flat_map(|f| f.pending_bytes.values())
+                    .sum();
+                crate::monitor::queue(Role::Edge, flights.len(), files, bytes);
                 crate::monitor::zstd_level(prepare.totals.level.load(Ordering::Relaxed));
             };
             let tuning = self.setup.tune.then(|| Tuning {

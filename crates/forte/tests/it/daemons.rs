@@ -374,6 +374,30 @@ fn daemons_describe_every_metric_and_count_from_the_start() {
 }
 
 #[test]
+fn the_edge_counts_as_queued_what_waits_for_a_relay_that_does_not_answer() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    // Nothing listens there: every upload is refused a connection and retried.
+    let mut send = site.send(&["--watch", "--interval", "1", "--metrics"]);
+    let edge_addr = free_addr();
+    send.push(edge_addr.clone().into());
+    let relay = send.iter().position(|a| a == "--relay").unwrap() + 1;
+    send[relay] = format!("https://{}", free_addr()).into();
+    let _send = spawn(&send);
+    write_batch(&inbox, "stuck", 3, 500_000);
+    let queued =
+        |metric: &str| scrape(&edge_addr).and_then(|s| sample(&s, metric, &[("role", "edge")]));
+    assert!(
+        wait_for(30, || queued("forte_queue_files") == Some(3.0)),
+        "files queued: {:?}",
+        queued("forte_queue_files")
+    );
+    assert_eq!(queued("forte_queue_bytes"), Some(3.0 * 500_000.0));
+    assert_eq!(queued("forte_queue_batches"), Some(1.0));
+}
+
+#[test]
 fn sender_and_puller_serve_prometheus_metrics() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
