@@ -398,6 +398,41 @@ fn the_edge_counts_as_queued_what_waits_for_a_relay_that_does_not_answer() {
 }
 
 #[test]
+fn a_slow_stage_shows_its_queue_filling() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let edge_addr = free_addr();
+    // zstd at level 19 is far slower than reading and hashing: parts wait for compression.
+    let _send = spawn(&site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--metrics",
+        &edge_addr,
+        "--level",
+        "19",
+    ]));
+    write_batch(&inbox, "slow", 12, 3_000_000);
+    let depth = || {
+        let labels = [("role", "edge"), ("stage", "compress")];
+        scrape(&edge_addr).and_then(|s| sample(&s, "forte_stage_queue_depth", &labels))
+    };
+    let mut most = 0.0f64;
+    let sent = || {
+        let labels = [("role", "edge"), ("outcome", "sent")];
+        scrape(&edge_addr).and_then(|s| sample(&s, "forte_batches_total", &labels))
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while sent() != Some(1.0) && std::time::Instant::now() < deadline {
+        most = most.max(depth().unwrap_or(0.0));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(sent(), Some(1.0), "the batch was not sent");
+    assert!(most >= 1.0, "the compress queue never held a part: {most}");
+}
+
+#[test]
 fn sender_and_puller_serve_prometheus_metrics() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
