@@ -85,9 +85,16 @@ pub struct RunKpi {
     /// Pipeline end: the last delivered batch finishes its last task.
     pub ended: i64,
     pub seconds: f64,
-    /// R_P in MB/s over delivered batches.
+    /// R_P in MB/s over delivered batches, from the first start to the last delivery: the
+    /// offered load when batches came slower than the pipeline could take them.
     pub rate_mb_s: f64,
-    /// R_P × 86 400 s, in bytes.
+    /// R_P × 86 400 s, in bytes: what arrived per day at this pace.
+    pub offered_bytes_per_day: f64,
+    /// Seconds in which at least one delivered batch was being sent or pulled.
+    pub busy_seconds: f64,
+    /// Raw MB per busy second: what the pipeline delivers while it has work.
+    pub capacity_mb_s: f64,
+    /// The capacity × 86 400 s, in bytes.
     pub daily_capacity_bytes: f64,
     /// Raw bytes over bytes on the wire.
     pub compression_ratio: f64,
@@ -176,6 +183,12 @@ pub fn run(batches: &[BatchKpi]) -> Option<RunKpi> {
     } else {
         0.0
     };
+    let busy = busy_seconds(delivered.iter().flat_map(|b| &b.stages));
+    let capacity = if busy > 0.0 {
+        raw_bytes as f64 / busy
+    } else {
+        0.0
+    };
     let latencies: Vec<f64> = delivered.iter().filter_map(|b| b.latency_s).collect();
     Some(RunKpi {
         batches: batches.len(),
@@ -186,7 +199,10 @@ pub fn run(batches: &[BatchKpi]) -> Option<RunKpi> {
         ended,
         seconds: secs,
         rate_mb_s: rate / 1e6,
-        daily_capacity_bytes: rate * 86_400.0,
+        offered_bytes_per_day: rate * 86_400.0,
+        busy_seconds: busy,
+        capacity_mb_s: capacity / 1e6,
+        daily_capacity_bytes: capacity * 86_400.0,
         compression_ratio: if sealed_bytes > 0 {
             raw_bytes as f64 / sealed_bytes as f64
         } else {
@@ -252,6 +268,23 @@ pub fn link_use(batches: &[BatchKpi], usage: &[UsageRow], link_rate: f64) -> Opt
         median_share_of_link: shares[n / 2],
         mean_share_of_link: shares.iter().sum::<f64>() / n as f64,
     })
+}
+
+/// The time covered by at least one of `spans` (their union): a pipeline's busy time, its
+/// idle minutes between batches left out.
+fn busy_seconds<'a>(spans: impl Iterator<Item = &'a StageSpan>) -> f64 {
+    let mut spans: Vec<(i64, i64)> = spans.map(|s| (s.started, s.ended)).collect();
+    spans.sort_unstable();
+    let mut busy = 0;
+    let mut covered_to = i64::MIN;
+    for (started, ended) in spans {
+        let from = started.max(covered_to);
+        if ended > from {
+            busy += ended - from;
+            covered_to = ended;
+        }
+    }
+    seconds(busy)
 }
 
 /// Whether a daily capacity sustains a nominal rate (bytes per day), in words with numbers.
@@ -334,8 +367,39 @@ mod tests {
         assert_eq!((run.delivered, run.batches), (1, 2));
         assert_eq!(run.seconds, 8.0);
         assert_eq!(run.rate_mb_s, 12.5);
-        assert_eq!(run.daily_capacity_bytes, 12.5e6 * 86_400.0);
+        assert_eq!(run.offered_bytes_per_day, 12.5e6 * 86_400.0);
+        // Busy 2–6 s (send) and 7–10 s (pull): 7 of the 8 s.
+        assert_eq!(run.busy_seconds, 7.0);
+        assert_eq!(run.daily_capacity_bytes, 100e6 / 7.0 * 86_400.0);
         assert_eq!(run.compression_ratio, 2.5);
+    }
+
+    #[test]
+    fn capacity_leaves_out_the_idle_time_between_batches() {
+        // Two batches an hour apart, each sent in 2 s and pulled in 2 s.
+        let batch = |id: &str, at: i64| {
+            [
+                (
+                    row(BatchKey::edge(id), id, 100_000_000, at * 1_000_000),
+                    vec![stage(Stage::Send, at, at + 2)],
+                ),
+                (
+                    row(BatchKey::core("mine", id), "", 50_000_000, at * 1_000_000),
+                    vec![stage(Stage::Pull, at + 2, at + 4)],
+                ),
+            ]
+        };
+        let rows: Vec<_> = batch("b1", 0)
+            .into_iter()
+            .chain(batch("b2", 3_600))
+            .collect();
+        let run = run(&batches(&rows)).unwrap();
+        assert_eq!(run.busy_seconds, 8.0);
+        assert_eq!(run.capacity_mb_s, 25.0, "200 MB in 8 busy seconds");
+        assert_eq!(run.daily_capacity_bytes, 25e6 * 86_400.0);
+        // The offered load is what came in that hour, stated apart.
+        assert_eq!(run.seconds, 3_604.0);
+        assert!((run.offered_bytes_per_day - 200e6 / 3_604.0 * 86_400.0).abs() < 1.0);
     }
 
     #[test]

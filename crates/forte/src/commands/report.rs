@@ -210,11 +210,17 @@ fn print_text(r: &Report) {
         run.compression_ratio
     );
     println!(
-        "R_P = {:.1} MB/s over {:.1} s; batch latency mean {:.1} s, max {:.1} s",
-        run.rate_mb_s, run.seconds, run.mean_latency_s, run.max_latency_s
+        "R_P = {:.1} MB/s over {:.1} s (the offered load: {:.2} TB/day); batch latency mean {:.1} s, max {:.1} s",
+        run.rate_mb_s,
+        run.seconds,
+        run.offered_bytes_per_day / 1e12,
+        run.mean_latency_s,
+        run.max_latency_s
     );
     println!(
-        "daily capacity R_P × 86 400 s = {:.2} TB/day",
+        "daily capacity: {:.1} MB/s over the {:.1} s a batch was being sent or pulled × 86 400 s = {:.2} TB/day",
+        run.capacity_mb_s,
+        run.busy_seconds,
         run.daily_capacity_bytes / 1e12
     );
     if let Some(v) = &r.verdict {

@@ -81,8 +81,16 @@ fn latency_is_queueing_plus_processing_per_task() {
         "every raw byte of both batches"
     );
     let rate = run["rate_mb_s"].as_f64().unwrap();
+    let capacity = run["capacity_mb_s"].as_f64().unwrap();
     let daily = run["daily_capacity_bytes"].as_f64().unwrap();
-    assert!((daily - rate * 1e6 * 86_400.0).abs() < 1.0);
+    // The capacity is over busy time, the offered load over the whole span.
+    assert!((daily - capacity * 1e6 * 86_400.0).abs() < 1.0);
+    assert!(
+        capacity >= rate,
+        "capacity {capacity} below the offered load {rate}"
+    );
+    let offered = run["offered_bytes_per_day"].as_f64().unwrap();
+    assert!((offered - rate * 1e6 * 86_400.0).abs() < 1.0);
 }
 
 #[test]
