@@ -261,6 +261,7 @@ mod tests {
             files: 2,
             bytes: 300,
             state,
+            arrived: None,
         };
         catalog.batch_state(&batch(BatchState::Queued)).unwrap();
         let a_bag = FileRecord::new(&b1, "o1", "bags/a.bag", 200, FileState::Discovered);
@@ -440,6 +441,7 @@ mod tests {
                     files: 1,
                     bytes: 1,
                     state: BatchState::Queued,
+                    arrived: None,
                 })
                 .unwrap();
         }
@@ -540,6 +542,7 @@ mod tests {
             files,
             bytes,
             state,
+            arrived: None,
         };
         catalog.batch_state(&record).unwrap();
     }

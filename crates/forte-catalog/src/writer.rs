@@ -30,6 +30,8 @@ pub(crate) struct BatchChange {
     pub(crate) bytes: i64,
     pub(crate) state: BatchState,
     pub(crate) at: i64,
+    /// When the batch arrived, if known: its row's `created_at` (never later than `at`).
+    pub(crate) arrived: Option<i64>,
 }
 
 /// A file's state, with whatever became known with it.
@@ -198,7 +200,7 @@ async fn insert_batch(
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $8)",
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
     )
     .bind(stored_key)
     .bind(b.key.role().as_str())
@@ -207,6 +209,7 @@ async fn insert_batch(
     .bind(b.state.as_str())
     .bind(files)
     .bind(bytes)
+    .bind(b.arrived.map_or(b.at, |arrived| arrived.min(b.at)))
     .bind(b.at)
     .execute(&mut *conn)
     .await?;

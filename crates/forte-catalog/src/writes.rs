@@ -28,6 +28,10 @@ pub struct BatchRecord<'a> {
     pub files: u64,
     pub bytes: u64,
     pub state: BatchState,
+    /// When the batch arrived, in microseconds since the epoch, if known (the edge: its ready
+    /// marker's time): the row's `created_at` when the batch is first recorded, so its latency
+    /// counts from arrival rather than from when it was found.
+    pub arrived: Option<i64>,
 }
 
 /// A file's state, with whatever became known with it.
@@ -101,6 +105,7 @@ impl Catalog {
             bytes: b.bytes as i64,
             state: b.state,
             at: self.tick(),
+            arrived: b.arrived,
         }))
     }
 

@@ -176,6 +176,7 @@ impl Delivery<'_> {
             files: batch.objects.len() as u64,
             bytes: sealed_bytes(batch.objects),
             state,
+            arrived: None,
         };
         note("a batch", self.catalog.batch_state(&record));
     }

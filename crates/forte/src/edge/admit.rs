@@ -21,7 +21,7 @@ use forte_relay::client::OpeningConnections;
 use parking_lot::{Condvar, Mutex};
 
 use super::deletion::drop_emptied_dirs;
-use super::inbox::{Batch, READY_MARKER};
+use super::inbox::{arrival_us, Batch, READY_MARKER};
 use super::seal::seal_beside;
 use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
 use crate::transfer::retry::Operation;
@@ -281,7 +281,9 @@ impl Edge<'_> {
                 report.files = found.files.len();
                 let (files, bytes) = (found.files.len() as u64, found.total_bytes());
                 flight.bytes = bytes;
-                self.record_batch(&batch_key, name, files, bytes, BatchState::Queued);
+                let arrived = arrival_us(dir);
+                let totals = (files, bytes);
+                self.record_arrived_batch(&batch_key, name, totals, BatchState::Queued, arrived);
                 report.errors.extend(
                     found
                         .rejected

@@ -78,7 +78,17 @@ pub(super) fn marker_time_us(dir: &Path) -> Option<i64> {
         .ok()?
         .modified()
         .ok()?;
-    let since = modified.duration_since(std::time::UNIX_EPOCH).ok()?;
+    micros_since_epoch(modified)
+}
+
+/// When the batch in `dir` arrived whole, in microseconds since the epoch: its ready marker's
+/// time, or without one the last change under it (it was sent once unchanged for `settle`).
+pub(super) fn arrival_us(dir: &Path) -> Option<i64> {
+    marker_time_us(dir).or_else(|| micros_since_epoch(newest_change(dir).ok()??))
+}
+
+fn micros_since_epoch(t: SystemTime) -> Option<i64> {
+    let since = t.duration_since(std::time::UNIX_EPOCH).ok()?;
     i64::try_from(since.as_micros()).ok()
 }
 

@@ -322,12 +322,26 @@ impl<'a> Edge<'a> {
 
     /// Records a batch's state and totals (the batch's, not this run's).
     fn record_batch(&self, key: &BatchKey, name: &str, files: u64, bytes: u64, state: BatchState) {
+        self.record_arrived_batch(key, name, (files, bytes), state, None);
+    }
+
+    /// [`Edge::record_batch`], with when the batch arrived if known: a batch recorded for the
+    /// first time gets that as its creation time, which its latency counts from.
+    fn record_arrived_batch(
+        &self,
+        key: &BatchKey,
+        name: &str,
+        (files, bytes): (u64, u64),
+        state: BatchState,
+        arrived: Option<i64>,
+    ) {
         let record = BatchRecord {
             key,
             name,
             files,
             bytes,
             state,
+            arrived,
         };
         note("a batch", self.setup.catalog.batch_state(&record));
     }

@@ -94,6 +94,45 @@ fn latency_is_queueing_plus_processing_per_task() {
 }
 
 #[test]
+fn latency_counts_from_the_batchs_arrival_not_from_when_it_was_found() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("late/log.txt"), &sample_bytes(100_000, 3));
+    let marker = inbox.join("late/.ready");
+    write(&marker, b"");
+    // It arrived a minute before the sender looked.
+    let arrived = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+    std::fs::File::options()
+        .write(true)
+        .open(&marker)
+        .unwrap()
+        .set_modified(arrived)
+        .unwrap();
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let report: serde_json::Value =
+        serde_json::from_str(&ok(&report_args(&site, args!["--format", "json"]))).unwrap();
+    let b = batch(&report, "late");
+    let arrived_us = arrived
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(
+        (b["arrived"].as_i64().unwrap() - arrived_us).abs() < 1_000,
+        "arrived {} µs, the marker says {arrived_us}",
+        b["arrived"]
+    );
+    let latency = b["latency_s"].as_f64().unwrap();
+    assert!(
+        latency >= 60.0,
+        "latency {latency} s from a batch a minute old"
+    );
+    // The minute before it was found is queueing, not processing.
+    let queued = b["queueing_s"].as_f64().unwrap();
+    assert!(queued >= 59.0, "queueing {queued} s");
+}
+
+#[test]
 fn fifo_serves_the_first_arrival_and_sjf_the_smallest() {
     let (_fifo_site, fifo) = run_with("fifo");
     assert!(send_started(&fifo, "a-large") < send_started(&fifo, "b-small"));
