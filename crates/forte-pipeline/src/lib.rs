@@ -31,16 +31,24 @@ pub use crossbeam_channel::{Receiver, Sender};
 
 /// How many bytes an item carries, for the stage counters.
 pub trait Weigh {
+    /// What one item is (an `object`, a `part`): a stage counts the items it takes in this
+    /// unit, which its counters carry, since stages of one pipeline take different things.
+    const ITEM: &'static str = "item";
+
     fn weight(&self) -> u64;
 }
 
 impl<T: Weigh> Weigh for Arc<T> {
+    const ITEM: &'static str = T::ITEM;
+
     fn weight(&self) -> u64 {
         T::weight(self)
     }
 }
 
 impl<T: Weigh, E> Weigh for Result<T, E> {
+    const ITEM: &'static str = T::ITEM;
+
     fn weight(&self) -> u64 {
         self.as_ref().map_or(0, Weigh::weight)
     }
@@ -182,6 +190,8 @@ impl BufferPool {
 /// Counters of one stage, updated by its workers and readable at any time.
 pub struct StageStats {
     name: &'static str,
+    /// What the items it takes are ([`Weigh::ITEM`]).
+    item: &'static str,
     work: Work,
     workers: usize,
     capacity: usize,
@@ -241,6 +251,8 @@ impl StageStats {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct StageSnapshot {
     pub name: &'static str,
+    /// What its items are: `items_in` counts these.
+    pub item: &'static str,
     pub work: Work,
     pub workers: usize,
     /// Items waiting in the stage's input queue.
@@ -263,6 +275,7 @@ impl StageStats {
         let busy_seconds = self.busy_nanos_now() as f64 / 1e9;
         StageSnapshot {
             name: self.name,
+            item: self.item,
             work: self.work,
             workers: self.workers,
             queue_depth: (self.depth)(),
@@ -395,7 +408,7 @@ impl Pipeline {
 
     /// Adds a stage's counters; its rank for the CPU budget is its position among the stages
     /// added so far.
-    fn register<I: Send + 'static>(
+    fn register<I: Weigh + Send + 'static>(
         &self,
         spec: StageSpec,
         input: &Receiver<I>,
@@ -403,6 +416,7 @@ impl Pipeline {
         let probe = input.clone();
         let stats = Arc::new(StageStats {
             name: spec.name,
+            item: I::ITEM,
             work: spec.work,
             workers: spec.workers,
             capacity: input.capacity().unwrap_or(0),

@@ -270,6 +270,9 @@ impl FileJob {
 }
 
 impl Weigh for FileJob {
+    /// A file, or a bundle of small ones.
+    const ITEM: &'static str = "object";
+
     fn weight(&self) -> u64 {
         self.source.size
     }
@@ -307,6 +310,8 @@ struct Piece {
 }
 
 impl Weigh for Piece {
+    const ITEM: &'static str = "part";
+
     fn weight(&self) -> u64 {
         match &self.body {
             Body::Part { data, .. } => data.len() as u64,

@@ -45,6 +45,8 @@ pub(crate) struct StagedFile {
 }
 
 impl Weigh for Job {
+    const ITEM: &'static str = "object";
+
     fn weight(&self) -> u64 {
         self.object.manifest.size
     }
@@ -60,6 +62,8 @@ struct Piece {
 }
 
 impl Weigh for Piece {
+    const ITEM: &'static str = "part";
+
     fn weight(&self) -> u64 {
         self.data.len() as u64
     }

@@ -93,6 +93,8 @@ struct Stages {
 /// What a stage did, summed over its pipelines.
 #[derive(Default, Clone, Copy)]
 struct StageTotals {
+    /// What the stage's items are (`object`, `part`).
+    item: &'static str,
     queue_depth: usize,
     items: u64,
     bytes_in: u64,
@@ -102,6 +104,7 @@ struct StageTotals {
 
 impl StageTotals {
     fn add(&mut self, st: &StageSnapshot, running: bool) {
+        self.item = st.item;
         if running {
             self.queue_depth += st.queue_depth;
         }
@@ -148,7 +151,7 @@ fn stage_families() -> String {
         (
             "forte_stage_items_total",
             "counter",
-            "Items (files or parts, as the stage takes them) that entered a pipeline stage",
+            "Items that entered a pipeline stage, in the unit its label item says (object: a file or a bundle; part)",
             |t| t.items as f64,
         ),
         (
@@ -189,8 +192,13 @@ fn stage_families() -> String {
         }
         text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
         for ((role, stage), t) in &totals {
+            // The items' unit goes with their count.
+            let item = match name {
+                "forte_stage_items_total" => format!(",item=\"{}\"", t.item),
+                _ => String::new(),
+            };
             text.push_str(&format!(
-                "{name}{{role=\"{role}\",stage=\"{stage}\"}} {}\n",
+                "{name}{{role=\"{role}\",stage=\"{stage}\"{item}}} {}\n",
                 value(t)
             ));
         }

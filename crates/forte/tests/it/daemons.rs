@@ -544,6 +544,13 @@ fn sender_and_puller_serve_prometheus_metrics() {
         "one part per file verified: {:?}",
         verified()
     );
+    // Each stage's items carry their unit: the first stage takes objects, the rest parts.
+    let edge = scrape(&edge_addr).unwrap();
+    for (stage, item) in [("read", "object"), ("compress", "part")] {
+        let labels = [("role", "edge"), ("stage", stage), ("item", item)];
+        let items = sample(&edge, "forte_stage_items_total", &labels);
+        assert!(items.is_some_and(|n| n >= 1.0), "{stage}: {items:?}");
+    }
     // Busy time in seconds (base units), and every family described, stages' included.
     for (addr, role, stage) in [
         (&edge_addr, "edge", "compress"),
