@@ -21,28 +21,59 @@ const SEND: &str = "#1f77b4";
 const QUEUE_PULL: &str = "#ffbb78";
 const PULL: &str = "#2ca02c";
 
+/// The clock-time range every chart of one report shares (µs since the epoch), so that a
+/// moment is at the same place on each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimeAxis {
+    pub t0: i64,
+    pub t1: i64,
+}
+
+impl TimeAxis {
+    /// From the first to the last of `times` (at least a second).
+    pub fn spanning(times: impl IntoIterator<Item = i64>) -> Self {
+        let (mut t0, mut t1) = (i64::MAX, i64::MIN);
+        for t in times {
+            (t0, t1) = (t0.min(t), t1.max(t));
+        }
+        if t0 > t1 {
+            (t0, t1) = (0, 0);
+        }
+        Self {
+            t0,
+            t1: t1.max(t0 + 1_000_000),
+        }
+    }
+
+    /// The moments a report's charts show: batches' arrivals and task ends, and samples.
+    pub fn of_report(batches: &[BatchKpi], usage: &[UsageRow], tuning: &[TuningSample]) -> Self {
+        let batch_times = batches
+            .iter()
+            .flat_map(|b| std::iter::once(b.arrived).chain(b.stages.iter().map(|s| s.ended)));
+        let samples = usage
+            .iter()
+            .map(|u| u.at)
+            .chain(tuning.iter().map(|t| t.at));
+        Self::spanning(batch_times.chain(samples))
+    }
+
+    fn seconds(&self) -> f64 {
+        (self.t1 - self.t0) as f64 / 1e6
+    }
+
+    /// Where moment `t` is between `LEFT` and the right margin.
+    fn x(&self, t: i64) -> f64 {
+        LEFT + (t - self.t0) as f64 / 1e6 / self.seconds() * (WIDTH - LEFT - RIGHT)
+    }
+}
+
 /// A Gantt chart: one row per batch in arrival order; for each, the time queued before
-/// `send`, `send`, the time waiting at the relay, and `pull`. The x axis is seconds since the
-/// first arrival.
-pub fn timeline_svg(title: &str, batches: &[BatchKpi]) -> String {
-    let t0 = batches.iter().map(|b| b.arrived).min().unwrap_or(0);
-    let t1 = batches
-        .iter()
-        .flat_map(|b| b.stages.iter().map(|s| s.ended))
-        .max()
-        .unwrap_or(t0 + 1)
-        .max(t0 + 1);
-    let span = (t1 - t0) as f64 / 1e6;
-    let x = |t: i64| LEFT + (t - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
+/// `send`, `send`, the time waiting at the relay, and `pull`, on the clock-time axis `time`.
+pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String {
+    let x = |t: i64| time.x(t);
     let height = TOP + ROW * batches.len() as f64 + 60.0;
     let mut svg = header(WIDTH, height, title);
-    axis(
-        &mut svg,
-        span,
-        TOP + ROW * batches.len() as f64,
-        LEFT,
-        WIDTH - RIGHT,
-    );
+    axis(&mut svg, time, TOP + ROW * batches.len() as f64);
     for (i, b) in batches.iter().enumerate() {
         let y = TOP + ROW * i as f64;
         let _ = writeln!(
@@ -84,9 +115,12 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi]) -> String {
     svg
 }
 
+const NETWORK_SEND: &str = "network send";
+const NETWORK_RECEIVE: &str = "network receive";
+
 /// Utilisation over time, one panel per measure, one line per node: CPU %, memory, disk
-/// read + write, network send and receive.
-pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
+/// read + write, network send and receive, on the clock-time axis `time`.
+pub fn utilisation_svg(title: &str, rows: &[UsageRow], time: TimeAxis) -> String {
     let measures: [Measure<UsageRow>; 5] = [
         ("CPU", |u| u.cpu_percent, "%"),
         ("memory", |u| u.memory_used as f64 / 1e6, "MB"),
@@ -95,46 +129,39 @@ pub fn utilisation_svg(title: &str, rows: &[UsageRow]) -> String {
             |u| (u.disk_read_bps + u.disk_write_bps) / 1e6,
             "MB/s",
         ),
-        ("network send", |u| u.net_tx_bps / 1e6, "MB/s"),
-        ("network receive", |u| u.net_rx_bps / 1e6, "MB/s"),
+        (NETWORK_SEND, |u| u.net_tx_bps / 1e6, "MB/s"),
+        (NETWORK_RECEIVE, |u| u.net_rx_bps / 1e6, "MB/s"),
     ];
-    panels(title, rows, |u| (u.at, &u.node), &measures)
+    panels(title, rows, |u| (u.at, &u.node), &measures, time)
 }
 
 /// The send's tuning over time, one line per sending node: the goodput each interval
 /// measured, the uploads in flight it ran with, and the zstd level.
-pub fn tuning_svg(title: &str, rows: &[TuningSample]) -> String {
+pub fn tuning_svg(title: &str, rows: &[TuningSample], time: TimeAxis) -> String {
     let measures: [Measure<TuningSample>; 3] = [
         ("goodput", |t| t.goodput / 1e6, "MB/s"),
         ("uploads in flight", |t| t.uploads as f64, "uploads"),
         ("zstd level", |t| t.level as f64, ""),
     ];
-    panels(title, rows, |t| (t.at, &t.node), &measures)
+    panels(title, rows, |t| (t.at, &t.node), &measures, time)
 }
 
 /// A measure drawn in a panel: its name, its value in a row, its unit.
 type Measure<R> = (&'static str, fn(&R) -> f64, &'static str);
 
-/// Panels of lines over a shared time axis, one panel per measure and one line per node;
-/// `at_node` gives a row's time (µs) and node.
+/// Panels of lines over the time axis `time`, one panel per measure (its value axis ticked)
+/// and one line per node; `at_node` gives a row's time (µs) and node.
 fn panels<R>(
     title: &str,
     rows: &[R],
     at_node: fn(&R) -> (i64, &str),
     measures: &[Measure<R>],
+    time: TimeAxis,
 ) -> String {
     let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
     let mut nodes: Vec<&str> = rows.iter().map(|r| at_node(r).1).collect();
     nodes.sort_unstable();
     nodes.dedup();
-    let t0 = rows.iter().map(|r| at_node(r).0).min().unwrap_or(0);
-    let t1 = rows
-        .iter()
-        .map(|r| at_node(r).0)
-        .max()
-        .unwrap_or(t0 + 1)
-        .max(t0 + 1);
-    let span = (t1 - t0) as f64 / 1e6;
     let panel = 150.0;
     let height = TOP + panel * measures.len() as f64 + 40.0;
     let mut svg = header(WIDTH, height, title);
@@ -142,19 +169,27 @@ fn panels<R>(
         let top = TOP + panel * m as f64;
         let bottom = top + panel - 40.0;
         let max = rows.iter().map(value).fold(0.0, f64::max).max(1e-9);
+        // The network is sampled on every interface but loopback: a run on one machine
+        // shows none, which says so rather than reading as an idle link.
+        let network = [NETWORK_SEND, NETWORK_RECEIVE].contains(name);
+        let note = if network && max < 1e-3 {
+            ": none measured (loopback is not counted)"
+        } else {
+            ""
+        };
         let _ = writeln!(
             svg,
-            r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {max:.1} {unit})</text>"#,
+            r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {max:.1} {unit}){note}</text>"#,
             top - 4.0
         );
-        axis(&mut svg, span, bottom, LEFT, WIDTH - RIGHT);
+        axis(&mut svg, time, bottom);
+        value_ticks(&mut svg, (top + 6.0, bottom), max, unit);
         for (n, node) in nodes.iter().enumerate() {
             let points: String = rows
                 .iter()
                 .filter(|r| at_node(r).1 == *node)
                 .map(|r| {
-                    let at = at_node(r).0;
-                    let px = LEFT + (at - t0) as f64 / 1e6 / span * (WIDTH - LEFT - RIGHT);
+                    let px = time.x(at_node(r).0);
                     let py = bottom - value(r) / max * (bottom - top - 6.0);
                     format!("{px:.1},{py:.1} ")
                 })
@@ -228,34 +263,93 @@ fn bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
     }
 }
 
-/// A time axis at `y` from `x0` to `x1` over `span` seconds, with about ten ticks.
-fn axis(svg: &mut String, span: f64, y: f64, x0: f64, x1: f64) {
+/// The time axis `time` at `y`, ticked in clock time (UTC) at round steps, about eight.
+fn axis(svg: &mut String, time: TimeAxis, y: f64) {
     let _ = writeln!(
         svg,
-        r##"<line x1="{x0}" y1="{y}" x2="{x1}" y2="{y}" stroke="#444"/>"##
+        r##"<line x1="{LEFT}" y1="{y}" x2="{}" y2="{y}" stroke="#444"/>"##,
+        WIDTH - RIGHT
     );
-    let raw = span / 10.0;
-    let magnitude = 10f64.powf(raw.max(1e-9).log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0]
-        .iter()
-        .map(|m| m * magnitude)
-        .find(|s| *s >= raw)
-        .unwrap_or(10.0 * magnitude);
-    let decimals = if step >= 1.0 { 0 } else { 1 };
-    let mut tick = 0u32;
-    loop {
-        let t = f64::from(tick) * step;
-        if t > span + 1e-9 {
-            break;
-        }
-        let x = x0 + t / span * (x1 - x0);
+    let step = tick_step(time.seconds() / 8.0);
+    let step_us = (step * 1e6) as i64;
+    let mut t = time.t0.div_euclid(step_us) * step_us;
+    if t < time.t0 {
+        t += step_us;
+    }
+    while t <= time.t1 {
+        let x = time.x(t);
         let _ = writeln!(
             svg,
-            r##"<line x1="{x:.1}" y1="{y}" x2="{x:.1}" y2="{}" stroke="#444"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{t:.decimals$} s</text>"##,
+            r##"<line x1="{x:.1}" y1="{y}" x2="{x:.1}" y2="{}" stroke="#444"/><text x="{x:.1}" y="{}" font-size="11" text-anchor="middle">{}</text>"##,
             y + 4.0,
-            y + 16.0
+            y + 16.0,
+            clock(t, step)
         );
-        tick += 1;
+        t += step_us;
+    }
+    let _ = writeln!(
+        svg,
+        r#"<text x="{}" y="{}" font-size="11" text-anchor="end">UTC</text>"#,
+        WIDTH - RIGHT,
+        y + 30.0
+    );
+}
+
+/// The round step at or above `raw` seconds: 1, 2 or 5 times a power of ten below a second,
+/// then 1, 2, 5, 10, 15, 30 s, 1, 2, 5, 10, 15, 30 min, 1, 2, 3, 6, 12 h, days.
+fn tick_step(raw: f64) -> f64 {
+    if raw < 1.0 {
+        let magnitude = 10f64.powf(raw.max(1e-3).log10().floor());
+        return [1.0, 2.0, 5.0, 10.0]
+            .iter()
+            .map(|m| m * magnitude)
+            .find(|s| *s >= raw)
+            .unwrap_or(1.0);
+    }
+    const STEPS: [f64; 17] = [
+        1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0,
+        10800.0, 21600.0, 43200.0,
+    ];
+    STEPS
+        .into_iter()
+        .find(|s| *s >= raw)
+        .unwrap_or_else(|| (raw / 86_400.0).ceil() * 86_400.0)
+}
+
+/// Moment `t` (µs since the epoch) as UTC clock time, with tenths or hundredths when ticks
+/// are that close.
+fn clock(t: i64, step: f64) -> String {
+    let seconds = t.div_euclid(1_000_000);
+    let of_day = seconds.rem_euclid(86_400);
+    let hms = format!(
+        "{:02}:{:02}:{:02}",
+        of_day / 3600,
+        of_day % 3600 / 60,
+        of_day % 60
+    );
+    // Ticks fall on multiples of the step, so the fraction is exact: "0.2" → ".2".
+    let fraction = t.rem_euclid(1_000_000) as f64 / 1e6;
+    let decimals = match step {
+        s if s < 0.1 => 2,
+        s if s < 1.0 => 1,
+        _ => return hms,
+    };
+    let fraction = format!("{fraction:.decimals$}");
+    format!("{hms}{}", &fraction[1..])
+}
+
+/// Ticks on a panel's value axis from `bottom` up to `top` (pixels): 0, half and the most.
+fn value_ticks(svg: &mut String, (top, bottom): (f64, f64), max: f64, unit: &str) {
+    for share in [0.0, 0.5, 1.0] {
+        let y = bottom - share * (bottom - top);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{}" y1="{y:.1}" x2="{LEFT}" y2="{y:.1}" stroke="#444"/><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{:.1} {unit}</text>"##,
+            LEFT - 4.0,
+            LEFT - 6.0,
+            y + 3.0,
+            share * max
+        );
     }
 }
 
@@ -478,5 +572,72 @@ impl TradeoffPlot {
                 escape(family)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn usage(at: i64) -> UsageRow {
+        UsageRow {
+            node: "edge".into(),
+            at,
+            cpu_percent: 50.0,
+            seconds: 1.0,
+            memory_used: 1 << 30,
+            disk_read_bps: 0.0,
+            disk_write_bps: 0.0,
+            net_tx_bps: 0.0,
+            net_rx_bps: 0.0,
+        }
+    }
+
+    /// The x of the tick labelled `label` in `svg`.
+    fn tick_x(svg: &str, label: &str) -> Option<f64> {
+        let end = svg.find(&format!(">{label}</text>"))?;
+        let start = svg[..end].rfind("<text x=\"")? + "<text x=\"".len();
+        svg[start..].split('"').next()?.parse().ok()
+    }
+
+    #[test]
+    fn the_charts_of_one_report_share_one_clock_time_axis_with_ticks() {
+        // Samples from 12:00:00 to 12:01:00 UTC on 2026-11-25; no batch yet.
+        let noon = 1_795_608_000 * 1_000_000;
+        let rows: Vec<UsageRow> = (0..=60).map(|s| usage(noon + s * 1_000_000)).collect();
+        let time = TimeAxis::of_report(&[], &rows, &[]);
+        assert_eq!(
+            time,
+            TimeAxis {
+                t0: noon,
+                t1: noon + 60_000_000
+            }
+        );
+        let utilisation = utilisation_svg("u", &rows, time);
+        let timeline = timeline_svg("t", &[], time);
+        for svg in [&utilisation, &timeline] {
+            assert!(svg.contains(">UTC</text>"), "{svg}");
+        }
+        // Ticks every 10 s, in clock time, at the same place on both charts.
+        for label in ["12:00:00", "12:00:30", "12:01:00"] {
+            let (u, t) = (tick_x(&utilisation, label), tick_x(&timeline, label));
+            assert!(u.is_some() && u == t, "{label}: {u:?} and {t:?}");
+        }
+        // No traffic on the network panels: said, not drawn as an idle link.
+        assert!(utilisation.contains("none measured (loopback is not counted)"));
+        // The value axis is ticked: CPU up to 50 %.
+        assert!(utilisation.contains(">50.0 %</text>"), "{utilisation}");
+        assert!(utilisation.contains(">25.0 %</text>"), "{utilisation}");
+    }
+
+    #[test]
+    fn tick_steps_are_round_in_clock_time() {
+        assert_eq!(tick_step(7.5), 10.0);
+        assert_eq!(tick_step(40.0), 60.0);
+        assert_eq!(tick_step(0.3), 0.5);
+        assert_eq!(
+            clock(1_795_608_000 * 1_000_000 + 250_000, 0.5),
+            "12:00:00.2"
+        );
     }
 }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, StageRow, TuningSample, UsageRow};
-use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png};
+use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png, TimeAxis};
 use forte_report::kpi::{self, BatchKpi, LinkUse, RunKpi};
 use serde::Serialize;
 
@@ -92,11 +92,16 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     if let Some(dir) = &args.charts {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create chart directory {}", dir.display()))?;
+        // One clock-time axis for every chart, so a moment is at the same place on each.
+        let time = TimeAxis::of_report(&batches, &usage, &tuning);
         let title = format!("{}: batch timeline", args.title);
-        write_svg_and_png(&timeline_svg(&title, &batches), &dir.join("timeline.svg"))?;
+        write_svg_and_png(
+            &timeline_svg(&title, &batches, time),
+            &dir.join("timeline.svg"),
+        )?;
         let title = format!("{}: utilisation (1 Hz samples)", args.title);
         write_svg_and_png(
-            &utilisation_svg(&title, &usage),
+            &utilisation_svg(&title, &usage, time),
             &dir.join("utilisation.svg"),
         )?;
         if !tuning.is_empty() {
@@ -105,7 +110,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
                 args.title,
                 PROBE.as_secs()
             );
-            write_svg_and_png(&tuning_svg(&title, &tuning), &dir.join("tuning.svg"))?;
+            write_svg_and_png(&tuning_svg(&title, &tuning, time), &dir.join("tuning.svg"))?;
         }
     }
     let report = Report {
