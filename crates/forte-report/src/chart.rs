@@ -377,6 +377,8 @@ pub struct TradeoffPoint {
     pub ratio: f64,
     pub mb_per_s: f64,
     pub pareto: bool,
+    /// The setting `forte bench compress` recommends: ringed and labelled so.
+    pub recommended: bool,
 }
 
 /// Compression speed (log scale) against ratio, like FORTE's Figure 6c, with the Pareto front
@@ -528,7 +530,9 @@ impl TradeoffPlot {
         );
     }
 
-    /// The settings, coloured by family, the Pareto front joined and labelled, and the legend.
+    /// The settings, coloured by family, the Pareto front joined, and the legend. Labelled:
+    /// the front, each family's best ratio (so a family off the front is named on the chart
+    /// too) and the recommended setting, ringed; each label put where it overlaps no other.
     fn points(&self, svg: &mut String, points: &[TradeoffPoint]) {
         let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
         let mut families: Vec<&str> = points.iter().map(|p| p.family.as_str()).collect();
@@ -543,6 +547,19 @@ impl TradeoffPlot {
             svg,
             r##"<polyline fill="none" stroke="#000" stroke-width="1" points="{line}"/>"##
         );
+        let best_of_family = |p: &TradeoffPoint| {
+            points
+                .iter()
+                .filter(|q| q.family == p.family)
+                .max_by(|a, b| a.ratio.total_cmp(&b.ratio))
+                .is_some_and(|best| std::ptr::eq(best, p))
+        };
+        let mut placed: Vec<Box2> = Vec::new();
+        // Dots first, so that labels avoid them too.
+        for p in points {
+            let (x, y) = (self.px(p.ratio), self.py(p.mb_per_s));
+            placed.push((x - 4.5, y - 4.5, x + 4.5, y + 4.5));
+        }
         for p in points {
             let n = families.iter().position(|f| *f == p.family).unwrap_or(0);
             let colour = colours[n % colours.len()];
@@ -552,15 +569,27 @@ impl TradeoffPlot {
                 r#"<circle cx="{x:.1}" cy="{y:.1}" r="{}" fill="{colour}"/>"#,
                 if p.pareto { 4.5 } else { 3.0 }
             );
-            if p.pareto {
+            if p.recommended {
                 let _ = writeln!(
                     svg,
-                    r#"<text x="{:.1}" y="{:.1}" font-size="10" fill="{colour}">{}</text>"#,
-                    x + 6.0,
-                    y - 4.0,
-                    escape(&p.label)
+                    r##"<circle cx="{x:.1}" cy="{y:.1}" r="9" fill="none" stroke="#000" stroke-width="1.5"/>"##
                 );
             }
+            if !(p.pareto || p.recommended || best_of_family(p)) {
+                continue;
+            }
+            let text = match p.recommended {
+                true => format!("{} (recommended)", p.label),
+                false => p.label.clone(),
+            };
+            let (lx, ly) = self.label_place((x, y), &text, &placed);
+            placed.push(label_box(lx, ly, &text));
+            let weight = if p.recommended { "bold" } else { "normal" };
+            let _ = writeln!(
+                svg,
+                r#"<text x="{lx:.1}" y="{ly:.1}" font-size="10" font-weight="{weight}" fill="{colour}">{}</text>"#,
+                escape(&text)
+            );
         }
         for (n, family) in families.iter().enumerate() {
             let _ = writeln!(
@@ -573,6 +602,52 @@ impl TradeoffPlot {
             );
         }
     }
+
+    /// Where to put `text` beside the dot at `(x, y)`: the first of a few places around it
+    /// that overlaps nothing `placed` and stays in the plot, else the first.
+    fn label_place(&self, (x, y): (f64, f64), text: &str, placed: &[Box2]) -> (f64, f64) {
+        let width = label_width(text);
+        let candidates = [
+            (x + 7.0, y - 5.0),
+            (x + 7.0, y + 12.0),
+            (x - 7.0 - width, y - 5.0),
+            (x - 7.0 - width, y + 12.0),
+            (x + 7.0, y - 17.0),
+            (x + 7.0, y + 24.0),
+            (x - 7.0 - width, y - 17.0),
+            (x - 7.0 - width, y + 24.0),
+        ];
+        let fits = |&(lx, ly): &(f64, f64)| {
+            let b = label_box(lx, ly, text);
+            b.0 >= self.left
+                && b.2 <= self.right
+                && b.1 >= self.top
+                && b.3 <= self.bottom
+                && !placed.iter().any(|p| overlap(p, &b))
+        };
+        candidates
+            .iter()
+            .copied()
+            .find(fits)
+            .unwrap_or(candidates[0])
+    }
+}
+
+/// A rectangle: left, top, right, bottom.
+type Box2 = (f64, f64, f64, f64);
+
+/// About how wide a 10-pixel label is (DejaVu Sans averages under 6 pixels a character).
+fn label_width(text: &str) -> f64 {
+    6.0 * text.chars().count() as f64
+}
+
+/// The box of a 10-pixel label whose baseline starts at `(x, y)`.
+fn label_box(x: f64, y: f64, text: &str) -> Box2 {
+    (x, y - 9.0, x + label_width(text), y + 2.0)
+}
+
+fn overlap(a: &Box2, b: &Box2) -> bool {
+    a.0 < b.2 && b.0 < a.2 && a.1 < b.3 && b.1 < a.3
 }
 
 #[cfg(test)]
@@ -628,6 +703,60 @@ mod tests {
         // The value axis is ticked: CPU up to 50 %.
         assert!(utilisation.contains(">50.0 %</text>"), "{utilisation}");
         assert!(utilisation.contains(">25.0 %</text>"), "{utilisation}");
+    }
+
+    #[test]
+    fn every_family_and_the_recommended_setting_are_labelled_without_overlaps() {
+        let point =
+            |label: &str, family: &str, ratio: f64, mb_per_s: f64, pareto: bool| TradeoffPoint {
+                label: label.into(),
+                family: family.into(),
+                ratio,
+                mb_per_s,
+                pareto,
+                recommended: label == "zstd 3",
+            };
+        let mut points: Vec<TradeoffPoint> = (1..=19)
+            .map(|level| {
+                let ratio = 3.0 + f64::from(level) * 0.05;
+                let speed = 900.0 / f64::from(level);
+                point(
+                    &format!("zstd {level}"),
+                    "zstd",
+                    ratio,
+                    speed,
+                    level % 2 == 1,
+                )
+            })
+            .collect();
+        points.push(point("gzip 6", "gzip", 3.1, 40.0, false));
+        points.push(point("lz4", "lz4", 2.2, 700.0, false));
+        let svg = tradeoff_svg("t", &points, 50.0);
+        // (x, y, text) of every label beside a dot.
+        let labels: Vec<(f64, f64, String)> = svg
+            .lines()
+            .filter(|l| l.starts_with("<text") && l.contains(r#"font-size="10""#))
+            .map(|l| {
+                let attr = |name: &str| -> f64 {
+                    let at = l.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+                    l[at..].split('"').next().unwrap().parse().unwrap()
+                };
+                let text = l.split('>').nth(1).unwrap().trim_end_matches("</text");
+                (attr("x"), attr("y"), text.to_string())
+            })
+            .collect();
+        for named in ["gzip 6", "lz4", "zstd 3 (recommended)"] {
+            assert!(
+                labels.iter().any(|(_, _, t)| t == named),
+                "{named} unlabelled: {labels:?}"
+            );
+        }
+        for (i, a) in labels.iter().enumerate() {
+            for b in &labels[i + 1..] {
+                let (ba, bb) = (label_box(a.0, a.1, &a.2), label_box(b.0, b.1, &b.2));
+                assert!(!overlap(&ba, &bb), "{a:?} overlaps {b:?}");
+            }
+        }
     }
 
     #[test]

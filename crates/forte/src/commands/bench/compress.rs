@@ -111,7 +111,7 @@ pub fn run(b: CompressBench) -> Result<bool> {
     let sample = sample(&b, threads)?;
     let measured = measure_all(&b, &sample, threads)?;
     print_table(&b, &measured, threads);
-    recommend(&measured);
+    let recommended = recommend(&measured);
     if let Some(dir) = &b.plot {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let points: Vec<TradeoffPoint> = measured
@@ -122,6 +122,7 @@ pub fn run(b: CompressBench) -> Result<bool> {
                 ratio: m.ratio,
                 mb_per_s: m.mb_per_s,
                 pareto: m.pareto,
+                recommended: std::ptr::eq(m, recommended),
             })
             .collect();
         let title = format!(
@@ -227,8 +228,8 @@ fn print_table(b: &CompressBench, measured: &[Measured], threads: usize) {
 }
 
 /// The highest predicted rate; among settings within 2 % of it, the best ratio (fewer bytes
-/// on the wire and at the relay for the same delivery rate).
-fn recommend(measured: &[Measured]) {
+/// on the wire and at the relay for the same delivery rate). Prints it, and returns it.
+fn recommend(measured: &[Measured]) -> &Measured {
     let best = measured.iter().map(|m| m.predicted).fold(0.0, f64::max);
     let pick = measured
         .iter()
@@ -245,6 +246,7 @@ fn recommend(measured: &[Measured]) {
         "\nrecommended: {} — predicted {:.1} MB/s end to end ({:.1} MB/s of compression, ratio {:.3}); {advice}",
         pick.setting, pick.predicted, pick.mb_per_s, pick.ratio
     );
+    pick
 }
 
 /// Total compressed size of `parts`, compressed by `threads` workers taking parts in turn.
