@@ -362,14 +362,7 @@ fn daemons_describe_every_metric_and_count_from_the_start() {
         assert_eq!(found(), Some(0.0), "{metric} {labels:?}");
     }
     for addr in [&edge_addr, &core_addr] {
-        let scraped = scrape(addr).unwrap();
-        for s in &scraped.samples {
-            assert!(
-                scraped.docs.contains_key(&s.metric),
-                "no # HELP for {} at {addr}",
-                s.metric
-            );
-        }
+        assert_described(&scrape(addr).unwrap(), addr);
     }
 }
 
@@ -497,11 +490,15 @@ fn sender_and_puller_serve_prometheus_metrics() {
         "zstd level {:?}",
         level()
     );
-    let edge = scrape(&edge_addr).unwrap();
-    assert_eq!(
-        sample(&edge, "forte_queue_files", &[("role", "edge")]),
-        Some(0.0)
+    // Nothing left once the batch is sent (the gauge follows within a second).
+    let queued =
+        || scrape(&edge_addr).and_then(|s| sample(&s, "forte_queue_files", &[("role", "edge")]));
+    assert!(
+        wait_for(10, || queued() == Some(0.0)),
+        "files queued {:?}",
+        queued()
     );
+    let edge = scrape(&edge_addr).unwrap();
     assert_eq!(
         sample(
             &edge,
@@ -563,13 +560,7 @@ fn sender_and_puller_serve_prometheus_metrics() {
             busy.is_some_and(|s| s > 0.0 && s < 60.0),
             "{role} {stage}: {busy:?} s"
         );
-        for s in &scraped.samples {
-            assert!(
-                scraped.docs.contains_key(&s.metric),
-                "no # HELP for {} at {addr}",
-                s.metric
-            );
-        }
+        assert_described(&scraped, addr);
     }
 }
 

@@ -386,6 +386,17 @@ pub fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
     Some(prometheus_parse::Scrape::parse(lines).expect("Prometheus text format"))
 }
 
+/// Every sample of `scrape` (from `at`) belongs to a family with a `# HELP` line.
+pub fn assert_described(scrape: &prometheus_parse::Scrape, at: &str) {
+    for s in &scrape.samples {
+        assert!(
+            scrape.docs.contains_key(&s.metric),
+            "no # HELP for {} at {at}",
+            s.metric
+        );
+    }
+}
+
 /// The value of the sample `metric` whose labels include all of `labels`, if any.
 pub fn sample(
     scrape: &prometheus_parse::Scrape,
