@@ -360,6 +360,8 @@ mod tests {
             disk_write_bps: 2.5e6,
             net_rx_bps: 100.0,
             net_tx_bps: 65e6,
+            own_cpu_percent: 1.0,
+            own_memory: 1 << 20,
         };
         catalog.usage(row.clone()).unwrap();
         assert_eq!(

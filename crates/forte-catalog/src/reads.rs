@@ -65,6 +65,10 @@ pub struct UsageRow {
     pub seconds: f64,
     pub cpu_percent: f64,
     pub memory_used: i64,
+    /// The sampling forte process's own share of the machine's CPU, 0–100, and its resident
+    /// memory in bytes: what forte itself took of `cpu_percent` and `memory_used`.
+    pub own_cpu_percent: f64,
+    pub own_memory: i64,
     pub disk_read_bps: f64,
     pub disk_write_bps: f64,
     pub net_rx_bps: f64,
@@ -294,7 +298,7 @@ impl Catalog {
 
     /// Utilisation samples of one node (or of every node), oldest first.
     pub fn usage_of(&self, node: Option<&str>) -> Result<Vec<UsageRow>> {
-        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps FROM usage";
+        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory FROM usage";
         let (by_node, all) = (
             format!("{COLUMNS} WHERE node = $1 ORDER BY at"),
             format!("{COLUMNS} ORDER BY node, at"),
@@ -314,6 +318,8 @@ impl Catalog {
                 disk_write_bps: r.try_get(6)?,
                 net_rx_bps: r.try_get(7)?,
                 net_tx_bps: r.try_get(8)?,
+                own_cpu_percent: r.try_get(9)?,
+                own_memory: r.try_get(10)?,
             })
         })
     }

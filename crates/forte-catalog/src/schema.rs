@@ -115,6 +115,10 @@ const MIGRATIONS: &[&str] = &[
         lease_until BIGINT NOT NULL,
         claimed_at BIGINT NOT NULL
     )",
+    // 6, 7: forte's own share of the machine's CPU and its resident memory, beside the
+    // machine's, in each utilisation sample (0 in samples taken before).
+    "ALTER TABLE usage ADD COLUMN own_cpu_percent DOUBLE PRECISION NOT NULL DEFAULT 0",
+    "ALTER TABLE usage ADD COLUMN own_memory BIGINT NOT NULL DEFAULT 0",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

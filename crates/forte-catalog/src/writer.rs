@@ -479,8 +479,8 @@ async fn widen_stage(conn: &mut AnyConnection, s: &StageSpan) -> sqlx::Result<()
 /// Records one utilisation sample; a second sample of a node at the same time is ignored.
 async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (node, at) DO NOTHING",
+        "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (node, at) DO NOTHING",
     )
     .bind(&u.node)
     .bind(u.at)
@@ -491,6 +491,8 @@ async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()
     .bind(u.disk_write_bps)
     .bind(u.net_rx_bps)
     .bind(u.net_tx_bps)
+    .bind(u.own_cpu_percent)
+    .bind(u.own_memory)
     .execute(conn)
     .await
     .map(drop)

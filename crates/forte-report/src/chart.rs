@@ -118,12 +118,19 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
 const NETWORK_SEND: &str = "network send";
 const NETWORK_RECEIVE: &str = "network receive";
 
-/// Utilisation over time, one panel per measure, one line per node: CPU %, memory, disk
-/// read + write, network send and receive, on the clock-time axis `time`.
+/// Utilisation over time, one panel per measure, one line per node: CPU % and memory of the
+/// machine and of forte itself, disk read + write, network send and receive, on the
+/// clock-time axis `time`.
 pub fn utilisation_svg(title: &str, rows: &[UsageRow], time: TimeAxis) -> String {
-    let measures: [Measure<UsageRow>; 5] = [
-        ("CPU", |u| u.cpu_percent, "%"),
-        ("memory", |u| u.memory_used as f64 / 1e6, "MB"),
+    let measures: [Measure<UsageRow>; 7] = [
+        ("CPU, the whole machine", |u| u.cpu_percent, "%"),
+        ("CPU, forte's own share", |u| u.own_cpu_percent, "%"),
+        (
+            "memory, the whole machine",
+            |u| u.memory_used as f64 / 1e6,
+            "MB",
+        ),
+        ("memory, forte's own", |u| u.own_memory as f64 / 1e6, "MB"),
         (
             "disk read + write",
             |u| (u.disk_read_bps + u.disk_write_bps) / 1e6,
@@ -665,6 +672,8 @@ mod tests {
             disk_write_bps: 0.0,
             net_tx_bps: 0.0,
             net_rx_bps: 0.0,
+            own_cpu_percent: 1.0,
+            own_memory: 1 << 20,
         }
     }
 
@@ -700,6 +709,10 @@ mod tests {
         }
         // No traffic on the network panels: said, not drawn as an idle link.
         assert!(utilisation.contains("none measured (loopback is not counted)"));
+        // forte's own CPU and memory beside the machine's.
+        for panel in ["CPU, forte's own share", "memory, forte's own"] {
+            assert!(utilisation.contains(panel), "no {panel} panel");
+        }
         // The value axis is ticked: CPU up to 50 %.
         assert!(utilisation.contains(">50.0 %</text>"), "{utilisation}");
         assert!(utilisation.contains(">25.0 %</text>"), "{utilisation}");

@@ -31,6 +31,8 @@ pub struct Counters {
     at: Instant,
     cpu_busy: u64,
     cpu_total: u64,
+    /// This process's CPU time so far (user + system), in the same clock ticks.
+    own_cpu: u64,
     disk_read_bytes: u64,
     disk_write_bytes: u64,
     net_rx_bytes: u64,
@@ -45,6 +47,10 @@ pub struct Sample {
     /// Share of all cores busy, 0–100.
     pub cpu_percent: f64,
     pub memory_used_bytes: u64,
+    /// This process's share of all cores, 0–100: its part of `cpu_percent`.
+    pub own_cpu_percent: f64,
+    /// This process's resident memory: its part of `memory_used_bytes`.
+    pub own_memory_bytes: u64,
     pub disk_read_bytes_per_sec: f64,
     pub disk_write_bytes_per_sec: f64,
     /// Over every interface but loopback.
@@ -78,6 +84,7 @@ pub fn cpu_ticks() -> Result<(u64, u64)> {
 impl Counters {
     pub fn now() -> Result<Self> {
         let (cpu_busy, cpu_total) = cpu_ticks()?;
+        let own_cpu = own_cpu_ticks()?;
 
         let (mut disk_read_bytes, mut disk_write_bytes) = (0, 0);
         for line in read("/proc/diskstats")?.lines() {
@@ -109,6 +116,7 @@ impl Counters {
             at: Instant::now(),
             cpu_busy,
             cpu_total,
+            own_cpu,
             disk_read_bytes,
             disk_write_bytes,
             net_rx_bytes,
@@ -130,12 +138,45 @@ impl Counters {
                 0.0
             },
             memory_used_bytes: memory_used()?,
+            own_cpu_percent: if total > 0 {
+                let own = self.own_cpu.saturating_sub(earlier.own_cpu);
+                (100.0 * own as f64 / total as f64).min(100.0)
+            } else {
+                0.0
+            },
+            own_memory_bytes: own_memory()?,
             disk_read_bytes_per_sec: rate(self.disk_read_bytes, earlier.disk_read_bytes),
             disk_write_bytes_per_sec: rate(self.disk_write_bytes, earlier.disk_write_bytes),
             net_rx_bytes_per_sec: rate(self.net_rx_bytes, earlier.net_rx_bytes),
             net_tx_bytes_per_sec: rate(self.net_tx_bytes, earlier.net_tx_bytes),
         })
     }
+}
+
+/// This process's CPU time so far, user and system, in clock ticks (`/proc/self/stat`, the
+/// 14th and 15th fields, counted after the command name, which may hold spaces).
+fn own_cpu_ticks() -> Result<u64> {
+    let stat = read("/proc/self/stat")?;
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("/proc/self/stat has no command name")?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
+    let n = numbers(fields.get(11..13).context("/proc/self/stat is too short")?);
+    Ok(n.iter().sum())
+}
+
+/// This process's resident memory (`VmRSS`), in bytes.
+fn own_memory() -> Result<u64> {
+    let status = read("/proc/self/status")?;
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    Ok(kib * 1024)
 }
 
 /// MemTotal − MemAvailable, in bytes.
@@ -219,7 +260,16 @@ mod tests {
             assert!((0.0..=100.0).contains(&s.cpu_percent), "{s:?}");
             assert!(s.memory_used_bytes > 0 && s.seconds > 0.0, "{s:?}");
         }
-        // One core of two was kept busy: the machine was well above idle.
+        // One core of two was kept busy: the machine was well above idle, by this process.
         assert!(samples.iter().any(|s| s.cpu_percent > 20.0), "{samples:?}");
+        assert!(
+            samples.iter().any(|s| s.own_cpu_percent > 20.0),
+            "{samples:?}"
+        );
+        for s in samples.iter() {
+            assert!(s.own_cpu_percent <= s.cpu_percent + 5.0, "{s:?}");
+            let own = s.own_memory_bytes;
+            assert!(own > 0 && own <= s.memory_used_bytes, "{s:?}");
+        }
     }
 }

@@ -78,6 +78,8 @@ pub fn sample_usage(catalog: &Catalog, role: Role) -> Option<forte_usage::Sample
             disk_write_bps: s.disk_write_bytes_per_sec,
             net_rx_bps: s.net_rx_bytes_per_sec,
             net_tx_bps: s.net_tx_bytes_per_sec,
+            own_cpu_percent: s.own_cpu_percent,
+            own_memory: s.own_memory_bytes as i64,
         })
     };
     match forte_usage::Sampler::start(std::time::Duration::from_secs(1), record) {
