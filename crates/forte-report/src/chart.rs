@@ -581,6 +581,7 @@ impl TradeoffPlot {
                     svg,
                     r##"<circle cx="{x:.1}" cy="{y:.1}" r="9" fill="none" stroke="#000" stroke-width="1.5"/>"##
                 );
+                placed.push((x - 9.0, y - 9.0, x + 9.0, y + 9.0));
             }
             if !(p.pareto || p.recommended || best_of_family(p)) {
                 continue;

@@ -3,7 +3,8 @@
 //!
 //! Names: `forte_stage_*{role,stage}` for each pipeline stage (queue depth, bytes and items
 //! through it, busy seconds, service rate), read from the running pipelines at each scrape,
-//! so a queue shows how full it is now and busy time grows while an item is worked on; `forte_queue_*{role}` for the batch queue,
+//! so a queue shows how full it is now and busy time grows while an item is worked on;
+//! `forte_queue_*{role}` for the work admitted and not finished,
 //! `forte_batches_total{role,outcome}`, `forte_failures_total{role}`,
 //! `forte_retries_total{role,operation}`, the settings the send tunes (`forte_tuned_uploads`, with
 //! `forte_upload_goodput_bytes_per_second`, from `edge::tuning`; `forte_zstd_level`), and with
@@ -17,11 +18,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use forte_catalog::{BatchState, Role};
 use forte_pipeline::{Pipeline, StageSnapshot};
-
-use crate::transfer::retry::Operation;
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
+
+use crate::transfer::retry::Operation;
 
 /// Starts the metrics endpoint of `role`'s daemon on `addr` (a thread of its own), with every
 /// family described and every counter whose labels are known in advance present from the
