@@ -354,7 +354,7 @@ fn daemons_describe_every_metric_and_count_from_the_start() {
     ];
     for (addr, metric, labels) in expected {
         // Before anything happened: every counter an alert may watch is there, at 0.
-        let found = || scrape(addr).and_then(|s| sample(&s, metric, labels));
+        let found = || scraped(addr, metric, labels);
         assert!(
             wait_for(20, || found().is_some()),
             "{metric} {labels:?} absent at {addr}"
@@ -379,8 +379,7 @@ fn the_edge_counts_as_queued_what_waits_for_a_relay_that_does_not_answer() {
     send[relay] = format!("https://{}", free_addr()).into();
     let _send = spawn(&send);
     write_batch(&inbox, "stuck", 3, 500_000);
-    let queued =
-        |metric: &str| scrape(&edge_addr).and_then(|s| sample(&s, metric, &[("role", "edge")]));
+    let queued = |metric: &str| scraped(&edge_addr, metric, &[("role", "edge")]);
     assert!(
         wait_for(30, || queued("forte_queue_files") == Some(3.0)),
         "files queued: {:?}",
@@ -409,12 +408,12 @@ fn a_slow_stage_shows_its_queue_filling() {
     write_batch(&inbox, "slow", 12, 3_000_000);
     let depth = || {
         let labels = [("role", "edge"), ("stage", "compress")];
-        scrape(&edge_addr).and_then(|s| sample(&s, "forte_stage_queue_depth", &labels))
+        scraped(&edge_addr, "forte_stage_queue_depth", &labels)
     };
     let mut most = 0.0f64;
     let sent = || {
         let labels = [("role", "edge"), ("outcome", "sent")];
-        scrape(&edge_addr).and_then(|s| sample(&s, "forte_batches_total", &labels))
+        scraped(&edge_addr, "forte_batches_total", &labels)
     };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
     while sent() != Some(1.0) && std::time::Instant::now() < deadline {
@@ -454,13 +453,11 @@ fn sender_and_puller_serve_prometheus_metrics() {
     );
 
     let edge_sent = || {
-        scrape(&edge_addr).and_then(|s| {
-            sample(
-                &s,
-                "forte_batches_total",
-                &[("role", "edge"), ("outcome", "sent")],
-            )
-        })
+        scraped(
+            &edge_addr,
+            "forte_batches_total",
+            &[("role", "edge"), ("outcome", "sent")],
+        )
     };
     assert!(
         wait_for(20, || edge_sent() == Some(1.0)),
@@ -469,13 +466,11 @@ fn sender_and_puller_serve_prometheus_metrics() {
     );
     // Stage counters are read at each scrape.
     let compressed = || {
-        scrape(&edge_addr).and_then(|s| {
-            sample(
-                &s,
-                "forte_stage_bytes_in_total",
-                &[("role", "edge"), ("stage", "compress")],
-            )
-        })
+        scraped(
+            &edge_addr,
+            "forte_stage_bytes_in_total",
+            &[("role", "edge"), ("stage", "compress")],
+        )
     };
     assert!(
         wait_for(10, || compressed() == Some(3.0 * 1_200_000.0)),
@@ -483,16 +478,14 @@ fn sender_and_puller_serve_prometheus_metrics() {
         compressed()
     );
     // The queue and the settings are published once a second.
-    let level =
-        || scrape(&edge_addr).and_then(|s| sample(&s, "forte_zstd_level", &[("role", "edge")]));
+    let level = || scraped(&edge_addr, "forte_zstd_level", &[("role", "edge")]);
     assert!(
         wait_for(10, || level() == Some(5.0)),
         "zstd level {:?}",
         level()
     );
     // Nothing left once the batch is sent (the gauge follows within a second).
-    let queued =
-        || scrape(&edge_addr).and_then(|s| sample(&s, "forte_queue_files", &[("role", "edge")]));
+    let queued = || scraped(&edge_addr, "forte_queue_files", &[("role", "edge")]);
     assert!(
         wait_for(10, || queued() == Some(0.0)),
         "files queued {:?}",
@@ -513,13 +506,11 @@ fn sender_and_puller_serve_prometheus_metrics() {
     );
 
     let core_delivered = || {
-        scrape(&core_addr).and_then(|s| {
-            sample(
-                &s,
-                "forte_batches_total",
-                &[("role", "core"), ("outcome", "delivered")],
-            )
-        })
+        scraped(
+            &core_addr,
+            "forte_batches_total",
+            &[("role", "core"), ("outcome", "delivered")],
+        )
     };
     assert!(
         wait_for(20, || core_delivered() == Some(1.0)),
@@ -528,13 +519,11 @@ fn sender_and_puller_serve_prometheus_metrics() {
     );
     // Parts verified ahead of the seal and after it count alike: one per file in all.
     let verified = || {
-        scrape(&core_addr).and_then(|s| {
-            sample(
-                &s,
-                "forte_stage_items_total",
-                &[("role", "core"), ("stage", "verify_ciphertext")],
-            )
-        })
+        scraped(
+            &core_addr,
+            "forte_stage_items_total",
+            &[("role", "core"), ("stage", "verify_ciphertext")],
+        )
     };
     assert!(
         wait_for(10, || verified() == Some(3.0)),

@@ -386,6 +386,12 @@ pub fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
     Some(prometheus_parse::Scrape::parse(lines).expect("Prometheus text format"))
 }
 
+/// The value of the sample `metric` whose labels include all of `labels` that the endpoint at
+/// `addr` serves now, if any.
+pub fn scraped(addr: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape(addr).and_then(|s| sample(&s, metric, labels))
+}
+
 /// Every sample of `scrape` (from `at`) belongs to a family with a `# HELP` line.
 pub fn assert_described(scrape: &prometheus_parse::Scrape, at: &str) {
     for s in &scrape.samples {
