@@ -211,6 +211,28 @@ pub struct StageStats {
     busy_read: AtomicU64,
 }
 
+/// A point-in-time reading of one stage.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StageSnapshot {
+    pub name: &'static str,
+    /// What its items are: `items_in` counts these.
+    pub item: &'static str,
+    pub work: Work,
+    pub workers: usize,
+    /// Items waiting in the stage's input queue.
+    pub queue_depth: usize,
+    pub queue_capacity: usize,
+    pub items_in: u64,
+    pub items_out: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// Summed over workers, the work under way included; time blocked on a full output
+    /// queue or another resource is not counted.
+    pub busy_seconds: f64,
+    /// Input bytes per busy second of one worker: what the stage can do per worker.
+    pub service_rate_bytes_per_sec: f64,
+}
+
 impl StageStats {
     fn nanos(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64 + 1
@@ -245,31 +267,7 @@ impl StageStats {
         let busy = ended + under_way;
         self.busy_read.fetch_max(busy, Ordering::Relaxed).max(busy)
     }
-}
 
-/// A point-in-time reading of one stage.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct StageSnapshot {
-    pub name: &'static str,
-    /// What its items are: `items_in` counts these.
-    pub item: &'static str,
-    pub work: Work,
-    pub workers: usize,
-    /// Items waiting in the stage's input queue.
-    pub queue_depth: usize,
-    pub queue_capacity: usize,
-    pub items_in: u64,
-    pub items_out: u64,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    /// Summed over workers, the work under way included; time blocked on a full output
-    /// queue or another resource is not counted.
-    pub busy_seconds: f64,
-    /// Input bytes per busy second of one worker: what the stage can do per worker.
-    pub service_rate_bytes_per_sec: f64,
-}
-
-impl StageStats {
     pub fn snapshot(&self) -> StageSnapshot {
         let bytes_in = self.bytes_in.load(Ordering::Relaxed);
         let busy_seconds = self.busy_nanos_now() as f64 / 1e9;
