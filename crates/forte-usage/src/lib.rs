@@ -130,20 +130,18 @@ impl Counters {
         let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / seconds;
         let total = self.cpu_total.saturating_sub(earlier.cpu_total);
         let busy = self.cpu_busy.saturating_sub(earlier.cpu_busy);
+        // The machine's and the process's ticks are counted apart: over a short interval the
+        // process can show a tick the machine has not yet, but its share is part of the busy.
+        let own = self.own_cpu.saturating_sub(earlier.own_cpu).min(busy);
+        let share = |ticks: u64| match total {
+            0 => 0.0,
+            total => 100.0 * ticks as f64 / total as f64,
+        };
         Ok(Sample {
             seconds,
-            cpu_percent: if total > 0 {
-                100.0 * busy as f64 / total as f64
-            } else {
-                0.0
-            },
+            cpu_percent: share(busy),
             memory_used_bytes: memory_used()?,
-            own_cpu_percent: if total > 0 {
-                let own = self.own_cpu.saturating_sub(earlier.own_cpu);
-                (100.0 * own as f64 / total as f64).min(100.0)
-            } else {
-                0.0
-            },
+            own_cpu_percent: share(own),
             own_memory_bytes: own_memory()?,
             disk_read_bytes_per_sec: rate(self.disk_read_bytes, earlier.disk_read_bytes),
             disk_write_bytes_per_sec: rate(self.disk_write_bytes, earlier.disk_write_bytes),
