@@ -1,0 +1,62 @@
+"""Airflow for the tests: its own AIRFLOW_HOME (a temporary directory) with a SQLite metadata
+database, migrated once; the example DAGs as its DAG folder. Airflow reads its configuration
+when first imported, so the environment is set here, before any test module imports it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+EXAMPLE_DAGS = HERE.parent / "example_dags"
+sys.path.insert(0, str(HERE))
+
+_HOME = tempfile.mkdtemp(prefix="forte-airflow-home-")
+os.environ["AIRFLOW_HOME"] = _HOME
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(EXAMPLE_DAGS)
+os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME}/airflow.db"
+# Not one of the example DAGs' runs may be picked up by anything else: there is no scheduler.
+os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def airflow_db():
+    """``airflow db migrate`` on the SQLite database, once."""
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow", "db", "migrate"], capture_output=True, text=True, env=os.environ.copy()
+    )
+    assert done.returncode == 0, f"airflow db migrate failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    yield
+    shutil.rmtree(_HOME, ignore_errors=True)
+
+
+_loaded = 0
+
+
+def load_example(name: str, **env: str):
+    """The DAG of ``example_dags/<name>.py``, parsed now with ``env`` set (the examples read
+    FORTE_EXAMPLE_* when parsed)."""
+    global _loaded
+    _loaded += 1
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        spec = importlib.util.spec_from_file_location(f"forte_example_{name}_{_loaded}", EXAMPLE_DAGS / f"{name}.py")
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return module.dag
