@@ -48,7 +48,8 @@ use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use reads::{
-    BatchRow, Event, FailedAttempt, FileRow, PartRow, StageRow, TunedRow, TuningSample, UsageRow,
+    BatchRow, Event, Failure, FileProgress, FileRow, Filter, PartRow, StageRow, TunedRow,
+    TuningSample, UsageRow,
 };
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
 pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, UsageRecorder};
@@ -60,6 +61,12 @@ pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// A catalogue time (microseconds since the Unix epoch) as `YYYY-MM-DD HH:MM:SS.mmm UTC`.
+pub fn format_utc(micros: i64) -> String {
+    let time = chrono::DateTime::from_timestamp_micros(micros.max(0)).unwrap_or_default();
+    time.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
 }
 
 pub(crate) fn new_id() -> String {
@@ -79,6 +86,8 @@ pub struct Catalog {
     /// The last event time handed out: events of one process get strictly increasing times,
     /// so a lineage keeps its order even when changes come within the same microsecond.
     last_at: std::sync::atomic::AtomicI64,
+    /// A handle for reads only ([`Catalog::reader`]): it has no writer to wait for.
+    read_only: bool,
 }
 
 impl Drop for Catalog {
@@ -141,6 +150,7 @@ impl Catalog {
             url: shown,
             writer: None,
             last_at: Default::default(),
+            read_only: false,
         };
         catalog.migrate()?;
         let (queue, inbox) = std::sync::mpsc::sync_channel(writer::QUEUE_CAPACITY);
@@ -152,6 +162,19 @@ impl Catalog {
             .context("starting the catalogue writer")?;
         catalog.writer = Some((queue, thread));
         Ok(catalog)
+    }
+
+    /// Another handle on the same database, for reads only (a dashboard beside a daemon): it
+    /// shares this one's connections, and its reads do not wait for this one's queued writes.
+    pub fn reader(&self) -> Self {
+        Self {
+            runtime: self.runtime.clone(),
+            pool: self.pool.clone(),
+            url: self.url.clone(),
+            writer: None,
+            last_at: Default::default(),
+            read_only: true,
+        }
     }
 
     /// The catalogue's URL without credentials, for messages.
@@ -216,6 +239,9 @@ impl Catalog {
     /// Waits until every record submitted so far is committed; reads call it first, so they
     /// see this process's own writes.
     pub fn flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
         let (queue, _) = self.writer.as_ref().context("the catalogue is closed")?;
         let (done, wait) = std::sync::mpsc::channel();
         queue
@@ -262,6 +288,7 @@ mod tests {
             bytes: 300,
             state,
             arrived: None,
+            detail: None,
         };
         catalog.batch_state(&batch(BatchState::Queued)).unwrap();
         let a_bag = FileRecord::new(&b1, "o1", "bags/a.bag", 200, FileState::Discovered);
@@ -393,10 +420,10 @@ mod tests {
         };
         catalog.record_tuning_sample(sample.clone()).unwrap();
         assert_eq!(catalog.tuning_samples().unwrap(), [sample]);
-        let failed = &catalog.failed_attempts(5).unwrap()[0];
+        let failed = &catalog.failures(None, 5).unwrap()[0];
         assert_eq!(
-            (failed.task, failed.error.as_str()),
-            (Task::Upload, "connection reset")
+            (failed.task.as_str(), failed.error.as_str()),
+            ("upload", "connection reset")
         );
     }
 
@@ -444,6 +471,7 @@ mod tests {
                     bytes: 1,
                     state: BatchState::Queued,
                     arrived: None,
+                    detail: None,
                 })
                 .unwrap();
         }
@@ -545,6 +573,7 @@ mod tests {
             bytes,
             state,
             arrived: None,
+            detail: None,
         };
         catalog.batch_state(&record).unwrap();
     }

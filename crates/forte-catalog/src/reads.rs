@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::any::{AnyArguments, AnyRow};
 use sqlx::Row;
 
-use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
+use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage};
 use crate::Catalog;
 
 /// A batch as the catalogue knows it.
@@ -118,14 +118,143 @@ pub struct PartRow {
     pub ciphertext_sha256: Option<String>,
 }
 
-/// A failed attempt, for `forte status`.
+/// A failure: a failed attempt of a task, or a file or batch recorded as failed (or damaged)
+/// with its error.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct FailedAttempt {
-    pub task: Task,
+pub struct Failure {
+    /// When it ended, or was recorded.
+    pub at: i64,
+    /// The task that failed (`upload`, `seal`, `download`), or `file` or `batch` for a state
+    /// recorded with its error.
+    pub task: String,
     pub batch_key: BatchKey,
     pub object_id: Option<String>,
     pub part: Option<i64>,
     pub error: String,
+}
+
+/// Which batches or files to read: all by default, newest change first.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// The name (a batch's) or the path or delivered path (a file's) contains this.
+    pub name: Option<String>,
+    /// In this state (the text of [`BatchState`] or [`FileState`]).
+    pub state: Option<String>,
+    pub role: Option<Role>,
+    /// Changed at or after this time.
+    pub since: Option<i64>,
+    /// Changed at or before this time.
+    pub until: Option<i64>,
+    /// At most this many.
+    pub limit: Option<i64>,
+}
+
+/// The columns a [`Filter`] reads, which differ between batches and files.
+struct FilterColumns {
+    /// A condition on the name, `#` where its pattern goes (used once, or more as `#`).
+    name: &'static str,
+    /// The condition for each role.
+    role: fn(Role) -> &'static str,
+    updated: &'static str,
+}
+
+impl Filter {
+    /// The WHERE clause and its values (numbered placeholders, from 1).
+    fn clause(&self, columns: &FilterColumns) -> (String, Vec<FilterValue>) {
+        let mut terms: Vec<String> = vec![];
+        let mut values = vec![];
+        let mut term = |sql: &str, value: Option<FilterValue>| {
+            let sql = match value {
+                Some(value) => {
+                    values.push(value);
+                    sql.replace('#', &format!("${}", values.len()))
+                }
+                None => sql.to_owned(),
+            };
+            terms.push(sql);
+        };
+        if let Some(name) = &self.name {
+            // Matched literally: LIKE's wildcards in the text match themselves.
+            let escaped = name
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_");
+            term(
+                columns.name,
+                Some(FilterValue::Text(format!("%{escaped}%"))),
+            );
+        }
+        if let Some(state) = &self.state {
+            term("state = #", Some(FilterValue::Text(state.clone())));
+        }
+        if let Some(role) = self.role {
+            term((columns.role)(role), None);
+        }
+        let updated_since = format!("{} >= #", columns.updated);
+        let updated_until = format!("{} <= #", columns.updated);
+        if let Some(since) = self.since {
+            term(&updated_since, Some(FilterValue::Int(since)));
+        }
+        if let Some(until) = self.until {
+            term(&updated_until, Some(FilterValue::Int(until)));
+        }
+        let clause = if terms.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", terms.join(" AND "))
+        };
+        (clause, values)
+    }
+
+    /// The query `select` with this filter, newest change first.
+    fn query<'q>(&self, select: &str, columns: &FilterColumns, sql: &'q mut String) -> Query<'q> {
+        let (clause, values) = self.clause(columns);
+        let limit = self.limit.unwrap_or(i64::MAX).max(0);
+        *sql = format!(
+            "{select}{clause} ORDER BY {} DESC LIMIT {limit}",
+            columns.updated
+        );
+        let mut query = sqlx::query(sql.as_str());
+        for value in values {
+            query = match value {
+                FilterValue::Text(text) => query.bind(text),
+                FilterValue::Int(int) => query.bind(int),
+            };
+        }
+        query
+    }
+}
+
+const BATCH_FILTER: FilterColumns = FilterColumns {
+    name: "name LIKE # ESCAPE '\\'",
+    role: |role| match role {
+        Role::Edge => "role = 'edge'",
+        Role::Core => "role = 'core'",
+    },
+    updated: "updated_at",
+};
+
+/// A file's role is its batch key's: the core's has a site and a slash.
+const FILE_FILTER: FilterColumns = FilterColumns {
+    name: "(path LIKE # ESCAPE '\\' OR delivered_to LIKE # ESCAPE '\\')",
+    role: |role| match role {
+        Role::Edge => "batch_key NOT LIKE '%/%'",
+        Role::Core => "batch_key LIKE '%/%'",
+    },
+    updated: "updated_at",
+};
+
+enum FilterValue {
+    Text(String),
+    Int(i64),
+}
+
+/// How far a file of a batch has come: its state, size and parts at the relay or further.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileProgress {
+    pub state: FileState,
+    pub size: i64,
+    pub parts_done: i64,
 }
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Any, AnyArguments<'q>>;
@@ -250,17 +379,83 @@ impl Catalog {
         })
     }
 
-    /// Failed attempts, newest first (for `forte status`).
-    pub fn failed_attempts(&self, limit: i64) -> Result<Vec<FailedAttempt>> {
-        let query = sqlx::query("SELECT task, batch_key, object_id, part, error FROM attempts WHERE outcome = 'failed' ORDER BY ended_at DESC LIMIT $1")
-            .bind(limit);
+    /// Failures, newest first: failed attempts of tasks, and files and batches recorded as
+    /// failed or damaged with their error; of one batch, or of all.
+    pub fn failures(&self, batch: Option<&BatchKey>, limit: i64) -> Result<Vec<Failure>> {
+        let of_batch = if batch.is_some() {
+            " AND batch_key = $2"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT at, task, batch_key, object_id, part, error FROM (
+                 SELECT ended_at AS at, task, batch_key, object_id, part, error FROM attempts
+                 WHERE outcome = 'failed'{of_batch}
+                 UNION ALL
+                 SELECT at, CASE WHEN object_id IS NULL THEN 'batch' ELSE 'file' END,
+                        batch_key, object_id, part, detail FROM events
+                 WHERE state IN ('failed', 'damaged') AND detail IS NOT NULL{of_batch}
+             ) failures ORDER BY at DESC LIMIT $1"
+        );
+        let mut query = sqlx::query(&sql).bind(limit);
+        if let Some(batch) = batch {
+            query = query.bind(batch.to_string());
+        }
         self.read(query, |r| {
-            Ok(FailedAttempt {
-                task: vocabulary(r, 0, Task::parse)?,
-                batch_key: batch_key(r, 1)?,
-                object_id: r.try_get(2)?,
-                part: r.try_get(3)?,
-                error: r.try_get::<Option<String>, _>(4)?.unwrap_or_default(),
+            Ok(Failure {
+                at: r.try_get(0)?,
+                task: r.try_get(1)?,
+                batch_key: batch_key(r, 2)?,
+                object_id: r.try_get(3)?,
+                part: r.try_get(4)?,
+                error: r.try_get::<Option<String>, _>(5)?.unwrap_or_default(),
+            })
+        })
+    }
+
+    /// Batches the filter selects, newest change first.
+    pub fn batches_matching(&self, filter: &Filter) -> Result<Vec<BatchRow>> {
+        let mut sql = String::new();
+        self.read(
+            filter.query(BATCH_COLUMNS, &BATCH_FILTER, &mut sql),
+            batch_row,
+        )
+    }
+
+    /// Files the filter selects, newest change first.
+    pub fn files_matching(&self, filter: &Filter) -> Result<Vec<FileRow>> {
+        let mut sql = String::new();
+        self.read(filter.query(FILE_COLUMNS, &FILE_FILTER, &mut sql), file_row)
+    }
+
+    /// Every row of the object `object_id` (the edge's and the core's in a shared catalogue).
+    pub fn files_of_object(&self, object_id: &str) -> Result<Vec<FileRow>> {
+        let sql = format!("{FILE_COLUMNS} WHERE object_id = $1 ORDER BY updated_at");
+        self.read(sqlx::query(&sql).bind(object_id), file_row)
+    }
+
+    /// When anything of a batch last changed (the batch, a file or a part): its last event.
+    pub fn last_event(&self, key: &BatchKey) -> Result<Option<i64>> {
+        let query =
+            sqlx::query("SELECT MAX(at) FROM events WHERE batch_key = $1").bind(key.to_string());
+        let rows = self.read(query, |r| Ok(r.try_get::<Option<i64>, _>(0)?))?;
+        Ok(rows.into_iter().next().flatten())
+    }
+
+    /// How far each file of a batch has come: its state, size and how many of its parts are
+    /// at the relay or further (uploaded, sealed or verified).
+    pub fn progress(&self, key: &BatchKey) -> Result<Vec<FileProgress>> {
+        let query = sqlx::query(
+            "SELECT f.state, f.size, (SELECT COUNT(*) FROM parts p WHERE p.object_id = f.object_id
+                 AND p.state IN ('uploaded', 'sealed', 'verified'))
+             FROM files f WHERE f.batch_key = $1",
+        )
+        .bind(key.to_string());
+        self.read(query, |r| {
+            Ok(FileProgress {
+                state: vocabulary(r, 0, FileState::parse)?,
+                size: r.try_get(1)?,
+                parts_done: r.try_get(2)?,
             })
         })
     }

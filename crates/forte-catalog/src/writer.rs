@@ -32,6 +32,7 @@ pub(crate) struct BatchChange {
     pub(crate) at: i64,
     /// When the batch arrived, if known: its row's `created_at` (never later than `at`).
     pub(crate) arrived: Option<i64>,
+    pub(crate) detail: Option<String>,
 }
 
 /// A file's state, with whatever became known with it.
@@ -171,8 +172,9 @@ async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<
     .bind(if moved { b.at } else { was_at })
     .execute(&mut *conn)
     .await?;
-    if moved {
-        event(conn, b.at, &b.key, None, None, state, None).await?;
+    // The same state again is an event only when it says something (a detail).
+    if moved || (forward && b.detail.is_some()) {
+        event(conn, b.at, &b.key, None, None, state, b.detail.as_deref()).await?;
     }
     Ok(())
 }
@@ -213,7 +215,16 @@ async fn insert_batch(
     .bind(b.at)
     .execute(&mut *conn)
     .await?;
-    event(conn, b.at, &b.key, None, None, b.state.as_str(), None).await
+    event(
+        conn,
+        b.at,
+        &b.key,
+        None,
+        None,
+        b.state.as_str(),
+        b.detail.as_deref(),
+    )
+    .await
 }
 
 /// Creates or updates a file's row, and records the change as an event.

@@ -32,6 +32,8 @@ pub struct BatchRecord<'a> {
     /// marker's time): the row's `created_at` when the batch is first recorded, so its latency
     /// counts from arrival rather than from when it was found.
     pub arrived: Option<i64>,
+    /// What the change was about, in the batch's lineage: a failed batch's error text.
+    pub detail: Option<&'a str>,
 }
 
 /// A file's state, with whatever became known with it.
@@ -106,6 +108,7 @@ impl Catalog {
             state: b.state,
             at: self.tick(),
             arrived: b.arrived,
+            detail: b.detail.map(Into::into),
         }))
     }
 

@@ -85,11 +85,7 @@ impl Layout {
     }
 }
 
-/// A catalogue time (microseconds since the Unix epoch) as `YYYY-MM-DD HH:MM:SS.mmm UTC`.
-pub fn format_utc(micros: i64) -> String {
-    let time = DateTime::from_timestamp_micros(micros.max(0)).unwrap_or_default();
-    time.format("%Y-%m-%d %H:%M:%S%.3f UTC").to_string()
-}
+pub use forte_catalog::format_utc;
 
 #[cfg(test)]
 mod tests {

@@ -54,6 +54,9 @@ enum Command {
     /// The pipeline's KPIs: batch latency (queueing and processing per task), R_b, R_P,
     /// daily capacity; a timeline and utilisation charts.
     Report(commands::report::Args),
+    /// Serve the web dashboard and the JSON API over catalogues (the daemons serve theirs
+    /// with --http).
+    Dashboard(commands::dashboard::Args),
     /// Capture row streams from sensors into Parquet files (BYTE_STREAM_SPLIT + zstd) that
     /// become batches for `send`.
     Ingest(commands::ingest::Args),
@@ -95,6 +98,9 @@ fn main() -> ExitCode {
             Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
             Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
             Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
+            Command::Dashboard(args) => {
+                commands::dashboard::run(args, &config, &record::open(cli.catalog)?)
+            }
             Command::Ingest(args) => commands::ingest::run(args, &config),
             Command::Bench(args) => commands::bench::run(args),
             Command::Demo(args) => commands::demo::run(args),

@@ -1,5 +1,6 @@
-//! Prometheus metrics of the `send` and `pull` daemons, served at `GET /metrics` on the address
-//! given with `--metrics` (the relay serves its own on its HTTPS port).
+//! What the `send` and `pull` daemons show of themselves on `--http ADDR`: the dashboard and
+//! JSON API (`forte-view`, over the daemon's catalogue and the live view below) and Prometheus
+//! metrics at `GET /metrics` (the relay serves its own on its HTTPS port too).
 //!
 //! Names: `forte_stage_*{role,stage}` for each pipeline stage (queue depth, bytes and items
 //! through it, busy seconds, service rate), read from the running pipelines at each scrape,
@@ -16,29 +17,39 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchState, Role};
+use forte_catalog::{BatchState, Catalog, Role};
 use forte_pipeline::{Pipeline, StageSnapshot};
+use forte_view::{QueueView, StageView};
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
 
 use crate::transfer::retry::Operation;
 
-/// Starts the metrics endpoint of `role`'s daemon on `addr` (a thread of its own), with every
-/// family described and every counter whose labels are known in advance present from the
-/// start, at 0: an alert on a counter's rate needs the series before the first event. The
-/// pipeline stages' families are read at each scrape (see [`stage_families`]).
-pub fn serve(addr: SocketAddr, role: Role) -> Result<()> {
-    let listener = std::net::TcpListener::bind(addr)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+/// Starts `role`'s daemon's dashboard, JSON API and metrics on `addr` (a thread of its own),
+/// reading `catalog` through a handle of its own, with every metric family described and every
+/// counter whose labels are known in advance present from the start, at 0: an alert on a
+/// counter's rate needs the series before the first event. The pipeline stages' families are
+/// read at each scrape (see [`stage_families`]).
+pub fn serve(
+    (addr, access): (SocketAddr, forte_view::Access),
+    role: Role,
+    catalog: &Catalog,
+    part_size: u64,
+) -> Result<()> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .context("cannot record metrics")?;
-    std::thread::Builder::new()
-        .name("forte-metrics".into())
-        .spawn(move || serve_scrapes(listener, handle))
-        .context("cannot start the metrics thread")?;
+    let view = forte_view::View {
+        server: match role {
+            Role::Edge => forte_view::Server::Edge,
+            Role::Core => forte_view::Server::Core,
+        },
+        catalogs: vec![catalog.reader()],
+        live: Some(Box::new(Daemon { handle })),
+        part_size,
+    };
+    let bound = forte_view::start(addr, access, view)?;
     describe();
     let outcomes = match role {
         Role::Edge => [BatchState::Sent, BatchState::Failed],
@@ -53,35 +64,82 @@ pub fn serve(addr: SocketAddr, role: Role) -> Result<()> {
         retries(operation).absolute(0);
     }
     queue(role, 0, 0, 0);
-    println!("metrics: http://{addr}/metrics");
+    println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
     Ok(())
 }
 
-/// Answers `GET /metrics` on `listener`: the recorded families, then the stages'.
-fn serve_scrapes(listener: std::net::TcpListener, handle: PrometheusHandle) {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return eprintln!("metrics are not served: {e}"),
-    };
-    runtime.block_on(async move {
-        let listener = match tokio::net::TcpListener::from_std(listener) {
-            Ok(listener) => listener,
-            Err(e) => return eprintln!("metrics are not served: {e}"),
-        };
-        let scrape = move || {
-            let mut text = handle.render();
-            text.push_str(&stage_families());
-            async move { text }
-        };
-        let app = axum::Router::new().route("/metrics", axum::routing::get(scrape));
-        if let Err(e) = axum::serve(listener, app).await {
-            eprintln!("metrics are no longer served: {e}");
-        }
-    });
+/// What a daemon shows of itself beside its catalogue: its stages and batch queue now, and
+/// its metrics.
+struct Daemon {
+    handle: PrometheusHandle,
 }
+
+impl forte_view::Live for Daemon {
+    fn stages(&self) -> Vec<StageView> {
+        let mut views: Vec<StageView> = vec![];
+        if let Some(stages) = STAGES.lock().as_ref() {
+            for (_, role, pipeline) in &stages.running {
+                for st in pipeline.snapshot() {
+                    // Pipelines of one role running at once add up, stage by stage.
+                    let at = views
+                        .iter()
+                        .position(|v| v.role == *role && v.stage == st.name)
+                        .unwrap_or_else(|| {
+                            views.push(StageView {
+                                role: *role,
+                                stage: st.name,
+                                item: st.item,
+                                workers: 0,
+                                queue_depth: 0,
+                                queue_capacity: 0,
+                                fill: 0.0,
+                                items: 0,
+                                bytes_in: 0,
+                                bytes_out: 0,
+                                busy_s: 0.0,
+                                service_rate_bytes_per_second: 0.0,
+                            });
+                            views.len() - 1
+                        });
+                    let view = &mut views[at];
+                    view.workers += st.workers;
+                    view.queue_depth += st.queue_depth;
+                    view.queue_capacity += st.queue_capacity;
+                    view.items += st.items_in;
+                    view.bytes_in += st.bytes_in;
+                    view.bytes_out += st.bytes_out;
+                    view.busy_s += st.busy_seconds;
+                }
+            }
+        }
+        for v in &mut views {
+            v.fill = if v.queue_capacity > 0 {
+                (v.queue_depth as f64 / v.queue_capacity as f64).min(1.0)
+            } else {
+                0.0
+            };
+            v.service_rate_bytes_per_second = if v.busy_s > 0.0 {
+                v.bytes_in as f64 / v.busy_s
+            } else {
+                0.0
+            };
+        }
+        views
+    }
+
+    fn queue(&self) -> Option<QueueView> {
+        *QUEUE.lock()
+    }
+
+    fn metrics(&self) -> Option<String> {
+        let mut text = self.handle.render();
+        text.push_str(&stage_families());
+        Some(text)
+    }
+}
+
+/// The batch queue as last published by [`queue`].
+static QUEUE: Mutex<Option<QueueView>> = Mutex::new(None);
 
 /// The pipelines running now, and the totals of those that ended, per role and stage.
 #[derive(Default)]
@@ -301,6 +359,12 @@ pub fn while_running<R>(
 
 /// The batch queue of `role`: batches in flight, files and bytes waiting.
 pub fn queue(role: Role, batches: usize, files: usize, bytes: u64) {
+    *QUEUE.lock() = Some(QueueView {
+        role,
+        batches,
+        files,
+        bytes,
+    });
     let role = role.as_str();
     gauge!("forte_queue_batches", "role" => role).set(batches as f64);
     gauge!("forte_queue_files", "role" => role).set(files as f64);

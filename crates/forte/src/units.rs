@@ -154,21 +154,7 @@ pub fn parse_bwlimit(text: &str) -> Result<Timetable, String> {
     Timetable::new(entries).map_err(|e| format!("bandwidth timetable {text:?}: {e}"))
 }
 
-/// A size for people: `1.50 GiB`.
-pub fn human(bytes: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.2} {}", units[unit])
-    }
-}
+pub use forte_report::human;
 
 /// `n` in MB/s over `seconds`, in decimal megabytes as storage and links are quoted.
 pub fn mb_per_s(bytes: u64, seconds: f64) -> f64 {

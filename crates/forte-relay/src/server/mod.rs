@@ -2,6 +2,8 @@
 
 mod auth;
 mod metrics;
+/// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
+pub use metrics::render as metrics_text;
 mod share;
 pub mod store;
 

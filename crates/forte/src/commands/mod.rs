@@ -2,6 +2,7 @@
 //! it finished but some items failed (already reported), and `Err` when it could not run.
 
 pub mod bench;
+pub mod dashboard;
 pub mod demo;
 pub mod ingest;
 pub mod keygen;
@@ -38,7 +39,6 @@ pub struct Daemon {
     /// and FORTE_ERROR describe the failure.
     #[arg(long, value_name = "CMD")]
     pub on_failure: Option<String>,
-    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub http: crate::settings::HttpFlags,
 }

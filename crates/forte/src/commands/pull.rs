@@ -112,8 +112,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         catalog,
         worker,
     );
-    if let Some(addr) = args.daemon.metrics {
-        crate::monitor::serve(addr, Role::Core)?;
+    if let Some(http) = settings::http(&args.daemon.http, config, None)? {
+        // The core counts progress in files, not parts: the part size is the default one.
+        let part_size = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
+        crate::monitor::serve(http, Role::Core, catalog, part_size)?;
     }
     // A puller killed after the relay took a batch's acknowledgement but before recording it
     // left files `delivered` that the relay no longer lists: ask the relay again.

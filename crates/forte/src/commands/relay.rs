@@ -5,7 +5,7 @@ use anyhow::Result;
 use forte_relay::server::store::Location;
 use forte_relay::server::{run as serve, RelayConfig};
 
-use crate::settings::{self, Config};
+use crate::settings::{self, Config, HttpFlags};
 
 use crate::units::{parse_duration, parse_size};
 
@@ -48,6 +48,25 @@ pub struct Args {
     /// rates are close, which the relay would treat as sharing one.
     #[arg(long)]
     no_fair_shares: bool,
+    #[command(flatten)]
+    http: HttpFlags,
+}
+
+/// What the relay shows on `--http`: its metrics (it keeps no catalogue).
+struct RelayView;
+
+impl forte_view::Live for RelayView {
+    fn stages(&self) -> Vec<forte_view::StageView> {
+        vec![]
+    }
+
+    fn queue(&self) -> Option<forte_view::QueueView> {
+        None
+    }
+
+    fn metrics(&self) -> Option<String> {
+        Some(forte_relay::server::metrics_text())
+    }
 }
 
 /// How long abandoned uploads are kept.
@@ -62,6 +81,16 @@ fn parse_expiry(text: &str) -> Result<Expiry, String> {
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
+    if let Some((addr, access)) = settings::http(&args.http, config, None)? {
+        let view = forte_view::View {
+            server: forte_view::Server::Relay,
+            catalogs: vec![],
+            live: Some(Box::new(RelayView)),
+            part_size: settings::part_size(config),
+        };
+        let bound = forte_view::start(addr, access, view)?;
+        println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
+    }
     serve(RelayConfig {
         listen: args.listen,
         store: Location::parse(&args.store, settings::s3(config)),

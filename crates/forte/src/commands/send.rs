@@ -101,8 +101,9 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if !args.cancel.is_empty() {
         return edge.cancel(&args.inbox, &args.cancel);
     }
-    if let Some(addr) = args.daemon.metrics {
-        crate::monitor::serve(addr, Role::Edge)?;
+    if let Some(http) = settings::http(&args.daemon.http, config, None)? {
+        let part_size = edge_settings.prepare.part_size;
+        crate::monitor::serve(http, Role::Edge, catalog, part_size)?;
     }
     let pass = Pass {
         edge: &edge,

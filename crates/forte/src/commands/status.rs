@@ -126,9 +126,9 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
             );
         }
     }
-    let failures = catalog.failed_attempts(10)?;
+    let failures = catalog.failures(None, 10)?;
     if !failures.is_empty() {
-        println!("recent failed attempts:");
+        println!("recent failures:");
         for a in failures {
             let part = a.part.map(|p| format!(" part {p}")).unwrap_or_default();
             let what = a

@@ -58,7 +58,7 @@ impl Delivery<'_> {
             error: None,
             rejected_parts: Vec::new(),
         };
-        self.record_batch(&batch, &report.batch, BatchState::Pulling);
+        self.record_batch(&batch, &report.batch, BatchState::Pulling, None);
         let mut name = None;
         let result = ahead.and_then(|ahead| self.commit(restore, &batch, ahead, &mut name));
         if let Some(name) = name {
@@ -95,7 +95,7 @@ impl Delivery<'_> {
                 // What was delivered is in the catalogue before the relay may forget the batch:
                 // a puller killed after the acknowledgement could never record it again.
                 self.record_delivered(&batch.key, &delivered, &held.signature());
-                self.record_batch(&batch, &report.batch, BatchState::Delivered);
+                self.record_batch(&batch, &report.batch, BatchState::Delivered, None);
                 report.error = match self.catalog.flush() {
                     Ok(()) => self.acknowledge(&batch, &report.batch, &delivered).err(),
                     Err(e) => Some(format!(
@@ -123,7 +123,7 @@ impl Delivery<'_> {
         } else {
             BatchState::Failed
         };
-        self.record_batch(&batch, &report.batch, state);
+        self.record_batch(&batch, &report.batch, state, report.error.as_deref());
         let ended = Some(now_us());
         let stage = self
             .catalog
@@ -168,8 +168,15 @@ impl Delivery<'_> {
         Ok((delivered, held))
     }
 
-    /// Records the batch's state, with its totals as the relay listed them.
-    fn record_batch(&self, batch: &Sealed<'_>, name: &str, state: BatchState) {
+    /// Records the batch's state, with its totals as the relay listed them, and what the
+    /// change was about (a failed batch's error).
+    fn record_batch(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        state: BatchState,
+        detail: Option<&str>,
+    ) {
         let record = BatchRecord {
             key: &batch.key,
             name,
@@ -177,6 +184,7 @@ impl Delivery<'_> {
             bytes: sealed_bytes(batch.objects),
             state,
             arrived: None,
+            detail,
         };
         note("a batch", self.catalog.batch_state(&record));
     }

@@ -283,7 +283,13 @@ impl Edge<'_> {
                 flight.bytes = bytes;
                 let arrived = arrival_us(dir);
                 let totals = (files, bytes);
-                self.record_arrived_batch(&batch_key, name, totals, BatchState::Queued, arrived);
+                self.record_batch_as(
+                    &batch_key,
+                    name,
+                    totals,
+                    BatchState::Queued,
+                    (arrived, None),
+                );
                 report.errors.extend(
                     found
                         .rejected

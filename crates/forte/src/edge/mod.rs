@@ -322,18 +322,19 @@ impl<'a> Edge<'a> {
 
     /// Records a batch's state and totals (the batch's, not this run's).
     fn record_batch(&self, key: &BatchKey, name: &str, files: u64, bytes: u64, state: BatchState) {
-        self.record_arrived_batch(key, name, (files, bytes), state, None);
+        self.record_batch_as(key, name, (files, bytes), state, (None, None));
     }
 
-    /// [`Edge::record_batch`], with when the batch arrived if known: a batch recorded for the
-    /// first time gets that as its creation time, which its latency counts from.
-    fn record_arrived_batch(
+    /// [`Edge::record_batch`], with when the batch arrived if known (a batch recorded for the
+    /// first time gets that as its creation time, which its latency counts from) and what the
+    /// change was about (a failed batch's error, in its lineage).
+    fn record_batch_as(
         &self,
         key: &BatchKey,
         name: &str,
         (files, bytes): (u64, u64),
         state: BatchState,
-        arrived: Option<i64>,
+        (arrived, detail): (Option<i64>, Option<&str>),
     ) {
         let record = BatchRecord {
             key,
@@ -342,6 +343,7 @@ impl<'a> Edge<'a> {
             bytes,
             state,
             arrived,
+            detail,
         };
         note("a batch", self.setup.catalog.batch_state(&record));
     }

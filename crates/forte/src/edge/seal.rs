@@ -221,7 +221,9 @@ impl Edge<'_> {
         crate::monitor::batch_done(Role::Edge, state);
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
-        self.record_batch(batch_key, &report.batch, report.files as u64, bytes, state);
+        let totals = (report.files as u64, bytes);
+        let error = report.errors.first().map(String::as_str);
+        self.record_batch_as(batch_key, &report.batch, totals, state, (None, error));
         // Only a run that sent files did the send stage: one that found them all at the relay
         // leaves the stage as the run that sent them recorded it.
         if let Some(started_at) = started_at {

@@ -28,6 +28,10 @@
 //! worker = "core-1"              # default: HOST:PID; unique among workers sharing a catalogue
 //! lease = "30s"                  # a dead or stalled worker's batches go to others after this
 //!
+//! [http]                         # the dashboard, JSON API and metrics (send, pull, relay, dashboard)
+//! listen = "127.0.0.1:8080"
+//! token_file = "keys/http.token" # other hosts must send it (Authorization: Bearer); without it, loopback only
+//!
 //! [s3]                           # buckets (relay --store, pull --copy-to s3://…);
 //! endpoint = "http://s3.local:7070"  # each key unset here comes from AWS_ENDPOINT_URL,
 //! access_key_id = "…"            # AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION
@@ -79,6 +83,16 @@ pub struct Config {
     pub ingest: IngestSection,
     #[serde(default)]
     pub s3: S3Section,
+    #[serde(default)]
+    pub http: HttpSection,
+}
+
+/// Where the dashboard, JSON API and metrics are served, and the token other hosts need.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    pub listen: Option<std::net::SocketAddr>,
+    pub token_file: Option<PathBuf>,
 }
 
 /// Where the S3 server is and its keys; each unset one comes from the environment.
@@ -279,7 +293,10 @@ impl Config {
             *p = base.join(&*p);
         }
         let r = &mut config.relay;
-        for p in [&mut r.token_file, &mut r.ca].into_iter().flatten() {
+        for p in [&mut r.token_file, &mut r.ca, &mut config.http.token_file]
+            .into_iter()
+            .flatten()
+        {
             *p = base.join(&*p);
         }
         let i = &mut config.ingest;

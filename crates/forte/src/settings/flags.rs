@@ -69,6 +69,21 @@ pub struct WorkerFlags {
     pub(super) lease: Option<String>,
 }
 
+/// The dashboard, JSON API and metrics; `send`, `pull`, `relay` and `dashboard`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct HttpFlags {
+    /// Serve the web dashboard, the JSON API (docs/api.md) and Prometheus metrics at
+    /// http://ADDR/, e.g. 127.0.0.1:8080 [config: http.listen]. This machine is served;
+    /// other hosts need --http-token-file.
+    #[arg(long, alias = "metrics", value_name = "ADDR")]
+    pub(super) http: Option<std::net::SocketAddr>,
+    /// File holding the token other hosts must send (Authorization: Bearer TOKEN, or
+    /// ?token=TOKEN in a browser); without it only this machine is served
+    /// [config: http.token_file].
+    #[arg(long, value_name = "FILE")]
+    pub(super) http_token_file: Option<PathBuf>,
+}
+
 /// Where the relay is and how to trust it; `send` and `pull`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RelayFlags {

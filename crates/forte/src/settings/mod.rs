@@ -10,6 +10,7 @@
 mod file;
 mod flags;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,7 +27,8 @@ use forte_restore::RestoreConfig;
 
 pub use file::{check_level, Config, Connections, Level};
 pub use flags::{
-    parse_codec, CoreFlags, EdgeFlags, IngestFlags, RelayFlags, ScheduleFlags, WorkerFlags,
+    parse_codec, CoreFlags, EdgeFlags, HttpFlags, IngestFlags, RelayFlags, ScheduleFlags,
+    WorkerFlags,
 };
 
 use crate::delivery::Worker;
@@ -221,6 +223,49 @@ pub fn relay(flags: &RelayFlags, config: &Config) -> Result<RelayLink> {
         endpoint: RelayEndpoint { url, token, trust },
         timeout: Duration::from_secs(flags.timeout.max(1)),
     })
+}
+
+/// The edge's part size as the config file sets it (flags aside): what `forte dashboard`
+/// counts an upload's progress in.
+pub fn part_size(config: &Config) -> u64 {
+    config
+        .prepare
+        .part_size
+        .map_or(PrepareConfig::DEFAULT_PART_SIZE, |s| s.0)
+}
+
+/// Where to serve the dashboard, JSON API and metrics (`--http`, else `http.listen`, else
+/// `default`), and who may read them: other hosts with the token of `--http-token-file` (else
+/// `http.token_file`); none if nothing says where.
+pub fn http(
+    flags: &HttpFlags,
+    config: &Config,
+    default: Option<SocketAddr>,
+) -> Result<Option<(SocketAddr, forte_view::Access)>> {
+    let Some(addr) = flags.http.or(config.http.listen).or(default) else {
+        return Ok(None);
+    };
+    let token = match flags
+        .http_token_file
+        .as_ref()
+        .or(config.http.token_file.as_ref())
+    {
+        Some(path) => {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the HTTP token file {}", path.display()))?
+                .trim()
+                .to_string();
+            if token.is_empty() {
+                bail!(
+                    "the HTTP token file {} is empty: put a long random token in it",
+                    path.display()
+                );
+            }
+            Some(token.into())
+        }
+        None => None,
+    };
+    Ok(Some((addr, forte_view::Access { token })))
 }
 
 /// `send`'s uploads in flight: the `--connections` flag if given, else `send.connections`,

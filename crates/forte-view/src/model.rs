@@ -1,0 +1,582 @@
+//! The API's answers, built from catalogue rows and the daemon's live counters: what
+//! docs/api.md documents, field by field.
+
+use anyhow::Result;
+use forte_catalog::{
+    BatchKey, BatchRow, BatchState, Catalog, Event, Failure, FileRow, FileState, Filter, PartRow,
+    Role, Stage, StageRow, UsageRow,
+};
+use serde::Serialize;
+
+use crate::live::{QueueView, StageView};
+
+/// A batch as the API shows it: its row, how far it has come, its rate and ETA.
+#[derive(Debug, Clone, Serialize)]
+pub struct Batch {
+    pub key: String,
+    pub role: Role,
+    pub site: String,
+    pub name: String,
+    pub state: BatchState,
+    pub files: i64,
+    pub bytes: i64,
+    pub done_bytes: i64,
+    pub progress: f64,
+    pub arrived_us: i64,
+    pub started_us: Option<i64>,
+    pub ended_us: Option<i64>,
+    pub updated_us: i64,
+    pub rate_bytes_per_second: Option<f64>,
+    pub eta_s: Option<f64>,
+    pub running: bool,
+    pub error: Option<String>,
+}
+
+/// Whether a batch in `state` is being worked on (or waits for it) on its node.
+pub fn running(state: BatchState) -> bool {
+    matches!(
+        state,
+        BatchState::Queued | BatchState::Sending | BatchState::Pulling
+    )
+}
+
+/// Whether a batch in `state` ended with all its work done on its node.
+fn finished(state: BatchState) -> bool {
+    matches!(
+        state,
+        BatchState::Sent | BatchState::Delivered | BatchState::SourceDeleted
+    )
+}
+
+/// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
+/// further, and of the others the parts uploaded (`part_size` each, a file's last one
+/// smaller). At the core (whose batch `bytes` are the sealed bytes on the wire): the share of
+/// the files' raw bytes verified or further.
+fn done_bytes(catalog: &Catalog, row: &BatchRow, part_size: u64) -> Result<i64> {
+    if finished(row.state) {
+        return Ok(row.bytes);
+    }
+    let files = catalog.progress(&row.batch_key)?;
+    let past = |state: FileState, first: FileState| {
+        let order = [
+            FileState::Discovered,
+            FileState::AtRelay,
+            FileState::Sealed,
+            FileState::Verified,
+            FileState::Delivered,
+            FileState::Acknowledged,
+        ];
+        let rank = |s| order.iter().position(|o| *o == s);
+        matches!((rank(state), rank(first)), (Some(s), Some(f)) if s >= f)
+    };
+    Ok(match row.role {
+        Role::Edge => files
+            .iter()
+            .map(|f| {
+                if past(f.state, FileState::AtRelay) {
+                    f.size
+                } else {
+                    f.size.min(f.parts_done.saturating_mul(part_size as i64))
+                }
+            })
+            .sum(),
+        Role::Core => {
+            let all: i64 = files.iter().map(|f| f.size).sum();
+            let verified: i64 = files
+                .iter()
+                .filter(|f| past(f.state, FileState::Verified))
+                .map(|f| f.size)
+                .sum();
+            if all > 0 {
+                (row.bytes as f64 * verified as f64 / all as f64) as i64
+            } else {
+                0
+            }
+        }
+    })
+}
+
+/// The stage a batch's row times on its node.
+fn own_stage(role: Role) -> Stage {
+    match role {
+        Role::Edge => Stage::Send,
+        Role::Core => Stage::Pull,
+    }
+}
+
+impl Batch {
+    /// `row` with its progress at `now` (µs), reading its stages and files.
+    pub fn of(catalog: &Catalog, row: BatchRow, part_size: u64, now: i64) -> Result<Self> {
+        let stages = catalog.stages(&row.batch_key)?;
+        Self::with_stages(catalog, row, &stages, part_size, now)
+    }
+
+    fn with_stages(
+        catalog: &Catalog,
+        row: BatchRow,
+        stages: &[StageRow],
+        part_size: u64,
+        now: i64,
+    ) -> Result<Self> {
+        let stage = stages.iter().find(|s| s.stage == own_stage(row.role));
+        let started_us = stage.map(|s| s.started_at);
+        let ended_us = stage.and_then(|s| s.ended_at);
+        let done = done_bytes(catalog, &row, part_size)?.clamp(0, row.bytes.max(0));
+        let running = running(row.state);
+        let progress = if row.bytes > 0 {
+            done as f64 / row.bytes as f64
+        } else if finished(row.state) {
+            1.0
+        } else {
+            0.0
+        };
+        // The mean rate since the stage started: on a steady link the best estimate of what
+        // is left, and not thrown by the bursts in which parts complete.
+        let rate = started_us
+            .map(|start| (ended_us.unwrap_or(now) - start) as f64 / 1e6)
+            .filter(|seconds| *seconds > 0.0 && done > 0)
+            .map(|seconds| done as f64 / seconds);
+        let eta_s = rate
+            .filter(|_| running && row.bytes > 0)
+            .map(|rate| (row.bytes - done) as f64 / rate);
+        let error = if running || matches!(row.state, BatchState::Failed | BatchState::SourceKept) {
+            let last = catalog
+                .failures(Some(&row.batch_key), 1)?
+                .into_iter()
+                .next();
+            // A running batch's old failure (a retry that then worked) is history, not news.
+            last.filter(|f| !running || started_us.is_some_and(|s| f.at >= s))
+                .map(|f| f.error)
+        } else {
+            None
+        };
+        Ok(Self {
+            key: row.batch_key.to_string(),
+            role: row.role,
+            site: row.site,
+            name: row.name,
+            state: row.state,
+            files: row.files,
+            bytes: row.bytes,
+            done_bytes: done,
+            progress,
+            arrived_us: row.created_at,
+            started_us,
+            ended_us,
+            updated_us: row.updated_at,
+            rate_bytes_per_second: rate,
+            eta_s,
+            running,
+            error,
+        })
+    }
+}
+
+/// A file as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct File {
+    pub object_id: String,
+    pub batch_key: String,
+    pub path: String,
+    pub size: i64,
+    pub state: FileState,
+    pub sha256: Option<String>,
+    pub delivered_to: Option<String>,
+    pub carrier: Option<String>,
+    pub updated_us: i64,
+}
+
+impl From<FileRow> for File {
+    fn from(f: FileRow) -> Self {
+        Self {
+            object_id: f.object_id,
+            batch_key: f.batch_key.to_string(),
+            path: f.path,
+            size: f.size,
+            state: f.state,
+            sha256: f.raw_sha256,
+            delivered_to: f.delivered_to,
+            carrier: f.carrier,
+            updated_us: f.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageSpan {
+    pub stage: Stage,
+    pub started_us: i64,
+    pub ended_us: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FailureView {
+    pub at_us: i64,
+    pub task: String,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub error: String,
+}
+
+impl From<Failure> for FailureView {
+    fn from(f: Failure) -> Self {
+        Self {
+            at_us: f.at,
+            task: f.task,
+            batch_key: f.batch_key.to_string(),
+            object_id: f.object_id,
+            part: f.part,
+            error: f.error,
+        }
+    }
+}
+
+/// One batch, whole: `GET /api/v1/batches/{key}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchDetail {
+    pub batch: Batch,
+    pub stages: Vec<StageSpan>,
+    pub files: Vec<File>,
+    pub failures: Vec<FailureView>,
+}
+
+impl BatchDetail {
+    pub fn read(catalog: &Catalog, key: &BatchKey, part_size: u64) -> Result<Option<Self>> {
+        let Some(row) = catalog.batch(key)? else {
+            return Ok(None);
+        };
+        let stages = catalog.stages(key)?;
+        let batch = Batch::with_stages(catalog, row, &stages, part_size, forte_catalog::now_us())?;
+        Ok(Some(Self {
+            batch,
+            stages: stages
+                .into_iter()
+                .map(|s| StageSpan {
+                    stage: s.stage,
+                    started_us: s.started_at,
+                    ended_us: s.ended_at,
+                })
+                .collect(),
+            files: catalog.files(key)?.into_iter().map(File::from).collect(),
+            failures: catalog
+                .failures(Some(key), 100)?
+                .into_iter()
+                .map(FailureView::from)
+                .collect(),
+        }))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartView {
+    pub index: i64,
+    pub state: forte_catalog::PartState,
+    pub raw_sha256: Option<String>,
+    pub ciphertext_sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventView {
+    pub at_us: i64,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub state: String,
+    pub detail: Option<String>,
+}
+
+impl From<Event> for EventView {
+    fn from(e: Event) -> Self {
+        Self {
+            at_us: e.at,
+            batch_key: e.batch_key.to_string(),
+            object_id: e.object_id,
+            part: e.part,
+            state: e.state,
+            detail: e.detail,
+        }
+    }
+}
+
+impl From<PartRow> for PartView {
+    fn from(p: PartRow) -> Self {
+        Self {
+            index: p.index,
+            state: p.state,
+            raw_sha256: p.raw_sha256,
+            ciphertext_sha256: p.ciphertext_sha256,
+        }
+    }
+}
+
+/// A file's lineage over every catalogue: `GET /api/v1/files/{object_id}`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Lineage {
+    pub files: Vec<File>,
+    pub parts: Vec<PartView>,
+    pub events: Vec<EventView>,
+}
+
+impl Lineage {
+    pub fn read(catalogs: &[Catalog], object_id: &str) -> Result<Self> {
+        let mut lineage = Self::default();
+        for catalog in catalogs {
+            let rows = catalog.files_of_object(object_id)?;
+            lineage.files.extend(rows.into_iter().map(File::from));
+            lineage
+                .parts
+                .extend(catalog.parts(object_id)?.into_iter().map(PartView::from));
+            lineage
+                .events
+                .extend(catalog.lineage(object_id)?.into_iter().map(EventView::from));
+        }
+        lineage.events.sort_by_key(|e| e.at_us);
+        Ok(lineage)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageView {
+    pub node: String,
+    pub at_us: i64,
+    pub seconds: f64,
+    pub cpu_percent: f64,
+    pub memory_used: i64,
+    pub own_cpu_percent: f64,
+    pub own_memory: i64,
+    pub disk_read_bps: f64,
+    pub disk_write_bps: f64,
+    pub net_rx_bps: f64,
+    pub net_tx_bps: f64,
+}
+
+impl From<UsageRow> for UsageView {
+    fn from(u: UsageRow) -> Self {
+        Self {
+            node: u.node,
+            at_us: u.at,
+            seconds: u.seconds,
+            cpu_percent: u.cpu_percent,
+            memory_used: u.memory_used,
+            own_cpu_percent: u.own_cpu_percent,
+            own_memory: u.own_memory,
+            disk_read_bps: u.disk_read_bps,
+            disk_write_bps: u.disk_write_bps,
+            net_rx_bps: u.net_rx_bps,
+            net_tx_bps: u.net_tx_bps,
+        }
+    }
+}
+
+/// Something that needs a look.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Alert {
+    pub level: AlertLevel,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertLevel {
+    Warning,
+    Critical,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Totals {
+    pub batches: usize,
+    pub delivered: usize,
+    pub failed: usize,
+    pub bytes: i64,
+}
+
+/// The front page in one answer: `GET /api/v1/overview`, and each server-sent event.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    pub at_us: i64,
+    pub in_flight: Vec<Batch>,
+    pub recent: Vec<Batch>,
+    pub stages: Vec<StageView>,
+    pub queue: Option<QueueView>,
+    pub failures: Vec<FailureView>,
+    pub alerts: Vec<Alert>,
+    pub totals: Totals,
+}
+
+/// A stage's queue is red from this fill on (NiFi's back-pressure colours), yellow from
+/// [`FILL_WARNING`].
+pub const FILL_CRITICAL: f64 = 0.85;
+pub const FILL_WARNING: f64 = 0.6;
+/// A running batch that has not changed for this long is stalled.
+const STALLED_US: i64 = 5 * 60 * 1_000_000;
+const HOUR_US: i64 = 3_600 * 1_000_000;
+
+impl Overview {
+    pub fn read(
+        catalogs: &[Catalog],
+        stages: Vec<StageView>,
+        queue: Option<QueueView>,
+        part_size: u64,
+    ) -> Result<Self> {
+        let now = forte_catalog::now_us();
+        let mut in_flight = vec![];
+        let mut recent = vec![];
+        let mut failures = vec![];
+        let mut totals = Totals::default();
+        let mut alerts = vec![];
+        for catalog in catalogs {
+            let rows = catalog.batches()?;
+            totals.batches += rows.len();
+            for row in &rows {
+                totals.delivered += usize::from(row.state == BatchState::Delivered);
+                totals.failed += usize::from(row.state == BatchState::Failed);
+                totals.bytes += row.bytes.max(0);
+            }
+            let mut newest = rows.clone();
+            newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
+            for row in newest.iter().take(20) {
+                recent.push(Batch::of(catalog, row.clone(), part_size, now)?);
+            }
+            for row in rows.into_iter().filter(|r| running(r.state)) {
+                let last_moved = catalog.last_event(&row.batch_key)?;
+                let batch = Batch::of(catalog, row, part_size, now)?;
+                let idle = now - last_moved.unwrap_or(batch.updated_us);
+                if batch.state != BatchState::Queued && idle > STALLED_US {
+                    alerts.push(Alert {
+                        level: AlertLevel::Warning,
+                        text: format!(
+                            "batch {} ({}) has not moved for {} minutes",
+                            batch.name,
+                            batch.role,
+                            idle / 60_000_000
+                        ),
+                    });
+                }
+                in_flight.push(batch);
+            }
+            failures.extend(
+                catalog
+                    .failures(None, 10)?
+                    .into_iter()
+                    .map(FailureView::from),
+            );
+        }
+        for b in &recent {
+            if b.state == BatchState::Failed && now - b.updated_us < HOUR_US {
+                alerts.push(Alert {
+                    level: AlertLevel::Critical,
+                    text: format!(
+                        "batch {} ({}) failed: {}",
+                        b.name,
+                        b.role,
+                        b.error.as_deref().unwrap_or("see its failures")
+                    ),
+                });
+            }
+        }
+        for s in &stages {
+            if s.fill >= FILL_CRITICAL {
+                alerts.push(Alert {
+                    level: AlertLevel::Warning,
+                    text: format!(
+                        "the {} stage's queue ({}) is {:.0} % full: it is the bottleneck",
+                        s.stage,
+                        s.role,
+                        100.0 * s.fill
+                    ),
+                });
+            }
+        }
+        in_flight.sort_by_key(|b| b.arrived_us);
+        recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
+        recent.truncate(20);
+        failures.sort_by_key(|f| std::cmp::Reverse(f.at_us));
+        failures.truncate(10);
+        Ok(Self {
+            at_us: now,
+            in_flight,
+            recent,
+            stages,
+            queue,
+            failures,
+            alerts,
+            totals,
+        })
+    }
+}
+
+/// Batches over every catalogue that the filter selects, newest change first.
+pub fn batches(catalogs: &[Catalog], filter: &Filter, part_size: u64) -> Result<Vec<Batch>> {
+    let now = forte_catalog::now_us();
+    let mut all = vec![];
+    for catalog in catalogs {
+        for row in catalog.batches_matching(filter)? {
+            all.push(Batch::of(catalog, row, part_size, now)?);
+        }
+    }
+    all.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
+    if let Some(limit) = filter.limit {
+        all.truncate(limit.max(0) as usize);
+    }
+    Ok(all)
+}
+
+/// Files over every catalogue that the filter selects, newest change first.
+pub fn files(catalogs: &[Catalog], filter: &Filter) -> Result<Vec<File>> {
+    let mut all = vec![];
+    for catalog in catalogs {
+        all.extend(catalog.files_matching(filter)?.into_iter().map(File::from));
+    }
+    all.sort_by_key(|f| std::cmp::Reverse(f.updated_us));
+    if let Some(limit) = filter.limit {
+        all.truncate(limit.max(0) as usize);
+    }
+    Ok(all)
+}
+
+/// The newest failures over every catalogue.
+pub fn failures(catalogs: &[Catalog], limit: i64) -> Result<Vec<FailureView>> {
+    let mut all = vec![];
+    for catalog in catalogs {
+        all.extend(
+            catalog
+                .failures(None, limit)?
+                .into_iter()
+                .map(FailureView::from),
+        );
+    }
+    all.sort_by_key(|f| std::cmp::Reverse(f.at_us));
+    all.truncate(limit.max(0) as usize);
+    Ok(all)
+}
+
+/// The first catalogue that knows the batch `key`, with its detail.
+pub fn batch(catalogs: &[Catalog], key: &BatchKey, part_size: u64) -> Result<Option<BatchDetail>> {
+    for catalog in catalogs {
+        if let Some(detail) = BatchDetail::read(catalog, key, part_size)? {
+            return Ok(Some(detail));
+        }
+    }
+    Ok(None)
+}
+
+/// Utilisation samples since `since` (µs) over every catalogue, oldest first.
+pub fn usage(catalogs: &[Catalog], since: i64) -> Result<Vec<UsageRow>> {
+    let mut all = vec![];
+    for catalog in catalogs {
+        all.extend(
+            catalog
+                .usage_of(None)?
+                .into_iter()
+                .filter(|u| u.at >= since),
+        );
+    }
+    all.sort_by_key(|u| u.at);
+    Ok(all)
+}
+
+/// The last hour, in µs before now.
+pub fn hour_ago() -> i64 {
+    forte_catalog::now_us() - HOUR_US
+}

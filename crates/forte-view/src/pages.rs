@@ -1,0 +1,821 @@
+//! The web dashboard: HTML rendered on the server from the API's answers, so every page reads
+//! without JavaScript (it then reloads itself every 10 s). With JavaScript, `assets/dashboard.js`
+//! keeps a page live on a stream of server-sent events (`/live/…`) whose data are the page's
+//! sections rendered again by the same functions: one renderer, no second one in the browser.
+
+use std::fmt::Write;
+
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use forte_catalog::{format_utc, BatchKey};
+use forte_report::human;
+use forte_report::kpi;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::{self, ApiError, Shared};
+use crate::live::{QueueView, StageView};
+use crate::model::{
+    self, Alert, AlertLevel, Batch, BatchDetail, FailureView, File, Lineage, Overview, Totals,
+    FILL_CRITICAL, FILL_WARNING,
+};
+
+pub(crate) fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/", get(overview))
+        .route("/history", get(history))
+        .route("/batches/{*key}", get(batch))
+        .route("/files/{object_id}", get(file))
+        .route("/report", get(report))
+        .route("/live/overview", get(live_overview))
+        .route("/live/batch/{*key}", get(live_batch))
+        .route("/assets/dashboard.js", get(script))
+        .route("/assets/dashboard.css", get(style))
+}
+
+const SCRIPT: &str = include_str!("assets/dashboard.js");
+const STYLE: &str = include_str!("assets/dashboard.css");
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+fn asset(kind: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// The page's token (`?token=`), kept on every link it renders.
+#[derive(Debug, Default, Deserialize, Clone)]
+struct PageParams {
+    token: Option<String>,
+    name: Option<String>,
+    state: Option<String>,
+    role: Option<String>,
+}
+
+/// Renders links that keep the page's token.
+struct Links<'a> {
+    token: Option<&'a str>,
+}
+
+impl Links<'_> {
+    /// `path` with the token, escaped for an attribute.
+    fn to(&self, path: &str) -> String {
+        let with = match self.token {
+            Some(token) => {
+                let sep = if path.contains('?') { '&' } else { '?' };
+                format!("{path}{sep}token={}", escape_query(token))
+            }
+            None => path.to_owned(),
+        };
+        escape(&with)
+    }
+
+    fn batch(&self, key: &str) -> String {
+        self.to(&format!("/batches/{}", escape_path(key)))
+    }
+
+    fn file(&self, object_id: &str) -> String {
+        self.to(&format!("/files/{}", escape_path(object_id)))
+    }
+}
+
+/// Text for HTML: `<`, `>`, `&` and quotes escaped.
+pub(crate) fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes what is not unreserved in a query value.
+fn escape_query(text: &str) -> String {
+    let mut out = String::new();
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+/// A path segment: percent-encoded, but a batch key's slash kept.
+fn escape_path(text: &str) -> String {
+    text.split('/')
+        .map(escape_query)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// A query value back from its percent-encoding (and `+` for a space).
+pub(crate) fn unescape_query(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = |b: u8| (b as char).to_digit(16);
+                match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                    (Some(high), Some(low)) => {
+                        out.push((high * 16 + low) as u8);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The whole page around `body`; `live` is the event stream that keeps it current, if any.
+fn page(title: &str, links: &Links<'_>, live: Option<&str>, body: &str) -> Html<String> {
+    let live_attr = live
+        .map(|l| format!(" data-live=\"{}\"", links.to(l)))
+        .unwrap_or_default();
+    let nav = [
+        ("/", "Overview"),
+        ("/history", "History"),
+        ("/report", "Report"),
+    ]
+    .iter()
+    .map(|(path, label)| format!("<a href=\"{}\">{label}</a>", links.to(path)))
+    .collect::<Vec<_>>()
+    .join(" ");
+    Html(format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>{title} · forte</title>\
+         <link rel=\"icon\" href=\"data:,\">\
+         <link rel=\"stylesheet\" href=\"{css}\">\
+         <noscript><meta http-equiv=\"refresh\" content=\"10\"></noscript>\
+         <script src=\"{js}\" defer></script></head>\
+         <body{live_attr}><header><strong>forte</strong> <nav>{nav}</nav> \
+         <span class=\"updated\">updated <time id=\"updated\">{now}</time> \
+         <span id=\"live-state\" class=\"muted\">{static_note}</span></span></header>\
+         <main><h1>{title}</h1>{body}</main></body></html>",
+        title = escape(title),
+        css = links.to("/assets/dashboard.css"),
+        js = links.to("/assets/dashboard.js"),
+        now = format_utc(forte_catalog::now_us()),
+        static_note = if live.is_some() {
+            "(reloads every 10 s)"
+        } else {
+            ""
+        },
+    ))
+}
+
+/// Seconds for people: `42 s`, `3 min 12 s`, `2 h 5 min`.
+fn duration(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3_599 => format!("{} min {} s", s / 60, s % 60),
+        _ => format!("{} h {} min", s / 3_600, (s % 3_600) / 60),
+    }
+}
+
+fn rate(bytes_per_second: Option<f64>) -> String {
+    bytes_per_second
+        .map(|r| format!("{}/s", human(r.max(0.0) as u64)))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn progress_bar(progress: f64, state: &str) -> String {
+    let percent = (100.0 * progress).clamp(0.0, 100.0);
+    format!(
+        "<div class=\"bar {state}\" role=\"progressbar\" aria-valuenow=\"{percent:.0}\" \
+         aria-valuemin=\"0\" aria-valuemax=\"100\"><span style=\"width:{percent:.1}%\"></span></div>\
+         <span class=\"percent\">{percent:.1} %</span>"
+    )
+}
+
+fn totals(t: &Totals) -> String {
+    format!(
+        "<div class=\"tiles\"><div><b>{}</b> batches</div><div><b>{}</b> delivered</div>\
+         <div class=\"{}\"><b>{}</b> failed</div><div><b>{}</b> recorded</div></div>",
+        t.batches,
+        t.delivered,
+        if t.failed > 0 { "bad" } else { "" },
+        t.failed,
+        human(t.bytes.max(0) as u64)
+    )
+}
+
+fn alerts(alerts: &[Alert]) -> String {
+    if alerts.is_empty() {
+        return "<p class=\"muted\">No alerts.</p>".into();
+    }
+    let mut html = String::from("<ul class=\"alerts\">");
+    for a in alerts {
+        let class = match a.level {
+            AlertLevel::Warning => "warning",
+            AlertLevel::Critical => "critical",
+        };
+        let _ = write!(html, "<li class=\"{class}\">{}</li>", escape(&a.text));
+    }
+    html.push_str("</ul>");
+    html
+}
+
+fn in_flight(batches: &[Batch], links: &Links<'_>) -> String {
+    if batches.is_empty() {
+        return "<p class=\"muted\">Nothing in flight.</p>".into();
+    }
+    let mut html = String::from(
+        "<table><thead><tr><th>batch</th><th>node</th><th>state</th><th class=\"wide\">progress</th>\
+         <th>done</th><th>rate</th><th>ETA</th></tr></thead><tbody>",
+    );
+    for b in batches {
+        let _ = write!(
+            html,
+            "<tr data-key=\"{key}\"><td><a href=\"{href}\">{name}</a></td><td>{role}</td>\
+             <td class=\"state {state}\">{state}</td><td class=\"wide\">{bar}</td>\
+             <td>{done} of {bytes}</td><td class=\"rate\">{rate}</td><td class=\"eta\">{eta}</td></tr>",
+            key = escape(&b.key),
+            href = links.batch(&b.key),
+            name = escape(&b.name),
+            role = b.role,
+            state = b.state,
+            bar = progress_bar(b.progress, b.state.as_str()),
+            done = human(b.done_bytes.max(0) as u64),
+            bytes = human(b.bytes.max(0) as u64),
+            rate = rate(b.rate_bytes_per_second),
+            eta = b.eta_s.map(duration).unwrap_or_else(|| "–".into()),
+        );
+        if let Some(error) = &b.error {
+            let _ = write!(
+                html,
+                "<tr class=\"error-row\"><td colspan=\"7\">{}</td></tr>",
+                escape(error)
+            );
+        }
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+fn fill_class(fill: f64) -> &'static str {
+    if fill >= FILL_CRITICAL {
+        "critical"
+    } else if fill >= FILL_WARNING {
+        "warning"
+    } else {
+        "ok"
+    }
+}
+
+fn stages(stages: &[StageView], queue: Option<&QueueView>) -> String {
+    let mut html = String::new();
+    if let Some(q) = queue {
+        let _ = write!(
+            html,
+            "<p>Admitted, not finished ({}): <b>{}</b> batches, <b>{}</b> files, <b>{}</b>.</p>",
+            q.role,
+            q.batches,
+            q.files,
+            human(q.bytes)
+        );
+    }
+    if stages.is_empty() {
+        html.push_str(
+            "<p class=\"muted\">No pipeline runs here now (the daemons show their stages; \
+             <code>forte dashboard</code> reads catalogues only).</p>",
+        );
+        return html;
+    }
+    html.push_str(
+        "<table><thead><tr><th>node</th><th>stage</th><th class=\"wide\">queue</th><th>workers</th>\
+         <th>items</th><th>in</th><th>out</th><th>busy</th><th>service rate</th></tr></thead><tbody>",
+    );
+    for s in stages {
+        let class = fill_class(s.fill);
+        let _ = write!(
+            html,
+            "<tr data-stage=\"{stage}\"><td>{role}</td><td>{stage}</td><td class=\"wide\">\
+             <div class=\"bar fill {class}\"><span style=\"width:{pct:.1}%\"></span></div> \
+             <span class=\"queue-depth\">{depth}/{cap}</span></td><td>{workers}</td>\
+             <td>{items} {item}s</td><td>{bin}</td><td>{bout}</td><td>{busy:.1} s</td><td>{rate}</td></tr>",
+            role = s.role,
+            stage = escape(s.stage),
+            pct = 100.0 * s.fill,
+            depth = s.queue_depth,
+            cap = s.queue_capacity,
+            workers = s.workers,
+            items = s.items,
+            item = s.item,
+            bin = human(s.bytes_in),
+            bout = human(s.bytes_out),
+            busy = s.busy_s,
+            rate = rate(Some(s.service_rate_bytes_per_second)),
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+fn failures(failures: &[FailureView], links: &Links<'_>) -> String {
+    if failures.is_empty() {
+        return "<p class=\"muted\">No failures recorded.</p>".into();
+    }
+    let mut html = String::from(
+        "<table><thead><tr><th>time</th><th>task</th><th>batch</th><th>file</th><th>error</th></tr></thead><tbody>",
+    );
+    for f in failures {
+        let file = match &f.object_id {
+            Some(id) => format!(
+                "<a href=\"{}\">{}</a>{}",
+                links.file(id),
+                escape(&id[..id.len().min(12)]),
+                f.part.map(|p| format!(" part {p}")).unwrap_or_default()
+            ),
+            None => "–".into(),
+        };
+        let _ = write!(
+            html,
+            "<tr class=\"failure\"><td>{}</td><td>{}</td><td><a href=\"{}\">{}</a></td><td>{file}</td>\
+             <td class=\"error\">{}</td></tr>",
+            format_utc(f.at_us),
+            escape(&f.task),
+            links.batch(&f.batch_key),
+            escape(&f.batch_key),
+            escape(&f.error)
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+fn batch_table(batches: &[Batch], links: &Links<'_>) -> String {
+    if batches.is_empty() {
+        return "<p class=\"muted\">No batches.</p>".into();
+    }
+    let mut html = String::from(
+        "<table><thead><tr><th>batch</th><th>node</th><th>state</th><th>files</th><th>bytes</th>\
+         <th>rate</th><th>arrived</th><th>last change</th></tr></thead><tbody>",
+    );
+    for b in batches {
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"{}\">{}</a></td><td>{}{}</td><td class=\"state {}\">{}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            links.batch(&b.key),
+            escape(&b.name),
+            b.role,
+            if b.site.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", escape(&b.site))
+            },
+            b.state,
+            b.state,
+            b.files,
+            human(b.bytes.max(0) as u64),
+            rate(b.rate_bytes_per_second),
+            format_utc(b.arrived_us),
+            format_utc(b.updated_us)
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+fn file_table(files: &[File], links: &Links<'_>) -> String {
+    if files.is_empty() {
+        return "<p class=\"muted\">No files.</p>".into();
+    }
+    let mut html = String::from(
+        "<table><thead><tr><th>path</th><th>state</th><th>size</th><th>delivered to</th>\
+         <th>last change</th></tr></thead><tbody>",
+    );
+    for f in files {
+        let _ = write!(
+            html,
+            "<tr><td><a href=\"{}\">{}</a></td><td class=\"state {}\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            links.file(&f.object_id),
+            escape(&f.path),
+            f.state,
+            f.state,
+            human(f.size.max(0) as u64),
+            escape(f.delivered_to.as_deref().unwrap_or("–")),
+            format_utc(f.updated_us)
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+/// The overview's sections by element id: the page renders them, and so does each event.
+fn overview_sections(o: &Overview, links: &Links<'_>) -> Vec<(&'static str, String)> {
+    vec![
+        ("totals", totals(&o.totals)),
+        ("alerts", alerts(&o.alerts)),
+        ("in-flight", in_flight(&o.in_flight, links)),
+        ("stages", stages(&o.stages, o.queue.as_ref())),
+        ("failures", failures(&o.failures, links)),
+        ("recent", batch_table(&o.recent, links)),
+    ]
+}
+
+/// `sections` as `{"id": html, …, "updated": time}`: one event of a live page.
+fn section_event(sections: Vec<(&'static str, String)>) -> String {
+    let mut map = serde_json::Map::new();
+    for (id, html) in sections {
+        map.insert(id.into(), json!(html));
+    }
+    map.insert("updated".into(), json!(format_utc(forte_catalog::now_us())));
+    serde_json::Value::Object(map).to_string()
+}
+
+fn search_form(params: &PageParams, links: &Links<'_>) -> String {
+    let value = |v: &Option<String>| escape(v.as_deref().unwrap_or(""));
+    let token = links
+        .token
+        .map(|t| {
+            format!(
+                "<input type=\"hidden\" name=\"token\" value=\"{}\">",
+                escape(t)
+            )
+        })
+        .unwrap_or_default();
+    format!(
+        "<form class=\"search\" action=\"/history\" method=\"get\">{token}\
+         <label>name <input name=\"name\" value=\"{}\" placeholder=\"batch or file name\"></label> \
+         <label>state <input name=\"state\" value=\"{}\" placeholder=\"e.g. failed\" size=\"10\"></label> \
+         <label>node <select name=\"role\"><option value=\"\">any</option>\
+         <option{}>edge</option><option{}>core</option></select></label> \
+         <button type=\"submit\">Search</button></form>",
+        value(&params.name),
+        value(&params.state),
+        if params.role.as_deref() == Some("edge") { " selected" } else { "" },
+        if params.role.as_deref() == Some("core") { " selected" } else { "" },
+    )
+}
+
+async fn overview(
+    State(view): State<Shared>,
+    Query(params): Query<PageParams>,
+) -> Result<Html<String>, ApiError> {
+    let links = Links {
+        token: params.token.as_deref(),
+    };
+    let o = api::read_overview(&view).await?;
+    let mut body = String::new();
+    let titles = [
+        ("totals", ""),
+        ("alerts", "Alerts"),
+        ("in-flight", "In flight"),
+        ("stages", "Stages"),
+        ("failures", "Failures"),
+        ("recent", "Recent batches"),
+    ];
+    let sections = overview_sections(&o, &links);
+    for ((id, html), (_, title)) in sections.iter().zip(titles) {
+        if *id == "recent" {
+            let _ = write!(
+                body,
+                "<h2>Utilisation, last hour</h2><img class=\"chart\" id=\"utilisation\" \
+                 alt=\"CPU, memory, disk and network utilisation over the last hour\" src=\"{}\">",
+                links.to("/api/v1/charts/utilisation.svg")
+            );
+            body.push_str(&search_form(&PageParams::default(), &links));
+        }
+        if !title.is_empty() {
+            let _ = write!(body, "<h2>{title}</h2>");
+        }
+        let _ = write!(body, "<section id=\"{id}\">{html}</section>");
+    }
+    let title = format!("{} overview", view.server.as_str());
+    Ok(page(&title, &links, Some("/live/overview"), &body))
+}
+
+async fn live_overview(State(view): State<Shared>, Query(params): Query<PageParams>) -> Response {
+    api::every_tick(view, "sections", move |view| {
+        let token = params.token.clone();
+        async move {
+            let o = api::read_overview(&view).await?;
+            let links = Links {
+                token: token.as_deref(),
+            };
+            Ok(section_event(overview_sections(&o, &links)))
+        }
+    })
+    .into_response()
+}
+
+async fn history(
+    State(view): State<Shared>,
+    Query(params): Query<PageParams>,
+) -> Result<Html<String>, ApiError> {
+    let links = Links {
+        token: params.token.as_deref(),
+    };
+    let api_params = api::Params {
+        name: params.name.clone(),
+        state: params.state.clone(),
+        role: params.role.clone(),
+        limit: Some(200),
+        ..Default::default()
+    };
+    let batch_filter = api_params.filter(api::batch_state);
+    let file_filter = api_params.filter(api::file_state);
+    let mut body = search_form(&params, &links);
+    match batch_filter {
+        Ok(filter) => {
+            let batches = api::read(&view, move |v| {
+                model::batches(&v.catalogs, &filter, v.part_size)
+            })
+            .await?;
+            let _ = write!(
+                body,
+                "<h2>Batches ({})</h2>{}",
+                batches.len(),
+                batch_table(&batches, &links)
+            );
+        }
+        Err(ApiError(_, e)) => {
+            let _ = write!(
+                body,
+                "<h2>Batches</h2><p class=\"muted\">{}</p>",
+                escape(&e)
+            );
+        }
+    }
+    match file_filter {
+        Ok(filter) => {
+            let files = api::read(&view, move |v| model::files(&v.catalogs, &filter)).await?;
+            let _ = write!(
+                body,
+                "<h2>Files ({})</h2>{}",
+                files.len(),
+                file_table(&files, &links)
+            );
+        }
+        Err(ApiError(_, e)) => {
+            let _ = write!(body, "<h2>Files</h2><p class=\"muted\">{}</p>", escape(&e));
+        }
+    }
+    Ok(page("History", &links, None, &body))
+}
+
+fn batch_sections(d: &BatchDetail, links: &Links<'_>) -> Vec<(&'static str, String)> {
+    let b = &d.batch;
+    let mut summary = format!(
+        "<dl class=\"facts\"><dt>state</dt><dd class=\"state {state}\">{state}</dd>\
+         <dt>node</dt><dd>{role}</dd><dt>key</dt><dd><code>{key}</code></dd>\
+         <dt>files</dt><dd>{files}</dd><dt>done</dt><dd>{done} of {bytes}</dd>\
+         <dt>rate</dt><dd class=\"rate\">{rate}</dd><dt>ETA</dt><dd class=\"eta\">{eta}</dd>\
+         <dt>arrived</dt><dd>{arrived}</dd></dl>{bar}",
+        state = b.state,
+        role = b.role,
+        key = escape(&b.key),
+        files = b.files,
+        done = human(b.done_bytes.max(0) as u64),
+        bytes = human(b.bytes.max(0) as u64),
+        rate = rate(b.rate_bytes_per_second),
+        eta = b.eta_s.map(duration).unwrap_or_else(|| "–".into()),
+        arrived = format_utc(b.arrived_us),
+        bar = progress_bar(b.progress, b.state.as_str()),
+    );
+    if let Some(error) = &b.error {
+        let _ = write!(summary, "<p class=\"error\">{}</p>", escape(error));
+    }
+    let mut stages = String::from(
+        "<table><thead><tr><th>stage</th><th>started</th><th>ended</th><th>took</th></tr></thead><tbody>",
+    );
+    for s in &d.stages {
+        let took = s
+            .ended_us
+            .map(|e| duration((e - s.started_us) as f64 / 1e6))
+            .unwrap_or_else(|| "running".into());
+        let _ = write!(
+            stages,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{took}</td></tr>",
+            s.stage,
+            format_utc(s.started_us),
+            s.ended_us.map(format_utc).unwrap_or_else(|| "–".into())
+        );
+    }
+    stages.push_str("</tbody></table>");
+    vec![
+        ("summary", summary),
+        ("batch-stages", stages),
+        ("batch-files", file_table(&d.files, links)),
+        ("batch-failures", failures(&d.failures, links)),
+    ]
+}
+
+async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
+    let batch_key = BatchKey::parse(key);
+    let detail = api::read(view, move |v| {
+        model::batch(&v.catalogs, &batch_key, v.part_size)
+    })
+    .await?;
+    detail.ok_or_else(|| ApiError::not_found(format!("no catalogue here knows the batch {key}")))
+}
+
+async fn batch(
+    State(view): State<Shared>,
+    Path(key): Path<String>,
+    Query(params): Query<PageParams>,
+) -> Result<Html<String>, ApiError> {
+    let links = Links {
+        token: params.token.as_deref(),
+    };
+    let d = read_batch(&view, &key).await?;
+    let mut body = String::new();
+    let titles = ["", "Stages", "Files", "Failures"];
+    for ((id, html), title) in batch_sections(&d, &links).into_iter().zip(titles) {
+        if !title.is_empty() {
+            let _ = write!(body, "<h2>{title}</h2>");
+        }
+        let _ = write!(body, "<section id=\"{id}\">{html}</section>");
+    }
+    let _ = write!(
+        body,
+        "<h2>Timeline</h2><img class=\"chart\" alt=\"the batch's timeline: queued, sent, at the relay, pulled\" src=\"{}\">",
+        links.to(&format!(
+            "/api/v1/charts/timeline.svg?key={}",
+            escape_query(&key)
+        ))
+    );
+    let title = format!("Batch {}", d.batch.name);
+    let live = format!("/live/batch/{}", escape_path(&key));
+    Ok(page(&title, &links, Some(&live), &body))
+}
+
+async fn live_batch(
+    State(view): State<Shared>,
+    Path(key): Path<String>,
+    Query(params): Query<PageParams>,
+) -> Response {
+    api::every_tick(view, "sections", move |view| {
+        let token = params.token.clone();
+        let key = key.clone();
+        async move {
+            let d = read_batch(&view, &key).await?;
+            let links = Links {
+                token: token.as_deref(),
+            };
+            Ok(section_event(batch_sections(&d, &links)))
+        }
+    })
+    .into_response()
+}
+
+async fn file(
+    State(view): State<Shared>,
+    Path(object_id): Path<String>,
+    Query(params): Query<PageParams>,
+) -> Result<Html<String>, ApiError> {
+    let links = Links {
+        token: params.token.as_deref(),
+    };
+    let id = object_id.clone();
+    let lineage: Lineage = api::read(&view, move |v| Lineage::read(&v.catalogs, &id)).await?;
+    let Some(first) = lineage.files.first() else {
+        return Err(ApiError::not_found(format!(
+            "no catalogue here knows the file {object_id}"
+        )));
+    };
+    let mut body = format!(
+        "<dl class=\"facts\"><dt>object</dt><dd><code>{}</code></dd><dt>size</dt><dd>{}</dd>\
+         <dt>sha256</dt><dd><code>{}</code></dd><dt>batch</dt><dd><a href=\"{}\">{}</a></dd></dl>",
+        escape(&object_id),
+        human(first.size.max(0) as u64),
+        escape(first.sha256.as_deref().unwrap_or("–")),
+        links.batch(&first.batch_key),
+        escape(&first.batch_key),
+    );
+    let _ = write!(body, "<h2>Rows</h2>{}", file_table(&lineage.files, &links));
+    body.push_str(
+        "<h2>Lineage</h2><table id=\"lineage\"><thead><tr><th>time</th><th>batch</th><th>part</th><th>event</th>\
+         <th>detail</th></tr></thead><tbody>",
+    );
+    for e in &lineage.events {
+        let _ = write!(
+            body,
+            "<tr class=\"event\"><td>{}</td><td>{}</td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td></tr>",
+            format_utc(e.at_us),
+            escape(&e.batch_key),
+            e.part.map(|p| p.to_string()).unwrap_or_else(|| "–".into()),
+            escape(&e.state),
+            escape(&e.state),
+            escape(e.detail.as_deref().unwrap_or(""))
+        );
+    }
+    body.push_str("</tbody></table><h2>Parts</h2><table><thead><tr><th>part</th><th>state</th><th>raw SHA-256</th><th>ciphertext SHA-256</th></tr></thead><tbody>");
+    for p in &lineage.parts {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td><code>{}</code></td><td><code>{}</code></td></tr>",
+            p.index,
+            p.state,
+            escape(p.raw_sha256.as_deref().unwrap_or("–")),
+            escape(p.ciphertext_sha256.as_deref().unwrap_or("–"))
+        );
+    }
+    body.push_str("</tbody></table>");
+    Ok(page(&format!("File {}", first.path), &links, None, &body))
+}
+
+async fn report(
+    State(view): State<Shared>,
+    Query(params): Query<PageParams>,
+) -> Result<Html<String>, ApiError> {
+    let links = Links {
+        token: params.token.as_deref(),
+    };
+    let batches = api::read(&view, api::report).await?;
+    let mut body = String::new();
+    match kpi::run(&batches) {
+        Some(run) => {
+            let _ = write!(
+                body,
+                "<div class=\"tiles\"><div><b>{}</b> of {} batches delivered</div>\
+                 <div><b>{:.1} MB/s</b> R<sub>P</sub></div><div><b>{:.2} TB/day</b> daily capacity</div>\
+                 <div><b>{:.2}</b> compression ratio</div><div><b>{:.1} s</b> mean l<sub>b</sub></div></div>",
+                run.delivered,
+                run.batches,
+                run.rate_mb_s,
+                run.daily_capacity_bytes / 1e12,
+                run.compression_ratio,
+                run.mean_latency_s
+            );
+        }
+        None => body.push_str("<p class=\"muted\">No batch delivered yet: no pipeline KPIs.</p>"),
+    }
+    body.push_str(
+        "<h2>Batches</h2><table><thead><tr><th>batch</th><th>raw</th><th>queued</th><th>processing</th>\
+         <th>l<sub>b</sub></th><th>R<sub>b</sub></th></tr></thead><tbody>",
+    );
+    let opt = |v: Option<f64>, unit: &str| v.map_or("–".into(), |v| format!("{v:.1} {unit}"));
+    for b in &batches {
+        let _ = write!(
+            body,
+            "<tr><td>{}</td><td>{}</td><td>{:.1} s</td><td>{:.1} s</td><td>{}</td><td>{}</td></tr>",
+            escape(&b.name),
+            human(b.raw_bytes),
+            b.queueing_s,
+            b.processing_s,
+            opt(b.latency_s, "s"),
+            opt(b.rate_mb_s, "MB/s")
+        );
+    }
+    body.push_str("</tbody></table>");
+    let _ = write!(
+        body,
+        "<h2>Timeline</h2><img class=\"chart\" alt=\"every batch's timeline\" src=\"{}\">\
+         <h2>Utilisation</h2><img class=\"chart\" alt=\"utilisation over the last hour\" src=\"{}\">",
+        links.to("/api/v1/charts/timeline.svg"),
+        links.to("/api/v1/charts/utilisation.svg"),
+    );
+    Ok(page("Report", &links, None, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_and_queries_round_trip() {
+        assert_eq!(
+            escape("<a href=\"x\">&'"),
+            "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
+        );
+        for text in ["plain", "a b+c/d?e=f&g", "é%", "%zz", "%4"] {
+            assert_eq!(unescape_query(&escape_query(text)), text, "{text}");
+        }
+        assert_eq!(unescape_query("a+b%20c"), "a b c");
+        assert_eq!(escape_path("site-a/0f 3"), "site-a/0f%203");
+    }
+}
