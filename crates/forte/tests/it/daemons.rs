@@ -7,18 +7,6 @@ use crate::common::site::*;
 use crate::common::*;
 use forte_format::seal::sha256_hex;
 
-fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathBuf {
-    let dir = inbox.join(name);
-    for i in 0..files {
-        write(
-            &dir.join(format!("bags/{i:03}.bag")),
-            &sample_bytes(size, i as u64 + name.len() as u64),
-        );
-    }
-    write(&dir.join(".ready"), b"");
-    dir
-}
-
 #[test]
 fn daemons_deliver_batches_as_they_come_and_delete_sources_after_ack() {
     let site = Site::new();

@@ -9,6 +9,7 @@ mod common;
 mod bundles;
 mod cli;
 mod daemons;
+mod dashboard;
 mod failfast;
 mod faults;
 mod ingest;

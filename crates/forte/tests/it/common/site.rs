@@ -368,20 +368,29 @@ pub fn free_addr() -> String {
     listener.local_addr().unwrap().to_string()
 }
 
-/// `GET /metrics` at `addr`, parsed as Prometheus' text format; `None` while not served.
-pub fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
+/// `GET path` at `addr` (HTTP/1.0, with `headers`, each `Name: value`): the status and the
+/// body; `None` while nothing answers there.
+pub fn http_get(addr: &str, path: &str, headers: &[&str]) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-        .ok()?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
-    assert!(
-        head.starts_with("HTTP/1.") && head.contains(" 200 "),
-        "{head}"
-    );
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
+}
+
+/// `GET /metrics` at `addr`, parsed as Prometheus' text format; `None` while not served.
+pub fn scrape(addr: &str) -> Option<prometheus_parse::Scrape> {
+    let (status, body) = http_get(addr, "/metrics", &[])?;
+    assert_eq!(status, 200, "GET /metrics at {addr}: {body}");
     let lines = body.lines().map(|l| Ok(l.to_string()));
     Some(prometheus_parse::Scrape::parse(lines).expect("Prometheus text format"))
 }
@@ -512,4 +521,17 @@ pub fn spawn_logged(args: &Args, log: &Path) -> Daemon {
             .spawn()
             .unwrap(),
     )
+}
+
+/// A ready batch `name` in `inbox`: `files` files of `size` sample bytes under `bags/`.
+pub fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathBuf {
+    let dir = inbox.join(name);
+    for i in 0..files {
+        write(
+            &dir.join(format!("bags/{i:03}.bag")),
+            &sample_bytes(size, i as u64 + name.len() as u64),
+        );
+    }
+    write(&dir.join(".ready"), b"");
+    dir
 }

@@ -1,0 +1,393 @@
+//! The JSON API and the dashboard (docs/api.md), served by the daemons with `--http` and by
+//! `forte dashboard` over catalogues, read while a real transfer runs.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::common::site::*;
+use crate::common::*;
+
+/// `GET path` at `addr` as JSON, with its status.
+fn get_json(addr: &str, path: &str) -> (u16, Value) {
+    let (status, body) = http_get(addr, path, &[]).unwrap_or_else(|| panic!("{addr}{path}"));
+    let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    (status, json)
+}
+
+/// `GET path` at `addr` that must answer 200 with JSON.
+fn api(addr: &str, path: &str) -> Value {
+    let (status, json) = get_json(addr, path);
+    assert_eq!(status, 200, "{path}: {json}");
+    json
+}
+
+/// The batch called `name` that the API at `addr` lists, if any.
+fn batch_named(addr: &str, name: &str) -> Option<Value> {
+    api(addr, &format!("/api/v1/batches?name={name}"))["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == name)
+        .cloned()
+}
+
+#[test]
+fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let (edge, core) = (free_addr(), free_addr());
+    // 8 MB at 2 MB/s: a few seconds in which to see the batch move.
+    let _send = spawn(&site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--http",
+        &edge,
+        "--bwlimit",
+        "2MB",
+        "--part-size",
+        "1MiB",
+    ]));
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1", "--http", &core]);
+    let _pull = spawn(&pull);
+    assert!(wait_for(20, || http_get(&edge, "/api/v1", &[]).is_some()));
+    let info = api(&edge, "/api/v1");
+    assert_eq!(
+        (info["api"].as_i64(), info["role"].as_str()),
+        (Some(1), Some("edge"))
+    );
+
+    let batch = write_batch(&inbox, "measured", 4, 2_000_000);
+    let expected = source_hashes(&batch);
+    // While it is sent: in flight, with progress that grows, a rate and an ETA.
+    let mut seen = vec![];
+    let sending = wait_for(30, || {
+        let o = api(&edge, "/api/v1/overview");
+        if let Some(b) = o["in_flight"].as_array().unwrap().first() {
+            if b["state"] == "sending" && b["eta_s"].is_number() {
+                seen.push(b["done_bytes"].as_i64().unwrap());
+            }
+        }
+        seen.len() >= 3 && seen.last() > seen.first()
+    });
+    assert!(sending, "progress seen while sending: {seen:?}");
+    let stages = api(&edge, "/api/v1/stages");
+    let names: Vec<&str> = stages["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stage"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"compress"), "{stages}");
+    assert!(stages["queue"]["files"].is_number(), "{stages}");
+
+    let dest = site.root.join("dest/site-a/measured");
+    assert!(wait_for(60, || visible(&dest) == expected), "not delivered");
+    let delivered = wait_for(10, || {
+        batch_named(&core, "measured").is_some_and(|b| b["state"] == "delivered")
+    });
+    assert!(delivered, "{:?}", batch_named(&core, "measured"));
+    let at_core = batch_named(&core, "measured").unwrap();
+    assert_eq!(at_core["progress"].as_f64(), Some(1.0), "{at_core}");
+    assert_eq!(at_core["role"], "core");
+    let sent = batch_named(&edge, "measured").unwrap();
+    assert_eq!(
+        (sent["state"].as_str(), sent["files"].as_i64()),
+        (Some("sent"), Some(4))
+    );
+    assert_eq!(sent["bytes"].as_i64(), Some(8_000_000));
+    assert!(sent["eta_s"].is_null(), "an ended batch has no ETA: {sent}");
+    // Raw bytes over the stage's time (the limit is on the wire's, compressed, bytes).
+    let rate = sent["rate_bytes_per_second"].as_f64().unwrap();
+    let seconds =
+        (sent["ended_us"].as_i64().unwrap() - sent["started_us"].as_i64().unwrap()) as f64 / 1e6;
+    assert!(
+        (rate * seconds - 8e6).abs() < 1e3,
+        "{rate} B/s over {seconds} s"
+    );
+
+    // The batch, its files and a file's lineage, at the core.
+    let key = at_core["key"].as_str().unwrap();
+    let detail = api(&core, &format!("/api/v1/batches/{key}"));
+    let files = detail["files"].as_array().unwrap();
+    assert_eq!(files.len(), 4, "{detail}");
+    let file = files.iter().find(|f| f["path"] == "bags/000.bag").unwrap();
+    assert_eq!(
+        file["sha256"].as_str(),
+        expected.get("bags/000.bag").map(String::as_str)
+    );
+    let id = file["object_id"].as_str().unwrap();
+    let lineage = api(&core, &format!("/api/v1/files/{id}"));
+    let events: Vec<&str> = lineage["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert!(
+        events.contains(&"verified") && events.contains(&"delivered"),
+        "{events:?}"
+    );
+    // The KPIs need the edge's rows too (the dashboard over both catalogues shows them).
+    let kpis = api(&core, "/api/v1/kpis");
+    assert!(kpis["batches"].is_array(), "{kpis}");
+
+    // Searches, and what is not there.
+    let found = api(&core, "/api/v1/files?name=001&state=acknowledged");
+    assert_eq!(found["files"].as_array().unwrap().len(), 1, "{found}");
+    let none = api(&core, "/api/v1/batches?state=failed");
+    assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
+    let (status, bad) = get_json(&core, "/api/v1/batches?state=lost");
+    assert_eq!(status, 400);
+    assert!(bad["error"].as_str().unwrap().contains("\"lost\""), "{bad}");
+    let (status, missing) = get_json(&core, "/api/v1/batches/site-a/0000");
+    assert_eq!(status, 404);
+    assert!(missing["error"].as_str().unwrap().contains("site-a/0000"));
+    // /metrics is on the same server.
+    assert!(scraped(&edge, "forte_batches_total", &[("outcome", "sent")]) == Some(1.0));
+}
+
+/// A non-loopback address of this machine, to be "another host" to a server on it.
+fn other_host_address() -> Option<String> {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|cidr| cidr.split('/').next())
+        .find(|ip| !ip.starts_with("127."))
+        .map(str::to_owned)
+}
+
+#[test]
+fn another_host_is_refused_without_the_token_and_served_with_it() {
+    let Some(ip) = other_host_address() else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI must test access from another host: this machine has no non-loopback IPv4 address"
+        );
+        eprintln!("SKIPPED: no non-loopback IPv4 address to connect from");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    let port = free_addr().rsplit_once(':').unwrap().1.to_owned();
+    let open = format!("0.0.0.0:{port}");
+    let (from_here, from_there) = (format!("127.0.0.1:{port}"), format!("{ip}:{port}"));
+    // Without a token file: this machine only.
+    let mut dashboard = spawn(&args!["--catalog", &catalog, "dashboard", "--http", &open]);
+    assert!(wait_for(20, || http_get(&from_here, "/api/v1", &[]).is_some()));
+    assert_eq!(get_json(&from_here, "/api/v1/batches").0, 200);
+    let (status, refused) = get_json(&from_there, "/api/v1/batches");
+    assert_eq!(status, 403, "{refused}");
+    assert!(refused["error"]
+        .as_str()
+        .unwrap()
+        .contains("--http-token-file"));
+    let (status, _) = http_get(&from_there, "/", &[]).unwrap();
+    assert_eq!(status, 403, "the dashboard's pages too");
+    kill(&mut dashboard);
+
+    // With one: the token, as a header or in the address.
+    let token_file = dir.path().join("http.token");
+    write(&token_file, b"a-long-random-token\n");
+    let _dashboard = spawn(&args![
+        "--catalog",
+        &catalog,
+        "dashboard",
+        "--http",
+        &open,
+        "--http-token-file",
+        &token_file
+    ]);
+    assert!(wait_for(20, || http_get(&from_here, "/api/v1", &[]).is_some()));
+    let (status, refused) = get_json(&from_there, "/api/v1/batches");
+    assert_eq!(status, 401, "{refused}");
+    let wrong = http_get(&from_there, "/api/v1", &["Authorization: Bearer wrong"]).unwrap();
+    assert_eq!(wrong.0, 401, "{}", wrong.1);
+    let right = ["Authorization: Bearer a-long-random-token"];
+    assert_eq!(http_get(&from_there, "/api/v1", &right).unwrap().0, 200);
+    let page = http_get(&from_there, "/?token=a-long-random-token", &[]).unwrap();
+    assert_eq!(page.0, 200);
+    assert!(
+        page.1.contains("/history?token=a-long-random-token"),
+        "links keep the token"
+    );
+    // A bad token file is named.
+    let empty = dir.path().join("empty.token");
+    write(&empty, b"\n");
+    let stderr = fails(&args![
+        "--catalog",
+        &catalog,
+        "dashboard",
+        "--http",
+        "127.0.0.1:0",
+        "--http-token-file",
+        &empty
+    ]);
+    assert!(stderr.contains("empty.token is empty"), "{stderr}");
+}
+
+/// Runs a transfer of `batches` (name, files, bytes each) with a failing one, then serves
+/// `forte dashboard` over both catalogues: returns the site, the dashboard's address and its
+/// process.
+fn transferred_site(batches: &[(&str, usize, usize)]) -> (Site, String, Daemon) {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for (name, files, size) in batches {
+        write_batch(&inbox, name, *files, *size);
+    }
+    ok(&site.send(&[]));
+    ok(&site.pull());
+    let addr = free_addr();
+    let dashboard = spawn(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "dashboard",
+        "--with",
+        &site.core_catalog,
+        "--http",
+        &addr
+    ]);
+    assert!(wait_for(20, || http_get(&addr, "/", &[]).is_some()));
+    (site, addr, dashboard)
+}
+
+#[test]
+fn the_dashboard_reads_without_javascript_over_both_catalogues() {
+    let (_site, addr, _dashboard) = transferred_site(&[("run-a", 2, 300_000), ("run-b", 1, 10)]);
+    let (status, home) = http_get(&addr, "/", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(home.contains("run-a") && home.contains("run-b"), "{home}");
+    assert!(home.contains("<noscript><meta http-equiv=\"refresh\""));
+    // Both ends of the path: the edge's and the core's rows.
+    let batches = api(&addr, "/api/v1/batches?name=run-a")["batches"].clone();
+    let roles: Vec<&str> = batches
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles.len(), 2, "{batches}");
+    assert!(roles.contains(&"edge") && roles.contains(&"core"));
+    let core_key = batches
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["role"] == "core")
+        .unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, page) = http_get(&addr, &format!("/batches/{core_key}"), &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(page.contains("bags/000.bag") && page.contains("bags/001.bag"));
+    // A file's lineage from discovery at the edge to delivery at the core.
+    let file = api(&addr, "/api/v1/files?name=000.bag&role=core")["files"][0].clone();
+    let id = file["object_id"].as_str().unwrap();
+    let (status, lineage) = http_get(&addr, &format!("/files/{id}"), &[]).unwrap();
+    assert_eq!(status, 200);
+    // It travelled in a bundle: no part of its own to verify.
+    for state in ["discovered", "sealed", "delivered", "acknowledged"] {
+        assert!(
+            lineage.contains(&format!(">{state}<")),
+            "{state} in {lineage}"
+        );
+    }
+    let (status, history) = http_get(&addr, "/history?name=run-b", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(history.contains("run-b") && !history.contains(">run-a<"));
+    let kpis = api(&addr, "/api/v1/kpis");
+    assert_eq!(kpis["run"]["delivered"].as_i64(), Some(2), "{kpis}");
+    let (status, report) = http_get(&addr, "/report", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(report.contains("delivered") && report.contains("timeline.svg"));
+    let (status, svg) = http_get(&addr, "/api/v1/charts/timeline.svg", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(svg.starts_with("<svg") || svg.starts_with("<?xml"), "{svg}");
+    // The live stream: a first event at once, the page's sections rendered again.
+    let (status, stream) = first_event(&addr, "/live/overview");
+    assert_eq!(status, 200);
+    assert!(stream.contains("event: sections"), "{stream}");
+    assert!(stream.contains("in-flight") && stream.contains("run-a"));
+}
+
+/// The head of a server-sent event stream at `path`: its status and what came in a second.
+fn first_event(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(1500)))
+        .unwrap();
+    let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut got = vec![];
+    let mut buf = [0u8; 65536];
+    while let Ok(n) = stream.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&got).contains("\n\n") && got.len() > 200 {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn a_failed_batch_shows_its_error_in_the_api_the_alerts_and_the_page() {
+    // The relay holds at most 1 MiB of a site: a 3 MB file is refused, and no retry helps.
+    let site = Site::with_relay_flags(&["--quota-per-site", "1MiB"]);
+    let inbox = site.root.join("inbox");
+    write(&inbox.join("too-big/noise.bin"), &random_bytes(3_000_000));
+    write(&inbox.join("too-big/.ready"), b"");
+    let stderr = fails(&site.send(&[]));
+    let addr = free_addr();
+    let _dashboard = spawn(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "dashboard",
+        "--http",
+        &addr
+    ]);
+    assert!(wait_for(20, || http_get(&addr, "/", &[]).is_some()));
+    let failed = api(&addr, "/api/v1/batches?state=failed")["batches"][0].clone();
+    assert_eq!(failed["name"], "too-big", "{failed}");
+    let error = failed["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        error.contains("413"),
+        "the relay's refusal: {error} (send said {stderr})"
+    );
+    let failures = api(&addr, "/api/v1/failures");
+    assert!(
+        failures["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["error"].as_str().unwrap().contains("413")),
+        "{failures}"
+    );
+    let overview = api(&addr, "/api/v1/overview");
+    let alerts = overview["alerts"].to_string();
+    assert!(
+        alerts.contains("too-big") && alerts.contains("critical"),
+        "{alerts}"
+    );
+    let (_, home) = http_get(&addr, "/", &[]).unwrap();
+    assert!(
+        home.contains("class=\"critical\"") && home.contains("413"),
+        "{home}"
+    );
+}
