@@ -391,3 +391,67 @@ fn a_failed_batch_shows_its_error_in_the_api_the_alerts_and_the_page() {
         "{home}"
     );
 }
+
+/// The Python that drives the browser (selenium), and whether Chromium is here; `None` when
+/// they are missing outside CI (in CI that fails the test).
+fn browser_python() -> Option<String> {
+    let python = std::env::var("FORTE_TEST_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_selenium = std::process::Command::new(&python)
+        .args(["-c", "import selenium"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let has_chromium =
+        Path::new("/usr/bin/chromium").exists() && Path::new("/usr/bin/chromedriver").exists();
+    if has_selenium && has_chromium {
+        return Some(python);
+    }
+    let missing = format!(
+        "the browser test needs selenium in {python} (FORTE_TEST_PYTHON) and Debian's chromium and chromium-driver (./test.sh installs them)"
+    );
+    assert!(std::env::var("CI").is_err(), "{missing}");
+    eprintln!("SKIPPED: {missing}");
+    None
+}
+
+#[test]
+fn the_dashboard_lives_in_a_browser_while_a_transfer_runs() {
+    let Some(python) = browser_python() else {
+        return;
+    };
+    // A quota the second batch is larger than: the relay refuses it, and no retry helps.
+    let site = Site::with_relay_flags(&["--quota-per-site", "10MiB"]);
+    let inbox = site.root.join("inbox");
+    std::fs::create_dir_all(&inbox).unwrap();
+    let (edge, core) = (free_addr(), free_addr());
+    let _send = spawn(&site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--http",
+        &edge,
+        "--bwlimit",
+        "1MB",
+        "--part-size",
+        "1MiB",
+    ]));
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1", "--http", &core]);
+    let _pull = spawn(&pull);
+    for addr in [&edge, &core] {
+        assert!(wait_for(20, || http_get(addr, "/api/v1", &[]).is_some()));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/browser.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([format!("http://{edge}"), format!("http://{core}")])
+        .arg(&inbox)
+        .output()
+        .expect("running the browser test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the browser test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
