@@ -7,9 +7,9 @@
 # ingest` are read back by pyarrow and DuckDB from PyPI, in a virtualenv inside the clone
 # (Debian packages neither); the dashboard is driven in Debian's headless Chromium by selenium
 # (chromedriver from Debian, selenium from PyPI in that virtualenv); the catalogue tests run
-# against a real PostgreSQL server, which .ci/postgres.sh installs and starts; the S3 tests against a real S3 server, versitygw (it
-# serves a directory as S3), built from the Go module proxy into target/go. Installing needs
-# root (or sudo) the first time only.
+# against a real PostgreSQL server, which .ci/postgres.sh installs and starts; the S3 tests
+# against a real S3 server, versitygw (it serves a directory as S3), built from the Go module
+# proxy into target/go. Installing needs root (or sudo) the first time only.
 set -euo pipefail
 cd "$(dirname "$0")"
 
