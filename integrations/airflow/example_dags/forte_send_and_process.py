@@ -46,6 +46,8 @@ with DAG(
         "source": Param(os.environ.get("FORTE_EXAMPLE_SOURCE", "/data/outgoing/run-1"), type="string"),
         "inbox": Param(os.environ.get("FORTE_EXAMPLE_INBOX", "/data/inbox"), type="string"),
         "batch_name": Param(os.environ.get("FORTE_EXAMPLE_BATCH", ""), type="string"),
+        # The core's destination (pull --to), where the delivered copies are read back if given.
+        "dest": Param(os.environ.get("FORTE_EXAMPLE_DEST", ""), type="string"),
     },
 ) as dag:
     send = ForteSendOperator(
@@ -65,7 +67,8 @@ with DAG(
     @task
     def check_delivery(sent: dict, params: dict | None = None) -> dict:
         """What the core delivered, file by file (forte's API), against the source: the same
-        paths, sizes and SHA-256, and the delivered copies hash the same."""
+        paths, sizes and SHA-256; and, given the core's destination, the delivered copies hash
+        the same."""
         assert params is not None
         source = Path(params["source"])
         expected = {
@@ -75,20 +78,28 @@ with DAG(
         }
         detail = ForteHook(CORE_CONN).batch(sent["core_key"])
         delivered = {f["path"]: f for f in detail["files"] if f.get("sha256")}
-        problems = []
+        dest = Path(params["dest"]) if params.get("dest") else None
+        problems, copies = [], 0
         for path, (size, sha) in expected.items():
             f = delivered.get(path)
             if f is None:
                 problems.append(f"{path}: not delivered")
             elif (f["size"], f["sha256"]) != (size, sha):
                 problems.append(f"{path}: delivered {f['size']} bytes sha256 {f['sha256']}, sent {size} bytes {sha}")
-            elif f.get("delivered_to") and Path(f["delivered_to"]).is_file() and sha256_of(Path(f["delivered_to"])) != sha:
-                problems.append(f"{path}: the file at {f['delivered_to']} differs from the source")
+            elif dest is not None:
+                # delivered_to is where the core placed it, under its destination.
+                copy = dest / f["delivered_to"]
+                if not copy.is_file():
+                    problems.append(f"{path}: not at {copy}")
+                elif sha256_of(copy) != sha:
+                    problems.append(f"{path}: {copy} differs from the source")
+                else:
+                    copies += 1
         problems += [f"{path}: delivered but not in the source" for path in delivered.keys() - expected.keys()]
         if problems:
             raise ValueError("batch %s: %s" % (sent["batch_name"], "; ".join(problems)))
-        print(f"batch {sent['batch_name']}: {len(expected)} files delivered, every SHA-256 matches the source")
-        return {"batch_name": sent["batch_name"], "files": len(expected), "verified": True}
+        print(f"batch {sent['batch_name']}: {len(expected)} files delivered, every SHA-256 matches the source ({copies} copies read back)")
+        return {"batch_name": sent["batch_name"], "files": len(expected), "copies_read_back": copies, "verified": True}
 
     check_delivery(send.output)
 

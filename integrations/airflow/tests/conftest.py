@@ -23,8 +23,9 @@ os.environ["AIRFLOW_HOME"] = _HOME
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(EXAMPLE_DAGS)
 os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{_HOME}/airflow.db"
-# Not one of the example DAGs' runs may be picked up by anything else: there is no scheduler.
-os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "True"
+# Unpaused, so that an Asset event queues a run of the DAG scheduled on it (forte_on_arrival),
+# which a test checks; no scheduler runs here to start it.
+os.environ["AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION"] = "False"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,6 @@ edge and at the core failing the task with forte's own error text."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +105,8 @@ def test_send_and_process_delivers_the_batch(site, tmp_path, monkeypatch):
     connect(monkeypatch, site)
     source = sample_source(tmp_path / "source")
     dag = load_example("forte_send_and_process", FORTE_EXAMPLE_POKE_INTERVAL=POKE)
-    states, errors, dagrun = run(dag, {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-1"})
+    conf = {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-1", "dest": str(site.dest)}
+    states, errors, dagrun = run(dag, conf)
     assert_all_succeeded(states, errors, site)
     assert states.keys() == {"send", "check_delivery"}
 
@@ -117,7 +117,7 @@ def test_send_and_process_delivers_the_batch(site, tmp_path, monkeypatch):
     assert sent["core_key"] == f"{SITE}/{sent['edge_key']}"
     assert sent["files"] == 5 and sent["bytes"] == sum(len(b) for b in tree(source).values())
     assert sent["uri"] == f"forte://{SITE}/run-1"
-    assert xcom(dagrun, "check_delivery") == {"batch_name": "run-1", "files": 5, "verified": True}
+    assert xcom(dagrun, "check_delivery") == {"batch_name": "run-1", "files": 5, "copies_read_back": 5, "verified": True}
     # The inbox holds the batch, whole and marked, and nothing half-copied.
     assert sorted(p.name for p in site.inbox.iterdir()) == ["run-1"]
     assert (site.inbox / "run-1" / ".ready").exists()
@@ -138,11 +138,11 @@ def test_send_and_process_delivers_the_batch(site, tmp_path, monkeypatch):
     assert sorted(xcom(dagrun, "list_files")) == sorted(tree(source))
 
     # A batch name cannot be sent twice: the operator refuses it before copying anything.
-    states, errors, _ = run(dag, {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-1"})
+    states, errors, _ = run(dag, conf)
     assert states["send"] == "failed" and "already exists in the inbox" in errors["send"], errors
 
 
-def test_send_and_process_waits_in_the_triggerer(site, tmp_path, monkeypatch):
+def test_send_and_process_waits_in_the_triggerer(site, tmp_path, monkeypatch, capfd, caplog):
     connect(monkeypatch, site)
     source = sample_source(tmp_path / "source")
     dag = load_example("forte_send_and_process", FORTE_EXAMPLE_POKE_INTERVAL=POKE, FORTE_EXAMPLE_DEFERRABLE="1")
@@ -150,14 +150,17 @@ def test_send_and_process_waits_in_the_triggerer(site, tmp_path, monkeypatch):
     states, errors, dagrun = run(dag, {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-deferred"})
     assert_all_succeeded(states, errors, site)
     assert tree(site.dest / SITE / "run-deferred") == tree(source)
-    # It was resumed from the trigger's event, not waited for in the task.
-    ti = dagrun.get_task_instance("send")
-    assert ti.next_method == "execute_complete" and ti.next_kwargs["event"]["status"] == "delivered", (ti.next_method, ti.next_kwargs)
-    assert xcom(dagrun, "send")["core_key"] == ti.next_kwargs["event"]["batch"]["key"]
+    # The task deferred, dag.test() ran the trigger in line, and the task resumed from its event.
+    out = "".join(capfd.readouterr()) + caplog.text
+    assert "[DAG TEST] running trigger in line" in out, out[-5000:]
+    assert "forte: resumed by ForteBatchDeliveredTrigger: {'status': 'delivered'" in out, out[-5000:]
+    sent = xcom(dagrun, "send")
+    assert sent["delivered"] and sent["core_key"] == f"{SITE}/{sent['edge_key']}" and sent["files"] == 5
 
     sensor_dag = load_example("forte_wait_for_batch", FORTE_EXAMPLE_POKE_INTERVAL=POKE, FORTE_EXAMPLE_DEFERRABLE="1")
-    states, errors, _ = run(sensor_dag, {"batch_name": "run-deferred"})
+    states, errors, dagrun = run(sensor_dag, {"batch_name": "run-deferred"})
     assert_all_succeeded(states, errors, site)
+    assert xcom(dagrun, "delivered")["key"] == sent["core_key"]
 
 
 def test_a_batch_the_edge_fails_fails_the_task_with_forte_error(tmp_path, monkeypatch):

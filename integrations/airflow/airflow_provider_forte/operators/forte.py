@@ -147,17 +147,7 @@ class ForteSendOperator(BaseOperator):
 
         deadline = started + self.timeout
         sent = self._wait(edge, name, "edge", None, deadline)
-        result = {
-            "batch_name": name,
-            "site": self.site,
-            "edge_key": sent["key"],
-            "core_key": None,
-            "files": sent.get("files"),
-            "bytes": sent.get("bytes"),
-            "sealed_bytes": None,
-            "uri": None,
-            "delivered": False,
-        }
+        result = self._sent(name, sent)
         self.log.info("edge: batch %r is %s (key %s, %s files, %s bytes)", name, sent["state"], sent["key"], sent.get("files"), sent.get("bytes"))
         if not self.wait_for_delivery:
             return self._finish(context, result, None, edge)
@@ -179,16 +169,40 @@ class ForteSendOperator(BaseOperator):
         delivered = self._wait(core, name, "core", sent["key"], deadline)
         return self._finish(context, result, delivered, edge)
 
-    def execute_complete(self, context: Any, event: dict[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Any, event: dict[str, Any], result: dict[str, Any] | None = None) -> dict[str, Any]:
         """Resumes after :class:`ForteBatchDeliveredTrigger` fired."""
         status = event.get("status")
-        name = result["batch_name"]
+        batch = event.get("batch") or {}
+        name = result["batch_name"] if result else batch.get("name")
+        self.log.info("forte: resumed by ForteBatchDeliveredTrigger: %s", event)
         if status == "delivered":
-            return self._finish(context, result, event["batch"], ForteHook(self.edge_conn_id))
+            edge = ForteHook(self.edge_conn_id)
+            if result is None:
+                # The triggerer hands back what execute() deferred with, beside the event;
+                # dag.test() (Airflow 3.1) hands back the event only: the edge still knows.
+                sent = edge.find_batch(batch["name"], role="edge")
+                if sent is None:
+                    raise AirflowException(f"forte: batch {batch['name']!r} was delivered, but the edge ({edge.base_url}) no longer lists it")
+                result = self._sent(batch["name"], sent)
+            return self._finish(context, result, batch, edge)
         if status == "failed":
             key = (event.get("batch") or {}).get("key")
             raise AirflowException(f"forte: batch {name!r} failed at the core ({key}): {event.get('error')}")
         raise AirflowException(f"forte: batch {name!r}: {event.get('error') or event}")
+
+    def _sent(self, name: str, sent: dict[str, Any]) -> dict[str, Any]:
+        """The result, as far as the edge's batch ``sent`` tells it."""
+        return {
+            "batch_name": name,
+            "site": self.site,
+            "edge_key": sent["key"],
+            "core_key": None,
+            "files": sent.get("files"),
+            "bytes": sent.get("bytes"),
+            "sealed_bytes": None,
+            "uri": None,
+            "delivered": False,
+        }
 
     def _place(self, source: Path, inbox: Path, name: str) -> None:
         """Copies ``source`` into a hidden directory of the inbox, writes the ready marker last,
