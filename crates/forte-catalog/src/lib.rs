@@ -427,6 +427,80 @@ mod tests {
         );
     }
 
+    /// The reads the dashboard and API make: filters, progress, failures of a batch.
+    pub fn exercise_views(catalog: &Catalog) {
+        let odd = BatchKey::edge("odd");
+        let core = BatchKey::core("site-a", "odd");
+        for (key, state) in [(&odd, BatchState::Sending), (&core, BatchState::Pulling)] {
+            let record = BatchRecord {
+                key,
+                name: "50%_done",
+                files: 1,
+                bytes: 3 << 20,
+                state,
+                arrived: None,
+                detail: None,
+            };
+            catalog.batch_state(&record).unwrap();
+        }
+        let big = FileRecord::new(&odd, "big", "x/big.bin", 3 << 20, FileState::Discovered);
+        catalog.file_state(&big).unwrap();
+        for index in 0..2 {
+            let uploaded = PartState::Uploaded;
+            catalog
+                .part_state(&odd, "big", index, uploaded, &Default::default())
+                .unwrap();
+        }
+        let progress = catalog.progress(&odd).unwrap();
+        assert_eq!(progress.len(), 1);
+        assert_eq!((progress[0].size, progress[0].parts_done), (3 << 20, 2));
+        // Names match literally: `%` and `_` are themselves, not wildcards.
+        let named = |name: &str| Filter {
+            name: Some(name.into()),
+            ..Filter::default()
+        };
+        assert_eq!(catalog.batches_matching(&named("50%_d")).unwrap().len(), 2);
+        assert!(catalog.batches_matching(&named("5_%")).unwrap().is_empty());
+        let core_only = Filter {
+            role: Some(Role::Core),
+            state: Some("pulling".into()),
+            ..named("done")
+        };
+        let found = catalog.batches_matching(&core_only).unwrap();
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].batch_key, core);
+        let latest = Filter {
+            limit: Some(1),
+            ..Filter::default()
+        };
+        assert_eq!(
+            catalog.batches_matching(&latest).unwrap()[0].batch_key,
+            core
+        );
+        let files = catalog.files_matching(&named("big.bin")).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(catalog.files_of_object("big").unwrap()[0].path, "x/big.bin");
+        // A failed batch's error is its failure, and the last event says when it last moved.
+        let failed = BatchRecord {
+            key: &odd,
+            name: "50%_done",
+            files: 1,
+            bytes: 3 << 20,
+            state: BatchState::Failed,
+            arrived: None,
+            detail: Some("the relay refused it"),
+        };
+        catalog.batch_state(&failed).unwrap();
+        let failures = catalog.failures(Some(&odd), 10).unwrap();
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        assert_eq!(
+            (failures[0].task.as_str(), failures[0].error.as_str()),
+            ("batch", "the relay refused it")
+        );
+        assert_eq!(catalog.last_event(&odd).unwrap(), Some(failures[0].at));
+        assert!(catalog.failures(Some(&core), 10).unwrap().is_empty());
+    }
+
     #[test]
     fn sqlite_catalogue_records_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -521,6 +595,18 @@ mod tests {
         });
         let (prefix, _) = base.rsplit_once('/').expect("a database in the URL");
         Some(format!("{prefix}/{name}"))
+    }
+
+    #[test]
+    fn sqlite_catalogue_serves_the_dashboards_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        exercise_views(&Catalog::open(dir.path().join("c.sqlite").to_str().unwrap()).unwrap());
+    }
+
+    #[test]
+    fn postgres_catalogue_serves_the_dashboards_reads() {
+        let Some(url) = fresh_postgres() else { return };
+        exercise_views(&Catalog::open(&url).unwrap());
     }
 
     #[test]
