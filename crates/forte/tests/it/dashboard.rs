@@ -455,3 +455,20 @@ fn the_dashboard_lives_in_a_browser_while_a_transfer_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn the_relay_serves_its_metrics_and_the_api_on_http() {
+    let addr = free_addr();
+    let site = Site::with_relay_flags(&["--http", &addr]);
+    assert!(wait_for(20, || http_get(&addr, "/api/v1", &[]).is_some()));
+    let info = api(&addr, "/api/v1");
+    assert_eq!(info["role"], "relay", "{info}");
+    assert_eq!(info["catalogs"].as_array().map(Vec::len), Some(0));
+    write_batch(&site.root.join("inbox"), "one", 1, 1000);
+    ok(&site.send(&[]));
+    let stored = scraped(&addr, "forte_relay_batches_sealed_total", &[]);
+    assert_eq!(stored, Some(1.0), "{:?}", scrape(&addr).map(|s| s.docs));
+    let (status, page) = http_get(&addr, "/", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(page.contains("relay overview"), "{page}");
+}
