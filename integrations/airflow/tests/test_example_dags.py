@@ -5,6 +5,10 @@ edge and at the core failing the task with forte's own error text."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -157,10 +161,49 @@ def test_send_and_process_waits_in_the_triggerer(site, tmp_path, monkeypatch, ca
     sent = xcom(dagrun, "send")
     assert sent["delivered"] and sent["core_key"] == f"{SITE}/{sent['edge_key']}" and sent["files"] == 5
 
+    # The sensor, deferred before the batch exists: something else (here, this test) puts it
+    # into the inbox once the sensor runs; the trigger sees it delivered.
     sensor_dag = load_example("forte_wait_for_batch", FORTE_EXAMPLE_POKE_INTERVAL=POKE, FORTE_EXAMPLE_DEFERRABLE="1")
-    states, errors, dagrun = run(sensor_dag, {"batch_name": "run-deferred"})
+    later = write_batch(tmp_path / "later", {"x.bin": incompressible(100_000, 7)})
+    placing = place_once_running(site, later, "run-later", "forte_wait_for_batch", "delivered")
+    states, errors, dagrun = run(sensor_dag, {"batch_name": "run-later"})
+    placing.join()
     assert_all_succeeded(states, errors, site)
-    assert xcom(dagrun, "delivered")["key"] == sent["core_key"]
+    assert tree(site.dest / SITE / "run-later") == tree(later)
+    assert xcom(dagrun, "delivered")["name"] == "run-later"
+    out = "".join(capfd.readouterr()) + caplog.text
+    assert "forte: resumed by ForteBatchDeliveredTrigger: {'status': 'delivered', 'batch': {'key': 'site-a/" in out, out[-5000:]
+
+
+def place_once_running(site: Site, source: Path, name: str, dag_id: str, task_id: str) -> threading.Thread:
+    """Puts ``source`` into the inbox as the batch ``name`` 1.5 s after the task ``task_id`` of
+    ``dag_id`` started running (read from Airflow's database), as an instrument would, marked
+    ready and renamed into place."""
+    import sqlite3
+
+    db = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
+
+    def place() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with sqlite3.connect(db, timeout=10) as con:
+                row = con.execute(
+                    "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = ? ORDER BY start_date DESC LIMIT 1",
+                    (dag_id, task_id),
+                ).fetchone()
+            # Running: the task's process has started (queued comes seconds before).
+            if row and row[0] in ("running", "deferred"):
+                break
+            time.sleep(0.1)
+        time.sleep(1.5)
+        tmp = site.inbox / f".{name}"
+        shutil.copytree(source, tmp)
+        (tmp / ".ready").write_bytes(b"")
+        os.rename(tmp, site.inbox / name)
+
+    thread = threading.Thread(target=place, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_a_batch_the_edge_fails_fails_the_task_with_forte_error(tmp_path, monkeypatch):
@@ -181,6 +224,7 @@ def test_a_batch_the_edge_fails_fails_the_task_with_forte_error(tmp_path, monkey
         states, errors, _ = run(dag, {"source": str(source), "inbox": str(site.inbox), "batch_name": "huge"})
         assert states == {"send": "failed", "check_delivery": "upstream_failed"}, f"{states} {errors}\n{site.all_logs()}"
         error = errors["send"]
+        print(f"the send task failed with: {error}")
         assert "batch 'huge' failed at the edge" in error, error
         # forte's own words, as its API gives them.
         edge = get_json(f"http://{site.edge_addr}/api/v1/batches?name=huge&role=edge")["batches"][0]
@@ -190,7 +234,7 @@ def test_a_batch_the_edge_fails_fails_the_task_with_forte_error(tmp_path, monkey
         site.stop()
 
 
-def test_a_batch_the_core_fails_fails_the_task_and_the_sensor_with_forte_error(tmp_path, monkeypatch):
+def test_a_batch_the_core_fails_fails_the_task_and_the_sensor_with_forte_error(tmp_path, monkeypatch, capfd):
     # The core's destination holds another file where the batch's a.txt is to go: the core
     # verifies the batch and refuses to replace it, and records the batch failed. Its scans
     # are 3 s apart, so it stays failed between two attempts.
@@ -206,11 +250,27 @@ def test_a_batch_the_core_fails_fails_the_task_and_the_sensor_with_forte_error(t
         states, errors, _ = run(dag, {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-x"})
         assert states == {"send": "failed", "check_delivery": "upstream_failed"}, f"{states} {errors}\n{site.all_logs()}"
         error = errors["send"]
+        print(f"the send task failed with: {error}")
         assert "batch 'run-x' failed at the core" in error, error
         core = get_json(f"http://{site.core_addr}/api/v1/batches?name=run-x&role=core")["batches"][0]
         assert core["state"] == "failed" and core["error"] and core["error"] in error, (core, error)
         assert "already exists with other contents" in error, error
         assert clash.read_bytes() == b"something else, already at the core\n"
+
+        # The same, the wait deferred: the trigger's event says failed, with the same text.
+        clash_y = site.dest / SITE / "run-y" / "a.txt"
+        clash_y.parent.mkdir(parents=True)
+        clash_y.write_bytes(b"something else\n")
+        capfd.readouterr()
+        deferred = load_example(
+            "forte_send_and_process", FORTE_EXAMPLE_POKE_INTERVAL=POKE, FORTE_EXAMPLE_TIMEOUT="120", FORTE_EXAMPLE_DEFERRABLE="1"
+        )
+        states, errors, _ = run(deferred, {"source": str(source), "inbox": str(site.inbox), "batch_name": "run-y"})
+        assert states == {"send": "failed", "check_delivery": "upstream_failed"}, f"{states} {errors}\n{site.all_logs()}"
+        print(f"the deferred send task failed with: {errors['send']}")
+        assert "batch 'run-y' failed at the core" in errors["send"], errors
+        assert f"{clash_y} already exists with other contents" in errors["send"], errors
+        assert "forte: resumed by ForteBatchDeliveredTrigger: {'status': 'failed'" in "".join(capfd.readouterr())
 
         for deferrable in ("", "1"):
             sensor_dag = load_example(
@@ -218,6 +278,7 @@ def test_a_batch_the_core_fails_fails_the_task_and_the_sensor_with_forte_error(t
             )
             states, errors, _ = run(sensor_dag, {"batch_name": "run-x"})
             assert states == {"delivered": "failed", "list_files": "upstream_failed"}, (deferrable, states, errors)
+            print(f"the sensor (deferrable={bool(deferrable)}) failed with: {errors['delivered']}")
             assert "batch 'run-x' failed at the core" in errors["delivered"], errors
             assert "already exists with other contents" in errors["delivered"], errors
     finally:

@@ -86,6 +86,7 @@ class ForteBatchDeliveredSensor(BaseSensorOperator):
         )
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        self.log.info("forte: resumed by ForteBatchDeliveredTrigger: %s", event)
         status = event.get("status")
         if status == "delivered":
             return event["batch"]
