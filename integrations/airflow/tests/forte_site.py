@@ -48,16 +48,31 @@ def forte_bin() -> str:
     return path
 
 
-def free_addr() -> str:
-    """A loopback address with a port free at the moment of asking."""
+def free_addr(host: str = "127.0.0.1") -> str:
+    """An address of ``host`` with a port free at the moment of asking."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
+        s.bind((host, 0))
+        return f"{host}:{s.getsockname()[1]}"
 
 
-def get_json(url: str, timeout: float = 5.0) -> object:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def get_json(url: str, timeout: float = 5.0, token: str | None = None) -> object:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
         return json.loads(r.read())
+
+
+def outside_address() -> str:
+    """This machine's address on its default route: a request to it, from here, comes from
+    that address, not from loopback (forte then asks for its --http-token-file's token)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route
+            address = s.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        missing("this machine has no address but loopback: the test of tokens needs one")
+    return address
 
 
 class Site:
@@ -65,6 +80,8 @@ class Site:
 
     ``relay_flags``, ``send_flags``, ``pull_flags``: extra arguments (``--quota-per-site 1MiB``).
     ``interval``: the daemons' ``--interval`` (seconds between two scans).
+    ``http_host``: where the daemons serve their API (a port is picked); ``http_token``: the
+    token of their ``--http-token-file``, which requests from other hosts must send.
     """
 
     def __init__(
@@ -74,9 +91,13 @@ class Site:
         send_flags: tuple[str, ...] = (),
         pull_flags: tuple[str, ...] = (),
         interval: int = 1,
+        http_host: str = "127.0.0.1",
+        http_token: str | None = None,
     ) -> None:
         self.bin = forte_bin()
         self.root = root
+        self.http_host = http_host
+        self.http_token = http_token
         self.inbox = root / "inbox"
         self.dest = root / "dest"
         self.inbox.mkdir(parents=True)
@@ -125,17 +146,21 @@ class Site:
         )
         self.relay_url, self.fingerprint = self._relay_address(relay)
         relay_args = ["--relay", self.relay_url, "--relay-fingerprint", self.fingerprint]
-        self.edge_addr, self.core_addr = free_addr(), free_addr()
+        self.edge_addr, self.core_addr = free_addr(self.http_host), free_addr(self.http_host)
         watch = ["--watch", "--interval", str(interval)]
+        http = []
+        if self.http_token:
+            (self.root / "http.token").write_text(self.http_token)
+            http = ["--http-token-file", str(self.root / "http.token")]
         self._spawn(
             "send",
-            ["--catalog", str(self.root / "edge.sqlite"), "send", str(self.inbox), *watch, "--http", self.edge_addr,
+            ["--catalog", str(self.root / "edge.sqlite"), "send", str(self.inbox), *watch, "--http", self.edge_addr, *http,
              "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"),
              *relay_args, "--token-file", str(self.root / "edge.token"), *send_flags],
         )
         self._spawn(
             "pull",
-            ["--catalog", str(self.root / "core.sqlite"), "pull", "--to", str(self.dest), *watch, "--http", self.core_addr,
+            ["--catalog", str(self.root / "core.sqlite"), "pull", "--to", str(self.dest), *watch, "--http", self.core_addr, *http,
              "--identity", str(keys / "core.key"), "--trust", str(keys / "edge.pub"),
              *relay_args, "--token-file", str(self.root / "core.token"), *pull_flags],
         )
@@ -177,7 +202,7 @@ class Site:
         deadline = time.monotonic() + seconds
         while True:
             try:
-                get_json(f"http://{addr}/api/v1", timeout=2)
+                get_json(f"http://{addr}/api/v1", timeout=2, token=self.http_token)
                 return
             except (OSError, ValueError) as e:
                 dead = [p.args[1:3] for p in self.procs if p.poll() is not None]

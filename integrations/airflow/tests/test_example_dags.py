@@ -16,7 +16,7 @@ import pytest
 from airflow.listeners import hookimpl
 from airflow.listeners.listener import get_listener_manager
 from conftest import load_example
-from forte_site import SITE, Site, get_json, incompressible, tree, write_batch
+from forte_site import SITE, Site, get_json, incompressible, outside_address, tree, write_batch
 
 POKE = "0.5"
 
@@ -140,6 +140,17 @@ def test_send_and_process_delivers_the_batch(site, tmp_path, monkeypatch):
     assert_all_succeeded(states, errors, site)
     assert xcom(dagrun, "delivered")["key"] == sent["core_key"]
     assert sorted(xcom(dagrun, "list_files")) == sorted(tree(source))
+
+    # The hook: the batch by name, its files, a file's lineage at the core.
+    from airflow_provider_forte.hooks.forte import ForteHook
+
+    core = ForteHook("forte_core")
+    batch = core.find_batch("run-1", role="core")
+    assert batch is not None and batch["key"] == sent["core_key"] and batch["state"] == "delivered"
+    readme = next(f for f in core.batch(batch["key"])["files"] if f["path"] == "readme.txt")
+    lineage = core.lineage(readme["object_id"])
+    assert {"delivered", "acknowledged"} <= {e["state"] for e in lineage["events"]}, lineage
+    assert ForteHook("forte_edge").find_batch("run-1", role="edge")["key"] == sent["edge_key"]
 
     # A batch name cannot be sent twice: the operator refuses it before copying anything.
     states, errors, _ = run(dag, conf)
@@ -301,3 +312,42 @@ def test_the_hook_reads_the_api_and_names_the_url_in_errors(site, monkeypatch):
     with pytest.raises(AirflowException) as bad:
         core.batches(state="no-such-state")
     assert "400" in str(bad.value) and "state" in str(bad.value)
+
+
+def test_the_connection_password_is_sent_as_bearer_token(tmp_path, monkeypatch):
+    """The daemons serve their API on this machine's outside address with a token: a request
+    from there (not loopback) needs it. The hook and the trigger's client send the connection's
+    password as the token; without it, forte's refusal (401) is the error."""
+    import asyncio
+
+    from airflow.exceptions import AirflowException
+    from airflow_provider_forte.hooks.forte import ForteAsyncClient, ForteHook
+
+    token = "http-token-0123456789abcdef"
+    site = Site(tmp_path / "site", http_host=outside_address(), http_token=token)
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_FORTE_EDGE", site.conn_env(site.edge_addr, token))
+        monkeypatch.setenv("AIRFLOW_CONN_FORTE_CORE", site.conn_env(site.core_addr, token))
+        monkeypatch.setenv("AIRFLOW_CONN_FORTE_NO_TOKEN", site.conn_env(site.core_addr))
+        assert ForteHook("forte_edge").info()["role"] == "edge"
+        assert ForteHook("forte_core").failures() == []
+        with pytest.raises(AirflowException) as refused:
+            ForteHook("forte_no_token").info()
+        text = str(refused.value)
+        assert f"GET http://{site.core_addr}/api/v1: 401 " in text and "--http-token-file" in text, text
+
+        async def through_the_trigger_client():
+            client = await ForteAsyncClient.for_connection("forte_core")
+            none = await client.find_batch("nothing-yet", role="core")
+            refused = await ForteAsyncClient.for_connection("forte_no_token")
+            try:
+                await refused.batches()
+            except AirflowException as e:
+                return none, str(e)
+            return none, None
+
+        none, error = asyncio.run(through_the_trigger_client())
+        assert none is None
+        assert error and "401" in error and "--http-token-file" in error, error
+    finally:
+        site.stop()
