@@ -151,7 +151,7 @@ async fn batches(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let filter = params.filter(batch_state)?;
     let batches = read(&view, move |v| {
-        model::batches(&v.catalogs, &filter, v.part_size)
+        model::batches(&v.catalogs, &filter, &v.progress)
     })
     .await?;
     Ok(Json(json!({ "batches": batches })))
@@ -163,7 +163,7 @@ async fn batch(
 ) -> Result<Json<model::BatchDetail>, ApiError> {
     let batch_key = BatchKey::parse(&key);
     let detail = read(&view, move |v| {
-        model::batch(&v.catalogs, &batch_key, v.part_size)
+        model::batch(&v.catalogs, &batch_key, &v.progress)
     })
     .await?;
     detail
@@ -237,7 +237,7 @@ async fn failures(
 
 pub(crate) async fn read_overview(view: &Shared) -> Result<Overview, ApiError> {
     read(view, |v| {
-        Overview::read(&v.catalogs, v.stages(), v.queue(), v.part_size)
+        Overview::read(&v.catalogs, v.stages(), v.queue(), &v.progress)
     })
     .await
 }

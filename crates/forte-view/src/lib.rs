@@ -60,8 +60,8 @@ pub struct View {
     pub catalogs: Vec<Catalog>,
     /// The daemon's live counters, if a daemon serves it.
     pub live: Option<Box<dyn Live>>,
-    /// The part size of the edge's files: an upload's progress counts in parts.
-    pub part_size: u64,
+    /// How progress is counted (the edge's part size) and rates estimated.
+    pub progress: model::Progress,
 }
 
 impl View {

@@ -1,11 +1,14 @@
 //! The API's answers, built from catalogue rows and the daemon's live counters: what
 //! docs/api.md documents, field by field.
 
+use std::collections::{HashMap, HashSet, VecDeque};
+
 use anyhow::Result;
 use forte_catalog::{
     BatchKey, BatchRow, BatchState, Catalog, Event, Failure, FileRow, FileState, Filter, PartRow,
     Role, Stage, StageRow, UsageRow,
 };
+use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::live::{QueueView, StageView};
@@ -46,6 +49,63 @@ fn finished(state: BatchState) -> bool {
         state,
         BatchState::Sent | BatchState::Delivered | BatchState::SourceDeleted
     )
+}
+
+/// How far running batches have come, as this server saw them lately: their rates.
+///
+/// A batch's stage starts when its first file is read, which may be long before its bytes go
+/// out (the pipeline reads ahead of the link while the batch before it uploads), and parts
+/// complete in bursts; so its rate is the slope of its done bytes over the last
+/// [`RATE_WINDOW`], from the last moment it had not moved yet if that is later. Until two such
+/// moments are [`RATE_MIN_SPAN`] apart (a server that has just started, a batch that has just
+/// begun to move) it is the mean over the stage so far.
+pub struct Progress {
+    /// Raw bytes per part at the edge: an upload's progress is counted in parts.
+    pub part_size: u64,
+    seen: Mutex<HashMap<String, VecDeque<(i64, i64)>>>,
+}
+
+/// How far back a running batch's rate looks.
+pub const RATE_WINDOW_US: i64 = 30_000_000;
+/// The shortest span a windowed rate is taken over.
+const RATE_MIN_SPAN_US: i64 = 2_000_000;
+
+impl Progress {
+    pub fn new(part_size: u64) -> Self {
+        Self {
+            part_size,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// Notes that the running batch `key` had `done` bytes at `now`; its rate over the window,
+    /// if one can be told yet.
+    fn windowed_rate(&self, key: &str, now: i64, done: i64) -> Option<f64> {
+        let mut seen = self.seen.lock();
+        let samples = seen.entry(key.to_owned()).or_default();
+        if samples.back().is_some_and(|(t, _)| *t >= now) {
+            samples.pop_back();
+        }
+        samples.push_back((now, done));
+        // Keep one sample older than the window, so that the window is spanned whole.
+        while samples.len() > 2 && samples[1].0 <= now - RATE_WINDOW_US {
+            samples.pop_front();
+        }
+        // From the last moment the batch had not moved from where the window begins.
+        let first = samples.front()?.1;
+        let (t0, d0) = samples
+            .iter()
+            .take_while(|(_, d)| *d == first)
+            .last()
+            .copied()?;
+        (now - t0 >= RATE_MIN_SPAN_US && done > d0)
+            .then(|| (done - d0) as f64 / ((now - t0) as f64 / 1e6))
+    }
+
+    /// Forgets the batches that no longer run.
+    fn keep_only(&self, running: &HashSet<String>) {
+        self.seen.lock().retain(|key, _| running.contains(key));
+    }
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -106,36 +166,41 @@ fn own_stage(role: Role) -> Stage {
 
 impl Batch {
     /// `row` with its progress at `now` (µs), reading its stages and files.
-    pub fn of(catalog: &Catalog, row: BatchRow, part_size: u64, now: i64) -> Result<Self> {
+    pub fn of(catalog: &Catalog, row: BatchRow, progress: &Progress, now: i64) -> Result<Self> {
         let stages = catalog.stages(&row.batch_key)?;
-        Self::with_stages(catalog, row, &stages, part_size, now)
+        Self::with_stages(catalog, row, &stages, progress, now)
     }
 
     fn with_stages(
         catalog: &Catalog,
         row: BatchRow,
         stages: &[StageRow],
-        part_size: u64,
+        progress: &Progress,
         now: i64,
     ) -> Result<Self> {
         let stage = stages.iter().find(|s| s.stage == own_stage(row.role));
         let started_us = stage.map(|s| s.started_at);
         let ended_us = stage.and_then(|s| s.ended_at);
-        let done = done_bytes(catalog, &row, part_size)?.clamp(0, row.bytes.max(0));
+        let done = done_bytes(catalog, &row, progress.part_size)?.clamp(0, row.bytes.max(0));
         let running = running(row.state);
-        let progress = if row.bytes > 0 {
+        let share = if row.bytes > 0 {
             done as f64 / row.bytes as f64
         } else if finished(row.state) {
             1.0
         } else {
             0.0
         };
-        // The mean rate since the stage started: on a steady link the best estimate of what
-        // is left, and not thrown by the bursts in which parts complete.
-        let rate = started_us
+        // Over the stage; for a running batch, over its last moments where known.
+        let mean = started_us
             .map(|start| (ended_us.unwrap_or(now) - start) as f64 / 1e6)
             .filter(|seconds| *seconds > 0.0 && done > 0)
             .map(|seconds| done as f64 / seconds);
+        let key = row.batch_key.to_string();
+        let rate = if running {
+            progress.windowed_rate(&key, now, done).or(mean)
+        } else {
+            mean
+        };
         let eta_s = rate
             .filter(|_| running && row.bytes > 0)
             .map(|rate| (row.bytes - done) as f64 / rate);
@@ -151,7 +216,7 @@ impl Batch {
             None
         };
         Ok(Self {
-            key: row.batch_key.to_string(),
+            key,
             role: row.role,
             site: row.site,
             name: row.name,
@@ -159,7 +224,7 @@ impl Batch {
             files: row.files,
             bytes: row.bytes,
             done_bytes: done,
-            progress,
+            progress: share,
             arrived_us: row.created_at,
             started_us,
             ended_us,
@@ -242,12 +307,12 @@ pub struct BatchDetail {
 }
 
 impl BatchDetail {
-    pub fn read(catalog: &Catalog, key: &BatchKey, part_size: u64) -> Result<Option<Self>> {
+    pub fn read(catalog: &Catalog, key: &BatchKey, progress: &Progress) -> Result<Option<Self>> {
         let Some(row) = catalog.batch(key)? else {
             return Ok(None);
         };
         let stages = catalog.stages(key)?;
-        let batch = Batch::with_stages(catalog, row, &stages, part_size, forte_catalog::now_us())?;
+        let batch = Batch::with_stages(catalog, row, &stages, progress, forte_catalog::now_us())?;
         Ok(Some(Self {
             batch,
             stages: stages
@@ -417,7 +482,7 @@ impl Overview {
         catalogs: &[Catalog],
         stages: Vec<StageView>,
         queue: Option<QueueView>,
-        part_size: u64,
+        progress: &Progress,
     ) -> Result<Self> {
         let now = forte_catalog::now_us();
         let mut in_flight = vec![];
@@ -436,11 +501,11 @@ impl Overview {
             let mut newest = rows.clone();
             newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
             for row in newest.iter().take(20) {
-                recent.push(Batch::of(catalog, row.clone(), part_size, now)?);
+                recent.push(Batch::of(catalog, row.clone(), progress, now)?);
             }
             for row in rows.into_iter().filter(|r| running(r.state)) {
                 let last_moved = catalog.last_event(&row.batch_key)?;
-                let batch = Batch::of(catalog, row, part_size, now)?;
+                let batch = Batch::of(catalog, row, progress, now)?;
                 let idle = now - last_moved.unwrap_or(batch.updated_us);
                 if batch.state != BatchState::Queued && idle > STALLED_US {
                     alerts.push(Alert {
@@ -488,6 +553,7 @@ impl Overview {
                 });
             }
         }
+        progress.keep_only(&in_flight.iter().map(|b| b.key.clone()).collect());
         in_flight.sort_by_key(|b| b.arrived_us);
         recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
         recent.truncate(20);
@@ -507,12 +573,12 @@ impl Overview {
 }
 
 /// Batches over every catalogue that the filter selects, newest change first.
-pub fn batches(catalogs: &[Catalog], filter: &Filter, part_size: u64) -> Result<Vec<Batch>> {
+pub fn batches(catalogs: &[Catalog], filter: &Filter, progress: &Progress) -> Result<Vec<Batch>> {
     let now = forte_catalog::now_us();
     let mut all = vec![];
     for catalog in catalogs {
         for row in catalog.batches_matching(filter)? {
-            all.push(Batch::of(catalog, row, part_size, now)?);
+            all.push(Batch::of(catalog, row, progress, now)?);
         }
     }
     all.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
@@ -552,9 +618,13 @@ pub fn failures(catalogs: &[Catalog], limit: i64) -> Result<Vec<FailureView>> {
 }
 
 /// The first catalogue that knows the batch `key`, with its detail.
-pub fn batch(catalogs: &[Catalog], key: &BatchKey, part_size: u64) -> Result<Option<BatchDetail>> {
+pub fn batch(
+    catalogs: &[Catalog],
+    key: &BatchKey,
+    progress: &Progress,
+) -> Result<Option<BatchDetail>> {
     for catalog in catalogs {
-        if let Some(detail) = BatchDetail::read(catalog, key, part_size)? {
+        if let Some(detail) = BatchDetail::read(catalog, key, progress)? {
             return Ok(Some(detail));
         }
     }
@@ -579,4 +649,40 @@ pub fn usage(catalogs: &[Catalog], since: i64) -> Result<Vec<UsageRow>> {
 /// The last hour, in µs before now.
 pub fn hour_ago() -> i64 {
     forte_catalog::now_us() - HOUR_US
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000;
+
+    #[test]
+    fn a_running_batchs_rate_leaves_out_the_time_before_it_moved_and_follows_changes() {
+        let progress = Progress::new(16 << 20);
+        // Read ahead for 10 s while the batch before it uploads: nothing done, no rate.
+        for t in 0..=10 {
+            assert_eq!(progress.windowed_rate("b", t * S, 0), None, "at {t} s");
+        }
+        // Then 10 MB/s, in bursts of 20 MB every 2 s: 10 MB/s from when it began to move,
+        // where the mean since the stage began (at 0 s) says 40e6 / 14 s = 2.9 MB/s.
+        let mut rate = None;
+        for t in (12..=14).step_by(2) {
+            rate = progress.windowed_rate("b", t * S, (t - 10) * 10_000_000);
+        }
+        assert_eq!(rate, Some(10e6));
+        // The link slows to 5 MB/s at 20 s: 30 s later the window sees only the new rate.
+        for t in 15..=50 {
+            let done = if t <= 20 {
+                (t - 10) * 10_000_000
+            } else {
+                100_000_000 + (t - 20) * 5_000_000
+            };
+            rate = progress.windowed_rate("b", t * S, done);
+        }
+        assert_eq!(rate, Some(5e6));
+        // A batch that no longer runs is forgotten.
+        progress.keep_only(&HashSet::new());
+        assert!(progress.seen.lock().is_empty());
+    }
 }

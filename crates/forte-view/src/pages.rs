@@ -552,7 +552,7 @@ async fn history(
     match batch_filter {
         Ok(filter) => {
             let batches = api::read(&view, move |v| {
-                model::batches(&v.catalogs, &filter, v.part_size)
+                model::batches(&v.catalogs, &filter, &v.progress)
             })
             .await?;
             let _ = write!(
@@ -637,7 +637,7 @@ fn batch_sections(d: &BatchDetail, links: &Links<'_>) -> Vec<(&'static str, Stri
 async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
     let batch_key = BatchKey::parse(key);
     let detail = api::read(view, move |v| {
-        model::batch(&v.catalogs, &batch_key, v.part_size)
+        model::batch(&v.catalogs, &batch_key, &v.progress)
     })
     .await?;
     detail.ok_or_else(|| ApiError::not_found(format!("no catalogue here knows the batch {key}")))

@@ -47,7 +47,7 @@ pub fn serve(
         },
         catalogs: vec![catalog.reader()],
         live: Some(Box::new(Daemon { handle })),
-        part_size,
+        progress: forte_view::model::Progress::new(part_size),
     };
     let bound = forte_view::start(addr, access, view)?;
     describe();

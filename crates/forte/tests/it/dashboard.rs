@@ -136,8 +136,10 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
     assert!(kpis["batches"].is_array(), "{kpis}");
 
     // Searches, and what is not there.
-    let found = api(&core, "/api/v1/files?name=001&state=acknowledged");
-    assert_eq!(found["files"].as_array().unwrap().len(), 1, "{found}");
+    // Acknowledged a moment after the batch is recorded delivered.
+    let found = || api(&core, "/api/v1/files?name=001&state=acknowledged");
+    let one = wait_for(10, || found()["files"].as_array().unwrap().len() == 1);
+    assert!(one, "{}", found());
     let none = api(&core, "/api/v1/batches?state=failed");
     assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
     let (status, bad) = get_json(&core, "/api/v1/batches?state=lost");
