@@ -65,7 +65,17 @@ struct PageParams {
     name: Option<String>,
     state: Option<String>,
     role: Option<String>,
+    /// Changed within this long before now: one of [`WITHIN`]'s names.
+    within: Option<String>,
 }
+
+/// The history's time filter: a name and how far back it reaches.
+const WITHIN: [(&str, &str, i64); 4] = [
+    ("1h", "last hour", 3_600),
+    ("24h", "last 24 hours", 86_400),
+    ("7d", "last 7 days", 7 * 86_400),
+    ("30d", "last 30 days", 30 * 86_400),
+];
 
 /// Renders links that keep the page's token.
 struct Links<'a> {
@@ -467,12 +477,24 @@ fn search_form(params: &PageParams, links: &Links<'_>) -> String {
             )
         })
         .unwrap_or_default();
+    let within: String = WITHIN
+        .iter()
+        .map(|(name, label, _)| {
+            let selected = if params.within.as_deref() == Some(*name) {
+                " selected"
+            } else {
+                ""
+            };
+            format!("<option value=\"{name}\"{selected}>{label}</option>")
+        })
+        .collect();
     format!(
         "<form class=\"search\" action=\"/history\" method=\"get\">{token}\
          <label>name <input name=\"name\" value=\"{}\" placeholder=\"batch or file name\"></label> \
          <label>state <input name=\"state\" value=\"{}\" placeholder=\"e.g. failed\" size=\"10\"></label> \
          <label>node <select name=\"role\"><option value=\"\">any</option>\
          <option{}>edge</option><option{}>core</option></select></label> \
+         <label>changed <select name=\"within\"><option value=\"\">any time</option>{within}</select></label> \
          <button type=\"submit\">Search</button></form>",
         value(&params.name),
         value(&params.state),
@@ -539,10 +561,15 @@ async fn history(
     let links = Links {
         token: params.token.as_deref(),
     };
+    let since_us = WITHIN
+        .iter()
+        .find(|(name, _, _)| params.within.as_deref() == Some(*name))
+        .map(|(_, _, seconds)| forte_catalog::now_us() - seconds * 1_000_000);
     let api_params = api::Params {
         name: params.name.clone(),
         state: params.state.clone(),
         role: params.role.clone(),
+        since_us,
         limit: Some(200),
         ..Default::default()
     };

@@ -301,9 +301,19 @@ fn the_dashboard_reads_without_javascript_over_both_catalogues() {
             "{state} in {lineage}"
         );
     }
-    let (status, history) = http_get(&addr, "/history?name=run-b", &[]).unwrap();
+    let (status, history) = http_get(&addr, "/history?name=run-b&within=1h", &[]).unwrap();
     assert_eq!(status, 200);
     assert!(history.contains("run-b") && !history.contains(">run-a<"));
+    // By time: nothing changed after now.
+    let later = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 1_000_000;
+    let none = api(&addr, &format!("/api/v1/batches?since_us={later}"));
+    assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
+    let earlier = api(&addr, &format!("/api/v1/batches?until_us={later}"));
+    assert_eq!(earlier["batches"].as_array().unwrap().len(), 4, "{earlier}");
     let kpis = api(&addr, "/api/v1/kpis");
     assert_eq!(kpis["run"]["delivered"].as_i64(), Some(2), "{kpis}");
     let (status, report) = http_get(&addr, "/report", &[]).unwrap();
