@@ -1,5 +1,8 @@
 //! The API's answers, built from catalogue rows and the daemon's live counters: what
-//! docs/api.md documents, field by field.
+//! docs/api.md documents, field by field. They are types of their own rather than the
+//! catalogue's rows serialised: the API is versioned, so a column renamed or added in the
+//! catalogue must not change an answer, and its names follow the API's conventions (`_us` for
+//! times).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

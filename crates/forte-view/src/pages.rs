@@ -82,7 +82,14 @@ struct Links<'a> {
     token: Option<&'a str>,
 }
 
-impl Links<'_> {
+impl<'a> Links<'a> {
+    /// Links that keep `token`, if the page was given one.
+    fn of(token: &'a Option<String>) -> Self {
+        Self {
+            token: token.as_deref(),
+        }
+    }
+
     /// `path` with the token, escaped for an attribute.
     fn to(&self, path: &str) -> String {
         let with = match self.token {
@@ -507,9 +514,7 @@ async fn overview(
     State(view): State<Shared>,
     Query(params): Query<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links {
-        token: params.token.as_deref(),
-    };
+    let links = Links::of(&params.token);
     let o = api::read_overview(&view).await?;
     let mut body = String::new();
     let titles = [
@@ -545,9 +550,7 @@ async fn live_overview(State(view): State<Shared>, Query(params): Query<PagePara
         let token = params.token.clone();
         async move {
             let o = api::read_overview(&view).await?;
-            let links = Links {
-                token: token.as_deref(),
-            };
+            let links = Links::of(&token);
             Ok(section_event(overview_sections(&o, &links)))
         }
     })
@@ -558,9 +561,7 @@ async fn history(
     State(view): State<Shared>,
     Query(params): Query<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links {
-        token: params.token.as_deref(),
-    };
+    let links = Links::of(&params.token);
     let since_us = WITHIN
         .iter()
         .find(|(name, _, _)| params.within.as_deref() == Some(*name))
@@ -675,9 +676,7 @@ async fn batch(
     Path(key): Path<String>,
     Query(params): Query<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links {
-        token: params.token.as_deref(),
-    };
+    let links = Links::of(&params.token);
     let d = read_batch(&view, &key).await?;
     let mut body = String::new();
     let titles = ["", "Stages", "Files", "Failures"];
@@ -710,9 +709,7 @@ async fn live_batch(
         let key = key.clone();
         async move {
             let d = read_batch(&view, &key).await?;
-            let links = Links {
-                token: token.as_deref(),
-            };
+            let links = Links::of(&token);
             Ok(section_event(batch_sections(&d, &links)))
         }
     })
@@ -724,9 +721,7 @@ async fn file(
     Path(object_id): Path<String>,
     Query(params): Query<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links {
-        token: params.token.as_deref(),
-    };
+    let links = Links::of(&params.token);
     let id = object_id.clone();
     let lineage: Lineage = api::read(&view, move |v| Lineage::read(&v.catalogs, &id)).await?;
     let Some(first) = lineage.files.first() else {
@@ -779,9 +774,7 @@ async fn report(
     State(view): State<Shared>,
     Query(params): Query<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links {
-        token: params.token.as_deref(),
-    };
+    let links = Links::of(&params.token);
     let batches = api::read(&view, api::report).await?;
     let mut body = String::new();
     match kpi::run(&batches) {

@@ -32,40 +32,58 @@ fn batch_named(addr: &str, name: &str) -> Option<Value> {
         .cloned()
 }
 
+/// A site whose sender (its upload paced at `bwlimit`, in parts of 1 MiB) and puller run as
+/// daemons serving `--http` on `edge` and `core`, both answering already.
+struct LiveSite {
+    site: Site,
+    inbox: std::path::PathBuf,
+    edge: String,
+    core: String,
+    _daemons: [Daemon; 2],
+}
+
+impl LiveSite {
+    fn start(site: Site, bwlimit: &str) -> Self {
+        let inbox = site.root.join("inbox");
+        std::fs::create_dir_all(&inbox).unwrap();
+        let (edge, core) = (free_addr(), free_addr());
+        let watch = ["--watch", "--interval", "1", "--http"];
+        let mut send = site.send(&watch);
+        send.extend(args![&edge, "--bwlimit", bwlimit, "--part-size", "1MiB"]);
+        let mut pull = site.pull();
+        pull.extend(watch.map(Into::into));
+        pull.push(core.clone().into());
+        let daemons = [spawn(&send), spawn(&pull)];
+        for addr in [&edge, &core] {
+            assert!(wait_for(20, || http_get(addr, "/api/v1", &[]).is_some()));
+        }
+        Self {
+            site,
+            inbox,
+            edge,
+            core,
+            _daemons: daemons,
+        }
+    }
+}
+
 #[test]
 fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
-    let site = Site::new();
-    let inbox = site.root.join("inbox");
-    std::fs::create_dir_all(&inbox).unwrap();
-    let (edge, core) = (free_addr(), free_addr());
     // 8 MB at 2 MB/s: a few seconds in which to see the batch move.
-    let _send = spawn(&site.send(&[
-        "--watch",
-        "--interval",
-        "1",
-        "--http",
-        &edge,
-        "--bwlimit",
-        "2MB",
-        "--part-size",
-        "1MiB",
-    ]));
-    let mut pull = site.pull();
-    pull.extend(args!["--watch", "--interval", "1", "--http", &core]);
-    let _pull = spawn(&pull);
-    assert!(wait_for(20, || http_get(&edge, "/api/v1", &[]).is_some()));
-    let info = api(&edge, "/api/v1");
+    let live = LiveSite::start(Site::new(), "2MB");
+    let (site, inbox, edge, core) = (&live.site, &live.inbox, &live.edge, &live.core);
+    let info = api(edge, "/api/v1");
     assert_eq!(
         (info["api"].as_i64(), info["role"].as_str()),
         (Some(1), Some("edge"))
     );
 
-    let batch = write_batch(&inbox, "measured", 4, 2_000_000);
+    let batch = write_batch(inbox, "measured", 4, 2_000_000);
     let expected = source_hashes(&batch);
     // While it is sent: in flight, with progress that grows, a rate and an ETA.
     let mut seen = vec![];
     let sending = wait_for(30, || {
-        let o = api(&edge, "/api/v1/overview");
+        let o = api(edge, "/api/v1/overview");
         if let Some(b) = o["in_flight"].as_array().unwrap().first() {
             if b["state"] == "sending" && b["eta_s"].is_number() {
                 seen.push(b["done_bytes"].as_i64().unwrap());
@@ -74,7 +92,7 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
         seen.len() >= 3 && seen.last() > seen.first()
     });
     assert!(sending, "progress seen while sending: {seen:?}");
-    let stages = api(&edge, "/api/v1/stages");
+    let stages = api(edge, "/api/v1/stages");
     let names: Vec<&str> = stages["stages"]
         .as_array()
         .unwrap()
@@ -87,13 +105,13 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
     let dest = site.root.join("dest/site-a/measured");
     assert!(wait_for(60, || visible(&dest) == expected), "not delivered");
     let delivered = wait_for(10, || {
-        batch_named(&core, "measured").is_some_and(|b| b["state"] == "delivered")
+        batch_named(core, "measured").is_some_and(|b| b["state"] == "delivered")
     });
-    assert!(delivered, "{:?}", batch_named(&core, "measured"));
-    let at_core = batch_named(&core, "measured").unwrap();
+    assert!(delivered, "{:?}", batch_named(core, "measured"));
+    let at_core = batch_named(core, "measured").unwrap();
     assert_eq!(at_core["progress"].as_f64(), Some(1.0), "{at_core}");
     assert_eq!(at_core["role"], "core");
-    let sent = batch_named(&edge, "measured").unwrap();
+    let sent = batch_named(edge, "measured").unwrap();
     assert_eq!(
         (sent["state"].as_str(), sent["files"].as_i64()),
         (Some("sent"), Some(4))
@@ -111,7 +129,7 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
 
     // The batch, its files and a file's lineage, at the core.
     let key = at_core["key"].as_str().unwrap();
-    let detail = api(&core, &format!("/api/v1/batches/{key}"));
+    let detail = api(core, &format!("/api/v1/batches/{key}"));
     let files = detail["files"].as_array().unwrap();
     assert_eq!(files.len(), 4, "{detail}");
     let file = files.iter().find(|f| f["path"] == "bags/000.bag").unwrap();
@@ -120,7 +138,7 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
         expected.get("bags/000.bag").map(String::as_str)
     );
     let id = file["object_id"].as_str().unwrap();
-    let lineage = api(&core, &format!("/api/v1/files/{id}"));
+    let lineage = api(core, &format!("/api/v1/files/{id}"));
     let events: Vec<&str> = lineage["events"]
         .as_array()
         .unwrap()
@@ -132,24 +150,24 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
         "{events:?}"
     );
     // The KPIs need the edge's rows too (the dashboard over both catalogues shows them).
-    let kpis = api(&core, "/api/v1/kpis");
+    let kpis = api(core, "/api/v1/kpis");
     assert!(kpis["batches"].is_array(), "{kpis}");
 
     // Searches, and what is not there.
     // Acknowledged a moment after the batch is recorded delivered.
-    let found = || api(&core, "/api/v1/files?name=001&state=acknowledged");
+    let found = || api(core, "/api/v1/files?name=001&state=acknowledged");
     let one = wait_for(10, || found()["files"].as_array().unwrap().len() == 1);
     assert!(one, "{}", found());
-    let none = api(&core, "/api/v1/batches?state=failed");
+    let none = api(core, "/api/v1/batches?state=failed");
     assert!(none["batches"].as_array().unwrap().is_empty(), "{none}");
-    let (status, bad) = get_json(&core, "/api/v1/batches?state=lost");
+    let (status, bad) = get_json(core, "/api/v1/batches?state=lost");
     assert_eq!(status, 400);
     assert!(bad["error"].as_str().unwrap().contains("\"lost\""), "{bad}");
-    let (status, missing) = get_json(&core, "/api/v1/batches/site-a/0000");
+    let (status, missing) = get_json(core, "/api/v1/batches/site-a/0000");
     assert_eq!(status, 404);
     assert!(missing["error"].as_str().unwrap().contains("site-a/0000"));
     // /metrics is on the same server.
-    assert!(scraped(&edge, "forte_batches_total", &[("outcome", "sent")]) == Some(1.0));
+    assert!(scraped(edge, "forte_batches_total", &[("outcome", "sent")]) == Some(1.0));
 }
 
 /// A non-loopback address of this machine, to be "another host" to a server on it.
@@ -431,32 +449,16 @@ fn the_dashboard_lives_in_a_browser_while_a_transfer_runs() {
         return;
     };
     // A quota the second batch is larger than: the relay refuses it, and no retry helps.
-    let site = Site::with_relay_flags(&["--quota-per-site", "10MiB"]);
-    let inbox = site.root.join("inbox");
-    std::fs::create_dir_all(&inbox).unwrap();
-    let (edge, core) = (free_addr(), free_addr());
-    let _send = spawn(&site.send(&[
-        "--watch",
-        "--interval",
-        "1",
-        "--http",
-        &edge,
-        "--bwlimit",
+    let live = LiveSite::start(
+        Site::with_relay_flags(&["--quota-per-site", "10MiB"]),
         "1MB",
-        "--part-size",
-        "1MiB",
-    ]));
-    let mut pull = site.pull();
-    pull.extend(args!["--watch", "--interval", "1", "--http", &core]);
-    let _pull = spawn(&pull);
-    for addr in [&edge, &core] {
-        assert!(wait_for(20, || http_get(addr, "/api/v1", &[]).is_some()));
-    }
+    );
+    let (inbox, edge, core) = (&live.inbox, &live.edge, &live.core);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/browser.py");
     let out = std::process::Command::new(python)
         .arg(script)
         .args([format!("http://{edge}"), format!("http://{core}")])
-        .arg(&inbox)
+        .arg(inbox)
         .output()
         .expect("running the browser test");
     let stdout = String::from_utf8_lossy(&out.stdout);
