@@ -17,6 +17,9 @@ FAILED = frozenset({"failed", "cancelled"})
 
 PENDING, DONE, FAILED_ = "pending", "done", "failed"
 
+# /api/v1/batches answers at most `limit` batches: 200 unless asked, at most 10 000.
+DEFAULT_LIMIT, MAX_LIMIT = 200, 10_000
+
 
 def outcome(batch: dict[str, Any] | None, role: str) -> str:
     """``pending``, ``done`` or ``failed`` for a batch of ``role`` (None: not recorded yet)."""

@@ -183,29 +183,33 @@ def test_send_and_process_waits_in_the_triggerer(site, tmp_path, monkeypatch, ca
     assert tree(site.dest / SITE / "run-later") == tree(later)
     assert xcom(dagrun, "delivered")["name"] == "run-later"
     out = "".join(capfd.readouterr()) + caplog.text
-    assert "forte: resumed by ForteBatchDeliveredTrigger: {'status': 'delivered', 'batch': {'key': 'site-a/" in out, out[-5000:]
+    resumed = [line for line in out.splitlines() if "forte: resumed by ForteBatchDeliveredTrigger: {'status': 'delivered'" in line]
+    assert any("'name': 'run-later'" in line for line in resumed), out[-5000:]
 
 
 def place_once_running(site: Site, source: Path, name: str, dag_id: str, task_id: str) -> threading.Thread:
-    """Puts ``source`` into the inbox as the batch ``name`` 1.5 s after the task ``task_id`` of
-    ``dag_id`` started running (read from Airflow's database), as an instrument would, marked
-    ready and renamed into place."""
+    """Puts ``source`` into the inbox as the batch ``name`` 1.5 s after the newest run of the
+    task ``task_id`` of ``dag_id`` started (read from Airflow's database), as an instrument
+    would, marked ready and renamed into place."""
     import sqlite3
 
     db = os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].removeprefix("sqlite:///")
 
+    def started() -> bool:
+        with sqlite3.connect(db, timeout=10) as con:
+            # Task instance ids are UUIDv7: the newest sorts last. Started: its process told
+            # Airflow it runs (which records the host), and it has not finished; it may have
+            # deferred already, and be queued again for its trigger.
+            row = con.execute(
+                "SELECT state, hostname FROM task_instance WHERE dag_id = ? AND task_id = ? ORDER BY id DESC LIMIT 1",
+                (dag_id, task_id),
+            ).fetchone()
+        return bool(row and row[1] and row[0] not in ("success", "failed", "skipped", "upstream_failed"))
+
     def place() -> None:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with sqlite3.connect(db, timeout=10) as con:
-                row = con.execute(
-                    "SELECT state FROM task_instance WHERE dag_id = ? AND task_id = ? ORDER BY start_date DESC LIMIT 1",
-                    (dag_id, task_id),
-                ).fetchone()
-            # Running: the task's process has started (queued comes seconds before).
-            if row and row[0] in ("running", "deferred"):
-                break
-            time.sleep(0.1)
+        while not started() and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(1.5)
         tmp = site.inbox / f".{name}"
         shutil.copytree(source, tmp)

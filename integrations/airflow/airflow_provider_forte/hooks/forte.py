@@ -169,6 +169,9 @@ class ForteHook(BaseHook):
         ``edge_key`` (the batch's key at the edge), a core batch whose key is ``SITE/edge_key``
         is found too while the core has not read its name yet."""
         found = self.batches(name=name, role=role)
+        if len(found) >= b.DEFAULT_LIMIT and b.select(found, name) is None:
+            # More batches contain the name than one answer holds: all of them (at most 10 000).
+            found = self.batches(name=name, role=role, limit=b.MAX_LIMIT)
         if edge_key and role != "edge":
             found += self.batches(name=edge_key, role=role)
         return b.select(found, name, edge_key)
@@ -280,6 +283,8 @@ class ForteAsyncClient:
 
     async def find_batch(self, name: str, role: str | None = None, edge_key: str | None = None) -> dict[str, Any] | None:
         found = await self.batches(name=name, role=role)
+        if len(found) >= b.DEFAULT_LIMIT and b.select(found, name) is None:
+            found = await self.batches(name=name, role=role, limit=b.MAX_LIMIT)
         if edge_key and role != "edge":
             found += await self.batches(name=edge_key, role=role)
         return b.select(found, name, edge_key)
