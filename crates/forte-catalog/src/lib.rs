@@ -461,6 +461,12 @@ mod tests {
         };
         assert_eq!(catalog.batches_matching(&named("50%_d")).unwrap().len(), 2);
         assert!(catalog.batches_matching(&named("5_%")).unwrap().is_empty());
+        // Whatever the case, on both back ends (PostgreSQL's LIKE alone would heed it).
+        assert_eq!(
+            catalog.batches_matching(&named("50%_DONE")).unwrap().len(),
+            2
+        );
+        assert_eq!(catalog.files_matching(&named("BIG.Bin")).unwrap().len(), 1);
         let core_only = Filter {
             role: Some(Role::Core),
             state: Some("pulling".into()),

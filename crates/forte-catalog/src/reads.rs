@@ -136,7 +136,8 @@ pub struct Failure {
 /// Which batches or files to read: all by default, newest change first.
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
-    /// The name (a batch's) or the path or delivered path (a file's) contains this.
+    /// The name (a batch's) or the path or delivered path (a file's) contains this, whatever
+    /// the case (on SQLite and PostgreSQL alike).
     pub name: Option<String>,
     /// In this state (the text of [`BatchState`] or [`FileState`]).
     pub state: Option<String>,
@@ -226,7 +227,7 @@ impl Filter {
 }
 
 const BATCH_FILTER: FilterColumns = FilterColumns {
-    name: "name LIKE # ESCAPE '\\'",
+    name: "LOWER(name) LIKE LOWER(#) ESCAPE '\\'",
     role: |role| match role {
         Role::Edge => "role = 'edge'",
         Role::Core => "role = 'core'",
@@ -236,7 +237,8 @@ const BATCH_FILTER: FilterColumns = FilterColumns {
 
 /// A file's role is its batch key's: the core's has a site and a slash.
 const FILE_FILTER: FilterColumns = FilterColumns {
-    name: "(path LIKE # ESCAPE '\\' OR delivered_to LIKE # ESCAPE '\\')",
+    name:
+        "(LOWER(path) LIKE LOWER(#) ESCAPE '\\' OR LOWER(delivered_to) LIKE LOWER(#) ESCAPE '\\')",
     role: |role| match role {
         Role::Edge => "batch_key NOT LIKE '%/%'",
         Role::Core => "batch_key LIKE '%/%'",

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use axum::extract::{Path, Query, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -56,6 +56,31 @@ impl ApiError {
     pub(crate) fn not_found(text: String) -> Self {
         Self(StatusCode::NOT_FOUND, text)
     }
+}
+
+/// Query parameters, or a 400 whose `{"error": …}` names the one that is not understood.
+pub(crate) struct ApiQuery<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(Self(value)),
+            Err(e) => Err(ApiError::bad(e.body_text())),
+        }
+    }
+}
+
+/// What answers a path nothing serves: a 404 that says where the endpoints are.
+pub(crate) async fn no_such_path(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "nothing is served at {}: the API's endpoints are under /api/v1 (docs/api.md), the dashboard at /",
+        uri.path()
+    ))
 }
 
 /// Runs `read` on a blocking thread (the catalogue's API blocks).
@@ -147,7 +172,7 @@ async fn info(State(view): State<Shared>) -> Json<serde_json::Value> {
 
 async fn batches(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let filter = params.filter(batch_state)?;
     let batches = read(&view, move |v| {
@@ -173,7 +198,7 @@ async fn batch(
 
 async fn files(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let filter = params.filter(file_state)?;
     let files = read(&view, move |v| model::files(&v.catalogs, &filter)).await?;
@@ -218,7 +243,7 @@ async fn stages(State(view): State<Shared>) -> Json<serde_json::Value> {
 
 async fn usage(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let since = params.since_us.unwrap_or_else(model::hour_ago);
     let samples = read(&view, move |v| model::usage(&v.catalogs, since)).await?;
@@ -228,7 +253,7 @@ async fn usage(
 
 async fn failures(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let limit = params.limit.unwrap_or(50).clamp(1, MOST);
     let failures = read(&view, move |v| model::failures(&v.catalogs, limit)).await?;
@@ -297,7 +322,7 @@ fn svg(text: String) -> Response {
 
 async fn timeline_chart(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Response, ApiError> {
     let key = params.key.clone();
     let mut batches = read(&view, report).await?;
@@ -311,7 +336,7 @@ async fn timeline_chart(
 
 async fn utilisation_chart(
     State(view): State<Shared>,
-    Query(params): Query<Params>,
+    ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Response, ApiError> {
     let since = params.since_us.unwrap_or_else(model::hour_ago);
     let samples = read(&view, move |v| model::usage(&v.catalogs, since)).await?;

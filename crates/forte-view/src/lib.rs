@@ -81,6 +81,7 @@ fn router(view: View, access: Access) -> Router {
         .merge(api::routes())
         .merge(pages::routes())
         .route("/metrics", get(api::metrics))
+        .fallback(api::no_such_path)
         .layer(axum::middleware::from_fn_with_state(access, access::check))
         .with_state(view)
 }

@@ -228,7 +228,9 @@ impl Batch {
             bytes: row.bytes,
             done_bytes: done,
             progress: share,
-            arrived_us: row.created_at,
+            // At the core a batch is first recorded once its pull is under way, which may
+            // be after its fetch ahead began: it arrived no later than that.
+            arrived_us: started_us.map_or(row.created_at, |s| s.min(row.created_at)),
             started_us,
             ended_us,
             updated_us: row.updated_at,

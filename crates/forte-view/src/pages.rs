@@ -5,7 +5,7 @@
 
 use std::fmt::Write;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -16,7 +16,7 @@ use forte_report::kpi;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{self, ApiError, Shared};
+use crate::api::{self, ApiError, ApiQuery, Shared};
 use crate::live::{QueueView, StageView};
 use crate::model::{
     self, Alert, AlertLevel, Batch, BatchDetail, FailureView, File, Lineage, Overview, Totals,
@@ -512,7 +512,7 @@ fn search_form(params: &PageParams, links: &Links<'_>) -> String {
 
 async fn overview(
     State(view): State<Shared>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links::of(&params.token);
     let o = api::read_overview(&view).await?;
@@ -545,7 +545,10 @@ async fn overview(
     Ok(page(&title, &links, Some("/live/overview"), &body))
 }
 
-async fn live_overview(State(view): State<Shared>, Query(params): Query<PageParams>) -> Response {
+async fn live_overview(
+    State(view): State<Shared>,
+    ApiQuery(params): ApiQuery<PageParams>,
+) -> Response {
     api::every_tick(view, "sections", move |view| {
         let token = params.token.clone();
         async move {
@@ -559,7 +562,7 @@ async fn live_overview(State(view): State<Shared>, Query(params): Query<PagePara
 
 async fn history(
     State(view): State<Shared>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links::of(&params.token);
     let since_us = WITHIN
@@ -674,7 +677,7 @@ async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
 async fn batch(
     State(view): State<Shared>,
     Path(key): Path<String>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links::of(&params.token);
     let d = read_batch(&view, &key).await?;
@@ -702,7 +705,7 @@ async fn batch(
 async fn live_batch(
     State(view): State<Shared>,
     Path(key): Path<String>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Response {
     api::every_tick(view, "sections", move |view| {
         let token = params.token.clone();
@@ -719,7 +722,7 @@ async fn live_batch(
 async fn file(
     State(view): State<Shared>,
     Path(object_id): Path<String>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links::of(&params.token);
     let id = object_id.clone();
@@ -772,7 +775,7 @@ async fn file(
 
 async fn report(
     State(view): State<Shared>,
-    Query(params): Query<PageParams>,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links::of(&params.token);
     let batches = api::read(&view, api::report).await?;

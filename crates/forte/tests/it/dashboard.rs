@@ -163,6 +163,15 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
     let (status, bad) = get_json(core, "/api/v1/batches?state=lost");
     assert_eq!(status, 400);
     assert!(bad["error"].as_str().unwrap().contains("\"lost\""), "{bad}");
+    let (status, bad) = get_json(core, "/api/v1/batches?limit=many");
+    assert_eq!(status, 400);
+    assert!(bad["error"].as_str().unwrap().contains("limit"), "{bad}");
+    let (status, nowhere) = get_json(core, "/api/v2/batches");
+    assert_eq!(status, 404);
+    assert!(
+        nowhere["error"].as_str().unwrap().contains("/api/v1"),
+        "{nowhere}"
+    );
     let (status, missing) = get_json(core, "/api/v1/batches/site-a/0000");
     assert_eq!(status, 404);
     assert!(missing["error"].as_str().unwrap().contains("site-a/0000"));
