@@ -545,19 +545,7 @@ impl Overview {
                 });
             }
         }
-        for s in &stages {
-            if s.fill >= FILL_CRITICAL {
-                alerts.push(Alert {
-                    level: AlertLevel::Warning,
-                    text: format!(
-                        "the {} stage's queue ({}) is {:.0} % full: it is the bottleneck",
-                        s.stage,
-                        s.role,
-                        100.0 * s.fill
-                    ),
-                });
-            }
-        }
+        alerts.extend(bottleneck(&stages));
         progress.keep_only(&in_flight.iter().map(|b| b.key.clone()).collect());
         in_flight.sort_by_key(|b| b.arrived_us);
         recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
@@ -575,6 +563,26 @@ impl Overview {
             totals,
         })
     }
+}
+
+/// The stage that holds back its pipeline, if any. Back-pressure fills every queue upstream of
+/// the slowest stage, so it is the last stage (in pipeline order) whose queue is nearly full. A
+/// queue of one item is a hand-off, full whenever its stage waits for any reason: it tells
+/// nothing.
+fn bottleneck(stages: &[StageView]) -> Option<Alert> {
+    let s = stages
+        .iter()
+        .filter(|s| s.queue_capacity > 1 && s.fill >= FILL_CRITICAL)
+        .next_back()?;
+    Some(Alert {
+        level: AlertLevel::Warning,
+        text: format!(
+            "the {} stage ({}) holds back the pipeline: its queue is {:.0} % full",
+            s.stage,
+            s.role,
+            100.0 * s.fill
+        ),
+    })
 }
 
 /// Batches over every catalogue that the filter selects, newest change first.
@@ -659,6 +667,40 @@ pub fn hour_ago() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stage(stage: &'static str, depth: usize, capacity: usize) -> StageView {
+        StageView {
+            role: Role::Edge,
+            stage,
+            item: "part",
+            workers: 1,
+            queue_depth: depth,
+            queue_capacity: capacity,
+            fill: depth as f64 / capacity as f64,
+            items: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            busy_s: 0.0,
+            service_rate_bytes_per_second: 0.0,
+        }
+    }
+
+    #[test]
+    fn the_bottleneck_is_the_last_full_queue_and_never_a_hand_off() {
+        // As seen sending A–N at 10 MB/s: the read hand-off full, the uploads' queue 11/12.
+        let link_bound = [
+            stage("read", 1, 1),
+            stage("hash", 12, 12),
+            stage("compress", 0, 12),
+            stage("sink", 11, 12),
+        ];
+        let alert = bottleneck(&link_bound).unwrap();
+        assert!(alert.text.starts_with("the sink stage"), "{}", alert.text);
+        assert_eq!(
+            bottleneck(&[stage("read", 1, 1), stage("sink", 10, 12)]),
+            None
+        );
+    }
 
     const S: i64 = 1_000_000;
 

@@ -301,8 +301,12 @@ fn in_flight(batches: &[Batch], links: &Links<'_>) -> String {
     html
 }
 
-fn fill_class(fill: f64) -> &'static str {
-    if fill >= FILL_CRITICAL {
+/// A queue's colour by back-pressure; a hand-off (a queue of one) has none.
+fn fill_class(s: &StageView) -> &'static str {
+    let fill = s.fill;
+    if s.queue_capacity <= 1 {
+        "handoff"
+    } else if fill >= FILL_CRITICAL {
         "critical"
     } else if fill >= FILL_WARNING {
         "warning"
@@ -335,7 +339,7 @@ fn stages(stages: &[StageView], queue: Option<&QueueView>) -> String {
          <th>items</th><th>in</th><th>out</th><th>busy</th><th>service rate</th></tr></thead><tbody>",
     );
     for s in stages {
-        let class = fill_class(s.fill);
+        let class = fill_class(s);
         let _ = write!(
             html,
             "<tr data-stage=\"{stage}\"><td>{role}</td><td>{stage}</td><td class=\"wide\">\
@@ -689,14 +693,21 @@ async fn batch(
         }
         let _ = write!(body, "<section id=\"{id}\">{html}</section>");
     }
-    let _ = write!(
-        body,
-        "<h2>Timeline</h2><img class=\"chart\" alt=\"the batch's timeline: queued, sent, at the relay, pulled\" src=\"{}\">",
-        links.to(&format!(
-            "/api/v1/charts/timeline.svg?key={}",
-            escape_query(&key)
-        ))
-    );
+    // The timeline draws the stages that ended (forte report's Gantt chart).
+    if d.stages.iter().any(|s| s.ended_us.is_some()) {
+        let _ = write!(
+            body,
+            "<h2>Timeline</h2><img class=\"chart\" alt=\"the batch's timeline: queued, sent, at the relay, pulled\" src=\"{}\">",
+            links.to(&format!(
+                "/api/v1/charts/timeline.svg?key={}",
+                escape_query(&key)
+            ))
+        );
+    } else {
+        body.push_str(
+            "<h2>Timeline</h2><p class=\"muted\">Drawn once the batch's send or pull has ended.</p>",
+        );
+    }
     let title = format!("Batch {}", d.batch.name);
     let live = format!("/live/batch/{}", escape_path(&key));
     Ok(page(&title, &links, Some(&live), &body))
