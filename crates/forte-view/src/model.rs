@@ -572,8 +572,7 @@ impl Overview {
 fn bottleneck(stages: &[StageView]) -> Option<Alert> {
     let s = stages
         .iter()
-        .filter(|s| s.queue_capacity > 1 && s.fill >= FILL_CRITICAL)
-        .next_back()?;
+        .rfind(|s| s.queue_capacity > 1 && s.fill >= FILL_CRITICAL)?;
     Some(Alert {
         level: AlertLevel::Warning,
         text: format!(
