@@ -54,24 +54,75 @@ fn finished(state: BatchState) -> bool {
     )
 }
 
-/// How far running batches have come, as this server saw them lately: their rates.
+/// How far running batches have come, as this server saw them lately: their rates and ETAs.
 ///
-/// A batch's stage starts when its first file is read, which may be long before its bytes go
-/// out (the pipeline reads ahead of the link while the batch before it uploads), and parts
-/// complete in bursts; so its rate is the slope of its done bytes over the last
-/// [`RATE_WINDOW`], from the last moment it had not moved yet if that is later. Until two such
-/// moments are [`RATE_MIN_SPAN`] apart (a server that has just started, a batch that has just
-/// begun to move) it is the mean over the stage so far.
+/// A node works its running batches through one pipeline whose uploads (or downloads) leave in
+/// the order their parts were prepared, so a batch is done when the bytes left of it, and of
+/// the batches that started before it, have gone at the node's rate: its ETA is that sum over
+/// the node's rate (the slope of all its running batches' done bytes, plus those of batches
+/// that ended, over the last [`RATE_WINDOW_US`]). Each batch's own rate is the slope of its
+/// done bytes over that window from the last moment it had not moved yet (its stage starts
+/// when its first file is read, which may be long before its bytes go out). Until a slope can
+/// be told (a server just started) the rate is the mean over the stage so far and the ETA the
+/// batch's own rest at it.
 pub struct Progress {
     /// Raw bytes per part at the edge: an upload's progress is counted in parts.
     pub part_size: u64,
-    seen: Mutex<HashMap<String, VecDeque<(i64, i64)>>>,
+    seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Each running batch's done bytes over time.
+    batches: HashMap<String, Series>,
+    /// Per role: the done bytes of its running batches and of those that ended since.
+    nodes: HashMap<&'static str, NodeTotal>,
+    /// The last ETA worked out per running batch, and when (for answers about one batch).
+    etas: HashMap<String, (i64, f64)>,
+}
+
+#[derive(Default)]
+struct NodeTotal {
+    /// Running batches' bytes when last seen running (their total, counted done when they end).
+    running: HashMap<String, i64>,
+    ended: i64,
+    series: Series,
+}
+
+/// A quantity that only grows, sampled over time; its slope over the last window.
+#[derive(Default)]
+struct Series(VecDeque<(i64, i64)>);
+
+impl Series {
+    /// Notes `value` at `now`; the slope per second over the window, from the last moment the
+    /// value had not moved from where the window begins, if it spans long enough to tell.
+    fn observe(&mut self, now: i64, value: i64) -> Option<f64> {
+        let samples = &mut self.0;
+        if samples.back().is_some_and(|(t, _)| *t >= now) {
+            samples.pop_back();
+        }
+        samples.push_back((now, value));
+        // Keep one sample older than the window, so that the window is spanned whole.
+        while samples.len() > 2 && samples[1].0 <= now - RATE_WINDOW_US {
+            samples.pop_front();
+        }
+        let first = samples.front()?.1;
+        let (t0, v0) = samples
+            .iter()
+            .take_while(|(_, v)| *v == first)
+            .last()
+            .copied()?;
+        (now - t0 >= RATE_MIN_SPAN_US && value > v0)
+            .then(|| (value - v0) as f64 / ((now - t0) as f64 / 1e6))
+    }
 }
 
 /// How far back a running batch's rate looks.
 pub const RATE_WINDOW_US: i64 = 30_000_000;
 /// The shortest span a windowed rate is taken over.
 const RATE_MIN_SPAN_US: i64 = 2_000_000;
+/// How long an ETA worked out over all running batches stands for answers about one.
+const ETA_FRESH_US: i64 = 10_000_000;
 
 impl Progress {
     pub fn new(part_size: u64) -> Self {
@@ -85,29 +136,56 @@ impl Progress {
     /// if one can be told yet.
     fn windowed_rate(&self, key: &str, now: i64, done: i64) -> Option<f64> {
         let mut seen = self.seen.lock();
-        let samples = seen.entry(key.to_owned()).or_default();
-        if samples.back().is_some_and(|(t, _)| *t >= now) {
-            samples.pop_back();
-        }
-        samples.push_back((now, done));
-        // Keep one sample older than the window, so that the window is spanned whole.
-        while samples.len() > 2 && samples[1].0 <= now - RATE_WINDOW_US {
-            samples.pop_front();
-        }
-        // From the last moment the batch had not moved from where the window begins.
-        let first = samples.front()?.1;
-        let (t0, d0) = samples
-            .iter()
-            .take_while(|(_, d)| *d == first)
-            .last()
-            .copied()?;
-        (now - t0 >= RATE_MIN_SPAN_US && done > d0)
-            .then(|| (done - d0) as f64 / ((now - t0) as f64 / 1e6))
+        seen.batches
+            .entry(key.to_owned())
+            .or_default()
+            .observe(now, done)
     }
 
-    /// Forgets the batches that no longer run.
-    fn keep_only(&self, running: &HashSet<String>) {
-        self.seen.lock().retain(|key, _| running.contains(key));
+    /// The ETA last worked out for the running batch `key`, counted down to `now`.
+    fn recent_eta(&self, key: &str, now: i64) -> Option<f64> {
+        let seen = self.seen.lock();
+        let (at, eta) = *seen.etas.get(key)?;
+        (now - at <= ETA_FRESH_US).then(|| (eta - (now - at) as f64 / 1e6).max(0.0))
+    }
+
+    /// Works out the ETAs of every running batch (`in_flight`: all of them, of every role) at
+    /// `now` from its node's rate and the batches ahead of it; forgets batches that ended.
+    fn queue_etas(&self, in_flight: &mut [Batch], now: i64) {
+        let mut seen = self.seen.lock();
+        let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
+        seen.batches.retain(|key, _| running.contains(key));
+        seen.etas.clear();
+        for role in [Role::Edge, Role::Core] {
+            let mut mine: Vec<&mut Batch> = in_flight
+                .iter_mut()
+                .filter(|b| b.role == role && b.state != BatchState::Queued)
+                .collect();
+            let node = seen.nodes.entry(role.as_str()).or_default();
+            let ended: i64 = node
+                .running
+                .iter()
+                .filter(|(key, _)| !mine.iter().any(|b| &b.key == *key))
+                .map(|(_, bytes)| bytes)
+                .sum();
+            node.ended += ended;
+            node.running = mine.iter().map(|b| (b.key.clone(), b.bytes)).collect();
+            let total = node.ended + mine.iter().map(|b| b.done_bytes).sum::<i64>();
+            let Some(rate) = node.series.observe(now, total) else {
+                continue;
+            };
+            // Their parts leave in the order the batches began.
+            mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX));
+            let mut ahead = 0;
+            let mut etas = vec![];
+            for b in mine {
+                ahead += (b.bytes - b.done_bytes).max(0);
+                let eta = ahead as f64 / rate;
+                b.eta_s = Some(eta);
+                etas.push((b.key.clone(), (now, eta)));
+            }
+            seen.etas.extend(etas);
+        }
     }
 }
 
@@ -204,9 +282,14 @@ impl Batch {
         } else {
             mean
         };
-        let eta_s = rate
-            .filter(|_| running && row.bytes > 0)
-            .map(|rate| (row.bytes - done) as f64 / rate);
+        let eta_s = if running {
+            progress.recent_eta(&key, now).or_else(|| {
+                rate.filter(|_| row.bytes > 0)
+                    .map(|rate| (row.bytes - done) as f64 / rate)
+            })
+        } else {
+            None
+        };
         let error = if running || matches!(row.state, BatchState::Failed | BatchState::SourceKept) {
             let last = catalog
                 .failures(Some(&row.batch_key), 1)?
@@ -456,6 +539,8 @@ pub enum AlertLevel {
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Totals {
     pub batches: usize,
+    /// Sent by the edge (its rows): sent, and perhaps their sources deleted since.
+    pub sent: usize,
     pub delivered: usize,
     pub failed: usize,
     pub bytes: i64,
@@ -500,6 +585,10 @@ impl Overview {
             totals.batches += rows.len();
             for row in &rows {
                 totals.delivered += usize::from(row.state == BatchState::Delivered);
+                totals.sent += usize::from(matches!(
+                    row.state,
+                    BatchState::Sent | BatchState::SourceDeleted | BatchState::SourceKept
+                ));
                 totals.failed += usize::from(row.state == BatchState::Failed);
                 totals.bytes += row.bytes.max(0);
             }
@@ -546,8 +635,9 @@ impl Overview {
             }
         }
         alerts.extend(bottleneck(&stages));
-        progress.keep_only(&in_flight.iter().map(|b| b.key.clone()).collect());
-        in_flight.sort_by_key(|b| b.arrived_us);
+        progress.queue_etas(&mut in_flight, now);
+        // Those under way first, in the order they began; then the queued, as they arrived.
+        in_flight.sort_by_key(|b| (b.state == BatchState::Queued, b.started_us, b.arrived_us));
         recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
         recent.truncate(20);
         failures.sort_by_key(|f| std::cmp::Reverse(f.at_us));
@@ -684,6 +774,61 @@ mod tests {
         }
     }
 
+    fn sending(key: &str, started: i64, bytes: i64, done: i64) -> Batch {
+        Batch {
+            key: key.into(),
+            role: Role::Edge,
+            site: String::new(),
+            name: key.into(),
+            state: BatchState::Sending,
+            files: 1,
+            bytes,
+            done_bytes: done,
+            progress: done as f64 / bytes as f64,
+            arrived_us: 0,
+            started_us: Some(started),
+            ended_us: None,
+            updated_us: 0,
+            rate_bytes_per_second: None,
+            eta_s: None,
+            running: true,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_batch_is_done_when_it_and_the_batches_before_it_have_gone_at_the_nodes_rate() {
+        let progress = Progress::new(16 << 20);
+        // A began first and uploads alone at 10 MB/s; B was read ahead and has sent nothing.
+        let mut etas = (None, None);
+        for t in 0..=4 {
+            let mut running = [
+                sending("b", 2, 100_000_000, 0),
+                sending("a", 1, 100_000_000, t * 10_000_000),
+            ];
+            progress.queue_etas(&mut running, t * S);
+            etas = (running[1].eta_s, running[0].eta_s);
+        }
+        // At 4 s: A has 60 MB left (6 s), B its 100 MB after those (16 s). B's own mean rate
+        // (nothing done) could tell nothing at all.
+        assert_eq!(etas, (Some(6.0), Some(16.0)));
+        assert_eq!(progress.recent_eta("b", 5 * S), Some(15.0));
+        // A ends at 10 s (its bytes count as done) and B goes on at the node's rate.
+        for t in 5..=13 {
+            let mut running = if t < 10 {
+                vec![
+                    sending("b", 2, 100_000_000, 0),
+                    sending("a", 1, 100_000_000, t * 10_000_000),
+                ]
+            } else {
+                vec![sending("b", 2, 100_000_000, (t - 10) * 10_000_000)]
+            };
+            progress.queue_etas(&mut running, t * S);
+            etas.1 = running[0].eta_s;
+        }
+        assert_eq!(etas.1, Some(7.0));
+    }
+
     #[test]
     fn the_bottleneck_is_the_last_full_queue_and_never_a_hand_off() {
         // As seen sending A–N at 10 MB/s: the read hand-off full, the uploads' queue 11/12.
@@ -728,7 +873,7 @@ mod tests {
         }
         assert_eq!(rate, Some(5e6));
         // A batch that no longer runs is forgotten.
-        progress.keep_only(&HashSet::new());
-        assert!(progress.seen.lock().is_empty());
+        progress.queue_etas(&mut [], 60 * S);
+        assert!(progress.seen.lock().batches.is_empty());
     }
 }

@@ -221,9 +221,10 @@ fn duration(seconds: f64) -> String {
     }
 }
 
+/// A rate in decimal megabytes per second, as links and forte report quote them.
 fn rate(bytes_per_second: Option<f64>) -> String {
     bytes_per_second
-        .map(|r| format!("{}/s", human(r.max(0.0) as u64)))
+        .map(|r| format!("{:.1} MB/s", r.max(0.0) / 1e6))
         .unwrap_or_else(|| "–".into())
 }
 
@@ -238,9 +239,11 @@ fn progress_bar(progress: f64, state: &str) -> String {
 
 fn totals(t: &Totals) -> String {
     format!(
-        "<div class=\"tiles\"><div><b>{}</b> batches</div><div><b>{}</b> delivered</div>\
+        "<div class=\"tiles\"><div><b>{}</b> batches</div><div><b>{}</b> sent</div>\
+         <div><b>{}</b> delivered</div>\
          <div class=\"{}\"><b>{}</b> failed</div><div><b>{}</b> recorded</div></div>",
         t.batches,
+        t.sent,
         t.delivered,
         if t.failed > 0 { "bad" } else { "" },
         t.failed,
@@ -336,7 +339,7 @@ fn stages(stages: &[StageView], queue: Option<&QueueView>) -> String {
     }
     html.push_str(
         "<table><thead><tr><th>node</th><th>stage</th><th class=\"wide\">queue</th><th>workers</th>\
-         <th>items</th><th>in</th><th>out</th><th>busy</th><th>service rate</th></tr></thead><tbody>",
+         <th>items</th><th>in</th><th>out</th><th>busy (all workers)</th><th>service rate (a worker)</th></tr></thead><tbody>",
     );
     for s in stages {
         let class = fill_class(s);
