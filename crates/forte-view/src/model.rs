@@ -57,9 +57,9 @@ fn finished(state: BatchState) -> bool {
 /// How far running batches have come, as this server saw them lately: their rates and ETAs.
 ///
 /// A node works its running batches through one pipeline whose uploads (or downloads) leave in
-/// the order their parts were prepared, so a batch is done when the bytes left of it, and of
-/// the batches that started before it, have gone at the node's rate: its ETA is that sum over
-/// the node's rate (the slope of all its running batches' done bytes, plus those of batches
+/// the order their parts were prepared, which its queue policy decides file by file ([`Order`]),
+/// so a batch is done when the bytes left of it, and of the batches served before it, have gone
+/// at the node's rate: its ETA is that sum over the node's rate (the slope of all its running batches' done bytes, plus those of batches
 /// that ended, over the last [`RATE_WINDOW_US`]). Each batch's own rate is the slope of its
 /// done bytes over that window from the last moment it had not moved yet (its stage starts
 /// when its first file is read, which may be long before its bytes go out). Until a slope can
@@ -68,7 +68,19 @@ fn finished(state: BatchState) -> bool {
 pub struct Progress {
     /// Raw bytes per part at the edge: an upload's progress is counted in parts.
     pub part_size: u64,
+    /// The order the node serves its running batches in.
+    pub order: Order,
     seen: Mutex<Seen>,
+}
+
+/// The order in which a node's running batches get its link, as its queue policy decides: the
+/// batches "ahead" of one in its ETA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Smallest remaining bytes first (`sjf`, `sjf-aging`: the default policy).
+    LeastRemaining,
+    /// In the order they began (`fifo`, and the policies that mix sizes).
+    AsBegun,
 }
 
 #[derive(Default)]
@@ -125,9 +137,10 @@ const RATE_MIN_SPAN_US: i64 = 2_000_000;
 const ETA_FRESH_US: i64 = 10_000_000;
 
 impl Progress {
-    pub fn new(part_size: u64) -> Self {
+    pub fn new(part_size: u64, order: Order) -> Self {
         Self {
             part_size,
+            order,
             seen: Mutex::default(),
         }
     }
@@ -174,8 +187,13 @@ impl Progress {
             let Some(rate) = node.series.observe(now, total) else {
                 continue;
             };
-            // Their parts leave in the order the batches began.
-            mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX));
+            // Their parts leave in the order the policy serves the batches.
+            match self.order {
+                Order::LeastRemaining => {
+                    mine.sort_by_key(|b| (b.bytes - b.done_bytes, b.started_us))
+                }
+                Order::AsBegun => mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
+            }
             let mut ahead = 0;
             let mut etas = vec![];
             for b in mine {
@@ -798,7 +816,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_done_when_it_and_the_batches_before_it_have_gone_at_the_nodes_rate() {
-        let progress = Progress::new(16 << 20);
+        let progress = Progress::new(16 << 20, Order::AsBegun);
         // A began first and uploads alone at 10 MB/s; B was read ahead and has sent nothing.
         let mut etas = (None, None);
         for t in 0..=4 {
@@ -812,6 +830,18 @@ mod tests {
         // At 4 s: A has 60 MB left (6 s), B its 100 MB after those (16 s). B's own mean rate
         // (nothing done) could tell nothing at all.
         assert_eq!(etas, (Some(6.0), Some(16.0)));
+        // Served smallest remaining first, B (100 MB left) would wait for A (60 MB) all the same;
+        // a smaller batch begun later would go first.
+        let sjf = Progress::new(16 << 20, Order::LeastRemaining);
+        for t in 0..=4 {
+            let mut running = [
+                sending("a", 1, 100_000_000, t * 10_000_000),
+                sending("small", 3, 20_000_000, 0),
+            ];
+            sjf.queue_etas(&mut running, t * S);
+            etas = (running[0].eta_s, running[1].eta_s);
+        }
+        assert_eq!(etas, (Some(8.0), Some(2.0)));
         assert_eq!(progress.recent_eta("b", 5 * S), Some(15.0));
         // A ends at 10 s (its bytes count as done) and B goes on at the node's rate.
         for t in 5..=13 {
@@ -850,7 +880,7 @@ mod tests {
 
     #[test]
     fn a_running_batchs_rate_leaves_out_the_time_before_it_moved_and_follows_changes() {
-        let progress = Progress::new(16 << 20);
+        let progress = Progress::new(16 << 20, Order::AsBegun);
         // Read ahead for 10 s while the batch before it uploads: nothing done, no rate.
         for t in 0..=10 {
             assert_eq!(progress.windowed_rate("b", t * S, 0), None, "at {t} s");

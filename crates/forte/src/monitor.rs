@@ -35,7 +35,7 @@ pub fn serve(
     (addr, access): (SocketAddr, forte_view::Access),
     role: Role,
     catalog: &Catalog,
-    part_size: u64,
+    (part_size, order): (u64, forte_view::model::Order),
 ) -> Result<()> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
@@ -47,7 +47,7 @@ pub fn serve(
         },
         catalogs: vec![catalog.reader()],
         live: Some(Box::new(Daemon { handle })),
-        progress: forte_view::model::Progress::new(part_size),
+        progress: forte_view::model::Progress::new(part_size, order),
     };
     let bound = forte_view::start(addr, access, view)?;
     describe();

@@ -63,6 +63,17 @@ pub struct Policy {
 }
 
 impl Policy {
+    /// The order in which this policy gives running batches the link, for their ETAs: the
+    /// smallest remaining first under sjf and sjf-aging, else as they began.
+    pub fn eta_order(&self) -> forte_view::model::Order {
+        match self.name {
+            PolicyName::Sjf | PolicyName::SjfAging => forte_view::model::Order::LeastRemaining,
+            PolicyName::Fifo | PolicyName::Priority | PolicyName::Lanes => {
+                forte_view::model::Order::AsBegun
+            }
+        }
+    }
+
     pub fn new(
         name: PolicyName,
         max_wait: Duration,

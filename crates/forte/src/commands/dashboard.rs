@@ -42,7 +42,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         server: forte_view::Server::Dashboard,
         catalogs,
         live: None,
-        progress: forte_view::model::Progress::new(settings::part_size(config)),
+        progress: forte_view::model::Progress::new(
+            settings::part_size(config),
+            settings::policy(&Default::default(), config)?.eta_order(),
+        ),
     };
     forte_view::run(addr, access, view, |bound| {
         println!("dashboard: http://{bound}/ over {}", shown.join(", "));

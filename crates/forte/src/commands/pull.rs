@@ -66,6 +66,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     core.restore.existing = Existing::KeepIdentical;
     core.restore.readers = args.connections.max(1);
     let policy = settings::policy(&args.schedule, config)?;
+    let order = policy.eta_order();
     let worker = settings::worker(&args.worker, config)?;
     let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
@@ -115,7 +116,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         // The core counts progress in files, not parts: the part size is the default one.
         let part_size = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
-        crate::monitor::serve(http, Role::Core, catalog, part_size)?;
+        crate::monitor::serve(http, Role::Core, catalog, (part_size, order))?;
     }
     // A puller killed after the relay took a batch's acknowledgement but before recording it
     // left files `delivered` that the relay no longer lists: ask the relay again.

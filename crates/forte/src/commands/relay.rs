@@ -86,7 +86,10 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             server: forte_view::Server::Relay,
             catalogs: vec![],
             live: Some(Box::new(RelayView)),
-            progress: forte_view::model::Progress::new(settings::part_size(config)),
+            progress: forte_view::model::Progress::new(
+                settings::part_size(config),
+                forte_view::model::Order::LeastRemaining,
+            ),
         };
         let bound = forte_view::start(addr, access, view)?;
         println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");

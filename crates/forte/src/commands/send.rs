@@ -75,6 +75,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let (uploads, tune) = settings::uploads(args.connections, config);
     edge_settings.prepare.sink = uploads;
     let policy = settings::policy(&args.schedule, config)?;
+    let order = policy.eta_order();
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let pacer =
         settings::upload_pacer(args.bwlimit.as_deref(), args.target_rate.as_deref(), config)?;
@@ -103,7 +104,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         let part_size = edge_settings.prepare.part_size;
-        crate::monitor::serve(http, Role::Edge, catalog, part_size)?;
+        crate::monitor::serve(http, Role::Edge, catalog, (part_size, order))?;
     }
     let pass = Pass {
         edge: &edge,
