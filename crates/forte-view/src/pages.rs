@@ -438,15 +438,16 @@ fn file_table(files: &[File], links: &Links<'_>) -> String {
         return "<p class=\"muted\">No files.</p>".into();
     }
     let mut html = String::from(
-        "<table><thead><tr><th>path</th><th>state</th><th>size</th><th>delivered to</th>\
+        "<table><thead><tr><th>path</th><th>node</th><th>state</th><th>size</th><th>delivered to</th>\
          <th>last change</th></tr></thead><tbody>",
     );
     for f in files {
         let _ = write!(
             html,
-            "<tr><td><a href=\"{}\">{}</a></td><td class=\"state {}\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             links.file(&f.object_id),
             escape(&f.path),
+            BatchKey::parse(&f.batch_key).role(),
             f.state,
             f.state,
             human(f.size.max(0) as u64),
@@ -757,14 +758,15 @@ async fn file(
     );
     let _ = write!(body, "<h2>Rows</h2>{}", file_table(&lineage.files, &links));
     body.push_str(
-        "<h2>Lineage</h2><table id=\"lineage\"><thead><tr><th>time</th><th>batch</th><th>part</th><th>event</th>\
-         <th>detail</th></tr></thead><tbody>",
+        "<h2>Lineage</h2><table id=\"lineage\"><thead><tr><th>time</th><th>node</th><th>batch</th><th>part</th>\
+         <th>event</th><th>detail</th></tr></thead><tbody>",
     );
     for e in &lineage.events {
         let _ = write!(
             body,
-            "<tr class=\"event\"><td>{}</td><td>{}</td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td></tr>",
+            "<tr class=\"event\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td></tr>",
             format_utc(e.at_us),
+            BatchKey::parse(&e.batch_key).role(),
             escape(&e.batch_key),
             e.part.map(|p| p.to_string()).unwrap_or_else(|| "–".into()),
             escape(&e.state),

@@ -69,7 +69,7 @@ impl LiveSite {
 
 #[test]
 fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
-    // 8 MB at 2 MB/s: a few seconds in which to see the batch move.
+    // 8 MB at 2 MB/s: seconds in which to see the batch move.
     let live = LiveSite::start(Site::new(), "2MB");
     let (site, inbox, edge, core) = (&live.site, &live.inbox, &live.edge, &live.core);
     let info = api(edge, "/api/v1");
@@ -78,7 +78,15 @@ fn the_daemons_api_follows_a_transfer_from_progress_to_lineage() {
         (Some(1), Some("edge"))
     );
 
-    let batch = write_batch(inbox, "measured", 4, 2_000_000);
+    // Incompressible, so that the limit (on the wire's bytes) makes it last about 4 s.
+    let batch = inbox.join("measured");
+    for i in 0..4 {
+        write(
+            &batch.join(format!("bags/{i:03}.bag")),
+            &random_bytes(2_000_000),
+        );
+    }
+    write(&batch.join(".ready"), b"");
     let expected = source_hashes(&batch);
     // While it is sent: in flight, with progress that grows, a rate and an ETA.
     let mut seen = vec![];
@@ -321,6 +329,8 @@ fn the_dashboard_reads_without_javascript_over_both_catalogues() {
     let id = file["object_id"].as_str().unwrap();
     let (status, lineage) = http_get(&addr, &format!("/files/{id}"), &[]).unwrap();
     assert_eq!(status, 200);
+    // Each row and event says which end recorded it.
+    assert!(lineage.contains("<td>edge</td>") && lineage.contains("<td>core</td>"));
     // It travelled in a bundle: no part of its own to verify.
     for state in ["discovered", "sealed", "delivered", "acknowledged"] {
         assert!(
