@@ -86,8 +86,6 @@ pub struct Catalog {
     /// The last event time handed out: events of one process get strictly increasing times,
     /// so a lineage keeps its order even when changes come within the same microsecond.
     last_at: std::sync::atomic::AtomicI64,
-    /// A handle for reads only ([`Catalog::reader`]): it has no writer to wait for.
-    read_only: bool,
 }
 
 impl Drop for Catalog {
@@ -150,7 +148,6 @@ impl Catalog {
             url: shown,
             writer: None,
             last_at: Default::default(),
-            read_only: false,
         };
         catalog.migrate()?;
         let (queue, inbox) = std::sync::mpsc::sync_channel(writer::QUEUE_CAPACITY);
@@ -173,7 +170,6 @@ impl Catalog {
             url: self.url.clone(),
             writer: None,
             last_at: Default::default(),
-            read_only: true,
         }
     }
 
@@ -239,10 +235,10 @@ impl Catalog {
     /// Waits until every record submitted so far is committed; reads call it first, so they
     /// see this process's own writes.
     pub fn flush(&self) -> Result<()> {
-        if self.read_only {
+        // A reader ([`Catalog::reader`]) has no writer: nothing of its own to wait for.
+        let Some((queue, _)) = self.writer.as_ref() else {
             return Ok(());
-        }
-        let (queue, _) = self.writer.as_ref().context("the catalogue is closed")?;
+        };
         let (done, wait) = std::sync::mpsc::channel();
         queue
             .send(Msg::Flush(done))

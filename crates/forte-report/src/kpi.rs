@@ -17,7 +17,7 @@
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
 
-use forte_catalog::{BatchKey, BatchRow, Role, Stage, StageRow, UsageRow};
+use forte_catalog::{BatchKey, BatchRow, Catalog, Role, Stage, StageRow, UsageRow};
 use serde::Serialize;
 
 /// One task of one batch: queued from `queued_from`, worked on from `started` to `ended`
@@ -100,6 +100,16 @@ pub struct RunKpi {
     pub compression_ratio: f64,
     pub mean_latency_s: f64,
     pub max_latency_s: f64,
+}
+
+/// Every batch row of `catalog` with its stages: what [`batches`] takes, one catalogue's share.
+pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<(BatchRow, Vec<StageRow>)>> {
+    let mut rows = vec![];
+    for b in catalog.batches()? {
+        let stages = catalog.stages(&b.batch_key)?;
+        rows.push((b, stages));
+    }
+    Ok(rows)
 }
 
 /// Batch KPIs from every batch row (any role, any number of catalogues) with its stages.

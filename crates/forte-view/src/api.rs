@@ -223,10 +223,7 @@ async fn lineage(
 pub(crate) fn report(view: &View) -> Result<Vec<kpi::BatchKpi>> {
     let mut rows = vec![];
     for catalog in &view.catalogs {
-        for b in catalog.batches()? {
-            let stages = catalog.stages(&b.batch_key)?;
-            rows.push((b, stages));
-        }
+        rows.extend(kpi::batch_rows(catalog)?);
     }
     Ok(kpi::batches(&rows))
 }

@@ -598,6 +598,7 @@ impl Overview {
         let mut failures = vec![];
         let mut totals = Totals::default();
         let mut alerts = vec![];
+        let mut newest_rows = vec![];
         for catalog in catalogs {
             let rows = catalog.batches()?;
             totals.batches += rows.len();
@@ -612,9 +613,8 @@ impl Overview {
             }
             let mut newest = rows.clone();
             newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
-            for row in newest.iter().take(20) {
-                recent.push(Batch::of(catalog, row.clone(), progress, now)?);
-            }
+            newest.truncate(20);
+            newest_rows.push((catalog, newest));
             for row in rows.into_iter().filter(|r| running(r.state)) {
                 let last_moved = catalog.last_event(&row.batch_key)?;
                 let batch = Batch::of(catalog, row, progress, now)?;
@@ -639,6 +639,18 @@ impl Overview {
                     .map(FailureView::from),
             );
         }
+        progress.queue_etas(&mut in_flight, now);
+        // A running batch among the newest is the one just read, with its ETA; the others are
+        // read now.
+        for (catalog, rows) in newest_rows {
+            for row in rows {
+                let key = row.batch_key.to_string();
+                match in_flight.iter().find(|b| b.key == key) {
+                    Some(batch) => recent.push(batch.clone()),
+                    None => recent.push(Batch::of(catalog, row, progress, now)?),
+                }
+            }
+        }
         for b in &recent {
             if b.state == BatchState::Failed && now - b.updated_us < HOUR_US {
                 alerts.push(Alert {
@@ -653,7 +665,6 @@ impl Overview {
             }
         }
         alerts.extend(bottleneck(&stages));
-        progress.queue_etas(&mut in_flight, now);
         // Those under way first, in the order they began; then the queued, as they arrived.
         in_flight.sort_by_key(|b| (b.state == BatchState::Queued, b.started_us, b.arrived_us));
         recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));

@@ -76,55 +76,31 @@ struct Daemon {
 
 impl forte_view::Live for Daemon {
     fn stages(&self) -> Vec<StageView> {
-        let mut views: Vec<StageView> = vec![];
+        let mut running = vec![];
         if let Some(stages) = STAGES.lock().as_ref() {
-            for (_, role, pipeline) in &stages.running {
-                for st in pipeline.snapshot() {
-                    // Pipelines of one role running at once add up, stage by stage.
-                    let at = views
-                        .iter()
-                        .position(|v| v.role == *role && v.stage == st.name)
-                        .unwrap_or_else(|| {
-                            views.push(StageView {
-                                role: *role,
-                                stage: st.name,
-                                item: st.item,
-                                workers: 0,
-                                queue_depth: 0,
-                                queue_capacity: 0,
-                                fill: 0.0,
-                                items: 0,
-                                bytes_in: 0,
-                                bytes_out: 0,
-                                busy_s: 0.0,
-                                service_rate_bytes_per_second: 0.0,
-                            });
-                            views.len() - 1
-                        });
-                    let view = &mut views[at];
-                    view.workers += st.workers;
-                    view.queue_depth += st.queue_depth;
-                    view.queue_capacity += st.queue_capacity;
-                    view.items += st.items_in;
-                    view.bytes_in += st.bytes_in;
-                    view.bytes_out += st.bytes_out;
-                    view.busy_s += st.busy_seconds;
-                }
-            }
+            stages.add_running(&mut running);
         }
-        for v in &mut views {
-            v.fill = if v.queue_capacity > 0 {
-                (v.queue_depth as f64 / v.queue_capacity as f64).min(1.0)
-            } else {
-                0.0
-            };
-            v.service_rate_bytes_per_second = if v.busy_s > 0.0 {
-                v.bytes_in as f64 / v.busy_s
-            } else {
-                0.0
-            };
-        }
-        views
+        running
+            .into_iter()
+            .map(|((role, stage), t)| StageView {
+                role: Role::parse(role).expect("a role's own text"),
+                stage,
+                item: t.item,
+                workers: t.workers,
+                queue_depth: t.queue_depth,
+                queue_capacity: t.queue_capacity,
+                fill: if t.queue_capacity > 0 {
+                    (t.queue_depth as f64 / t.queue_capacity as f64).min(1.0)
+                } else {
+                    0.0
+                },
+                items: t.items,
+                bytes_in: t.bytes_in,
+                bytes_out: t.bytes_out,
+                busy_s: t.busy_seconds,
+                service_rate_bytes_per_second: t.service_rate(),
+            })
+            .collect()
     }
 
     fn queue(&self) -> Option<QueueView> {
@@ -141,12 +117,36 @@ impl forte_view::Live for Daemon {
 /// The batch queue as last published by [`queue`].
 static QUEUE: Mutex<Option<QueueView>> = Mutex::new(None);
 
+/// A stage of a role: (role, stage).
+type StageKey = (&'static str, &'static str);
+
 /// The pipelines running now, and the totals of those that ended, per role and stage.
 #[derive(Default)]
 struct Stages {
     running: Vec<(u64, Role, Pipeline)>,
     next: u64,
-    ended: BTreeMap<(&'static str, &'static str), StageTotals>,
+    ended: BTreeMap<StageKey, StageTotals>,
+}
+
+impl Stages {
+    /// Adds the running pipelines' stages, read now, to `totals`: pipelines of one role
+    /// running at once add up stage by stage, and a stage not in `totals` yet comes after
+    /// those that are, in pipeline order.
+    fn add_running(&self, totals: &mut Vec<(StageKey, StageTotals)>) {
+        for (_, role, pipeline) in &self.running {
+            for st in pipeline.snapshot() {
+                let key = (role.as_str(), st.name);
+                let at = match totals.iter().position(|(k, _)| *k == key) {
+                    Some(at) => at,
+                    None => {
+                        totals.push((key, StageTotals::default()));
+                        totals.len() - 1
+                    }
+                };
+                totals[at].1.add(&st, true);
+            }
+        }
+    }
 }
 
 /// What a stage did, summed over its pipelines.
@@ -154,7 +154,10 @@ struct Stages {
 struct StageTotals {
     /// What the stage's items are (`object`, `part`).
     item: &'static str,
+    /// Of the running pipelines only: their workers and queues now.
+    workers: usize,
     queue_depth: usize,
+    queue_capacity: usize,
     items: u64,
     bytes_in: u64,
     bytes_out: u64,
@@ -165,12 +168,23 @@ impl StageTotals {
     fn add(&mut self, st: &StageSnapshot, running: bool) {
         self.item = st.item;
         if running {
+            self.workers += st.workers;
             self.queue_depth += st.queue_depth;
+            self.queue_capacity += st.queue_capacity;
         }
         self.items += st.items_in;
         self.bytes_in += st.bytes_in;
         self.bytes_out += st.bytes_out;
         self.busy_seconds += st.busy_seconds;
+    }
+
+    /// Input bytes per busy second of one worker.
+    fn service_rate(&self) -> f64 {
+        if self.busy_seconds > 0.0 {
+            self.bytes_in as f64 / self.busy_seconds
+        } else {
+            0.0
+        }
     }
 }
 
@@ -187,18 +201,10 @@ type StageFamily = (
 /// The stages' families in Prometheus' text format, read now: queue depths as they are, and
 /// busy time with the work under way (in seconds).
 fn stage_families() -> String {
-    let mut totals = BTreeMap::new();
+    let mut totals = vec![];
     if let Some(stages) = STAGES.lock().as_ref() {
-        totals.clone_from(&stages.ended);
-        for (_, role, pipeline) in &stages.running {
-            for st in pipeline.snapshot() {
-                let key = (role.as_str(), st.name);
-                totals
-                    .entry(key)
-                    .or_insert_with(StageTotals::default)
-                    .add(&st, true);
-            }
-        }
+        totals.extend(stages.ended.iter().map(|(key, t)| (*key, *t)));
+        stages.add_running(&mut totals);
     }
     let families: [StageFamily; 6] = [
         (
@@ -235,13 +241,7 @@ fn stage_families() -> String {
             "forte_stage_service_rate_bytes_per_second",
             "gauge",
             "Input bytes a stage handles per busy second of one worker",
-            |t| {
-                if t.busy_seconds > 0.0 {
-                    t.bytes_in as f64 / t.busy_seconds
-                } else {
-                    0.0
-                }
-            },
+            StageTotals::service_rate,
         ),
     ];
     let mut text = String::new();

@@ -70,10 +70,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     let mut usage: Vec<UsageRow> = Vec::new();
     let mut tuning: Vec<TuningSample> = Vec::new();
     for c in std::iter::once(catalog).chain(&catalogs) {
-        for b in c.batches()? {
-            let stages = c.stages(&b.batch_key)?;
-            rows.push((b, stages));
-        }
+        rows.extend(kpi::batch_rows(c)?);
         usage.extend(c.usage_of(None)?);
         tuning.extend(c.tuning_samples()?);
     }
