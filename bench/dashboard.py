@@ -132,7 +132,7 @@ class Sampler:
     being sent, (at_us, done_bytes, bytes, eta_s)."""
 
     def __init__(self, base: str):
-        self.base, self.samples, self.reads, self.misses = base, {}, 0, 0
+        self.base, self.samples, self.overviews, self.reads, self.misses = base, {}, [], 0, 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -142,6 +142,7 @@ class Sampler:
             try:
                 o = get(self.base, "/api/v1/overview")
                 self.reads += 1
+                self.overviews.append(o)
                 for b in o["in_flight"]:
                     if b["role"] == "edge" and b["state"] == "sending":
                         self.samples.setdefault(b["key"], []).append(
@@ -366,7 +367,7 @@ def one_run(n: int, args, work: Path, source: Path, source_digest: dict, raw: in
             wait_for_api(dash_api, dash)
             after_transfer_shots(browser, dash_api, shots)
         with open(run / "samples.json", "w") as f:
-            json.dump({"samples": sampler.samples, "edge": edge}, f)
+            json.dump({"samples": sampler.samples, "edge": edge, "overviews": sampler.overviews}, f)
         judged = judge(edge, sampler.samples)
         summary = print_run(n, judged)
         print_trace(edge, sampler.samples)
@@ -418,7 +419,9 @@ def main():
                     help="where the screenshots go (taken in the first run)")
     ap.add_argument("--no-shots", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800, help="s a run may take")
-    ap.add_argument("--keep", action="store_true", help="keep the work directory (batches, catalogues, logs)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the work directory (batches, catalogues, logs, and each run's samples.json "
+                         "with every overview read)")
     args = ap.parse_args()
     if not FORTE.exists():
         sys.exit(f"{FORTE} is missing: cargo build --release -p forte")

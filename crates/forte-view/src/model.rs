@@ -59,8 +59,10 @@ fn finished(state: BatchState) -> bool {
 /// A node works its running batches through one pipeline whose uploads (or downloads) leave in
 /// the order their parts were prepared, which its queue policy decides file by file ([`Order`]),
 /// so a batch is done when the bytes left of it, and of the batches served before it, have gone
-/// at the node's rate: its ETA is that sum over the node's rate (the slope of all its running batches' done bytes, plus those of batches
-/// that ended, over the last [`RATE_WINDOW_US`]). Each batch's own rate is the slope of its
+/// at the node's rate: its ETA is that sum over the node's rate (the slope, over the last
+/// [`RATE_WINDOW_US`], of its running batches' done bytes plus the bytes of every batch that
+/// ended done: read from the catalogue at each look, so that batches that came and went between
+/// two looks count). Each batch's own rate is the slope of its
 /// done bytes over that window from the last moment it had not moved yet (its stage starts
 /// when its first file is read, which may be long before its bytes go out). Until a slope can
 /// be told (a server just started) the rate is the mean over the stage so far and the ETA the
@@ -88,18 +90,24 @@ struct Seen {
     /// Each running batch's done bytes over time.
     batches: HashMap<String, Series>,
     /// Per role: the done bytes of its running batches and of those that ended since.
-    nodes: HashMap<&'static str, NodeTotal>,
+    nodes: HashMap<Role, NodeTotal>,
     /// The last ETA worked out per running batch, and when (for answers about one batch).
     etas: HashMap<String, (i64, f64)>,
 }
 
 #[derive(Default)]
 struct NodeTotal {
-    /// Running batches' bytes when last seen running (their total, counted done when they end).
-    running: HashMap<String, i64>,
-    ended: i64,
+    /// What the done total lost when batches failed after they had moved.
+    failed: i64,
+    /// The done total last seen, with `failed`.
+    last: i64,
     series: Series,
 }
+
+/// Per role: the bytes of the batches that ended with their work done, however long ago. A
+/// node's done total is these and its running batches' done bytes, so a batch that began and
+/// ended between two looks counts too.
+type EndedBytes = HashMap<Role, i64>;
 
 /// A quantity that only grows, sampled over time; its slope over the last window.
 #[derive(Default)]
@@ -164,7 +172,7 @@ impl Progress {
 
     /// Works out the ETAs of every running batch (`in_flight`: all of them, of every role) at
     /// `now` from its node's rate and the batches ahead of it; forgets batches that ended.
-    fn queue_etas(&self, in_flight: &mut [Batch], now: i64) {
+    fn queue_etas(&self, in_flight: &mut [Batch], ended: &EndedBytes, now: i64) {
         let mut seen = self.seen.lock();
         let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
         seen.batches.retain(|key, _| running.contains(key));
@@ -174,17 +182,14 @@ impl Progress {
                 .iter_mut()
                 .filter(|b| b.role == role && b.state != BatchState::Queued)
                 .collect();
-            let node = seen.nodes.entry(role.as_str()).or_default();
-            let ended: i64 = node
-                .running
-                .iter()
-                .filter(|(key, _)| !mine.iter().any(|b| &b.key == *key))
-                .map(|(_, bytes)| bytes)
-                .sum();
-            node.ended += ended;
-            node.running = mine.iter().map(|b| (b.key.clone(), b.bytes)).collect();
-            let total = node.ended + mine.iter().map(|b| b.done_bytes).sum::<i64>();
-            let Some(rate) = node.series.observe(now, total) else {
+            let node = seen.nodes.entry(role).or_default();
+            let total = ended.get(&role).copied().unwrap_or(0)
+                + mine.iter().map(|b| b.done_bytes).sum::<i64>();
+            // A batch that failed takes its done bytes out of the sum; the sum is kept from
+            // shrinking (so a failure costs at most an underestimated rate for a window).
+            node.failed = node.failed.max(node.last - total);
+            node.last = total + node.failed;
+            let Some(rate) = node.series.observe(now, node.last) else {
                 continue;
             };
             // Their parts leave in the order the policy serves the batches.
@@ -599,10 +604,14 @@ impl Overview {
         let mut totals = Totals::default();
         let mut alerts = vec![];
         let mut newest_rows = vec![];
+        let mut ended = EndedBytes::new();
         for catalog in catalogs {
             let rows = catalog.batches()?;
             totals.batches += rows.len();
             for row in &rows {
+                if finished(row.state) {
+                    *ended.entry(row.role).or_default() += row.bytes.max(0);
+                }
                 totals.delivered += usize::from(row.state == BatchState::Delivered);
                 totals.sent += usize::from(matches!(
                     row.state,
@@ -639,7 +648,7 @@ impl Overview {
                     .map(FailureView::from),
             );
         }
-        progress.queue_etas(&mut in_flight, now);
+        progress.queue_etas(&mut in_flight, &ended, now);
         // A running batch among the newest is the one just read, with its ETA; the others are
         // read now.
         for (catalog, rows) in newest_rows {
@@ -835,7 +844,7 @@ mod tests {
                 sending("b", 2, 100_000_000, 0),
                 sending("a", 1, 100_000_000, t * 10_000_000),
             ];
-            progress.queue_etas(&mut running, t * S);
+            progress.queue_etas(&mut running, &EndedBytes::new(), t * S);
             etas = (running[1].eta_s, running[0].eta_s);
         }
         // At 4 s: A has 60 MB left (6 s), B its 100 MB after those (16 s). B's own mean rate
@@ -849,25 +858,50 @@ mod tests {
                 sending("a", 1, 100_000_000, t * 10_000_000),
                 sending("small", 3, 20_000_000, 0),
             ];
-            sjf.queue_etas(&mut running, t * S);
+            sjf.queue_etas(&mut running, &EndedBytes::new(), t * S);
             etas = (running[0].eta_s, running[1].eta_s);
         }
         assert_eq!(etas, (Some(8.0), Some(2.0)));
         assert_eq!(progress.recent_eta("b", 5 * S), Some(15.0));
         // A ends at 10 s (its bytes count as done) and B goes on at the node's rate.
         for t in 5..=13 {
-            let mut running = if t < 10 {
-                vec![
+            let (mut running, ended) = if t < 10 {
+                let running = vec![
                     sending("b", 2, 100_000_000, 0),
                     sending("a", 1, 100_000_000, t * 10_000_000),
-                ]
+                ];
+                (running, EndedBytes::new())
             } else {
-                vec![sending("b", 2, 100_000_000, (t - 10) * 10_000_000)]
+                let running = vec![sending("b", 2, 100_000_000, (t - 10) * 10_000_000)];
+                (running, EndedBytes::from([(Role::Edge, 100_000_000)]))
             };
-            progress.queue_etas(&mut running, t * S);
+            progress.queue_etas(&mut running, &ended, t * S);
             etas.1 = running[0].eta_s;
         }
         assert_eq!(etas.1, Some(7.0));
+    }
+
+    #[test]
+    fn batches_that_began_and_ended_between_two_looks_count_in_the_nodes_rate() {
+        // As seen sending A–N: at the first look nothing was sending; 5 s later A, B and M
+        // (74 MB) had come and gone and L had sent 17 MB. The node moved 91 MB in 5 s; counting
+        // only the batches seen running gave 17 MB, and ETAs of 4-5× the truth.
+        let progress = Progress::new(16 << 20, Order::LeastRemaining);
+        progress.queue_etas(&mut [], &EndedBytes::new(), 0);
+        let mut running = [
+            sending("l", 0, 49_000_000, 17_000_000),
+            sending("e", 0, 65_000_000, 0),
+        ];
+        let ended = EndedBytes::from([(Role::Edge, 74_000_000)]);
+        progress.queue_etas(&mut running, &ended, 5 * S);
+        let rate = 91e6 / 5.0;
+        assert_eq!(running[0].eta_s, Some(32e6 / rate));
+        assert_eq!(running[1].eta_s, Some(97e6 / rate));
+        // L fails a second later: its 17 MB leave the sum, which does not go back below the
+        // 91 MB seen (a slope over a shrinking sum would be no rate at all).
+        let mut running = [sending("e", 0, 65_000_000, 10_000_000)];
+        progress.queue_etas(&mut running, &ended, 6 * S);
+        assert_eq!(running[0].eta_s, Some(55e6 / (91e6 / 6.0)));
     }
 
     #[test]
@@ -914,7 +948,7 @@ mod tests {
         }
         assert_eq!(rate, Some(5e6));
         // A batch that no longer runs is forgotten.
-        progress.queue_etas(&mut [], 60 * S);
+        progress.queue_etas(&mut [], &EndedBytes::new(), 60 * S);
         assert!(progress.seen.lock().batches.is_empty());
     }
 }
