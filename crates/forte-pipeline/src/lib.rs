@@ -15,13 +15,27 @@
 //! core, the first object of a send reached the network 107 ms after the first read when every
 //! stage competed, because each new part was read, hashed and compressed beside the first.
 //!
+//! Who runs the CPU stages is the [`Scheduler`]'s choice. Under [`Scheduler::Ordo`] (the
+//! default) a fixed pool of one worker per CPU token runs every CPU stage, choosing each next
+//! activation by the metrics-aware priority of the Ordo thesis and replacing a worker that dies
+//! (`pool`). Under [`Scheduler::Threads`] each CPU stage owns its threads and they share the
+//! cores through the budget's tokens, as described above. I/O stages own their threads under
+//! both.
+//!
 //! Every stage keeps counters ([`StageStats`]) that anyone holding the pipeline can read at any
 //! time through [`Pipeline::snapshot`]: queue depth, items and bytes in and out, and the time
 //! its workers were busy, which gives the stage's service rate. Progress bars, `--json`
 //! summaries, and later the scheduler and the KPI reports read these numbers.
 
+mod latency;
+mod pool;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+
+pub use latency::{Latencies, LatencySnapshot};
+pub use pool::WorkerKills;
+use pool::{Pool, Wake};
 
 use parking_lot::{Condvar, Mutex};
 use std::thread::Scope;
@@ -36,6 +50,11 @@ pub trait Weigh {
     const ITEM: &'static str = "item";
 
     fn weight(&self) -> u64;
+
+    /// When the item was read: its latency runs from then until the sink takes it.
+    fn read_at(&self) -> Option<Instant> {
+        None
+    }
 }
 
 impl<T: Weigh> Weigh for Arc<T> {
@@ -44,6 +63,10 @@ impl<T: Weigh> Weigh for Arc<T> {
     fn weight(&self) -> u64 {
         T::weight(self)
     }
+
+    fn read_at(&self) -> Option<Instant> {
+        T::read_at(self)
+    }
 }
 
 impl<T: Weigh, E> Weigh for Result<T, E> {
@@ -51,6 +74,60 @@ impl<T: Weigh, E> Weigh for Result<T, E> {
 
     fn weight(&self) -> u64 {
         self.as_ref().map_or(0, Weigh::weight)
+    }
+
+    fn read_at(&self) -> Option<Instant> {
+        self.as_ref().ok().and_then(Weigh::read_at)
+    }
+}
+
+/// An item a CPU stage's worker may die holding (a panic in the stage's job): what is kept of
+/// it before the job runs, and the item that goes on in its place, carrying the failure to the
+/// end of the pipeline, which records it against the item's file and part.
+pub trait Salvage: Sized {
+    /// Enough to stand for the item: which file and part it is.
+    type Remains: Send;
+
+    fn remains(&self) -> Self::Remains;
+
+    /// The item that stands for a lost one, failed with `error`.
+    fn lost(remains: Self::Remains, error: String) -> Self;
+}
+
+/// Who runs a pipeline's CPU stages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scheduler {
+    /// One pool of workers (one per CPU token) for every CPU stage, each activation chosen by
+    /// the stages' queue fill and position (the Ordo thesis); a worker that dies is replaced.
+    #[default]
+    Ordo,
+    /// Each CPU stage its own threads, sharing the cores through the CPU budget's tokens.
+    Threads,
+    /// rayon's work-stealing pool (one thread per CPU token): each item of a CPU stage a task
+    /// on it (a one-worker stage's one at a time). The baseline a Rust engineer would reach for
+    /// first, which bench/scheduler.py measures the others against.
+    Rayon,
+}
+
+/// How a pipeline's CPU stages are run: the scheduler, and the test hook that kills pool
+/// workers on a schedule (for the tests and the benchmark only).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Scheduling {
+    pub scheduler: Scheduler,
+    pub worker_kills: Option<WorkerKills>,
+}
+
+impl std::str::FromStr for Scheduler {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "ordo" => Ok(Self::Ordo),
+            "threads" => Ok(Self::Threads),
+            "rayon" => Ok(Self::Rayon),
+            _ => Err(format!("unknown scheduler {s:?}: ordo, threads or rayon")),
+        }
     }
 }
 
@@ -234,6 +311,12 @@ pub struct StageSnapshot {
 }
 
 impl StageStats {
+    /// A worker took `item` from the stage's input.
+    fn took<I: Weigh>(&self, item: &I) {
+        self.items_in.fetch_add(1, Ordering::Relaxed);
+        self.bytes_in.fetch_add(item.weight(), Ordering::Relaxed);
+    }
+
     fn nanos(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64 + 1
     }
@@ -308,9 +391,33 @@ pub struct Emit<'a, O> {
     rank: Rank,
     /// The worker's index in its stage, whose busy time it keeps.
     worker: usize,
+    /// The pool's workers to wake when an item is handed on (under [`Scheduler::Ordo`]).
+    wake: Option<&'a Wake>,
+    /// Items handed on so far by this activation.
+    emitted: usize,
+    /// Under [`Scheduler::Ordo`], for a stage that feeds the pool (reads): what says when the
+    /// pool wants another item.
+    demand: Option<&'a dyn Demand>,
+}
+
+/// When the stages after a source want another item.
+pub(crate) trait Demand: Sync {
+    /// Waits until they do.
+    fn wait(&self);
 }
 
 impl<O: Weigh> Emit<'_, O> {
+    /// Waits until the next stages want another item: a source calls it before it reads one,
+    /// so that an item is read when it is needed, not as soon as memory allows. Under
+    /// [`Scheduler::Ordo`] that is when the pool's queues hold fewer items than it has workers
+    /// (Ordo schedules its source by the stages' demand too); under [`Scheduler::Threads`] at
+    /// once (the queues and the memory budget bound what is read ahead).
+    pub fn wait_for_demand(&mut self) {
+        if let Some(demand) = self.demand {
+            self.waiting(|| demand.wait());
+        }
+    }
+
     /// Passes an item to the next stage. Returns `false` when the next stage has shut down,
     /// after which the worker should stop producing.
     pub fn send(&mut self, item: O) -> bool {
@@ -340,9 +447,13 @@ impl<O: Weigh> Emit<'_, O> {
         result
     }
 
-    fn sent(&self, weight: u64) -> bool {
+    fn sent(&mut self, weight: u64) -> bool {
         self.stats.items_out.fetch_add(1, Ordering::Relaxed);
         self.stats.bytes_out.fetch_add(weight, Ordering::Relaxed);
+        self.emitted += 1;
+        if let Some(wake) = self.wake {
+            wake.poke();
+        }
         true
     }
 }
@@ -357,44 +468,64 @@ pub enum Work {
 
 /// What a stage is: its name in the counters, its kind of work, and how many workers run it.
 #[derive(Debug, Clone, Copy)]
-pub struct StageSpec {
-    pub name: &'static str,
-    pub work: Work,
-    pub workers: usize,
+struct StageSpec {
+    name: &'static str,
+    work: Work,
+    workers: usize,
 }
 
-impl StageSpec {
-    /// A stage whose workers compute, each holding a CPU token while it works.
-    pub fn cpu(name: &'static str, workers: usize) -> Self {
-        Self {
-            name,
-            work: Work::Cpu,
-            workers,
-        }
-    }
-
-    /// A stage whose workers mostly wait on I/O, outside the CPU budget.
-    pub fn io(name: &'static str, workers: usize) -> Self {
-        Self {
-            name,
-            work: Work::Io,
-            workers,
-        }
-    }
+/// A pipeline's run so far: who ran the computing stages, each stage's counters, the items'
+/// latency from read to sink, and the pool workers that died and were replaced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Reading {
+    pub scheduler: Scheduler,
+    pub stages: Vec<StageSnapshot>,
+    pub latency: LatencySnapshot,
+    pub workers_replaced: u64,
 }
 
-/// The registry of a running pipeline's stages.
+/// The registry of a pipeline's stages, and who runs them.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
     budget: Arc<Budget>,
+    scheduling: Scheduling,
     stages: Arc<Mutex<Vec<Arc<StageStats>>>>,
+    /// Pool workers that died and were replaced, over the pipeline's life.
+    replaced: Arc<AtomicU64>,
+    /// Items' latencies from read to sink.
+    latencies: Arc<Latencies>,
 }
 
 impl Pipeline {
-    pub fn new(budget: Arc<Budget>) -> Self {
+    /// A pipeline whose CPU stages are run as `scheduling` says on `budget`'s tokens (its
+    /// size is the pool's under [`Scheduler::Ordo`]).
+    pub fn new(budget: Arc<Budget>, scheduling: Scheduling) -> Self {
         Self {
             budget,
+            scheduling,
             stages: Arc::default(),
+            replaced: Arc::default(),
+            latencies: Arc::default(),
+        }
+    }
+
+    /// Percentiles of the items' latencies from read to sink so far.
+    pub fn latency(&self) -> LatencySnapshot {
+        self.latencies.snapshot()
+    }
+
+    /// The items' latencies from read to sink so far, to add to others'.
+    pub fn latencies(&self) -> &Latencies {
+        &self.latencies
+    }
+
+    /// Everything the pipeline can tell about its run so far, for `--json` summaries.
+    pub fn reading(&self) -> Reading {
+        Reading {
+            scheduler: self.scheduling.scheduler,
+            stages: self.snapshot(),
+            latency: self.latency(),
+            workers_replaced: self.workers_replaced(),
         }
     }
 
@@ -402,6 +533,52 @@ impl Pipeline {
     pub fn snapshot(&self) -> Vec<StageSnapshot> {
         let stages = self.stages.lock();
         stages.iter().map(|s| s.snapshot()).collect()
+    }
+
+    /// Pool workers that died (a panic in a stage) and were replaced so far.
+    pub fn workers_replaced(&self) -> u64 {
+        self.replaced.load(Ordering::Relaxed)
+    }
+
+    /// Runs `body`, which starts the stages (first to last) and feeds the first; returns once
+    /// every stage has ended.
+    pub fn run<'env, T>(
+        &'env self,
+        body: impl for<'scope> FnOnce(&Stages<'scope, 'env>) -> T,
+    ) -> T {
+        std::thread::scope(|scope| {
+            let wake = Arc::new(Wake::default());
+            let Scheduling {
+                scheduler,
+                worker_kills,
+            } = self.scheduling;
+            let pool = (scheduler == Scheduler::Ordo).then(|| {
+                let workers = self.budget.total as usize;
+                let replaced = self.replaced.clone();
+                Arc::new(Pool::new(workers, wake.clone(), replaced, worker_kills))
+            });
+            let rayon = (scheduler == Scheduler::Rayon).then(|| {
+                let threads = self.budget.total as usize;
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("forte-rayon-{i}"))
+                    .build()
+                    .expect("starting rayon's thread pool");
+                Arc::new(pool)
+            });
+            let stages = Stages {
+                scope,
+                pipeline: self,
+                pool,
+                rayon,
+                wake,
+            };
+            let result = body(&stages);
+            if let Some(pool) = &stages.pool {
+                pool.close();
+            }
+            result
+        })
     }
 
     /// Adds a stage's counters; its rank for the CPU budget is its position among the stages
@@ -432,14 +609,57 @@ impl Pipeline {
         stages.push(stats.clone());
         (stages.len() - 1, stats)
     }
+}
 
-    /// Starts `workers` threads that apply `job` to every item of `input`, emitting results to
-    /// `output`. The stage ends when `input` is closed and drained; its output closes when the
-    /// last worker ends. Add stages in pipeline order, first to last: a later one is served
-    /// first when the CPU budget is short.
-    pub fn stage<'scope, I, O, F>(
+/// The stages of one run of a [`Pipeline`] ([`Pipeline::run`]), added first to last: a later
+/// one is served first when the CPU is short.
+pub struct Stages<'scope, 'env> {
+    scope: &'scope Scope<'scope, 'env>,
+    pipeline: &'env Pipeline,
+    /// The CPU stages' workers under [`Scheduler::Ordo`].
+    pool: Option<Arc<Pool<'scope>>>,
+    /// Under [`Scheduler::Rayon`].
+    rayon: Option<Arc<rayon::ThreadPool>>,
+    wake: Arc<Wake>,
+}
+
+impl<'scope> Stages<'scope, '_> {
+    /// A stage whose `workers` compute: `job` applied to every item of `input`, emitting
+    /// results to `output` (at most one per item keeps the pool's reservations exact). Under
+    /// [`Scheduler::Threads`] each worker holds a CPU token while it works. The stage ends when
+    /// `input` is closed and drained; its output closes then.
+    pub fn cpu<I, O, F>(
         &self,
-        scope: &'scope Scope<'scope, '_>,
+        name: &'static str,
+        workers: usize,
+        input: Receiver<I>,
+        output: Sender<O>,
+        job: F,
+    ) where
+        I: Weigh + Salvage + Send + 'static,
+        O: Weigh + Salvage<Remains = I::Remains> + Send + 'static,
+        F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
+    {
+        let spec = StageSpec {
+            name,
+            work: Work::Cpu,
+            workers: workers.max(1),
+        };
+        if let Some(pool) = &self.pool {
+            let (rank, stats) = self.pipeline.register(spec, &input);
+            pool.add(self.scope, rank, spec.workers, stats, input, output, job);
+        } else if let Some(rayon) = &self.rayon {
+            self.rayon_tasks(rayon.clone(), spec, input, output, job);
+        } else {
+            self.threads(spec, None, false, input, output, job);
+        }
+    }
+
+    /// Under [`Scheduler::Rayon`]: a thread hands each item of the stage to rayon's pool as a
+    /// task (a one-worker stage's it runs there itself, one at a time, in order).
+    fn rayon_tasks<I, O, F>(
+        &self,
+        rayon: Arc<rayon::ThreadPool>,
         spec: StageSpec,
         input: Receiver<I>,
         output: Sender<O>,
@@ -449,15 +669,47 @@ impl Pipeline {
         O: Weigh + Send + 'static,
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
-        self.gated_stage(scope, spec, None, input, output, job);
+        let (rank, stats) = self.pipeline.register(spec, &input);
+        let run = move |item: I| {
+            let worker = rayon::current_thread_index().unwrap_or(0) % spec.workers;
+            let mut emit = Emit {
+                tx: &output,
+                stats: &stats,
+                budget: None,
+                rank,
+                worker,
+                wake: None,
+                emitted: 0,
+                demand: None,
+            };
+            stats.took(&item);
+            stats.start_work(worker);
+            job(item, &mut emit);
+            stats.stop_work(worker);
+        };
+        std::thread::Builder::new()
+            .name(format!("forte-{}", spec.name))
+            .spawn_scoped(self.scope, move || {
+                let run = &run;
+                rayon.in_place_scope(|tasks| {
+                    for item in input.iter() {
+                        if spec.workers == 1 {
+                            rayon.install(|| run(item));
+                        } else {
+                            tasks.spawn(move |_| run(item));
+                        }
+                    }
+                });
+            })
+            .expect("spawning a pipeline dispatcher thread");
     }
 
-    /// [`Pipeline::stage`], with at most `gate`'s limit of its workers holding an item at once.
-    fn gated_stage<'scope, I, O, F>(
+    /// A stage whose `workers` mostly wait on I/O (reading files, the network): each its own
+    /// thread, outside the CPU budget.
+    pub fn io<I, O, F>(
         &self,
-        scope: &'scope Scope<'scope, '_>,
-        spec: StageSpec,
-        gate: Option<Arc<Gate>>,
+        name: &'static str,
+        workers: usize,
         input: Receiver<I>,
         output: Sender<O>,
         job: F,
@@ -467,36 +719,83 @@ impl Pipeline {
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
         let spec = StageSpec {
-            workers: spec.workers.max(1),
-            ..spec
-        };
-        let StageSpec {
             name,
-            work,
-            workers,
-        } = spec;
-        let (rank, stats) = self.register(spec, &input);
+            work: Work::Io,
+            workers: workers.max(1),
+        };
+        // A stage before the pool's first feeds it: it reads when the pool wants an item.
+        let feeds_pool = self.pool.as_ref().is_some_and(|p| p.is_empty());
+        self.threads(spec, None, feeds_pool, input, output, job);
+    }
+
+    /// The last stage: `gate.max()` threads that consume every item of `input`, at most
+    /// `gate.limit()` at once (a limit that may change while they run).
+    pub fn sink<I, F>(&self, name: &'static str, gate: Arc<Gate>, input: Receiver<I>, job: F)
+    where
+        I: Weigh + Send + 'static,
+        F: Fn(I) + Send + Sync + 'scope,
+    {
+        let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
+        let spec = StageSpec {
+            name,
+            work: Work::Io,
+            workers: gate.max(),
+        };
+        let gate = Some(gate);
+        self.threads(spec, gate, false, input, never_tx, move |item, _| job(item));
+    }
+
+    /// Starts a stage's own threads, at most `gate`'s limit of them holding an item at once
+    /// (`feeds_pool`: its items go to the pool, which says when it wants them).
+    fn threads<I, O, F>(
+        &self,
+        spec: StageSpec,
+        gate: Option<Arc<Gate>>,
+        feeds_pool: bool,
+        input: Receiver<I>,
+        output: Sender<O>,
+        job: F,
+    ) where
+        I: Weigh + Send + 'static,
+        O: Weigh + Send + 'static,
+        F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
+    {
+        let (rank, stats) = self.pipeline.register(spec, &input);
         let job = Arc::new(job);
-        for worker in 0..workers {
-            let (input, output, stats, job, gate) = (
+        let budget = (spec.work == Work::Cpu).then(|| self.pipeline.budget.clone());
+        // The pool's workers hear of every item taken or handed on.
+        let wake = self.pool.as_ref().map(|_| self.wake.clone());
+        // The sink times each item's way from read.
+        let latencies = gate.as_ref().map(|_| self.pipeline.latencies.clone());
+        let demand = self.pool.clone().filter(|_| feeds_pool);
+        for worker in 0..spec.workers {
+            let (input, output, stats, job, gate, budget, wake, latencies, demand) = (
                 input.clone(),
                 output.clone(),
                 stats.clone(),
                 job.clone(),
                 gate.clone(),
+                budget.clone(),
+                wake.clone(),
+                latencies.clone(),
+                demand.clone(),
             );
-            let budget = (work == Work::Cpu).then(|| self.budget.clone());
             std::thread::Builder::new()
-                .name(format!("forte-{name}"))
-                .spawn_scoped(scope, move || {
+                .name(format!("forte-{}", spec.name))
+                .spawn_scoped(self.scope, move || {
                     loop {
                         // A worker takes an item only with the gate's leave, so a lowered
                         // limit leaves items in the queue rather than in idle hands.
                         let pass = gate.as_ref().map(|g| g.enter());
                         let Ok(item) = input.recv() else { break };
+                        if let Some(wake) = &wake {
+                            wake.poke();
+                        }
+                        if let (Some(latencies), Some(read_at)) = (&latencies, item.read_at()) {
+                            latencies.record(read_at.elapsed());
+                        }
                         let _working = pass.map(GatePass::working);
-                        stats.items_in.fetch_add(1, Ordering::Relaxed);
-                        stats.bytes_in.fetch_add(item.weight(), Ordering::Relaxed);
+                        stats.took(&item);
                         if let Some(b) = &budget {
                             b.acquire(1, rank);
                         }
@@ -507,6 +806,9 @@ impl Pipeline {
                             budget: budget.as_deref(),
                             rank,
                             worker,
+                            wake: wake.as_deref(),
+                            emitted: 0,
+                            demand: demand.as_deref().map(|p| p as &dyn Demand),
                         };
                         job(item, &mut emit);
                         stats.stop_work(worker);
@@ -517,31 +819,6 @@ impl Pipeline {
                 })
                 .expect("spawning a pipeline worker thread");
         }
-    }
-
-    /// Starts the last stage: `gate.max()` threads that consume every item of `input`, at
-    /// most `gate.limit()` at once (a limit that may change while they run).
-    pub fn sink<'scope, I, F>(
-        &self,
-        scope: &'scope Scope<'scope, '_>,
-        name: &'static str,
-        gate: Arc<Gate>,
-        input: Receiver<I>,
-        job: F,
-    ) where
-        I: Weigh + Send + 'static,
-        F: Fn(I) + Send + Sync + 'scope,
-    {
-        let (never_tx, _) = crossbeam_channel::bounded::<Done>(0);
-        let workers = gate.max();
-        self.gated_stage(
-            scope,
-            StageSpec::io(name, workers),
-            Some(gate),
-            input,
-            never_tx,
-            move |item, _| job(item),
-        );
     }
 }
 
@@ -704,43 +981,182 @@ mod tests {
         }
     }
 
+    /// A lost item goes on as itself plus LOST.
+    const LOST: u64 = 1_000_000;
+
+    impl Salvage for u64 {
+        type Remains = u64;
+
+        fn remains(&self) -> u64 {
+            *self
+        }
+
+        fn lost(remains: u64, _error: String) -> u64 {
+            remains + LOST
+        }
+    }
+
+    const ALL: [Scheduler; 3] = [Scheduler::Ordo, Scheduler::Threads, Scheduler::Rayon];
+
+    fn on(scheduler: Scheduler) -> Scheduling {
+        Scheduling {
+            scheduler,
+            worker_kills: None,
+        }
+    }
+
     #[test]
     fn items_flow_through_stages_and_counters_add_up() {
-        let pipeline = Pipeline::new(Budget::new(2));
-        let (src_tx, src_rx) = queue::<u64>(2);
-        let (mid_tx, mid_rx) = queue::<u64>(2);
-        let total = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            pipeline.stage(s, StageSpec::cpu("double", 3), src_rx, mid_tx, |x, emit| {
-                emit.send(x);
+        for scheduler in ALL {
+            let pipeline = Pipeline::new(Budget::new(2), on(scheduler));
+            let (src_tx, src_rx) = queue::<u64>(2);
+            let (mid_tx, mid_rx) = queue::<u64>(4);
+            let (out_tx, out_rx) = queue::<u64>(2);
+            let total = AtomicU64::new(0);
+            pipeline.run(|s| {
+                s.io("double", 3, src_rx, mid_tx, |x, emit| {
+                    emit.send(x);
+                    emit.send(x);
+                });
+                s.cpu("square", 2, mid_rx, out_tx, |x, emit| {
+                    emit.send(x * x);
+                });
+                s.sink("sum", Gate::fixed(1), out_rx, |x| {
+                    total.fetch_add(x, Ordering::Relaxed);
+                });
+                for i in 1..=100 {
+                    src_tx.send(i).unwrap();
+                }
+                drop(src_tx);
+            });
+            let squares: u64 = (1..=100).map(|i| i * i).sum();
+            assert_eq!(total.load(Ordering::Relaxed), 2 * squares, "{scheduler:?}");
+            let snap = pipeline.snapshot();
+            assert_eq!(snap[0].name, "double");
+            assert_eq!((snap[0].items_in, snap[0].items_out), (100, 200));
+            assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
+            assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
+            assert_eq!((snap[2].items_in, snap[2].bytes_in), (200, 2 * squares));
+            assert_eq!(snap[0].queue_capacity, 2);
+        }
+    }
+
+    #[test]
+    fn the_pool_runs_a_one_worker_stage_one_item_at_a_time_in_order() {
+        // The raw hash: one file's parts in the order they were read.
+        let pipeline = Pipeline::new(Budget::new(4), on(Scheduler::Ordo));
+        let (tx, rx) = queue::<u64>(8);
+        let (mid_tx, mid_rx) = queue::<u64>(8);
+        let (out_tx, out_rx) = queue::<u64>(8);
+        let (running, peak) = (AtomicU64::new(0), AtomicU64::new(0));
+        let order = Mutex::new(vec![]);
+        pipeline.run(|s| {
+            s.cpu("hash", 1, rx, mid_tx, |x, emit| {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(200));
+                order.lock().push(x);
+                running.fetch_sub(1, Ordering::SeqCst);
                 emit.send(x);
             });
-            pipeline.sink(s, "sum", Gate::fixed(1), mid_rx, |x| {
+            s.cpu("work", 4, mid_rx, out_tx, |x, emit| {
+                std::thread::sleep(Duration::from_micros(500));
+                emit.send(x);
+            });
+            s.sink("drain", Gate::fixed(1), out_rx, |_| {});
+            for i in 0..200 {
+                tx.send(i).unwrap();
+            }
+            drop(tx);
+        });
+        assert_eq!(peak.load(Ordering::SeqCst), 1);
+        assert_eq!(*order.lock(), (0..200).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_worker_that_dies_is_replaced_and_its_item_goes_on_as_a_failure() {
+        let pipeline = Pipeline::new(Budget::new(2), on(Scheduler::Ordo));
+        let (tx, rx) = queue::<u64>(4);
+        let (mid_tx, mid_rx) = queue::<u64>(4);
+        let (out_tx, out_rx) = queue::<u64>(4);
+        let seen = Mutex::new(vec![]);
+        pipeline.run(|s| {
+            s.cpu("fragile", 2, rx, mid_tx, |x, emit| {
+                if x % 10 == 3 {
+                    // A panic in a stage's job: its worker dies.
+                    std::panic::resume_unwind(Box::new(format!("bad item {x}")));
+                }
+                emit.send(x);
+            });
+            s.cpu("pass", 2, mid_rx, out_tx, |x, emit| {
+                emit.send(x);
+            });
+            s.sink("collect", Gate::fixed(1), out_rx, |x| seen.lock().push(x));
+            for i in 0..50 {
+                tx.send(i).unwrap();
+            }
+            drop(tx);
+        });
+        let mut seen = seen.into_inner();
+        seen.sort();
+        let expected: Vec<u64> = (0..50)
+            .map(|i| if i % 10 == 3 { i + LOST } else { i })
+            .collect();
+        let mut expected = expected;
+        expected.sort();
+        assert_eq!(
+            seen, expected,
+            "every item arrives, the 5 lost ones as failures"
+        );
+        assert_eq!(pipeline.workers_replaced(), 5);
+    }
+
+    #[test]
+    fn workers_killed_on_a_schedule_lose_no_item() {
+        let kills = "0.6,0.01".parse::<WorkerKills>().unwrap();
+        let pipeline = Pipeline::new(
+            Budget::new(2),
+            Scheduling {
+                scheduler: Scheduler::Ordo,
+                worker_kills: Some(kills),
+            },
+        );
+        let (tx, rx) = queue::<u64>(4);
+        let (out_tx, out_rx) = queue::<u64>(4);
+        let total = AtomicU64::new(0);
+        pipeline.run(|s| {
+            s.cpu("work", 2, rx, out_tx, |x, emit| {
+                std::thread::sleep(Duration::from_millis(1));
+                emit.send(x);
+            });
+            s.sink("sum", Gate::fixed(1), out_rx, |x| {
                 total.fetch_add(x, Ordering::Relaxed);
             });
-            for i in 1..=100 {
-                src_tx.send(i).unwrap();
+            for i in 1..=300 {
+                tx.send(i).unwrap();
             }
-            drop(src_tx);
+            drop(tx);
         });
-        assert_eq!(total.load(Ordering::Relaxed), 2 * 5050);
-        let snap = pipeline.snapshot();
-        assert_eq!(snap[0].name, "double");
-        assert_eq!((snap[0].items_in, snap[0].items_out), (100, 200));
-        assert_eq!((snap[0].bytes_in, snap[0].bytes_out), (5050, 10100));
-        assert_eq!((snap[1].items_in, snap[1].bytes_in), (200, 10100));
-        assert_eq!(snap[0].queue_capacity, 2);
+        // Killed before they touched their item: each was retried, none lost or failed.
+        assert_eq!(total.load(Ordering::Relaxed), 300 * 301 / 2);
+        assert!(
+            pipeline.workers_replaced() >= 10,
+            "{}",
+            pipeline.workers_replaced()
+        );
+        assert!("0.6".parse::<WorkerKills>().is_err());
+        assert!("2,4".parse::<WorkerKills>().is_err());
     }
 
     #[test]
     fn busy_time_counts_work_under_way_and_stops_when_idle() {
-        let pipeline = Pipeline::new(Budget::new(2));
+        let pipeline = Pipeline::new(Budget::new(2), on(Scheduler::Threads));
         let (tx, rx) = queue::<u64>(1);
         let (started_tx, started) = crossbeam_channel::bounded::<()>(1);
         let (finish, finished) = crossbeam_channel::bounded::<()>(0);
         let busy = || pipeline.snapshot()[0].busy_seconds;
-        std::thread::scope(|s| {
-            pipeline.sink(s, "work", Gate::fixed(1), rx, |_| {
+        pipeline.run(|s| {
+            s.sink("work", Gate::fixed(1), rx, |_| {
                 started_tx.send(()).unwrap();
                 // Working until told to stop.
                 let deadline = Instant::now() + Duration::from_secs(5);
@@ -766,13 +1182,13 @@ mod tests {
 
     #[test]
     fn a_gate_bounds_the_sink_workers_at_its_limit_as_it_changes() {
-        let pipeline = Pipeline::new(Budget::new(1));
+        let pipeline = Pipeline::new(Budget::new(1), on(Scheduler::Ordo));
         let gate = Gate::new(2, 8);
         let (tx, rx) = queue::<u64>(64);
         let (running, peak) = (AtomicU64::new(0), AtomicU64::new(0));
         let peak_after_raise = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            pipeline.sink(s, "upload", gate.clone(), rx, |x| {
+        pipeline.run(|s| {
+            s.sink("upload", gate.clone(), rx, |x| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                 let record = if x < 40 { &peak } else { &peak_after_raise };
                 record.fetch_max(now, Ordering::SeqCst);
@@ -828,26 +1244,31 @@ mod tests {
 
     #[test]
     fn cpu_budget_bounds_concurrent_workers() {
-        let pipeline = Pipeline::new(Budget::new(2));
-        let (tx, rx) = queue::<u64>(8);
-        let (out_tx, out_rx) = queue::<u64>(8);
-        let running = AtomicU64::new(0);
-        let peak = AtomicU64::new(0);
-        std::thread::scope(|s| {
-            pipeline.stage(s, StageSpec::cpu("work", 6), rx, out_tx, |x, emit| {
+        for scheduler in ALL {
+            let pipeline = Pipeline::new(Budget::new(2), on(scheduler));
+            let (tx, rx) = queue::<u64>(8);
+            let (mid_tx, mid_rx) = queue::<u64>(8);
+            let (out_tx, out_rx) = queue::<u64>(8);
+            let running = AtomicU64::new(0);
+            let peak = AtomicU64::new(0);
+            let work = |x, emit: &mut Emit<'_, u64>| {
                 let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(2));
                 running.fetch_sub(1, Ordering::SeqCst);
                 emit.send(x);
+            };
+            pipeline.run(|s| {
+                s.cpu("work", 6, rx, mid_tx, work);
+                s.cpu("more", 6, mid_rx, out_tx, work);
+                s.sink("drain", Gate::fixed(1), out_rx, |_| {});
+                for i in 0..60 {
+                    tx.send(i).unwrap();
+                }
+                drop(tx);
             });
-            pipeline.sink(s, "drain", Gate::fixed(1), out_rx, |_| {});
-            for i in 0..60 {
-                tx.send(i).unwrap();
-            }
-            drop(tx);
-        });
-        assert_eq!(peak.load(Ordering::SeqCst), 2);
+            assert_eq!(peak.load(Ordering::SeqCst), 2, "{scheduler:?}");
+        }
     }
 
     #[test]

@@ -7,13 +7,14 @@ use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
 use forte_format::{bundle, EdgeKey, Kind, Manifest, Member, ObjectId, PartEntry, Recipients};
 use forte_format::{FORMAT, FORMAT_V3};
 use forte_pipeline::{
-    queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, StageSpec, Weigh, Work,
+    queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, Salvage, Scheduling, Weigh, Work,
 };
 use parking_lot::{Mutex, MutexGuard};
 
@@ -44,6 +45,8 @@ pub struct PrepareConfig {
     /// Workers of the sink stage (writers or uploaders), and how many of them work at once: a
     /// limit the send's tuner changes while the pass runs.
     pub sink: Arc<Gate>,
+    /// Who runs the computing stages.
+    pub scheduling: Scheduling,
 }
 
 impl PrepareConfig {
@@ -60,6 +63,7 @@ impl PrepareConfig {
             cpu,
             parts_in_flight: cpu + 4,
             sink: Gate::fixed(cpu.max(2)),
+            scheduling: Scheduling::default(),
         }
     }
 }
@@ -307,6 +311,8 @@ struct Piece {
     manifest: Option<(Manifest, Vec<u8>)>,
     /// This piece's share of the memory budget, held until the sink is done with it.
     charge: Option<Charge>,
+    /// When its bytes were read (a part's), for its latency to the sink.
+    read_at: Option<Instant>,
 }
 
 impl Weigh for Piece {
@@ -316,6 +322,39 @@ impl Weigh for Piece {
         match &self.body {
             Body::Part { data, .. } => data.len() as u64,
             _ => 0,
+        }
+    }
+
+    fn read_at(&self) -> Option<Instant> {
+        self.read_at
+    }
+}
+
+/// A piece whose worker died goes on as a failure of its file (and part), covering what it
+/// covered.
+impl Salvage for Piece {
+    type Remains = (Arc<FileJob>, Option<u32>, u32);
+
+    fn remains(&self) -> Self::Remains {
+        let (part, covers) = match &self.body {
+            Body::Part { index, .. } | Body::Held { index, .. } => (Some(*index), 1),
+            Body::Whole => (None, 1),
+            Body::Failed { covers, .. } => (None, *covers),
+        };
+        (self.file.clone(), part, covers)
+    }
+
+    fn lost((file, part, covers): Self::Remains, error: String) -> Self {
+        let error = match part {
+            Some(index) => format!("part {index}: {error}"),
+            None => error,
+        };
+        Self {
+            file,
+            body: Body::Failed { covers, error },
+            manifest: None,
+            charge: None,
+            read_at: None,
         }
     }
 }
@@ -334,6 +373,7 @@ impl Piece {
             },
             manifest: None,
             charge: Some(charge),
+            read_at: Some(Instant::now()),
         }
     }
 
@@ -378,7 +418,7 @@ fn compress(level: i32, raw: &[u8], out: &mut Vec<u8>) -> std::io::Result<()> {
 
 impl<'k> Prepare<'k> {
     pub fn new(config: PrepareConfig, recipients: &'k Recipients, key: &'k EdgeKey) -> Self {
-        let pipeline = Pipeline::new(Budget::new(config.cpu as u64));
+        let pipeline = Pipeline::new(Budget::new(config.cpu as u64), config.scheduling);
         Self {
             config,
             recipients,
@@ -432,39 +472,22 @@ impl<'k> Prepare<'k> {
         let (hashed_tx, hashed_rx) = queue::<Piece>(depth);
         let (seal_tx, seal_rx) = queue::<Piece>(depth);
         let p = &self.pipeline;
-
-        std::thread::scope(|s| {
-            // Every stage after `hash` runs on as many workers as the CPU budget allows.
-            let on_cores = |name| StageSpec::cpu(name, cpu);
-            p.stage(
-                s,
-                StageSpec::io("read", 1),
-                jobs_rx,
-                read_tx,
-                |job, emit| read_file(job, &pass, emit),
-            );
-            p.stage(
-                s,
-                StageSpec::cpu("hash", 1),
-                read_rx,
-                hash_tx,
-                in_place(hash_raw),
-            );
+        p.run(|s| {
+            s.io("read", 1, jobs_rx, read_tx, |job, emit| {
+                read_file(job, &pass, emit)
+            });
+            // One file's parts are hashed in order, one at a time; every stage after `hash`
+            // runs on as many workers as the CPU budget allows.
+            s.cpu("hash", 1, read_rx, hash_tx, in_place(hash_raw));
             let compress = in_place(|piece| self.compress_part(piece, &pass));
-            p.stage(s, on_cores("compress"), hash_rx, compress_tx, compress);
+            s.cpu("compress", cpu, hash_rx, compress_tx, compress);
             let encrypt = in_place(|piece| self.encrypt_part(piece, &pass));
-            p.stage(s, on_cores("encrypt"), compress_rx, encrypt_tx, encrypt);
+            s.cpu("encrypt", cpu, compress_rx, encrypt_tx, encrypt);
             let hash_sealed = in_place(|piece| hash_ciphertext(piece));
-            p.stage(
-                s,
-                on_cores("hash_ciphertext"),
-                encrypt_rx,
-                hashed_tx,
-                hash_sealed,
-            );
+            s.cpu("hash_ciphertext", cpu, encrypt_rx, hashed_tx, hash_sealed);
             let seal = in_place(|piece| self.seal_if_complete(piece));
-            p.stage(s, on_cores("seal"), hashed_rx, seal_tx, seal);
-            p.sink(s, "sink", cfg.sink.clone(), seal_rx, |piece| {
+            s.cpu("seal", cpu, hashed_rx, seal_tx, seal);
+            s.sink("sink", cfg.sink.clone(), seal_rx, |piece| {
                 let outcomes = self.store(piece, &pass);
                 if !outcomes.is_empty() {
                     sink.done(&outcomes);
@@ -616,6 +639,7 @@ impl<'k> Prepare<'k> {
             body,
             mut manifest,
             charge,
+            read_at: _,
         } = piece;
         let already_failed = file.lock().error.is_some();
         let (covers, error) = match body {
@@ -828,6 +852,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
         file: job.clone(),
         manifest: None,
         charge: None,
+        read_at: None,
     };
     if let Some(why) = pass.stop.get() {
         emit.send(failed(
@@ -842,10 +867,12 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
             body: Body::Whole,
             manifest: None,
             charge: None,
+            read_at: None,
         });
         return;
     }
     if !job.members.is_empty() {
+        emit.wait_for_demand();
         let charge = emit.waiting(|| pass.memory.charge(job.source.size.max(MIN_CHARGE)));
         emit.send(match read_bundle(&job, pass) {
             Ok(data) => Piece::read(job.clone(), 0, data, charge),
@@ -867,6 +894,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
     for index in 0..job.parts {
         let offset = u64::from(index) * pass.part_size;
         let len = pass.part_size.min(src.size - offset);
+        emit.wait_for_demand();
         let charge = emit.waiting(|| pass.memory.charge(len.max(MIN_CHARGE)));
         if let Some(why) = pass.stop.get() {
             emit.send(failed(

@@ -1,5 +1,7 @@
 //! How a restore runs: its parallelism and what it does with files already at the destination.
 
+use forte_pipeline::Scheduling;
+
 /// Knobs of the restore path.
 #[derive(Debug, Clone)]
 pub struct RestoreConfig {
@@ -13,6 +15,8 @@ pub struct RestoreConfig {
     pub readers: usize,
     /// Files written to the destination at once.
     pub writers: usize,
+    /// Who runs the computing stages.
+    pub scheduling: Scheduling,
 }
 
 /// Files already at the destination. In every mode a directory where a file is to go (or a
@@ -39,6 +43,7 @@ impl RestoreConfig {
             existing: Existing::Refuse,
             readers: 1,
             writers: 2,
+            scheduling: Scheduling::default(),
         }
     }
 }

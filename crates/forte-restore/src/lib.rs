@@ -59,7 +59,7 @@ impl<'k> Restore<'k> {
         identities: &'k Identities,
         trusted: &'k TrustedEdges,
     ) -> Self {
-        let pipeline = Pipeline::new(Budget::new(config.cpu as u64));
+        let pipeline = Pipeline::new(Budget::new(config.cpu as u64), config.scheduling);
         Self {
             config,
             identities,

@@ -6,11 +6,12 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use forte_format::seal::{decrypt, sha256_hex};
 use forte_format::{bundle, Kind, Manifest, ObjectId};
-use forte_pipeline::{queue, Budget, Charge, Emit, Gate, StageSpec, Weigh};
+use forte_pipeline::{queue, Budget, Charge, Emit, Gate, Salvage, Weigh};
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
@@ -59,6 +60,8 @@ struct Piece {
     data: Vec<u8>,
     /// This piece's share of the memory budget, held until it is written.
     charge: Charge,
+    /// When it was read, for its latency to the sink.
+    read_at: Instant,
 }
 
 impl Weigh for Piece {
@@ -66,6 +69,45 @@ impl Weigh for Piece {
 
     fn weight(&self) -> u64 {
         self.data.len() as u64
+    }
+
+    fn read_at(&self) -> Option<Instant> {
+        Some(self.read_at)
+    }
+}
+
+/// What passes between the computing stages: a piece, or the problem that ended it, which the
+/// last stage records.
+struct Step(Result<Piece, Problem>);
+
+impl Weigh for Step {
+    const ITEM: &'static str = Piece::ITEM;
+
+    fn weight(&self) -> u64 {
+        self.0.weight()
+    }
+
+    fn read_at(&self) -> Option<Instant> {
+        self.0.read_at()
+    }
+}
+
+/// A piece whose worker died goes on as a problem of its object and part.
+impl Salvage for Step {
+    type Remains = Result<(Arc<Job>, u32), Problem>;
+
+    fn remains(&self) -> Self::Remains {
+        match &self.0 {
+            Ok(piece) => Ok((piece.job.clone(), piece.index)),
+            Err(problem) => Err(problem.clone()),
+        }
+    }
+
+    fn lost(remains: Self::Remains, error: String) -> Self {
+        Self(Err(match remains {
+            Ok((job, index)) => job.problem(index, false, error),
+            Err(problem) => problem,
+        }))
     }
 }
 
@@ -159,50 +201,41 @@ impl Restore<'_> {
         let memory = Budget::new(in_flight as u64 * max_part_size(&jobs));
         let cpu = self.config.cpu.max(1);
         let (jobs_tx, jobs_rx) = queue::<Arc<Job>>(64);
-        let (read_tx, read_rx) = queue::<Piece>(2);
-        let (verified_tx, verified_rx) = queue::<Piece>(cpu);
-        let (decrypted_tx, decrypted_rx) = queue::<Piece>(cpu);
-        let (raw_tx, raw_rx) = queue::<Piece>(cpu);
-        // Each stage passes a piece on, or records why it cannot.
-        let step = |result: Result<Piece, Problem>, emit: &mut Emit<'_, Piece>| match result {
-            Ok(piece) => {
-                emit.send(piece);
-            }
-            Err(problem) => problems.add(problem),
-        };
-        let p = &self.pipeline;
-        std::thread::scope(|s| {
-            let readers = StageSpec::io("read", self.config.readers);
-            p.stage(s, readers, jobs_rx, read_tx, |job, emit| {
-                if !problems.stopped() {
-                    if let Err(e) = read_parts(source, &job, &memory, &problems, emit) {
-                        problems.add(e);
-                    }
-                }
-            });
-            let verify = StageSpec::cpu("verify_ciphertext", cpu);
-            p.stage(s, verify, read_rx, verified_tx, |piece, emit| {
-                step(verify_ciphertext(piece), emit)
-            });
-            let decrypt = StageSpec::cpu("decrypt", cpu);
-            p.stage(s, decrypt, verified_rx, decrypted_tx, |piece, emit| {
-                step(self.decrypt_part(piece), emit)
-            });
-            let decompress = StageSpec::cpu("decompress", cpu);
-            p.stage(s, decompress, decrypted_rx, raw_tx, |piece, emit| {
-                step(decompress_and_verify(piece), emit)
-            });
-            p.sink(
-                s,
-                "assemble",
-                Gate::fixed(self.config.writers),
-                raw_rx,
-                |piece| {
-                    if let Err(problem) = self.assemble(piece) {
-                        problems.add(problem);
+        let (read_tx, read_rx) = queue::<Step>(2);
+        let (verified_tx, verified_rx) = queue::<Step>(cpu);
+        let (decrypted_tx, decrypted_rx) = queue::<Step>(cpu);
+        let (raw_tx, raw_rx) = queue::<Step>(cpu);
+        self.pipeline.run(|s| {
+            s.io(
+                "read",
+                self.config.readers,
+                jobs_rx,
+                read_tx,
+                |job, emit| {
+                    if !problems.stopped() {
+                        if let Err(e) = read_parts(source, &job, &memory, &problems, emit) {
+                            problems.add(e);
+                        }
                     }
                 },
             );
+            s.cpu(
+                "verify_ciphertext",
+                cpu,
+                read_rx,
+                verified_tx,
+                step(verify_ciphertext),
+            );
+            let decrypt = step(|piece| self.decrypt_part(piece));
+            s.cpu("decrypt", cpu, verified_rx, decrypted_tx, decrypt);
+            let decompress = step(decompress_and_verify);
+            s.cpu("decompress", cpu, decrypted_rx, raw_tx, decompress);
+            let writers = Gate::fixed(self.config.writers);
+            s.sink("assemble", writers, raw_rx, |step| {
+                if let Err(problem) = step.0.and_then(|piece| self.assemble(piece)) {
+                    problems.add(problem);
+                }
+            });
             for job in &jobs {
                 if problems.stopped() || jobs_tx.send(job.clone()).is_err() {
                     break;
@@ -316,10 +349,11 @@ fn read_parts(
     job: &Arc<Job>,
     memory: &Arc<Budget>,
     problems: &Problems,
-    emit: &mut Emit<'_, Piece>,
+    emit: &mut Emit<'_, Step>,
 ) -> Result<(), Problem> {
     let manifest = &job.object.manifest;
     for entry in &manifest.parts {
+        emit.wait_for_demand();
         let charge = emit.waiting(|| memory.charge(entry.raw_length.max(MIN_CHARGE)));
         if problems.stopped() {
             return Ok(());
@@ -331,16 +365,26 @@ fn read_parts(
                 PartError::Damaged(what) => problem(true, what),
                 PartError::Unavailable(what) => problem(false, what),
             })?;
-        if !emit.send(Piece {
+        if !emit.send(Step(Ok(Piece {
             job: job.clone(),
             index: entry.index,
             data,
             charge,
-        }) {
+            read_at: Instant::now(),
+        }))) {
             return Ok(());
         }
     }
     Ok(())
+}
+
+/// A computing stage's job: `work` on a piece, or the problem that ended it passed on.
+fn step(
+    work: impl Fn(Piece) -> Result<Piece, Problem> + Send + Sync,
+) -> impl Fn(Step, &mut Emit<'_, Step>) + Send + Sync {
+    move |step, emit| {
+        emit.send(Step(step.0.and_then(&work)));
+    }
 }
 
 /// The least a piece charges the memory budget.

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use forte_format::{Inventory, Kind, ObjectId};
-use forte_pipeline::StageSnapshot;
+use forte_pipeline::Reading;
 use forte_prepare::{bundle_small, discover, DirSink, FileOutcome, Prepare, PrepareJob};
 use forte_restore::{Delivered, DirSource, Restore};
 use serde::Serialize;
@@ -37,7 +37,8 @@ pub struct Summary {
     pub cpu: usize,
     pub part_size: u64,
     pub level: i32,
-    pub stages: Vec<StageSnapshot>,
+    #[serde(flatten)]
+    pub pipeline: Reading,
     pub rejected: Vec<Rejected>,
     pub objects: Vec<FileOutcome>,
 }
@@ -116,7 +117,7 @@ pub fn pack(
         cpu,
         part_size,
         level,
-        stages: prepare.pipeline.snapshot(),
+        pipeline: prepare.pipeline.reading(),
         rejected: found
             .rejected
             .into_iter()
@@ -167,13 +168,13 @@ fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Restores the archive `dir` into `to`, all or nothing, with the stages' figures.
+/// Restores the archive `dir` into `to`, all or nothing, with the pipeline's reading.
 pub fn unpack(
     dir: &Path,
     to: &Path,
     core: CoreSettings,
     quiet: bool,
-) -> Result<(Delivered, Vec<StageSnapshot>)> {
+) -> Result<(Delivered, Reading)> {
     let restore = Restore::new(core.restore, &core.identities, &core.trusted);
     let total = dir_size(dir);
     let delivered = with_progress(
@@ -196,7 +197,7 @@ pub fn unpack(
             )
         },
     )?;
-    Ok((delivered, restore.pipeline.snapshot()))
+    Ok((delivered, restore.pipeline.reading()))
 }
 
 /// Bytes under `dir`, one level of object directories deep: the progress bar's total.

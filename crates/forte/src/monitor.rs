@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchState, Catalog, Role};
-use forte_pipeline::{Pipeline, StageSnapshot};
+use forte_pipeline::{Latencies, Pipeline, StageSnapshot};
 use forte_view::{QueueView, StageView};
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -126,6 +126,9 @@ struct Stages {
     running: Vec<(u64, Role, Pipeline)>,
     next: u64,
     ended: BTreeMap<StageKey, StageTotals>,
+    /// Per role: the items' latencies and the pool workers replaced, of the pipelines that
+    /// ended.
+    ended_pools: BTreeMap<&'static str, (Latencies, u64)>,
 }
 
 impl Stages {
@@ -146,6 +149,23 @@ impl Stages {
                 totals[at].1.add(&st, true);
             }
         }
+    }
+
+    /// Per role, of every pipeline, ended or running: the items' latencies and the pool
+    /// workers replaced.
+    fn pools(&self) -> BTreeMap<&'static str, (Latencies, u64)> {
+        let mut pools: BTreeMap<&'static str, (Latencies, u64)> = BTreeMap::new();
+        let ended = self.ended_pools.iter().map(|(r, (l, n))| (*r, l, *n));
+        let running = self
+            .running
+            .iter()
+            .map(|(_, role, p)| (role.as_str(), p.latencies(), p.workers_replaced()));
+        for (role, latencies, replaced) in ended.chain(running) {
+            let pool = pools.entry(role).or_default();
+            pool.0.add(latencies);
+            pool.1 += replaced;
+        }
+        pools
     }
 }
 
@@ -202,9 +222,11 @@ type StageFamily = (
 /// busy time with the work under way (in seconds).
 fn stage_families() -> String {
     let mut totals = vec![];
+    let mut pools = BTreeMap::new();
     if let Some(stages) = STAGES.lock().as_ref() {
         totals.extend(stages.ended.iter().map(|(key, t)| (*key, *t)));
         stages.add_running(&mut totals);
+        pools = stages.pools();
     }
     let families: [StageFamily; 6] = [
         (
@@ -262,7 +284,41 @@ fn stage_families() -> String {
             ));
         }
     }
+    pool_families(&pools, &mut text);
     text
+}
+
+/// The items' latency from read to sink (a summary: p50, p87, p99) and the pool workers
+/// replaced, per role.
+fn pool_families(pools: &BTreeMap<&'static str, (Latencies, u64)>, text: &mut String) {
+    if pools.is_empty() {
+        return;
+    }
+    let name = "forte_item_latency_seconds";
+    text.push_str(&format!(
+        "# HELP {name} Time from an item's (a part's) read to the sink taking it\n# TYPE {name} summary\n"
+    ));
+    for (role, (latencies, _)) in pools {
+        let l = latencies.snapshot();
+        for (quantile, ms) in [("0.5", l.p50_ms), ("0.87", l.p87_ms), ("0.99", l.p99_ms)] {
+            let seconds = ms / 1e3;
+            text.push_str(&format!(
+                "{name}{{role=\"{role}\",quantile=\"{quantile}\"}} {seconds}\n"
+            ));
+        }
+        text.push_str(&format!(
+            "{name}_sum{{role=\"{role}\"}} {}\n",
+            l.sum_seconds
+        ));
+        text.push_str(&format!("{name}_count{{role=\"{role}\"}} {}\n", l.items));
+    }
+    let name = "forte_pool_workers_replaced_total";
+    text.push_str(&format!(
+        "# HELP {name} Pool workers that died (a panic in a stage) and were replaced\n# TYPE {name} counter\n"
+    ));
+    for (role, (_, replaced)) in pools {
+        text.push_str(&format!("{name}{{role=\"{role}\"}} {replaced}\n"));
+    }
 }
 
 /// The `# HELP` text and unit of every family the send and pull daemons publish.
@@ -354,6 +410,9 @@ pub fn while_running<R>(
         let key = (role.as_str(), st.name);
         stages.ended.entry(key).or_default().add(&st, false);
     }
+    let pool = stages.ended_pools.entry(role.as_str()).or_default();
+    pool.0.add(pipeline.latencies());
+    pool.1 += pipeline.workers_replaced();
     result
 }
 

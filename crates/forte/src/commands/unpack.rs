@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use forte_pipeline::StageSnapshot;
+use forte_pipeline::Reading;
 use forte_restore::{Delivered, Existing};
 use serde::Serialize;
 
@@ -35,7 +35,8 @@ struct Summary<'a> {
     delivered: &'a Delivered,
     seconds: f64,
     raw_mb_per_s: f64,
-    stages: Vec<StageSnapshot>,
+    #[serde(flatten)]
+    pipeline: Reading,
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
@@ -44,8 +45,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         core.restore.existing = Existing::Overwrite;
     }
     let started = Instant::now();
-    let (delivered, restore_stages) =
-        archive::unpack(&args.dir, &args.to, core, args.output.quiet)?;
+    let (delivered, pipeline) = archive::unpack(&args.dir, &args.to, core, args.output.quiet)?;
     let seconds = started.elapsed().as_secs_f64();
     if !delivered.inventory {
         eprintln!(
@@ -59,7 +59,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             delivered: &delivered,
             seconds,
             raw_mb_per_s: mb_per_s(delivered.bytes, seconds),
-            stages: restore_stages,
+            pipeline,
         };
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {

@@ -13,6 +13,7 @@
 //! cpu = 2                # default: all cores
 //! parts_in_flight = 6    # default: cpu + 4
 //! bundle_below = "1MiB"  # smaller files travel in bundles; "0" sends each alone
+//! scheduler = "ordo"     # or "threads", "rayon": who runs the computing stages (all commands)
 //!
 //! [relay]
 //! url = "https://relay.example:8443"
@@ -59,6 +60,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use forte_pipeline::Scheduler;
 use serde::Deserialize;
 
 use crate::schedule::PolicyName;
@@ -152,6 +154,7 @@ pub struct PrepareSection {
     pub cpu: Option<usize>,
     pub parts_in_flight: Option<usize>,
     pub bundle_below: Option<Size>,
+    pub scheduler: Option<Scheduler>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use forte_ingest::Codec;
+use forte_pipeline::Scheduler;
 
 use super::file::Level;
 use crate::schedule::{PolicyName, PriorityRule};
@@ -32,6 +33,11 @@ pub struct EdgeFlags {
     /// Parts held in memory at once [config: prepare.parts_in_flight] [default: cpu + 4].
     #[arg(long)]
     pub(super) parts_in_flight: Option<usize>,
+    /// Who runs the computing stages: ordo, one pool of workers choosing the next stage by its
+    /// queues (a worker that dies is replaced); threads, each stage its own; or rayon's
+    /// work-stealing pool (the benchmark's baseline) [config: prepare.scheduler] [default: ordo].
+    #[arg(long, value_name = "ordo|threads|rayon")]
+    pub(super) scheduler: Option<Scheduler>,
     /// Files smaller than this travel together in bundles (a tar stream per object), so many
     /// small files cost one upload instead of two round trips each; 0 sends every file alone
     /// [config: prepare.bundle_below] [default: 1MiB].
@@ -51,6 +57,10 @@ pub struct CoreFlags {
     /// CPU budget [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     pub(super) cpu: Option<usize>,
+    /// Who runs the computing stages: ordo, threads or rayon (see pack --help)
+    /// [config: prepare.scheduler] [default: ordo].
+    #[arg(long, value_name = "ordo|threads|rayon")]
+    pub(super) scheduler: Option<Scheduler>,
     /// Files written to the destination at once [default: 2].
     #[arg(long, value_name = "N")]
     pub(super) writers: Option<usize>,

@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context, Result};
 use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
-use forte_pipeline::Gate;
+use forte_pipeline::{Gate, Scheduler, Scheduling};
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_relay::client::{RelayClient, RelayEndpoint};
 use forte_relay::pace::{Pacer, Timetable};
@@ -112,6 +112,7 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
         p.parts_in_flight = n.max(1);
     }
+    p.scheduling = scheduling(flags.scheduler, config)?;
     let mut bundle = BundleLimits::DEFAULT;
     if let Some(below) = flags.bundle_below.or(c.bundle_below.map(|s| s.0)) {
         bundle.below = below;
@@ -148,10 +149,27 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     if let Some(writers) = flags.writers {
         restore.writers = writers.max(1);
     }
+    restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {
         identities: Identities::load(&identity)?,
         trusted: TrustedEdges::load(&trust)?,
         restore,
+    })
+}
+
+/// Who runs the computing stages, and the test hook `FORTE_TEST_KILL_WORKERS=SHARE,SECONDS`
+/// (e.g. `0.6,4`: 60 % of the pool's workers killed every 4 s; for the tests and the benchmark).
+fn scheduling(flag: Option<Scheduler>, config: &Config) -> Result<Scheduling> {
+    let worker_kills = match std::env::var("FORTE_TEST_KILL_WORKERS") {
+        Ok(spec) => Some(
+            spec.parse()
+                .map_err(|e| anyhow!("FORTE_TEST_KILL_WORKERS: {e}"))?,
+        ),
+        Err(_) => None,
+    };
+    Ok(Scheduling {
+        scheduler: flag.or(config.prepare.scheduler).unwrap_or_default(),
+        worker_kills,
     })
 }
 

@@ -538,6 +538,29 @@ fn sender_and_puller_serve_prometheus_metrics() {
             "{role} {stage}: {busy:?} s"
         );
         assert_described(&scraped, addr);
+        // Each part's latency from read to sink: a summary with Ordo's percentiles.
+        let latency = scraped
+            .samples
+            .iter()
+            .find(|s| {
+                s.metric == "forte_item_latency_seconds" && s.labels.get("role") == Some(role)
+            })
+            .map(|s| s.value.clone());
+        let Some(prometheus_parse::Value::Summary(quantiles)) = latency else {
+            panic!("{role}: no forte_item_latency_seconds summary: {latency:?}");
+        };
+        let at: Vec<f64> = quantiles.iter().map(|q| q.quantile).collect();
+        assert_eq!(at, [0.5, 0.87, 0.99], "{role}");
+        assert!(
+            quantiles.iter().all(|q| q.count > 0.0),
+            "{role}: {quantiles:?}"
+        );
+        let replaced = sample(
+            &scraped,
+            "forte_pool_workers_replaced_total",
+            &[("role", role)],
+        );
+        assert_eq!(replaced, Some(0.0), "{role}");
     }
 }
 

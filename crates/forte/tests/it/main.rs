@@ -20,6 +20,7 @@ mod report;
 mod resources;
 mod roundtrip;
 mod s3;
+mod scheduler;
 mod startup;
 mod tamper;
 mod workers;

@@ -401,11 +401,17 @@ pub fn scraped(addr: &str, metric: &str, labels: &[(&str, &str)]) -> Option<f64>
     scrape(addr).and_then(|s| sample(&s, metric, labels))
 }
 
-/// Every sample of `scrape` (from `at`) belongs to a family with a `# HELP` line.
+/// Every sample of `scrape` (from `at`) belongs to a family with a `# HELP` line (a summary's
+/// `_sum` and `_count` to the summary's).
 pub fn assert_described(scrape: &prometheus_parse::Scrape, at: &str) {
     for s in &scrape.samples {
+        let family = ["_sum", "_count"]
+            .iter()
+            .find_map(|suffix| s.metric.strip_suffix(suffix))
+            .filter(|family| scrape.docs.contains_key(*family))
+            .unwrap_or(&s.metric);
         assert!(
-            scrape.docs.contains_key(&s.metric),
+            scrape.docs.contains_key(family),
             "no # HELP for {} at {at}",
             s.metric
         );
