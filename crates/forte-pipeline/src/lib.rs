@@ -816,6 +816,11 @@ impl<'scope> Stages<'scope, '_> {
                             b.release(1);
                         }
                     }
+                    // Its output may close now: the pool's stages after it hear of it.
+                    drop(output);
+                    if let Some(wake) = &wake {
+                        wake.poke();
+                    }
                 })
                 .expect("spawning a pipeline worker thread");
         }

@@ -36,9 +36,10 @@ use crate::{Demand, Emit, Rank, Salvage, StageStats, Weigh};
 
 /// How often the stages' targets are worked out again.
 pub const TARGETS_EVERY: Duration = Duration::from_millis(500);
-/// How long an idle worker sleeps before it looks again without being woken (a queue closing
-/// wakes nobody).
-const IDLE_WAIT: Duration = Duration::from_millis(2);
+/// How long an idle worker sleeps before it looks again without being woken: a safety net
+/// only, since every item taken or handed on, and every stage that ends, wakes the workers
+/// (an idle daemon's pool must not poll).
+const IDLE_WAIT: Duration = Duration::from_millis(200);
 
 /// Wakes idle pool workers when something moved in a queue.
 #[derive(Debug, Default)]
