@@ -1117,6 +1117,37 @@ mod tests {
     }
 
     #[test]
+    fn an_idle_pool_sleeps_until_woken_and_ends_when_its_source_does() {
+        // A daemon between batches: the source waits 400 ms, then ends.
+        let pipeline = Pipeline::new(Budget::new(2), on(Scheduler::Ordo));
+        let (tx, rx) = queue::<u64>(4);
+        let (mid_tx, mid_rx) = queue::<u64>(4);
+        let (out_tx, out_rx) = queue::<u64>(4);
+        let looks = pipeline.run(|s| {
+            s.io("source", 1, rx, mid_tx, |x, emit| {
+                emit.send(x);
+            });
+            s.cpu("work", 2, mid_rx, out_tx, |x, emit| {
+                emit.send(x);
+            });
+            tx.send(1).unwrap();
+            assert_eq!(out_rx.recv(), Ok(1));
+            std::thread::sleep(Duration::from_millis(400));
+            let looks = s.pool.as_ref().unwrap().looks();
+            drop(tx);
+            // The source's end reaches the pool at once (its output closing wakes it), not at
+            // a worker's next look of its own.
+            let closed = Instant::now();
+            assert!(out_rx.recv().is_err());
+            assert!(closed.elapsed() < Duration::from_millis(100), "{:?}", closed.elapsed());
+            looks
+        });
+        // Two workers idle for 400 ms looked a few times, not every few milliseconds (every
+        // 2 ms: about 400 looks).
+        assert!(looks < 20, "{looks} looks while idle");
+    }
+
+    #[test]
     fn workers_killed_on_a_schedule_lose_no_item() {
         let kills = "0.6,0.01".parse::<WorkerKills>().unwrap();
         let pipeline = Pipeline::new(

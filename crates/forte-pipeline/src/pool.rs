@@ -71,8 +71,8 @@ impl Wake {
 trait Operator: Send + Sync {
     /// Items it could take now.
     fn readable(&self) -> usize;
-    /// Whether it can take an item now (it has one, a free worker slot and room for the
-    /// output), and how many it could take.
+    /// Whether it can take an item now: it has one, a free worker slot, and room in its output
+    /// for what an activation may emit.
     fn runnable(&self) -> bool;
     /// Items waiting in its output queue (`None` once it ended).
     fn output_len(&self) -> Option<usize>;
@@ -139,11 +139,11 @@ where
         if state.free.is_empty() || !self.room(&state) {
             return None;
         }
+        let output = state.output.clone()?;
         let item = match state.held.pop_front() {
             Some(item) => item,
             None => self.input.try_recv().ok()?,
         };
-        let output = state.output.clone()?;
         let slot = state.free.pop().expect("checked above");
         Some((item, slot, output))
     }
@@ -203,6 +203,8 @@ where
             let mut state = self.state.lock();
             state.held.push_front(item);
             state.free.push(slot);
+            drop(state);
+            self.wake.poke();
             return Activation::Died;
         }
         self.stats.took(&item);
@@ -295,6 +297,8 @@ pub(crate) struct Pool<'scope> {
     kills: Option<WorkerKills>,
     /// Workers that died and were replaced.
     replaced: Arc<AtomicU64>,
+    /// Times a worker looked for work (the tests count them).
+    looks: AtomicU64,
 }
 
 /// The targets and the kills due.
@@ -327,7 +331,14 @@ impl<'scope> Pool<'scope> {
             open: Mutex::new(true),
             kills,
             replaced,
+            looks: AtomicU64::new(0),
         }
+    }
+
+    /// Times a worker looked for work so far.
+    #[cfg(test)]
+    pub(crate) fn looks(&self) -> u64 {
+        self.looks.load(Ordering::Relaxed)
     }
 
     /// Adds a CPU stage; the workers start with the first.
@@ -400,6 +411,7 @@ impl<'scope> Pool<'scope> {
     fn work(&self) -> bool {
         loop {
             let seen = self.wake.moves();
+            self.looks.fetch_add(1, Ordering::Relaxed);
             match self.choose() {
                 Some(op) => {
                     let die = self.kill_due();
