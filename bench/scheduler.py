@@ -167,6 +167,18 @@ def kills(args, corpus: Path, keys: Path):
           f"workers replaced per run {[x[4] for x in k]}")
 
 
+def prepare(corpus: Path):
+    """Says what runs where, and returns the corpus and the keys, made first if missing."""
+    if not FORTE.exists():
+        sys.exit(f"{FORTE} is missing: cargo build --release -p forte")
+    print(f"machine: {machine()}")
+    print(f"command: {' '.join(sys.argv)}")
+    keys = WORK / "keys"
+    if not keys.exists():
+        sh([FORTE, "keygen", "--dir", keys], stdout=subprocess.DEVNULL)
+    return ensure_corpus(corpus), keys
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
@@ -177,14 +189,7 @@ def main():
     ap.add_argument("--kill-cpu", type=int, default=2)
     ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
     args = ap.parse_args()
-    if not FORTE.exists():
-        sys.exit(f"{FORTE} is missing: cargo build --release -p forte")
-    print(f"machine: {machine()}")
-    print(f"command: {' '.join(sys.argv)}")
-    corpus = ensure_corpus(args.corpus)
-    keys = WORK / "keys"
-    if not keys.exists():
-        sh([FORTE, "keygen", "--dir", keys], stdout=subprocess.DEVNULL)
+    corpus, keys = prepare(args.corpus)
     if args.kills:
         kills(args, corpus, keys)
     else:

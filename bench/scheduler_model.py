@@ -26,16 +26,12 @@ Usage: bench/scheduler_model.py [--cores 2,12,16,64]
 """
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from binary import FORTE  # noqa: E402
-from corpus import ensure_corpus  # noqa: E402
-from scheduler import OUT, WORK, machine, pack_cmd, run, unpack_cmd, warm  # noqa: E402
+from scheduler import OUT, WORK, pack_cmd, prepare, run, unpack_cmd, warm  # noqa: E402
 
 SERIAL = {"read", "hash"}
 
@@ -68,14 +64,7 @@ def main():
     ap.add_argument("--cores", default="2,12,16,64", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--corpus", type=Path, default=WORK / "corpus")
     args = ap.parse_args()
-    if not FORTE.exists():
-        sys.exit(f"{FORTE} is missing: cargo build --release -p forte")
-    print(f"machine: {machine()}")
-    print(f"command: {' '.join(sys.argv)}")
-    corpus = ensure_corpus(args.corpus)
-    keys = WORK / "keys"
-    if not keys.exists():
-        subprocess.run([str(FORTE), "keygen", "--dir", str(keys)], check=True, stdout=subprocess.DEVNULL)
+    corpus, keys = prepare(args.corpus)
     measured = {s: measure(corpus, keys, s) for s in ("threads", "rayon", "ordo")}
     for op in ("pack", "unpack"):
         print(f"\n{op}, measured at --cpu 1:")

@@ -1139,7 +1139,11 @@ mod tests {
             // a worker's next look of its own.
             let closed = Instant::now();
             assert!(out_rx.recv().is_err());
-            assert!(closed.elapsed() < Duration::from_millis(100), "{:?}", closed.elapsed());
+            assert!(
+                closed.elapsed() < Duration::from_millis(100),
+                "{:?}",
+                closed.elapsed()
+            );
             looks
         });
         // Two workers idle for 400 ms looked a few times, not every few milliseconds (every

@@ -25,29 +25,28 @@ fn source(root: &std::path::Path) {
     }
 }
 
+/// `pack` in parts of 256 KiB on 2 workers, with `extra` flags and environment; its `--json`.
 fn pack_json(
     keys: &Keys,
     src: &std::path::Path,
     to: &std::path::Path,
     extra: &[&str],
+    env: &[(&str, &str)],
 ) -> serde_json::Value {
-    let mut args = args![
-        "pack",
-        src,
-        "--to",
-        to,
-        "--recipient",
-        &keys.core_pub,
-        "--sign",
-        &keys.edge_key,
-        "--part-size",
-        "256KiB",
-        "--cpu",
-        "2",
-        "--json"
-    ];
+    let mut args = pack_args(keys, src, to);
+    args.extend(args!["--part-size", "256KiB", "--cpu", "2", "--json"]);
     args.extend(extra.iter().map(Into::into));
-    serde_json::from_str(&ok(&args)).unwrap()
+    let out = forte()
+        .args(&args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 #[test]
@@ -58,7 +57,7 @@ fn every_scheduler_packs_and_unpacks_the_same_tree() {
     source(&src);
     for scheduler in ["ordo", "threads", "rayon"] {
         let packed = tmp.path().join(format!("packed-{scheduler}"));
-        let summary = pack_json(&keys, &src, &packed, &["--scheduler", scheduler]);
+        let summary = pack_json(&keys, &src, &packed, &["--scheduler", scheduler], &[]);
         assert_eq!(summary["scheduler"], scheduler);
         assert_eq!(summary["failed"], 0, "{scheduler}");
         // Every part's latency from read to sink, as percentiles.
@@ -93,28 +92,7 @@ fn pool_workers_killed_on_a_schedule_lose_and_fail_nothing() {
     let packed = tmp.path().join("packed");
     // 60 % of the pool every 20 ms: a kill every few parts.
     let kill = [("FORTE_TEST_KILL_WORKERS", "0.6,0.02")];
-    let mut args = args![
-        "pack",
-        &src,
-        "--to",
-        &packed,
-        "--recipient",
-        &keys.core_pub,
-        "--sign",
-        &keys.edge_key,
-        "--part-size",
-        "256KiB",
-        "--cpu",
-        "2",
-        "--json"
-    ];
-    let out = forte().args(&args).envs(kill).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary = pack_json(&keys, &src, &packed, &[], &kill);
     assert_eq!(summary["failed"], 0);
     assert!(
         summary["workers_replaced"].as_u64().unwrap() > 0,
@@ -122,7 +100,7 @@ fn pool_workers_killed_on_a_schedule_lose_and_fail_nothing() {
         summary["workers_replaced"]
     );
     let restored = tmp.path().join("restored");
-    args = unpack_args(&keys, &packed, &restored);
+    let mut args = unpack_args(&keys, &packed, &restored);
     args.push("--json".into());
     args.retain(|a| a != "-q");
     let out = forte().args(&args).envs(kill).output().unwrap();
@@ -143,18 +121,8 @@ fn a_wrong_scheduler_or_kill_schedule_is_refused_with_the_choices() {
     let src = tmp.path().join("src");
     write(&src.join("a.txt"), b"a\n");
     let to = tmp.path().join("packed");
-    let args = args![
-        "pack",
-        &src,
-        "--to",
-        &to,
-        "--recipient",
-        &keys.core_pub,
-        "--sign",
-        &keys.edge_key,
-        "--scheduler",
-        "fifo"
-    ];
+    let mut args = pack_args(&keys, &src, &to);
+    args.extend(args!["--scheduler", "fifo"]);
     let out = run(&args);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);

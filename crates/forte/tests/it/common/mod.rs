@@ -113,7 +113,15 @@ pub fn pack_unbundled(keys: &Keys, src: &Path, to: &Path) -> String {
 }
 
 fn pack_with(keys: &Keys, src: &Path, to: &Path, extra: &[&str]) -> String {
-    let mut args = args![
+    let mut args = pack_args(keys, src, to);
+    args.push("-q".into());
+    args.extend(extra.iter().map(std::ffi::OsString::from));
+    ok(&args)
+}
+
+/// `forte pack SRC --to TO` with the keys, for a test to add flags to.
+pub fn pack_args(keys: &Keys, src: &Path, to: &Path) -> Args {
+    args![
         "pack",
         src,
         "--to",
@@ -121,11 +129,8 @@ fn pack_with(keys: &Keys, src: &Path, to: &Path, extra: &[&str]) -> String {
         "--recipient",
         &keys.core_pub,
         "--sign",
-        &keys.edge_key,
-        "-q",
-    ];
-    args.extend(extra.iter().map(std::ffi::OsString::from));
-    ok(&args)
+        &keys.edge_key
+    ]
 }
 
 /// The edge's and the core's keys, to forge what only a compromised edge key could: correctly
