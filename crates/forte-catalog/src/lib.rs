@@ -48,8 +48,8 @@ use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use reads::{
-    BatchRow, Event, Failure, FileProgress, FileRow, Filter, PartRow, StageRow, TunedRow,
-    TuningSample, UsageRow,
+    BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
+    TunedRow, TuningSample, UsageRow,
 };
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
 pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, UsageRecorder};
@@ -385,6 +385,12 @@ mod tests {
             net_tx_bps: 65e6,
             own_cpu_percent: 1.0,
             own_memory: 1 << 20,
+            item_latency: ItemLatency {
+                items: 215,
+                p50_ms: 55.2,
+                p87_ms: 202.1,
+                p99_ms: 312.0,
+            },
         };
         catalog.usage(row.clone()).unwrap();
         assert_eq!(

@@ -69,10 +69,22 @@ pub struct UsageRow {
     /// memory in bytes: what forte itself took of `cpu_percent` and `memory_used`.
     pub own_cpu_percent: f64,
     pub own_memory: i64,
+    /// The sampling process's parts' latency from read to sink, since it started.
+    pub item_latency: ItemLatency,
     pub disk_read_bps: f64,
     pub disk_write_bps: f64,
     pub net_rx_bps: f64,
     pub net_tx_bps: f64,
+}
+
+/// Percentiles of a process's parts' latency from read to sink, since it started (0 in samples
+/// taken before forte kept them, or before any part reached the sink).
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct ItemLatency {
+    pub items: i64,
+    pub p50_ms: f64,
+    pub p87_ms: f64,
+    pub p99_ms: f64,
 }
 
 /// The setting that worked best for a relay, a size cluster and an hour of the day.
@@ -495,7 +507,7 @@ impl Catalog {
 
     /// Utilisation samples of one node (or of every node), oldest first.
     pub fn usage_of(&self, node: Option<&str>) -> Result<Vec<UsageRow>> {
-        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory FROM usage";
+        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms FROM usage";
         let (by_node, all) = (
             format!("{COLUMNS} WHERE node = $1 ORDER BY at"),
             format!("{COLUMNS} ORDER BY node, at"),
@@ -517,6 +529,12 @@ impl Catalog {
                 net_tx_bps: r.try_get(8)?,
                 own_cpu_percent: r.try_get(9)?,
                 own_memory: r.try_get(10)?,
+                item_latency: ItemLatency {
+                    items: r.try_get(11)?,
+                    p50_ms: r.try_get(12)?,
+                    p87_ms: r.try_get(13)?,
+                    p99_ms: r.try_get(14)?,
+                },
             })
         })
     }

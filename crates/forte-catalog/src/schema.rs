@@ -119,6 +119,12 @@ const MIGRATIONS: &[&str] = &[
     // machine's, in each utilisation sample (0 in samples taken before).
     "ALTER TABLE usage ADD COLUMN own_cpu_percent DOUBLE PRECISION NOT NULL DEFAULT 0",
     "ALTER TABLE usage ADD COLUMN own_memory BIGINT NOT NULL DEFAULT 0",
+    // 8: the sampling process's parts' latency from read to sink (percentiles since it
+    // started) in each utilisation sample (0 before).
+    "ALTER TABLE usage ADD COLUMN latency_items BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN latency_p50_ms DOUBLE PRECISION NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN latency_p87_ms DOUBLE PRECISION NOT NULL DEFAULT 0;
+    ALTER TABLE usage ADD COLUMN latency_p99_ms DOUBLE PRECISION NOT NULL DEFAULT 0",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

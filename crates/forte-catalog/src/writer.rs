@@ -490,8 +490,8 @@ async fn widen_stage(conn: &mut AnyConnection, s: &StageSpan) -> sqlx::Result<()
 /// Records one utilisation sample; a second sample of a node at the same time is ignored.
 async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (node, at) DO NOTHING",
+        "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) ON CONFLICT (node, at) DO NOTHING",
     )
     .bind(&u.node)
     .bind(u.at)
@@ -504,6 +504,10 @@ async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()
     .bind(u.net_tx_bps)
     .bind(u.own_cpu_percent)
     .bind(u.own_memory)
+    .bind(u.item_latency.items)
+    .bind(u.item_latency.p50_ms)
+    .bind(u.item_latency.p87_ms)
+    .bind(u.item_latency.p99_ms)
     .execute(conn)
     .await
     .map(drop)

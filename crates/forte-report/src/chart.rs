@@ -675,6 +675,7 @@ mod tests {
             net_rx_bps: 0.0,
             own_cpu_percent: 1.0,
             own_memory: 1 << 20,
+            item_latency: Default::default(),
         }
     }
 

@@ -17,7 +17,9 @@
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
 
-use forte_catalog::{BatchKey, BatchRow, Catalog, Role, Stage, StageRow, UsageRow};
+use std::collections::BTreeMap;
+
+use forte_catalog::{BatchKey, BatchRow, Catalog, ItemLatency, Role, Stage, StageRow, UsageRow};
 use serde::Serialize;
 
 /// One task of one batch: queued from `queued_from`, worked on from `started` to `ended`
@@ -279,6 +281,36 @@ pub fn link_use(batches: &[BatchKpi], usage: &[UsageRow], link_rate: f64) -> Opt
         mean_share_of_link: shares.iter().sum::<f64>() / n as f64,
     })
 }
+
+/// A node's parts' latency from read to sink over the run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct NodeLatency {
+    pub node: String,
+    #[serde(flatten)]
+    pub latency: ItemLatency,
+}
+
+/// Per node, its parts' latency from read to sink as its last utilisation sample up to the
+/// run's end says (percentiles over the sampling process's life, which a daemon started for the
+/// run spends on it).
+pub fn item_latency(run: &RunKpi, usage: &[UsageRow]) -> Vec<NodeLatency> {
+    let mut last: BTreeMap<&str, ItemLatency> = BTreeMap::new();
+    for u in usage.iter().filter(|u| u.at >= run.started) {
+        if u.item_latency.items > 0 && u.at <= run.ended + SAMPLE_SLACK_US {
+            last.insert(&u.node, u.item_latency);
+        }
+    }
+    last.into_iter()
+        .map(|(node, latency)| NodeLatency {
+            node: node.to_owned(),
+            latency,
+        })
+        .collect()
+}
+
+/// A utilisation sample taken this long after the run's end still belongs to it (samples come
+/// once a second).
+const SAMPLE_SLACK_US: i64 = 2_000_000;
 
 /// The time covered by at least one of `spans` (their union): a pipeline's busy time, its
 /// idle minutes between batches left out.

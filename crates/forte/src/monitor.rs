@@ -288,6 +288,26 @@ fn stage_families() -> String {
     text
 }
 
+/// The latency from read to sink of every part of `role`'s pipelines in this process so far.
+pub fn item_latency(role: Role) -> forte_catalog::ItemLatency {
+    let pools = STAGES
+        .lock()
+        .as_ref()
+        .map(Stages::pools)
+        .unwrap_or_default();
+    pools
+        .get(role.as_str())
+        .map_or_else(Default::default, |(latencies, _)| {
+            let l = latencies.snapshot();
+            forte_catalog::ItemLatency {
+                items: l.items as i64,
+                p50_ms: l.p50_ms,
+                p87_ms: l.p87_ms,
+                p99_ms: l.p99_ms,
+            }
+        })
+}
+
 /// The items' latency from read to sink (a summary: p50, p87, p99) and the pool workers
 /// replaced, per role.
 fn pool_families(pools: &BTreeMap<&'static str, (Latencies, u64)>, text: &mut String) {

@@ -80,6 +80,7 @@ pub fn sample_usage(catalog: &Catalog, role: Role) -> Option<forte_usage::Sample
             net_tx_bps: s.net_tx_bytes_per_sec,
             own_cpu_percent: s.own_cpu_percent,
             own_memory: s.own_memory_bytes as i64,
+            item_latency: crate::monitor::item_latency(role),
         })
     };
     match forte_usage::Sampler::start(std::time::Duration::from_secs(1), record) {

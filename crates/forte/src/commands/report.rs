@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, StageRow, TuningSample, UsageRow};
 use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png, TimeAxis};
-use forte_report::kpi::{self, BatchKpi, LinkUse, RunKpi};
+use forte_report::kpi::{self, BatchKpi, LinkUse, NodeLatency, RunKpi};
 use serde::Serialize;
 
 use crate::record::{self, Catalog};
@@ -52,6 +52,8 @@ struct Report {
     run: Option<RunKpi>,
     verdict: Option<String>,
     link: Option<LinkUse>,
+    /// Per node: its parts' latency from read to sink.
+    item_latency: Vec<NodeLatency>,
 }
 
 pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
@@ -86,6 +88,9 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
         _ => None,
     };
     let link = link_rate.and_then(|rate| kpi::link_use(&batches, &usage, rate));
+    let item_latency = run
+        .as_ref()
+        .map_or_else(Vec::new, |run| kpi::item_latency(run, &usage));
     if let Some(dir) = &args.charts {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create chart directory {}", dir.display()))?;
@@ -115,6 +120,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
         run,
         verdict,
         link,
+        item_latency,
     };
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&report)?),
@@ -227,6 +233,13 @@ fn print_text(r: &Report) {
     );
     if let Some(v) = &r.verdict {
         println!("verdict: {v}");
+    }
+    for n in &r.item_latency {
+        let l = &n.latency;
+        println!(
+            "part latency from read to sink at {}: p50 {:.0} ms, p87 {:.0} ms, p99 {:.0} ms ({} parts)",
+            n.node, l.p50_ms, l.p87_ms, l.p99_ms, l.items
+        );
     }
     if let Some(l) = &r.link {
         println!(

@@ -161,6 +161,17 @@ fn report_prints_the_verdict_and_writes_charts() {
         "{text}"
     );
     assert!(text.contains("3.36 TB/day nominal"), "{text}");
+    // Each end's parts' latency from read to sink, from its utilisation samples.
+    for role in ["edge", "core"] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("part latency from read to sink at {role}@")))
+            .unwrap_or_else(|| panic!("no {role} latency in {text}"));
+        assert!(
+            line.contains(" ms, p87 ") && line.contains(" parts)"),
+            "{line}"
+        );
+    }
     for chart in ["timeline", "utilisation"] {
         let svg = std::fs::read_to_string(charts.join(format!("{chart}.svg"))).unwrap();
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
