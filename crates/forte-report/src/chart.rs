@@ -186,8 +186,9 @@ fn panels<R>(
         };
         let _ = writeln!(
             svg,
-            r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {max:.1} {unit}){note}</text>"#,
-            top - 4.0
+            r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {} {unit}){note}</text>"#,
+            top - 4.0,
+            value_label(max, max)
         );
         axis(&mut svg, time, bottom);
         value_ticks(&mut svg, (top + 6.0, bottom), max, unit);
@@ -345,17 +346,28 @@ fn clock(t: i64, step: f64) -> String {
     format!("{hms}{}", &fraction[1..])
 }
 
+/// `value` on an axis that goes up to `max`, with as many decimals as tell its ticks apart: a
+/// link that moved 0.04 MB/s reads 0.02 and 0.04, not 0.0 twice.
+fn value_label(value: f64, max: f64) -> String {
+    let decimals = if max > 0.0 && max < 1.0 {
+        (-max.log10()).ceil() as usize + 1
+    } else {
+        1
+    };
+    format!("{value:.decimals$}")
+}
+
 /// Ticks on a panel's value axis from `bottom` up to `top` (pixels): 0, half and the most.
 fn value_ticks(svg: &mut String, (top, bottom): (f64, f64), max: f64, unit: &str) {
     for share in [0.0, 0.5, 1.0] {
         let y = bottom - share * (bottom - top);
         let _ = writeln!(
             svg,
-            r##"<line x1="{}" y1="{y:.1}" x2="{LEFT}" y2="{y:.1}" stroke="#444"/><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{:.1} {unit}</text>"##,
+            r##"<line x1="{}" y1="{y:.1}" x2="{LEFT}" y2="{y:.1}" stroke="#444"/><text x="{}" y="{:.1}" font-size="10" text-anchor="end">{} {unit}</text>"##,
             LEFT - 4.0,
             LEFT - 6.0,
             y + 3.0,
-            share * max
+            value_label(share * max, max)
         );
     }
 }
@@ -677,6 +689,19 @@ mod tests {
             own_memory: 1 << 20,
             item_latency: Default::default(),
         }
+    }
+
+    #[test]
+    fn small_values_are_labelled_with_the_decimals_that_tell_them_apart() {
+        // A network panel of a loopback run saw 0.04 MB/s at most: "0.0 MB/s" at every tick
+        // said nothing.
+        let mut svg = String::new();
+        value_ticks(&mut svg, (0.0, 100.0), 0.04, "MB/s");
+        for label in [">0.000 MB/s<", ">0.020 MB/s<", ">0.040 MB/s<"] {
+            assert!(svg.contains(label), "{label} in {svg}");
+        }
+        assert_eq!(value_label(42.0, 84.0), "42.0");
+        assert_eq!(value_label(0.5, 0.5), "0.50");
     }
 
     /// The x of the tick labelled `label` in `svg`.
