@@ -266,6 +266,7 @@ enum FilterValue {
 /// How far a file of a batch has come: its state, size and parts at the relay or further.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileProgress {
+    pub object_id: String,
     pub state: FileState,
     pub size: i64,
     pub parts_done: i64,
@@ -461,7 +462,7 @@ impl Catalog {
     pub fn progress(&self, key: &BatchKey) -> Result<Vec<FileProgress>> {
         let query = sqlx::query(
             "SELECT f.state, f.size, (SELECT COUNT(*) FROM parts p WHERE p.object_id = f.object_id
-                 AND p.state IN ('uploaded', 'sealed', 'verified'))
+                 AND p.state IN ('uploaded', 'sealed', 'verified')), f.object_id
              FROM files f WHERE f.batch_key = $1",
         )
         .bind(key.to_string());
@@ -470,6 +471,7 @@ impl Catalog {
                 state: vocabulary(r, 0, FileState::parse)?,
                 size: r.try_get(1)?,
                 parts_done: r.try_get(2)?,
+                object_id: r.try_get(3)?,
             })
         })
     }

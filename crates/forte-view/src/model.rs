@@ -360,6 +360,9 @@ pub struct File {
     pub delivered_to: Option<String>,
     pub carrier: Option<String>,
     pub updated_us: i64,
+    /// Its parts done on its node so far (uploaded at the edge, verified at the core); counted
+    /// in a batch's files only.
+    pub parts_done: i64,
 }
 
 impl From<FileRow> for File {
@@ -374,6 +377,7 @@ impl From<FileRow> for File {
             delivered_to: f.delivered_to,
             carrier: f.carrier,
             updated_us: f.updated_at,
+            parts_done: 0,
         }
     }
 }
@@ -408,6 +412,22 @@ impl From<Failure> for FailureView {
     }
 }
 
+/// A batch's files, each with its parts done.
+fn files_with_progress(catalog: &Catalog, key: &BatchKey) -> Result<Vec<File>> {
+    let done: HashMap<String, i64> = catalog
+        .progress(key)?
+        .into_iter()
+        .map(|p| (p.object_id, p.parts_done))
+        .collect();
+    let files = catalog.files(key)?.into_iter().map(File::from);
+    Ok(files
+        .map(|f| File {
+            parts_done: done.get(&f.object_id).copied().unwrap_or(0),
+            ..f
+        })
+        .collect())
+}
+
 /// One batch, whole: `GET /api/v1/batches/{key}`.
 #[derive(Debug, Clone, Serialize)]
 pub struct BatchDetail {
@@ -434,7 +454,7 @@ impl BatchDetail {
                     ended_us: s.ended_at,
                 })
                 .collect(),
-            files: catalog.files(key)?.into_iter().map(File::from).collect(),
+            files: files_with_progress(catalog, key)?,
             failures: catalog
                 .failures(Some(key), 100)?
                 .into_iter()

@@ -10,7 +10,7 @@ use axum::http::header;
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use forte_catalog::{format_utc, BatchKey};
+use forte_catalog::{format_utc, BatchKey, FileState};
 use forte_report::human;
 use forte_report::kpi;
 use serde::Deserialize;
@@ -449,7 +449,7 @@ fn file_table(files: &[File], links: &Links<'_>) -> String {
             escape(&f.path),
             BatchKey::parse(&f.batch_key).role(),
             f.state,
-            f.state,
+            state_text(f),
             human(f.size.max(0) as u64),
             escape(f.delivered_to.as_deref().unwrap_or("–")),
             format_utc(f.updated_us)
@@ -457,6 +457,20 @@ fn file_table(files: &[File], links: &Links<'_>) -> String {
     }
     html.push_str("</tbody></table>");
     html
+}
+
+/// A file's state as a row says it: one still `discovered` whose parts have started going says
+/// how many are at the relay.
+fn state_text(f: &File) -> String {
+    match (f.state, f.parts_done) {
+        (FileState::Discovered, n) if n > 0 => {
+            format!(
+                "uploading: {n} part{} at the relay",
+                if n == 1 { "" } else { "s" }
+            )
+        }
+        (state, _) => state.to_string(),
+    }
 }
 
 /// The overview's sections by element id: the page renders them, and so does each event.
@@ -856,5 +870,32 @@ mod tests {
         }
         assert_eq!(unescape_query("a+b%20c"), "a b c");
         assert_eq!(escape_path("site-a/0f 3"), "site-a/0f%203");
+    }
+
+    #[test]
+    fn a_file_on_its_way_says_how_many_parts_are_at_the_relay() {
+        // A file being uploaded read "discovered" until its last part was at the relay.
+        let file = |state, parts_done| File {
+            object_id: "o".into(),
+            batch_key: "k".into(),
+            path: "big.bin".into(),
+            size: 100 << 20,
+            state,
+            sha256: None,
+            delivered_to: None,
+            carrier: None,
+            updated_us: 0,
+            parts_done,
+        };
+        assert_eq!(state_text(&file(FileState::Discovered, 0)), "discovered");
+        assert_eq!(
+            state_text(&file(FileState::Discovered, 3)),
+            "uploading: 3 parts at the relay"
+        );
+        assert_eq!(
+            state_text(&file(FileState::Discovered, 1)),
+            "uploading: 1 part at the relay"
+        );
+        assert_eq!(state_text(&file(FileState::AtRelay, 7)), "at_relay");
     }
 }
