@@ -406,7 +406,22 @@ pub(crate) trait Demand: Sync {
     fn wait(&self);
 }
 
-impl<O: Weigh> Emit<'_, O> {
+impl<'a, O: Weigh> Emit<'a, O> {
+    /// An activation's hand-off to `tx` for worker `worker` of the stage `stats` counts, with
+    /// no CPU token to give back, no pool to wake and no demand to wait for.
+    fn new(tx: &'a Sender<O>, stats: &'a StageStats, worker: usize) -> Self {
+        Self {
+            tx,
+            stats,
+            budget: None,
+            rank: 0,
+            worker,
+            wake: None,
+            emitted: 0,
+            demand: None,
+        }
+    }
+
     /// Waits until the next stages want another item: a source calls it before it reads one,
     /// so that an item is read when it is needed, not as soon as memory allows. Under
     /// [`Scheduler::Ordo`] that is when the pool's queues hold fewer items than it has workers
@@ -669,19 +684,10 @@ impl<'scope> Stages<'scope, '_> {
         O: Weigh + Send + 'static,
         F: Fn(I, &mut Emit<'_, O>) + Send + Sync + 'scope,
     {
-        let (rank, stats) = self.pipeline.register(spec, &input);
+        let (_, stats) = self.pipeline.register(spec, &input);
         let run = move |item: I| {
             let worker = rayon::current_thread_index().unwrap_or(0) % spec.workers;
-            let mut emit = Emit {
-                tx: &output,
-                stats: &stats,
-                budget: None,
-                rank,
-                worker,
-                wake: None,
-                emitted: 0,
-                demand: None,
-            };
+            let mut emit = Emit::new(&output, &stats, worker);
             stats.took(&item);
             stats.start_work(worker);
             job(item, &mut emit);
@@ -801,14 +807,11 @@ impl<'scope> Stages<'scope, '_> {
                         }
                         stats.start_work(worker);
                         let mut emit = Emit {
-                            tx: &output,
-                            stats: &stats,
                             budget: budget.as_deref(),
                             rank,
-                            worker,
                             wake: wake.as_deref(),
-                            emitted: 0,
                             demand: demand.as_deref().map(|p| p as &dyn Demand),
+                            ..Emit::new(&output, &stats, worker)
                         };
                         job(item, &mut emit);
                         stats.stop_work(worker);

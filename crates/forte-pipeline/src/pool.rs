@@ -210,14 +210,8 @@ where
         self.stats.took(&item);
         let remains = item.remains();
         let mut emit = Emit {
-            tx: &output,
-            stats: &self.stats,
-            budget: None,
-            rank: self.rank,
-            worker: slot,
             wake: Some(&self.wake),
-            emitted: 0,
-            demand: None,
+            ..Emit::new(&output, &self.stats, slot)
         };
         self.stats.start_work(slot);
         let outcome = catch_unwind(AssertUnwindSafe(|| (self.job)(item, &mut emit)));

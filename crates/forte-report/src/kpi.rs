@@ -295,10 +295,13 @@ pub struct NodeLatency {
 /// run spends on it).
 pub fn item_latency(run: &RunKpi, usage: &[UsageRow]) -> Vec<NodeLatency> {
     let mut last: BTreeMap<&str, ItemLatency> = BTreeMap::new();
-    for u in usage.iter().filter(|u| u.at >= run.started) {
-        if u.item_latency.items > 0 && u.at <= run.ended + SAMPLE_SLACK_US {
-            last.insert(&u.node, u.item_latency);
-        }
+    let of_run = |u: &&UsageRow| (run.started..=run.ended + SAMPLE_SLACK_US).contains(&u.at);
+    for u in usage
+        .iter()
+        .filter(of_run)
+        .filter(|u| u.item_latency.items > 0)
+    {
+        last.insert(&u.node, u.item_latency);
     }
     last.into_iter()
         .map(|(node, latency)| NodeLatency {

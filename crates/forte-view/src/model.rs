@@ -89,7 +89,8 @@ pub enum Order {
 struct Seen {
     /// Each running batch's done bytes over time.
     batches: HashMap<String, Series>,
-    /// Per role: the done bytes of its running batches and of those that ended since.
+    /// Per role: its done total (running batches' done bytes, and the bytes of every batch
+    /// that ended done) over time.
     nodes: HashMap<Role, NodeTotal>,
     /// The last ETA worked out per running batch, and when (for answers about one batch).
     etas: HashMap<String, (i64, f64)>,
