@@ -27,6 +27,9 @@ pub trait Sink: Sync {
         self.put_part(manifest.id, 0, part, sha256)?;
         self.put_manifest(manifest, sealed_manifest)
     }
+    /// Told of each part once it is sealed and before it goes to the sink: its raw and sealed
+    /// lengths (a sender counts what it has ready for the link with them).
+    fn prepared(&self, _id: ObjectId, _index: u32, _raw_len: u64, _sealed_len: u64) {}
     /// Called once per object, after its manifest was stored or once it failed, with the
     /// outcome of its file (a bundle: of each of its files; all share `object` and error).
     fn done(&self, outcomes: &[FileOutcome]);

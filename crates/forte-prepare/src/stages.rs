@@ -540,9 +540,17 @@ impl<'k> Prepare<'k> {
 
     /// The `encrypt` stage: each part in an age envelope to the core's recipients.
     fn encrypt_part(&self, piece: &mut Piece, pass: &Pass) {
-        if let Body::Part { data, .. } = &mut piece.body {
+        if let Body::Part {
+            data,
+            index,
+            raw_len,
+            ..
+        } = &mut piece.body
+        {
             let mut sealed = pass.pools.sealed.take(data.len() + data.len() / 4096 + 512);
             encrypt(&self.recipients.0, data, &mut sealed);
+            pass.sink
+                .prepared(piece.file.id, *index, *raw_len, sealed.len() as u64);
             // From here a file's part is its sealed buffer (a recycled one may be larger than
             // its bytes) and, while a sink sends it, the sink's copy: less than the raw bytes
             // when they compressed. The rest of its charge lets the next parts be read while

@@ -259,7 +259,7 @@ async fn failures(
 
 pub(crate) async fn read_overview(view: &Shared) -> Result<Overview, ApiError> {
     read(view, |v| {
-        Overview::read(&v.catalogs, v.stages(), v.queue(), &v.progress)
+        Overview::read(&v.catalogs, v.stages(), v.queue(), v.wire(), &v.progress)
     })
     .await
 }

@@ -27,7 +27,7 @@ use axum::Router;
 use forte_catalog::Catalog;
 
 pub use access::Access;
-pub use live::{Live, QueueView, StageView};
+pub use live::{BatchWire, Live, QueueView, StageView, WireView};
 
 /// What serves the view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +71,10 @@ impl View {
 
     fn queue(&self) -> Option<QueueView> {
         self.live.as_ref().and_then(|l| l.queue())
+    }
+
+    fn wire(&self) -> Option<WireView> {
+        self.live.as_ref().and_then(|l| l.wire())
     }
 }
 

@@ -1,6 +1,8 @@
 //! What a daemon knows that its catalogue does not: its pipelines' stages and its batch queue
 //! now, and its Prometheus metrics. `forte dashboard` has none of it.
 
+use std::collections::HashMap;
+
 use forte_catalog::Role;
 use serde::Serialize;
 
@@ -32,6 +34,39 @@ pub struct QueueView {
     pub bytes: u64,
 }
 
+/// What the edge has put on the link and has ready for it, in sealed bytes: what the link
+/// paces. Batches compress differently (the test set's first ones 4-8x, the next 3x), so an
+/// ETA counted in raw bytes at the rate the first ones went overstates the next ones' pace;
+/// counted in these it does not. Only the edge's daemon knows the sealed size of a part
+/// before it is sent.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WireView {
+    /// Sealed bytes sent since the daemon started (every part the relay accepted).
+    pub sent: u64,
+    /// Raw and sealed bytes of every part prepared since the daemon started: the node's
+    /// compression, for a batch with none prepared yet.
+    pub prepared_raw: u64,
+    pub prepared_sealed: u64,
+    /// Per running batch (its catalogue key): what it has prepared.
+    pub batches: HashMap<String, BatchWire>,
+}
+
+/// A running batch's parts prepared at the edge, in raw and sealed bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct BatchWire {
+    /// Every part prepared so far, sent or not: the batch's compression.
+    pub prepared_raw: u64,
+    pub prepared_sealed: u64,
+    /// The parts prepared and not yet sent.
+    pub waiting_raw: u64,
+    pub waiting_sealed: u64,
+}
+
+/// Sealed bytes per raw byte, of `raw` raw bytes that sealed to `sealed`.
+pub(crate) fn sealed_per_raw(raw: u64, sealed: u64) -> Option<f64> {
+    (raw > 0).then(|| sealed as f64 / raw as f64)
+}
+
 /// A daemon's live view of itself, read at each request.
 pub trait Live: Send + Sync + 'static {
     /// The stages of the pipelines running now.
@@ -40,4 +75,8 @@ pub trait Live: Send + Sync + 'static {
     fn queue(&self) -> Option<QueueView>;
     /// Prometheus' text format, served at `/metrics`, where the daemon keeps metrics.
     fn metrics(&self) -> Option<String>;
+    /// What the edge has put on and has ready for the link; `None` elsewhere.
+    fn wire(&self) -> Option<WireView> {
+        None
+    }
 }

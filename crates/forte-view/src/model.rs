@@ -14,7 +14,7 @@ use forte_catalog::{
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::live::{QueueView, StageView};
+use crate::live::{sealed_per_raw, QueueView, StageView, WireView};
 
 /// A batch as the API shows it: its row, how far it has come, its rate and ETA.
 #[derive(Debug, Clone, Serialize)]
@@ -173,7 +173,14 @@ impl Progress {
 
     /// Works out the ETAs of every running batch (`in_flight`: all of them, of every role) at
     /// `now` from its node's rate and the batches ahead of it; forgets batches that ended.
-    fn queue_etas(&self, in_flight: &mut [Batch], ended: &EndedBytes, now: i64) {
+    /// With the edge's `wire` (its daemon's), the edge's work is counted in sealed bytes.
+    fn queue_etas(
+        &self,
+        in_flight: &mut [Batch],
+        ended: &EndedBytes,
+        wire: Option<&WireView>,
+        now: i64,
+    ) {
         let mut seen = self.seen.lock();
         let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
         seen.batches.retain(|key, _| running.contains(key));
@@ -184,8 +191,14 @@ impl Progress {
                 .filter(|b| b.role == role && b.state != BatchState::Queued)
                 .collect();
             let node = seen.nodes.entry(role).or_default();
-            let total = ended.get(&role).copied().unwrap_or(0)
-                + mine.iter().map(|b| b.done_bytes).sum::<i64>();
+            let wire = wire.filter(|_| role == Role::Edge);
+            let total = match wire {
+                Some(wire) => wire.sent as i64,
+                None => {
+                    ended.get(&role).copied().unwrap_or(0)
+                        + mine.iter().map(|b| b.done_bytes).sum::<i64>()
+                }
+            };
             // A batch that failed takes its done bytes out of the sum; the sum is kept from
             // shrinking (so a failure costs at most an underestimated rate for a window).
             node.failed = node.failed.max(node.last - total);
@@ -200,17 +213,32 @@ impl Progress {
                 }
                 Order::AsBegun => mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
             }
-            let mut ahead = 0;
+            let mut ahead = 0.0;
             let mut etas = vec![];
             for b in mine {
-                ahead += (b.bytes - b.done_bytes).max(0);
-                let eta = ahead as f64 / rate;
+                ahead += match wire {
+                    Some(wire) => sealed_left(b, wire),
+                    None => (b.bytes - b.done_bytes).max(0) as f64,
+                };
+                let eta = ahead / rate;
                 b.eta_s = Some(eta);
                 etas.push((b.key.clone(), (now, eta)));
             }
             seen.etas.extend(etas);
         }
     }
+}
+
+/// The sealed bytes a running edge batch has still to send: those of its parts prepared and
+/// waiting, and its raw bytes not prepared yet at its compression so far (the node's, before
+/// it has any).
+fn sealed_left(b: &Batch, wire: &WireView) -> f64 {
+    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
+    let per_raw = sealed_per_raw(mine.prepared_raw, mine.prepared_sealed)
+        .or_else(|| sealed_per_raw(wire.prepared_raw, wire.prepared_sealed))
+        .unwrap_or(1.0);
+    let unprepared = (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0);
+    mine.waiting_sealed as f64 + unprepared as f64 * per_raw
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -616,6 +644,7 @@ impl Overview {
         catalogs: &[Catalog],
         stages: Vec<StageView>,
         queue: Option<QueueView>,
+        wire: Option<WireView>,
         progress: &Progress,
     ) -> Result<Self> {
         let now = forte_catalog::now_us();
@@ -669,7 +698,7 @@ impl Overview {
                     .map(FailureView::from),
             );
         }
-        progress.queue_etas(&mut in_flight, &ended, now);
+        progress.queue_etas(&mut in_flight, &ended, wire.as_ref(), now);
         // A running batch among the newest is the one just read, with its ETA; the others are
         // read now.
         for (catalog, rows) in newest_rows {
@@ -815,6 +844,7 @@ pub fn hour_ago() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::live::BatchWire;
 
     fn stage(stage: &'static str, depth: usize, capacity: usize) -> StageView {
         StageView {
@@ -865,7 +895,7 @@ mod tests {
                 sending("b", 2, 100_000_000, 0),
                 sending("a", 1, 100_000_000, t * 10_000_000),
             ];
-            progress.queue_etas(&mut running, &EndedBytes::new(), t * S);
+            progress.queue_etas(&mut running, &EndedBytes::new(), None, t * S);
             etas = (running[1].eta_s, running[0].eta_s);
         }
         // At 4 s: A has 60 MB left (6 s), B its 100 MB after those (16 s). B's own mean rate
@@ -879,7 +909,7 @@ mod tests {
                 sending("a", 1, 100_000_000, t * 10_000_000),
                 sending("small", 3, 20_000_000, 0),
             ];
-            sjf.queue_etas(&mut running, &EndedBytes::new(), t * S);
+            sjf.queue_etas(&mut running, &EndedBytes::new(), None, t * S);
             etas = (running[0].eta_s, running[1].eta_s);
         }
         assert_eq!(etas, (Some(8.0), Some(2.0)));
@@ -896,7 +926,7 @@ mod tests {
                 let running = vec![sending("b", 2, 100_000_000, (t - 10) * 10_000_000)];
                 (running, EndedBytes::from([(Role::Edge, 100_000_000)]))
             };
-            progress.queue_etas(&mut running, &ended, t * S);
+            progress.queue_etas(&mut running, &ended, None, t * S);
             etas.1 = running[0].eta_s;
         }
         assert_eq!(etas.1, Some(7.0));
@@ -908,21 +938,63 @@ mod tests {
         // (74 MB) had come and gone and L had sent 17 MB. The node moved 91 MB in 5 s; counting
         // only the batches seen running gave 17 MB, and ETAs of 4-5× the truth.
         let progress = Progress::new(16 << 20, Order::LeastRemaining);
-        progress.queue_etas(&mut [], &EndedBytes::new(), 0);
+        progress.queue_etas(&mut [], &EndedBytes::new(), None, 0);
         let mut running = [
             sending("l", 0, 49_000_000, 17_000_000),
             sending("e", 0, 65_000_000, 0),
         ];
         let ended = EndedBytes::from([(Role::Edge, 74_000_000)]);
-        progress.queue_etas(&mut running, &ended, 5 * S);
+        progress.queue_etas(&mut running, &ended, None, 5 * S);
         let rate = 91e6 / 5.0;
         assert_eq!(running[0].eta_s, Some(32e6 / rate));
         assert_eq!(running[1].eta_s, Some(97e6 / rate));
         // L fails a second later: its 17 MB leave the sum, which does not go back below the
         // 91 MB seen (a slope over a shrinking sum would be no rate at all).
         let mut running = [sending("e", 0, 65_000_000, 10_000_000)];
-        progress.queue_etas(&mut running, &ended, 6 * S);
+        progress.queue_etas(&mut running, &ended, None, 6 * S);
         assert_eq!(running[0].eta_s, Some(55e6 / (91e6 / 6.0)));
+    }
+
+    #[test]
+    fn at_the_edge_a_batch_that_compresses_less_is_timed_in_the_sealed_bytes_the_link_paces() {
+        // As seen sending A–N at 5 MB/s: the first batches (100 MB raw) compressed 5x and went
+        // in 4 s, 25 MB/s raw; E (60 MB) compresses 3x, its parts prepared and waiting for
+        // the link; F (30 MB) is not prepared yet.
+        let wire = |sent: u64| WireView {
+            sent,
+            prepared_raw: 160_000_000,
+            prepared_sealed: 40_000_000,
+            batches: HashMap::from([(
+                "e".to_owned(),
+                BatchWire {
+                    prepared_raw: 60_000_000,
+                    prepared_sealed: 20_000_000,
+                    waiting_raw: 60_000_000,
+                    waiting_sealed: 20_000_000,
+                },
+            )]),
+        };
+        let running = || {
+            [
+                sending("e", 1, 60_000_000, 0),
+                sending("f", 2, 30_000_000, 0),
+            ]
+        };
+        let (by_sealed, by_raw) = (
+            Progress::new(16 << 20, Order::AsBegun),
+            Progress::new(16 << 20, Order::AsBegun),
+        );
+        let mut etas = (running(), running());
+        for (t, sent, ended) in [(0, 0, 0), (4, 20_000_000, 100_000_000)] {
+            etas = (running(), running());
+            by_sealed.queue_etas(&mut etas.0, &EndedBytes::new(), Some(&wire(sent)), t * S);
+            let ended = EndedBytes::from([(Role::Edge, ended)]);
+            by_raw.queue_etas(&mut etas.1, &ended, None, t * S);
+        }
+        // E's 20 MB sealed at 5 MB/s: 4 s; then F's 30 MB raw at the node's 4x: 7.5 MB more.
+        assert_eq!((etas.0[0].eta_s, etas.0[1].eta_s), (Some(4.0), Some(5.5)));
+        // Counted in raw bytes at the first batches' 25 MB/s, E read 2.4 s: 40 % short.
+        assert_eq!(etas.1[0].eta_s, Some(2.4));
     }
 
     #[test]
@@ -969,7 +1041,7 @@ mod tests {
         }
         assert_eq!(rate, Some(5e6));
         // A batch that no longer runs is forgotten.
-        progress.queue_etas(&mut [], &EndedBytes::new(), 60 * S);
+        progress.queue_etas(&mut [], &EndedBytes::new(), None, 60 * S);
         assert!(progress.seen.lock().batches.is_empty());
     }
 }

@@ -12,14 +12,15 @@
 //! `send --bwlimit` the limit in force, `forte_upload_limit_bytes_per_second{role="edge"}` (0:
 //! none; set by `forte_relay::pace`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchState, Catalog, Role};
+use forte_catalog::{BatchKey, BatchState, Catalog, Role};
+use forte_format::ObjectId;
 use forte_pipeline::{Latencies, Pipeline, StageSnapshot};
-use forte_view::{QueueView, StageView};
+use forte_view::{QueueView, StageView, WireView};
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
@@ -111,6 +112,67 @@ impl forte_view::Live for Daemon {
         let mut text = self.handle.render();
         text.push_str(&stage_families());
         Some(text)
+    }
+
+    fn wire(&self) -> Option<WireView> {
+        WIRE.lock().as_ref().map(|w| w.view.clone())
+    }
+}
+
+/// The edge's sealed bytes sent and ready for the link (kept once a part is prepared).
+static WIRE: Mutex<Option<Wire>> = Mutex::new(None);
+
+#[derive(Default)]
+struct Wire {
+    view: WireView,
+    /// The parts prepared and not yet sent: their batch's key, raw and sealed lengths.
+    waiting: HashMap<(ObjectId, u32), (String, u64, u64)>,
+}
+
+impl Wire {
+    /// Takes a waiting part out of its batch's waiting bytes.
+    fn unwait(&mut self, part: (ObjectId, u32)) {
+        let Some((key, raw, sealed)) = self.waiting.remove(&part) else {
+            return;
+        };
+        if let Some(batch) = self.view.batches.get_mut(&key) {
+            batch.waiting_raw = batch.waiting_raw.saturating_sub(raw);
+            batch.waiting_sealed = batch.waiting_sealed.saturating_sub(sealed);
+        }
+    }
+}
+
+/// Part `index` of object `id` of the edge's `batch` is sealed and waits for the link.
+pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, sealed: u64) {
+    let mut wire = WIRE.lock();
+    let wire = wire.get_or_insert_with(Wire::default);
+    // Prepared again (its file retried): counted once.
+    wire.unwait((id, index));
+    let key = batch.to_string();
+    wire.view.prepared_raw += raw;
+    wire.view.prepared_sealed += sealed;
+    let mine = wire.view.batches.entry(key.clone()).or_default();
+    mine.prepared_raw += raw;
+    mine.prepared_sealed += sealed;
+    mine.waiting_raw += raw;
+    mine.waiting_sealed += sealed;
+    wire.waiting.insert((id, index), (key, raw, sealed));
+}
+
+/// Part `index` of object `id` is at the relay: `sealed` bytes sent.
+pub fn part_sent(id: ObjectId, index: u32, sealed: u64) {
+    let mut wire = WIRE.lock();
+    let wire = wire.get_or_insert_with(Wire::default);
+    wire.view.sent += sealed;
+    wire.unwait((id, index));
+}
+
+/// The edge's `batch` ended: it has nothing more for the link.
+pub fn batch_ended(batch: &BatchKey) {
+    if let Some(wire) = WIRE.lock().as_mut() {
+        let key = batch.to_string();
+        wire.view.batches.remove(&key);
+        wire.waiting.retain(|_, (of, _, _)| *of != key);
     }
 }
 

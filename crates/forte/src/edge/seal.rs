@@ -219,6 +219,7 @@ impl Edge<'_> {
             BatchState::Failed
         };
         crate::monitor::batch_done(Role::Edge, state);
+        crate::monitor::batch_ended(batch_key);
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
         let totals = (report.files as u64, bytes);

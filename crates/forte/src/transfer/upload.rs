@@ -88,6 +88,7 @@ impl UploadSink<'_> {
         };
         let object = id.to_string();
         self.count(id, sealed.len());
+        crate::monitor::part_sent(id, index, sealed.len() as u64);
         note(
             "an uploaded part",
             self.catalog.part_state(
@@ -128,6 +129,10 @@ impl UploadSink<'_> {
 }
 
 impl Sink for UploadSink<'_> {
+    fn prepared(&self, id: ObjectId, index: u32, raw_len: u64, sealed_len: u64) {
+        crate::monitor::part_prepared(&self.batch(id), id, index, raw_len, sealed_len);
+    }
+
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         (self.on_sending)(id, sha256);
