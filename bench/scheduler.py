@@ -2,7 +2,9 @@
 """Who runs the computing stages (issue 20): `--scheduler ordo` (one pool of workers choosing the
 next stage by its queues) against `--scheduler threads` (each stage its own threads, sharing
 the cores through CPU tokens), on `forte pack` and `forte unpack` of the corpus (bench/corpus.py,
-≥ 1 GB of real files), at --cpu 1 and 2.
+≥ 1 GB of real files), at --cpu 1 and 2, and on the ingest writer: `forte ingest` replaying
+--streams recordings at once (each 1 Mi rows of a timestamp and 32 float32 noisy sines, 143 MB;
+made once under the bench directory) into Parquet, with --writers 1 and 2.
 
 Every run reads the corpus from the page cache (read into it before each round) and writes to
 tmpfs, so the numbers compare CPU work. Rounds are interleaved (each round runs every contender
@@ -14,13 +16,18 @@ unpack of a 2 GB tree (the corpus, and its first 0.8 GB again under copy/), agai
 undisturbed, median of --runs each; the restored tree must be byte-identical to the source and
 no file reported failed.
 
-Usage: bench/scheduler.py [--runs 5] [--cpus 1,2] [--schedulers threads,ordo] [--kills]
+Usage: bench/scheduler.py [--runs 5] [--cpus 1,2] [--schedulers threads,ordo] [--ops pack,unpack,ingest]
+                          [--streams 4] [--kills]
 """
 
 import argparse
+import array
 import hashlib
 import json
+import math
 import os
+import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -71,6 +78,41 @@ def unpack_cmd(packed: Path, dest: Path, keys: Path, scheduler: str, cpu: int):
             "--scheduler", scheduler, "--cpu", str(cpu), "--json"]
 
 
+def ingest_cmd(recordings, schema: Path, dest: Path, scheduler: str, cpu: int):
+    files = [a for r in recordings for a in ("--from-file", r)]
+    return [FORTE, "ingest", *files, "--schema", schema, "--out", dest, "--writers", str(cpu),
+            "--scheduler", scheduler]
+
+
+SENSORS = 32
+ROWS = 1 << 20
+
+
+def ensure_recording() -> tuple[Path, Path]:
+    """A recording of ROWS rows (int64 ns timestamp, SENSORS float32 noisy sines) and its schema,
+    made once: one row group's worth of rows (65 536) repeated, each row group compressed alone."""
+    rec, schema = WORK / "ingest-bench" / "turbine.bin", WORK / "ingest-bench" / "turbine.schema.toml"
+    if rec.exists() and schema.exists():
+        return rec, schema
+    rec.parent.mkdir(parents=True, exist_ok=True)
+    schema.write_text(f'timestamp = "time"\n\n[[column]]\nname = "s"\ncount = {SENSORS}\ntype = "float32"\n')
+    rng = random.Random(1)
+    group = bytearray()
+    for row in range(65_536):
+        values = array.array("f", (math.sin(row / (50 + 7 * c)) * (1 + c) + rng.gauss(0, 0.05)
+                                   for c in range(SENSORS)))
+        group += (row * 39_062).to_bytes(8, "little") + values.tobytes()
+    with open(rec, "wb") as f:
+        for _ in range(ROWS // 65_536):
+            f.write(group)
+    return rec, schema
+
+
+def writers_latency(stdout: str) -> str:
+    m = re.search(r"(\d+) ms from handed over to written at p50, (\d+) ms at p87, (\d+) ms at p99", stdout)
+    return "/".join(m.groups()) if m else "–"
+
+
 def latency(summary: dict) -> str:
     lat = summary.get("latency")
     if not lat:
@@ -93,26 +135,43 @@ def digest_tree(root: Path) -> dict:
 def compare(args, corpus: Path, keys: Path):
     nfiles, nbytes = corpus_stats(corpus)
     print(f"corpus: {nfiles} files, {nbytes / 1e6:.0f} MB")
+    ops = args.ops
+    sizes = {"pack": nbytes, "unpack": nbytes}
+    if "ingest" in ops:
+        recording, schema = ensure_recording()
+        recordings = [recording] * args.streams
+        sizes["ingest"] = recording.stat().st_size * args.streams
+        print(f"ingest: {args.streams} streams of {recording.stat().st_size / 1e6:.0f} MB "
+              f"({ROWS} rows of a timestamp and {SENSORS} float32), zstd, BYTE_STREAM_SPLIT")
     contenders = [(s, c) for c in args.cpus for s in args.schedulers]
-    walls = {(op, s, c): [] for op in ("pack", "unpack") for s, c in contenders}
-    lats = {(op, s, c): [] for op in ("pack", "unpack") for s, c in contenders}
+    walls = {(op, s, c): [] for op in ops for s, c in contenders}
+    lats = {(op, s, c): [] for op in ops for s, c in contenders}
     for r in range(args.runs):
         for s, c in contenders:
             shutil.rmtree(OUT, ignore_errors=True)
             OUT.mkdir(parents=True)
-            warm(corpus)
-            wall, summary = run(pack_cmd(corpus, OUT / "packed", keys, s, c))
-            walls[("pack", s, c)].append(wall)
-            lats[("pack", s, c)].append(latency(summary))
-            wall, summary = run(unpack_cmd(OUT / "packed", OUT / "restored", keys, s, c))
-            walls[("unpack", s, c)].append(wall)
-            lats[("unpack", s, c)].append(latency(summary))
-            print(f"round {r + 1}: {s} --cpu {c}: pack {walls[('pack', s, c)][-1]:.2f} s "
-                  f"unpack {walls[('unpack', s, c)][-1]:.2f} s", flush=True)
+            if "pack" in ops or "unpack" in ops:
+                warm(corpus)
+                wall, summary = run(pack_cmd(corpus, OUT / "packed", keys, s, c))
+                if "pack" in ops:
+                    walls[("pack", s, c)].append(wall)
+                    lats[("pack", s, c)].append(latency(summary))
+            if "unpack" in ops:
+                wall, summary = run(unpack_cmd(OUT / "packed", OUT / "restored", keys, s, c))
+                walls[("unpack", s, c)].append(wall)
+                lats[("unpack", s, c)].append(latency(summary))
+            if "ingest" in ops:
+                warm(recording.parent)
+                start = time.perf_counter()
+                out = sh(ingest_cmd(recordings, schema, OUT / "ingest", s, c), capture_output=True, text=True)
+                walls[("ingest", s, c)].append(time.perf_counter() - start)
+                lats[("ingest", s, c)].append(writers_latency(out.stdout))
+            print(f"round {r + 1}: {s} --cpu {c}: "
+                  + ", ".join(f"{op} {walls[(op, s, c)][-1]:.2f} s" for op in ops), flush=True)
     shutil.rmtree(OUT, ignore_errors=True)
     print(f"\n| operation | --cpu | scheduler | median s (runs) | MB/s | × threads | latency p50/p87/p99 ms (runs) |")
     print("|---|---:|---|---|---:|---:|---|")
-    for op in ("pack", "unpack"):
+    for op in ops:
         for c in args.cpus:
             base = statistics.median(walls[(op, "threads", c)]) if "threads" in args.schedulers else None
             for s in args.schedulers:
@@ -120,7 +179,7 @@ def compare(args, corpus: Path, keys: Path):
                 med = statistics.median(ts)
                 ratio = f"{base / med:.3f}" if base else "–"
                 print(f"| {op} | {c} | {s} | {med:.2f} ({', '.join(f'{t:.2f}' for t in ts)}) "
-                      f"| {nbytes / 1e6 / med:.0f} | {ratio} | {'; '.join(lats[(op, s, c)])} |")
+                      f"| {sizes[op] / 1e6 / med:.0f} | {ratio} | {'; '.join(lats[(op, s, c)])} |")
 
 
 def kills(args, corpus: Path, keys: Path):
@@ -184,6 +243,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cpus", default="1,2", type=lambda s: [int(x) for x in s.split(",")])
     ap.add_argument("--schedulers", default="threads,ordo", type=lambda s: s.split(","))
+    ap.add_argument("--ops", default="pack,unpack,ingest", type=lambda s: s.split(","))
+    ap.add_argument("--streams", type=int, default=4, help="recordings the ingest replays at once")
     ap.add_argument("--kills", action="store_true", help="the workers-killed run instead")
     ap.add_argument("--kill-spec", default="0.6,4")
     ap.add_argument("--kill-cpu", type=int, default=2)

@@ -1,6 +1,11 @@
 //! Streams of rows into Parquet files: each stream fills one of its two row-group buffers
 //! while a writer from a shared pool writes the other.
 //!
+//! The writers are the `write` stage of a forte-pipeline pipeline, run by its scheduler (under
+//! Ordo, a pool whose worker that dies is replaced: the stream whose buffer it held fails,
+//! naming the stream, and the others go on). The stage's counters and each buffer's latency
+//! from handed over to written are the pipeline's.
+//!
 //! Back-pressure, not loss: a stream whose writer has not handed back the other buffer waits,
 //! and while it waits it does not read its input, so a TCP sender is slowed by TCP itself.
 //! That wait is the paper's "gap"; each stream reports its longest.
@@ -14,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use crossbeam_channel::{Receiver, Sender};
+use forte_pipeline::{Budget, Gate, Pipeline, Reading, Salvage, Scheduling, Weigh};
 use parking_lot::Mutex;
 use parquet::file::properties::WriterProperties;
 use parquet::schema::types::Type;
@@ -30,8 +36,10 @@ pub struct IngestOptions {
     pub row_groups_per_file: usize,
     /// A partly filled buffer is written after this long, so slow streams still publish.
     pub flush_after: Duration,
-    /// Threads writing row groups, shared by all streams.
+    /// Writers of row groups, shared by all streams: the CPU budget of the write stage.
     pub writers: usize,
+    /// Who runs the writers.
+    pub scheduling: Scheduling,
     pub file: FileOptions,
 }
 
@@ -42,6 +50,7 @@ impl Default for IngestOptions {
             row_groups_per_file: 16,
             flush_after: Duration::from_secs(10),
             writers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            scheduling: Scheduling::default(),
             file: FileOptions::default(),
         }
     }
@@ -81,52 +90,103 @@ struct Filled {
     last: bool,
 }
 
-/// One filled buffer of a stream to write. Jobs name the stream, not the buffer: the writer
-/// that holds the stream's output takes the oldest of its filled buffers, so two writers
-/// working for one stream still write its row groups in order.
-struct Job {
-    output: Arc<Mutex<Output>>,
-    filled: Arc<Mutex<VecDeque<Filled>>>,
+/// What the writers share with one stream: its output, its filled buffers in order, and the
+/// way its emptied buffers go back.
+struct Lane {
+    output: Mutex<Output>,
+    filled: Mutex<VecDeque<Filled>>,
     back: Sender<RowGroup>,
+    /// A blank buffer's shape, for one lost with a writer that died.
+    schema: Arc<Schema>,
+    rows_per_group: usize,
+    plain: bool,
+}
+
+impl Lane {
+    fn blank(&self) -> RowGroup {
+        RowGroup::new(&self.schema, self.rows_per_group, self.plain)
+    }
+}
+
+/// One filled buffer of a stream to write, then the emptied buffer to give back. Jobs name the
+/// stream, not the buffer: the writer that holds the stream's output takes the oldest of its
+/// filled buffers, so two writers working for one stream still write its row groups in order.
+struct Job {
+    lane: Arc<Lane>,
+    /// The buffer, once written and cleared.
+    emptied: Option<RowGroup>,
+    bytes: u64,
+    handed_over: Instant,
+}
+
+impl Weigh for Job {
+    const ITEM: &'static str = "row group";
+
+    fn weight(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Its latency runs from the moment the stream handed the buffer over.
+    fn read_at(&self) -> Option<Instant> {
+        Some(self.handed_over)
+    }
+}
+
+/// A writer that dies holding a job fails the job's stream; a blank buffer goes back in place of
+/// the one lost, so the stream, which waits for it, hears the failure.
+impl Salvage for Job {
+    type Remains = Arc<Lane>;
+
+    fn remains(&self) -> Arc<Lane> {
+        self.lane.clone()
+    }
+
+    fn lost(lane: Arc<Lane>, error: String) -> Self {
+        lane.output.lock().error.get_or_insert(error);
+        Self {
+            emptied: Some(lane.blank()),
+            lane,
+            bytes: 0,
+            handed_over: Instant::now(),
+        }
+    }
 }
 
 /// One stream's side of the writer pool: its two buffers, sent filled to the writers and
-/// coming back empty, and its output.
-struct Lane<'a> {
+/// coming back empty.
+struct Stream<'a> {
     source: &'a str,
     jobs: &'a Sender<Job>,
-    back: Sender<RowGroup>,
     spare: Receiver<RowGroup>,
-    output: Arc<Mutex<Output>>,
-    filled: Arc<Mutex<VecDeque<Filled>>>,
+    lane: Arc<Lane>,
 }
 
-impl<'a> Lane<'a> {
+impl<'a> Stream<'a> {
     fn open(ingest: &'a Ingest, source: &'a str) -> Result<Self> {
         let jobs = ingest.jobs.as_ref().context("the ingest is shut down")?;
         let (back, spare) = crossbeam_channel::bounded::<RowGroup>(2);
+        let lane = Arc::new(Lane {
+            output: Mutex::new(Output {
+                source: source.to_string(),
+                file: None,
+                published: Vec::new(),
+                row_groups: 0,
+                error: None,
+            }),
+            filled: Mutex::new(VecDeque::with_capacity(2)),
+            back,
+            schema: ingest.schema.clone(),
+            rows_per_group: ingest.options.rows_per_group,
+            plain: ingest.options.file.plain,
+        });
         for _ in 0..2 {
-            back.send(RowGroup::new(
-                &ingest.schema,
-                ingest.options.rows_per_group,
-                ingest.options.file.plain,
-            ))
-            .expect("room for two buffers");
+            lane.back.send(lane.blank()).expect("room for two buffers");
         }
-        let output = Arc::new(Mutex::new(Output {
-            source: source.to_string(),
-            file: None,
-            published: Vec::new(),
-            row_groups: 0,
-            error: None,
-        }));
         Ok(Self {
             source,
             jobs,
-            back,
             spare,
-            output,
-            filled: Arc::new(Mutex::new(VecDeque::with_capacity(2))),
+            lane,
         })
     }
 
@@ -138,7 +198,7 @@ impl<'a> Lane<'a> {
         let stall = waited.elapsed();
         stats.longest_stall = stats.longest_stall.max(stall);
         stats.total_stall += stall;
-        if let Some(e) = &self.output.lock().error {
+        if let Some(e) = &self.lane.output.lock().error {
             bail!("stream {}: {e}", self.source);
         }
         Ok(group)
@@ -146,12 +206,14 @@ impl<'a> Lane<'a> {
 
     /// Hands a filled buffer to the writers; `last` closes the file after it.
     fn submit(&self, group: RowGroup, last: bool) -> Result<()> {
-        self.filled.lock().push_back(Filled { group, last });
+        let bytes = (group.rows() * self.lane.schema.row_width()) as u64;
+        self.lane.filled.lock().push_back(Filled { group, last });
         self.jobs
             .send(Job {
-                output: self.output.clone(),
-                filled: self.filled.clone(),
-                back: self.back.clone(),
+                lane: self.lane.clone(),
+                emptied: None,
+                bytes,
+                handed_over: Instant::now(),
             })
             .map_err(|_| anyhow::anyhow!("the ingest writers stopped"))
     }
@@ -162,7 +224,7 @@ impl<'a> Lane<'a> {
         self.submit(filling, true)?;
         self.take(stats)?;
         self.take(stats)?;
-        let output = self.output.lock();
+        let output = self.lane.output.lock();
         stats.files = output.published.clone();
         stats.row_groups = output.row_groups;
         Ok(())
@@ -174,10 +236,24 @@ pub struct Ingest {
     schema: Arc<Schema>,
     options: IngestOptions,
     jobs: Option<Sender<Job>>,
-    writers: Vec<std::thread::JoinHandle<()>>,
+    /// The writers' pipeline (its `write` stage), run on a thread of its own.
+    pipeline: Pipeline,
+    writers: Option<std::thread::JoinHandle<()>>,
     /// Set by [`Ingest::stop`]: streams end as if their input had ended.
     stopping: AtomicBool,
     active: AtomicUsize,
+}
+
+/// Room in the writers' queues: more than two buffers of every stream of any ingest measured
+/// (256 streams), so that a stream hands over a buffer without waiting behind the others'.
+const JOBS_QUEUED: usize = 1024;
+
+/// Where the writers write, and how.
+struct Writing {
+    outbox: PathBuf,
+    schema: Arc<Type>,
+    props: Arc<WriterProperties>,
+    per_file: usize,
 }
 
 impl Ingest {
@@ -190,32 +266,46 @@ impl Ingest {
         std::fs::create_dir_all(outbox)
             .with_context(|| format!("cannot create the outbox {}", outbox.display()))?;
         let removed = parquet_file::remove_unfinished(outbox)?;
-        let parquet_schema = parquet_file::parquet_schema(&schema)?;
-        let props = parquet_file::properties(&schema, &options.file);
-        let (jobs, queue) = crossbeam_channel::unbounded::<Job>();
-        let writers = (0..options.writers.max(1))
-            .map(|i| {
-                let queue = queue.clone();
-                let (outbox, schema, props) =
-                    (outbox.to_path_buf(), parquet_schema.clone(), props.clone());
-                let per_file = options.row_groups_per_file;
-                std::thread::Builder::new()
-                    .name(format!("ingest-writer-{i}"))
-                    .spawn(move || write_jobs(&queue, &outbox, &schema, &props, per_file))
-                    .context("starting an ingest writer")
+        let writing = Writing {
+            outbox: outbox.to_path_buf(),
+            schema: parquet_file::parquet_schema(&schema)?,
+            props: parquet_file::properties(&schema, &options.file),
+            per_file: options.row_groups_per_file,
+        };
+        let writers = options.writers.max(1);
+        let pipeline = Pipeline::new(Budget::new(writers as u64), options.scheduling);
+        let (jobs, queue) = forte_pipeline::queue::<Job>(JOBS_QUEUED);
+        let runner = pipeline.clone();
+        let thread = std::thread::Builder::new()
+            .name("ingest-writers".into())
+            .spawn(move || {
+                runner.run(|s| {
+                    let (written, emptied) = forte_pipeline::queue::<Job>(JOBS_QUEUED);
+                    s.cpu("write", writers, queue, written, move |job, emit| {
+                        emit.send(write_job(job, &writing));
+                    });
+                    s.sink("give_back", Gate::fixed(1), emptied, give_back);
+                })
             })
-            .collect::<Result<_>>()?;
+            .context("starting the ingest writers")?;
         Ok((
             Self {
                 schema: Arc::new(schema),
                 options,
                 jobs: Some(jobs),
-                writers,
+                pipeline,
+                writers: Some(thread),
                 stopping: AtomicBool::new(false),
                 active: AtomicUsize::new(0),
             },
             removed,
         ))
+    }
+
+    /// The writers' run so far: their scheduler, the `write` stage's counters and the row
+    /// groups' latency from handed over to written.
+    pub fn reading(&self) -> Reading {
+        self.pipeline.reading()
     }
 
     /// Memory the buffers of one stream take: two row groups.
@@ -247,7 +337,7 @@ impl Ingest {
         let _active = Active(&self.active);
         let started = Instant::now();
         let width = self.schema.row_width();
-        let lane = Lane::open(self, source)?;
+        let lane = Stream::open(self, source)?;
         let mut stats = StreamStats {
             source: source.to_string(),
             ..Default::default()
@@ -305,63 +395,58 @@ impl Ingest {
     /// Waits for the writers to finish what they have.
     pub fn shut_down(mut self) {
         self.jobs.take();
-        for w in self.writers.drain(..) {
-            let _ = w.join();
+        if let Some(writers) = self.writers.take() {
+            let _ = writers.join();
         }
     }
 }
 
-fn write_jobs(
-    queue: &Receiver<Job>,
-    outbox: &Path,
-    schema: &Arc<Type>,
-    props: &Arc<WriterProperties>,
-    per_file: usize,
-) {
-    for job in queue {
-        let mut group = {
-            let mut out = job.output.lock();
-            let Filled { mut group, last } = job
-                .filled
-                .lock()
-                .pop_front()
-                .expect("a filled buffer per job");
-            if out.error.is_none() {
-                if let Err(e) =
-                    write_group(&mut out, &mut group, last, outbox, schema, props, per_file)
-                {
-                    out.error = Some(format!("{e:#}"));
-                }
-            }
-            group
-        };
-        group.clear();
-        let _ = job.back.send(group);
+/// Writes the oldest filled buffer of the job's stream (unless the stream failed) and clears
+/// it for the stream's next rows.
+fn write_job(mut job: Job, w: &Writing) -> Job {
+    let mut out = job.lane.output.lock();
+    let Filled { mut group, last } = job
+        .lane
+        .filled
+        .lock()
+        .pop_front()
+        .expect("a filled buffer per job");
+    if out.error.is_none() {
+        let written = write_group(&mut out, &mut group, last, w);
+        if let Err(e) = written {
+            out.error = Some(format!("{e:#}"));
+        }
+    }
+    drop(out);
+    group.clear();
+    job.emptied = Some(group);
+    job
+}
+
+/// Gives the emptied buffer back to its stream (which may have ended on an error).
+fn give_back(job: Job) {
+    if let Some(group) = job.emptied {
+        let _ = job.lane.back.send(group);
     }
 }
 
-fn write_group(
-    out: &mut Output,
-    group: &mut RowGroup,
-    last: bool,
-    outbox: &Path,
-    schema: &Arc<Type>,
-    props: &Arc<WriterProperties>,
-    per_file: usize,
-) -> Result<()> {
+fn write_group(out: &mut Output, group: &mut RowGroup, last: bool, w: &Writing) -> Result<()> {
     if !group.is_empty() {
         if out.file.is_none() {
             let name = batch_name(&out.source);
-            out.file = Some(OpenFile::create(outbox, &name, schema, props)?);
+            out.file = Some(OpenFile::create(&w.outbox, &name, &w.schema, &w.props)?);
         }
         let file = out.file.as_mut().expect("opened above");
         file.write(group)?;
         out.row_groups += 1;
     }
-    let full = out.file.as_ref().is_some_and(|f| f.row_groups >= per_file);
+    let full = out
+        .file
+        .as_ref()
+        .is_some_and(|f| f.row_groups >= w.per_file);
     if full || last {
         if let Some(file) = out.file.take() {
-            let published = file.publish(outbox)?;
+            let published = file.publish(&w.outbox)?;
             out.published.push(published);
         }
     }
@@ -412,5 +497,30 @@ mod tests {
     fn batch_names_carry_the_utc_time_to_the_millisecond() {
         assert_eq!(compact_utc(1_795_305_600_123), "20261122T000000.123Z");
         assert_eq!(compact_utc(951_782_400_000), "20000229T000000.000Z");
+    }
+
+    #[test]
+    fn a_writer_that_dies_fails_its_stream_by_name_and_the_stream_does_not_wait_forever() {
+        let out = tempfile::tempdir().unwrap();
+        let options = IngestOptions {
+            rows_per_group: 10,
+            ..Default::default()
+        };
+        let (ingest, _) = Ingest::start(out.path(), Schema::sensors(2), options).unwrap();
+        let stream = Stream::open(&ingest, "turbine-7").unwrap();
+        let mut stats = StreamStats::default();
+        let handed_over = stream.take(&mut stats).unwrap();
+        // The writer holding it died: the pool sends on what Salvage makes of the job.
+        let error = "the write stage's worker died: boom".to_owned();
+        give_back(Job::lost(stream.lane.clone(), error));
+        drop(handed_over);
+        let failed = stream.take(&mut stats).unwrap_err();
+        assert_eq!(
+            failed.to_string(),
+            "stream turbine-7: the write stage's worker died: boom"
+        );
+        // The lost buffer's stand-in came back too: the stream's close does not hang on it.
+        assert!(stream.spare.try_recv().is_ok());
+        ingest.shut_down();
     }
 }

@@ -5,6 +5,7 @@ use std::io::Cursor;
 use std::time::Duration;
 
 use forte_ingest::{Codec, FileOptions, Ingest, IngestOptions, Schema};
+use forte_pipeline::{Scheduler, Scheduling};
 use parquet::basic::Encoding;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
@@ -37,12 +38,42 @@ fn rows(columns: usize, count: usize) -> (Vec<u8>, Vec<Vec<u32>>) {
 
 #[test]
 fn rows_arrive_as_columns_bit_for_bit_with_the_configured_encodings() {
+    for scheduler in [Scheduler::Ordo, Scheduler::Threads, Scheduler::Rayon] {
+        let scheduling = Scheduling {
+            scheduler,
+            worker_kills: None,
+        };
+        let ingest = rows_arrive_bit_for_bit(1000, scheduling);
+        assert_eq!(ingest.reading().scheduler, scheduler);
+        ingest.shut_down();
+    }
+}
+
+#[test]
+fn writers_killed_every_few_milliseconds_lose_no_row_and_are_replaced() {
+    let scheduling = Scheduling {
+        scheduler: Scheduler::Ordo,
+        worker_kills: Some("0.6,0.002".parse().unwrap()),
+    };
+    let ingest = rows_arrive_bit_for_bit(50, scheduling);
+    let reading = ingest.reading();
+    assert!(reading.workers_replaced > 0, "{reading:?}");
+    // Every buffer's latency from handed over to written is measured: the 150 row groups',
+    // and the empty last one that closes the file.
+    assert_eq!(reading.latency.items, 151);
+    ingest.shut_down();
+}
+
+/// Streams 7 500 rows through an ingest in row groups of `rows_per_group` (3 to a file) and
+/// checks that the files hold them bit for bit, with the configured encodings.
+fn rows_arrive_bit_for_bit(rows_per_group: usize, scheduling: Scheduling) -> Ingest {
     let out = tempfile::tempdir().unwrap();
     let options = IngestOptions {
-        rows_per_group: 1000,
+        rows_per_group,
         row_groups_per_file: 3,
         flush_after: Duration::from_secs(60),
         writers: 2,
+        scheduling,
         file: FileOptions::default(),
     };
     let (ingest, removed) = Ingest::start(out.path(), Schema::sensors(4), options).unwrap();
@@ -51,9 +82,10 @@ fn rows_arrive_as_columns_bit_for_bit_with_the_configured_encodings() {
     // Reads of odd sizes cut rows in two: they must be joined again.
     let mut input = Cursor::new(bytes).take_in_chunks(777);
     let stats = ingest.stream("turbine-1", &mut input).unwrap();
-    assert_eq!((stats.rows, stats.row_groups), (7_500, 8));
-    // 8 row groups, 3 per file: 3 files, the last one closed at the end of the stream.
-    assert_eq!(stats.files.len(), 3);
+    let groups = 7_500_usize.div_ceil(rows_per_group);
+    assert_eq!((stats.rows, stats.row_groups), (7_500, groups as u64));
+    // 3 row groups per file, the last one closed at the end of the stream.
+    assert_eq!(stats.files.len(), groups.div_ceil(3));
 
     let mut got = vec![Vec::new(); 4];
     let mut times = Vec::new();
@@ -88,7 +120,7 @@ fn rows_arrive_as_columns_bit_for_bit_with_the_configured_encodings() {
     assert_eq!(got, expected);
     assert_eq!(times.len(), 7_500);
     assert!(times.windows(2).all(|w| w[1] - w[0] == 39_062));
-    ingest.shut_down();
+    ingest
 }
 
 #[test]

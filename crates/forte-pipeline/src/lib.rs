@@ -118,16 +118,24 @@ pub struct Scheduling {
     pub worker_kills: Option<WorkerKills>,
 }
 
+impl Scheduler {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ordo => "ordo",
+            Self::Threads => "threads",
+            Self::Rayon => "rayon",
+        }
+    }
+}
+
 impl std::str::FromStr for Scheduler {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "ordo" => Ok(Self::Ordo),
-            "threads" => Ok(Self::Threads),
-            "rayon" => Ok(Self::Rayon),
-            _ => Err(format!("unknown scheduler {s:?}: ordo, threads or rayon")),
-        }
+        [Self::Ordo, Self::Threads, Self::Rayon]
+            .into_iter()
+            .find(|scheduler| scheduler.as_str() == s)
+            .ok_or_else(|| format!("unknown scheduler {s:?}: ordo, threads or rayon"))
     }
 }
 

@@ -43,6 +43,10 @@ pub struct QueueView {
 pub struct WireView {
     /// Sealed bytes sent since the daemon started (every part the relay accepted).
     pub sent: u64,
+    /// When the link last went from idle to busy (a part prepared with none waiting; µs since
+    /// the epoch), and `sent` then: the node's rate runs from there, not from the last look
+    /// before it.
+    pub resumed: Option<(i64, u64)>,
     /// Raw and sealed bytes of every part prepared since the daemon started: the node's
     /// compression, for a batch with none prepared yet.
     pub prepared_raw: u64,
@@ -60,6 +64,8 @@ pub struct BatchWire {
     /// The parts prepared and not yet sent.
     pub waiting_raw: u64,
     pub waiting_sealed: u64,
+    /// Of those, the parts being uploaded now.
+    pub sending_sealed: u64,
 }
 
 /// Sealed bytes per raw byte, of `raw` raw bytes that sealed to `sealed`.

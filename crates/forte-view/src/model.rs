@@ -115,6 +115,13 @@ type EndedBytes = HashMap<Role, i64>;
 struct Series(VecDeque<(i64, i64)>);
 
 impl Series {
+    /// Notes `value` at `at`, a moment after the last look known from elsewhere.
+    fn note(&mut self, at: i64, value: i64) {
+        if self.0.back().is_none_or(|(t, _)| *t < at) {
+            self.0.push_back((at, value));
+        }
+    }
+
     /// Notes `value` at `now`; the slope per second over the window, from the last moment the
     /// value had not moved from where the window begins, if it spans long enough to tell.
     fn observe(&mut self, now: i64, value: i64) -> Option<f64> {
@@ -203,6 +210,9 @@ impl Progress {
             // shrinking (so a failure costs at most an underestimated rate for a window).
             node.failed = node.failed.max(node.last - total);
             node.last = total + node.failed;
+            if let Some((at, sent)) = wire.and_then(|w| w.resumed) {
+                node.series.note(at, sent as i64);
+            }
             let Some(rate) = node.series.observe(now, node.last) else {
                 continue;
             };
@@ -230,15 +240,16 @@ impl Progress {
 }
 
 /// The sealed bytes a running edge batch has still to send: those of its parts prepared and
-/// waiting, and its raw bytes not prepared yet at its compression so far (the node's, before
-/// it has any).
+/// waiting (an upload under way counted half sent: several run at once, each at its own point,
+/// so on average they are half way), and its raw bytes not prepared yet at its compression so
+/// far (the node's, before it has any).
 fn sealed_left(b: &Batch, wire: &WireView) -> f64 {
     let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
     let per_raw = sealed_per_raw(mine.prepared_raw, mine.prepared_sealed)
         .or_else(|| sealed_per_raw(wire.prepared_raw, wire.prepared_sealed))
         .unwrap_or(1.0);
     let unprepared = (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0);
-    mine.waiting_sealed as f64 + unprepared as f64 * per_raw
+    mine.waiting_sealed as f64 - mine.sending_sealed as f64 / 2.0 + unprepared as f64 * per_raw
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -962,6 +973,7 @@ mod tests {
         // the link; F (30 MB) is not prepared yet.
         let wire = |sent: u64| WireView {
             sent,
+            resumed: None,
             prepared_raw: 160_000_000,
             prepared_sealed: 40_000_000,
             batches: HashMap::from([(
@@ -971,6 +983,7 @@ mod tests {
                     prepared_sealed: 20_000_000,
                     waiting_raw: 60_000_000,
                     waiting_sealed: 20_000_000,
+                    sending_sealed: 0,
                 },
             )]),
         };

@@ -125,19 +125,31 @@ static WIRE: Mutex<Option<Wire>> = Mutex::new(None);
 #[derive(Default)]
 struct Wire {
     view: WireView,
-    /// The parts prepared and not yet sent: their batch's key, raw and sealed lengths.
-    waiting: HashMap<(ObjectId, u32), (String, u64, u64)>,
+    /// The parts prepared and not yet sent.
+    waiting: HashMap<(ObjectId, u32), Waiting>,
+}
+
+/// A part prepared and not yet sent.
+struct Waiting {
+    batch: String,
+    raw: u64,
+    sealed: u64,
+    /// Its upload has begun.
+    sending: bool,
 }
 
 impl Wire {
     /// Takes a waiting part out of its batch's waiting bytes.
     fn unwait(&mut self, part: (ObjectId, u32)) {
-        let Some((key, raw, sealed)) = self.waiting.remove(&part) else {
+        let Some(part) = self.waiting.remove(&part) else {
             return;
         };
-        if let Some(batch) = self.view.batches.get_mut(&key) {
-            batch.waiting_raw = batch.waiting_raw.saturating_sub(raw);
-            batch.waiting_sealed = batch.waiting_sealed.saturating_sub(sealed);
+        if let Some(batch) = self.view.batches.get_mut(&part.batch) {
+            batch.waiting_raw = batch.waiting_raw.saturating_sub(part.raw);
+            batch.waiting_sealed = batch.waiting_sealed.saturating_sub(part.sealed);
+            if part.sending {
+                batch.sending_sealed = batch.sending_sealed.saturating_sub(part.sealed);
+            }
         }
     }
 }
@@ -148,6 +160,9 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
     let wire = wire.get_or_insert_with(Wire::default);
     // Prepared again (its file retried): counted once.
     wire.unwait((id, index));
+    if wire.waiting.is_empty() {
+        wire.view.resumed = Some((forte_catalog::now_us(), wire.view.sent));
+    }
     let key = batch.to_string();
     wire.view.prepared_raw += raw;
     wire.view.prepared_sealed += sealed;
@@ -156,7 +171,28 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
     mine.prepared_sealed += sealed;
     mine.waiting_raw += raw;
     mine.waiting_sealed += sealed;
-    wire.waiting.insert((id, index), (key, raw, sealed));
+    wire.waiting.insert(
+        (id, index),
+        Waiting {
+            batch: key,
+            raw,
+            sealed,
+            sending: false,
+        },
+    );
+}
+
+/// Part `index` of object `id` is being uploaded.
+pub fn part_sending(id: ObjectId, index: u32) {
+    let mut wire = WIRE.lock();
+    let Some(wire) = wire.as_mut() else { return };
+    let Some(part) = wire.waiting.get_mut(&(id, index)).filter(|p| !p.sending) else {
+        return;
+    };
+    part.sending = true;
+    if let Some(batch) = wire.view.batches.get_mut(&part.batch) {
+        batch.sending_sealed += part.sealed;
+    }
 }
 
 /// Part `index` of object `id` is at the relay: `sealed` bytes sent.
@@ -172,7 +208,7 @@ pub fn batch_ended(batch: &BatchKey) {
     if let Some(wire) = WIRE.lock().as_mut() {
         let key = batch.to_string();
         wire.view.batches.remove(&key);
-        wire.waiting.retain(|_, (of, _, _)| *of != key);
+        wire.waiting.retain(|_, part| part.batch != key);
     }
 }
 

@@ -160,9 +160,14 @@ pub struct IngestFlags {
     /// [config: ingest.flush_after] [default: 10s].
     #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
     pub(super) flush_after: Option<std::time::Duration>,
-    /// Threads writing row groups [config: ingest.writers] [default: one per core].
+    /// Writers of row groups at once (the write stage's CPU budget) [config: ingest.writers]
+    /// [default: one per core].
     #[arg(long, value_name = "N")]
     pub(super) writers: Option<usize>,
+    /// Who runs the writers: ordo, threads or rayon (see pack --help)
+    /// [config: prepare.scheduler] [default: ordo].
+    #[arg(long, value_name = "ordo|threads|rayon")]
+    pub(super) scheduler: Option<Scheduler>,
 }
 
 /// A Parquet page codec as a flag value.

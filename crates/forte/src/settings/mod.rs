@@ -405,6 +405,7 @@ pub fn ingest(flags: &IngestFlags, config: &Config) -> Result<IngestSettings> {
             .unwrap_or(defaults.row_groups_per_file),
         flush_after,
         writers: flags.writers.or(c.writers).unwrap_or(defaults.writers),
+        scheduling: scheduling(flags.scheduler, config)?,
         file: FileOptions {
             codec,
             plain: false,

@@ -79,6 +79,12 @@ impl UploadSink<'_> {
 }
 
 impl UploadSink<'_> {
+    /// Tells of part `index` of object `id` (ciphertext SHA-256 `sha256`) before it is sent.
+    fn sending(&self, id: ObjectId, index: u32, sha256: &str) {
+        (self.on_sending)(id, sha256);
+        crate::monitor::part_sending(id, index);
+    }
+
     /// Records an uploaded part and counts its bytes.
     fn record_uploaded(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) {
         let hashes = PartHashes {
@@ -135,7 +141,7 @@ impl Sink for UploadSink<'_> {
 
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
-        (self.on_sending)(id, sha256);
+        self.sending(id, index, sha256);
         self.request(&what, (Task::Upload, id, Some(index)), || {
             self.client.put_part(id, index, sealed, sha256)
         })?;
@@ -153,7 +159,7 @@ impl Sink for UploadSink<'_> {
         let (id, batch) = (manifest.id, self.batch(manifest.id));
         (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
-        (self.on_sending)(id, sha256);
+        self.sending(id, 0, sha256);
         self.request(&what, (Task::Upload, id, Some(0)), || {
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
