@@ -49,10 +49,10 @@ use sqlx::{AnyPool, Executor};
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use reads::{
     BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
-    TunedRow, TuningSample, UsageRow,
+    TaskRunRow, TunedRow, TuningSample, UsageRow,
 };
-pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
-pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, UsageRecorder};
+pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task, TaskOutcome};
+pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, TaskRun, UsageRecorder};
 
 use writer::{Msg, Record};
 

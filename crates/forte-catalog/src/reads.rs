@@ -5,7 +5,7 @@ use serde::Serialize;
 use sqlx::any::{AnyArguments, AnyRow};
 use sqlx::Row;
 
-use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage};
+use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, TaskOutcome};
 use crate::Catalog;
 
 /// A batch as the catalogue knows it.
@@ -121,6 +121,20 @@ pub struct StageRow {
     pub ended_at: Option<i64>,
 }
 
+/// One try of a site's own task: `task_runs`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct TaskRunRow {
+    pub batch_key: BatchKey,
+    pub task: String,
+    pub object_id: Option<String>,
+    pub try_number: i64,
+    pub queued_at: i64,
+    pub started_at: i64,
+    pub ended_at: i64,
+    pub outcome: TaskOutcome,
+    pub detail: Option<String>,
+}
+
 /// A part's state and hashes.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct PartRow {
@@ -136,8 +150,8 @@ pub struct PartRow {
 pub struct Failure {
     /// When it ended, or was recorded.
     pub at: i64,
-    /// The task that failed (`upload`, `seal`, `download`), or `file` or `batch` for a state
-    /// recorded with its error.
+    /// The task that failed (`upload`, `seal`, `download`, `task NAME` for a site's own), or
+    /// `file` or `batch` for a state recorded with its error.
     pub task: String,
     pub batch_key: BatchKey,
     pub object_id: Option<String>,
@@ -352,6 +366,33 @@ impl Catalog {
         })
     }
 
+    /// Every try of the site's own tasks on a batch (all batches: `None`), in the order they
+    /// started.
+    pub fn task_runs(&self, key: Option<&BatchKey>) -> Result<Vec<TaskRunRow>> {
+        let columns = "SELECT batch_key, task, object_id, try_number, queued_at, started_at, ended_at, outcome, detail FROM task_runs";
+        let sql = match key {
+            Some(_) => format!("{columns} WHERE batch_key = $1 ORDER BY started_at, id"),
+            None => format!("{columns} ORDER BY started_at, id"),
+        };
+        let mut query = sqlx::query(&sql);
+        if let Some(key) = key {
+            query = query.bind(key.to_string());
+        }
+        self.read(query, |r| {
+            Ok(TaskRunRow {
+                batch_key: batch_key(r, 0)?,
+                task: r.try_get(1)?,
+                object_id: r.try_get(2)?,
+                try_number: r.try_get(3)?,
+                queued_at: r.try_get(4)?,
+                started_at: r.try_get(5)?,
+                ended_at: r.try_get(6)?,
+                outcome: vocabulary(r, 7, TaskOutcome::parse)?,
+                detail: r.try_get(8)?,
+            })
+        })
+    }
+
     pub fn files(&self, key: &BatchKey) -> Result<Vec<FileRow>> {
         let sql = format!("{FILE_COLUMNS} WHERE batch_key = $1 ORDER BY path");
         self.read(sqlx::query(&sql).bind(key.to_string()), file_row)
@@ -406,6 +447,9 @@ impl Catalog {
             "SELECT at, task, batch_key, object_id, part, error FROM (
                  SELECT ended_at AS at, task, batch_key, object_id, part, error FROM attempts
                  WHERE outcome = 'failed'{of_batch}
+                 UNION ALL
+                 SELECT ended_at, 'task ' || task, batch_key, object_id, NULL, detail
+                 FROM task_runs WHERE outcome <> 'passed'{of_batch}
                  UNION ALL
                  SELECT at, CASE WHEN object_id IS NULL THEN 'batch' ELSE 'file' END,
                         batch_key, object_id, part, detail FROM events

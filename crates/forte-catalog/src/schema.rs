@@ -125,6 +125,21 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE usage ADD COLUMN latency_p50_ms DOUBLE PRECISION NOT NULL DEFAULT 0;
     ALTER TABLE usage ADD COLUMN latency_p87_ms DOUBLE PRECISION NOT NULL DEFAULT 0;
     ALTER TABLE usage ADD COLUMN latency_p99_ms DOUBLE PRECISION NOT NULL DEFAULT 0",
+    // 9: every try of a site's own task (`[[task]]`) on a batch or one of its files: when it
+    // was queued, ran and ended, and how (its queueing and processing times, per task).
+    "CREATE TABLE task_runs (
+        id TEXT PRIMARY KEY,
+        batch_key TEXT NOT NULL,
+        task TEXT NOT NULL,
+        object_id TEXT,
+        try_number BIGINT NOT NULL,
+        queued_at BIGINT NOT NULL,
+        started_at BIGINT NOT NULL,
+        ended_at BIGINT NOT NULL,
+        outcome TEXT NOT NULL,
+        detail TEXT
+    );
+    CREATE INDEX task_runs_by_batch ON task_runs (batch_key, started_at)",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

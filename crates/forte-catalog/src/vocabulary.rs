@@ -72,8 +72,12 @@ vocabulary! {
         Queued = "queued",
         Pulling = "pulling",
         Sending = "sending",
+        /// At the core: verified and in the landing zone, the site's tasks checking it.
+        Checking = "checking",
         Sent = "sent",
         Delivered = "delivered" | "acknowledged",
+        /// At the core: verified, and held back in quarantine because a task refused it.
+        Quarantined = "quarantined",
         SourceDeleted = "source_deleted",
         /// Some files stay at the source: refused, failed, changed or late.
         SourceKept = "source_kept",
@@ -87,9 +91,9 @@ impl BatchState {
     fn step(self) -> Option<u8> {
         Some(match self {
             Self::Queued | Self::Pulling => 0,
-            Self::Sending => 1,
+            Self::Sending | Self::Checking => 1,
             Self::Sent => 2,
-            Self::Delivered => 3,
+            Self::Delivered | Self::Quarantined => 3,
             Self::SourceDeleted => 4,
             Self::SourceKept | Self::Failed | Self::Cancelled => return None,
         })
@@ -99,7 +103,10 @@ impl BatchState {
     pub fn may_become(self, next: Self) -> bool {
         match (self.step(), next.step()) {
             (Some(was), Some(next)) => next >= was,
-            (Some(_), None) => !matches!(self, Self::Delivered | Self::SourceDeleted),
+            (Some(_), None) => !matches!(
+                self,
+                Self::Delivered | Self::Quarantined | Self::SourceDeleted
+            ),
             (None, _) => true,
         }
     }
@@ -168,6 +175,20 @@ vocabulary! {
     Stage {
         Send = "send",
         Pull = "pull",
+    }
+}
+
+vocabulary! {
+    /// How one try of a site's own task ended (`task_runs` table).
+    TaskOutcome {
+        /// Exit status 0.
+        Passed = "passed",
+        /// Exit status 1: the data fails the check. Not tried again.
+        Refused = "refused",
+        /// Any other exit, a signal, or the command could not start: tried again.
+        Crashed = "crashed",
+        /// Killed at its timeout: tried again.
+        TimedOut = "timed_out",
     }
 }
 

@@ -8,7 +8,9 @@ use sqlx::{AnyConnection, AnyPool, Row};
 
 use crate::new_id;
 use crate::reads::{TunedRow, TuningSample, UsageRow};
-use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task};
+use crate::vocabulary::{
+    BatchKey, BatchState, FileState, PartState, Role, Stage, Task, TaskOutcome,
+};
 
 /// One change to record, with the time it happened.
 pub(crate) enum Record {
@@ -16,6 +18,7 @@ pub(crate) enum Record {
     File(FileChange),
     Part(PartChange),
     Attempt(AttemptDone),
+    TaskRun(TaskRunDone),
     Stage(StageSpan),
     Usage(UsageRow),
     Tuned(TunedRow),
@@ -72,6 +75,19 @@ pub(crate) struct AttemptDone {
     pub(crate) error: Option<String>,
 }
 
+/// One try of a site's own task.
+pub(crate) struct TaskRunDone {
+    pub(crate) batch: BatchKey,
+    pub(crate) task: String,
+    pub(crate) object_id: Option<String>,
+    pub(crate) try_number: i64,
+    pub(crate) queued_at: i64,
+    pub(crate) started_at: i64,
+    pub(crate) ended_at: i64,
+    pub(crate) outcome: TaskOutcome,
+    pub(crate) detail: Option<String>,
+}
+
 /// When a stage of a batch started, or (with `ended_at`) ended.
 pub(crate) struct StageSpan {
     pub(crate) batch: BatchKey,
@@ -115,6 +131,7 @@ async fn apply(conn: &mut AnyConnection, record: &Record) -> sqlx::Result<()> {
         Record::File(f) => apply_file(conn, f).await,
         Record::Part(p) => apply_part(conn, p).await,
         Record::Attempt(a) => insert_attempt(conn, a).await,
+        Record::TaskRun(t) => insert_task_run(conn, t).await,
         Record::Stage(s) => widen_stage(conn, s).await,
         Record::Usage(u) => insert_usage(conn, u).await,
         Record::Tuned(t) => upsert_tuned(conn, t).await,
@@ -445,6 +462,28 @@ async fn apply_part(conn: &mut AnyConnection, p: &PartChange) -> sqlx::Result<()
 }
 
 /// Records one finished try of a task, its outcome `failed` when it has an error.
+async fn insert_task_run(conn: &mut AnyConnection, t: &TaskRunDone) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO task_runs (id, batch_key, task, object_id, try_number, queued_at, started_at, ended_at, outcome, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+    )
+    .bind(new_id())
+    .bind(t.batch.to_string())
+    .bind(&t.task)
+    .bind(t.object_id.as_deref())
+    .bind(t.try_number)
+    .bind(t.queued_at)
+    .bind(t.started_at)
+    .bind(t.ended_at)
+    .bind(t.outcome.as_str())
+    .bind(t.detail.as_deref())
+    .execute(&mut *conn)
+    .await?;
+    let state = format!("task {}: {}", t.task, t.outcome);
+    let (object_id, detail) = (t.object_id.as_deref(), t.detail.as_deref());
+    event(conn, t.ended_at, &t.batch, object_id, None, &state, detail).await
+}
+
 async fn insert_attempt(conn: &mut AnyConnection, a: &AttemptDone) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO attempts (id, task, batch_key, object_id, part, started_at, ended_at, outcome, error)

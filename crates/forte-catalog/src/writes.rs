@@ -5,8 +5,10 @@ use std::sync::mpsc::SyncSender;
 use anyhow::Result;
 
 use crate::reads::{TunedRow, TuningSample, UsageRow};
-use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Stage, Task};
-use crate::writer::{AttemptDone, BatchChange, FileChange, Msg, PartChange, Record, StageSpan};
+use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Stage, Task, TaskOutcome};
+use crate::writer::{
+    AttemptDone, BatchChange, FileChange, Msg, PartChange, Record, StageSpan, TaskRunDone,
+};
 use crate::Catalog;
 
 /// Records utilisation samples into a catalogue from any thread.
@@ -89,6 +91,23 @@ pub struct Attempt<'a> {
     pub error: Option<&'a str>,
 }
 
+/// One try of a site's own task on a batch, or one of its files (`object_id`).
+#[derive(Debug, Clone)]
+pub struct TaskRun<'a> {
+    pub batch: &'a BatchKey,
+    pub task: &'a str,
+    pub object_id: Option<&'a str>,
+    /// 1 for the first try.
+    pub try_number: u32,
+    /// When it was ready to run (it waited for a slot from then to `started_at`).
+    pub queued_at: i64,
+    pub started_at: i64,
+    pub ended_at: i64,
+    pub outcome: TaskOutcome,
+    /// Why it did not pass: its exit and the end of its output.
+    pub detail: Option<&'a str>,
+}
+
 /// A part's hashes, recorded as they become known.
 #[derive(Debug, Clone, Default)]
 pub struct PartHashes<'a> {
@@ -159,6 +178,21 @@ impl Catalog {
             started_at: a.started_at,
             ended_at: a.ended_at,
             error: a.error.map(Into::into),
+        }))
+    }
+
+    /// Records one try of a site's own task.
+    pub fn task_run(&self, t: &TaskRun<'_>) -> Result<()> {
+        self.submit(Record::TaskRun(TaskRunDone {
+            batch: t.batch.clone(),
+            task: t.task.into(),
+            object_id: t.object_id.map(Into::into),
+            try_number: i64::from(t.try_number),
+            queued_at: t.queued_at,
+            started_at: t.started_at,
+            ended_at: t.ended_at,
+            outcome: t.outcome,
+            detail: t.detail.map(Into::into),
         }))
     }
 

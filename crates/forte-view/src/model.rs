@@ -42,15 +42,19 @@ pub struct Batch {
 pub fn running(state: BatchState) -> bool {
     matches!(
         state,
-        BatchState::Queued | BatchState::Sending | BatchState::Pulling
+        BatchState::Queued | BatchState::Sending | BatchState::Pulling | BatchState::Checking
     )
 }
 
-/// Whether a batch in `state` ended with all its work done on its node.
+/// Whether a batch in `state` ended with all its work done on its node (a quarantined batch's
+/// bytes all came; a task held it back).
 fn finished(state: BatchState) -> bool {
     matches!(
         state,
-        BatchState::Sent | BatchState::Delivered | BatchState::SourceDeleted
+        BatchState::Sent
+            | BatchState::Delivered
+            | BatchState::Quarantined
+            | BatchState::SourceDeleted
     )
 }
 
@@ -353,7 +357,12 @@ impl Batch {
         } else {
             None
         };
-        let error = if running || matches!(row.state, BatchState::Failed | BatchState::SourceKept) {
+        let held_back = [
+            BatchState::Failed,
+            BatchState::Quarantined,
+            BatchState::SourceKept,
+        ];
+        let error = if running || held_back.contains(&row.state) {
             let last = catalog
                 .failures(Some(&row.batch_key), 1)?
                 .into_iter()
@@ -678,7 +687,10 @@ impl Overview {
                     row.state,
                     BatchState::Sent | BatchState::SourceDeleted | BatchState::SourceKept
                 ));
-                totals.failed += usize::from(row.state == BatchState::Failed);
+                totals.failed += usize::from(matches!(
+                    row.state,
+                    BatchState::Failed | BatchState::Quarantined
+                ));
                 totals.bytes += row.bytes.max(0);
             }
             let mut newest = rows.clone();
@@ -722,13 +734,15 @@ impl Overview {
             }
         }
         for b in &recent {
-            if b.state == BatchState::Failed && now - b.updated_us < HOUR_US {
+            let held_back = matches!(b.state, BatchState::Failed | BatchState::Quarantined);
+            if held_back && now - b.updated_us < HOUR_US {
                 alerts.push(Alert {
                     level: AlertLevel::Critical,
                     text: format!(
-                        "batch {} ({}) failed: {}",
+                        "batch {} ({}) {}: {}",
                         b.name,
                         b.role,
+                        b.state,
                         b.error.as_deref().unwrap_or("see its failures")
                     ),
                 });

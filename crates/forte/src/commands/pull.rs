@@ -10,7 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{Delivery, DeliveryReport, SecondCopy};
+use crate::delivery::{Delivery, DeliveryReport, Landing, SecondCopy};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
@@ -46,6 +46,15 @@ pub struct Args {
     /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256`.
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     copy_to: Option<String>,
+    /// Where verified batches wait while the site's core tasks ([[task]] at = "core") check
+    /// them, before they are promoted to DEST [config: pull.landing]
+    /// [default: DEST/.forte-landing]. On DEST's filesystem: promotion is a rename.
+    #[arg(long, value_name = "DIR")]
+    landing: Option<PathBuf>,
+    /// Where batches a task refused are kept, with the reason and the task's output
+    /// [config: pull.quarantine] [default: DEST/.forte-quarantine].
+    #[arg(long, value_name = "DIR")]
+    quarantine: Option<PathBuf>,
     /// Concurrent downloads from the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
@@ -104,6 +113,14 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         .as_deref()
         .map(|to| SecondCopy::open(to, &credentials))
         .transpose()?;
+    let tasks = settings::tasks(config)?;
+    let landing = if tasks.0.is_empty() {
+        None
+    } else {
+        let root = args.landing.clone().or(config.pull.landing.clone());
+        let quarantine = args.quarantine.clone().or(config.pull.quarantine.clone());
+        Some(Landing::new(tasks, &dest, root, quarantine)?)
+    };
     let delivery = Delivery::new(
         &client,
         retry,
@@ -112,7 +129,8 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         copy_to.as_ref(),
         catalog,
         worker,
-    );
+    )
+    .with_landing(landing.as_ref());
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         // The core counts progress in files, not parts: the part size is the default one.
         let part_size = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
@@ -172,16 +190,16 @@ impl Puller<'_> {
             || {},
             || self.delivery.pull_batch(&restore, batch),
         )?;
-        let outcome = if report.error.is_none() {
-            BatchState::Delivered
-        } else {
-            BatchState::Failed
+        let outcome = match (&report.error, &report.quarantined) {
+            (None, _) => BatchState::Delivered,
+            (Some(_), Some(_)) => BatchState::Quarantined,
+            (Some(_), None) => BatchState::Failed,
         };
         crate::monitor::batch_done(Role::Core, outcome);
         if !self.json {
             print_report(&report);
         }
-        if let Some(e) = &report.error {
+        for e in report.error.iter().chain(&report.after_delivery) {
             self.failures.report(&report.batch, None, e);
         }
         Some(report)

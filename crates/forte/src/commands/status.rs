@@ -1,7 +1,9 @@
 //! `forte status`: what the catalogue knows.
 
 use anyhow::Result;
-use forte_catalog::{BatchRow, Catalog, Event, FileRow, PartRow, StageRow};
+use forte_catalog::{
+    BatchRow, BatchState, Catalog, Event, FileRow, PartRow, StageRow, TaskOutcome, TaskRunRow,
+};
 use serde::Serialize;
 
 use crate::layout::format_utc;
@@ -117,6 +119,12 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
                 format_utc(st.started_at)
             );
         }
+        print_task_runs(&catalog.task_runs(Some(&b.batch_key))?);
+        if b.state == BatchState::Quarantined {
+            if let Some(why) = catalog.failures(Some(&b.batch_key), 1)?.first() {
+                println!("        why: {}", why.error);
+            }
+        }
         for f in catalog.files(&b.batch_key)? {
             println!(
                 "        {:<12} {:>11}  {}",
@@ -139,6 +147,41 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// One line per site task that ran on a batch: its tries by outcome, and the time they waited
+/// for a slot and ran.
+fn print_task_runs(runs: &[TaskRunRow]) {
+    let mut tasks: Vec<&str> = Vec::new();
+    for run in runs {
+        if !tasks.contains(&run.task.as_str()) {
+            tasks.push(&run.task);
+        }
+    }
+    for task in tasks {
+        let mine: Vec<&TaskRunRow> = runs.iter().filter(|r| r.task == task).collect();
+        let mut outcomes: Vec<String> = Vec::new();
+        for outcome in [
+            TaskOutcome::Passed,
+            TaskOutcome::Refused,
+            TaskOutcome::Crashed,
+            TaskOutcome::TimedOut,
+        ] {
+            let n = mine.iter().filter(|r| r.outcome == outcome).count();
+            if n > 0 {
+                outcomes.push(format!("{n} {outcome}"));
+            }
+        }
+        let seconds =
+            |f: fn(&TaskRunRow) -> i64| mine.iter().map(|r| f(r)).sum::<i64>() as f64 / 1e6;
+        println!(
+            "        task  {task:<14} {} tries ({}); waited {:.2} s, ran {:.2} s",
+            mine.len(),
+            outcomes.join(", "),
+            seconds(|r| r.started_at - r.queued_at),
+            seconds(|r| r.ended_at - r.started_at)
+        );
+    }
 }
 
 fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<bool> {

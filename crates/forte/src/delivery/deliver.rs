@@ -2,8 +2,10 @@
 //! signed inventory, committed all or nothing, copied to the second destination, acknowledged
 //! whole at the relay, and every step recorded.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::Result;
-use forte_catalog::FileState::{Acknowledged, Delivered};
+use forte_catalog::FileState::{self, Acknowledged, Delivered};
 use forte_catalog::Stage;
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartHashes, PartState};
 use forte_relay::api::ReadyObject;
@@ -14,6 +16,7 @@ use super::copy::clear_scratch;
 use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
+use crate::tasks::{Point, Refusal};
 use crate::transfer::download::RelaySource;
 use crate::transfer::retry::Operation;
 
@@ -57,6 +60,8 @@ impl Delivery<'_> {
             seconds: 0.0,
             error: None,
             rejected_parts: Vec::new(),
+            quarantined: None,
+            after_delivery: Vec::new(),
         };
         self.record_batch(&batch, &report.batch, BatchState::Pulling, None);
         let mut name = None;
@@ -64,6 +69,22 @@ impl Delivery<'_> {
         if let Some(name) = name {
             report.batch = name;
         }
+        // Landed: the site's tasks decide between promotion and quarantine.
+        let result = result.and_then(|(delivered, held, landed)| {
+            let Some(dir) = landed else {
+                return Ok((delivered, held, None));
+            };
+            let refused = self.check_landed(&batch, &report.batch, &dir, &delivered, &held)?;
+            Ok((delivered, held, refused))
+        });
+        let result = match result {
+            Ok((delivered, held, Some((kept, refusals)))) => {
+                self.keep_quarantined(&batch, &mut report, (&delivered, held), (kept, refusals));
+                return Some(self.end(&batch, report, started, started_at));
+            }
+            Ok((delivered, held, None)) => Ok((delivered, held)),
+            Err(e) => Err(e),
+        };
         // The second copy must exist before the relay may delete anything.
         // The bucket that is the destination, then the second copy: each holds every file,
         // verified, before anything is acknowledged.
@@ -104,6 +125,7 @@ impl Delivery<'_> {
                 };
                 if report.error.is_none() {
                     held.delivered();
+                    report.after_delivery = self.check_delivered(&batch, &report.batch, &delivered);
                 }
             }
             Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
@@ -117,32 +139,134 @@ impl Delivery<'_> {
                 report.error = Some(format!("{e:#}"));
             }
         }
+        Some(self.end(&batch, report, started, started_at))
+    }
+
+    /// Records how the batch ended, and its pull stage.
+    fn end(
+        &self,
+        batch: &Sealed<'_>,
+        mut report: DeliveryReport,
+        started: std::time::Instant,
+        started_at: i64,
+    ) -> DeliveryReport {
         report.seconds = started.elapsed().as_secs_f64();
-        let state = if report.error.is_none() {
-            BatchState::Delivered
-        } else {
-            BatchState::Failed
+        let state = match (&report.error, &report.quarantined) {
+            (None, _) => BatchState::Delivered,
+            (Some(_), Some(_)) => BatchState::Quarantined,
+            (Some(_), None) => BatchState::Failed,
         };
-        self.record_batch(&batch, &report.batch, state, report.error.as_deref());
+        self.record_batch(batch, &report.batch, state, report.error.as_deref());
         let ended = Some(now_us());
         let stage = self
             .catalog
             .stage(&batch.key, Stage::Pull, started_at, ended);
         note("a stage", stage);
-        Some(report)
+        report
+    }
+
+    /// Runs the site's core tasks on the batch landed in `dir`; promotes it when they all
+    /// pass (`None`), or moves it to the quarantine: where it is and why.
+    fn check_landed(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        dir: &Path,
+        delivered: &forte_restore::Delivered,
+        held: &Held,
+    ) -> Result<Option<(PathBuf, Vec<Refusal>)>> {
+        let landing = self
+            .landing
+            .expect("a batch lands only with a landing zone");
+        self.record_batch(batch, name, BatchState::Checking, None);
+        let who = (&batch.key, batch.site(), name);
+        let refusals = landing.check(Point::Core, who, dir, &delivered.placed, self.catalog);
+        if refusals.is_empty() {
+            held.check("promoting it")?;
+            landing.promote(dir, self.dest)?;
+            return Ok(None);
+        }
+        let kept = landing.quarantine(dir, (batch.site(), batch.id()), &refusals)?;
+        Ok(Some((kept, refusals)))
+    }
+
+    /// A batch a task refused is kept in quarantine, durably: its files are recorded failed
+    /// with the reasons, and the relay may delete it.
+    fn keep_quarantined(
+        &self,
+        batch: &Sealed<'_>,
+        report: &mut DeliveryReport,
+        (delivered, held): (&forte_restore::Delivered, Held),
+        (kept, refusals): (PathBuf, Vec<Refusal>),
+    ) {
+        let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
+        let error = format!("quarantined in {}: {}", kept.display(), reasons.join("; "));
+        for p in delivered.placed.iter().filter(|p| !p.already) {
+            let object = p.id.to_string();
+            let file = FileRecord {
+                raw_sha256: Some(&p.sha256),
+                detail: Some(&error),
+                ..FileRecord::new(&batch.key, &object, &p.path, p.size, FileState::Failed)
+            };
+            note("a quarantined file", self.catalog.file_state(&file));
+        }
+        report.quarantined = Some(kept);
+        // Recorded before the relay may forget the batch, as a delivered one is.
+        let state = BatchState::Quarantined;
+        self.record_batch(batch, &report.batch, state, Some(&error));
+        let acknowledged = match self.catalog.flush() {
+            Ok(()) => self
+                .acknowledge_at_relay(batch, &report.batch)
+                .map_err(|e| format!("quarantined, but {e}")),
+            Err(e) => Err(format!(
+                "quarantined, but not acknowledged until the catalogue records it: {e:#}"
+            )),
+        };
+        report.error = Some(match acknowledged {
+            Ok(()) => {
+                held.delivered();
+                error
+            }
+            Err(e) => format!("{error}; {e}"),
+        });
+    }
+
+    /// Runs the tasks that follow delivery on the delivered batch: what they reported.
+    fn check_delivered(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        delivered: &forte_restore::Delivered,
+    ) -> Vec<String> {
+        let Some(landing) = self.landing else {
+            return Vec::new();
+        };
+        let who = (&batch.key, batch.site(), name);
+        landing
+            .check(
+                Point::Delivered,
+                who,
+                self.dest,
+                &delivered.placed,
+                self.catalog,
+            )
+            .iter()
+            .map(ToString::to_string)
+            .collect()
     }
 
     /// Stages what was not fetched ahead and commits the whole batch, provided the relay
     /// listed exactly the objects of the edge's signed inventory and this worker still holds
-    /// the batch. Sets `name` to the batch's name, found in its verified manifests. Returns
-    /// what was delivered and the lease, which the acknowledgement needs.
+    /// the batch: into the destination, or with core tasks into its landing directory. Sets
+    /// `name` to the batch's name, found in its verified manifests. Returns what was delivered,
+    /// the lease, which the acknowledgement needs, and the landing directory if it landed.
     fn commit(
         &self,
         restore: &Restore,
         batch: &Sealed<'_>,
         mut ahead: Ahead,
         name: &mut Option<String>,
-    ) -> Result<(forte_restore::Delivered, Held)> {
+    ) -> Result<(forte_restore::Delivered, Held, Option<PathBuf>)> {
         let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
             client: self.client,
@@ -159,13 +283,19 @@ impl Delivery<'_> {
         }
         name.clone_from(&ahead.name);
         held.check("placing its files")?;
+        let landed = match self.landing {
+            Some(landing) if !landing.tasks.at(Point::Core).is_empty() => {
+                Some(landing.clear(batch.site(), batch.id())?)
+            }
+            _ => None,
+        };
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
             &ahead.staging,
-            self.dest,
+            landed.as_deref().unwrap_or(self.dest),
             inventory.as_ref(),
         )?;
-        Ok((delivered, held))
+        Ok((delivered, held, landed))
     }
 
     /// Records the batch's state, with its totals as the relay listed them, and what the
@@ -227,6 +357,18 @@ impl Delivery<'_> {
         name: &str,
         delivered: &forte_restore::Delivered,
     ) -> Result<(), String> {
+        self.acknowledge_at_relay(batch, name)
+            .map_err(|e| format!("delivered, but {e}"))?;
+        for p in &delivered.placed {
+            let object = p.id.to_string();
+            let file = FileRecord::new(&batch.key, &object, &p.path, p.size, Acknowledged);
+            note("an acknowledgement", self.catalog.file_state(&file));
+        }
+        Ok(())
+    }
+
+    /// Tells the relay it may delete the whole batch.
+    fn acknowledge_at_relay(&self, batch: &Sealed<'_>, name: &str) -> Result<(), String> {
         let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
         let (client, site, id) = (self.client, batch.site(), batch.id());
         self.retry
@@ -235,13 +377,7 @@ impl Delivery<'_> {
                 &format!("acknowledgement of batch {name}"),
                 || client.ack_batch(site, id, &ids),
             )
-            .map_err(|e| format!("delivered, but the acknowledgement failed: {e}"))?;
-        for p in &delivered.placed {
-            let object = p.id.to_string();
-            let file = FileRecord::new(&batch.key, &object, &p.path, p.size, Acknowledged);
-            note("an acknowledgement", self.catalog.file_state(&file));
-        }
-        Ok(())
+            .map_err(|e| format!("the acknowledgement failed: {e}"))
     }
 
     /// Records the failed parts of a refused batch and reports the damaged ones to the relay,

@@ -5,16 +5,19 @@
 //! step recorded in the catalogue.
 //!
 //! `ahead` stages objects before their batch is sealed, `deliver` takes a sealed batch to the
-//! destination, `acknowledge` tells the relay it may delete, `lease` keeps a batch this
-//! worker's alone while it works on it (several workers may share one relay and catalogue).
+//! destination (through the landing zone of `landing` when the site's tasks check it first),
+//! `acknowledge` tells the relay it may delete, `lease` keeps a batch this worker's alone
+//! while it works on it (several workers may share one relay and catalogue).
 
 mod acknowledge;
 mod ahead;
 mod copy;
 mod deliver;
+mod landing;
 mod lease;
 
 pub use copy::SecondCopy;
+pub use landing::Landing;
 pub use lease::Worker;
 
 use std::collections::HashMap;
@@ -49,6 +52,10 @@ pub struct DeliveryReport {
     pub error: Option<String>,
     /// Parts found damaged at the relay and reported to it.
     pub rejected_parts: Vec<String>,
+    /// Where the batch is kept when a task refused it (its reasons are the error).
+    pub quarantined: Option<std::path::PathBuf>,
+    /// What the tasks run after delivery reported (the batch stays delivered).
+    pub after_delivery: Vec<String>,
 }
 
 /// What every batch of one `pull` run shares: the relay, the destination and its layout, the
@@ -64,6 +71,8 @@ pub struct Delivery<'a> {
     pub into_bucket: Option<&'a SecondCopy>,
     pub copy_to: Option<&'a SecondCopy>,
     pub catalog: &'a Catalog,
+    /// The landing zone and the site's tasks, where tasks are configured.
+    landing: Option<&'a Landing>,
     /// Which worker this is, and its leases on batches in the catalogue.
     worker: Worker,
     leases: Leases,
@@ -92,11 +101,18 @@ impl<'a> Delivery<'a> {
             into_bucket,
             copy_to,
             catalog,
+            landing: None,
             worker,
             leases: catalog.leases(),
             ahead: Mutex::default(),
             generation: Mutex::default(),
         }
+    }
+
+    /// Batches go through `landing`: checked by the site's tasks before they are promoted to
+    /// the destination, and checked again after.
+    pub fn with_landing(self, landing: Option<&'a Landing>) -> Self {
+        Self { landing, ..self }
     }
 
     /// The batches ready at the relay (with `open`, also those still being sent), in the order

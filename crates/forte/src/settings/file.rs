@@ -28,6 +28,19 @@
 //! [pull]
 //! worker = "core-1"              # default: HOST:PID; unique among workers sharing a catalogue
 //! lease = "30s"                  # a dead or stalled worker's batches go to others after this
+//! landing = "landing"            # verified batches wait here while their core tasks run
+//! quarantine = "quarantine"      # batches a task refused, with its output
+//!                                # (both default to hidden directories in the destination)
+//!
+//! [[task]]                       # a site's own step; as many as needed, run in this order
+//! name = "parquet-columns"
+//! at = "core"                    # core: landed, before promotion; delivered: after it
+//! per = "file"                   # or "batch"
+//! command = ["python3", "checks/parquet_columns.py"]  # or one string, run with sh -c
+//! workdir = "."                  # default: this file's directory
+//! timeout = "5m"
+//! retries = 2                    # tries after a crash or a timeout (exit 1 refuses at once)
+//! concurrency = 2                # tries of this task at once
 //!
 //! [http]                         # the dashboard, JSON API and metrics (send, pull, relay, dashboard)
 //! listen = "127.0.0.1:8080"
@@ -87,6 +100,34 @@ pub struct Config {
     pub s3: S3Section,
     #[serde(default)]
     pub http: HttpSection,
+    /// The site's own tasks, in order.
+    #[serde(default)]
+    pub task: Vec<TaskSection>,
+}
+
+/// One `[[task]]`: a site's own step (see `crate::tasks`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSection {
+    pub name: String,
+    pub at: crate::tasks::Point,
+    #[serde(default)]
+    pub per: crate::tasks::Per,
+    pub command: CommandLine,
+    /// Relative to the configuration file's directory, which it is by default.
+    pub workdir: Option<PathBuf>,
+    /// `units::parse_duration`; default 10 minutes.
+    pub timeout: Option<String>,
+    pub retries: Option<u32>,
+    pub concurrency: Option<usize>,
+}
+
+/// A command: a program and its arguments, or one line for `sh -c`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum CommandLine {
+    Argv(Vec<String>),
+    Shell(String),
 }
 
 /// Where the dashboard, JSON API and metrics are served, and the token other hosts need.
@@ -125,6 +166,10 @@ pub struct PullSection {
     pub worker: Option<String>,
     /// How long a claimed batch stays the worker's without a renewal (`units::parse_duration`).
     pub lease: Option<String>,
+    /// Where verified batches wait while their core tasks run.
+    pub landing: Option<PathBuf>,
+    /// Where batches a task refused are kept.
+    pub quarantine: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -305,6 +350,16 @@ impl Config {
         let i = &mut config.ingest;
         for p in [&mut i.schema, &mut i.out].into_iter().flatten() {
             *p = base.join(&*p);
+        }
+        let pull = &mut config.pull;
+        for p in [&mut pull.landing, &mut pull.quarantine]
+            .into_iter()
+            .flatten()
+        {
+            *p = base.join(&*p);
+        }
+        for task in &mut config.task {
+            task.workdir = Some(base.join(task.workdir.as_deref().unwrap_or(Path::new("."))));
         }
         if let Some(Level::Fixed(level)) = config.prepare.level {
             check_level(level)

@@ -11,7 +11,7 @@ mod file;
 mod flags;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,6 +182,86 @@ pub fn s3(config: &Config) -> forte_bucket::Credentials {
         secret_access_key: c.secret_access_key.clone(),
         region: c.region.clone(),
     }
+}
+
+/// The site's own tasks (`[[task]]`), checked: each named once, with a command that can start
+/// (a program named without a slash is looked up in PATH, one with a slash in its workdir),
+/// a timeout and at least one slot.
+pub fn tasks(config: &Config) -> Result<crate::tasks::Tasks> {
+    let mut tasks = Vec::new();
+    let mut names = std::collections::HashSet::new();
+    for (i, t) in config.task.iter().enumerate() {
+        let which = if t.name.is_empty() {
+            format!("[[task]] number {}", i + 1)
+        } else {
+            format!("[[task]] {}", t.name)
+        };
+        if t.name.trim().is_empty() || t.name.contains(char::is_whitespace) {
+            bail!("{which} needs a name without spaces (name = \"check-header\")");
+        }
+        if !names.insert(t.name.as_str()) {
+            bail!("{which} is named twice: give each task its own name");
+        }
+        let argv = match &t.command {
+            file::CommandLine::Argv(argv) => argv.clone(),
+            file::CommandLine::Shell(line) => vec!["sh".into(), "-c".into(), line.clone()],
+        };
+        if argv.first().is_none_or(|p| p.trim().is_empty()) {
+            bail!("{which} has an empty command: give command = [\"program\", \"arg\"] or a line for sh -c");
+        }
+        let workdir = t.workdir.clone().unwrap_or_else(|| ".".into());
+        if !workdir.is_dir() {
+            bail!(
+                "{which}: its workdir {} is not a directory",
+                workdir.display()
+            );
+        }
+        if !can_start(&argv[0], &workdir) {
+            bail!(
+                "{which}: its command {} is not an executable file (looked up {}); fix command in the configuration file",
+                argv[0],
+                if argv[0].contains('/') { format!("in {}", workdir.display()) } else { "in PATH".to_owned() }
+            );
+        }
+        let timeout = match &t.timeout {
+            Some(text) => parse_duration(text)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("timeout of {which}"))?,
+            None => Duration::from_secs(600),
+        };
+        if timeout.is_zero() {
+            bail!("{which}: a timeout of 0 would kill every try; give one such as \"5m\"");
+        }
+        let concurrency = t.concurrency.unwrap_or(1);
+        if concurrency == 0 {
+            bail!("{which}: concurrency 0 would never run it; give 1 or more");
+        }
+        tasks.push(crate::tasks::Task {
+            name: t.name.clone(),
+            at: t.at,
+            per: t.per,
+            argv,
+            workdir,
+            timeout,
+            retries: t.retries.unwrap_or(0),
+            concurrency,
+        });
+    }
+    Ok(crate::tasks::Tasks(tasks))
+}
+
+/// Whether `program` names an executable file: in `workdir` when it has a slash, else in PATH.
+fn can_start(program: &str, workdir: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    let executable = |p: &Path| {
+        p.metadata()
+            .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        return executable(&workdir.join(program));
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| executable(&dir.join(program))))
 }
 
 /// This core worker's name and lease among the workers sharing a catalogue.

@@ -23,4 +23,5 @@ mod s3;
 mod scheduler;
 mod startup;
 mod tamper;
+mod tasks;
 mod workers;

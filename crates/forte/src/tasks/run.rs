@@ -1,0 +1,357 @@
+//! Running a point's tasks on a batch: each task per file (its slots shared by the files) or
+//! once, each try timed, killed at its timeout, tried again when it crashed, and recorded.
+
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use forte_catalog::{now_us, BatchKey, TaskOutcome, TaskRun};
+use parking_lot::Mutex;
+
+use super::{Per, Point, Task};
+use crate::record::{note, Catalog};
+
+/// A batch a point's tasks run on, where its files are now.
+pub struct Subject<'a> {
+    pub key: &'a BatchKey,
+    pub site: &'a str,
+    /// The batch's name.
+    pub batch: &'a str,
+    pub at: Point,
+    pub dir: &'a Path,
+    pub files: &'a [SubjectFile],
+    /// Where the list of its files (`FORTE_FILES`) is written while its tasks run.
+    pub list: PathBuf,
+}
+
+/// A file of a [`Subject`].
+#[derive(Debug, Clone)]
+pub struct SubjectFile {
+    pub object_id: String,
+    /// Its path in the batch, as the edge had it.
+    pub path: String,
+    /// Where it is under the subject's directory.
+    pub under_dir: String,
+    pub sha256: String,
+    pub size: u64,
+}
+
+/// Why a task did not pass a batch, or one of its files.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    pub task: String,
+    /// The file's path in the batch (a per-file task).
+    pub file: Option<String>,
+    pub outcome: TaskOutcome,
+    /// Its last try's exit and the end of its output.
+    pub reason: String,
+    /// Its last try's whole output (stdout and stderr together).
+    pub output: Vec<u8>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let verb = match self.outcome {
+            TaskOutcome::Refused => "refused",
+            _ => "failed on",
+        };
+        match &self.file {
+            Some(file) => write!(f, "task {} {verb} {file}: {}", self.task, self.reason),
+            None => write!(f, "task {} {verb} the batch: {}", self.task, self.reason),
+        }
+    }
+}
+
+/// Runs `tasks` on `subject` in order, each only if those before it passed; what they refused
+/// (every file a per-file task refused), empty when all passed. Every try is recorded.
+pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<Refusal> {
+    let list = match write_list(subject) {
+        Ok(list) => list,
+        Err(e) => {
+            return vec![Refusal {
+                task: tasks.first().map_or_else(String::new, |t| t.name.clone()),
+                file: None,
+                outcome: TaskOutcome::Crashed,
+                reason: format!("cannot list the batch's files for its tasks: {e}"),
+                output: Vec::new(),
+            }]
+        }
+    };
+    let mut refusals = Vec::new();
+    for task in tasks {
+        refusals = match task.per {
+            Per::Batch => run_task(task, subject, None, &list, catalog)
+                .err()
+                .into_iter()
+                .collect(),
+            Per::File => per_file(task, subject, &list, catalog),
+        };
+        if !refusals.is_empty() {
+            break;
+        }
+    }
+    let _ = std::fs::remove_file(&list);
+    refusals
+}
+
+/// The list of the subject's files for `FORTE_FILES` (outside its directory: the list is not
+/// part of the batch).
+fn write_list(subject: &Subject<'_>) -> std::io::Result<PathBuf> {
+    let text: String = subject
+        .files
+        .iter()
+        .map(|f| format!("{}\n", f.under_dir))
+        .collect();
+    std::fs::write(&subject.list, text)?;
+    Ok(subject.list.clone())
+}
+
+/// A per-file task on every file, `concurrency` at once; the files it refused.
+fn per_file(task: &Task, subject: &Subject<'_>, list: &Path, catalog: &Catalog) -> Vec<Refusal> {
+    let next = AtomicUsize::new(0);
+    let refused = Mutex::new(Vec::new());
+    let queued_at = now_us();
+    std::thread::scope(|scope| {
+        for _ in 0..task.concurrency.clamp(1, subject.files.len().max(1)) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(file) = subject.files.get(i) else {
+                    break;
+                };
+                let run = run_task_queued(task, subject, Some(file), list, catalog, queued_at);
+                if let Err(refusal) = run {
+                    refused.lock().push((i, refusal));
+                }
+            });
+        }
+    });
+    let mut refused = refused.into_inner();
+    refused.sort_by_key(|(i, _)| *i);
+    refused.into_iter().map(|(_, r)| r).collect()
+}
+
+fn run_task(
+    task: &Task,
+    subject: &Subject<'_>,
+    file: Option<&SubjectFile>,
+    list: &Path,
+    catalog: &Catalog,
+) -> Result<(), Refusal> {
+    run_task_queued(task, subject, file, list, catalog, now_us())
+}
+
+/// A task's tries on the subject (or one of its files) until one passes, one refuses, a crash
+/// or timeout has no retry left, or it cannot start.
+fn run_task_queued(
+    task: &Task,
+    subject: &Subject<'_>,
+    file: Option<&SubjectFile>,
+    list: &Path,
+    catalog: &Catalog,
+    mut queued_at: i64,
+) -> Result<(), Refusal> {
+    for try_number in 1..=task.retries + 1 {
+        let started_at = now_us();
+        let tried = try_once(task, &environment(task, subject, file, list, try_number));
+        let ended_at = now_us();
+        let recorded = catalog.task_run(&TaskRun {
+            batch: subject.key,
+            task: &task.name,
+            object_id: file.map(|f| f.object_id.as_str()),
+            try_number,
+            queued_at,
+            started_at,
+            ended_at,
+            outcome: tried.outcome,
+            detail: tried.reason.as_deref(),
+        });
+        note("a task's try", recorded);
+        crate::monitor::task_try(
+            &task.name,
+            tried.outcome,
+            (started_at - queued_at) as f64 / 1e6,
+            (ended_at - started_at) as f64 / 1e6,
+        );
+        let again = matches!(tried.outcome, TaskOutcome::Crashed | TaskOutcome::TimedOut)
+            && tried.started
+            && try_number <= task.retries;
+        if tried.outcome == TaskOutcome::Passed {
+            return Ok(());
+        }
+        if !again {
+            return Err(Refusal {
+                task: task.name.clone(),
+                file: file.map(|f| f.path.clone()),
+                outcome: tried.outcome,
+                reason: tried.reason.unwrap_or_default(),
+                output: tried.output,
+            });
+        }
+        queued_at = ended_at;
+    }
+    unreachable!("the last try returns")
+}
+
+/// What a task is told (see the module's table).
+fn environment(
+    task: &Task,
+    subject: &Subject<'_>,
+    file: Option<&SubjectFile>,
+    list: &Path,
+    try_number: u32,
+) -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("FORTE_TASK", task.name.clone()),
+        ("FORTE_AT", subject.at.as_str().to_owned()),
+        ("FORTE_SITE", subject.site.to_owned()),
+        ("FORTE_BATCH", subject.batch.to_owned()),
+        ("FORTE_BATCH_DIR", subject.dir.display().to_string()),
+        ("FORTE_FILES", list.display().to_string()),
+        ("FORTE_TRY", try_number.to_string()),
+    ];
+    if let Some(f) = file {
+        env.extend([
+            (
+                "FORTE_FILE",
+                subject.dir.join(&f.under_dir).display().to_string(),
+            ),
+            ("FORTE_PATH", f.path.clone()),
+            ("FORTE_SHA256", f.sha256.clone()),
+            ("FORTE_SIZE", f.size.to_string()),
+        ]);
+    }
+    env
+}
+
+/// One try's end.
+struct Tried {
+    outcome: TaskOutcome,
+    /// Whether the command started (one that cannot start is not tried again).
+    started: bool,
+    reason: Option<String>,
+    output: Vec<u8>,
+}
+
+/// How often a running try is looked at for its end or its timeout.
+const POLL: Duration = Duration::from_millis(20);
+/// The end of a try's output that its reason quotes.
+const REASON_TAIL: usize = 1000;
+
+/// Runs the task's command once with `env`, its stdout and stderr read together, and kills its
+/// process group at the timeout.
+fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
+    let cannot_start = |e: std::io::Error| {
+        Tried {
+        outcome: TaskOutcome::Crashed,
+        started: false,
+        reason: Some(format!(
+            "cannot start `{}` in {}: {e}; fix `command` or `workdir` of [[task]] {} in the configuration file",
+            task.argv.join(" "),
+            task.workdir.display(),
+            task.name
+        )),
+        output: Vec::new(),
+    }
+    };
+    let (mut reader, writer) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(e) => return cannot_start(e),
+    };
+    let mut command = Command::new(&task.argv[0]);
+    command
+        .args(&task.argv[1..])
+        .current_dir(&task.workdir)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        // Its own process group: a timeout kills whatever it started too.
+        .process_group(0);
+    let spawned = writer
+        .try_clone()
+        .map(|out| command.stdout(out).stderr(writer))
+        .and_then(|c| c.spawn());
+    // The parent's copies of the pipe's writing end are gone with `command`: the reader ends
+    // when the task and its children have closed theirs.
+    drop(command);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => return cannot_start(e),
+    };
+    let output = std::thread::spawn(move || {
+        let mut output = Vec::new();
+        let _ = reader.read_to_end(&mut output);
+        output
+    });
+    let started = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() >= task.timeout => {
+                timed_out = true;
+                // SAFETY: kill(2) on the process group the child leads; no memory involved.
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+                break child.wait().ok();
+            }
+            Ok(None) => std::thread::sleep(POLL),
+            Err(_) => break None,
+        }
+    };
+    // A grandchild left running holds the pipe open: after a timeout, the kill took it too.
+    let output = output.join().unwrap_or_default();
+    let (outcome, exit) = match status {
+        _ if timed_out => (
+            TaskOutcome::TimedOut,
+            format!("killed at its timeout of {}", humantime(task.timeout)),
+        ),
+        Some(status) => judge(status),
+        None => (TaskOutcome::Crashed, "its end could not be read".to_owned()),
+    };
+    let reason = (outcome != TaskOutcome::Passed).then(|| with_tail(&exit, &output));
+    Tried {
+        outcome,
+        started: true,
+        reason,
+        output,
+    }
+}
+
+/// A finished try's outcome and its exit in words.
+fn judge(status: ExitStatus) -> (TaskOutcome, String) {
+    match (status.code(), status.signal()) {
+        (Some(0), _) => (TaskOutcome::Passed, "exit 0".to_owned()),
+        (Some(1), _) => (TaskOutcome::Refused, "exit 1".to_owned()),
+        (Some(code), _) => (TaskOutcome::Crashed, format!("crashed with exit {code}")),
+        (None, Some(signal)) => (
+            TaskOutcome::Crashed,
+            format!("crashed: killed by signal {signal}"),
+        ),
+        (None, None) => (TaskOutcome::Crashed, format!("crashed: {status}")),
+    }
+}
+
+/// `exit`, and the end of `output` after a colon where it said anything.
+fn with_tail(exit: &str, output: &[u8]) -> String {
+    let text = String::from_utf8_lossy(output);
+    let text = text.trim();
+    if text.is_empty() {
+        return exit.to_owned();
+    }
+    let start = text.len().saturating_sub(REASON_TAIL);
+    let start = (start..text.len())
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    let cut = if start > 0 { "…" } else { "" };
+    format!("{exit}: {cut}{}", &text[start..])
+}
+
+fn humantime(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 && s.fract() == 0.0 {
+        format!("{s:.0} s")
+    } else {
+        format!("{s} s")
+    }
+}

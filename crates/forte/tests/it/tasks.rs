@@ -1,0 +1,310 @@
+//! A site's own tasks at the core (`[[task]]` at = "core"): verified batches land in the
+//! landing zone, the tasks run there, and only a batch they all pass is promoted to the
+//! destination; one a task refused goes to quarantine with the reason, the failure hook fires
+//! and `forte status` says why. Tasks that hang are killed at their timeout and retried, ones
+//! that crash are retried, and a puller killed while they run resumes without delivering a
+//! batch twice or losing one.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::site::{kill, spawn_logged, visible, wait_for, Site};
+use crate::common::*;
+
+/// The configuration file of a pull whose landing zone and quarantine are beside its
+/// destination, with `tasks` (TOML `[[task]]` entries) after it.
+fn config_with(site: &Site, tasks: &str) -> PathBuf {
+    let config = site.root.join("forte.toml");
+    let text = format!("[pull]\nlanding = \"landing\"\nquarantine = \"quarantine\"\n\n{tasks}");
+    write(&config, text.as_bytes());
+    config
+}
+
+/// `forte pull` with the configuration file `config` and the failure hook appending to
+/// `hook.log` in the site's root.
+fn pull_with(site: &Site, config: &Path) -> Args {
+    let hook = format!(
+        "echo \"$FORTE_BATCH: $FORTE_ERROR\" >> {}",
+        site.root.join("hook.log").display()
+    );
+    let mut args = args!["--config", config];
+    args.extend(site.pull());
+    args.extend(args!["--on-failure", hook]);
+    args
+}
+
+/// Directories (batches) directly under `dir/site-a`.
+fn batches_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("site-a"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The Python of the tests (with pyarrow), as the readback tests find it.
+fn python() -> Option<PathBuf> {
+    let candidate = std::env::var_os("FORTE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "python3".into());
+    let works = std::process::Command::new(&candidate)
+        .args(["-c", "import pyarrow"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works {
+        return Some(candidate);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "{} cannot import pyarrow: CI must run the example task's test (test.sh sets FORTE_TEST_PYTHON)",
+        candidate.display()
+    );
+    eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with pyarrow");
+    None
+}
+
+/// Recordings from `forte ingest`, one Parquet file per batch, into the site's inbox: `sources`
+/// recordings of 3 000 rows (a timestamp and two float32 sensors), each cut into 3 files.
+fn ingest_recordings(site: &Site, sources: &[&str]) {
+    let dir = site.root.join("recordings");
+    write(
+        &dir.join("schema.toml"),
+        b"timestamp = \"time\"\n[[column]]\nname = \"s\"\ncount = 2\ntype = \"float32\"\n",
+    );
+    let mut args = args![
+        "ingest",
+        "--schema",
+        dir.join("schema.toml"),
+        "--out",
+        site.root.join("inbox"),
+        "--rows-per-group",
+        "500",
+        "--row-groups-per-file",
+        "2"
+    ];
+    for (n, source) in sources.iter().enumerate() {
+        let mut rows = Vec::new();
+        for i in 0..3_000u64 {
+            rows.extend_from_slice(&(i * 1_000_000).to_le_bytes());
+            for c in 0..2u32 {
+                rows.extend_from_slice(
+                    &((i as f32).sin() * (c + 1 + n as u32) as f32).to_le_bytes(),
+                );
+            }
+        }
+        let file = dir.join(format!("{source}.bin"));
+        write(&file, &rows);
+        args.extend(args!["--from-file", file]);
+    }
+    ok(&args);
+}
+
+#[test]
+fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promotes_the_others() {
+    let Some(python) = python() else { return };
+    let site = Site::new();
+    ingest_recordings(&site, &["turbine-1", "turbine-2"]);
+    // 2 recordings × 3 files: six batches. One file's header is overwritten at the source.
+    let inbox = site.root.join("inbox");
+    let mut batches: Vec<String> = std::fs::read_dir(&inbox)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    batches.sort();
+    assert_eq!(batches.len(), 6, "{batches:?}");
+    let bad = &batches[4];
+    let bad_file = inbox.join(bad).join(format!("{bad}.parquet"));
+    let mut bytes = std::fs::read(&bad_file).unwrap();
+    bytes[..4].copy_from_slice(b"JUNK");
+    write(&bad_file, &bytes);
+
+    let example =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/tasks/parquet_check.py");
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"parquet-check\"\nat = \"core\"\nper = \"file\"\ncommand = [{:?}, {:?}, \"--columns\", \"time,s00,s01\"]\nconcurrency = 2\n",
+            python.display().to_string(),
+            example.display().to_string()
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    // The quarantined batch fails the pull's exit status; the others are delivered.
+    let printed = fails(&pull_with(&site, &config));
+    assert!(printed.contains("quarantined in"), "{printed}");
+
+    let good: Vec<&String> = batches.iter().filter(|b| *b != bad).collect();
+    assert_eq!(
+        batches_in(&site.root.join("dest")),
+        good.clone().into_iter().cloned().collect::<Vec<_>>()
+    );
+    for b in &good {
+        let delivered = site
+            .root
+            .join("dest/site-a")
+            .join(b)
+            .join(format!("{b}.parquet"));
+        assert_eq!(
+            std::fs::read(&delivered).unwrap(),
+            std::fs::read(inbox.join(b).join(format!("{b}.parquet"))).unwrap(),
+            "{b} delivered byte for byte"
+        );
+    }
+    // The bad batch is in quarantine, whole, with why.
+    let kept: Vec<PathBuf> = std::fs::read_dir(site.root.join("quarantine/site-a"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let reason = std::fs::read_to_string(kept[0].join("forte-reason.txt")).unwrap();
+    assert!(
+        reason.contains(&format!("task parquet-check refused {bad}.parquet: exit 1: {bad}.parquet: bad header: starts with b'JUNK', not b'PAR1'")),
+        "{reason}"
+    );
+    assert_eq!(
+        std::fs::read(
+            kept[0]
+                .join("site-a")
+                .join(bad)
+                .join(format!("{bad}.parquet"))
+        )
+        .unwrap(),
+        bytes,
+        "the quarantined file is the one sent"
+    );
+    // Nothing is left in the landing zone, and the relay may forget every batch.
+    assert!(visible(&site.root.join("landing")).is_empty());
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
+    );
+    // The hook heard it, and `forte status` says why.
+    let hook = std::fs::read_to_string(site.root.join("hook.log")).unwrap();
+    assert!(hook.contains("bad header"), "{hook}");
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(status.contains("quarantined"), "{status}");
+    assert!(status.contains("why: quarantined in"), "{status}");
+    assert!(
+        status.contains("task  parquet-check  1 tries (1 refused)"),
+        "{status}"
+    );
+    assert_eq!(status.matches("1 tries (1 passed)").count(), 5, "{status}");
+}
+
+/// Three batches of two small files each into the inbox.
+fn three_batches(site: &Site) {
+    for b in 0..3 {
+        for f in 0..2 {
+            let path = site.root.join(format!("inbox/b{b}/f{f}.dat"));
+            write(&path, &sample_bytes(20_000, b * 10 + f));
+        }
+        write(&site.root.join(format!("inbox/b{b}/.ready")), b"");
+    }
+}
+
+#[test]
+fn a_task_that_hangs_is_killed_at_its_timeout_and_retried_and_one_that_crashes_is_retried() {
+    let site = Site::new();
+    three_batches(&site);
+    // b0 hangs every time; b1 crashes once (exit 3), then passes; b2 is killed by a signal
+    // every time. Each try leaves a mark, so what ran is counted.
+    let marks = site.root.join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    let script = format!(
+        r#"echo "$FORTE_TRY" >> {marks}/$FORTE_BATCH
+case "$FORTE_BATCH" in
+  b0) sleep 60 ;;
+  b1) [ "$FORTE_TRY" = 1 ] && {{ echo "first try dies"; exit 3; }}; exit 0 ;;
+  b2) kill -SEGV $$ ;;
+esac"#,
+        marks = marks.display()
+    );
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"flaky\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\ntimeout = \"1s\"\nretries = 1\nconcurrency = 1\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let started = std::time::Instant::now();
+    let printed = fails(&pull_with(&site, &config));
+    // Two tries of one second for b0, not a minute.
+    assert!(started.elapsed().as_secs() < 30, "{:?}", started.elapsed());
+    let tries = |b: &str| std::fs::read_to_string(marks.join(b)).unwrap_or_default();
+    assert_eq!(
+        (tries("b0"), tries("b1"), tries("b2")),
+        ("1\n2\n".into(), "1\n2\n".into(), "1\n2\n".into())
+    );
+    assert_eq!(batches_in(&site.root.join("dest")), ["b1"]);
+    assert_eq!(batches_in(&site.root.join("quarantine")).len(), 2);
+    assert!(
+        printed.contains("killed at its timeout of 1 s"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("crashed: killed by signal 11"),
+        "{printed}"
+    );
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(status.contains("2 tries (2 timed_out)"), "{status}");
+    assert!(status.contains("2 tries (1 passed, 1 crashed)"), "{status}");
+    assert!(status.contains("2 tries (2 crashed)"), "{status}");
+}
+
+#[test]
+fn a_puller_killed_while_its_tasks_run_resumes_without_a_second_delivery_or_a_lost_batch() {
+    let site = Site::new();
+    three_batches(&site);
+    let started = site.root.join("started");
+    let script = format!("touch {}; sleep 2", started.display());
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"slow\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let mut pull = pull_with(&site, &config);
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let mut first = spawn_logged(&pull, &site.root.join("pull-1.log"));
+    assert!(wait_for(60, || started.exists()), "the task never started");
+    kill(&mut first);
+    // Killed with the task running: nothing reached the destination yet.
+    assert!(visible(&site.root.join("dest")).is_empty());
+    let mut second = spawn_logged(&pull, &site.root.join("pull-2.log"));
+    let all_there = wait_for(120, || batches_in(&site.root.join("dest")).len() == 3);
+    let log = std::fs::read_to_string(site.root.join("pull-2.log")).unwrap_or_default();
+    kill(&mut second);
+    assert!(all_there, "{log}");
+    for b in 0..3 {
+        for f in 0..2 {
+            let delivered = site.root.join(format!("dest/site-a/b{b}/f{f}.dat"));
+            assert_eq!(
+                std::fs::read(delivered).unwrap(),
+                sample_bytes(20_000, b * 10 + f)
+            );
+        }
+    }
+    let landing = visible(&site.root.join("landing"));
+    assert!(landing.is_empty(), "{landing:?}");
+    assert!(site.relay_objects().is_empty());
+    // Each file was delivered once: one `delivered` event in its lineage.
+    let core = &site.core_catalog;
+    for b in 0..3 {
+        let lineage = site.status(core, &["--file", &format!("site-a/b{b}/f0.dat")]);
+        let delivered = lineage
+            .lines()
+            .filter(|l| {
+                l.split("  ")
+                    .nth(2)
+                    .is_some_and(|s| s.starts_with("delivered"))
+            })
+            .count();
+        assert_eq!(delivered, 1, "{lineage}");
+    }
+}
