@@ -20,6 +20,9 @@ const QUEUE_SEND: &str = "#c8c8c8";
 const SEND: &str = "#1f77b4";
 const QUEUE_PULL: &str = "#ffbb78";
 const PULL: &str = "#2ca02c";
+/// The site's tasks, drawn over the lower half of the pull they run in.
+const QUEUE_TASK: &str = "#c5b0d5";
+const TASK: &str = "#9467bd";
 
 /// The clock-time range every chart of one report shares (µs since the epoch), so that a
 /// moment is at the same place on each.
@@ -71,7 +74,12 @@ impl TimeAxis {
 /// `send`, `send`, the time waiting at the relay, and `pull`, on the clock-time axis `time`.
 pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String {
     let x = |t: i64| time.x(t);
-    let height = TOP + ROW * batches.len() as f64 + 60.0;
+    let legend_rows = if batches.iter().any(|b| !b.tasks.is_empty()) {
+        2.0
+    } else {
+        1.0
+    };
+    let height = TOP + ROW * batches.len() as f64 + 42.0 + 18.0 * legend_rows;
     let mut svg = header(WIDTH, height, title);
     axis(&mut svg, time, TOP + ROW * batches.len() as f64);
     for (i, b) in batches.iter().enumerate() {
@@ -93,16 +101,36 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
             bar(&mut svg, x(s.queued_from), x(s.started), y + 3.0, queue);
             bar(&mut svg, x(s.started), x(s.ended), y + 3.0, work);
         }
+        let half = y + 3.0 + (ROW - 6.0) / 2.0;
+        for t in &b.tasks {
+            task_bar(&mut svg, x(t.queued_from), x(t.started), half, QUEUE_TASK);
+            task_bar(&mut svg, x(t.started), x(t.ended), half, TASK);
+            let _ = writeln!(
+                svg,
+                r#"<title>task {}: {:.2} s queued, {:.2} s running, {} tries</title>"#,
+                escape(&t.task),
+                t.queueing_s(),
+                t.processing_s(),
+                t.tries
+            );
+        }
     }
     let legend_y = TOP + ROW * batches.len() as f64 + 40.0;
-    let items = [
+    let mut items = vec![
         (QUEUE_SEND, "queued at the edge"),
         (SEND, "send (prepare + upload)"),
         (QUEUE_PULL, "waiting at the relay"),
         (PULL, "pull (verify + deliver)"),
     ];
+    if batches.iter().any(|b| !b.tasks.is_empty()) {
+        items.extend([
+            (QUEUE_TASK, "site task queued"),
+            (TASK, "site task running"),
+        ]);
+    }
     for (i, (colour, label)) in items.iter().enumerate() {
-        let lx = LEFT + i as f64 * 200.0;
+        let lx = LEFT + (i % 4) as f64 * 200.0;
+        let legend_y = legend_y + (i / 4) as f64 * 18.0;
         let _ = writeln!(
             svg,
             r#"<rect x="{lx}" y="{}" width="14" height="12" fill="{colour}"/><text x="{}" y="{}" font-size="12">{label}</text>"#,
@@ -260,13 +288,21 @@ fn header(width: f64, height: f64, title: &str) -> String {
     )
 }
 
+/// A bar half a row's bar high (a site task, over the lower half of its pull).
+fn task_bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
+    rect(svg, (x0, x1), y, (ROW - 6.0) / 2.0, colour);
+}
+
 fn bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
+    rect(svg, (x0, x1), y, ROW - 6.0, colour);
+}
+
+fn rect(svg: &mut String, (x0, x1): (f64, f64), y: f64, height: f64, colour: &str) {
     if x1 > x0 {
         let _ = writeln!(
             svg,
-            r#"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{}" fill="{colour}"/>"#,
-            x1 - x0,
-            ROW - 6.0
+            r#"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{height}" fill="{colour}"/>"#,
+            x1 - x0
         );
     }
 }

@@ -14,12 +14,19 @@
 //! When the core fetches a batch ahead (its first files while the edge still sends the rest),
 //! `pull` counts from the end of `send`.
 //!
+//! The site's own tasks (`[[task]]` at the core) run inside `pull`, between the batch's landing
+//! and its promotion: each is reported as its span (its first try queued to its last try's end)
+//! and that span's share of l_b.
+//!
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
 
 use std::collections::BTreeMap;
 
-use forte_catalog::{BatchKey, BatchRow, Catalog, ItemLatency, Role, Stage, StageRow, UsageRow};
+use forte_catalog::{
+    BatchKey, BatchRow, BatchState, Catalog, ItemLatency, Role, Stage, StageRow, TaskRunRow,
+    UsageRow,
+};
 use serde::Serialize;
 
 /// One task of one batch: queued from `queued_from`, worked on from `started` to `ended`
@@ -42,6 +49,59 @@ impl StageSpan {
     }
 }
 
+/// A site task's time on one batch: from its first try's queueing to its last try's end
+/// (per file, the tries of all files).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TaskSpan {
+    pub task: String,
+    pub queued_from: i64,
+    pub started: i64,
+    pub ended: i64,
+    pub tries: usize,
+    /// Seconds from its first try's queueing to its last try's end over l_b; `None` while the
+    /// batch is not delivered.
+    pub share_of_latency: Option<f64>,
+}
+
+impl TaskSpan {
+    pub fn queueing_s(&self) -> f64 {
+        seconds(self.started - self.queued_from)
+    }
+
+    pub fn processing_s(&self) -> f64 {
+        seconds(self.ended - self.started)
+    }
+
+    /// Each task's span over `runs` (one batch's), in the order the tasks first ran.
+    fn of(runs: &[TaskRunRow], latency_s: Option<f64>) -> Vec<Self> {
+        let mut spans: Vec<Self> = Vec::new();
+        for r in runs {
+            match spans.iter_mut().find(|s| s.task == r.task) {
+                Some(s) => {
+                    s.queued_from = s.queued_from.min(r.queued_at);
+                    s.started = s.started.min(r.started_at);
+                    s.ended = s.ended.max(r.ended_at);
+                    s.tries += 1;
+                }
+                None => spans.push(Self {
+                    task: r.task.clone(),
+                    queued_from: r.queued_at,
+                    started: r.started_at,
+                    ended: r.ended_at,
+                    tries: 1,
+                    share_of_latency: None,
+                }),
+            }
+        }
+        for s in &mut spans {
+            s.share_of_latency = latency_s
+                .filter(|l| *l > 0.0)
+                .map(|l| seconds(s.ended - s.queued_from) / l);
+        }
+        spans
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BatchKpi {
     pub name: String,
@@ -54,6 +114,8 @@ pub struct BatchKpi {
     pub sealed_bytes: u64,
     pub arrived: i64,
     pub stages: Vec<StageSpan>,
+    /// The site's tasks at the core, inside `pull`.
+    pub tasks: Vec<TaskSpan>,
     /// l_b in seconds; `None` while the batch is not delivered.
     pub latency_s: Option<f64>,
     pub queueing_s: f64,
@@ -104,22 +166,28 @@ pub struct RunKpi {
     pub max_latency_s: f64,
 }
 
-/// Every batch row of `catalog` with its stages: what [`batches`] takes, one catalogue's share.
-pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<(BatchRow, Vec<StageRow>)>> {
+/// A batch row with its stages and the tries of the site's tasks on it.
+pub type BatchRecords = (BatchRow, Vec<StageRow>, Vec<TaskRunRow>);
+
+/// Every batch row of `catalog` with its stages and task tries: what [`batches`] takes, one
+/// catalogue's share.
+pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<BatchRecords>> {
     let mut rows = vec![];
     for b in catalog.batches()? {
         let stages = catalog.stages(&b.batch_key)?;
-        rows.push((b, stages));
+        let tasks = catalog.task_runs(Some(&b.batch_key))?;
+        rows.push((b, stages, tasks));
     }
     Ok(rows)
 }
 
 /// Batch KPIs from every batch row (any role, any number of catalogues) with its stages.
-/// Edge rows carry arrival, size and `send`; core rows (keyed `site/id`) carry `pull`.
-pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
+/// Edge rows carry arrival, size and `send`; core rows (keyed `site/id`) carry `pull` and the
+/// site's tasks.
+pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
     let core = |edge: &BatchKey| {
         rows.iter()
-            .find(|(b, _)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
+            .find(|(b, _, _)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
     };
     let stage = |stages: &[StageRow], name: Stage| {
         stages
@@ -129,8 +197,8 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
     };
     let mut out: Vec<BatchKpi> = rows
         .iter()
-        .filter(|(b, _)| b.role == Role::Edge)
-        .map(|(edge, edge_stages)| {
+        .filter(|(b, _, _)| b.role == Role::Edge)
+        .map(|(edge, edge_stages, _)| {
             let core = core(&edge.batch_key);
             let mut spans = Vec::new();
             if let Some((started, ended)) = stage(edge_stages, Stage::Send) {
@@ -141,7 +209,7 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
                     ended,
                 });
                 if let Some((pull_started, pull_ended)) =
-                    core.and_then(|(_, stages)| stage(stages, Stage::Pull))
+                    core.and_then(|(_, stages, _)| stage(stages, Stage::Pull))
                 {
                     // The core fetches a batch's first files while the edge still sends the
                     // rest; that overlap counts as the edge's task, so the tasks stay in
@@ -154,16 +222,20 @@ pub fn batches(rows: &[(BatchRow, Vec<StageRow>)]) -> Vec<BatchKpi> {
                     });
                 }
             }
-            let delivered = spans.len() == 2;
+            // A batch a site task held back in quarantine came, but was not delivered.
+            let quarantined = core.is_some_and(|(b, _, _)| b.state == BatchState::Quarantined);
+            let delivered = spans.len() == 2 && !quarantined;
             let latency_s = delivered.then(|| seconds(spans[1].ended - edge.created_at));
             let raw_bytes = edge.bytes.max(0) as u64;
+            let tasks = core.map_or_else(Vec::new, |(_, _, runs)| TaskSpan::of(runs, latency_s));
             BatchKpi {
                 name: edge.name.clone(),
-                site: core.map(|(b, _)| b.site.clone()).unwrap_or_default(),
+                site: core.map(|(b, _, _)| b.site.clone()).unwrap_or_default(),
                 batch_id: edge.batch_key.batch().to_owned(),
                 files: edge.files,
                 raw_bytes,
-                sealed_bytes: core.map_or(0, |(b, _)| b.bytes.max(0) as u64),
+                sealed_bytes: core.map_or(0, |(b, _, _)| b.bytes.max(0) as u64),
+                tasks,
                 arrived: edge.created_at,
                 queueing_s: spans.iter().map(StageSpan::queueing_s).sum(),
                 processing_s: spans.iter().map(StageSpan::processing_s).sum(),
@@ -389,14 +461,17 @@ mod tests {
             (
                 row(BatchKey::edge("b1"), "A", 100_000_000, 0),
                 vec![stage(Stage::Send, 2, 6)],
+                vec![],
             ),
             (
                 row(BatchKey::core("mine", "b1"), "", 40_000_000, 7_000_000),
                 vec![stage(Stage::Pull, 7, 10)],
+                vec![],
             ),
             (
                 row(BatchKey::edge("b2"), "B", 50_000_000, 1_000_000),
                 vec![stage(Stage::Send, 6, 8)],
+                vec![],
             ),
         ];
         let kpis = batches(&rows);
@@ -420,6 +495,47 @@ mod tests {
     }
 
     #[test]
+    fn a_site_task_is_its_span_and_its_share_of_the_batch_latency() {
+        // Pulled from 7 s to 10 s; inside it a per-file check ran on two files at once, 8–9 s,
+        // one of them tried twice (its first try crashed), queued from 7.5 s.
+        let core = BatchKey::core("mine", "b1");
+        let run = |try_number: i64, queued: f64, started: f64, ended: f64| TaskRunRow {
+            batch_key: core.clone(),
+            task: "check".into(),
+            object_id: Some("o".into()),
+            try_number,
+            queued_at: (queued * 1e6) as i64,
+            started_at: (started * 1e6) as i64,
+            ended_at: (ended * 1e6) as i64,
+            outcome: forte_catalog::TaskOutcome::Passed,
+            detail: None,
+        };
+        let rows = vec![
+            (
+                row(BatchKey::edge("b1"), "A", 100_000_000, 0),
+                vec![stage(Stage::Send, 2, 6)],
+                vec![],
+            ),
+            (
+                row(core.clone(), "", 40_000_000, 7_000_000),
+                vec![stage(Stage::Pull, 7, 10)],
+                vec![
+                    run(1, 7.5, 8.0, 8.5),
+                    run(1, 7.5, 8.0, 8.2),
+                    run(2, 8.2, 8.2, 9.0),
+                ],
+            ),
+        ];
+        let kpi = &batches(&rows)[0];
+        assert_eq!(kpi.tasks.len(), 1);
+        let check = &kpi.tasks[0];
+        assert_eq!((check.task.as_str(), check.tries), ("check", 3));
+        assert_eq!((check.queueing_s(), check.processing_s()), (0.5, 1.0));
+        // 1.5 s of the batch's 10 s.
+        assert_eq!(check.share_of_latency, Some(0.15));
+    }
+
+    #[test]
     fn capacity_leaves_out_the_idle_time_between_batches() {
         // Two batches an hour apart, each sent in 2 s and pulled in 2 s.
         let batch = |id: &str, at: i64| {
@@ -427,10 +543,12 @@ mod tests {
                 (
                     row(BatchKey::edge(id), id, 100_000_000, at * 1_000_000),
                     vec![stage(Stage::Send, at, at + 2)],
+                    vec![],
                 ),
                 (
                     row(BatchKey::core("mine", id), "", 50_000_000, at * 1_000_000),
                     vec![stage(Stage::Pull, at + 2, at + 4)],
+                    vec![],
                 ),
             ]
         };

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchRow, StageRow, TuningSample, UsageRow};
+use forte_catalog::{TuningSample, UsageRow};
 use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png, TimeAxis};
 use forte_report::kpi::{self, BatchKpi, LinkUse, NodeLatency, RunKpi};
 use serde::Serialize;
@@ -68,7 +68,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     for url in &args.with {
         catalogs.push(record::open(Some(url.clone()))?);
     }
-    let mut rows: Vec<(BatchRow, Vec<StageRow>)> = Vec::new();
+    let mut rows: Vec<kpi::BatchRecords> = Vec::new();
     let mut usage: Vec<UsageRow> = Vec::new();
     let mut tuning: Vec<TuningSample> = Vec::new();
     for c in std::iter::once(catalog).chain(&catalogs) {
@@ -172,6 +172,33 @@ fn print_csv(batches: &[BatchKpi]) {
     }
 }
 
+/// The site's tasks per batch: each one's time queued and running, and its share of l_b.
+fn print_tasks(batches: &[BatchKpi]) {
+    if batches.iter().all(|b| b.tasks.is_empty()) {
+        return;
+    }
+    println!();
+    println!("site tasks at the core (inside t_pull; share of l_b from the task's first queueing to its end):");
+    println!(
+        "{:<16} {:<18} {:>6} {:>9} {:>8} {:>13}",
+        "batch", "task", "tries", "queued s", "ran s", "share of l_b"
+    );
+    for b in batches {
+        for t in &b.tasks {
+            println!(
+                "{:<16} {:<18} {:>6} {:>9.2} {:>8.2} {:>13}",
+                b.name,
+                t.task,
+                t.tries,
+                t.queueing_s(),
+                t.processing_s(),
+                t.share_of_latency
+                    .map_or("-".into(), |s| format!("{:.1} %", 100.0 * s))
+            );
+        }
+    }
+}
+
 fn print_text(r: &Report) {
     let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     println!(
@@ -204,6 +231,7 @@ fn print_text(r: &Report) {
             opt(b.rate_mb_s)
         );
     }
+    print_tasks(&r.batches);
     let Some(run) = &r.run else {
         println!("no batch delivered yet: no pipeline KPIs");
         return;

@@ -112,6 +112,7 @@ fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promo
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !name.starts_with('.'))
         .collect();
     batches.sort();
     assert_eq!(batches.len(), 6, "{batches:?}");
@@ -194,6 +195,38 @@ fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promo
         "{status}"
     );
     assert_eq!(status.matches("1 tries (1 passed)").count(), 5, "{status}");
+
+    // The report gives each task's share of the batch latency, and its Gantt chart draws it.
+    let charts = site.root.join("charts");
+    let report = ok(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "report",
+        "--with",
+        &site.core_catalog,
+        "--charts",
+        &charts
+    ]);
+    assert!(report.contains("site tasks at the core"), "{report}");
+    let rows: Vec<&str> = report
+        .lines()
+        .filter(|l| l.contains(" parquet-check "))
+        .collect();
+    assert_eq!(rows.len(), 6, "{report}");
+    // Delivered batches have a share (a percentage); the quarantined one has none.
+    assert_eq!(
+        rows.iter().filter(|l| l.ends_with(" %")).count(),
+        5,
+        "{report}"
+    );
+    assert!(
+        rows.iter()
+            .any(|l| l.starts_with(bad.as_str()) && l.ends_with('-')),
+        "{report}"
+    );
+    let timeline = std::fs::read_to_string(charts.join("timeline.svg")).unwrap();
+    assert_eq!(timeline.matches("<title>task parquet-check:").count(), 6);
+    assert!(timeline.contains("site task running"));
 }
 
 /// Three batches of two small files each into the inbox.
