@@ -453,7 +453,8 @@ impl Catalog {
                  UNION ALL
                  SELECT at, CASE WHEN object_id IS NULL THEN 'batch' ELSE 'file' END,
                         batch_key, object_id, part, detail FROM events
-                 WHERE state IN ('failed', 'damaged') AND detail IS NOT NULL{of_batch}
+                 WHERE state IN ('failed', 'damaged', 'refused', 'quarantined')
+                   AND detail IS NOT NULL{of_batch}
              ) failures ORDER BY at DESC LIMIT $1"
         );
         let mut query = sqlx::query(&sql).bind(limit);

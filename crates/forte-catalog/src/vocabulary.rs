@@ -83,6 +83,8 @@ vocabulary! {
         SourceKept = "source_kept",
         Failed = "failed",
         Cancelled = "cancelled",
+        /// At the edge: a site task refused it; not sent until its ready marker is touched.
+        Refused = "refused",
     }
 }
 
@@ -95,7 +97,7 @@ impl BatchState {
             Self::Sent => 2,
             Self::Delivered | Self::Quarantined => 3,
             Self::SourceDeleted => 4,
-            Self::SourceKept | Self::Failed | Self::Cancelled => return None,
+            Self::SourceKept | Self::Failed | Self::Cancelled | Self::Refused => return None,
         })
     }
 

@@ -14,9 +14,10 @@
 //! When the core fetches a batch ahead (its first files while the edge still sends the rest),
 //! `pull` counts from the end of `send`.
 //!
-//! The site's own tasks (`[[task]]` at the core) run inside `pull`, between the batch's landing
-//! and its promotion: each is reported as its span (its first try queued to its last try's end)
-//! and that span's share of l_b.
+//! The site's own tasks (`[[task]]`) run inside `send` at the edge (before the batch is
+//! prepared) and inside `pull` at the core (between the batch's landing and its promotion, or
+//! after it): each is reported as its span (its first try queued to its last try's end) and
+//! that span's share of l_b.
 //!
 //! Times come from two machines' clocks when edge and core are separate; they must be
 //! synchronised (NTP) for the queueing at the relay to be meaningful.
@@ -54,6 +55,8 @@ impl StageSpan {
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TaskSpan {
     pub task: String,
+    /// Where it ran: the edge (before `send` prepared the batch) or the core (inside `pull`).
+    pub role: Role,
     pub queued_from: i64,
     pub started: i64,
     pub ended: i64,
@@ -76,7 +79,11 @@ impl TaskSpan {
     fn of(runs: &[TaskRunRow], latency_s: Option<f64>) -> Vec<Self> {
         let mut spans: Vec<Self> = Vec::new();
         for r in runs {
-            match spans.iter_mut().find(|s| s.task == r.task) {
+            let role = r.batch_key.role();
+            match spans
+                .iter_mut()
+                .find(|s| s.task == r.task && s.role == role)
+            {
                 Some(s) => {
                     s.queued_from = s.queued_from.min(r.queued_at);
                     s.started = s.started.min(r.started_at);
@@ -85,6 +92,7 @@ impl TaskSpan {
                 }
                 None => spans.push(Self {
                     task: r.task.clone(),
+                    role,
                     queued_from: r.queued_at,
                     started: r.started_at,
                     ended: r.ended_at,
@@ -198,7 +206,7 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
     let mut out: Vec<BatchKpi> = rows
         .iter()
         .filter(|(b, _, _)| b.role == Role::Edge)
-        .map(|(edge, edge_stages, _)| {
+        .map(|(edge, edge_stages, edge_runs)| {
             let core = core(&edge.batch_key);
             let mut spans = Vec::new();
             if let Some((started, ended)) = stage(edge_stages, Stage::Send) {
@@ -227,7 +235,9 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
             let delivered = spans.len() == 2 && !quarantined;
             let latency_s = delivered.then(|| seconds(spans[1].ended - edge.created_at));
             let raw_bytes = edge.bytes.max(0) as u64;
-            let tasks = core.map_or_else(Vec::new, |(_, _, runs)| TaskSpan::of(runs, latency_s));
+            let core_runs = core.map_or(&[][..], |(_, _, runs)| runs);
+            let runs: Vec<TaskRunRow> = edge_runs.iter().chain(core_runs).cloned().collect();
+            let tasks = TaskSpan::of(&runs, latency_s);
             BatchKpi {
                 name: edge.name.clone(),
                 site: core.map(|(b, _, _)| b.site.clone()).unwrap_or_default(),
@@ -530,6 +540,7 @@ mod tests {
         assert_eq!(kpi.tasks.len(), 1);
         let check = &kpi.tasks[0];
         assert_eq!((check.task.as_str(), check.tries), ("check", 3));
+        assert_eq!(check.role, Role::Core);
         assert_eq!((check.queueing_s(), check.processing_s()), (0.5, 1.0));
         // 1.5 s of the batch's 10 s.
         assert_eq!(check.share_of_latency, Some(0.15));

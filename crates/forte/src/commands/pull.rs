@@ -18,6 +18,7 @@ use crate::schedule::Policy;
 use crate::settings::{
     self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags, WorkerFlags,
 };
+use crate::tasks::Point;
 use crate::transfer::retry::Retry;
 use crate::units::{human, mb_per_s};
 
@@ -113,7 +114,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         .as_deref()
         .map(|to| SecondCopy::open(to, &credentials))
         .transpose()?;
-    let tasks = settings::tasks(config)?;
+    let tasks = settings::tasks(config, &[Point::Core, Point::Delivered])?;
     let landing = if tasks.0.is_empty() {
         None
     } else {

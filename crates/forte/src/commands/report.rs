@@ -178,17 +178,18 @@ fn print_tasks(batches: &[BatchKpi]) {
         return;
     }
     println!();
-    println!("site tasks at the core (inside t_pull; share of l_b from the task's first queueing to its end):");
+    println!("site tasks (at the edge inside t_send, at the core inside t_pull; share of l_b from the task's first queueing to its end):");
     println!(
-        "{:<16} {:<18} {:>6} {:>9} {:>8} {:>13}",
-        "batch", "task", "tries", "queued s", "ran s", "share of l_b"
+        "{:<16} {:<18} {:<5} {:>6} {:>9} {:>8} {:>13}",
+        "batch", "task", "at", "tries", "queued s", "ran s", "share of l_b"
     );
     for b in batches {
         for t in &b.tasks {
             println!(
-                "{:<16} {:<18} {:>6} {:>9.2} {:>8.2} {:>13}",
+                "{:<16} {:<18} {:<5} {:>6} {:>9.2} {:>8.2} {:>13}",
                 b.name,
                 t.task,
+                t.role,
                 t.tries,
                 t.queueing_s(),
                 t.processing_s(),

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use forte_catalog::Role;
+use forte_catalog::{BatchState, Role};
 use serde::Serialize;
 
 use super::{Daemon, Output};
@@ -14,6 +14,7 @@ use crate::edge::{ready_batches, Batch, Edge, EdgeSetup, Inbox, SendReport, READ
 use crate::hook::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
+use crate::tasks::Point;
 use crate::transfer::retry::Retry;
 use crate::units::{human, mb_per_s};
 
@@ -98,6 +99,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         },
         on_finished: args.daemon.watch.then_some(print_report as fn(&SendReport)),
         tune,
+        tasks: settings::tasks(config, &[Point::Edge])?,
     });
     if !args.cancel.is_empty() {
         return edge.cancel(&args.inbox, &args.cancel);
@@ -153,18 +155,29 @@ impl Pass<'_> {
         let (edge, settle) = (self.edge, self.settle);
         let started = Instant::now();
         let Inbox { mut ready, waiting } = ready_batches(&args.inbox, settle)?;
+        // A batch an edge task refused (now or before) is not sent, and fails the run.
+        let mut refused = Vec::new();
         ready.retain(|b| {
-            let skip = edge.cancelled(b);
-            if skip {
-                println!(
+            let held = edge.held_back(b);
+            match held {
+                Some(BatchState::Refused) => refused.push(b.name.clone()),
+                Some(_) => println!(
                     "batch {}: cancelled; touch its {READY_MARKER} marker to send it again",
                     b.name
-                );
+                ),
+                None => {}
             }
-            !skip
+            held.is_none()
         });
         let quiet = args.output.quiet || args.output.json;
         let mut batches = send_batches(edge, &ready, quiet);
+        refused.extend(
+            ready
+                .iter()
+                .filter(|b| !batches.iter().any(|r| r.batch == b.name))
+                .filter(|b| edge.held_back(b) == Some(BatchState::Refused))
+                .map(|b| b.name.clone()),
+        );
         // Batches the relay held some of already, from a run this catalogue has no record
         // of, go once more: their files are in the catalogue now, so the relay is asked first.
         let again: Vec<Batch> = ready
@@ -190,11 +203,16 @@ impl Pass<'_> {
                 human(sealed),
                 mb_per_s(raw, seconds)
             );
+            for name in &refused {
+                println!(
+                    "batch {name}: refused by a site task, not sent (forte status says why); touch its {READY_MARKER} marker to check and send it again"
+                );
+            }
             for name in &waiting {
                 println!("batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)", args.settle);
             }
         }
-        let ok = batches.iter().all(|b| b.failed == 0);
+        let ok = batches.iter().all(|b| b.failed == 0) && refused.is_empty();
         if args.output.json {
             println!(
                 "{}",

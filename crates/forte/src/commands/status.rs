@@ -120,7 +120,7 @@ fn overview(catalog: &Catalog, json: bool) -> Result<bool> {
             );
         }
         print_task_runs(&catalog.task_runs(Some(&b.batch_key))?);
-        if b.state == BatchState::Quarantined {
+        if matches!(b.state, BatchState::Quarantined | BatchState::Refused) {
             if let Some(why) = catalog.failures(Some(&b.batch_key), 1)?.first() {
                 println!("        why: {}", why.error);
             }

@@ -275,6 +275,19 @@ impl Edge<'_> {
         let (jobs, rows) = match discover(dir) {
             Ok(mut found) => {
                 found.files.retain(|f| f.path != READY_MARKER);
+                let state = catalogued
+                    .as_ref()
+                    .ok()
+                    .and_then(|row| row.as_ref().map(|r| r.state));
+                if let Some(why) =
+                    self.refused_at_edge((&batch_key, name, dir), &found.files, state)
+                {
+                    let totals = (found.files.len() as u64, found.total_bytes());
+                    let arrived = (arrival_us(dir), Some(why.as_str()));
+                    self.record_batch_as(&batch_key, name, totals, BatchState::Refused, arrived);
+                    self.setup.failures.report(name, None, &why);
+                    return None;
+                }
                 let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
                 drop_emptied_dirs(&mut found.files, &rows);
                 let report = &mut flight.report;

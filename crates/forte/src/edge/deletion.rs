@@ -20,7 +20,7 @@ impl Edge<'_> {
     /// batch). Said once per batch and scan when it is a follow-up.
     pub fn needs_sending(&self, batch: &Batch) -> bool {
         let batch_key = batch_id(&self.setup.settings.key, &batch.name);
-        if self.cancelled(batch) {
+        if self.held_back(batch).is_some() {
             return false;
         }
         let state = self
@@ -63,16 +63,18 @@ impl Edge<'_> {
         true
     }
 
-    /// Whether a batch was cancelled (`send --cancel`) and its ready marker not touched since.
-    pub fn cancelled(&self, batch: &Batch) -> bool {
+    /// Whether a batch was cancelled (`send --cancel`) or refused by an edge task, and its
+    /// ready marker not touched since: that state, to skip it.
+    pub fn held_back(&self, batch: &Batch) -> Option<BatchState> {
         let row = self
             .setup
             .catalog
             .batch(&batch_id(&self.setup.settings.key, &batch.name))
             .ok()
             .flatten();
-        row.filter(|b| b.state == BatchState::Cancelled)
-            .is_some_and(|b| marker_time_us(&batch.dir).is_none_or(|t| t <= b.updated_at))
+        row.filter(|b| matches!(b.state, BatchState::Cancelled | BatchState::Refused))
+            .filter(|b| marker_time_us(&batch.dir).is_none_or(|t| t <= b.updated_at))
+            .map(|b| b.state)
     }
 
     /// Cancels batches of the inbox at the relay (`send --cancel`): deletes what the relay holds

@@ -4,10 +4,12 @@
 //! signed inventory the moment its last file is, and, once the core has acknowledged them, its
 //! source files deleted one by one.
 //!
-//! `admit` queues batches, `seal` books finished files and seals batches, `deletion` decides
-//! what may be deleted or sent again, and `inbox` finds the batches that are ready.
+//! `admit` queues batches (`checks` runs the site's edge tasks on a batch first), `seal` books
+//! finished files and seals batches, `deletion` decides what may be deleted or sent again, and
+//! `inbox` finds the batches that are ready.
 
 mod admit;
+mod checks;
 mod deletion;
 pub mod inbox;
 mod seal;
@@ -181,6 +183,8 @@ pub struct EdgeSetup<'a> {
     /// Tune the uploads in flight while each pass runs (`--connections auto`), within the
     /// prepare settings' sink gate; otherwise they stay at its limit.
     pub tune: bool,
+    /// The site's tasks that check a batch before it is prepared (`at = "edge"`).
+    pub tasks: crate::tasks::Tasks,
 }
 
 /// What every batch of a `send` run shares: the relay, the queue and the batches in flight.

@@ -184,10 +184,11 @@ pub fn s3(config: &Config) -> forte_bucket::Credentials {
     }
 }
 
-/// The site's own tasks (`[[task]]`), checked: each named once, with a command that can start
-/// (a program named without a slash is looked up in PATH, one with a slash in its workdir),
-/// a timeout and at least one slot.
-pub fn tasks(config: &Config) -> Result<crate::tasks::Tasks> {
+/// The site's own tasks (`[[task]]`) that run at one of `points` (those of the command: the
+/// others may name programs only their machine has), checked: each named once, with a command
+/// that can start (a program named without a slash is looked up in PATH, one with a slash in
+/// its workdir), a timeout and at least one slot.
+pub fn tasks(config: &Config, points: &[crate::tasks::Point]) -> Result<crate::tasks::Tasks> {
     let mut tasks = Vec::new();
     let mut names = std::collections::HashSet::new();
     for (i, t) in config.task.iter().enumerate() {
@@ -201,6 +202,9 @@ pub fn tasks(config: &Config) -> Result<crate::tasks::Tasks> {
         }
         if !names.insert(t.name.as_str()) {
             bail!("{which} is named twice: give each task its own name");
+        }
+        if !points.contains(&t.at) {
+            continue;
         }
         let argv = match &t.command {
             file::CommandLine::Argv(argv) => argv.clone(),

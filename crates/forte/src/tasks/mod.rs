@@ -1,8 +1,10 @@
 //! A site's own tasks (`[[task]]` in the configuration file): commands that check, convert or
-//! register a batch, or each of its files, at a set point of its way. At the core a batch is
-//! verified, then lands in a landing zone, where its `core` tasks run; only a batch whose every
-//! task passed is promoted to the destination, where engineers see it, and one a task refused
-//! goes to quarantine with the task's output (`crate::delivery`).
+//! register a batch, or each of its files, at a set point of its way. At the edge a ready
+//! batch's `edge` tasks run before it is prepared, and one they refuse is not sent
+//! (`crate::edge`). At the core a batch is verified, then lands in a landing zone, where its
+//! `core` tasks run; only a batch whose every task passed is promoted to the destination, where
+//! engineers see it, and one a task refused goes to quarantine with the task's output
+//! (`crate::delivery`). `delivered` tasks run on the batch in the destination.
 //!
 //! A try passes with exit status 0. Exit status 1 refuses the data: the check will not change
 //! its mind, so it is not tried again. Anything else (another status, a signal, its timeout,
@@ -17,14 +19,14 @@
 //! | variable | value |
 //! |---|---|
 //! | `FORTE_TASK` | the task's name |
-//! | `FORTE_AT` | `core` or `delivered` |
-//! | `FORTE_SITE` | the edge site that sent the batch |
+//! | `FORTE_AT` | `edge`, `core` or `delivered` |
+//! | `FORTE_SITE` | the edge site that sent the batch (empty at the edge) |
 //! | `FORTE_BATCH` | the batch's name |
-//! | `FORTE_BATCH_DIR` | where the batch's files are now (the landing zone for `core`) |
+//! | `FORTE_BATCH_DIR` | where the batch's files are now: its inbox directory at the edge, its landing directory for `core`, the destination for `delivered` |
 //! | `FORTE_FILES` | a file listing the batch's files, one path under `FORTE_BATCH_DIR` per line |
 //! | `FORTE_FILE` | per file: the file's full path |
 //! | `FORTE_PATH` | per file: its path in the batch, as the edge had it |
-//! | `FORTE_SHA256` | per file: its SHA-256, verified at the core |
+//! | `FORTE_SHA256` | per file: its SHA-256, verified at the core (empty at the edge, where it is not known yet) |
 //! | `FORTE_SIZE` | per file: its size in bytes |
 //! | `FORTE_TRY` | 1 for the first try, 2 for the first retry, … |
 
@@ -39,6 +41,9 @@ pub use run::{check, Refusal, Subject, SubjectFile};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Point {
+    /// At the edge, the batch ready in the inbox, before it is prepared: what refuses it is
+    /// not sent, and stays until its ready marker is touched.
+    Edge,
     /// At the core, the batch verified and in the landing zone: what refuses it keeps it
     /// from the destination.
     Core,
@@ -49,6 +54,7 @@ pub enum Point {
 impl Point {
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Edge => "edge",
             Self::Core => "core",
             Self::Delivered => "delivered",
         }

@@ -160,7 +160,10 @@ fn run_task_queued(
         let recorded = catalog.task_run(&TaskRun {
             batch: subject.key,
             task: &task.name,
-            object_id: file.map(|f| f.object_id.as_str()),
+            // At the edge a file has no object yet.
+            object_id: file
+                .map(|f| f.object_id.as_str())
+                .filter(|id| !id.is_empty()),
             try_number,
             queued_at,
             started_at,

@@ -207,10 +207,13 @@ fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promo
         "--charts",
         &charts
     ]);
-    assert!(report.contains("site tasks at the core"), "{report}");
+    assert!(
+        report.contains("site tasks (at the edge inside t_send"),
+        "{report}"
+    );
     let rows: Vec<&str> = report
         .lines()
-        .filter(|l| l.contains(" parquet-check "))
+        .filter(|l| l.contains(" parquet-check      core "))
         .collect();
     assert_eq!(rows.len(), 6, "{report}");
     // Delivered batches have a share (a percentage); the quarantined one has none.
@@ -340,4 +343,62 @@ fn a_puller_killed_while_its_tasks_run_resumes_without_a_second_delivery_or_a_lo
             .count();
         assert_eq!(delivered, 1, "{lineage}");
     }
+}
+
+#[test]
+fn an_edge_task_keeps_a_refused_batch_at_the_source_until_its_marker_is_touched() {
+    let site = Site::new();
+    three_batches(&site);
+    let allowed = site.root.join("allowed");
+    // Refuses b1's second file until `allowed` exists.
+    let script = format!(
+        r#"[ "$FORTE_BATCH/$FORTE_PATH" != b1/f1.dat ] || [ -e {} ] || {{ echo "$FORTE_PATH: not cleared for sending"; exit 1; }}"#,
+        allowed.display()
+    );
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"clearance\"\nat = \"edge\"\ncommand = {script:?}\n"),
+    );
+    let mut send = args!["--config", &config];
+    send.extend(site.send(&[]));
+    let refused = |out: &std::process::Output| {
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{printed}");
+        assert!(
+            printed.contains("batch b1: refused by a site task, not sent"),
+            "{printed}"
+        );
+    };
+    let first = run(&send);
+    refused(&first);
+    let logged = String::from_utf8_lossy(&first.stderr);
+    assert!(
+        logged.contains(
+            "not sent: task clearance refused f1.dat: exit 1: f1.dat: not cleared for sending"
+        ),
+        "{logged}"
+    );
+    ok(&site.pull());
+    assert_eq!(batches_in(&site.root.join("dest")), ["b0", "b2"]);
+    let status = site.status(&site.edge_catalog, &[]);
+    assert!(status.contains("refused"), "{status}");
+    assert!(
+        status.contains("task clearance refused f1.dat: exit 1: f1.dat: not cleared for sending"),
+        "{status}"
+    );
+    // Run again, it stays, and the check is not run again on the same data.
+    refused(&run(&send));
+    assert!(site.relay_objects().is_empty());
+    let status = site.status(&site.edge_catalog, &[]);
+    assert!(
+        status.contains("task  clearance      2 tries (1 passed, 1 refused)"),
+        "{status}"
+    );
+    // Cleared, and its marker touched: checked again, sent, delivered.
+    write(&allowed, b"");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write(&site.root.join("inbox/b1/.ready"), b"");
+    ok(&send);
+    ok(&site.pull());
+    assert_eq!(batches_in(&site.root.join("dest")), ["b0", "b1", "b2"]);
 }
