@@ -56,7 +56,7 @@ pub struct WireView {
 }
 
 /// A running batch's parts prepared at the edge, in raw and sealed bytes.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchWire {
     /// Every part prepared so far, sent or not: the batch's compression.
     pub prepared_raw: u64,
@@ -65,7 +65,14 @@ pub struct BatchWire {
     pub waiting_raw: u64,
     pub waiting_sealed: u64,
     /// Of those, the parts being uploaded now.
-    pub sending_sealed: u64,
+    pub sending: Vec<Upload>,
+}
+
+/// A part being uploaded: its sealed bytes, and since when (µs since the epoch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Upload {
+    pub sealed: u64,
+    pub since_us: i64,
 }
 
 /// Sealed bytes per raw byte, of `raw` raw bytes that sealed to `sealed`.

@@ -14,7 +14,7 @@ use forte_catalog::{
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::live::{sealed_per_raw, QueueView, StageView, WireView};
+use crate::live::{sealed_per_raw, BatchWire, QueueView, StageView, WireView};
 
 /// A batch as the API shows it: its row, how far it has come, its rate and ETA.
 #[derive(Debug, Clone, Serialize)]
@@ -231,7 +231,7 @@ impl Progress {
             let mut etas = vec![];
             for b in mine {
                 ahead += match wire {
-                    Some(wire) => sealed_left(b, wire),
+                    Some(wire) => sealed_left(b, wire, rate, now),
                     None => (b.bytes - b.done_bytes).max(0) as f64,
                 };
                 let eta = ahead / rate;
@@ -244,16 +244,28 @@ impl Progress {
 }
 
 /// The sealed bytes a running edge batch has still to send: those of its parts prepared and
-/// waiting (an upload under way counted half sent: several run at once, each at its own point,
-/// so on average they are half way), and its raw bytes not prepared yet at its compression so
-/// far (the node's, before it has any).
-fn sealed_left(b: &Batch, wire: &WireView) -> f64 {
-    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
+/// waiting, less what its uploads under way have sent (the node's `rate` shared by every
+/// upload under way, since each began), and its raw bytes not prepared yet at its compression
+/// so far (the node's, before it has any).
+fn sealed_left(b: &Batch, wire: &WireView, rate: f64, now: i64) -> f64 {
+    let none = BatchWire::default();
+    let mine = wire.batches.get(&b.key).unwrap_or(&none);
     let per_raw = sealed_per_raw(mine.prepared_raw, mine.prepared_sealed)
         .or_else(|| sealed_per_raw(wire.prepared_raw, wire.prepared_sealed))
         .unwrap_or(1.0);
     let unprepared = (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0);
-    mine.waiting_sealed as f64 - mine.sending_sealed as f64 / 2.0 + unprepared as f64 * per_raw
+    let uploads = wire
+        .batches
+        .values()
+        .map(|w| w.sending.len())
+        .sum::<usize>();
+    let per_upload = rate / uploads.max(1) as f64;
+    let under_way: f64 = mine
+        .sending
+        .iter()
+        .map(|u| (u.sealed as f64).min(per_upload * (now - u.since_us).max(0) as f64 / 1e6))
+        .sum();
+    mine.waiting_sealed as f64 - under_way + unprepared as f64 * per_raw
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -869,7 +881,7 @@ pub fn hour_ago() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::BatchWire;
+    use crate::live::Upload;
 
     fn stage(stage: &'static str, depth: usize, capacity: usize) -> StageView {
         StageView {
@@ -997,7 +1009,7 @@ mod tests {
                     prepared_sealed: 20_000_000,
                     waiting_raw: 60_000_000,
                     waiting_sealed: 20_000_000,
-                    sending_sealed: 0,
+                    sending: vec![],
                 },
             )]),
         };
@@ -1022,6 +1034,39 @@ mod tests {
         assert_eq!((etas.0[0].eta_s, etas.0[1].eta_s), (Some(4.0), Some(5.5)));
         // Counted in raw bytes at the first batches' 25 MB/s, E read 2.4 s: 40 % short.
         assert_eq!(etas.1[0].eta_s, Some(2.4));
+    }
+
+    #[test]
+    fn the_edge_rate_runs_from_when_the_link_got_busy_and_uploads_under_way_count_what_they_sent() {
+        // Looked at 0 s, nothing prepared; the first part prepared at 3 s; at 5 s 10 MB sent
+        // (5 MB/s since 3 s, where the looks alone say 2 MB/s). E waits with 20 MB sealed,
+        // two 5 MB parts of it being uploaded since 4 s and 4.5 s, each at half the link.
+        let progress = Progress::new(16 << 20, Order::AsBegun);
+        progress.queue_etas(&mut [], &EndedBytes::new(), Some(&WireView::default()), 0);
+        let upload = |since_us| Upload {
+            sealed: 5_000_000,
+            since_us,
+        };
+        let wire = WireView {
+            sent: 10_000_000,
+            resumed: Some((3 * S, 0)),
+            prepared_raw: 60_000_000,
+            prepared_sealed: 30_000_000,
+            batches: HashMap::from([(
+                "e".to_owned(),
+                BatchWire {
+                    prepared_raw: 40_000_000,
+                    prepared_sealed: 20_000_000,
+                    waiting_raw: 40_000_000,
+                    waiting_sealed: 20_000_000,
+                    sending: vec![upload(4 * S), upload(4 * S + S / 2)],
+                },
+            )]),
+        };
+        let mut running = [sending("e", 1, 40_000_000, 0)];
+        progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire), 5 * S);
+        // Sent so far of the uploads: 2.5 MB/s × 1 s and × 0.5 s; 16.25 MB left at 5 MB/s.
+        assert_eq!(running[0].eta_s, Some(3.25));
     }
 
     #[test]

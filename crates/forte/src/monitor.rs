@@ -120,7 +120,18 @@ impl forte_view::Live for Daemon {
     }
 
     fn wire(&self) -> Option<WireView> {
-        WIRE.lock().as_ref().map(|w| w.view.clone())
+        let wire = WIRE.lock();
+        let wire = wire.as_ref()?;
+        let mut view = wire.view.clone();
+        for part in wire.waiting.values() {
+            let (Some(since_us), Some(batch)) = (part.sending, view.batches.get_mut(&part.batch))
+            else {
+                continue;
+            };
+            let sealed = part.sealed;
+            batch.sending.push(forte_view::Upload { sealed, since_us });
+        }
+        Some(view)
     }
 }
 
@@ -139,8 +150,8 @@ struct Waiting {
     batch: String,
     raw: u64,
     sealed: u64,
-    /// Its upload has begun.
-    sending: bool,
+    /// When its upload began (µs since the epoch).
+    sending: Option<i64>,
 }
 
 impl Wire {
@@ -152,9 +163,6 @@ impl Wire {
         if let Some(batch) = self.view.batches.get_mut(&part.batch) {
             batch.waiting_raw = batch.waiting_raw.saturating_sub(part.raw);
             batch.waiting_sealed = batch.waiting_sealed.saturating_sub(part.sealed);
-            if part.sending {
-                batch.sending_sealed = batch.sending_sealed.saturating_sub(part.sealed);
-            }
         }
     }
 }
@@ -182,7 +190,7 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
             batch: key,
             raw,
             sealed,
-            sending: false,
+            sending: None,
         },
     );
 }
@@ -191,12 +199,9 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
 pub fn part_sending(id: ObjectId, index: u32) {
     let mut wire = WIRE.lock();
     let Some(wire) = wire.as_mut() else { return };
-    let Some(part) = wire.waiting.get_mut(&(id, index)).filter(|p| !p.sending) else {
-        return;
-    };
-    part.sending = true;
-    if let Some(batch) = wire.view.batches.get_mut(&part.batch) {
-        batch.sending_sealed += part.sealed;
+    if let Some(part) = wire.waiting.get_mut(&(id, index)) {
+        // A retried upload sends from the start again.
+        part.sending = Some(forte_catalog::now_us());
     }
 }
 
