@@ -27,7 +27,7 @@ use axum::Router;
 use forte_catalog::Catalog;
 
 pub use access::Access;
-pub use live::{BatchWire, Live, QueueView, StageView, Upload, WireView};
+pub use live::{BatchWire, Live, QueueView, StageView, WaitingPart, WireView};
 
 /// What serves the view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

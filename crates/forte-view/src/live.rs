@@ -53,26 +53,33 @@ pub struct WireView {
     pub prepared_sealed: u64,
     /// Per running batch (its catalogue key): what it has prepared.
     pub batches: HashMap<String, BatchWire>,
+    /// The parts prepared and not yet sent, in the order they were prepared: the order the
+    /// uploads take them in, whatever their batch.
+    pub waiting: Vec<WaitingPart>,
 }
 
 /// A running batch's parts prepared at the edge, in raw and sealed bytes.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BatchWire {
     /// Every part prepared so far, sent or not: the batch's compression.
     pub prepared_raw: u64,
     pub prepared_sealed: u64,
-    /// The parts prepared and not yet sent.
+    /// Raw bytes of its parts prepared and not yet sent.
     pub waiting_raw: u64,
-    pub waiting_sealed: u64,
-    /// Of those, the parts being uploaded now.
-    pub sending: Vec<Upload>,
+    /// The place in the prepare order ([`WaitingPart::seq`]) of its last part prepared.
+    pub last_prepared: u64,
 }
 
-/// A part being uploaded: its sealed bytes, and since when (µs since the epoch).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Upload {
+/// A part prepared at the edge and not yet sent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WaitingPart {
+    /// Its batch's catalogue key.
+    pub batch: String,
+    /// Its place in the order parts were prepared.
+    pub seq: u64,
     pub sealed: u64,
-    pub since_us: i64,
+    /// Since when it is being uploaded (µs since the epoch), if it is.
+    pub sending_since: Option<i64>,
 }
 
 /// Sealed bytes per raw byte, of `raw` raw bytes that sealed to `sealed`.

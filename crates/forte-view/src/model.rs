@@ -14,7 +14,7 @@ use forte_catalog::{
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::live::{sealed_per_raw, BatchWire, QueueView, StageView, WireView};
+use crate::live::{sealed_per_raw, QueueView, StageView, WireView};
 
 /// A batch as the API shows it: its row, how far it has come, its rate and ETA.
 #[derive(Debug, Clone, Serialize)]
@@ -227,14 +227,22 @@ impl Progress {
                 }
                 Order::AsBegun => mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
             }
+            // What leaves before each batch is done: in raw bytes, what is left of it and of
+            // the batches served before it; at the edge, in sealed bytes (`sealed_before`).
             let mut ahead = 0.0;
             let mut etas = vec![];
             for b in mine {
-                ahead += match wire {
-                    Some(wire) => sealed_left(b, wire, rate, now),
-                    None => (b.bytes - b.done_bytes).max(0) as f64,
+                let before_done = match wire {
+                    Some(wire) => {
+                        ahead += unprepared_sealed(b, wire);
+                        sealed_before(b, wire, ahead, (rate, now))
+                    }
+                    None => {
+                        ahead += (b.bytes - b.done_bytes).max(0) as f64;
+                        ahead
+                    }
                 };
-                let eta = ahead / rate;
+                let eta = before_done / rate;
                 b.eta_s = Some(eta);
                 etas.push((b.key.clone(), (now, eta)));
             }
@@ -243,29 +251,57 @@ impl Progress {
     }
 }
 
-/// The sealed bytes a running edge batch has still to send: those of its parts prepared and
-/// waiting, less what its uploads under way have sent (the node's `rate` shared by every
-/// upload under way, since each began), and its raw bytes not prepared yet at its compression
-/// so far (the node's, before it has any).
-fn sealed_left(b: &Batch, wire: &WireView, rate: f64, now: i64) -> f64 {
-    let none = BatchWire::default();
-    let mine = wire.batches.get(&b.key).unwrap_or(&none);
+/// The sealed bytes a running edge batch will be once its raw bytes not prepared yet are: at
+/// its compression so far (the node's, before it has any).
+fn unprepared_sealed(b: &Batch, wire: &WireView) -> f64 {
+    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
     let per_raw = sealed_per_raw(mine.prepared_raw, mine.prepared_sealed)
         .or_else(|| sealed_per_raw(wire.prepared_raw, wire.prepared_sealed))
         .unwrap_or(1.0);
-    let unprepared = (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0);
+    (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0) as f64 * per_raw
+}
+
+/// The sealed bytes that leave the edge before batch `b` is done. Uploads take parts in the
+/// order they were prepared, whatever their batch: a batch prepared whole is done once every
+/// part prepared up to its last one has gone; one with parts still to prepare, once every part
+/// waiting now has gone and the unprepared bytes of the batches served before it and its own
+/// (`unprepared_ahead`) have. An upload under way has sent the node's `rate` shared by every
+/// upload under way since it began.
+fn sealed_before(
+    b: &Batch,
+    wire: &WireView,
+    unprepared_ahead: f64,
+    (rate, now): (f64, i64),
+) -> f64 {
+    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
+    let unprepared = unprepared_sealed(b, wire);
+    let last = if unprepared > 0.0 || mine.prepared_raw == 0 {
+        u64::MAX
+    } else {
+        mine.last_prepared
+    };
     let uploads = wire
-        .batches
-        .values()
-        .map(|w| w.sending.len())
-        .sum::<usize>();
-    let per_upload = rate / uploads.max(1) as f64;
-    let under_way: f64 = mine
-        .sending
+        .waiting
         .iter()
-        .map(|u| (u.sealed as f64).min(per_upload * (now - u.since_us).max(0) as f64 / 1e6))
+        .filter(|p| p.sending_since.is_some())
+        .count();
+    let per_upload = rate / uploads.max(1) as f64;
+    let waiting: f64 = wire
+        .waiting
+        .iter()
+        .filter(|p| p.seq <= last)
+        .map(|p| {
+            let sent = p.sending_since.map_or(0.0, |since| {
+                (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
+            });
+            p.sealed as f64 - sent
+        })
         .sum();
-    mine.waiting_sealed as f64 - under_way + unprepared as f64 * per_raw
+    if last == u64::MAX {
+        waiting + unprepared_ahead
+    } else {
+        waiting
+    }
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -881,7 +917,7 @@ pub fn hour_ago() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::Upload;
+    use crate::live::{BatchWire, WaitingPart};
 
     fn stage(stage: &'static str, depth: usize, capacity: usize) -> StageView {
         StageView {
@@ -992,26 +1028,44 @@ mod tests {
         assert_eq!(running[0].eta_s, Some(55e6 / (91e6 / 6.0)));
     }
 
+    /// A part of `batch`, `seq`-th prepared, of 5 MB sealed; being sent since `since` s.
+    fn part(batch: &str, seq: u64, since: Option<i64>) -> WaitingPart {
+        WaitingPart {
+            batch: batch.into(),
+            seq,
+            sealed: 5_000_000,
+            sending_since: since.map(|s| s * S),
+        }
+    }
+
+    /// The batches' prepared bytes: (key, raw prepared, sealed prepared, raw waiting, last).
+    fn prepared(batches: &[(&str, u64, u64, u64, u64)]) -> HashMap<String, BatchWire> {
+        batches
+            .iter()
+            .map(|&(key, raw, sealed, waiting_raw, last_prepared)| {
+                let wire = BatchWire {
+                    prepared_raw: raw,
+                    prepared_sealed: sealed,
+                    waiting_raw,
+                    last_prepared,
+                };
+                (key.to_owned(), wire)
+            })
+            .collect()
+    }
+
     #[test]
     fn at_the_edge_a_batch_that_compresses_less_is_timed_in_the_sealed_bytes_the_link_paces() {
         // As seen sending A–N at 5 MB/s: the first batches (100 MB raw) compressed 5x and went
-        // in 4 s, 25 MB/s raw; E (60 MB) compresses 3x, its parts prepared and waiting for
+        // in 4 s, 25 MB/s raw; E (60 MB) compresses 3x, its four parts prepared and waiting for
         // the link; F (30 MB) is not prepared yet.
         let wire = |sent: u64| WireView {
             sent,
             resumed: None,
             prepared_raw: 160_000_000,
             prepared_sealed: 40_000_000,
-            batches: HashMap::from([(
-                "e".to_owned(),
-                BatchWire {
-                    prepared_raw: 60_000_000,
-                    prepared_sealed: 20_000_000,
-                    waiting_raw: 60_000_000,
-                    waiting_sealed: 20_000_000,
-                    sending: vec![],
-                },
-            )]),
+            batches: prepared(&[("e", 60_000_000, 20_000_000, 60_000_000, 3)]),
+            waiting: (0..4).map(|seq| part("e", seq, None)).collect(),
         };
         let running = || {
             [
@@ -1037,31 +1091,60 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_prepared_whole_is_done_once_the_parts_prepared_before_its_last_have_gone() {
+        // E's parts were prepared 1st and 3rd, F's 2nd and 4th: the uploads take them in that
+        // order, so E waits for F's first part too (15 MB at 5 MB/s), F for all four.
+        let progress = Progress::new(16 << 20, Order::LeastRemaining);
+        let wire = |sent: u64| WireView {
+            sent,
+            resumed: None,
+            prepared_raw: 40_000_000,
+            prepared_sealed: 20_000_000,
+            batches: prepared(&[
+                ("e", 20_000_000, 10_000_000, 20_000_000, 2),
+                ("f", 20_000_000, 10_000_000, 20_000_000, 3),
+            ]),
+            waiting: [
+                part("e", 0, None),
+                part("f", 1, None),
+                part("e", 2, None),
+                part("f", 3, None),
+            ]
+            .into(),
+        };
+        let mut running = vec![];
+        for (t, sent) in [(0, 0), (4, 20_000_000)] {
+            running = vec![
+                sending("e", 1, 20_000_000, 0),
+                sending("f", 1, 20_000_000, 0),
+            ];
+            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
+        }
+        assert_eq!((running[0].eta_s, running[1].eta_s), (Some(3.0), Some(4.0)));
+    }
+
+    #[test]
     fn the_edge_rate_runs_from_when_the_link_got_busy_and_uploads_under_way_count_what_they_sent() {
         // Looked at 0 s, nothing prepared; the first part prepared at 3 s; at 5 s 10 MB sent
-        // (5 MB/s since 3 s, where the looks alone say 2 MB/s). E waits with 20 MB sealed,
-        // two 5 MB parts of it being uploaded since 4 s and 4.5 s, each at half the link.
+        // (5 MB/s since 3 s, where the looks alone say 2 MB/s). E waits with four 5 MB parts,
+        // the first two being uploaded since 4 s and 4.5 s, each at half the link.
         let progress = Progress::new(16 << 20, Order::AsBegun);
         progress.queue_etas(&mut [], &EndedBytes::new(), Some(&WireView::default()), 0);
-        let upload = |since_us| Upload {
-            sealed: 5_000_000,
-            since_us,
-        };
         let wire = WireView {
             sent: 10_000_000,
             resumed: Some((3 * S, 0)),
             prepared_raw: 60_000_000,
             prepared_sealed: 30_000_000,
-            batches: HashMap::from([(
-                "e".to_owned(),
-                BatchWire {
-                    prepared_raw: 40_000_000,
-                    prepared_sealed: 20_000_000,
-                    waiting_raw: 40_000_000,
-                    waiting_sealed: 20_000_000,
-                    sending: vec![upload(4 * S), upload(4 * S + S / 2)],
+            batches: prepared(&[("e", 40_000_000, 20_000_000, 40_000_000, 3)]),
+            waiting: vec![
+                part("e", 0, Some(4)),
+                WaitingPart {
+                    sending_since: Some(4 * S + S / 2),
+                    ..part("e", 1, None)
                 },
-            )]),
+                part("e", 2, None),
+                part("e", 3, None),
+            ],
         };
         let mut running = [sending("e", 1, 40_000_000, 0)];
         progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire), 5 * S);

@@ -123,14 +123,17 @@ impl forte_view::Live for Daemon {
         let wire = WIRE.lock();
         let wire = wire.as_ref()?;
         let mut view = wire.view.clone();
-        for part in wire.waiting.values() {
-            let (Some(since_us), Some(batch)) = (part.sending, view.batches.get_mut(&part.batch))
-            else {
-                continue;
-            };
-            let sealed = part.sealed;
-            batch.sending.push(forte_view::Upload { sealed, since_us });
-        }
+        view.waiting = wire
+            .waiting
+            .values()
+            .map(|part| forte_view::WaitingPart {
+                batch: part.batch.clone(),
+                seq: part.seq,
+                sealed: part.sealed,
+                sending_since: part.sending,
+            })
+            .collect();
+        view.waiting.sort_by_key(|part| part.seq);
         Some(view)
     }
 }
@@ -143,11 +146,15 @@ struct Wire {
     view: WireView,
     /// The parts prepared and not yet sent.
     waiting: HashMap<(ObjectId, u32), Waiting>,
+    /// The place in the prepare order the next part prepared takes.
+    next_seq: u64,
 }
 
 /// A part prepared and not yet sent.
 struct Waiting {
     batch: String,
+    /// Its place in the prepare order.
+    seq: u64,
     raw: u64,
     sealed: u64,
     /// When its upload began (µs since the epoch).
@@ -162,7 +169,6 @@ impl Wire {
         };
         if let Some(batch) = self.view.batches.get_mut(&part.batch) {
             batch.waiting_raw = batch.waiting_raw.saturating_sub(part.raw);
-            batch.waiting_sealed = batch.waiting_sealed.saturating_sub(part.sealed);
         }
     }
 }
@@ -177,17 +183,20 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
         wire.view.resumed = Some((forte_catalog::now_us(), wire.view.sent));
     }
     let key = batch.to_string();
+    let seq = wire.next_seq;
+    wire.next_seq += 1;
     wire.view.prepared_raw += raw;
     wire.view.prepared_sealed += sealed;
     let mine = wire.view.batches.entry(key.clone()).or_default();
     mine.prepared_raw += raw;
     mine.prepared_sealed += sealed;
     mine.waiting_raw += raw;
-    mine.waiting_sealed += sealed;
+    mine.last_prepared = seq;
     wire.waiting.insert(
         (id, index),
         Waiting {
             batch: key,
+            seq,
             raw,
             sealed,
             sending: None,

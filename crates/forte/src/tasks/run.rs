@@ -83,7 +83,7 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
     let mut refusals = Vec::new();
     for task in tasks {
         refusals = match task.per {
-            Per::Batch => run_task(task, subject, None, &list, catalog)
+            Per::Batch => run_task(task, subject, None, &list, catalog, now_us())
                 .err()
                 .into_iter()
                 .collect(),
@@ -121,7 +121,7 @@ fn per_file(task: &Task, subject: &Subject<'_>, list: &Path, catalog: &Catalog) 
                 let Some(file) = subject.files.get(i) else {
                     break;
                 };
-                let run = run_task_queued(task, subject, Some(file), list, catalog, queued_at);
+                let run = run_task(task, subject, Some(file), list, catalog, queued_at);
                 if let Err(refusal) = run {
                     refused.lock().push((i, refusal));
                 }
@@ -133,19 +133,9 @@ fn per_file(task: &Task, subject: &Subject<'_>, list: &Path, catalog: &Catalog) 
     refused.into_iter().map(|(_, r)| r).collect()
 }
 
+/// A task's tries on the subject (or one of its files), ready from `queued_at`, until one
+/// passes, one refuses, a crash or timeout has no retry left, or it cannot start.
 fn run_task(
-    task: &Task,
-    subject: &Subject<'_>,
-    file: Option<&SubjectFile>,
-    list: &Path,
-    catalog: &Catalog,
-) -> Result<(), Refusal> {
-    run_task_queued(task, subject, file, list, catalog, now_us())
-}
-
-/// A task's tries on the subject (or one of its files) until one passes, one refuses, a crash
-/// or timeout has no retry left, or it cannot start.
-fn run_task_queued(
     task: &Task,
     subject: &Subject<'_>,
     file: Option<&SubjectFile>,

@@ -84,25 +84,6 @@ fn rows(count: usize, seed: u64) -> Vec<u8> {
 
 /// The interpreter with pyarrow and DuckDB: FORTE_TEST_PYTHON (test.sh makes a venv), else
 /// python3 if it has them. In CI a missing one fails the test.
-fn python() -> Option<PathBuf> {
-    let candidate = std::env::var_os("FORTE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "python3".into());
-    let works = Command::new(&candidate)
-        .args(["-c", "import pyarrow, duckdb, numpy"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if works {
-        return Some(candidate);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "{} cannot import pyarrow, duckdb and numpy: CI must run the readback tests (test.sh sets FORTE_TEST_PYTHON)",
-        candidate.display()
-    );
-    eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with pyarrow, duckdb and numpy");
-    None
-}
 
 /// Published Parquet files of `source` in `outbox`, in the order they were started.
 fn files_of(outbox: &Path, source: &str) -> Vec<PathBuf> {
@@ -161,7 +142,9 @@ fn ingest_args(dir: &Path) -> Args {
 
 #[test]
 fn recordings_read_back_bit_for_bit_by_pyarrow_and_duckdb_with_the_chosen_encodings() {
-    let Some(python) = python() else { return };
+    let Some(python) = python_with("pyarrow, duckdb, numpy") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let sent = rows(7_777, 1);
     let mut recording = wire_header("turbine-07");
@@ -237,7 +220,9 @@ fn listening(dir: &Path, log: &str) -> (Args, String, crate::common::site::Daemo
 
 #[test]
 fn concurrent_tcp_streams_each_become_their_own_files() {
-    let Some(python) = python() else { return };
+    let Some(python) = python_with("pyarrow, duckdb, numpy") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (_, addr, _ingest) = listening(dir.path(), "ingest.log");
     let log = dir.path().join("ingest.log");
@@ -278,7 +263,9 @@ fn concurrent_tcp_streams_each_become_their_own_files() {
 
 #[test]
 fn a_killed_ingest_loses_only_open_row_groups_and_a_restart_goes_on() {
-    let Some(python) = python() else { return };
+    let Some(python) = python_with("pyarrow, duckdb, numpy") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (args, addr, mut ingest) = listening(dir.path(), "ingest.log");
     let outbox = dir.path().join("outbox");
@@ -461,7 +448,9 @@ fn ingested_files_travel_as_batches_through_send_and_pull() {
 
 #[test]
 fn a_stopped_ingest_publishes_every_row_it_received() {
-    let Some(python) = python() else { return };
+    let Some(python) = python_with("pyarrow, duckdb, numpy") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let (_, addr, mut ingest) = listening(dir.path(), "ingest.log");
     // The stream stays open: only the signal ends it, in the middle of a row group.

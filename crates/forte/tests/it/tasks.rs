@@ -44,27 +44,6 @@ fn batches_in(dir: &Path) -> Vec<String> {
     names
 }
 
-/// The Python of the tests (with pyarrow), as the readback tests find it.
-fn python() -> Option<PathBuf> {
-    let candidate = std::env::var_os("FORTE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "python3".into());
-    let works = std::process::Command::new(&candidate)
-        .args(["-c", "import pyarrow"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if works {
-        return Some(candidate);
-    }
-    assert!(
-        std::env::var("CI").is_err(),
-        "{} cannot import pyarrow: CI must run the example task's test (test.sh sets FORTE_TEST_PYTHON)",
-        candidate.display()
-    );
-    eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with pyarrow");
-    None
-}
-
 /// Recordings from `forte ingest`, one Parquet file per batch, into the site's inbox: `sources`
 /// recordings of 3 000 rows (a timestamp and two float32 sensors), each cut into 3 files.
 fn ingest_recordings(site: &Site, sources: &[&str]) {
@@ -103,7 +82,9 @@ fn ingest_recordings(site: &Site, sources: &[&str]) {
 
 #[test]
 fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promotes_the_others() {
-    let Some(python) = python() else { return };
+    let Some(python) = python_with("pyarrow") else {
+        return;
+    };
     let site = Site::new();
     ingest_recordings(&site, &["turbine-1", "turbine-2"]);
     // 2 recordings × 3 files: six batches. One file's header is overwritten at the source.

@@ -330,3 +330,25 @@ pub fn is_empty_dir(dir: &Path) -> bool {
 pub mod machine;
 pub mod proxy;
 pub mod site;
+
+/// The tests' Python (`FORTE_TEST_PYTHON`, which test.sh sets, or `python3`) if it imports
+/// `modules` (e.g. "pyarrow, duckdb"); in CI its absence fails the test, elsewhere it is skipped.
+pub fn python_with(modules: &str) -> Option<PathBuf> {
+    let candidate = std::env::var_os("FORTE_TEST_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "python3".into());
+    let works = Command::new(&candidate)
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if works {
+        return Some(candidate);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "{} cannot import {modules}: CI must run this test (test.sh sets FORTE_TEST_PYTHON)",
+        candidate.display()
+    );
+    eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with {modules}");
+    None
+}
