@@ -82,9 +82,6 @@ fn rows(count: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-/// The interpreter with pyarrow and DuckDB: FORTE_TEST_PYTHON (test.sh makes a venv), else
-/// python3 if it has them. In CI a missing one fails the test.
-
 /// Published Parquet files of `source` in `outbox`, in the order they were started.
 fn files_of(outbox: &Path, source: &str) -> Vec<PathBuf> {
     let mut found: Vec<((String, u64), PathBuf)> = std::fs::read_dir(outbox)
