@@ -7,7 +7,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::common::site::{kill, spawn_logged, visible, wait_for, Site};
+use crate::common::site::{
+    assert_described, free_addr, kill, sample, scrape, spawn_logged, visible, wait_for, Site,
+};
 use crate::common::*;
 
 /// The configuration file of a pull whose landing zone and quarantine are beside its
@@ -293,11 +295,29 @@ fn a_puller_killed_while_its_tasks_run_resumes_without_a_second_delivery_or_a_lo
     kill(&mut first);
     // Killed with the task running: nothing reached the destination yet.
     assert!(visible(&site.root.join("dest")).is_empty());
+    // The second serves its metrics.
+    let http = free_addr();
+    pull.extend(args!["--http", &http]);
     let mut second = spawn_logged(&pull, &site.root.join("pull-2.log"));
     let all_there = wait_for(120, || batches_in(&site.root.join("dest")).len() == 3);
     let log = std::fs::read_to_string(site.root.join("pull-2.log")).unwrap_or_default();
+    let metrics = scrape(&http);
     kill(&mut second);
     assert!(all_there, "{log}");
+    // Each batch's task passed once in this run, and its time is counted in seconds.
+    let metrics = metrics.expect("the puller serves /metrics");
+    assert_described(&metrics, &http);
+    let tries = [("task", "slow"), ("outcome", "passed")];
+    assert_eq!(
+        sample(&metrics, "forte_task_tries_total", &tries),
+        Some(3.0)
+    );
+    let busy = sample(
+        &metrics,
+        "forte_task_busy_seconds_total",
+        &[("task", "slow")],
+    );
+    assert!(busy.is_some_and(|s| s >= 6.0), "{busy:?}");
     for b in 0..3 {
         for f in 0..2 {
             let delivered = site.root.join(format!("dest/site-a/b{b}/f{f}.dat"));
