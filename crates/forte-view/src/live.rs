@@ -47,10 +47,10 @@ pub struct WireView {
     /// the epoch), and `sent` then: the node's rate runs from there, not from the last look
     /// before it.
     pub resumed: Option<(i64, u64)>,
-    /// Raw and sealed bytes of the last parts prepared (of any batch): the node's compression
-    /// now, for a batch with none prepared yet.
-    pub recent_raw: u64,
-    pub recent_sealed: u64,
+    /// Raw and sealed bytes of every part prepared since the daemon started: the node's
+    /// compression, for a batch with none prepared yet.
+    pub prepared_raw: u64,
+    pub prepared_sealed: u64,
     /// Per running batch (its catalogue key): what it has prepared.
     pub batches: HashMap<String, BatchWire>,
     /// The parts prepared and not yet sent, in the order they were prepared: the order the
@@ -61,12 +61,9 @@ pub struct WireView {
 /// A running batch's parts prepared at the edge, in raw and sealed bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct BatchWire {
-    /// Raw and sealed bytes of its last parts prepared, sent or not: its compression now. The
-    /// parts prepared last are the latest of its data, ahead of the link: a batch whose files
-    /// compress less as it goes (the test set's K: its first parts 4x, its last 2x) is judged
-    /// on what it is now, not on its start.
-    pub recent_raw: u64,
-    pub recent_sealed: u64,
+    /// Every part prepared so far, sent or not: the batch's compression.
+    pub prepared_raw: u64,
+    pub prepared_sealed: u64,
     /// Raw bytes of its parts prepared and not yet sent.
     pub waiting_raw: u64,
     /// The place in the prepare order ([`WaitingPart::seq`]) of its last part prepared.

@@ -252,11 +252,11 @@ impl Progress {
 }
 
 /// The sealed bytes a running edge batch will be once its raw bytes not prepared yet are: at
-/// its compression now (the node's, before it has any).
+/// its compression so far (the node's, before it has any).
 fn unprepared_sealed(b: &Batch, wire: &WireView) -> f64 {
     let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
-    let per_raw = sealed_per_raw(mine.recent_raw, mine.recent_sealed)
-        .or_else(|| sealed_per_raw(wire.recent_raw, wire.recent_sealed))
+    let per_raw = sealed_per_raw(mine.prepared_raw, mine.prepared_sealed)
+        .or_else(|| sealed_per_raw(wire.prepared_raw, wire.prepared_sealed))
         .unwrap_or(1.0);
     (b.bytes - b.done_bytes - mine.waiting_raw as i64).max(0) as f64 * per_raw
 }
@@ -275,7 +275,7 @@ fn sealed_before(
 ) -> f64 {
     let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
     let unprepared = unprepared_sealed(b, wire);
-    let last = if unprepared > 0.0 || mine.recent_raw == 0 {
+    let last = if unprepared > 0.0 || mine.prepared_raw == 0 {
         u64::MAX
     } else {
         mine.last_prepared
@@ -1038,14 +1038,14 @@ mod tests {
         }
     }
 
-    /// The batches' prepared bytes: (key, raw and sealed of its last parts, raw waiting, last).
+    /// The batches' prepared bytes: (key, raw prepared, sealed prepared, raw waiting, last).
     fn prepared(batches: &[(&str, u64, u64, u64, u64)]) -> HashMap<String, BatchWire> {
         batches
             .iter()
             .map(|&(key, raw, sealed, waiting_raw, last_prepared)| {
                 let wire = BatchWire {
-                    recent_raw: raw,
-                    recent_sealed: sealed,
+                    prepared_raw: raw,
+                    prepared_sealed: sealed,
                     waiting_raw,
                     last_prepared,
                 };
@@ -1062,8 +1062,8 @@ mod tests {
         let wire = |sent: u64| WireView {
             sent,
             resumed: None,
-            recent_raw: 160_000_000,
-            recent_sealed: 40_000_000,
+            prepared_raw: 160_000_000,
+            prepared_sealed: 40_000_000,
             batches: prepared(&[("e", 60_000_000, 20_000_000, 60_000_000, 3)]),
             waiting: (0..4).map(|seq| part("e", seq, None)).collect(),
         };
@@ -1098,8 +1098,8 @@ mod tests {
         let wire = |sent: u64| WireView {
             sent,
             resumed: None,
-            recent_raw: 40_000_000,
-            recent_sealed: 20_000_000,
+            prepared_raw: 40_000_000,
+            prepared_sealed: 20_000_000,
             batches: prepared(&[
                 ("e", 20_000_000, 10_000_000, 20_000_000, 2),
                 ("f", 20_000_000, 10_000_000, 20_000_000, 3),
@@ -1133,8 +1133,8 @@ mod tests {
         let wire = WireView {
             sent: 10_000_000,
             resumed: Some((3 * S, 0)),
-            recent_raw: 60_000_000,
-            recent_sealed: 30_000_000,
+            prepared_raw: 60_000_000,
+            prepared_sealed: 30_000_000,
             batches: prepared(&[("e", 40_000_000, 20_000_000, 40_000_000, 3)]),
             waiting: vec![
                 part("e", 0, Some(4)),

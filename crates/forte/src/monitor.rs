@@ -148,32 +148,6 @@ struct Wire {
     waiting: HashMap<(ObjectId, u32), Waiting>,
     /// The place in the prepare order the next part prepared takes.
     next_seq: u64,
-    /// Raw and sealed lengths of the last parts prepared, of any batch and per batch.
-    recent: Recent,
-    recent_of: HashMap<String, Recent>,
-}
-
-/// The raw and sealed lengths of the last [`Recent::PARTS`] parts prepared, and their sums.
-#[derive(Default)]
-struct Recent {
-    parts: std::collections::VecDeque<(u64, u64)>,
-    raw: u64,
-    sealed: u64,
-}
-
-impl Recent {
-    /// Enough parts to smooth one odd file, few enough to follow a batch's data as it changes.
-    const PARTS: usize = 8;
-
-    fn add(&mut self, raw: u64, sealed: u64) -> (u64, u64) {
-        self.parts.push_back((raw, sealed));
-        (self.raw, self.sealed) = (self.raw + raw, self.sealed + sealed);
-        if self.parts.len() > Self::PARTS {
-            let (r, s) = self.parts.pop_front().expect("more than PARTS");
-            (self.raw, self.sealed) = (self.raw - r, self.sealed - s);
-        }
-        (self.raw, self.sealed)
-    }
 }
 
 /// A part prepared and not yet sent.
@@ -211,14 +185,11 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
     let key = batch.to_string();
     let seq = wire.next_seq;
     wire.next_seq += 1;
-    (wire.view.recent_raw, wire.view.recent_sealed) = wire.recent.add(raw, sealed);
-    let recent = wire
-        .recent_of
-        .entry(key.clone())
-        .or_default()
-        .add(raw, sealed);
+    wire.view.prepared_raw += raw;
+    wire.view.prepared_sealed += sealed;
     let mine = wire.view.batches.entry(key.clone()).or_default();
-    (mine.recent_raw, mine.recent_sealed) = recent;
+    mine.prepared_raw += raw;
+    mine.prepared_sealed += sealed;
     mine.waiting_raw += raw;
     mine.last_prepared = seq;
     wire.waiting.insert(
@@ -256,7 +227,6 @@ pub fn batch_ended(batch: &BatchKey) {
     if let Some(wire) = WIRE.lock().as_mut() {
         let key = batch.to_string();
         wire.view.batches.remove(&key);
-        wire.recent_of.remove(&key);
         wire.waiting.retain(|_, part| part.batch != key);
     }
 }
@@ -683,22 +653,4 @@ fn retries(operation: Operation) -> metrics::Counter {
     let role = operation.role().as_str();
     let labels = [("role", role), ("operation", operation.as_str())];
     counter!("forte_retries_total", &labels)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_batchs_compression_is_that_of_its_last_parts() {
-        // As K of the test set: its first parts sealed to a quarter, its later ones to a half.
-        let mut recent = Recent::default();
-        for _ in 0..4 {
-            recent.add(8_000_000, 2_000_000);
-        }
-        for _ in 0..Recent::PARTS {
-            recent.add(8_000_000, 4_000_000);
-        }
-        assert_eq!(recent.add(8_000_000, 4_000_000), (64_000_000, 32_000_000));
-    }
 }
