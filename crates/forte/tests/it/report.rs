@@ -20,21 +20,8 @@ fn run_with(policy: &str) -> (Site, serde_json::Value) {
     write(&inbox.join("b-small/.ready"), b"");
     ok(&site.send(&["--policy", policy, "--cpu", "1", "-q"]));
     ok(&site.pull());
-    let report = ok(&report_args(&site, args!["--format", "json"]));
+    let report = ok(&site.report(args!["--format", "json"]));
     (site, serde_json::from_str(&report).unwrap())
-}
-
-/// `forte report` over the site's edge and core catalogues, with `extra` flags.
-fn report_args(site: &Site, extra: Args) -> Args {
-    let mut a = args![
-        "--catalog",
-        &site.edge_catalog,
-        "report",
-        "--with",
-        &site.core_catalog
-    ];
-    a.extend(extra);
-    a
 }
 
 fn batch<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
@@ -111,7 +98,7 @@ fn latency_counts_from_the_batchs_arrival_not_from_when_it_was_found() {
     ok(&site.send(&["-q"]));
     ok(&site.pull());
     let report: serde_json::Value =
-        serde_json::from_str(&ok(&report_args(&site, args!["--format", "json"]))).unwrap();
+        serde_json::from_str(&ok(&site.report(args!["--format", "json"]))).unwrap();
     let b = batch(&report, "late");
     let arrived_us = arrived
         .duration_since(std::time::UNIX_EPOCH)
@@ -144,17 +131,14 @@ fn fifo_serves_the_first_arrival_and_sjf_the_smallest() {
 fn report_prints_the_verdict_and_writes_charts() {
     let (site, _) = run_with("sjf-aging");
     let charts = site.root.join("charts");
-    let text = ok(&report_args(
-        &site,
-        args![
-            "--nominal-rate",
-            "3.36TB/day",
-            "--charts",
-            &charts,
-            "--title",
-            "test run"
-        ],
-    ));
+    let text = ok(&site.report(args![
+        "--nominal-rate",
+        "3.36TB/day",
+        "--charts",
+        &charts,
+        "--title",
+        "test run"
+    ]));
     assert!(text.contains("R_P = "), "{text}");
     assert!(
         text.contains("verdict: sustainable") || text.contains("verdict: NOT sustainable"),
@@ -181,7 +165,7 @@ fn report_prints_the_verdict_and_writes_charts() {
     let timeline = std::fs::read_to_string(charts.join("timeline.svg")).unwrap();
     assert!(timeline.contains("a-large") && timeline.contains("b-small"));
 
-    let csv = ok(&report_args(&site, args!["--format", "csv"]));
+    let csv = ok(&site.report(args!["--format", "csv"]));
     let lines: Vec<&str> = csv.lines().collect();
     assert!(lines[0].starts_with("batch,raw_bytes,sealed_bytes,arrived_us,q_send_s"));
     assert_eq!(lines.len(), 3, "{csv}");
@@ -260,7 +244,7 @@ fn re_running_send_does_not_rewrite_the_batch() {
     );
 
     let report: serde_json::Value =
-        serde_json::from_str(&ok(&report_args(&site, args!["--format", "json"]))).unwrap();
+        serde_json::from_str(&ok(&site.report(args!["--format", "json"]))).unwrap();
     let b = batch(&report, "run-1");
     assert_eq!(b["raw_bytes"].as_u64().unwrap(), raw, "{b:#}");
     let stages: Vec<&str> = b["stages"]

@@ -181,15 +181,7 @@ fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promo
 
     // The report gives each task's share of the batch latency, and its Gantt chart draws it.
     let charts = site.root.join("charts");
-    let report = ok(&args![
-        "--catalog",
-        &site.edge_catalog,
-        "report",
-        "--with",
-        &site.core_catalog,
-        "--charts",
-        &charts
-    ]);
+    let report = ok(&site.report(args!["--charts", &charts]));
     assert!(
         report.contains("site tasks (at the edge inside t_send"),
         "{report}"

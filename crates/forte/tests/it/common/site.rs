@@ -203,6 +203,19 @@ impl Site {
         Some(site)
     }
 
+    /// `forte report` over the site's edge and core catalogues, with `extra` flags.
+    pub fn report(&self, extra: Args) -> Args {
+        let mut a = args![
+            "--catalog",
+            &self.edge_catalog,
+            "report",
+            "--with",
+            &self.core_catalog
+        ];
+        a.extend(extra);
+        a
+    }
+
     pub fn status(&self, catalog: &str, extra: &[&str]) -> String {
         let mut a = args!["--catalog", catalog, "status"];
         a.extend(extra.iter().map(Into::into));
