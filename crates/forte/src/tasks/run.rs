@@ -228,7 +228,9 @@ struct Tried {
     output: Vec<u8>,
 }
 
-/// How often a running try is looked at for its end or its timeout.
+/// How often a running try is looked at for its end or its timeout, at most: the first looks
+/// come sooner (1 ms, then doubling), so a quick task costs about its own time, not a whole
+/// interval (20 ms each, 40 s for 2 000 files, before).
 const POLL: Duration = Duration::from_millis(20);
 /// The end of a try's output that its reason quotes.
 const REASON_TAIL: usize = 1000;
@@ -279,6 +281,7 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
     });
     let started = Instant::now();
     let mut timed_out = false;
+    let mut poll = Duration::from_millis(1);
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break Some(status),
@@ -288,7 +291,10 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
                 unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
                 break child.wait().ok();
             }
-            Ok(None) => std::thread::sleep(POLL),
+            Ok(None) => {
+                std::thread::sleep(poll);
+                poll = (poll * 2).min(POLL);
+            }
             Err(_) => break None,
         }
     };
