@@ -82,6 +82,14 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let client = link.connect()?;
     let credentials = settings::s3(config);
     let to = args.to.to_string_lossy().into_owned();
+    let tasks = settings::tasks(config, &[Point::Core, Point::Delivered])?;
+    // With a bucket destination DEST is a scratch directory, emptied as the bucket takes the
+    // files: no place to keep what a task refused.
+    let quarantine = args.quarantine.clone().or(config.pull.quarantine.clone());
+    anyhow::ensure!(
+        tasks.0.is_empty() || quarantine.is_some() || !forte_bucket::Bucket::is_url(&to),
+        "with --to {to} and site tasks ([[task]]), give --quarantine DIR or pull.quarantine (on the file system of --scratch): refused batches are kept there, and the scratch directory is not a place to keep them"
+    );
     let (dest, into_bucket) = if forte_bucket::Bucket::is_url(&to) {
         let scratch = args
             .scratch
@@ -114,12 +122,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         .as_deref()
         .map(|to| SecondCopy::open(to, &credentials))
         .transpose()?;
-    let tasks = settings::tasks(config, &[Point::Core, Point::Delivered])?;
     let landing = if tasks.0.is_empty() {
         None
     } else {
         let root = args.landing.clone().or(config.pull.landing.clone());
-        let quarantine = args.quarantine.clone().or(config.pull.quarantine.clone());
         Some(Landing::new(tasks, &dest, root, quarantine)?)
     };
     let delivery = Delivery::new(

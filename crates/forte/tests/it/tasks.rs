@@ -395,3 +395,35 @@ fn an_edge_task_keeps_a_refused_batch_at_the_source_until_its_marker_is_touched(
     ok(&site.pull());
     assert_eq!(batches_in(&site.root.join("dest")), ["b0", "b1", "b2"]);
 }
+
+#[test]
+fn a_task_that_cannot_run_or_has_nowhere_to_quarantine_fails_the_pull_at_once() {
+    let site = Site::new();
+    three_batches(&site);
+    ok(&site.send(&["-q"]));
+    let task = "[[task]]\nname = \"check\"\nat = \"core\"\ncommand = [\"./no-such-check\"]\n";
+    let config = config_with(&site, task);
+    let stderr = fails(&pull_with(&site, &config));
+    assert!(
+        stderr.contains("[[task]] check: its command ./no-such-check is not an executable file"),
+        "{stderr}"
+    );
+    // Nothing was taken from the relay.
+    assert!(!site.root.join("dest").exists());
+    assert_eq!(site.relay_objects().len(), 6);
+    // A bucket destination's scratch directory is no quarantine: one must be given.
+    let config = site.root.join("bucket.toml");
+    write(
+        &config,
+        b"[[task]]\nname = \"check\"\nat = \"core\"\ncommand = [\"true\"]\n",
+    );
+    let mut pull = args!["--config", &config];
+    pull.extend(site.pull());
+    let to = pull.iter().position(|a| a == "--to").unwrap() + 1;
+    pull[to] = "s3://forte-bucket/dest".into();
+    let stderr = fails(&pull);
+    assert!(
+        stderr.contains("give --quarantine DIR or pull.quarantine"),
+        "{stderr}"
+    );
+}
