@@ -609,6 +609,8 @@ pub struct Lineage {
     pub files: Vec<File>,
     pub parts: Vec<PartView>,
     pub events: Vec<EventView>,
+    /// The name of each batch the rows and events name, by batch key (keys are opaque ids).
+    pub batch_names: std::collections::BTreeMap<String, String>,
 }
 
 impl Lineage {
@@ -625,7 +627,27 @@ impl Lineage {
                 .extend(catalog.lineage(object_id)?.into_iter().map(EventView::from));
         }
         lineage.events.sort_by_key(|e| e.at_us);
+        let keys: std::collections::BTreeSet<&String> = lineage
+            .files
+            .iter()
+            .map(|f| &f.batch_key)
+            .chain(lineage.events.iter().map(|e| &e.batch_key))
+            .collect();
+        for key in keys {
+            let parsed = BatchKey::parse(key);
+            for catalog in catalogs {
+                if let Some(row) = catalog.batch(&parsed)?.filter(|r| !r.name.is_empty()) {
+                    lineage.batch_names.insert(key.clone(), row.name);
+                    break;
+                }
+            }
+        }
         Ok(lineage)
+    }
+
+    /// The batch `key`'s name, where a catalogue knows it, else the key.
+    pub fn batch_name<'a>(&'a self, key: &'a str) -> &'a str {
+        self.batch_names.get(key).map_or(key, String::as_str)
     }
 }
 

@@ -768,7 +768,7 @@ async fn file(
         human(first.size.max(0) as u64),
         escape(first.sha256.as_deref().unwrap_or("–")),
         links.batch(&first.batch_key),
-        escape(&first.batch_key),
+        escape(lineage.batch_name(&first.batch_key)),
     );
     let _ = write!(body, "<h2>Rows</h2>{}", file_table(&lineage.files, &links));
     body.push_str(
@@ -778,10 +778,11 @@ async fn file(
     for e in &lineage.events {
         let _ = write!(
             body,
-            "<tr class=\"event\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td></tr>",
+            "<tr class=\"event\"><td>{}</td><td>{}</td><td title=\"{}\">{}</td><td>{}</td><td class=\"state {}\">{}</td><td>{}</td></tr>",
             format_utc(e.at_us),
             BatchKey::parse(&e.batch_key).role(),
             escape(&e.batch_key),
+            escape(lineage.batch_name(&e.batch_key)),
             e.part.map(|p| p.to_string()).unwrap_or_else(|| "–".into()),
             escape(&e.state),
             escape(&e.state),

@@ -329,8 +329,21 @@ fn the_dashboard_reads_without_javascript_over_both_catalogues() {
     let id = file["object_id"].as_str().unwrap();
     let (status, lineage) = http_get(&addr, &format!("/files/{id}"), &[]).unwrap();
     assert_eq!(status, 200);
-    // Each row and event says which end recorded it.
+    // Each row and event says which end recorded it, and names its batch (not by its key).
     assert!(lineage.contains("<td>edge</td>") && lineage.contains("<td>core</td>"));
+    let named = api(&addr, &format!("/api/v1/files/{id}"))["batch_names"].clone();
+    let name = named
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(name.starts_with("run-"), "{named}");
+    assert!(lineage.contains(&format!(">{name}</a></dd>")), "{lineage}");
+    assert!(lineage.contains(&format!("\">{name}</td>")), "{lineage}");
     // It travelled in a bundle: no part of its own to verify.
     for state in ["discovered", "sealed", "delivered", "acknowledged"] {
         assert!(
