@@ -217,7 +217,7 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
                     ended,
                 });
                 if let Some((pull_started, pull_ended)) =
-                    core.and_then(|(_, stages, _)| stage(stages, Stage::Pull))
+                    core.and_then(|(row, stages, _)| pull_span(row, stages))
                 {
                     // The core fetches a batch's first files while the edge still sends the
                     // rest; that overlap counts as the edge's task, so the tasks stay in
@@ -259,6 +259,16 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
         .collect();
     out.sort_by_key(|b| (b.arrived, b.name.clone()));
     out
+}
+
+/// A core batch's pull stage: its start and end, or, for a batch recorded delivered (or
+/// quarantined) whose puller was stopped before it recorded the stage's end, that record's
+/// time: the stage ended no later.
+fn pull_span(core: &BatchRow, stages: &[StageRow]) -> Option<(i64, i64)> {
+    let pull = stages.iter().find(|s| s.stage == Stage::Pull)?;
+    let kept = matches!(core.state, BatchState::Delivered | BatchState::Quarantined);
+    let ended = pull.ended_at.or(kept.then_some(core.updated_at))?;
+    Some((pull.started_at, ended.max(pull.started_at)))
 }
 
 /// The run's KPIs over the delivered batches; `None` when none was delivered.
@@ -544,6 +554,33 @@ mod tests {
         assert_eq!((check.queueing_s(), check.processing_s()), (0.5, 1.0));
         // 1.5 s of the batch's 10 s.
         assert_eq!(check.share_of_latency, Some(0.15));
+    }
+
+    #[test]
+    fn a_batch_delivered_by_a_puller_stopped_before_it_ended_the_stage_is_delivered() {
+        // The puller recorded the batch delivered at 9 s and was killed before the pull
+        // stage's end: the batch counts, to its delivery.
+        let mut core = row(BatchKey::core("mine", "b1"), "", 40_000_000, 7_000_000);
+        core.state = forte_catalog::BatchState::Delivered;
+        core.updated_at = 9_000_000;
+        let open = StageRow {
+            stage: Stage::Pull,
+            started_at: 7_000_000,
+            ended_at: None,
+        };
+        let rows = vec![
+            (
+                row(BatchKey::edge("b1"), "A", 100_000_000, 0),
+                vec![stage(Stage::Send, 2, 6)],
+                vec![],
+            ),
+            (core.clone(), vec![open.clone()], vec![]),
+        ];
+        assert_eq!(batches(&rows)[0].latency_s, Some(9.0));
+        // Still pulling: not delivered.
+        core.state = forte_catalog::BatchState::Pulling;
+        let rows = vec![rows[0].clone(), (core, vec![open], vec![])];
+        assert_eq!(batches(&rows)[0].latency_s, None);
     }
 
     #[test]
