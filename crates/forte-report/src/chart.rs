@@ -20,9 +20,14 @@ const QUEUE_SEND: &str = "#c8c8c8";
 const SEND: &str = "#1f77b4";
 const QUEUE_PULL: &str = "#ffbb78";
 const PULL: &str = "#2ca02c";
-/// The site's tasks, drawn over the lower half of the pull they run in.
-const QUEUE_TASK: &str = "#c5b0d5";
-const TASK: &str = "#9467bd";
+/// The site's tasks, drawn over the lower half of the stage they run in: each task its colour
+/// (in the order they first appear), its queueing the same lighter.
+const TASKS: [(&str, &str); 4] = [
+    ("#c5b0d5", "#9467bd"),
+    ("#c49c94", "#8c564b"),
+    ("#f7b6d2", "#e377c2"),
+    ("#9edae5", "#17becf"),
+];
 
 /// The clock-time range every chart of one report shares (µs since the epoch), so that a
 /// moment is at the same place on each.
@@ -74,11 +79,14 @@ impl TimeAxis {
 /// `send`, `send`, the time waiting at the relay, and `pull`, on the clock-time axis `time`.
 pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String {
     let x = |t: i64| time.x(t);
-    let legend_rows = if batches.iter().any(|b| !b.tasks.is_empty()) {
-        2.0
-    } else {
-        1.0
-    };
+    // The site's tasks, in the order they first appear.
+    let mut tasks: Vec<&str> = Vec::new();
+    for t in batches.iter().flat_map(|b| &b.tasks) {
+        if !tasks.contains(&t.task.as_str()) {
+            tasks.push(&t.task);
+        }
+    }
+    let legend_rows = (4 + tasks.len() + usize::from(!tasks.is_empty())).div_ceil(4) as f64;
     let height = TOP + ROW * batches.len() as f64 + 42.0 + 18.0 * legend_rows;
     let mut svg = header(WIDTH, height, title);
     axis(&mut svg, time, TOP + ROW * batches.len() as f64);
@@ -103,8 +111,10 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
         }
         let half = y + 3.0 + (ROW - 6.0) / 2.0;
         for t in &b.tasks {
-            task_bar(&mut svg, x(t.queued_from), x(t.started), half, QUEUE_TASK);
-            task_bar(&mut svg, x(t.started), x(t.ended), half, TASK);
+            let i = tasks.iter().position(|name| *name == t.task).unwrap_or(0);
+            let (queued, running) = TASKS[i % TASKS.len()];
+            task_bar(&mut svg, x(t.queued_from), x(t.started), half, queued);
+            task_bar(&mut svg, x(t.started), x(t.ended), half, running);
             let _ = writeln!(
                 svg,
                 r#"<title>task {}: {:.2} s queued, {:.2} s running, {} tries</title>"#,
@@ -116,17 +126,20 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
         }
     }
     let legend_y = TOP + ROW * batches.len() as f64 + 40.0;
-    let mut items = vec![
+    let mut items: Vec<(&str, String)> = [
         (QUEUE_SEND, "queued at the edge"),
         (SEND, "send (prepare + upload)"),
         (QUEUE_PULL, "waiting at the relay"),
         (PULL, "pull (verify + deliver)"),
-    ];
-    if batches.iter().any(|b| !b.tasks.is_empty()) {
-        items.extend([
-            (QUEUE_TASK, "site task queued"),
-            (TASK, "site task running"),
-        ]);
+    ]
+    .map(|(colour, label)| (colour, label.to_owned()))
+    .into();
+    for (i, name) in tasks.iter().enumerate() {
+        let (_, running) = TASKS[i % TASKS.len()];
+        items.push((running, format!("task {}", escape(name))));
+    }
+    if !tasks.is_empty() {
+        items.push((TASKS[0].0, "a task queued (lighter)".to_owned()));
     }
     for (i, (colour, label)) in items.iter().enumerate() {
         let lx = LEFT + (i % 4) as f64 * 200.0;

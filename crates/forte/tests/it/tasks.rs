@@ -204,7 +204,7 @@ fn the_parquet_check_quarantines_exactly_the_batches_with_a_bad_header_and_promo
     );
     let timeline = std::fs::read_to_string(charts.join("timeline.svg")).unwrap();
     assert_eq!(timeline.matches("<title>task parquet-check:").count(), 6);
-    assert!(timeline.contains("site task running"));
+    assert!(timeline.contains(">task parquet-check</text>"));
 }
 
 /// Three batches of two small files each into the inbox.
