@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchState, Role};
+use forte_catalog::Role;
 use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
@@ -197,12 +197,7 @@ impl Puller<'_> {
             || {},
             || self.delivery.pull_batch(&restore, batch),
         )?;
-        let outcome = match (&report.error, &report.quarantined) {
-            (None, _) => BatchState::Delivered,
-            (Some(_), Some(_)) => BatchState::Quarantined,
-            (Some(_), None) => BatchState::Failed,
-        };
-        crate::monitor::batch_done(Role::Core, outcome);
+        crate::monitor::batch_done(Role::Core, report.outcome());
         if !self.json {
             print_report(&report);
         }

@@ -151,11 +151,7 @@ impl Delivery<'_> {
         started_at: i64,
     ) -> DeliveryReport {
         report.seconds = started.elapsed().as_secs_f64();
-        let state = match (&report.error, &report.quarantined) {
-            (None, _) => BatchState::Delivered,
-            (Some(_), Some(_)) => BatchState::Quarantined,
-            (Some(_), None) => BatchState::Failed,
-        };
+        let state = report.outcome();
         self.record_batch(batch, &report.batch, state, report.error.as_deref());
         let ended = Some(now_us());
         let stage = self

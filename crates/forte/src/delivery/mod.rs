@@ -25,7 +25,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use forte_catalog::{now_us, BatchKey, Leases, Role};
+use forte_catalog::{now_us, BatchKey, BatchState, Leases, Role};
 use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use parking_lot::Mutex;
@@ -56,6 +56,17 @@ pub struct DeliveryReport {
     pub quarantined: Option<std::path::PathBuf>,
     /// What the tasks run after delivery reported (the batch stays delivered).
     pub after_delivery: Vec<String>,
+}
+
+impl DeliveryReport {
+    /// How the batch ended: delivered, quarantined by a site task, or failed.
+    pub fn outcome(&self) -> BatchState {
+        match (&self.error, &self.quarantined) {
+            (None, _) => BatchState::Delivered,
+            (Some(_), Some(_)) => BatchState::Quarantined,
+            (Some(_), None) => BatchState::Failed,
+        }
+    }
 }
 
 /// What every batch of one `pull` run shares: the relay, the destination and its layout, the

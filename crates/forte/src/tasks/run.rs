@@ -68,8 +68,8 @@ impl std::fmt::Display for Refusal {
 /// Runs `tasks` on `subject` in order, each only if those before it passed; what they refused
 /// (every file a per-file task refused), empty when all passed. Every try is recorded.
 pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<Refusal> {
-    let list = match write_list(subject) {
-        Ok(list) => list,
+    match write_list(subject) {
+        Ok(()) => {}
         Err(e) => {
             return vec![Refusal {
                 task: tasks.first().map_or_else(String::new, |t| t.name.clone()),
@@ -79,38 +79,37 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
                 output: Vec::new(),
             }]
         }
-    };
+    }
     let mut refusals = Vec::new();
     for task in tasks {
         refusals = match task.per {
-            Per::Batch => run_task(task, subject, None, &list, catalog, now_us())
+            Per::Batch => run_task(task, subject, None, catalog, now_us())
                 .err()
                 .into_iter()
                 .collect(),
-            Per::File => per_file(task, subject, &list, catalog),
+            Per::File => per_file(task, subject, catalog),
         };
         if !refusals.is_empty() {
             break;
         }
     }
-    let _ = std::fs::remove_file(&list);
+    let _ = std::fs::remove_file(&subject.list);
     refusals
 }
 
 /// The list of the subject's files for `FORTE_FILES` (outside its directory: the list is not
 /// part of the batch).
-fn write_list(subject: &Subject<'_>) -> std::io::Result<PathBuf> {
+fn write_list(subject: &Subject<'_>) -> std::io::Result<()> {
     let text: String = subject
         .files
         .iter()
         .map(|f| format!("{}\n", f.under_dir))
         .collect();
-    std::fs::write(&subject.list, text)?;
-    Ok(subject.list.clone())
+    std::fs::write(&subject.list, text)
 }
 
 /// A per-file task on every file, `concurrency` at once; the files it refused.
-fn per_file(task: &Task, subject: &Subject<'_>, list: &Path, catalog: &Catalog) -> Vec<Refusal> {
+fn per_file(task: &Task, subject: &Subject<'_>, catalog: &Catalog) -> Vec<Refusal> {
     let next = AtomicUsize::new(0);
     let refused = Mutex::new(Vec::new());
     let queued_at = now_us();
@@ -121,7 +120,7 @@ fn per_file(task: &Task, subject: &Subject<'_>, list: &Path, catalog: &Catalog) 
                 let Some(file) = subject.files.get(i) else {
                     break;
                 };
-                let run = run_task(task, subject, Some(file), list, catalog, queued_at);
+                let run = run_task(task, subject, Some(file), catalog, queued_at);
                 if let Err(refusal) = run {
                     refused.lock().push((i, refusal));
                 }
@@ -139,13 +138,12 @@ fn run_task(
     task: &Task,
     subject: &Subject<'_>,
     file: Option<&SubjectFile>,
-    list: &Path,
     catalog: &Catalog,
     mut queued_at: i64,
 ) -> Result<(), Refusal> {
     for try_number in 1..=task.retries + 1 {
         let started_at = now_us();
-        let tried = try_once(task, &environment(task, subject, file, list, try_number));
+        let tried = try_once(task, &environment(task, subject, file, try_number));
         let ended_at = now_us();
         let recorded = catalog.task_run(&TaskRun {
             batch: subject.key,
@@ -193,7 +191,6 @@ fn environment(
     task: &Task,
     subject: &Subject<'_>,
     file: Option<&SubjectFile>,
-    list: &Path,
     try_number: u32,
 ) -> Vec<(&'static str, String)> {
     let mut env = vec![
@@ -202,7 +199,7 @@ fn environment(
         ("FORTE_SITE", subject.site.to_owned()),
         ("FORTE_BATCH", subject.batch.to_owned()),
         ("FORTE_BATCH_DIR", subject.dir.display().to_string()),
-        ("FORTE_FILES", list.display().to_string()),
+        ("FORTE_FILES", subject.list.display().to_string()),
         ("FORTE_TRY", try_number.to_string()),
     ];
     if let Some(f) = file {
@@ -303,7 +300,7 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
     let (outcome, exit) = match status {
         _ if timed_out => (
             TaskOutcome::TimedOut,
-            format!("killed at its timeout of {}", humantime(task.timeout)),
+            format!("killed at its timeout of {} s", task.timeout.as_secs_f64()),
         ),
         Some(status) => judge(status),
         None => (TaskOutcome::Crashed, "its end could not be read".to_owned()),
@@ -344,13 +341,4 @@ fn with_tail(exit: &str, output: &[u8]) -> String {
         .unwrap_or(0);
     let cut = if start > 0 { "…" } else { "" };
     format!("{exit}: {cut}{}", &text[start..])
-}
-
-fn humantime(d: Duration) -> String {
-    let s = d.as_secs_f64();
-    if s >= 1.0 && s.fract() == 0.0 {
-        format!("{s:.0} s")
-    } else {
-        format!("{s} s")
-    }
 }
