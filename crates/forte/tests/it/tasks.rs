@@ -291,7 +291,11 @@ fn a_puller_killed_while_its_tasks_run_resumes_without_a_second_delivery_or_a_lo
     let http = free_addr();
     pull.extend(args!["--http", &http]);
     let mut second = spawn_logged(&pull, &site.root.join("pull-2.log"));
-    let all_there = wait_for(120, || batches_in(&site.root.join("dest")).len() == 3);
+    // Done when every batch is in place and acknowledged (promotion comes first: a batch can
+    // be in place while its landing directory is still being removed).
+    let all_there = wait_for(120, || {
+        batches_in(&site.root.join("dest")).len() == 3 && site.relay_objects().is_empty()
+    });
     let log = std::fs::read_to_string(site.root.join("pull-2.log")).unwrap_or_default();
     let metrics = scrape(&http);
     kill(&mut second);
