@@ -11,11 +11,13 @@
 
 mod adapt;
 mod bundle;
+mod probe;
 mod sink;
 mod source;
 mod stages;
 
 pub use bundle::{bundle_as_before, bundle_small, BundleLimits, BundleMember};
+pub use probe::{probe, Compressibility};
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};
 pub use stages::{FileOutcome, HeldPart, JobQueue, Prepare, PrepareConfig, PrepareJob, Totals};

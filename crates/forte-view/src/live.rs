@@ -51,6 +51,9 @@ pub struct WireView {
     /// compression, for a batch with none prepared yet.
     pub prepared_raw: u64,
     pub prepared_sealed: u64,
+    /// Of the parts prepared whose compression was estimated before (see [`BatchWire`]): the
+    /// estimate's sealed bytes and theirs; how far the estimate is off at the level in use.
+    pub estimated_prepared: (u64, u64),
     /// Per running batch (its catalogue key): what it has prepared.
     pub batches: HashMap<String, BatchWire>,
     /// The parts prepared and not yet sent, in the order they were prepared: the order the
@@ -68,6 +71,13 @@ pub struct BatchWire {
     pub waiting_raw: u64,
     /// The place in the prepare order ([`WaitingPart::seq`]) of its last part prepared.
     pub last_prepared: u64,
+    /// Its raw bytes not prepared yet and their sealed bytes as estimated before it was
+    /// prepared, from windows of its bytes compressed at zstd's fastest level
+    /// (`forte_prepare::probe`): a batch whose data changes along the way (logs, then video)
+    /// compresses unlike its parts so far.
+    pub estimated_left: (u64, u64),
+    /// Of its parts prepared that were estimated: the estimate's sealed bytes and theirs.
+    pub estimated_prepared: (u64, u64),
 }
 
 /// A part prepared at the edge and not yet sent.

@@ -20,6 +20,7 @@ use anyhow::{Context, Result};
 use forte_catalog::{BatchKey, BatchState, Catalog, Role};
 use forte_format::ObjectId;
 use forte_pipeline::{Latencies, Pipeline, StageSnapshot};
+use forte_prepare::Compressibility;
 use forte_view::{QueueView, StageView, WireView};
 use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -148,6 +149,8 @@ struct Wire {
     waiting: HashMap<(ObjectId, u32), Waiting>,
     /// The place in the prepare order the next part prepared takes.
     next_seq: u64,
+    /// Per running batch: its objects' estimated compressed bytes per raw byte.
+    estimates: HashMap<String, HashMap<ObjectId, f64>>,
 }
 
 /// A part prepared and not yet sent.
@@ -187,11 +190,26 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
     wire.next_seq += 1;
     wire.view.prepared_raw += raw;
     wire.view.prepared_sealed += sealed;
+    let estimate = wire
+        .estimates
+        .get(&key)
+        .and_then(|objects| objects.get(&id))
+        .map(|per_raw| (raw as f64 * per_raw) as u64);
     let mine = wire.view.batches.entry(key.clone()).or_default();
     mine.prepared_raw += raw;
     mine.prepared_sealed += sealed;
     mine.waiting_raw += raw;
     mine.last_prepared = seq;
+    if let Some(estimate) = estimate {
+        let left = &mut mine.estimated_left;
+        *left = (left.0.saturating_sub(raw), left.1.saturating_sub(estimate));
+        for prepared in [
+            &mut mine.estimated_prepared,
+            &mut wire.view.estimated_prepared,
+        ] {
+            *prepared = (prepared.0 + estimate, prepared.1 + sealed);
+        }
+    }
     wire.waiting.insert(
         (id, index),
         Waiting {
@@ -202,6 +220,26 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
             sending: None,
         },
     );
+}
+
+/// The edge's `batch` will prepare `objects`, estimated to compress so (see
+/// [`forte_prepare::probe`]).
+pub fn batch_probed(batch: &BatchKey, objects: &[Compressibility]) {
+    if objects.is_empty() {
+        return;
+    }
+    let mut wire = WIRE.lock();
+    let wire = wire.get_or_insert_with(Wire::default);
+    let key = batch.to_string();
+    let raw = objects.iter().map(|o| o.raw).sum();
+    let estimate = objects
+        .iter()
+        .map(|o| o.raw as f64 * o.per_raw)
+        .sum::<f64>();
+    let mine = wire.view.batches.entry(key.clone()).or_default();
+    mine.estimated_left = (raw, estimate as u64);
+    let per_raw = objects.iter().map(|o| (o.id, o.per_raw)).collect();
+    wire.estimates.insert(key, per_raw);
 }
 
 /// Part `index` of object `id` is being uploaded.
@@ -227,6 +265,7 @@ pub fn batch_ended(batch: &BatchKey) {
     if let Some(wire) = WIRE.lock().as_mut() {
         let key = batch.to_string();
         wire.view.batches.remove(&key);
+        wire.estimates.remove(&key);
         wire.waiting.retain(|_, part| part.batch != key);
     }
 }

@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use forte_catalog::{BatchKey, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
-use forte_prepare::{discover, HeldPart, PrepareJob, SourceFile};
+use forte_prepare::{discover, Compressibility, HeldPart, PrepareJob, SourceFile};
 use forte_relay::api::{ObjectState, ObjectStatus};
 use forte_relay::client::OpeningConnections;
 use parking_lot::{Condvar, Mutex};
@@ -46,6 +46,8 @@ struct Discovered {
     rows: Vec<FileRow>,
     /// The catalogue recorded the batch before this run: the relay may hold some of it.
     known: bool,
+    /// How well its objects will compress, for the ETA (`forte_prepare::probe`).
+    probed: Vec<Compressibility>,
 }
 
 /// A batch planned: its flight, and the jobs that send what the relay lacks of it.
@@ -53,6 +55,7 @@ struct Planned {
     batch_key: BatchKey,
     flight: InFlight,
     jobs: Vec<(PrepareJob, u64)>,
+    probed: Vec<Compressibility>,
 }
 
 /// What the relay held of a new batch's objects before this run sent them.
@@ -319,12 +322,15 @@ impl Edge<'_> {
                 Default::default()
             }
         };
+        // Read here, in the discovering threads, not in the queue's: some 10 ms a batch.
+        let probed = forte_prepare::probe(&jobs);
         Some(Discovered {
             batch_key,
             flight,
             jobs,
             known: known || !rows.is_empty(),
             rows,
+            probed,
         })
     }
 
@@ -334,6 +340,7 @@ impl Edge<'_> {
             batch_key,
             mut flight,
             jobs,
+            mut probed,
         } = planned;
         flight.pending = jobs.len();
         flight.unsealed = jobs.len();
@@ -342,6 +349,9 @@ impl Edge<'_> {
             self.finish(&batch_key, flight);
             return;
         }
+        let sending: HashSet<ObjectId> = jobs.iter().map(|(job, _)| job.id).collect();
+        probed.retain(|object| sending.contains(&object.id));
+        crate::monitor::batch_probed(&batch_key, &probed);
         let ready = batch.dir.join(READY_MARKER);
         let priority = self.setup.policy.priority_of(&batch.name, Some(&ready));
         self.in_flight.lock().insert(batch_key, flight);
@@ -361,6 +371,7 @@ impl Edge<'_> {
             mut flight,
             jobs,
             rows,
+            probed,
             ..
         } = discovered;
         let at_relay = match at_relay {
@@ -371,11 +382,11 @@ impl Edge<'_> {
                     flight.report.errors.push(error.to_string());
                     flight.report.failed += flight.report.files;
                 }
-                let jobs = Vec::new();
                 return Planned {
                     batch_key,
                     flight,
-                    jobs,
+                    jobs: Vec::new(),
+                    probed: Vec::new(),
                 };
             }
         };
@@ -399,6 +410,7 @@ impl Edge<'_> {
             batch_key,
             flight,
             jobs: planned,
+            probed,
         }
     }
 
