@@ -69,8 +69,6 @@ pub struct BatchWire {
     pub prepared_sealed: u64,
     /// Raw bytes of its parts prepared and not yet sent.
     pub waiting_raw: u64,
-    /// The place in the prepare order ([`WaitingPart::seq`]) of its last part prepared.
-    pub last_prepared: u64,
     /// Its raw bytes not prepared yet and their sealed bytes as estimated before it was
     /// prepared, from windows of its bytes compressed at zstd's fastest level
     /// (`forte_prepare::probe`): a batch whose data changes along the way (logs, then video)

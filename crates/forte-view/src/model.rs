@@ -14,7 +14,7 @@ use forte_catalog::{
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::live::{sealed_per_raw, BatchWire, QueueView, StageView, WireView};
+use crate::live::{sealed_per_raw, BatchWire, QueueView, StageView, WaitingPart, WireView};
 
 /// A batch as the API shows it: its row, how far it has come, its rate and ETA.
 #[derive(Debug, Clone, Serialize)]
@@ -279,12 +279,13 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
     }
 }
 
-/// The sealed bytes that leave the edge before batch `b` is done. Uploads take parts in the
-/// order they were prepared, whatever their batch: a batch prepared whole is done once every
-/// part prepared up to its last one has gone; one with parts still to prepare, once every part
-/// waiting now has gone and the unprepared bytes of the batches served before it and its own
-/// (`unprepared_ahead`) have. An upload under way has sent the node's `rate` shared by every
-/// upload under way since it began.
+/// The sealed bytes that leave the edge before batch `b` is done (its time, at the node's
+/// rate). A batch with parts still to prepare is done once every part waiting now has gone and
+/// the unprepared bytes of the batches served before it and its own (`unprepared_ahead`) have.
+/// One prepared whole is done when the last of its parts waiting now is sent: the uploads take
+/// the parts in the order they were prepared, whatever their batch, as many at once as are under
+/// way now, and share the link evenly ([`link_bytes_until_sent`]). An upload under way has sent
+/// the node's `rate` shared by every upload under way since it began.
 fn sealed_before(
     b: &Batch,
     wire: &WireView,
@@ -292,34 +293,57 @@ fn sealed_before(
     (rate, now): (f64, i64),
 ) -> f64 {
     let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
-    let unprepared = unprepared_sealed(b, wire);
-    let last = if unprepared > 0.0 || mine.prepared_raw == 0 {
-        u64::MAX
-    } else {
-        mine.last_prepared
-    };
     let uploads = wire
         .waiting
         .iter()
         .filter(|p| p.sending_since.is_some())
         .count();
     let per_upload = rate / uploads.max(1) as f64;
-    let waiting: f64 = wire
-        .waiting
-        .iter()
-        .filter(|p| p.seq <= last)
-        .map(|p| {
-            let sent = p.sending_since.map_or(0.0, |since| {
-                (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
-            });
-            p.sealed as f64 - sent
-        })
-        .sum();
-    if last == u64::MAX {
-        waiting + unprepared_ahead
-    } else {
-        waiting
+    let left = |p: &WaitingPart| {
+        let sent = p.sending_since.map_or(0.0, |since| {
+            (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
+        });
+        p.sealed as f64 - sent
+    };
+    if unprepared_sealed(b, wire) > 0.0 || mine.prepared_raw == 0 {
+        return wire.waiting.iter().map(left).sum::<f64>() + unprepared_ahead;
     }
+    let parts = wire.waiting.iter().map(|p| (p, left(p)));
+    let (sending, queued): (Vec<_>, Vec<_>) = parts.partition(|(p, _)| p.sending_since.is_some());
+    let order = sending.into_iter().chain(queued);
+    let parts = order.map(|(p, left)| (p.batch == b.key, left));
+    link_bytes_until_sent(parts, uploads.max(1))
+}
+
+/// The link's bytes that pass until the last of the `parts` marked is sent, `parts` (whether
+/// it is one of those, its sealed bytes left) taken in their order, `slots` at a time, each
+/// of those under way getting an even share of the link. Shared so, a part takes longer than
+/// its own bytes at the link's rate: the parts beside it take their share (at 5 MB/s, a 4-MB part
+/// started beside seven others as large is sent 6.4 s later, not 0.8 s).
+fn link_bytes_until_sent(parts: impl Iterator<Item = (bool, f64)>, slots: usize) -> f64 {
+    let mut queued: VecDeque<(bool, f64)> = parts.collect();
+    let mut marked = queued.iter().filter(|(mine, _)| *mine).count();
+    let mut under_way: Vec<(bool, f64)> = Vec::with_capacity(slots);
+    let mut passed = 0.0;
+    while marked > 0 {
+        while under_way.len() < slots {
+            match queued.pop_front() {
+                Some(part) => under_way.push(part),
+                None => break,
+            }
+        }
+        // The part with the fewest bytes left ends first; until then each got as many.
+        let fewest =
+            (0..under_way.len()).min_by(|&a, &b| under_way[a].1.total_cmp(&under_way[b].1));
+        let Some(first) = fewest else { break };
+        let (mine, least) = under_way.swap_remove(first);
+        passed += least * (under_way.len() + 1) as f64;
+        for part in &mut under_way {
+            part.1 -= least;
+        }
+        marked -= usize::from(mine);
+    }
+    passed
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
@@ -1078,16 +1102,15 @@ mod tests {
         }
     }
 
-    /// The batches' prepared bytes: (key, raw prepared, sealed prepared, raw waiting, last).
-    fn prepared(batches: &[(&str, u64, u64, u64, u64)]) -> HashMap<String, BatchWire> {
+    /// The batches' prepared bytes: (key, raw prepared, sealed prepared, raw waiting).
+    fn prepared(batches: &[(&str, u64, u64, u64)]) -> HashMap<String, BatchWire> {
         batches
             .iter()
-            .map(|&(key, raw, sealed, waiting_raw, last_prepared)| {
+            .map(|&(key, raw, sealed, waiting_raw)| {
                 let wire = BatchWire {
                     prepared_raw: raw,
                     prepared_sealed: sealed,
                     waiting_raw,
-                    last_prepared,
                     ..BatchWire::default()
                 };
                 (key.to_owned(), wire)
@@ -1105,7 +1128,7 @@ mod tests {
             resumed: None,
             prepared_raw: 160_000_000,
             prepared_sealed: 40_000_000,
-            batches: prepared(&[("e", 60_000_000, 20_000_000, 60_000_000, 3)]),
+            batches: prepared(&[("e", 60_000_000, 20_000_000, 60_000_000)]),
             waiting: (0..4).map(|seq| part("e", seq, None)).collect(),
             ..WireView::default()
         };
@@ -1140,7 +1163,7 @@ mod tests {
         let k = BatchWire {
             estimated_left: (40_000_000, 36_000_000),
             estimated_prepared: (10_000_000, 5_000_000),
-            ..prepared(&[("k", 20_000_000, 5_000_000, 20_000_000, 0)])["k"]
+            ..prepared(&[("k", 20_000_000, 5_000_000, 20_000_000)])["k"]
         };
         let wire = |sent: u64, k: BatchWire| WireView {
             sent,
@@ -1182,8 +1205,8 @@ mod tests {
             prepared_raw: 40_000_000,
             prepared_sealed: 20_000_000,
             batches: prepared(&[
-                ("e", 20_000_000, 10_000_000, 20_000_000, 2),
-                ("f", 20_000_000, 10_000_000, 20_000_000, 3),
+                ("e", 20_000_000, 10_000_000, 20_000_000),
+                ("f", 20_000_000, 10_000_000, 20_000_000),
             ]),
             waiting: [
                 part("e", 0, None),
@@ -1206,6 +1229,39 @@ mod tests {
     }
 
     #[test]
+    fn a_last_part_sent_beside_others_takes_its_share_of_the_link() {
+        // E's last part (5 MB, prepared 4th) and F's next three (5 MB each) were all taken by
+        // the uploads at 4 s, each getting a quarter of the 5 MB/s; F's last part waits.
+        let progress = Progress::new(16 << 20, Order::AsBegun);
+        let wire = |sent: u64| WireView {
+            sent,
+            batches: prepared(&[
+                ("e", 20_000_000, 10_000_000, 20_000_000),
+                ("f", 40_000_000, 20_000_000, 40_000_000),
+            ]),
+            waiting: vec![
+                part("e", 3, Some(4)),
+                part("f", 4, Some(4)),
+                part("f", 5, Some(4)),
+                part("f", 6, Some(4)),
+                part("f", 7, None),
+            ],
+            ..WireView::default()
+        };
+        let mut running = vec![];
+        for (t, sent) in [(0, 0), (4, 20_000_000)] {
+            running = vec![
+                sending("e", 1, 20_000_000, 0),
+                sending("f", 1, 40_000_000, 0),
+            ];
+            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
+        }
+        // E's part ends with the three beside it: 20 MB of the link, 4 s (counted alone, its
+        // own 5 MB: 1 s). F's last part then goes alone: 1 s more.
+        assert_eq!((running[0].eta_s, running[1].eta_s), (Some(4.0), Some(5.0)));
+    }
+
+    #[test]
     fn the_edge_rate_runs_from_when_the_link_got_busy_and_uploads_under_way_count_what_they_sent() {
         // Looked at 0 s, nothing prepared; the first part prepared at 3 s; at 5 s 10 MB sent
         // (5 MB/s since 3 s, where the looks alone say 2 MB/s). E waits with four 5 MB parts,
@@ -1217,7 +1273,7 @@ mod tests {
             resumed: Some((3 * S, 0)),
             prepared_raw: 60_000_000,
             prepared_sealed: 30_000_000,
-            batches: prepared(&[("e", 40_000_000, 20_000_000, 40_000_000, 3)]),
+            batches: prepared(&[("e", 40_000_000, 20_000_000, 40_000_000)]),
             waiting: vec![
                 part("e", 0, Some(4)),
                 WaitingPart {

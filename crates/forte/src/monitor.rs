@@ -199,7 +199,6 @@ pub fn part_prepared(batch: &BatchKey, id: ObjectId, index: u32, raw: u64, seale
     mine.prepared_raw += raw;
     mine.prepared_sealed += sealed;
     mine.waiting_raw += raw;
-    mine.last_prepared = seq;
     if let Some(estimate) = estimate {
         let left = &mut mine.estimated_left;
         *left = (left.0.saturating_sub(raw), left.1.saturating_sub(estimate));
