@@ -132,16 +132,13 @@ mod tests {
     use super::*;
     use crate::{bundle_small, discover, BundleLimits};
 
-    /// Bytes zstd cannot shrink (xorshift).
-    fn noise(len: usize, mut seed: u64) -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed as u8
-            })
-            .collect()
+    /// Bytes zstd cannot shrink.
+    fn noise(len: u64) -> Vec<u8> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        let random = File::open("/dev/urandom").unwrap();
+        random.take(len).read_to_end(&mut bytes).unwrap();
+        bytes
     }
 
     #[test]
@@ -149,10 +146,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let text = b"2026-11-26T06:00:00Z engine 3 rpm 1450 temp 88.5\n".repeat(80_000);
         std::fs::write(dir.path().join("a-log.txt"), &text).unwrap();
-        std::fs::write(dir.path().join("b-video.mp4"), noise(4 << 20, 7)).unwrap();
+        std::fs::write(dir.path().join("b-video.mp4"), noise(4 << 20)).unwrap();
         std::fs::write(dir.path().join("c-gone.txt"), &text).unwrap();
         for i in 0..20 {
-            std::fs::write(dir.path().join(format!("d-{i:02}.bin")), noise(50_000, i)).unwrap();
+            std::fs::write(dir.path().join(format!("d-{i:02}.bin")), noise(50_000)).unwrap();
         }
         let files = discover(dir.path()).unwrap().files;
         let jobs: Vec<PrepareJob> = files.into_iter().map(PrepareJob::fresh).collect();
