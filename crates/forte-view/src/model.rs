@@ -196,6 +196,12 @@ impl Progress {
         let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
         seen.batches.retain(|key, _| running.contains(key));
         seen.etas.clear();
+        // What the edge has still to prepare, of every batch, queued ones too: parts that will
+        // join the uploads as slots free up.
+        let to_prepare: f64 = wire.map_or(0.0, |wire| {
+            let edge = in_flight.iter().filter(|b| b.role == Role::Edge);
+            edge.map(|b| unprepared_sealed(b, wire)).sum()
+        });
         for role in [Role::Edge, Role::Core] {
             let mut mine: Vec<&mut Batch> = in_flight
                 .iter_mut()
@@ -235,7 +241,7 @@ impl Progress {
                 let before_done = match wire {
                     Some(wire) => {
                         ahead += unprepared_sealed(b, wire);
-                        sealed_before(b, wire, ahead, (rate, now))
+                        sealed_before(b, wire, (ahead, to_prepare), (rate, now))
                     }
                     None => {
                         ahead += (b.bytes - b.done_bytes).max(0) as f64;
@@ -281,15 +287,17 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
 
 /// The sealed bytes that leave the edge before batch `b` is done (its time, at the node's
 /// rate). A batch with parts still to prepare is done once every part waiting now has gone and
-/// the unprepared bytes of the batches served before it and its own (`unprepared_ahead`) have.
+/// the unprepared bytes of the batches served before it and its own (`unprepared.0`) have.
 /// One prepared whole is done when the last of its parts waiting now is sent: the uploads take
 /// the parts in the order they were prepared, whatever their batch, as many at once as are under
-/// way now, and share the link evenly ([`link_bytes_until_sent`]). An upload under way has sent
-/// the node's `rate` shared by every upload under way since it began.
+/// way now, and share the link evenly ([`link_bytes_until_sent`]); as slots free up, parts of
+/// what the edge has still to prepare (`unprepared.1`, of every batch) take them, as large as
+/// those waiting now. An upload under way has sent the node's `rate` shared by every upload
+/// under way since it began.
 fn sealed_before(
     b: &Batch,
     wire: &WireView,
-    unprepared_ahead: f64,
+    unprepared: (f64, f64),
     (rate, now): (f64, i64),
 ) -> f64 {
     let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
@@ -306,21 +314,28 @@ fn sealed_before(
         p.sealed as f64 - sent
     };
     if unprepared_sealed(b, wire) > 0.0 || mine.prepared_raw == 0 {
-        return wire.waiting.iter().map(left).sum::<f64>() + unprepared_ahead;
+        return wire.waiting.iter().map(left).sum::<f64>() + unprepared.0;
     }
+    let waiting = wire.waiting.len().max(1) as f64;
+    let part = wire.waiting.iter().map(|p| p.sealed as f64).sum::<f64>() / waiting;
     let parts = wire.waiting.iter().map(|p| (p, left(p)));
     let (sending, queued): (Vec<_>, Vec<_>) = parts.partition(|(p, _)| p.sending_since.is_some());
     let order = sending.into_iter().chain(queued);
     let parts = order.map(|(p, left)| (p.batch == b.key, left));
-    link_bytes_until_sent(parts, uploads.max(1))
+    link_bytes_until_sent(parts, uploads.max(1), (unprepared.1, part))
 }
 
 /// The link's bytes that pass until the last of the `parts` marked is sent, `parts` (whether
 /// it is one of those, its sealed bytes left) taken in their order, `slots` at a time, each
-/// of those under way getting an even share of the link. Shared so, a part takes longer than
-/// its own bytes at the link's rate: the parts beside it take their share (at 5 MB/s, a 4-MB part
-/// started beside seven others as large is sent 6.4 s later, not 0.8 s).
-fn link_bytes_until_sent(parts: impl Iterator<Item = (bool, f64)>, slots: usize) -> f64 {
+/// of those under way getting an even share of the link, and once they are all taken, parts of
+/// `more` (bytes, in parts of a size) in the slots that free up. Shared so, a part takes longer
+/// than its own bytes at the link's rate: the parts beside it take their share (at 5 MB/s, a
+/// 4-MB part started beside seven others as large is sent 6.4 s later, not 0.8 s).
+fn link_bytes_until_sent(
+    parts: impl Iterator<Item = (bool, f64)>,
+    slots: usize,
+    (mut more, size): (f64, f64),
+) -> f64 {
     let mut queued: VecDeque<(bool, f64)> = parts.collect();
     let mut marked = queued.iter().filter(|(mine, _)| *mine).count();
     let mut under_way: Vec<(bool, f64)> = Vec::with_capacity(slots);
@@ -329,6 +344,10 @@ fn link_bytes_until_sent(parts: impl Iterator<Item = (bool, f64)>, slots: usize)
         while under_way.len() < slots {
             match queued.pop_front() {
                 Some(part) => under_way.push(part),
+                None if more > 0.0 && size > 0.0 => {
+                    under_way.push((false, size.min(more)));
+                    more -= size;
+                }
                 None => break,
             }
         }
@@ -1259,6 +1278,38 @@ mod tests {
         // E's part ends with the three beside it: 20 MB of the link, 4 s (counted alone, its
         // own 5 MB: 1 s). F's last part then goes alone: 1 s more.
         assert_eq!((running[0].eta_s, running[1].eta_s), (Some(4.0), Some(5.0)));
+    }
+
+    #[test]
+    fn parts_still_to_prepare_take_the_slots_that_free_up_beside_a_batchs_last_part() {
+        // E's two parts, 1 MB and 5 MB, both taken by the uploads at 4 s; G has 20 MB still to
+        // prepare, whose parts (3 MB, as large as those waiting) take each slot that frees up.
+        let progress = Progress::new(16 << 20, Order::AsBegun);
+        let wire = |sent: u64| WireView {
+            sent,
+            prepared_raw: 6_000_000,
+            prepared_sealed: 6_000_000,
+            batches: prepared(&[("e", 6_000_000, 6_000_000, 6_000_000)]),
+            waiting: vec![
+                WaitingPart {
+                    sealed: 1_000_000,
+                    ..part("e", 0, Some(4))
+                },
+                part("e", 1, Some(4)),
+            ],
+            ..WireView::default()
+        };
+        let mut running = vec![];
+        for (t, sent) in [(0, 0), (4, 20_000_000)] {
+            running = vec![
+                sending("e", 1, 6_000_000, 0),
+                sending("g", 2, 20_000_000, 0),
+            ];
+            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
+        }
+        // 1 MB each until the small part ends; then 4 MB left beside a 3-MB part of G, and 1 MB
+        // beside the next: 10 MB of the link, 2 s (alone once the small part ended: 1.2 s).
+        assert_eq!(running[0].eta_s, Some(2.0));
     }
 
     #[test]
