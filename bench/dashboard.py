@@ -31,7 +31,7 @@ release build (cargo build --release -p forte, or FORTE_BINARY). Run as root lik
 bench scripts; nothing here needs it but the benches' shared work directory.
 
 Usage: bench/dashboard.py [--runs 3] [--rate 5MB] [--scale 0.011] [--shots docs/dashboard | --no-shots]
-                          [--keep]
+                          [--every 5] [--keep]
 """
 
 import argparse
@@ -58,7 +58,7 @@ from site_setup import make_site, start_relay  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench"))
 SITE = "dash"
-SAMPLE_EVERY = 5.0  # s between overview samples
+SAMPLE_EVERY = 5.0  # s between overview samples (--every)
 WINDOW = 0.2  # samples before start + WINDOW × duration are not judged
 MIN_REMAINING = 5.0  # s: samples with less actual remaining time are skipped
 WITHIN = 0.2  # the acceptance bound on the relative error
@@ -411,6 +411,7 @@ def after_transfer_shots(browser: Browser, dash_api: str, shots: Path):
 
 
 def main():
+    global SAMPLE_EVERY
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--rate", default="5MB", help="send --bwlimit (compressed bytes on the wire per second)")
@@ -419,10 +420,13 @@ def main():
                     help="where the screenshots go (taken in the first run)")
     ap.add_argument("--no-shots", action="store_true")
     ap.add_argument("--timeout", type=float, default=1800, help="s a run may take")
+    ap.add_argument("--every", type=float, default=SAMPLE_EVERY,
+                    help="s between overview samples (the acceptance's 5; 1 judges every second of a batch's tail)")
     ap.add_argument("--keep", action="store_true",
                     help="keep the work directory (batches, catalogues, logs, and each run's samples.json "
                          "with every overview read)")
     args = ap.parse_args()
+    SAMPLE_EVERY = args.every
     if not FORTE.exists():
         sys.exit(f"{FORTE} is missing: cargo build --release -p forte")
     print(f"machine: {machine()}")
