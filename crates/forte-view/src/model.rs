@@ -286,19 +286,21 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
 }
 
 /// The sealed bytes that leave the edge before batch `b` is done (its time, at the node's
-/// rate): when the last of its parts is sent. The uploads take the parts in the order they are
-/// prepared, whatever their batch, as many at once as are under way now, and share the link
-/// evenly ([`link_bytes_until_sent`]): first the parts waiting now, then those still to
-/// prepare, as large as the parts waiting: of the batches served before `b`, then of `b`
-/// (`unprepared.0` is both), then of the rest (`unprepared.1` is all the edge has still to
-/// prepare). An upload under way has sent the node's `rate` shared by every upload under way
-/// since it began.
+/// rate). A batch with parts still to prepare is done once every part waiting now has gone and
+/// the unprepared bytes of the batches served before it and its own (`unprepared.0`) have.
+/// One prepared whole is done when the last of its parts waiting now is sent: the uploads take
+/// the parts in the order they were prepared, whatever their batch, as many at once as are under
+/// way now, and share the link evenly ([`link_bytes_until_sent`]); as slots free up, parts of
+/// what the edge has still to prepare (`unprepared.1`, of every batch) take them, as large as
+/// those waiting now. An upload under way has sent the node's `rate` shared by every upload
+/// under way since it began.
 fn sealed_before(
     b: &Batch,
     wire: &WireView,
     unprepared: (f64, f64),
     (rate, now): (f64, i64),
 ) -> f64 {
+    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
     let uploads = wire
         .waiting
         .iter()
@@ -311,55 +313,41 @@ fn sealed_before(
         });
         p.sealed as f64 - sent
     };
+    if unprepared_sealed(b, wire) > 0.0 || mine.prepared_raw == 0 {
+        return wire.waiting.iter().map(left).sum::<f64>() + unprepared.0;
+    }
+    let waiting = wire.waiting.len().max(1) as f64;
+    let part = wire.waiting.iter().map(|p| p.sealed as f64).sum::<f64>() / waiting;
     let parts = wire.waiting.iter().map(|p| (p, left(p)));
     let (sending, queued): (Vec<_>, Vec<_>) = parts.partition(|(p, _)| p.sending_since.is_some());
-    let mut order: VecDeque<(bool, f64)> = sending
-        .into_iter()
-        .chain(queued)
-        .map(|(p, left)| (p.batch == b.key, left))
-        .collect();
-    let waiting = wire.waiting.iter().map(|p| p.sealed as f64);
-    let size = waiting.clone().sum::<f64>() / wire.waiting.len().max(1) as f64;
-    let own = unprepared_sealed(b, wire);
-    let (ahead, all) = unprepared;
-    for (mine, bytes) in [(false, ahead - own), (true, own)] {
-        order.extend(in_parts(bytes, size).map(|part| (mine, part)));
-    }
-    link_bytes_until_sent(order, uploads.max(1), ((all - ahead).max(0.0), size))
+    let order = sending.into_iter().chain(queued);
+    let parts = order.map(|(p, left)| (p.batch == b.key, left));
+    link_bytes_until_sent(parts, uploads.max(1), (unprepared.1, part))
 }
 
-/// `bytes` in parts of `size` (one part, without a size), the last one smaller.
-fn in_parts(bytes: f64, size: f64) -> impl Iterator<Item = f64> {
-    let size = if size > 0.0 { size } else { bytes };
-    let mut left = bytes;
-    std::iter::from_fn(move || {
-        (left > 0.0).then(|| {
-            let part = left.min(size);
-            left -= part;
-            part
-        })
-    })
-}
-
-/// The link's bytes that pass until the last of the `queued` parts marked is sent, `queued`
-/// (whether it is one of those, its sealed bytes left) taken in their order, `slots` at a time,
-/// each of those under way getting an even share of the link, and once they are all taken,
-/// parts of `more` (bytes, in parts of a size) in the slots that free up. Shared so, a part
-/// takes longer than its own bytes at the link's rate: the parts beside it take their share
-/// (at 5 MB/s, a 4-MB part started beside seven others as large is sent 6.4 s later, not 0.8 s).
+/// The link's bytes that pass until the last of the `parts` marked is sent, `parts` (whether
+/// it is one of those, its sealed bytes left) taken in their order, `slots` at a time, each
+/// of those under way getting an even share of the link, and once they are all taken, parts of
+/// `more` (bytes, in parts of a size) in the slots that free up. Shared so, a part takes longer
+/// than its own bytes at the link's rate: the parts beside it take their share (at 5 MB/s, a
+/// 4-MB part started beside seven others as large is sent 6.4 s later, not 0.8 s).
 fn link_bytes_until_sent(
-    mut queued: VecDeque<(bool, f64)>,
+    parts: impl Iterator<Item = (bool, f64)>,
     slots: usize,
-    (more, size): (f64, f64),
+    (mut more, size): (f64, f64),
 ) -> f64 {
+    let mut queued: VecDeque<(bool, f64)> = parts.collect();
     let mut marked = queued.iter().filter(|(mine, _)| *mine).count();
-    let mut more = in_parts(more, size);
     let mut under_way: Vec<(bool, f64)> = Vec::with_capacity(slots);
     let mut passed = 0.0;
     while marked > 0 {
         while under_way.len() < slots {
-            match queued.pop_front().or_else(|| Some((false, more.next()?))) {
+            match queued.pop_front() {
                 Some(part) => under_way.push(part),
+                None if more > 0.0 && size > 0.0 => {
+                    under_way.push((false, size.min(more)));
+                    more -= size;
+                }
                 None => break,
             }
         }
@@ -1322,42 +1310,6 @@ mod tests {
         // 1 MB each until the small part ends; then 4 MB left beside a 3-MB part of G, and 1 MB
         // beside the next: 10 MB of the link, 2 s (alone once the small part ended: 1.2 s).
         assert_eq!(running[0].eta_s, Some(2.0));
-    }
-
-    #[test]
-    fn a_batch_still_being_prepared_is_done_when_its_last_part_to_come_is_sent() {
-        // E: two parts under way since 4 s (1 MB and 5 MB), 6 MB still to prepare (at the
-        // node's 1:1); G, served after it, 20 MB to prepare. The parts to come are 3 MB, as
-        // large as those waiting.
-        let progress = Progress::new(16 << 20, Order::AsBegun);
-        let wire = |sent: u64| WireView {
-            sent,
-            prepared_raw: 6_000_000,
-            prepared_sealed: 6_000_000,
-            batches: prepared(&[("e", 6_000_000, 6_000_000, 6_000_000)]),
-            waiting: vec![
-                WaitingPart {
-                    sealed: 1_000_000,
-                    ..part("e", 0, Some(4))
-                },
-                part("e", 1, Some(4)),
-            ],
-            ..WireView::default()
-        };
-        let mut running = vec![];
-        for (t, sent) in [(0, 0), (4, 20_000_000)] {
-            running = vec![
-                sending("e", 1, 12_000_000, 0),
-                sending("g", 2, 20_000_000, 0),
-            ];
-            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
-        }
-        // Two at a time: the 1 MB ends (2 MB of the link) and E's first 3 MB to come takes
-        // its slot; it ends (6 MB more), its second one joins the 1 MB left of the large one;
-        // that ends (2 MB more), G's first part joins; E's last 2 MB end beside it (4 MB
-        // more): 14 MB, 2.8 s. The bytes alone (1 + 5 + 6 MB) made 2.4 s: E's last part went
-        // alone.
-        assert_eq!(running[0].eta_s, Some(2.8));
     }
 
     #[test]
