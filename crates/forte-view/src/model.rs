@@ -1137,6 +1137,25 @@ mod tests {
             .collect()
     }
 
+    /// The edge's ETAs of the `running` batches, in their order, after two looks at the edge's
+    /// `wire`: at 0 s with nothing sent, and at 4 s with 20 MB sent (the link's 5 MB/s).
+    fn edge_etas(
+        order: Order,
+        running: &[(&str, i64, i64)],
+        wire: impl Fn(u64) -> WireView,
+    ) -> Vec<Option<f64>> {
+        let progress = Progress::new(16 << 20, order);
+        let mut batches = vec![];
+        for (t, sent) in [(0, 0), (4, 20_000_000)] {
+            batches = running
+                .iter()
+                .map(|&(key, started, bytes)| sending(key, started, bytes, 0))
+                .collect();
+            progress.queue_etas(&mut batches, &EndedBytes::new(), Some(&wire(sent)), t * S);
+        }
+        batches.iter().map(|b| b.eta_s).collect()
+    }
+
     #[test]
     fn at_the_edge_a_batch_that_compresses_less_is_timed_in_the_sealed_bytes_the_link_paces() {
         // As seen sending A–N at 5 MB/s: the first batches (100 MB raw) compressed 5x and went
@@ -1193,14 +1212,9 @@ mod tests {
             ..WireView::default()
         };
         let eta = |k: BatchWire| {
-            let progress = Progress::new(16 << 20, Order::AsBegun);
-            let mut running = [sending("k", 1, 60_000_000, 0)];
-            for (t, sent) in [(0, 0), (4, 20_000_000)] {
-                running = [sending("k", 1, 60_000_000, 0)];
-                let wire = wire(sent, k);
-                progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire), t * S);
-            }
-            running[0].eta_s
+            edge_etas(Order::AsBegun, &[("k", 1, 60_000_000)], |sent| {
+                wire(sent, k)
+            })[0]
         };
         // 5 MB waiting and 18 MB to come: 4.6 s.
         assert_eq!(eta(k), Some(4.6));
@@ -1217,7 +1231,6 @@ mod tests {
     fn a_batch_prepared_whole_is_done_once_the_parts_prepared_before_its_last_have_gone() {
         // E's parts were prepared 1st and 3rd, F's 2nd and 4th: the uploads take them in that
         // order, so E waits for F's first part too (15 MB at 5 MB/s), F for all four.
-        let progress = Progress::new(16 << 20, Order::LeastRemaining);
         let wire = |sent: u64| WireView {
             sent,
             resumed: None,
@@ -1236,22 +1249,15 @@ mod tests {
             .into(),
             ..WireView::default()
         };
-        let mut running = vec![];
-        for (t, sent) in [(0, 0), (4, 20_000_000)] {
-            running = vec![
-                sending("e", 1, 20_000_000, 0),
-                sending("f", 1, 20_000_000, 0),
-            ];
-            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
-        }
-        assert_eq!((running[0].eta_s, running[1].eta_s), (Some(3.0), Some(4.0)));
+        let running = [("e", 1, 20_000_000), ("f", 1, 20_000_000)];
+        let etas = edge_etas(Order::LeastRemaining, &running, wire);
+        assert_eq!(etas, [Some(3.0), Some(4.0)]);
     }
 
     #[test]
     fn a_last_part_sent_beside_others_takes_its_share_of_the_link() {
         // E's last part (5 MB, prepared 4th) and F's next three (5 MB each) were all taken by
         // the uploads at 4 s, each getting a quarter of the 5 MB/s; F's last part waits.
-        let progress = Progress::new(16 << 20, Order::AsBegun);
         let wire = |sent: u64| WireView {
             sent,
             batches: prepared(&[
@@ -1267,24 +1273,20 @@ mod tests {
             ],
             ..WireView::default()
         };
-        let mut running = vec![];
-        for (t, sent) in [(0, 0), (4, 20_000_000)] {
-            running = vec![
-                sending("e", 1, 20_000_000, 0),
-                sending("f", 1, 40_000_000, 0),
-            ];
-            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
-        }
+        let etas = edge_etas(
+            Order::AsBegun,
+            &[("e", 1, 20_000_000), ("f", 1, 40_000_000)],
+            wire,
+        );
         // E's part ends with the three beside it: 20 MB of the link, 4 s (counted alone, its
         // own 5 MB: 1 s). F's last part then goes alone: 1 s more.
-        assert_eq!((running[0].eta_s, running[1].eta_s), (Some(4.0), Some(5.0)));
+        assert_eq!(etas, [Some(4.0), Some(5.0)]);
     }
 
     #[test]
     fn parts_still_to_prepare_take_the_slots_that_free_up_beside_a_batchs_last_part() {
         // E's two parts, 1 MB and 5 MB, both taken by the uploads at 4 s; G has 20 MB still to
         // prepare, whose parts (3 MB, as large as those waiting) take each slot that frees up.
-        let progress = Progress::new(16 << 20, Order::AsBegun);
         let wire = |sent: u64| WireView {
             sent,
             prepared_raw: 6_000_000,
@@ -1299,17 +1301,14 @@ mod tests {
             ],
             ..WireView::default()
         };
-        let mut running = vec![];
-        for (t, sent) in [(0, 0), (4, 20_000_000)] {
-            running = vec![
-                sending("e", 1, 6_000_000, 0),
-                sending("g", 2, 20_000_000, 0),
-            ];
-            progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire(sent)), t * S);
-        }
+        let etas = edge_etas(
+            Order::AsBegun,
+            &[("e", 1, 6_000_000), ("g", 2, 20_000_000)],
+            wire,
+        );
         // 1 MB each until the small part ends; then 4 MB left beside a 3-MB part of G, and 1 MB
         // beside the next: 10 MB of the link, 2 s (alone once the small part ended: 1.2 s).
-        assert_eq!(running[0].eta_s, Some(2.0));
+        assert_eq!(etas[0], Some(2.0));
     }
 
     #[test]
