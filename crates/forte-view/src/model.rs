@@ -196,12 +196,14 @@ impl Progress {
         let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
         seen.batches.retain(|key, _| running.contains(key));
         seen.etas.clear();
-        // What the edge has still to prepare, of every batch, queued ones too: parts that will
-        // join the uploads as slots free up.
-        let to_prepare: f64 = wire.map_or(0.0, |wire| {
+        // What each edge batch has still to prepare, queued ones too, and all of it: parts
+        // that will join the uploads as slots free up.
+        let unprepared: HashMap<String, f64> = wire.map_or_else(HashMap::new, |wire| {
             let edge = in_flight.iter().filter(|b| b.role == Role::Edge);
-            edge.map(|b| unprepared_sealed(b, wire)).sum()
+            edge.map(|b| (b.key.clone(), unprepared_sealed(b, wire)))
+                .collect()
         });
+        let to_prepare: f64 = unprepared.values().sum();
         for role in [Role::Edge, Role::Core] {
             let mut mine: Vec<&mut Batch> = in_flight
                 .iter_mut()
@@ -235,13 +237,21 @@ impl Progress {
             }
             // What leaves before each batch is done: in raw bytes, what is left of it and of
             // the batches served before it; at the edge, in sealed bytes (`sealed_before`).
+            let edge = wire.map(|wire| (wire, Uploads::at(wire, rate, now)));
             let mut ahead = 0.0;
             let mut etas = vec![];
             for b in mine {
-                let before_done = match wire {
-                    Some(wire) => {
-                        ahead += unprepared_sealed(b, wire);
-                        sealed_before(b, wire, (ahead, to_prepare), (rate, now))
+                let before_done = match &edge {
+                    Some((wire, uploads)) => {
+                        let own = unprepared.get(&b.key).copied().unwrap_or(0.0);
+                        ahead += own;
+                        let prepared_none =
+                            wire.batches.get(&b.key).is_none_or(|w| w.prepared_raw == 0);
+                        sealed_before(
+                            &b.key,
+                            uploads,
+                            (own > 0.0 || prepared_none, ahead, to_prepare),
+                        )
                     }
                     None => {
                         ahead += (b.bytes - b.done_bytes).max(0) as f64;
@@ -285,44 +295,57 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
     }
 }
 
-/// The sealed bytes that leave the edge before batch `b` is done (its time, at the node's
-/// rate). A batch with parts still to prepare is done once every part waiting now has gone and
-/// the unprepared bytes of the batches served before it and its own (`unprepared.0`) have.
-/// One prepared whole is done when the last of its parts waiting now is sent: the uploads take
-/// the parts in the order they were prepared, whatever their batch, as many at once as are under
-/// way now, and share the link evenly ([`link_bytes_until_sent`]); as slots free up, parts of
-/// what the edge has still to prepare (`unprepared.1`, of every batch) take them, as large as
-/// those waiting now. An upload under way has sent the node's `rate` shared by every upload
-/// under way since it began.
-fn sealed_before(
-    b: &Batch,
-    wire: &WireView,
-    unprepared: (f64, f64),
-    (rate, now): (f64, i64),
-) -> f64 {
-    let mine = wire.batches.get(&b.key).copied().unwrap_or_default();
-    let uploads = wire
-        .waiting
-        .iter()
-        .filter(|p| p.sending_since.is_some())
-        .count();
-    let per_upload = rate / uploads.max(1) as f64;
-    let left = |p: &WaitingPart| {
-        let sent = p.sending_since.map_or(0.0, |since| {
-            (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
-        });
-        p.sealed as f64 - sent
-    };
-    if unprepared_sealed(b, wire) > 0.0 || mine.prepared_raw == 0 {
-        return wire.waiting.iter().map(left).sum::<f64>() + unprepared.0;
+/// The edge's parts waiting for the link at a look, in the order the uploads take them: those
+/// under way first, then the others in the order they were prepared.
+struct Uploads<'w> {
+    /// Each part's batch and its sealed bytes left (an upload under way has sent the node's
+    /// rate shared by every upload under way, since it began).
+    parts: Vec<(&'w str, f64)>,
+    /// Uploads under way (at least one): how many parts share the link at once.
+    slots: usize,
+    /// The mean sealed bytes of a waiting part: the size of the parts to come.
+    part: f64,
+}
+
+impl<'w> Uploads<'w> {
+    fn at(wire: &'w WireView, rate: f64, now: i64) -> Self {
+        let under_way = |p: &&WaitingPart| p.sending_since.is_some();
+        let uploads = wire.waiting.iter().filter(under_way).count();
+        let per_upload = rate / uploads.max(1) as f64;
+        let left = |p: &'w WaitingPart| {
+            let sent = p.sending_since.map_or(0.0, |since| {
+                (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
+            });
+            (p.batch.as_str(), p.sealed as f64 - sent)
+        };
+        let (sending, queued): (Vec<_>, Vec<_>) = wire.waiting.iter().partition(under_way);
+        let waiting = wire.waiting.len().max(1) as f64;
+        Self {
+            parts: sending.into_iter().chain(queued).map(left).collect(),
+            slots: uploads.max(1),
+            part: wire.waiting.iter().map(|p| p.sealed as f64).sum::<f64>() / waiting,
+        }
     }
-    let waiting = wire.waiting.len().max(1) as f64;
-    let part = wire.waiting.iter().map(|p| p.sealed as f64).sum::<f64>() / waiting;
-    let parts = wire.waiting.iter().map(|p| (p, left(p)));
-    let (sending, queued): (Vec<_>, Vec<_>) = parts.partition(|(p, _)| p.sending_since.is_some());
-    let order = sending.into_iter().chain(queued);
-    let parts = order.map(|(p, left)| (p.batch == b.key, left));
-    link_bytes_until_sent(parts, uploads.max(1), (unprepared.1, part))
+}
+
+/// The sealed bytes that leave the edge before batch `key` is done (its time, at the node's
+/// rate), given whether it has parts still to prepare (or has prepared none), the unprepared
+/// bytes of the batches served before it and its own, and all the edge has still to prepare.
+/// A batch with parts still to prepare is done once every part waiting now has gone and the
+/// unprepared bytes of the batches served before it and its own have. One prepared whole is
+/// done when the last of its parts waiting now is sent: the uploads take the parts in their
+/// order, as many at once as are under way now, and share the link evenly
+/// ([`link_bytes_until_sent`]); as slots free up, parts of what the edge has still to prepare
+/// take them, as large as those waiting now.
+fn sealed_before(key: &str, uploads: &Uploads, (preparing, ahead, all): (bool, f64, f64)) -> f64 {
+    if preparing {
+        return uploads.parts.iter().map(|(_, left)| left).sum::<f64>() + ahead;
+    }
+    let parts = uploads
+        .parts
+        .iter()
+        .map(|&(batch, left)| (batch == key, left));
+    link_bytes_until_sent(parts, uploads.slots, (all, uploads.part))
 }
 
 /// The link's bytes that pass until the last of the `parts` marked is sent, `parts` (whether
