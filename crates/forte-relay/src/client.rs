@@ -1,5 +1,6 @@
 //! A blocking client of the relay, for the worker threads of `send` and `pull`.
 
+use std::io::Read;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,38 @@ use crate::api::{
     StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::pace::{Paced, Pacer};
+
+/// Told of an upload's body bytes as its connection takes them: (object, part, bytes).
+pub type OnSent = Arc<dyn Fn(ObjectId, u32, u64) + Send + Sync>;
+
+/// An upload's body that tells [`OnSent`] of its bytes as they are read, a [`TOLD_EVERY`] at
+/// a time and the rest with its last byte (the connection reads no further than the length
+/// it declared): often enough to follow an upload of a few megabytes, rarely enough that
+/// telling costs nothing beside sending.
+struct Told {
+    body: Box<dyn Read + Send>,
+    part: (ObjectId, u32),
+    /// Bytes not read yet.
+    left: u64,
+    /// Bytes read and not told yet.
+    untold: u64,
+    on_sent: OnSent,
+}
+
+const TOLD_EVERY: u64 = 64 << 10;
+
+impl Read for Told {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.body.read(buf)?;
+        self.untold += n as u64;
+        self.left = self.left.saturating_sub(n as u64);
+        if self.untold >= TOLD_EVERY || (self.left == 0 && self.untold > 0) {
+            (self.on_sent)(self.part.0, self.part.1, self.untold);
+            self.untold = 0;
+        }
+        Ok(n)
+    }
+}
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
 
 /// Status queries in flight together: 100 000 large files are 100 queries, which one after
@@ -169,6 +202,8 @@ pub struct RelayClient {
     timeout: Duration,
     /// Paces the parts it uploads, when a bandwidth limit is set.
     pacer: Option<Arc<Pacer>>,
+    /// Told of the bytes of each upload's body as its connection takes them, if anyone asked.
+    on_sent: Option<OnSent>,
     /// How many uploads may go at once, sharing a limit (its own or the relay's share).
     uploads_at_once: usize,
     /// The share of the relay's ingress its last upload's answer gave this site, in bytes per
@@ -204,6 +239,7 @@ impl RelayClient {
             token: endpoint.token.clone(),
             timeout,
             pacer: None,
+            on_sent: None,
             uploads_at_once: 1,
             relay_share: AtomicU64::new(0),
             opening: Mutex::new(0),
@@ -221,19 +257,47 @@ impl RelayClient {
         self
     }
 
-    /// A request carrying `body`, paced when a limit is set, with the time the slowest limit
-    /// it may go at makes it take added to the request's timeout: pacing, its own or the
-    /// relay's reading at this site's share, never turns into a timeout.
-    fn upload(&self, request: RequestBuilder, body: Vec<u8>) -> RequestBuilder {
+    /// Tells `on_sent` of the bytes of each part it uploads as its connection takes them
+    /// (object, part, bytes): how far an upload under way has come, which its answer alone
+    /// tells only at the end. A retried upload starts from its first byte again.
+    pub fn telling_sent(mut self, on_sent: OnSent) -> Self {
+        self.on_sent = Some(on_sent);
+        self
+    }
+
+    /// A request carrying `body`, part `part` of an object, paced when a limit is set and
+    /// told as it goes when asked, with the time the slowest limit it may go at makes it take
+    /// added to the request's timeout: pacing, its own or the relay's reading at this site's
+    /// share, never turns into a timeout.
+    fn upload(
+        &self,
+        request: RequestBuilder,
+        body: Vec<u8>,
+        part: (ObjectId, u32),
+    ) -> RequestBuilder {
         let own = self.pacer.as_ref().and_then(|p| p.timetable().lowest());
         let paced_for = paced_for(body.len(), self.uploads_at_once, own, self.relay_share());
         let request = request.timeout(self.timeout + paced_for);
-        match &self.pacer {
-            Some(pacer) => {
-                let len = body.len() as u64;
-                request.body(Body::sized(Paced::new(body, pacer.clone()), len))
-            }
-            None => request.body(body),
+        if self.pacer.is_none() && self.on_sent.is_none() {
+            return request.body(body);
+        }
+        let len = body.len() as u64;
+        let body: Box<dyn Read + Send> = match &self.pacer {
+            Some(pacer) => Box::new(Paced::new(body, pacer.clone())),
+            None => Box::new(std::io::Cursor::new(body)),
+        };
+        match &self.on_sent {
+            Some(on_sent) => request.body(Body::sized(
+                Told {
+                    body,
+                    part,
+                    left: len,
+                    untold: 0,
+                    on_sent: on_sent.clone(),
+                },
+                len,
+            )),
+            None => request.body(Body::sized(body, len)),
         }
     }
 
@@ -262,13 +326,19 @@ impl RelayClient {
         )
     }
 
-    /// Sends an upload and keeps the share its answer gives (or that none is in force).
-    fn send_upload(&self, url: String, request: RequestBuilder, body: Vec<u8>) -> Result<()> {
+    /// Sends an upload of `part` and keeps the share its answer gives (or that none is in
+    /// force).
+    fn send_upload(
+        &self,
+        url: String,
+        request: RequestBuilder,
+        (body, part): (Vec<u8>, (ObjectId, u32)),
+    ) -> Result<()> {
         self.wait_for_connections();
         if let Some(refused) = self.refused.lock().clone() {
             return Err(refused);
         }
-        let response = self.send(url, self.upload(request, body))?;
+        let response = self.send(url, self.upload(request, body, part))?;
         let share = response
             .headers()
             .get(SHARE_HEADER)
@@ -335,7 +405,7 @@ impl RelayClient {
         self.send_upload(
             url.clone(),
             self.http.put(&url).header(SHA256_HEADER, sha256),
-            sealed.to_vec(),
+            (sealed.to_vec(), (id, index)),
         )
     }
 
@@ -357,7 +427,7 @@ impl RelayClient {
                 .put(&url)
                 .header(SHA256_HEADER, sha256)
                 .header(MANIFEST_LENGTH_HEADER, manifest.len()),
-            body,
+            (body, (id, 0)),
         )
     }
 

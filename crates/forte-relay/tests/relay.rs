@@ -995,3 +995,54 @@ fn many_statuses_at_once_equal_each_asked_alone() {
         .concat()
     );
 }
+
+#[test]
+fn an_upload_tells_its_bytes_as_its_connection_takes_them() {
+    use forte_relay::pace::{Pacer, Timetable};
+    use std::sync::{Arc, Mutex};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let told: Arc<Mutex<Vec<(ObjectId, u32, u64)>>> = Arc::default();
+    let telling = |pacer: Option<Arc<Pacer>>| {
+        let told = told.clone();
+        client(&relay, EDGE_A)
+            .uploading(1, pacer)
+            .telling_sent(Arc::new(move |id, index, bytes| {
+                told.lock().unwrap().push((id, index, bytes));
+            }))
+    };
+    let told_of = |id: ObjectId, index: u32| -> u64 {
+        let told = told.lock().unwrap();
+        told.iter()
+            .filter(|(i, p, _)| (*i, *p) == (id, index))
+            .map(|(_, _, n)| n)
+            .sum()
+    };
+
+    // Paced at 2 MB/s, a 1 MB part takes half a second: a quarter of a second in, part of it
+    // is told, not all; once the relay has it, every byte, once.
+    let pacer = Arc::new(Pacer::new(Timetable::fixed(Some(2e6)), Box::new(|| 0)));
+    let edge = telling(Some(pacer));
+    let (id, p) = (ObjectId::random(), vec![7u8; 1_000_000]);
+    std::thread::scope(|s| {
+        let upload = s.spawn(|| edge.put_part(id, 1, &p, &sha(&p)));
+        std::thread::sleep(Duration::from_millis(250));
+        let so_far = told_of(id, 1);
+        assert!(
+            (1..p.len() as u64).contains(&so_far),
+            "told {so_far} of {} bytes a quarter of a second in",
+            p.len()
+        );
+        upload.join().unwrap().unwrap();
+    });
+    assert_eq!(told_of(id, 1), p.len() as u64);
+
+    // Unpaced, and a part sent whole with its manifest: the request's every byte, as part 0.
+    let edge = telling(None);
+    let (id, p) = (ObjectId::random(), vec![9u8; 300_001]);
+    edge.put_whole(id, "batch-1", &p, &sha(&p), b"manifest")
+        .unwrap();
+    assert_eq!(told_of(id, 0), p.len() as u64 + 8);
+    assert!(told.lock().unwrap().iter().all(|(_, _, n)| *n > 0));
+}

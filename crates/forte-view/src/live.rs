@@ -41,7 +41,9 @@ pub struct QueueView {
 /// before it is sent.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WireView {
-    /// Sealed bytes sent since the daemon started (every part the relay accepted).
+    /// Sealed bytes the uploads' connections have taken since the daemon started, counted as
+    /// they go (every attempt's): the link's rate, which the parts the relay accepted tell
+    /// only seconds late, a part at a time.
     pub sent: u64,
     /// When the link last went from idle to busy (a part prepared with none waiting; µs since
     /// the epoch), and `sent` then: the node's rate runs from there, not from the last look
@@ -86,8 +88,9 @@ pub struct WaitingPart {
     /// Its place in the order parts were prepared.
     pub seq: u64,
     pub sealed: u64,
-    /// Since when it is being uploaded (µs since the epoch), if it is.
-    pub sending_since: Option<i64>,
+    /// If it is being uploaded: the bytes of it its connection has taken so far (a retried
+    /// upload counts from its start again).
+    pub sending: Option<u64>,
 }
 
 /// Sealed bytes per raw byte, of `raw` raw bytes that sealed to `sealed`.

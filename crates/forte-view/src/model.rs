@@ -237,7 +237,7 @@ impl Progress {
             }
             // What leaves before each batch is done: in raw bytes, what is left of it and of
             // the batches served before it; at the edge, in sealed bytes (`sealed_before`).
-            let edge = wire.map(|wire| (wire, Uploads::at(wire, rate, now)));
+            let edge = wire.map(|wire| (wire, Uploads::of(wire)));
             let mut ahead = 0.0;
             let mut etas = vec![];
             for b in mine {
@@ -298,8 +298,8 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
 /// The edge's parts waiting for the link at a look, in the order the uploads take them: those
 /// under way first, then the others in the order they were prepared.
 struct Uploads<'w> {
-    /// Each part's batch and its sealed bytes left (an upload under way has sent the node's
-    /// rate shared by every upload under way, since it began).
+    /// Each part's batch and its sealed bytes left (of an upload under way, those its
+    /// connection has not taken yet).
     parts: Vec<(&'w str, f64)>,
     /// Uploads under way (at least one): how many parts share the link at once.
     slots: usize,
@@ -308,15 +308,12 @@ struct Uploads<'w> {
 }
 
 impl<'w> Uploads<'w> {
-    fn at(wire: &'w WireView, rate: f64, now: i64) -> Self {
-        let under_way = |p: &&WaitingPart| p.sending_since.is_some();
+    fn of(wire: &'w WireView) -> Self {
+        let under_way = |p: &&WaitingPart| p.sending.is_some();
         let uploads = wire.waiting.iter().filter(under_way).count();
-        let per_upload = rate / uploads.max(1) as f64;
         let left = |p: &'w WaitingPart| {
-            let sent = p.sending_since.map_or(0.0, |since| {
-                (p.sealed as f64).min(per_upload * (now - since).max(0) as f64 / 1e6)
-            });
-            (p.batch.as_str(), p.sealed as f64 - sent)
+            let sent = p.sending.unwrap_or(0).min(p.sealed);
+            (p.batch.as_str(), (p.sealed - sent) as f64)
         };
         let (sending, queued): (Vec<_>, Vec<_>) = wire.waiting.iter().partition(under_way);
         let waiting = wire.waiting.len().max(1) as f64;
@@ -1134,13 +1131,14 @@ mod tests {
         assert_eq!(running[0].eta_s, Some(55e6 / (91e6 / 6.0)));
     }
 
-    /// A part of `batch`, `seq`-th prepared, of 5 MB sealed; being sent since `since` s.
-    fn part(batch: &str, seq: u64, since: Option<i64>) -> WaitingPart {
+    /// A part of `batch`, `seq`-th prepared, of 5 MB sealed; being sent, its connection
+    /// having taken `sent` bytes of it.
+    fn part(batch: &str, seq: u64, sent: Option<u64>) -> WaitingPart {
         WaitingPart {
             batch: batch.into(),
             seq,
             sealed: 5_000_000,
-            sending_since: since.map(|s| s * S),
+            sending: sent,
         }
     }
 
@@ -1288,10 +1286,10 @@ mod tests {
                 ("f", 40_000_000, 20_000_000, 40_000_000),
             ]),
             waiting: vec![
-                part("e", 3, Some(4)),
-                part("f", 4, Some(4)),
-                part("f", 5, Some(4)),
-                part("f", 6, Some(4)),
+                part("e", 3, Some(0)),
+                part("f", 4, Some(0)),
+                part("f", 5, Some(0)),
+                part("f", 6, Some(0)),
                 part("f", 7, None),
             ],
             ..WireView::default()
@@ -1318,9 +1316,9 @@ mod tests {
             waiting: vec![
                 WaitingPart {
                     sealed: 1_000_000,
-                    ..part("e", 0, Some(4))
+                    ..part("e", 0, Some(0))
                 },
-                part("e", 1, Some(4)),
+                part("e", 1, Some(0)),
             ],
             ..WireView::default()
         };
@@ -1336,9 +1334,10 @@ mod tests {
 
     #[test]
     fn the_edge_rate_runs_from_when_the_link_got_busy_and_uploads_under_way_count_what_they_sent() {
-        // Looked at 0 s, nothing prepared; the first part prepared at 3 s; at 5 s 10 MB sent
-        // (5 MB/s since 3 s, where the looks alone say 2 MB/s). E waits with four 5 MB parts,
-        // the first two being uploaded since 4 s and 4.5 s, each at half the link.
+        // Looked at 0 s, nothing prepared; the first part prepared at 3 s; at 5 s the uploads'
+        // connections have taken 10 MB (5 MB/s since 3 s, where the looks alone say 2 MB/s).
+        // E waits with four 5 MB parts, the first two being uploaded: their connections have
+        // taken 2.5 MB and 1.25 MB of them.
         let progress = Progress::new(16 << 20, Order::AsBegun);
         progress.queue_etas(&mut [], &EndedBytes::new(), Some(&WireView::default()), 0);
         let wire = WireView {
@@ -1348,11 +1347,8 @@ mod tests {
             prepared_sealed: 30_000_000,
             batches: prepared(&[("e", 40_000_000, 20_000_000, 40_000_000)]),
             waiting: vec![
-                part("e", 0, Some(4)),
-                WaitingPart {
-                    sending_since: Some(4 * S + S / 2),
-                    ..part("e", 1, None)
-                },
+                part("e", 0, Some(2_500_000)),
+                part("e", 1, Some(1_250_000)),
                 part("e", 2, None),
                 part("e", 3, None),
             ],
@@ -1360,7 +1356,7 @@ mod tests {
         };
         let mut running = [sending("e", 1, 40_000_000, 0)];
         progress.queue_etas(&mut running, &EndedBytes::new(), Some(&wire), 5 * S);
-        // Sent so far of the uploads: 2.5 MB/s × 1 s and × 0.5 s; 16.25 MB left at 5 MB/s.
+        // 16.25 MB left at 5 MB/s.
         assert_eq!(running[0].eta_s, Some(3.25));
     }
 

@@ -131,7 +131,7 @@ impl forte_view::Live for Daemon {
                 batch: part.batch.clone(),
                 seq: part.seq,
                 sealed: part.sealed,
-                sending_since: part.sending,
+                sending: part.sending,
             })
             .collect();
         view.waiting.sort_by_key(|part| part.seq);
@@ -160,8 +160,8 @@ struct Waiting {
     seq: u64,
     raw: u64,
     sealed: u64,
-    /// When its upload began (µs since the epoch).
-    sending: Option<i64>,
+    /// While it is being uploaded: the bytes its connection has taken.
+    sending: Option<u64>,
 }
 
 impl Wire {
@@ -241,21 +241,35 @@ pub fn batch_probed(batch: &BatchKey, objects: &[Compressibility]) {
     wire.estimates.insert(key, per_raw);
 }
 
-/// Part `index` of object `id` is being uploaded.
+/// An attempt to upload part `index` of object `id` begins.
 pub fn part_sending(id: ObjectId, index: u32) {
     let mut wire = WIRE.lock();
     let Some(wire) = wire.as_mut() else { return };
     if let Some(part) = wire.waiting.get_mut(&(id, index)) {
         // A retried upload sends from the start again.
-        part.sending = Some(forte_catalog::now_us());
+        part.sending = Some(0);
     }
 }
 
-/// Part `index` of object `id` is at the relay: `sealed` bytes sent.
-pub fn part_sent(id: ObjectId, index: u32, sealed: u64) {
+/// The connection uploading part `index` of object `id` took `bytes` more of it (see
+/// [`forte_relay::client::RelayClient::telling_sent`]).
+pub fn part_sending_bytes(id: ObjectId, index: u32, bytes: u64) {
     let mut wire = WIRE.lock();
     let wire = wire.get_or_insert_with(Wire::default);
-    wire.view.sent += sealed;
+    wire.view.sent += bytes;
+    if let Some(sending) = wire
+        .waiting
+        .get_mut(&(id, index))
+        .and_then(|part| part.sending.as_mut())
+    {
+        *sending += bytes;
+    }
+}
+
+/// Part `index` of object `id` is at the relay.
+pub fn part_sent(id: ObjectId, index: u32) {
+    let mut wire = WIRE.lock();
+    let wire = wire.get_or_insert_with(Wire::default);
     wire.unwait((id, index));
 }
 

@@ -3,6 +3,7 @@
 //! last file is.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -80,9 +81,14 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let _usage = crate::record::sample_usage(catalog, Role::Edge);
     let pacer =
         settings::upload_pacer(args.bwlimit.as_deref(), args.target_rate.as_deref(), config)?;
-    let client = link
+    let http = settings::http(&args.daemon.http, config, None)?;
+    let mut client = link
         .connect()?
         .uploading(edge_settings.prepare.sink.max(), pacer);
+    if http.is_some() {
+        // The dashboard follows each upload as it goes, for its rate and ETA.
+        client = client.telling_sent(Arc::new(crate::monitor::part_sending_bytes));
+    }
     let edge = Edge::new(EdgeSetup {
         client: &client,
         settings: &edge_settings,
@@ -104,7 +110,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if !args.cancel.is_empty() {
         return edge.cancel(&args.inbox, &args.cancel);
     }
-    if let Some(http) = settings::http(&args.daemon.http, config, None)? {
+    if let Some(http) = http {
         let part_size = edge_settings.prepare.part_size;
         crate::monitor::serve(http, Role::Edge, catalog, (part_size, order))?;
     }

@@ -79,12 +79,6 @@ impl UploadSink<'_> {
 }
 
 impl UploadSink<'_> {
-    /// Tells of part `index` of object `id` (ciphertext SHA-256 `sha256`) before it is sent.
-    fn sending(&self, id: ObjectId, index: u32, sha256: &str) {
-        (self.on_sending)(id, sha256);
-        crate::monitor::part_sending(id, index);
-    }
-
     /// Records an uploaded part and counts its bytes.
     fn record_uploaded(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) {
         let hashes = PartHashes {
@@ -94,7 +88,7 @@ impl UploadSink<'_> {
         };
         let object = id.to_string();
         self.count(id, sealed.len());
-        crate::monitor::part_sent(id, index, sealed.len() as u64);
+        crate::monitor::part_sent(id, index);
         note(
             "an uploaded part",
             self.catalog.part_state(
@@ -141,8 +135,9 @@ impl Sink for UploadSink<'_> {
 
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
-        self.sending(id, index, sha256);
+        (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(index)), || {
+            crate::monitor::part_sending(id, index);
             self.client.put_part(id, index, sealed, sha256)
         })?;
         self.record_uploaded(id, index, sealed, sha256);
@@ -159,8 +154,9 @@ impl Sink for UploadSink<'_> {
         let (id, batch) = (manifest.id, self.batch(manifest.id));
         (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
-        self.sending(id, 0, sha256);
+        (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(0)), || {
+            crate::monitor::part_sending(id, 0);
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
         })?;
