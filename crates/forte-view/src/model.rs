@@ -340,14 +340,16 @@ impl<'w> Uploads<'w> {
 /// The uploads take the parts in their order, as many at once as are under way now, and
 /// share the link evenly. A batch with parts still to prepare is done once every part waiting
 /// now has gone, and the unprepared bytes of the batches served before it and its own, and
-/// what its last part shares the link with while it is sent ([`beside_a_part`]). One prepared
+/// what its last part shares the link with while it is sent ([`beside_a_part`]), at most what
+/// the batches served after it have still to prepare. One prepared
 /// whole is done when the last of its parts waiting now is sent, worked out part by part
 /// ([`link_bytes_until_sent`]); as slots free up, parts of what the edge has still to prepare
 /// take them, as large as those waiting now.
 fn sealed_before(key: &str, uploads: &Uploads, (preparing, ahead, all): (bool, f64, f64)) -> f64 {
     if preparing {
         let waiting: f64 = uploads.parts.iter().map(|(_, left)| left).sum();
-        return waiting + ahead + beside_a_part(uploads.slots, uploads.part);
+        let after = (all - ahead).max(0.0);
+        return waiting + ahead + beside_a_part(uploads.slots, uploads.part).min(after);
     }
     let parts = uploads
         .parts
@@ -1381,7 +1383,8 @@ mod tests {
     #[test]
     fn the_last_part_of_a_batch_still_being_prepared_shares_the_link_with_the_parts_after_it() {
         // E's four parts and F's first four (5 MB each) are all being uploaded, eight at once;
-        // F has 20 MB raw still to prepare, 10 MB sealed at its compression so far.
+        // F has 20 MB raw still to prepare, 10 MB sealed at its compression so far, and G,
+        // served after it, 100 MB.
         let wire = |sent: u64| WireView {
             sent,
             prepared_raw: 80_000_000,
@@ -1395,15 +1398,14 @@ mod tests {
                 .collect(),
             ..WireView::default()
         };
-        let etas = edge_etas(
-            Order::AsBegun,
-            &[("e", 1, 40_000_000), ("f", 2, 60_000_000)],
-            wire,
-        );
+        let (e, f, g) = (("e", 1, 40_000_000), ("f", 2, 60_000_000), ("g", 3, 100_000_000));
+        let etas = edge_etas(Order::AsBegun, &[e, f, g], wire);
         // The 40 MB waiting, F's 10 MB to come, and what the seven uploads beside its last
-        // part get while it is sent, half a part each: 67.5 MB at 5 MB/s (counted alone, 50 MB:
-        // 10 s).
+        // part get of G's parts while it is sent, half a part each: 67.5 MB at 5 MB/s (counted
+        // alone, 50 MB: 10 s).
         assert_eq!(etas[1], Some(13.5));
+        // Without G nothing is left to take the slots beside F's last part.
+        assert_eq!(edge_etas(Order::AsBegun, &[e, f], wire)[1], Some(10.0));
     }
 
     #[test]
