@@ -1398,7 +1398,11 @@ mod tests {
                 .collect(),
             ..WireView::default()
         };
-        let (e, f, g) = (("e", 1, 40_000_000), ("f", 2, 60_000_000), ("g", 3, 100_000_000));
+        let (e, f, g) = (
+            ("e", 1, 40_000_000),
+            ("f", 2, 60_000_000),
+            ("g", 3, 100_000_000),
+        );
         let etas = edge_etas(Order::AsBegun, &[e, f, g], wire);
         // The 40 MB waiting, F's 10 MB to come, and what the seven uploads beside its last
         // part get of G's parts while it is sent, half a part each: 67.5 MB at 5 MB/s (counted
