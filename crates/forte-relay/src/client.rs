@@ -20,6 +20,11 @@ use crate::api::{
     StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::pace::{Paced, Pacer};
+use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
+
+/// Status queries in flight together: 100 000 large files are 100 queries, which one after
+/// another would wait 100 round trips.
+const STATUS_QUERIES_AT_ONCE: usize = 8;
 
 /// Told of an upload's body bytes as its connection takes them: (object, part, bytes).
 pub type OnSent = Arc<dyn Fn(ObjectId, u32, u64) + Send + Sync>;
@@ -52,11 +57,6 @@ impl Read for Told {
         Ok(n)
     }
 }
-use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
-
-/// Status queries in flight together: 100 000 large files are 100 queries, which one after
-/// another would wait 100 round trips.
-const STATUS_QUERIES_AT_ONCE: usize = 8;
 
 /// A failed request: the HTTP status if the relay answered, and what it said.
 #[derive(Debug, Clone, thiserror::Error)]
