@@ -318,17 +318,17 @@ struct Uploads<'w> {
 
 impl<'w> Uploads<'w> {
     fn of(wire: &'w WireView) -> Self {
-        let under_way = |p: &&WaitingPart| p.sending.is_some();
-        let uploads = wire.waiting.iter().filter(under_way).count();
         let left = |p: &'w WaitingPart| {
             let sent = p.sending.unwrap_or(0).min(p.sealed);
             (p.batch.as_str(), (p.sealed - sent) as f64)
         };
-        let (sending, queued): (Vec<_>, Vec<_>) = wire.waiting.iter().partition(under_way);
+        let (sending, queued): (Vec<_>, Vec<_>) =
+            wire.waiting.iter().partition(|p| p.sending.is_some());
+        let slots = sending.len().max(1);
         let waiting = wire.waiting.len().max(1) as f64;
         Self {
             parts: sending.into_iter().chain(queued).map(left).collect(),
-            slots: uploads.max(1),
+            slots,
             part: wire.waiting.iter().map(|p| p.sealed as f64).sum::<f64>() / waiting,
         }
     }
@@ -341,10 +341,10 @@ impl<'w> Uploads<'w> {
 /// share the link evenly. A batch with parts still to prepare is done once every part waiting
 /// now has gone, and the unprepared bytes of the batches served before it and its own, and
 /// what its last part shares the link with while it is sent ([`beside_a_part`]), at most what
-/// the batches served after it have still to prepare. One prepared
-/// whole is done when the last of its parts waiting now is sent, worked out part by part
-/// ([`link_bytes_until_sent`]); as slots free up, parts of what the edge has still to prepare
-/// take them, as large as those waiting now.
+/// the batches served after it have still to prepare. One prepared whole is done when the last
+/// of its parts waiting now is sent, worked out part by part ([`link_bytes_until_sent`]); as
+/// slots free up, parts of what the edge has still to prepare take them, as large as those
+/// waiting now.
 fn sealed_before(key: &str, uploads: &Uploads, (preparing, ahead, all): (bool, f64, f64)) -> f64 {
     if preparing {
         let waiting: f64 = uploads.parts.iter().map(|(_, left)| left).sum();
