@@ -326,6 +326,12 @@ impl RelayClient {
         )
     }
 
+    /// The bytes its uploads have sent through its own bandwidth limit so far, if it has one:
+    /// the rate the link carries, measured smoothly.
+    pub fn paced_bytes(&self) -> Option<u64> {
+        self.pacer.as_ref().map(|pacer| pacer.passed())
+    }
+
     /// Sends an upload of `part` and keeps the share its answer gives (or that none is in
     /// force).
     fn send_upload(

@@ -171,6 +171,7 @@ impl Tuning<'_> {
             working_seconds: self.gate.working_seconds(),
             requests: self.gate.taken(),
             retries: retries_so_far(),
+            paced: self.client.paced_bytes(),
         }
     }
 }
@@ -182,6 +183,8 @@ struct Reading {
     working_seconds: f64,
     requests: u64,
     retries: u64,
+    /// Bytes sent through the sender's own bandwidth limit, if it has one.
+    paced: Option<u64>,
 }
 
 impl Reading {
@@ -193,6 +196,10 @@ impl Reading {
             requests: self.requests.saturating_sub(before.requests),
             retries: self.retries.saturating_sub(before.retries),
             limit,
+            paced: self
+                .paced
+                .zip(before.paced)
+                .map(|(now, then)| now.saturating_sub(then) as f64 / seconds),
         }
     }
 }
