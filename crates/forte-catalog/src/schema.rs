@@ -140,6 +140,22 @@ const MIGRATIONS: &[&str] = &[
         detail TEXT
     );
     CREATE INDEX task_runs_by_batch ON task_runs (batch_key, started_at)",
+    // 10: batch instances (`custody`): at the edge each instance it sealed (its id, the site's
+    // sequence number) and the core's receipt once verified; at the core each instance it
+    // delivered and the receipt it signed, so a replay is known and a sequence gap seen.
+    "CREATE TABLE batch_instances (
+        role TEXT NOT NULL,
+        site TEXT NOT NULL,
+        instance TEXT NOT NULL,
+        sequence BIGINT NOT NULL,
+        batch_key TEXT NOT NULL,
+        content TEXT NOT NULL,
+        sealed_at BIGINT NOT NULL,
+        recorded_at BIGINT NOT NULL,
+        receipt TEXT,
+        PRIMARY KEY (role, site, instance)
+    );
+    CREATE INDEX batch_instances_by_batch ON batch_instances (batch_key)",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -7,15 +7,22 @@
 //! copy of one, and every remaining manifest would still verify. The core delivers a batch, and
 //! `unpack` restores an archive, only when the verified objects match the inventory exactly.
 
+use ed25519_dalek::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
-use crate::keys::{EdgeKey, Recipients, TrustedEdges};
+use crate::keys::{check_site_name, EdgeKey, Recipients, TrustedEdges};
 use crate::manifest::ManifestError;
 use crate::manifest::{check_hex, open_document, sign_canonical, validate_path, Manifest};
 use crate::object::ObjectId;
 
-/// The value of every inventory's `format` member.
-pub const INVENTORY_FORMAT: &str = "forte-inventory/1";
+/// The `format` member of the inventories this forte writes: version 2, which names the site,
+/// the batch instance, its sequence number at the site and its seal time.
+pub const INVENTORY_FORMAT: &str = "forte-inventory/2";
+
+/// The `format` of version-1 inventories, which name none of those. Still read: an archive
+/// restores with a warning; a batch pulled from a relay only under a site whose keys are not
+/// bound to sites (nothing in it proves its site), never recorded against replays.
+pub const INVENTORY_FORMAT_V1: &str = "forte-inventory/1";
 
 /// The inventory's file name at the root of an archive (`forte pack --to DIR`).
 pub const INVENTORY_FILE: &str = "inventory.age";
@@ -67,7 +74,11 @@ impl InventoryEntry {
 struct Canonical<'a> {
     batch: &'a str,
     format: &'a str,
+    instance: &'a str,
     objects: Vec<CanonicalEntry<'a>>,
+    sealed_at: i64,
+    sequence: u64,
+    site: &'a str,
 }
 
 #[derive(Serialize)]
@@ -78,6 +89,33 @@ struct CanonicalEntry<'a> {
     size: u64,
 }
 
+/// Which batch instance an inventory seals, signed with it: the site it belongs to, an id of
+/// its own, its place in the site's sequence of seals and when the edge sealed it. What the
+/// core files a batch under, and how it tells a batch from a replay of one it delivered.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Instance {
+    /// The site, as the relay's tokens.toml names it; empty for `forte pack`.
+    pub site: String,
+    /// 32 random hex digits, fresh for every seal of new content (a follow-up is a new one).
+    pub id: String,
+    /// The site's sequence number of this seal, from 1 (0 for `forte pack`).
+    pub sequence: u64,
+    /// When the edge sealed it, microseconds since the Unix epoch.
+    pub sealed_at: i64,
+}
+
+impl Instance {
+    /// A fresh instance of `site` with its sequence number, sealed now.
+    pub fn new(site: &str, sequence: u64, sealed_at: i64) -> Self {
+        Self {
+            site: site.to_string(),
+            id: crate::ObjectId::random().to_string(),
+            sequence,
+            sealed_at,
+        }
+    }
+}
+
 /// Every object of one batch (or archive), sorted by id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,18 +123,59 @@ pub struct Inventory {
     pub format: String,
     /// The batch's name, as in its manifests; empty for `forte pack` without `--batch`.
     pub batch: String,
+    /// The site the batch belongs to (version 2; empty in version 1 and for `forte pack`).
+    #[serde(default)]
+    pub site: String,
+    /// The batch instance's id: 32 hex digits (version 2; empty in version 1).
+    #[serde(default)]
+    pub instance: String,
+    /// The site's sequence number of this instance (version 2; 0 in version 1 and for pack).
+    #[serde(default)]
+    pub sequence: u64,
+    /// When the edge sealed it, microseconds since the Unix epoch (version 2).
+    #[serde(default)]
+    pub sealed_at: i64,
     pub objects: Vec<InventoryEntry>,
+    /// The key that signed it, once opened; never part of the document.
+    #[serde(skip)]
+    pub signer: Option<VerifyingKey>,
 }
 
 impl Inventory {
-    pub fn new(batch: &str, mut objects: Vec<InventoryEntry>) -> Self {
+    pub fn new(batch: &str, instance: Instance, mut objects: Vec<InventoryEntry>) -> Self {
         objects.sort_by_key(|o| o.id);
         objects.dedup_by_key(|o| o.id);
         Self {
             format: INVENTORY_FORMAT.into(),
             batch: batch.to_string(),
+            site: instance.site,
+            instance: instance.id,
+            sequence: instance.sequence,
+            sealed_at: instance.sealed_at,
             objects,
+            signer: None,
         }
+    }
+
+    /// A digest of its objects (SHA-256 over each id, size, hash and path, in id order): the
+    /// same content, the same digest, whatever the instance.
+    pub fn content(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        for o in &self.objects {
+            h.update(o.id.to_string());
+            h.update(o.size.to_be_bytes());
+            h.update(o.sha256.as_bytes());
+            h.update((o.path.len() as u64).to_be_bytes());
+            h.update(o.path.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+
+    /// Whether it names its site and instance (version 2): only then can the core bind it to
+    /// a site and tell it from a replay.
+    pub fn names_its_instance(&self) -> bool {
+        self.format != INVENTORY_FORMAT_V1
     }
 
     /// Signed with the edge's key, then encrypted to the core: what is stored beside the
@@ -116,6 +195,10 @@ impl Inventory {
         let canonical = Canonical {
             batch: &self.batch,
             format: &self.format,
+            instance: &self.instance,
+            sealed_at: self.sealed_at,
+            sequence: self.sequence,
+            site: &self.site,
             objects: self
                 .objects
                 .iter()
@@ -132,15 +215,34 @@ impl Inventory {
         let mut message = Vec::with_capacity(SIGNING_CONTEXT.len() + members + 1024);
         message.extend_from_slice(SIGNING_CONTEXT);
         serde_json::to_writer(&mut message, &canonical).expect("an inventory always serialises");
-        sign_canonical(message, SIGNING_CONTEXT, key)
+        // `site` sorts after `signature`: it stays the document's last member.
+        let mut after = b",\"site\":".to_vec();
+        serde_json::to_writer(&mut after, &self.site).expect("a string serialises");
+        sign_canonical(message, SIGNING_CONTEXT, key, &after)
     }
 
     /// Parses a signed inventory (decrypted), checks its signature against the trusted edge
-    /// keys and validates it.
+    /// keys and validates it. Whether its signer may sign for its site is the caller's to ask
+    /// ([`TrustedEdges::may_sign_for`] with [`Inventory::signer`]): an archive has no site.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
-        let value = open_document(document, &[INVENTORY_FORMAT], SIGNING_CONTEXT, trusted)?;
-        let inventory: Inventory =
+        let formats = [INVENTORY_FORMAT, INVENTORY_FORMAT_V1];
+        let (value, signer) = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
+        let mut inventory: Inventory =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
+        inventory.signer = Some(signer);
+        if inventory.names_its_instance() {
+            if !inventory.site.is_empty() {
+                check_site_name(&inventory.site).map_err(ManifestError::Invalid)?;
+            }
+            inventory
+                .instance
+                .parse::<ObjectId>()
+                .map_err(|e| ManifestError::Invalid(format!("instance: {e}")))?;
+        } else if !inventory.site.is_empty() || !inventory.instance.is_empty() {
+            return Err(ManifestError::Invalid(
+                "a version-1 inventory names no site or instance".into(),
+            ));
+        }
         for o in &inventory.objects {
             validate_path(&o.path).map_err(ManifestError::Invalid)?;
             check_hex(&o.sha256, "sha256").map_err(ManifestError::Invalid)?;
@@ -206,6 +308,7 @@ mod tests {
     fn the_signed_document_is_byte_for_byte_the_generic_signers() {
         let inventory = Inventory::new(
             "batch \"quoted\" ünï/\u{1}",
+            site(),
             vec![
                 entry("a/b.txt"),
                 entry("ü \\ \"x\".bin"),
@@ -233,14 +336,116 @@ mod tests {
         sign_document(inventory, SIGNING_CONTEXT, k)
     }
 
+    fn site() -> Instance {
+        Instance::new("mine-7", 12, 1_700_000_000_000_000)
+    }
+
+    /// What was signed, without the signer that opening adds.
+    fn unsigned(inventory: Inventory) -> Inventory {
+        Inventory {
+            signer: None,
+            ..inventory
+        }
+    }
+
+    #[test]
+    fn the_site_instance_sequence_and_seal_time_are_signed() {
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let inventory = Inventory::new("b", site(), vec![entry("a")]);
+        let signed = String::from_utf8(inventory.sign(&k)).unwrap();
+        let opened = Inventory::open(signed.as_bytes(), &trusted).unwrap();
+        assert_eq!(opened.signer, Some(k.0.verifying_key()));
+        assert_eq!(
+            (opened.site.as_str(), opened.sequence, opened.sealed_at),
+            ("mine-7", 12, 1_700_000_000_000_000)
+        );
+        assert_eq!(opened.instance, inventory.instance);
+        let other_instance = ObjectId::random().to_string();
+        for (from, to) in [
+            ("\"site\":\"mine-7\"", "\"site\":\"mine-8\""),
+            ("\"sequence\":12", "\"sequence\":13"),
+            (
+                "\"sealed_at\":1700000000000000",
+                "\"sealed_at\":1700000000000001",
+            ),
+            (inventory.instance.as_str(), other_instance.as_str()),
+        ] {
+            let altered = signed.replace(from, to);
+            assert_ne!(altered, signed, "{from}");
+            assert!(
+                matches!(
+                    Inventory::open(altered.as_bytes(), &trusted),
+                    Err(ManifestError::BadSignature)
+                ),
+                "{from} → {to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_bound_to_a_site_may_sign_for_that_site_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = crate::keys::generate(dir.path()).unwrap();
+        let spec = |text: String| text.parse::<crate::TrustSpec>().unwrap();
+        let edge = EdgeKey::load(&paths.edge_key).unwrap().0.verifying_key();
+        let bound = TrustedEdges::load(&[
+            spec(format!("s1={}", paths.edge_pub.display())),
+            spec(format!("s2={}", paths.edge_pub.display())),
+        ])
+        .unwrap();
+        assert!(bound.may_sign_for(&edge, "s1") && bound.may_sign_for(&edge, "s2"));
+        assert!(!bound.may_sign_for(&edge, "s3") && !bound.may_sign_for(&edge, ""));
+        assert!(bound.unbound().is_empty());
+        let any = TrustedEdges::load(&[spec(paths.edge_pub.display().to_string())]).unwrap();
+        assert!(any.may_sign_for(&edge, "s3"));
+        assert_eq!(any.unbound().len(), 1);
+        let stranger = key(9).0.verifying_key();
+        assert!(!any.may_sign_for(&stranger, "s1"));
+        let bad = "../x=edge.pub".parse::<crate::TrustSpec>().unwrap();
+        assert_eq!(bad.site, None, "a path with a slash before = is a path");
+        assert!("bad site=edge.pub".parse::<crate::TrustSpec>().is_err());
+    }
+
+    /// Archives and batches sealed before version 2 still open, naming no site or instance.
+    #[test]
+    fn a_version_1_inventory_opens_and_names_no_instance() {
+        #[derive(Serialize)]
+        struct V1<'a> {
+            format: &'a str,
+            batch: &'a str,
+            objects: Vec<InventoryEntry>,
+        }
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let v1 = V1 {
+            format: INVENTORY_FORMAT_V1,
+            batch: "b",
+            objects: vec![entry("a")],
+        };
+        let opened = Inventory::open(&sign_document(&v1, SIGNING_CONTEXT, &k), &trusted).unwrap();
+        assert!(!opened.names_its_instance());
+        assert_eq!((opened.site.as_str(), opened.instance.as_str()), ("", ""));
+        // A version-1 document claiming a site is not one this forte wrote.
+        let mut forged = Inventory::new("b", site(), vec![entry("a")]);
+        forged.format = INVENTORY_FORMAT_V1.into();
+        assert!(matches!(
+            Inventory::open(&sign(&forged, &k), &trusted),
+            Err(ManifestError::Invalid(_))
+        ));
+    }
+
     #[test]
     fn a_signed_inventory_opens_only_with_a_trusted_key_and_unaltered() {
         let k = key(1);
-        let trusted = TrustedEdges(vec![k.0.verifying_key()]);
-        let inventory = Inventory::new("b", vec![entry("a"), entry("b/c")]);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let inventory = Inventory::new("b", site(), vec![entry("a"), entry("b/c")]);
         let signed = sign(&inventory, &k);
-        assert_eq!(Inventory::open(&signed, &trusted).unwrap(), inventory);
-        let other = TrustedEdges(vec![key(2).0.verifying_key()]);
+        assert_eq!(
+            unsigned(Inventory::open(&signed, &trusted).unwrap()),
+            inventory
+        );
+        let other = TrustedEdges::any_site(vec![key(2).0.verifying_key()]);
         assert!(matches!(
             Inventory::open(&signed, &other),
             Err(ManifestError::UntrustedSigner(_))
@@ -259,19 +464,22 @@ mod tests {
         let k = key(1);
         let identity = age::x25519::Identity::generate();
         let recipients = Recipients(vec![identity.to_public()]);
-        let inventory = Inventory::new("b", vec![entry("a")]);
+        let inventory = Inventory::new("b", site(), vec![entry("a")]);
         let sealed = inventory.clone().seal(&k, &recipients);
         let document = crate::seal::decrypt(&[identity], &sealed, 1 << 20).unwrap();
-        let trusted = TrustedEdges(vec![k.0.verifying_key()]);
-        assert_eq!(Inventory::open(&document, &trusted).unwrap(), inventory);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        assert_eq!(
+            unsigned(Inventory::open(&document, &trusted).unwrap()),
+            inventory
+        );
     }
 
     #[test]
     fn a_manifest_signature_is_not_an_inventory_signature() {
         // The same key signs both; the contexts differ, so neither passes for the other.
         let k = key(1);
-        let trusted = TrustedEdges(vec![k.0.verifying_key()]);
-        let inventory = Inventory::new("b", vec![entry("a")]);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let inventory = Inventory::new("b", site(), vec![entry("a")]);
         let as_manifest = sign_document(&inventory, b"forte-object/1 manifest\n", &k);
         assert!(matches!(
             Inventory::open(&as_manifest, &trusted),
@@ -282,7 +490,7 @@ mod tests {
     #[test]
     fn differences_name_missing_injected_and_replayed_objects() {
         let (a, b, c) = (entry("a"), entry("b"), entry("c"));
-        let inventory = Inventory::new("batch-1", vec![a.clone(), b.clone()]);
+        let inventory = Inventory::new("batch-1", site(), vec![a.clone(), b.clone()]);
         assert!(inventory.differences([&a, &b]).is_empty());
         assert!(inventory.differences([&b, &a, &a]).is_empty());
 
@@ -322,15 +530,15 @@ mod tests {
     #[test]
     fn unsorted_or_unsafe_inventories_are_refused() {
         let k = key(1);
-        let trusted = TrustedEdges(vec![k.0.verifying_key()]);
-        let mut inventory = Inventory::new("b", vec![entry("a"), entry("b")]);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let mut inventory = Inventory::new("b", site(), vec![entry("a"), entry("b")]);
         inventory.objects.reverse();
         let signed = sign(&inventory, &k);
         assert!(matches!(
             Inventory::open(&signed, &trusted),
             Err(ManifestError::Invalid(_))
         ));
-        let unsafe_path = Inventory::new("b", vec![entry("../a")]);
+        let unsafe_path = Inventory::new("b", site(), vec![entry("../a")]);
         assert!(matches!(
             Inventory::open(&sign(&unsafe_path, &k), &trusted),
             Err(ManifestError::Invalid(_))

@@ -7,6 +7,8 @@
 //! | `core.pub` | age X25519 recipient (encrypts)               | one `age1…` line               |
 //! | `edge.key` | Ed25519 signing key (signs manifests)         | PKCS#8 PEM (`openssl pkey`)    |
 //! | `edge.pub` | Ed25519 verifying key (trusted by the core)   | SubjectPublicKeyInfo PEM       |
+//! | `receipt.key` | Ed25519 signing key of the core (signs custody receipts) | PKCS#8 PEM |
+//! | `receipt.pub` | its verifying key (the edge checks receipts with it) | SubjectPublicKeyInfo PEM |
 //!
 //! All are standard formats, so `age` and `openssl` read them without forte.
 
@@ -30,12 +32,97 @@ pub struct Recipients(pub Vec<x25519::Recipient>);
 /// The age identities the core decrypts with.
 pub struct Identities(pub Vec<x25519::Identity>);
 
-/// The edge's signing key.
+/// An Ed25519 signing key: the edge's (manifests, inventories) or the core's (custody
+/// receipts). The same file format serves both.
 pub struct EdgeKey(pub SigningKey);
 
-/// Edge keys whose signatures the core accepts.
-#[derive(Clone, Default)]
-pub struct TrustedEdges(pub Vec<VerifyingKey>);
+/// The core's key that signs custody receipts (`receipt.key`).
+pub type ReceiptKey = EdgeKey;
+
+/// Edge keys whose signatures the core accepts, and the sites each may sign for. A key given
+/// without a site (`--trust edge.pub`) may sign for any site; one bound to sites
+/// (`--trust mine-7=edge.pub`) only for those, so that a relay cannot file one site's batch
+/// under another site even when both sites share a key.
+#[derive(Clone, Default, Debug)]
+pub struct TrustedEdges {
+    keys: Vec<VerifyingKey>,
+    /// The sites each bound key may sign for; a key absent here may sign for any site.
+    sites: std::collections::HashMap<[u8; 32], std::collections::BTreeSet<String>>,
+}
+
+/// One `--trust` value: an edge public key file, optionally bound to the site it signs for
+/// (`SITE=FILE`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
+pub struct TrustSpec {
+    pub site: Option<String>,
+    pub path: PathBuf,
+}
+
+impl TrustSpec {
+    /// A key file whose keys may sign for any site.
+    pub fn any_site(path: &Path) -> Self {
+        Self {
+            site: None,
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+impl TryFrom<String> for TrustSpec {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        text.parse()
+    }
+}
+
+impl FromStr for TrustSpec {
+    type Err = String;
+
+    /// `FILE`, or `SITE=FILE` where SITE is a site name as the relay's tokens.toml gives it.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.split_once('=') {
+            Some((site, path)) if !site.contains('/') => {
+                check_site_name(site)?;
+                if path.is_empty() {
+                    return Err(format!("{text:?}: no key file after {site}="));
+                }
+                Ok(Self {
+                    site: Some(site.to_string()),
+                    path: PathBuf::from(path),
+                })
+            }
+            _ => Ok(Self {
+                site: None,
+                path: PathBuf::from(text),
+            }),
+        }
+    }
+}
+
+/// A site's name, as the relay's tokens.toml and the edge's `--site` give it: 1 to 64 letters,
+/// digits, `.`, `_` or `-`, not starting with `.`. Signed into every inventory, so it is kept
+/// to characters that need no escaping anywhere (paths, JSON, logs).
+pub fn check_site_name(site: &str) -> Result<(), String> {
+    let ok = !site.is_empty()
+        && site.len() <= 64
+        && !site.starts_with('.')
+        && site
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{site:?} is not a site name (1 to 64 letters, digits, '.', '_' or '-', not starting with '.')"
+        ))
+    }
+}
+
+/// Core receipt keys whose signatures the edge accepts (`receipt.pub`).
+#[derive(Clone, Default, Debug)]
+pub struct TrustedCores(pub Vec<VerifyingKey>);
 
 /// The printable form of an Ed25519 public key used in manifests and messages: standard base64
 /// of its 32 bytes.
@@ -49,6 +136,8 @@ pub struct KeyPaths {
     pub core_pub: PathBuf,
     pub edge_key: PathBuf,
     pub edge_pub: PathBuf,
+    pub receipt_key: PathBuf,
+    pub receipt_pub: PathBuf,
 }
 
 impl KeyPaths {
@@ -58,12 +147,15 @@ impl KeyPaths {
             core_pub: dir.join("core.pub"),
             edge_key: dir.join("edge.key"),
             edge_pub: dir.join("edge.pub"),
+            receipt_key: dir.join("receipt.key"),
+            receipt_pub: dir.join("receipt.pub"),
         }
     }
 }
 
-/// Writes a fresh core key pair and edge key pair into `dir`. Secret files get mode 0600.
-/// Refuses to overwrite any existing key file, and writes nothing if one exists.
+/// Writes a fresh core key pair, edge key pair and core receipt-signing key pair into `dir`.
+/// Secret files get mode 0600. Refuses to overwrite any existing key file, and writes nothing
+/// if one exists.
 pub fn generate(dir: &Path) -> Result<KeyPaths> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating key directory {}", dir.display()))?;
@@ -73,6 +165,8 @@ pub fn generate(dir: &Path) -> Result<KeyPaths> {
         &paths.core_pub,
         &paths.edge_key,
         &paths.edge_pub,
+        &paths.receipt_key,
+        &paths.receipt_pub,
     ] {
         if p.exists() {
             bail!(
@@ -83,9 +177,6 @@ pub fn generate(dir: &Path) -> Result<KeyPaths> {
     }
     let core = x25519::Identity::generate();
     let core_pub = core.to_public().to_string();
-    let mut seed = [0u8; 32];
-    getrandom::getrandom(&mut seed).context("reading the operating system's random source")?;
-    let edge = SigningKey::from_bytes(&seed);
     let line_ending = ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF;
 
     write_new(
@@ -98,20 +189,33 @@ pub fn generate(dir: &Path) -> Result<KeyPaths> {
         .as_bytes(),
     )?;
     write_new(&paths.core_pub, 0o644, format!("{core_pub}\n").as_bytes())?;
-    // PKCS#8 v1 (RFC 8410, no embedded public key): the form OpenSSL 3.0 reads.
-    let edge_pem = ed25519_dalek::pkcs8::KeypairBytes {
+    write_signing_pair(&paths.edge_key, &paths.edge_pub, line_ending)?;
+    write_signing_pair(&paths.receipt_key, &paths.receipt_pub, line_ending)?;
+    Ok(paths)
+}
+
+/// A fresh Ed25519 key pair: the secret in PKCS#8 v1 PEM (RFC 8410, no embedded public key:
+/// the form OpenSSL 3.0 reads), the public key in SubjectPublicKeyInfo PEM.
+fn write_signing_pair(
+    secret: &Path,
+    public: &Path,
+    line_ending: ed25519_dalek::pkcs8::spki::der::pem::LineEnding,
+) -> Result<()> {
+    let mut seed = [0u8; 32];
+    getrandom::getrandom(&mut seed).context("reading the operating system's random source")?;
+    let key = SigningKey::from_bytes(&seed);
+    let pem = ed25519_dalek::pkcs8::KeypairBytes {
         secret_key: seed,
         public_key: None,
     }
     .to_pkcs8_pem(line_ending)
-    .context("encoding the edge key")?;
-    write_new(&paths.edge_key, 0o600, edge_pem.as_bytes())?;
-    let edge_pub = edge
+    .context("encoding a signing key")?;
+    write_new(secret, 0o600, pem.as_bytes())?;
+    let public_pem = key
         .verifying_key()
         .to_public_key_pem(line_ending)
-        .context("encoding the edge public key")?;
-    write_new(&paths.edge_pub, 0o644, edge_pub.as_bytes())?;
-    Ok(paths)
+        .context("encoding a public key")?;
+    write_new(public, 0o644, public_pem.as_bytes())
 }
 
 fn write_new(path: &Path, mode: u32, contents: &[u8]) -> Result<()> {
@@ -221,38 +325,106 @@ impl EdgeKey {
     }
 }
 
+/// Every Ed25519 public key (SubjectPublicKeyInfo PEM) in `path`, one or more; `what` names
+/// the file in errors ("edge.pub", "receipt.pub").
+fn load_public_keys(path: &Path, what: &str) -> Result<Vec<VerifyingKey>> {
+    let text = read_text(path, &format!("trusted key ({what})"))?;
+    let mut keys = Vec::new();
+    for block in text.split_inclusive("-----END PUBLIC KEY-----") {
+        let block = block.trim();
+        if !block.contains("-----BEGIN PUBLIC KEY-----") {
+            continue;
+        }
+        let key = VerifyingKey::from_public_key_pem(block).map_err(|e| {
+            anyhow::anyhow!(
+                "{}: not an Ed25519 public key in PEM ({e}); use {what} from `forte keygen`",
+                path.display()
+            )
+        })?;
+        keys.push(key);
+    }
+    if keys.is_empty() {
+        bail!(
+            "{}: no PEM public key found; use {what} from `forte keygen`",
+            path.display()
+        );
+    }
+    Ok(keys)
+}
+
 impl TrustedEdges {
-    /// Reads Ed25519 public keys in SubjectPublicKeyInfo PEM, one or more per file.
+    /// Keys that may sign for any site.
+    pub fn any_site(keys: Vec<VerifyingKey>) -> Self {
+        Self {
+            keys,
+            sites: Default::default(),
+        }
+    }
+
+    /// Reads Ed25519 public keys in SubjectPublicKeyInfo PEM, one or more per file, each bound
+    /// to the site its spec names or to none. A key given once without a site may sign for
+    /// any site, whatever other specs bind it to.
+    pub fn load(specs: &[TrustSpec]) -> Result<Self> {
+        let mut trusted = Self::default();
+        let mut unbound = std::collections::HashSet::new();
+        for spec in specs {
+            for key in load_public_keys(&spec.path, "edge.pub")? {
+                if !trusted.keys.contains(&key) {
+                    trusted.keys.push(key);
+                }
+                match &spec.site {
+                    None => {
+                        unbound.insert(key.to_bytes());
+                    }
+                    Some(site) => {
+                        let sites = trusted.sites.entry(key.to_bytes()).or_default();
+                        sites.insert(site.clone());
+                    }
+                }
+            }
+        }
+        for key in unbound {
+            trusted.sites.remove(&key);
+        }
+        Ok(trusted)
+    }
+
+    /// Keys given without a site, which may sign for any site: worth a warning where sites
+    /// send to one core.
+    pub fn unbound(&self) -> Vec<String> {
+        self.keys
+            .iter()
+            .filter(|k| !self.sites.contains_key(&k.to_bytes()))
+            .map(edge_key_id)
+            .collect()
+    }
+
+    pub fn trusts(&self, key: &VerifyingKey) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Whether `key` is trusted and may sign for `site`.
+    pub fn may_sign_for(&self, key: &VerifyingKey, site: &str) -> bool {
+        self.trusts(key)
+            && self
+                .sites
+                .get(&key.to_bytes())
+                .is_none_or(|sites| sites.contains(site))
+    }
+}
+
+impl TrustedCores {
+    /// Reads the core's receipt keys (receipt.pub), one or more per file.
     pub fn load(paths: &[PathBuf]) -> Result<Self> {
         let mut keys = Vec::new();
         for path in paths {
-            let text = read_text(path, "trusted edge key")?;
-            let before = keys.len();
-            for block in text.split_inclusive("-----END PUBLIC KEY-----") {
-                let block = block.trim();
-                if !block.contains("-----BEGIN PUBLIC KEY-----") {
-                    continue;
-                }
-                let key = VerifyingKey::from_public_key_pem(block).map_err(|e| {
-                    anyhow::anyhow!(
-                        "{}: not an Ed25519 public key in PEM ({e}); use edge.pub from `forte keygen`",
-                        path.display()
-                    )
-                })?;
-                keys.push(key);
-            }
-            if keys.len() == before {
-                bail!(
-                    "{}: no PEM public key found; use edge.pub from `forte keygen`",
-                    path.display()
-                );
-            }
+            keys.extend(load_public_keys(path, "receipt.pub")?);
         }
         Ok(Self(keys))
     }
 
     pub fn trusts(&self, key: &VerifyingKey) -> bool {
-        self.0.iter().any(|k| k == key)
+        self.0.contains(key)
     }
 }
 
@@ -271,7 +443,7 @@ mod tests {
         let rs = Recipients::load(&paths.core_pub).unwrap();
         assert_eq!(ids.0[0].to_public().to_string(), rs.0[0].to_string());
         let edge = EdgeKey::load(&paths.edge_key).unwrap();
-        let trusted = TrustedEdges::load(std::slice::from_ref(&paths.edge_pub)).unwrap();
+        let trusted = TrustedEdges::load(&[TrustSpec::any_site(&paths.edge_pub)]).unwrap();
         assert!(trusted.trusts(&edge.0.verifying_key()));
 
         let again = generate(dir.path()).err().unwrap().to_string();
@@ -331,6 +503,6 @@ mod tests {
         Identities::load(&paths.core_key).unwrap();
         EdgeKey::load(&paths.edge_key).unwrap();
         Recipients::load(&paths.core_pub).unwrap();
-        TrustedEdges::load(std::slice::from_ref(&paths.edge_pub)).unwrap();
+        TrustedEdges::load(&[TrustSpec::any_site(&paths.edge_pub)]).unwrap();
     }
 }

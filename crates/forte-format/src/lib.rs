@@ -14,10 +14,17 @@ pub mod inventory;
 pub mod keys;
 pub mod manifest;
 pub mod object;
+pub mod receipt;
 pub mod seal;
 
 pub use bundle::Member;
-pub use inventory::{Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT};
-pub use keys::{EdgeKey, Identities, Recipients, TrustedEdges};
+pub use inventory::{
+    Instance, Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT, INVENTORY_FORMAT_V1,
+};
+pub use keys::{
+    check_site_name, EdgeKey, Identities, ReceiptKey, Recipients, TrustSpec, TrustedCores,
+    TrustedEdges,
+};
 pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V3};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};
+pub use receipt::{Outcome, Receipt, ReceiptFile};

@@ -152,10 +152,16 @@ pub(crate) fn sign_document(document: &impl Serialize, context: &[u8], key: &Edg
 }
 
 /// [`sign_document`] for a document already in canonical form whose members all sort before
-/// `signature`, given as the signed message (`context` ‖ the document): the same bytes,
-/// without building a JSON tree or copying the document, so that a batch's inventory of
-/// 100 000 files is not held several times over while it is signed.
-pub(crate) fn sign_canonical(mut message: Vec<u8>, context: &[u8], key: &EdgeKey) -> Vec<u8> {
+/// `signature` but the serialised members `after` (`,"site":"…"`, which sort after it), given
+/// as the signed message (`context` ‖ the document): the same bytes, without building a JSON
+/// tree or copying the document, so that a batch's inventory of 100 000 files is not held
+/// several times over while it is signed.
+pub(crate) fn sign_canonical(
+    mut message: Vec<u8>,
+    context: &[u8],
+    key: &EdgeKey,
+    after: &[u8],
+) -> Vec<u8> {
     assert!(
         message.starts_with(context),
         "the message starts with its context"
@@ -164,22 +170,39 @@ pub(crate) fn sign_canonical(mut message: Vec<u8>, context: &[u8], key: &EdgeKey
     message.drain(..context.len());
     let closing = message.pop();
     assert_eq!(closing, Some(b'}'), "a signed document is a JSON object");
-    message.reserve_exact(member.len() + 16);
+    assert!(
+        message.ends_with(after),
+        "the members after the signature end the document"
+    );
+    message.truncate(message.len() - after.len());
+    message.reserve_exact(member.len() + after.len() + 16);
     message.extend_from_slice(b",\"signature\":");
     message.extend_from_slice(&member);
+    message.extend_from_slice(after);
     message.push(b'}');
     message
 }
 
 /// Parses a document signed by [`sign_document`] whose `format` is one of `formats`, checks
-/// its signature against the trusted edge keys, and returns it without the signature. Nothing
-/// of an unverified document is ever returned.
+/// its signature against the trusted edge keys, and returns it without the signature, with the
+/// key that signed it. Nothing of an unverified document is ever returned.
 pub(crate) fn open_document(
     document: &[u8],
     formats: &[&str],
     context: &[u8],
     trusted: &TrustedEdges,
-) -> Result<Value, ManifestError> {
+) -> Result<(Value, VerifyingKey), ManifestError> {
+    open_signed(document, formats, context, |key| trusted.trusts(key))
+}
+
+/// [`open_document`] with any test of the signing key: `trusted` says whether it is one of
+/// the keys this reader accepts (edge keys for manifests, core keys for receipts).
+pub(crate) fn open_signed(
+    document: &[u8],
+    formats: &[&str],
+    context: &[u8],
+    trusted: impl Fn(&VerifyingKey) -> bool,
+) -> Result<(Value, VerifyingKey), ManifestError> {
     let mut value: Value =
         serde_json::from_slice(document).map_err(|e| ManifestError::NotJson(e.to_string()))?;
     let object = value
@@ -209,10 +232,10 @@ pub(crate) fn open_document(
         .ok_or_else(|| ManifestError::Unsigned("sig is not 64 base64 bytes".into()))?;
     key.verify_strict(&signed_message(context, &value), &sig)
         .map_err(|_| ManifestError::BadSignature)?;
-    if !trusted.trusts(&key) {
+    if !trusted(&key) {
         return Err(ManifestError::UntrustedSigner(member.key));
     }
-    Ok(value)
+    Ok((value, key))
 }
 
 impl Manifest {
@@ -231,7 +254,7 @@ impl Manifest {
     /// validates its structure. Nothing of an unverified manifest is ever returned.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
         let formats = [FORMAT, FORMAT_V1, FORMAT_V3];
-        let value = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
+        let (value, _) = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         manifest.validate().map_err(ManifestError::Invalid)?;
@@ -408,7 +431,7 @@ mod tests {
     }
 
     fn trusted(k: &EdgeKey) -> TrustedEdges {
-        TrustedEdges(vec![k.0.verifying_key()])
+        TrustedEdges::any_site(vec![k.0.verifying_key()])
     }
 
     fn sample() -> Manifest {

@@ -13,7 +13,9 @@
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
-//! | POST | `/v1/sites/{site}/batches/{batch}/ack` | core | acknowledge a whole batch ([`BatchAck`]): its objects leave the listing together, then are deleted |
+//! | POST | `/v1/sites/{site}/batches/{batch}/ack` | core | acknowledge a whole batch ([`BatchAck`], with the core's signed receipt): its objects leave the listing together, then are deleted; the receipt is kept for the edge |
+//! | GET | `/v1/batches/{batch}/receipts` | edge | the core's signed receipts for the batch ([`Receipts`]); the edge deletes sources only under one it verifies |
+//! | GET | `/v1/site` | edge | the site the token belongs to ([`SiteAnswer`]) |
 //! | GET | `/metrics` | core | Prometheus counters: parts and bytes stored, objects and batches sealed, acknowledgements, rejections, refusals by status |
 //!
 //! Every request carries `Authorization: Bearer <token>`. An edge token belongs to one site and
@@ -102,7 +104,29 @@ pub struct BatchSealQuery {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct BatchAck {
     pub objects: Vec<ObjectId>,
+    /// The core's signed custody receipt for the batch instance (`forte_format::Receipt`),
+    /// standard base64; kept by the relay for the edge. Absent from cancellations and from
+    /// cores before receipts: then no source is deleted on the relay's word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<String>,
 }
+
+/// Answer of `GET /v1/batches/{batch}/receipts`: every receipt the relay keeps for the batch
+/// (one per delivered instance: a follow-up is another), standard base64 each.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Receipts {
+    pub receipts: Vec<String>,
+}
+
+/// Answer of `GET /v1/site`: the site an edge token belongs to.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SiteAnswer {
+    pub site: String,
+}
+
+/// The most bytes of a JSON answer a client reads (listings, statuses, receipts): past it
+/// the answer is refused, whatever the relay sends.
+pub const MAX_JSON_ANSWER: u64 = 256 << 20;
 
 /// Answer of `POST /v1/batches/{batch}/cancel`: what the relay deleted.
 #[derive(Debug, Clone, Serialize, Deserialize)]

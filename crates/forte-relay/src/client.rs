@@ -16,8 +16,9 @@ use serde::Serialize;
 use std::collections::HashMap;
 
 use crate::api::{
-    ApiError, BatchAck, Cancelled, ObjectState, ObjectStatus, PartRef, ReadyObject, Seal,
-    StatusQuery, MANIFEST_LENGTH_HEADER, MAX_STATUS_QUERY, SHA256_HEADER, SHARE_HEADER,
+    ApiError, BatchAck, Cancelled, ObjectState, ObjectStatus, PartRef, ReadyObject, Receipts, Seal,
+    SiteAnswer, StatusQuery, MANIFEST_LENGTH_HEADER, MAX_JSON_ANSWER, MAX_STATUS_QUERY,
+    SHA256_HEADER, SHARE_HEADER,
 };
 use crate::pace::{Paced, Pacer};
 use crate::tls::{client_config, FingerprintMismatch, RelayTrust};
@@ -382,27 +383,42 @@ impl RelayClient {
         Err(RelayError::answered(url, status, said))
     }
 
-    fn body(url: &str, response: Response) -> Result<Vec<u8>> {
+    /// The answer's body, read as it streams in and cut at `max + 1` bytes: whatever the
+    /// relay sends (or says it sends), no more than that is ever held. The caller compares
+    /// the length with what it expects, so a body one byte too long is told from a right one.
+    fn body(url: &str, response: Response, max: u64) -> Result<Vec<u8>> {
+        let announced = response.content_length().unwrap_or(0);
+        let mut bytes =
+            Vec::with_capacity(announced.min(max.saturating_add(1)).min(64 << 20) as usize);
         response
-            .bytes()
-            .map(|b| b.to_vec())
+            .take(max.saturating_add(1))
+            .read_to_end(&mut bytes)
             .map_err(|e| RelayError {
                 url: url.to_string(),
                 status: None,
                 message: format!("reading the answer: {e}"),
                 permanent: false,
                 held: None,
-            })
+            })?;
+        Ok(bytes)
     }
 
+    /// A JSON answer of at most [`MAX_JSON_ANSWER`] bytes.
     fn json<T: serde::de::DeserializeOwned>(url: &str, response: Response) -> Result<T> {
-        response.json().map_err(|e| RelayError {
+        let bytes = Self::body(url, response, MAX_JSON_ANSWER)?;
+        let refused = |message: String| RelayError {
             url: url.to_string(),
             status: None,
-            message: format!("unexpected answer: {e}"),
+            message,
             permanent: false,
             held: None,
-        })
+        };
+        if bytes.len() as u64 > MAX_JSON_ANSWER {
+            return Err(refused(format!(
+                "the answer is longer than {MAX_JSON_ANSWER} bytes, the most a JSON answer may hold"
+            )));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| refused(format!("unexpected answer: {e}")))
     }
 
     /// Uploads a sealed part; the relay checks `sha256` before answering.
@@ -584,26 +600,49 @@ impl RelayClient {
         Ok((Self::json(&url, r)?, generation))
     }
 
-    /// The sealed inventory of a sealed batch; `None` if the relay holds none for it.
-    pub fn inventory(&self, site: &str, batch: &str) -> Result<Option<Vec<u8>>> {
+    /// The sealed inventory of a sealed batch, read up to `max + 1` bytes; `None` if the
+    /// relay holds none for it.
+    pub fn inventory(&self, site: &str, batch: &str, max: u64) -> Result<Option<Vec<u8>>> {
         let url = self.url(&format!("/v1/sites/{site}/batches/{batch}/inventory"));
         match self.send(url.clone(), self.http.get(&url)) {
-            Ok(r) => Self::body(&url, r).map(Some),
+            Ok(r) => Self::body(&url, r, max).map(Some),
             Err(e) if e.status == Some(StatusCode::NOT_FOUND.as_u16()) => Ok(None),
             Err(e) => Err(e),
         }
     }
 
-    pub fn manifest(&self, site: &str, id: ObjectId) -> Result<Vec<u8>> {
+    /// A sealed manifest, read up to `max + 1` bytes.
+    pub fn manifest(&self, site: &str, id: ObjectId, max: u64) -> Result<Vec<u8>> {
         let url = self.url(&format!("/v1/sites/{site}/objects/{id}/manifest"));
         let r = self.send(url.clone(), self.http.get(&url))?;
-        Self::body(&url, r)
+        Self::body(&url, r, max)
     }
 
-    pub fn part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
+    /// A sealed part, read up to `length + 1` bytes (`length`: what its signed manifest says).
+    pub fn part(&self, site: &str, id: ObjectId, index: u32, length: u64) -> Result<Vec<u8>> {
         let url = self.url(&format!("/v1/sites/{site}/objects/{id}/parts/{index}"));
         let r = self.send(url.clone(), self.http.get(&url))?;
-        Self::body(&url, r)
+        Self::body(&url, r, length)
+    }
+
+    /// The site this edge's token belongs to.
+    pub fn site(&self) -> Result<String> {
+        let url = self.url("/v1/site");
+        let r = self.send(url.clone(), self.http.get(&url))?;
+        Self::json::<SiteAnswer>(&url, r).map(|a| a.site)
+    }
+
+    /// The core's receipts the relay keeps for one of this edge's batches, decoded (each
+    /// still to be verified: the relay may have forged or swapped them).
+    pub fn receipts(&self, batch: &str) -> Result<Vec<Vec<u8>>> {
+        let url = self.url(&format!("/v1/batches/{batch}/receipts"));
+        let r = self.send(url.clone(), self.http.get(&url))?;
+        let answer: Receipts = Self::json(&url, r)?;
+        Ok(answer
+            .receipts
+            .iter()
+            .filter_map(|r| base64::engine::general_purpose::STANDARD.decode(r).ok())
+            .collect())
     }
 
     /// Cancels one of this edge's batches: the relay deletes those of `objects` not delivered,
@@ -612,17 +651,26 @@ impl RelayClient {
         let url = self.url(&format!("/v1/batches/{batch}/cancel"));
         let body = BatchAck {
             objects: objects.to_vec(),
+            receipt: None,
         };
         let r = self.send(url.clone(), self.http.post(&url).json(&body))?;
         Self::json(&url, r)
     }
 
-    /// Acknowledges the delivery of a whole batch: the relay stops listing all of `objects` at
-    /// once, then deletes them.
-    pub fn ack_batch(&self, site: &str, batch: &str, objects: &[ObjectId]) -> Result<()> {
+    /// Acknowledges the delivery of a whole batch with the core's signed `receipt`: the relay
+    /// keeps the receipt for the edge, stops listing all of `objects` at once, then deletes
+    /// them.
+    pub fn ack_batch(
+        &self,
+        site: &str,
+        batch: &str,
+        objects: &[ObjectId],
+        receipt: Option<&[u8]>,
+    ) -> Result<()> {
         let url = self.url(&format!("/v1/sites/{site}/batches/{batch}/ack"));
         let body = BatchAck {
             objects: objects.to_vec(),
+            receipt: receipt.map(|r| base64::engine::general_purpose::STANDARD.encode(r)),
         };
         self.send(url.clone(), self.http.post(&url).json(&body))
             .map(drop)

@@ -167,8 +167,8 @@ fn upload_seal_pull_ack() {
         (ready[0].site.as_str(), ready[0].id, ready[0].batch.as_str()),
         ("site-a", id, "batch-1")
     );
-    assert_eq!(core.manifest("site-a", id).unwrap(), manifest);
-    assert_eq!(core.part("site-a", id, 1).unwrap(), p1);
+    assert_eq!(core.manifest("site-a", id, 1 << 30).unwrap(), manifest);
+    assert_eq!(core.part("site-a", id, 1, 1 << 30).unwrap(), p1);
     // Other bytes for a sealed object's part (an edge that did not ask first) are refused,
     // saying it is sealed, and replace nothing; the same bytes again (a retry) are taken.
     let other_bytes = vec![3u8; 1000];
@@ -182,7 +182,7 @@ fn upload_seal_pull_ack() {
     );
     assert!(err.message.contains("is sealed already"), "{err}");
     edge.put_part(id, 0, &p0, &sha(&p0)).unwrap();
-    assert_eq!(core.part("site-a", id, 0).unwrap(), p0);
+    assert_eq!(core.part("site-a", id, 0, 1 << 30).unwrap(), p0);
     // The store is in the pack layout.
     let object = tmp.path().join(format!("store/sites/site-a/objects/{id}"));
     assert_eq!(
@@ -190,7 +190,7 @@ fn upload_seal_pull_ack() {
         p0
     );
 
-    core.ack_batch("site-a", "batch-1", &[id]).unwrap();
+    core.ack_batch("site-a", "batch-1", &[id], None).unwrap();
     assert!(!object.exists());
     assert_eq!(
         edge.status(id).unwrap().unwrap().state,
@@ -243,11 +243,17 @@ fn tokens_are_checked_and_sites_are_separate() {
         .unwrap();
     let core_a = client(&relay, CORE_A);
     assert!(core_a.ready(false).unwrap().is_empty());
-    assert_eq!(core_a.part("site-b", id, 0).unwrap_err().status, Some(404));
-    assert_eq!(core_a.manifest("site-b", id).unwrap_err().status, Some(404));
+    assert_eq!(
+        core_a.part("site-b", id, 0, 1 << 30).unwrap_err().status,
+        Some(404)
+    );
+    assert_eq!(
+        core_a.manifest("site-b", id, 1 << 30).unwrap_err().status,
+        Some(404)
+    );
     assert_eq!(
         core_a
-            .ack_batch("site-b", "batch", &[id])
+            .ack_batch("site-b", "batch", &[id], None)
             .unwrap_err()
             .status,
         Some(404)
@@ -301,7 +307,7 @@ fn a_full_quota_answers_507_and_frees_after_ack() {
     let err = edge.put_part(b, 0, &big, &sha(&big)).unwrap_err();
     assert_eq!(err.status, Some(507), "{err}");
     assert!(err.is_transient() && err.message.contains("quota"), "{err}");
-    core.ack_batch("site-a", "b", &[a]).unwrap();
+    core.ack_batch("site-a", "b", &[a], None).unwrap();
     edge.put_part(b, 0, &big, &sha(&big)).unwrap();
 }
 
@@ -635,7 +641,9 @@ fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
         let core = client(&relay, CORE_A);
         assert_eq!(core.ready(false).unwrap().len(), 3);
         assert_eq!(
-            core.inventory("site-a", "batch-1").unwrap().as_deref(),
+            core.inventory("site-a", "batch-1", 1 << 30)
+                .unwrap()
+                .as_deref(),
             Some(&b"sealed inventory"[..])
         );
     }
@@ -668,7 +676,7 @@ fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
     assert!(!site.join("batches/batch-1.acking.json").exists());
     assert_eq!(files_under(&site.join("objects")), 0);
     // Acknowledging again (a core whose answer was lost) is harmless.
-    core.ack_batch("site-a", "batch-1", &ids).unwrap();
+    core.ack_batch("site-a", "batch-1", &ids, None).unwrap();
 }
 
 #[test]
@@ -740,7 +748,7 @@ fn a_delivered_object_put_back_in_the_store_is_never_offered_again() {
             .unwrap();
         assert!(copied.success());
     }
-    core.ack_batch("site-a", "batch-1", &[id]).unwrap();
+    core.ack_batch("site-a", "batch-1", &[id], None).unwrap();
     // Whoever can write the store puts the delivered object back (a replay). (An S3 server
     // may have removed the emptied directories.)
     for kind in ["objects", "meta"] {
@@ -768,7 +776,7 @@ fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path()
     let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
     let id = ObjectId::random();
     edge.put_part(id, 0, b"part", &sha(b"part")).unwrap();
-    let err = core.part("site-a", id, 1).unwrap_err();
+    let err = core.part("site-a", id, 1, 1 << 30).unwrap_err();
     assert_eq!(err.status, Some(404), "{err}");
     assert!(
         err.message
@@ -782,7 +790,7 @@ fn a_missing_part_answers_404_and_an_unreadable_one_500_without_the_store_path()
         let part = store.join(format!("sites/site-a/objects/{id}/part-000001.zst.age"));
         std::fs::create_dir(part).unwrap();
     }
-    let err = core.part("site-a", id, 1).unwrap_err();
+    let err = core.part("site-a", id, 1, 1 << 30).unwrap_err();
     assert_eq!(err.status, Some(500), "{err}");
     assert!(err.message.contains("see the relay's log"), "{err}");
     assert!(
@@ -866,7 +874,7 @@ fn a_one_part_object_is_stored_and_sealed_in_one_request_with_the_same_checks() 
         .unwrap();
     let ready = core.ready(false).unwrap();
     assert_eq!(ready.len(), 1);
-    assert_eq!(core.manifest("site-a", id).unwrap(), b"manifest");
+    assert_eq!(core.manifest("site-a", id, 1 << 30).unwrap(), b"manifest");
     // Sent again after a lost answer: the same object, still sealed once.
     edge.put_whole(id, "batch-1", &p, &sha(&p), b"manifest")
         .unwrap();
@@ -975,7 +983,8 @@ fn many_statuses_at_once_equal_each_asked_alone() {
     }
     edge.seal_batch("batch-d", &ids[8..10], b"sealed inventory", None)
         .unwrap();
-    core.ack_batch("site-a", "batch-d", &ids[8..10]).unwrap();
+    core.ack_batch("site-a", "batch-d", &ids[8..10], None)
+        .unwrap();
 
     let at_once = edge.statuses(&ids).unwrap();
     for &id in &ids {

@@ -61,8 +61,10 @@ fn pack(files: &[(&str, Vec<u8>)], part_size: u64) -> Packed {
         .iter()
         .filter_map(|o| o.inventory_entry())
         .collect();
-    sink.put_inventory(&Inventory::new("", entries).seal(&key, &recipients))
-        .unwrap();
+    sink.put_inventory(
+        &Inventory::new("", forte_format::Instance::new("", 0, 0), entries).seal(&key, &recipients),
+    )
+    .unwrap();
     sink.finish().unwrap();
     let dest = dir.path().join("dest");
     Packed {
@@ -76,7 +78,8 @@ fn pack(files: &[(&str, Vec<u8>)], part_size: u64) -> Packed {
 impl Packed {
     fn restore(&self, config: RestoreConfig) -> anyhow::Result<forte_restore::Delivered> {
         let identities = Identities::load(&self.keys.core_key).unwrap();
-        let trusted = TrustedEdges::load(std::slice::from_ref(&self.keys.edge_pub)).unwrap();
+        let trusted =
+            TrustedEdges::load(&[forte_format::TrustSpec::any_site(&self.keys.edge_pub)]).unwrap();
         let restore = Restore::new(config, &identities, &trusted);
         let source = DirSource {
             root: self.archive.clone(),
@@ -87,7 +90,8 @@ impl Packed {
     /// The directory of the object restored to `path`.
     fn object_of(&self, path: &str) -> PathBuf {
         let identities = Identities::load(&self.keys.core_key).unwrap();
-        let trusted = TrustedEdges::load(std::slice::from_ref(&self.keys.edge_pub)).unwrap();
+        let trusted =
+            TrustedEdges::load(&[forte_format::TrustSpec::any_site(&self.keys.edge_pub)]).unwrap();
         let source = DirSource {
             root: self.archive.clone(),
         };

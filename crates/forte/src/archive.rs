@@ -82,8 +82,11 @@ pub fn pack(
     let outcomes =
         prepare_with_progress(&prepare, files, total, quiet, || prepare.run(jobs, &sink));
     // The inventory lists exactly the objects stored: those of failed files were removed.
+    // An archive names no site: it is restored by whoever holds it, not filed by a relay.
+    let instance = forte_format::Instance::new("", 0, forte_catalog::now_us());
     let inventory = Inventory::new(
         batch,
+        instance,
         outcomes
             .iter()
             .filter_map(|o| o.inventory_entry())

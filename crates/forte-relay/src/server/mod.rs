@@ -27,8 +27,9 @@ use store::{Location, Store, StoreError, Stored};
 
 use crate::api::{
     ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectState, ObjectStatus, ReadyObject,
-    ReadyQuery, Seal, StatusQuery, WholeQuery, GENERATION_HEADER, MANIFEST_LENGTH_HEADER, MAX_BODY,
-    MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER, SHARE_HEADER,
+    ReadyQuery, Receipts, Seal, SiteAnswer, StatusQuery, WholeQuery, GENERATION_HEADER,
+    MANIFEST_LENGTH_HEADER, MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
+    SHARE_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -227,6 +228,8 @@ fn router(relay: Arc<Relay>) -> Router {
         .route("/v1/objects/{id}/whole", put(put_whole))
         .route("/v1/batches/{batch}", put(seal_batch))
         .route("/v1/batches/{batch}/cancel", post(cancel_batch))
+        .route("/v1/batches/{batch}/receipts", get(get_receipts))
+        .route("/v1/site", get(whoami))
         .route("/v1/ready", get(ready))
         .route("/metrics", get(render_metrics))
         .route(
@@ -778,10 +781,47 @@ async fn ack_batch(
     let r = relay.clone();
     let count = ack.objects.len() as u64;
     let b = batch.clone();
-    blocking(move || r.store.ack_batch(&site, &b, &ack.objects)).await?;
+    let receipt = match ack.receipt.as_deref() {
+        Some(text) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .map_err(|e| Failure::new(StatusCode::BAD_REQUEST, format!("receipt: {e}")))?,
+        ),
+        None => None,
+    };
+    blocking(move || {
+        r.store
+            .ack_batch(&site, &b, &ack.objects, receipt.as_deref())
+    })
+    .await?;
     tracing::info!(batch = %batch, objects = count, "delivery of a batch acknowledged; objects deleted");
     ::metrics::counter!("forte_relay_objects_acknowledged_total").increment(count);
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The site an edge token belongs to: what `send` signs into its inventories when no `--site`
+/// says otherwise.
+async fn whoami(State(relay): State<Arc<Relay>>, headers: HeaderMap) -> Answer<Json<SiteAnswer>> {
+    let site = edge_site(&relay, &headers)?;
+    Ok(Json(SiteAnswer { site }))
+}
+
+/// The core's receipts for one of this edge's batches, for the edge to verify before it
+/// deletes anything.
+async fn get_receipts(
+    State(relay): State<Arc<Relay>>,
+    Path(batch): Path<String>,
+    headers: HeaderMap,
+) -> Answer<Json<Receipts>> {
+    let site = edge_site(&relay, &headers)?;
+    check_batch(&batch)?;
+    let r = relay.clone();
+    let receipts = blocking(move || r.store.receipts(&site, &batch)).await?;
+    let receipts = receipts
+        .iter()
+        .map(|r| base64::engine::general_purpose::STANDARD.encode(r))
+        .collect();
+    Ok(Json(Receipts { receipts }))
 }
 
 async fn reject(

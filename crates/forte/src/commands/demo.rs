@@ -95,7 +95,7 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
 
     let core = CoreSettings {
         identities: Identities::load(&paths.core_key)?,
-        trusted: TrustedEdges::load(std::slice::from_ref(&paths.edge_pub))?,
+        trusted: TrustedEdges::load(&[forte_format::TrustSpec::any_site(&paths.edge_pub)])?,
         restore: RestoreConfig::for_this_machine(),
     };
     let (delivered, _) = archive::unpack(&packed, &restored, core, true)?;

@@ -10,7 +10,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{Delivery, DeliveryReport, Landing, SecondCopy};
+use crate::delivery::{CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
@@ -59,6 +59,14 @@ pub struct Args {
     /// Concurrent downloads from the relay.
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// The core's key that signs a custody receipt for every delivered batch (receipt.key from
+    /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].
+    #[arg(long, value_name = "FILE")]
+    receipt_key: Option<PathBuf>,
+    /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
+    /// after a later one did: a batch dropped or held back at the relay.
+    #[arg(long, value_name = "DURATION", default_value = "10m")]
+    gap_alert_after: String,
     #[command(flatten)]
     schedule: ScheduleFlags,
     #[command(flatten)]
@@ -73,6 +81,16 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let link = settings::relay(&args.relay, config)?;
     let mut core = settings::core(&args.core, config)?;
+    let trusted = core.trusted.clone();
+    for key in trusted.unbound() {
+        eprintln!("warning: edge key {key} is trusted for every site: a relay could file one site's batch under another site signed with it; bind it with --trust SITE=FILE");
+    }
+    let receipt_key = settings::receipt_key(args.receipt_key.clone(), config)?;
+    if receipt_key.is_none() {
+        eprintln!("warning: no receipt key (--receipt-key keys/receipt.key): batches are delivered and acknowledged, but no edge deletes a source without the core's signed receipt");
+    }
+    let gap_after = crate::units::parse_duration(&args.gap_alert_after)
+        .map_err(|e| anyhow::anyhow!("--gap-alert-after: {e}"))?;
     core.restore.existing = Existing::KeepIdentical;
     core.restore.readers = args.connections.max(1);
     let policy = settings::policy(&args.schedule, config)?;
@@ -137,7 +155,19 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         catalog,
         worker,
     )
-    .with_landing(landing.as_ref());
+    .with_landing(landing.as_ref())
+    .with_custody(CustodySettings::new(
+        &trusted,
+        receipt_key.as_ref(),
+        gap_after,
+        (
+            args.to.display().to_string(),
+            Failures {
+                role: Role::Core,
+                command: args.daemon.on_failure.clone(),
+            },
+        ),
+    ));
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         // The core counts progress in files, not parts: the part size is the default one.
         let part_size = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
@@ -204,6 +234,7 @@ impl Puller<'_> {
         for e in report.error.iter().chain(&report.after_delivery) {
             self.failures.report(&report.batch, None, e);
         }
+        self.delivery.alert_gaps();
         Some(report)
     }
 
@@ -267,6 +298,7 @@ impl Puller<'_> {
             // batch's seal is taken as soon as they happen (a 200 ms sleep here let the seal of
             // the last batch wait up to 200 ms, and its last objects after it). A relay
             // without long polls is polled.
+            self.delivery.alert_gaps();
             if !self.delivery.wait_for_seal(pause) {
                 std::thread::sleep(pause);
             }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use forte_catalog::{BatchState, Role};
 use serde::Serialize;
 
@@ -47,9 +47,20 @@ pub struct Args {
     /// "08:00,2MB 19:00,off" or "Mon-08:00,2MB Sat-00:00,off" [config: send.bwlimit] [default: off].
     #[arg(long, value_name = "RATE|TIMETABLE")]
     bwlimit: Option<String>,
-    /// With --watch: delete a batch's source files once the core acknowledged every one.
+    /// With --watch: delete a batch's source files once the core's signed custody receipt
+    /// (checked with --receipt-pub) lists every one with the SHA-256 its bytes still have.
     #[arg(long, requires = "watch")]
     delete_after_ack: bool,
+    /// The core's receipt key (receipt.pub from `forte keygen`); repeat for several cores.
+    /// --delete-after-ack deletes only under receipts signed by one of them
+    /// [config: keys.receipt_pub].
+    #[arg(long, value_name = "FILE")]
+    receipt_pub: Vec<PathBuf>,
+    /// This edge's site, signed into every batch so the core files it under no other site
+    /// [config: send.site] [default: the relay's name for this token]. Give it when several
+    /// sites share an edge key: then a relay that lies about it is refused at the core.
+    #[arg(long, value_name = "NAME")]
+    site: Option<String>,
     /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
     /// relay deletes what it holds of it that the core has not taken, so the core never gets
     /// it, and later runs skip it. The source is untouched; touch its .ready marker to send it
@@ -89,8 +100,15 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         // The dashboard follows each upload as it goes, for its rate and ETA.
         client = client.telling_sent(Arc::new(crate::monitor::part_sending_bytes));
     }
+    let receipts = settings::receipt_pub(&args.receipt_pub, config)?;
+    if args.delete_after_ack && receipts.is_none() {
+        bail!("--delete-after-ack needs the core's receipt key (--receipt-pub keys/receipt.pub, or keys.receipt_pub): without it, the relay's word alone would delete sources");
+    }
+    let site = settings::site(args.site.as_deref(), config, &client)?;
     let edge = Edge::new(EdgeSetup {
         client: &client,
+        site,
+        receipts,
         settings: &edge_settings,
         retry: if args.daemon.watch {
             Retry::forever()

@@ -37,7 +37,12 @@ impl Delivery<'_> {
             if ids.iter().any(|id| listed.contains(id)) {
                 continue;
             }
-            if self.client.ack_batch(site, batch, &ids).is_err() {
+            let receipt = self.kept_receipt(&b.batch_key);
+            if self
+                .client
+                .ack_batch(site, batch, &ids, receipt.as_deref())
+                .is_err()
+            {
                 continue;
             }
             for f in pending {

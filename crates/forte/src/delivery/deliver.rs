@@ -13,6 +13,7 @@ use forte_restore::{Restore, RestoreFailure};
 
 use super::ahead::Ahead;
 use super::copy::clear_scratch;
+use super::custody::{Instance, Replayed};
 use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
 use crate::record::note;
@@ -62,10 +63,12 @@ impl Delivery<'_> {
             rejected_parts: Vec::new(),
             quarantined: None,
             after_delivery: Vec::new(),
+            replay: None,
         };
         self.record_batch(&batch, &report.batch, BatchState::Pulling, None);
-        let mut name = None;
-        let result = ahead.and_then(|ahead| self.commit(restore, &batch, ahead, &mut name));
+        let (mut name, mut instance) = (None, None);
+        let result =
+            ahead.and_then(|ahead| self.commit(restore, &batch, ahead, (&mut name, &mut instance)));
         if let Some(name) = name {
             report.batch = name;
         }
@@ -79,7 +82,8 @@ impl Delivery<'_> {
         });
         let result = match result {
             Ok((delivered, held, Some((kept, refusals)))) => {
-                self.keep_quarantined(&batch, &mut report, (&delivered, held), (kept, refusals));
+                let quarantined = (kept, refusals, instance.as_ref());
+                self.keep_quarantined(&batch, &mut report, (&delivered, held), quarantined);
                 return Some(self.end(&batch, report, started, started_at));
             }
             Ok((delivered, held, None)) => Ok((delivered, held)),
@@ -117,11 +121,12 @@ impl Delivery<'_> {
                 // a puller killed after the acknowledgement could never record it again.
                 self.record_delivered(&batch.key, &delivered, &held.signature());
                 self.record_batch(&batch, &report.batch, BatchState::Delivered, None);
-                report.error = match self.catalog.flush() {
-                    Ok(()) => self.acknowledge(&batch, &report.batch, &delivered).err(),
-                    Err(e) => Some(format!(
-                        "delivered, but not acknowledged until the catalogue records it: {e:#}"
-                    )),
+                let outcome = forte_format::Outcome::Delivered;
+                report.error = match self.keep(&batch, instance.as_ref(), outcome, &delivered) {
+                    Ok(receipt) => self
+                        .acknowledge(&batch, &report.batch, &delivered, receipt.as_deref())
+                        .err(),
+                    Err(e) => Some(format!("delivered, but not acknowledged until {e}")),
                 };
                 if report.error.is_none() {
                     held.delivered();
@@ -131,6 +136,21 @@ impl Delivery<'_> {
             Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
                 eprintln!("{e}");
                 return None;
+            }
+            Err(e) if e.downcast_ref::<Replayed>().is_some() => {
+                let replayed = e.downcast::<Replayed>().expect("checked above");
+                let receipt = replayed.0.receipt.as_deref().map(str::as_bytes);
+                report.error = self
+                    .acknowledge_at_relay(&batch, &report.batch, receipt)
+                    .err()
+                    .map(|e| format!("{replayed}; but {e}"));
+                report.replay = Some(replayed.to_string());
+                eprintln!(
+                    "batch {} of site {}: {replayed}",
+                    report.batch,
+                    batch.site()
+                );
+                return Some(self.end(&batch, report, started, started_at));
             }
             Err(e) => {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
@@ -193,7 +213,7 @@ impl Delivery<'_> {
         batch: &Sealed<'_>,
         report: &mut DeliveryReport,
         (delivered, held): (&forte_restore::Delivered, Held),
-        (kept, refusals): (PathBuf, Vec<Refusal>),
+        (kept, refusals, instance): (PathBuf, Vec<Refusal>, Option<&Instance>),
     ) {
         let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
         let error = format!("quarantined in {}: {}", kept.display(), reasons.join("; "));
@@ -210,13 +230,12 @@ impl Delivery<'_> {
         // Recorded before the relay may forget the batch, as a delivered one is.
         let state = BatchState::Quarantined;
         self.record_batch(batch, &report.batch, state, Some(&error));
-        let acknowledged = match self.catalog.flush() {
-            Ok(()) => self
-                .acknowledge_at_relay(batch, &report.batch)
+        let outcome = forte_format::Outcome::Quarantined;
+        let acknowledged = match self.keep(batch, instance, outcome, delivered) {
+            Ok(receipt) => self
+                .acknowledge_at_relay(batch, &report.batch, receipt.as_deref())
                 .map_err(|e| format!("quarantined, but {e}")),
-            Err(e) => Err(format!(
-                "quarantined, but not acknowledged until the catalogue records it: {e:#}"
-            )),
+            Err(e) => Err(format!("quarantined, but not acknowledged until {e}")),
         };
         report.error = Some(match acknowledged {
             Ok(()) => {
@@ -225,6 +244,27 @@ impl Delivery<'_> {
             }
             Err(e) => format!("{error}; {e}"),
         });
+    }
+
+    /// Makes what was delivered durable in the catalogue before the relay may forget the
+    /// batch: its files' records, and its instance with the signed receipt, which is returned
+    /// for the acknowledgement. The error says what is missing.
+    fn keep(
+        &self,
+        batch: &Sealed<'_>,
+        instance: Option<&Instance>,
+        outcome: forte_format::Outcome,
+        delivered: &forte_restore::Delivered,
+    ) -> Result<Option<Vec<u8>>, String> {
+        self.catalog
+            .flush()
+            .map_err(|e| format!("the catalogue records it: {e:#}"))?;
+        match instance {
+            Some(instance) => self
+                .keep_instance(&batch.key, instance, outcome, delivered)
+                .map_err(|e| format!("the catalogue records its instance: {e:#}")),
+            None => Ok(None),
+        }
     }
 
     /// Runs the tasks that follow delivery on the delivered batch: what they reported.
@@ -261,7 +301,7 @@ impl Delivery<'_> {
         restore: &Restore,
         batch: &Sealed<'_>,
         mut ahead: Ahead,
-        name: &mut Option<String>,
+        (name, instance): (&mut Option<String>, &mut Option<Instance>),
     ) -> Result<(forte_restore::Delivered, Held, Option<PathBuf>)> {
         let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
@@ -271,6 +311,9 @@ impl Delivery<'_> {
             batch_key: &batch.key,
             objects: batch.objects.to_vec(),
         })?;
+        // Before anything is staged or placed: the site it goes under, and whether it is new,
+        // come from what its edge signed.
+        *instance = self.check_custody(batch.site(), inventory.as_ref())?;
         let rest = ahead.not_staged(batch.objects.to_vec());
         if !rest.is_empty() {
             let more = self.stage(restore, rest, &batch.key, &mut ahead);
@@ -352,8 +395,9 @@ impl Delivery<'_> {
         batch: &Sealed<'_>,
         name: &str,
         delivered: &forte_restore::Delivered,
+        receipt: Option<&[u8]>,
     ) -> Result<(), String> {
-        self.acknowledge_at_relay(batch, name)
+        self.acknowledge_at_relay(batch, name, receipt)
             .map_err(|e| format!("delivered, but {e}"))?;
         for p in &delivered.placed {
             let object = p.id.to_string();
@@ -363,15 +407,21 @@ impl Delivery<'_> {
         Ok(())
     }
 
-    /// Tells the relay it may delete the whole batch.
-    fn acknowledge_at_relay(&self, batch: &Sealed<'_>, name: &str) -> Result<(), String> {
+    /// Tells the relay it may delete the whole batch, handing it the core's receipt for the
+    /// edge.
+    fn acknowledge_at_relay(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        receipt: Option<&[u8]>,
+    ) -> Result<(), String> {
         let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
         let (client, site, id) = (self.client, batch.site(), batch.id());
         self.retry
             .run(
                 Operation::Acknowledge,
                 &format!("acknowledgement of batch {name}"),
-                || client.ack_batch(site, id, &ids),
+                || client.ack_batch(site, id, &ids, receipt),
             )
             .map_err(|e| format!("the acknowledgement failed: {e}"))
     }

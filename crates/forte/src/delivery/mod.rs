@@ -12,11 +12,13 @@
 mod acknowledge;
 mod ahead;
 mod copy;
+mod custody;
 mod deliver;
 mod landing;
 mod lease;
 
 pub use copy::SecondCopy;
+pub use custody::CustodySettings;
 pub use landing::Landing;
 pub use lease::Worker;
 
@@ -56,6 +58,9 @@ pub struct DeliveryReport {
     pub quarantined: Option<std::path::PathBuf>,
     /// What the tasks run after delivery reported (the batch stays delivered).
     pub after_delivery: Vec<String>,
+    /// Set when the batch was an instance delivered before: acknowledged, not delivered again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replay: Option<String>,
 }
 
 impl DeliveryReport {
@@ -84,6 +89,8 @@ pub struct Delivery<'a> {
     pub catalog: &'a Catalog,
     /// The landing zone and the site's tasks, where tasks are configured.
     landing: Option<&'a Landing>,
+    /// Site binding, replays and receipts (`pull`; `None` in tests of delivery alone).
+    custody: Option<CustodySettings<'a>>,
     /// Which worker this is, and its leases on batches in the catalogue.
     worker: Worker,
     leases: Leases,
@@ -113,6 +120,7 @@ impl<'a> Delivery<'a> {
             copy_to,
             catalog,
             landing: None,
+            custody: None,
             worker,
             leases: catalog.leases(),
             ahead: Mutex::default(),
@@ -124,6 +132,15 @@ impl<'a> Delivery<'a> {
     /// the destination, and checked again after.
     pub fn with_landing(self, landing: Option<&'a Landing>) -> Self {
         Self { landing, ..self }
+    }
+
+    /// Batches are filed only under the site their edge signed, replays are acknowledged and
+    /// not delivered, and every delivered instance gets a signed receipt.
+    pub fn with_custody(self, custody: CustodySettings<'a>) -> Self {
+        Self {
+            custody: Some(custody),
+            ..self
+        }
     }
 
     /// The batches ready at the relay (with `open`, also those still being sent), in the order

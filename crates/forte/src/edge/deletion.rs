@@ -1,16 +1,17 @@
 //! What happens to a batch after it was sent: a late file sends it again, a cancelled batch is
 //! skipped, and acknowledged files are deleted at the source, one by one.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, BatchState, FileRow, Role};
-use forte_format::{Kind, ObjectId};
+use forte_format::{Kind, ObjectId, Receipt, ReceiptFile};
 use forte_prepare::{discover, SourceFile};
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
 use super::{batch_id, object_id, Edge};
+use crate::record::note;
 use crate::transfer::retry::Operation;
 use crate::units::human;
 
@@ -169,19 +170,26 @@ impl Edge<'_> {
                 })
             })
             .collect();
-        let ids: BTreeSet<ObjectId> = carried.iter().map(|(_, _, carrier)| *carrier).collect();
-        let ids: Vec<ObjectId> = ids.into_iter().collect();
-        let Ok(known) = self.setup.client.statuses(&ids) else {
+        // Only the core's signed receipts say what it keeps: the relay's word (its tombstones,
+        // its answers) never deletes a source.
+        let Some(receipted) = self.verified_receipts(b) else {
             return;
         };
-        let delivered = |id: &ObjectId| {
-            known
+        let delivered = |source: &SourceFile, id: &ObjectId| {
+            receipted
                 .get(id)
-                .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered)
+                .is_some_and(|listed| still_as_delivered(source, listed))
         };
         // The acknowledgement is kept before the source goes: a sender killed after deleting
         // a file could never record it again.
-        for (source, id, carrier) in carried.iter().filter(|(_, _, c)| delivered(c)) {
+        let carried: Vec<(SourceFile, ObjectId, ObjectId, bool)> = carried
+            .into_iter()
+            .map(|(source, id, carrier)| {
+                let ok = delivered(&source, &id);
+                (source, id, carrier, ok)
+            })
+            .collect();
+        for (source, id, carrier, _) in carried.iter().filter(|c| c.3) {
             let was = recorded.get(id.to_string().as_str()).map(|r| r.state);
             self.record_acknowledged_file(&b.batch_key, *carrier, (source, *id), was);
         }
@@ -197,7 +205,7 @@ impl Edge<'_> {
             deleted,
             mut kept,
             waiting,
-        } = delete_delivered(&files_of(carried), delivered);
+        } = delete_delivered(&files_of(carried));
         kept.extend(never_sent);
         prune_empty_dirs(dir);
         let only_marker = std::fs::read_dir(dir)
@@ -233,12 +241,86 @@ impl Edge<'_> {
     }
 }
 
-/// Each file with the object that carries it.
-fn files_of(carried: Vec<(SourceFile, ObjectId, ObjectId)>) -> Vec<(SourceFile, ObjectId)> {
+impl Edge<'_> {
+    /// Every file the core's receipts for batch `b` list, by object id: only receipts that
+    /// verify with a trusted core key (`--receipt-pub`) and name this site count, and each
+    /// such receipt is kept in the catalogue for audit. `None` when the relay cannot be asked.
+    fn verified_receipts(&self, b: &BatchRow) -> Option<HashMap<ObjectId, ReceiptFile>> {
+        let trusted = self.setup.receipts.as_ref()?;
+        let documents = self.setup.client.receipts(b.batch_key.batch()).ok()?;
+        let mut listed = HashMap::new();
+        for document in documents {
+            let receipt = match Receipt::open(&document, trusted) {
+                Ok(r) if r.site == self.setup.site => r,
+                Ok(r) => {
+                    let error = format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site);
+                    self.setup.failures.report(&b.name, None, &error);
+                    continue;
+                }
+                Err(e) => {
+                    let error = format!("the relay offered a receipt that does not verify ({e}): ignored, nothing deleted on its word");
+                    self.setup.failures.report(&b.name, None, &error);
+                    continue;
+                }
+            };
+            let text = String::from_utf8_lossy(&document);
+            note(
+                "a receipt",
+                self.setup
+                    .catalog
+                    .keep_receipt(&receipt.site, &receipt.instance, &text),
+            );
+            listed.extend(receipt.files.into_iter().map(|f| (f.id, f)));
+        }
+        Some(listed)
+    }
+}
+
+/// Each file with whether the core's receipt covers it as it is now.
+fn files_of(carried: Vec<(SourceFile, ObjectId, ObjectId, bool)>) -> Vec<(SourceFile, bool)> {
     carried
         .into_iter()
-        .map(|(f, _, carrier)| (f, carrier))
+        .map(|(f, _, _, delivered)| (f, delivered))
         .collect()
+}
+
+/// Whether `source` is still the file the core's receipt lists: a directory is; a file when its
+/// size is the receipt's and its bytes, read now, hash to the receipt's SHA-256, and nothing
+/// about it (device, inode, size, mtime, ctime) changed while they were read. Its object id,
+/// which the receipt is looked up by, already binds its path, size and mtime when it was read;
+/// the hash is what catches a file rewritten with its size and mtime kept (`cp -p`, `rsync
+/// -t`, `tar x`). Hashing always, not only when the metadata moved: metadata can be set back,
+/// and at SHA-NI speed the read costs about a second per 1.7 GB (docs/benchmarks.md).
+fn still_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> bool {
+    if source.kind == Kind::Dir {
+        return true;
+    }
+    if source.size != listed.size {
+        return false;
+    }
+    let identity = |m: &std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    let Ok(before) = std::fs::symlink_metadata(&source.local) else {
+        return false;
+    };
+    if !before.is_file() {
+        return false;
+    }
+    let Ok(sha256) = forte_format::seal::sha256_file(&source.local) else {
+        return false;
+    };
+    let after = std::fs::symlink_metadata(&source.local);
+    sha256 == listed.sha256 && after.is_ok_and(|a| identity(&a) == identity(&before))
 }
 
 /// Drops from a sent batch's `files` the empty directories that held files it sent (`rows`):
@@ -265,21 +347,18 @@ struct Deletion {
     waiting: usize,
 }
 
-/// Deletes each of `files` whose object is `delivered`, and nothing else: files first, then
-/// directories deepest first, so a delivered directory goes only once what it held is gone.
-fn delete_delivered(
-    files: &[(SourceFile, ObjectId)],
-    delivered: impl Fn(&ObjectId) -> bool,
-) -> Deletion {
-    let mut order: Vec<&(SourceFile, ObjectId)> = files.iter().collect();
+/// Deletes each of `files` marked delivered, and nothing else: files first, then directories
+/// deepest first, so a delivered directory goes only once what it held is gone.
+fn delete_delivered(files: &[(SourceFile, bool)]) -> Deletion {
+    let mut order: Vec<&(SourceFile, bool)> = files.iter().collect();
     order.sort_by_key(|(f, _)| (f.kind == Kind::Dir, std::cmp::Reverse(f.path.len())));
     let mut done = Deletion {
         deleted: 0,
         kept: Vec::new(),
         waiting: 0,
     };
-    for (file, id) in order {
-        if !delivered(id) {
+    for (file, delivered) in order {
+        if !delivered {
             done.waiting += 1;
             continue;
         }
@@ -346,6 +425,55 @@ mod tests {
         assert_eq!(left, ["b"]);
     }
 
+    /// Each file marked delivered when `delivered` says so of its id.
+    fn marked(
+        files: &[(SourceFile, ObjectId)],
+        delivered: impl Fn(&ObjectId) -> bool,
+    ) -> Vec<(SourceFile, bool)> {
+        files
+            .iter()
+            .map(|(f, id)| (f.clone(), delivered(id)))
+            .collect()
+    }
+
+    fn listed(bytes: &[u8]) -> ReceiptFile {
+        ReceiptFile {
+            id: ObjectId::random(),
+            size: bytes.len() as u64,
+            sha256: forte_format::seal::sha256_hex(bytes),
+        }
+    }
+
+    /// A file rewritten after it was read, with new bytes of the same size and its
+    /// nanosecond mtime set back (`cp -p`, `rsync -t`, `tar x`): the same object id, so the
+    /// receipt is found, but not the bytes the core keeps. It stays.
+    #[test]
+    fn a_file_rewritten_with_its_size_and_mtime_kept_is_not_as_delivered() {
+        let (dir, files) = batch();
+        let one = &files.iter().find(|(f, _)| f.path == "a/one").unwrap().0;
+        assert!(still_as_delivered(one, &listed(b"1")));
+        assert!(!still_as_delivered(one, &listed(b"2")), "other bytes");
+        assert!(!still_as_delivered(one, &listed(b"11")), "another size");
+        let path = dir.path().join("a/one");
+        let mtime =
+            filetime::FileTime::from_last_modification_time(&std::fs::metadata(&path).unwrap());
+        std::fs::write(&path, b"X").unwrap();
+        filetime::set_file_mtime(&path, mtime).unwrap();
+        let again = discover(dir.path())
+            .unwrap()
+            .files
+            .into_iter()
+            .find(|f| f.path == "a/one")
+            .unwrap();
+        assert_eq!(
+            (again.size, again.mtime_s, again.mtime_ns),
+            (one.size, one.mtime_s, one.mtime_ns)
+        );
+        assert!(!still_as_delivered(&again, &listed(b"1")));
+        std::fs::remove_file(&path).unwrap();
+        assert!(!still_as_delivered(one, &listed(b"1")), "gone");
+    }
+
     fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {
         files.iter().find(|(f, _)| f.path == path).unwrap().1
     }
@@ -354,7 +482,7 @@ mod tests {
     fn only_delivered_files_are_deleted_and_the_rest_wait() {
         let (dir, files) = batch();
         let one = id_of(&files, "a/one");
-        let done = delete_delivered(&files, |id| *id == one);
+        let done = delete_delivered(&marked(&files, |id| *id == one));
         assert!(!dir.path().join("a/one").exists());
         assert!(dir.path().join("a/two").exists() && dir.path().join("b").is_dir());
         let waiting = files.len() - 1;
@@ -371,7 +499,7 @@ mod tests {
     #[test]
     fn everything_delivered_is_deleted_including_empty_directories() {
         let (dir, files) = batch();
-        let done = delete_delivered(&files, |_| true);
+        let done = delete_delivered(&marked(&files, |_| true));
         assert_eq!((done.deleted, done.waiting), (3, 0), "{done:?}");
         assert!(done.kept.is_empty(), "{done:?}");
         let left: Vec<_> = std::fs::read_dir(dir.path())
@@ -387,7 +515,7 @@ mod tests {
     fn a_file_that_cannot_be_deleted_is_kept_and_named() {
         let (dir, files) = batch();
         std::fs::remove_file(dir.path().join("a/two")).unwrap();
-        let done = delete_delivered(&files, |_| true);
+        let done = delete_delivered(&marked(&files, |_| true));
         assert_eq!(done.kept.len(), 1, "{done:?}");
         assert!(done.kept[0].contains("a/two: cannot delete"), "{done:?}");
     }
@@ -405,7 +533,7 @@ mod tests {
             .find(|f| f.path == "b/late")
             .unwrap();
         files.push((late, ObjectId::derive(b"test", &[b"b/late"])));
-        let done = delete_delivered(&files, |_| true);
+        let done = delete_delivered(&marked(&files, |_| true));
         assert!(done.kept.is_empty(), "{done:?}");
         assert_eq!((done.deleted, done.waiting), (4, 0), "{done:?}");
         assert!(!dir.path().join("b").exists());

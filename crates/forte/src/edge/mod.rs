@@ -172,6 +172,11 @@ impl InFlight {
 /// What an edge sends with: the relay, the keys, how to retry, where to record and report.
 pub struct EdgeSetup<'a> {
     pub client: &'a RelayClient,
+    /// This edge's site, signed into every inventory.
+    pub site: String,
+    /// The core keys whose custody receipts allow deleting sources (`--receipt-pub`); without
+    /// them nothing is deleted.
+    pub receipts: Option<forte_format::TrustedCores>,
     /// The keys that seal objects and inventories, and how files are prepared.
     pub settings: &'a EdgeSettings,
     pub retry: Retry,

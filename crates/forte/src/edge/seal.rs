@@ -7,7 +7,7 @@ use std::thread::Scope;
 use std::time::Duration;
 
 use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, Stage};
-use forte_format::{Inventory, InventoryEntry, Manifest, ObjectId};
+use forte_format::{Instance, Inventory, InventoryEntry, Manifest, ObjectId};
 use forte_prepare::{FileOutcome, Prepare};
 
 use super::admit::HeldBefore;
@@ -104,8 +104,10 @@ impl Edge<'_> {
             entries,
             answer_to,
         } = seal;
-        let settings = self.setup.settings;
-        let inventory = Inventory::new(&name, entries).seal(&settings.key, &settings.recipients);
+        let Ok(inventory) = self.sealed_inventory(&batch_key, &name, entries) else {
+            // Dropping `answer_to` tells `finish`, which fails the batch for the next run.
+            return;
+        };
         let wait = Some(EARLY_SEAL_WAIT);
         let answer = self
             .setup
@@ -113,6 +115,32 @@ impl Edge<'_> {
             .seal_batch(batch_key.batch(), &members, &inventory, wait);
         // The flight may be gone (the batch failed meanwhile): nobody waits for the answer.
         let _ = answer_to.send(EarlySeal { answer, inventory });
+    }
+
+    /// The batch's inventory, signed and sealed, naming this site and the batch instance: the
+    /// one recorded for the same content (sealed again after a refused seal, or for a relay
+    /// that lost it), else a fresh one with the site's next sequence number.
+    fn sealed_inventory(
+        &self,
+        batch_key: &BatchKey,
+        name: &str,
+        entries: Vec<InventoryEntry>,
+    ) -> Result<Vec<u8>, String> {
+        let mut inventory = Inventory::new(name, Instance::default(), entries);
+        let site = &self.setup.site;
+        let row = self
+            .setup
+            .catalog
+            .edge_instance(batch_key, site, &inventory.content(), || {
+                ObjectId::random().to_string()
+            })
+            .map_err(|e| format!("{e:#}"))?;
+        inventory.site = row.site;
+        inventory.instance = row.instance;
+        inventory.sequence = row.sequence as u64;
+        inventory.sealed_at = row.sealed_at;
+        let settings = self.setup.settings;
+        Ok(inventory.seal(&settings.key, &settings.recipients))
     }
 
     /// Books one file's outcome to its batch's flight: sent, or its failure.
@@ -187,11 +215,9 @@ impl Edge<'_> {
                 Some(Err(_)) => Err("the thread sealing it stopped without an answer".to_string()),
                 // The entries go as soon as they are sealed: at 100 000 files they are tens of
                 // MB.
-                None => {
-                    let settings = self.setup.settings;
-                    let inventory = Inventory::new(&report.batch, entries);
-                    Ok(Some(inventory.seal(&settings.key, &settings.recipients)))
-                }
+                None => self
+                    .sealed_inventory(batch_key, &report.batch, entries)
+                    .map(Some),
             };
             let what = format!("seal of batch {}", report.batch);
             let sealed = inventory.and_then(|inventory| {

@@ -5,7 +5,10 @@
 //! recipient = "keys/core.pub"   # pack: encrypt to this age recipient file
 //! sign = "keys/edge.key"        # pack: sign manifests with this edge key
 //! identity = "keys/core.key"    # unpack: decrypt with this age identity file
-//! trust = ["keys/edge.pub"]     # unpack: accept manifests signed by these edge keys
+//! trust = ["mine-7=keys/edge.pub"]  # unpack, pull: accept what this edge key signs for site
+//!                               # mine-7 ("keys/edge.pub" alone: for any site)
+//! receipt_key = "keys/receipt.key"  # pull: sign custody receipts with this core key
+//! receipt_pub = ["keys/receipt.pub"] # send: delete sources only under receipts it verifies
 //!
 //! [prepare]
 //! part_size = "16MiB"
@@ -21,6 +24,8 @@
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //!
 //! [send]
+//! site = "mine-7"                  # signed into every inventory; default: the relay's name
+//!                                  # for this token (give it when sites share a key)
 //! connections = "auto"             # or a number: uploads in flight, fixed
 //! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
 //! target_rate = "30MB"             # hold the upload at this rate
@@ -151,6 +156,8 @@ pub struct S3Section {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SendSection {
+    /// This edge's site, as the relay's tokens.toml names it.
+    pub site: Option<String>,
     /// Uploads in flight: `auto` (tuned while the transfer runs) or a fixed number.
     pub connections: Option<Connections>,
     /// The upload's bandwidth limit: a rate or a timetable (`units::parse_bwlimit`).
@@ -188,7 +195,12 @@ pub struct KeysSection {
     pub sign: Option<PathBuf>,
     pub identity: Option<PathBuf>,
     #[serde(default)]
-    pub trust: Vec<PathBuf>,
+    pub trust: Vec<forte_format::TrustSpec>,
+    /// The core's key that signs custody receipts (pull).
+    pub receipt_key: Option<PathBuf>,
+    /// The core's receipt keys the edge verifies receipts with (send).
+    #[serde(default)]
+    pub receipt_pub: Vec<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -331,13 +343,23 @@ impl Config {
             .map_err(|e| anyhow::anyhow!("config file {} is not valid: {e}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new("."));
         let k = &mut config.keys;
-        for p in [&mut k.recipient, &mut k.sign, &mut k.identity]
-            .into_iter()
-            .flatten()
+        for p in [
+            &mut k.recipient,
+            &mut k.sign,
+            &mut k.identity,
+            &mut k.receipt_key,
+        ]
+        .into_iter()
+        .flatten()
         {
             *p = base.join(&*p);
         }
-        for p in &mut k.trust {
+        for p in k
+            .trust
+            .iter_mut()
+            .map(|t| &mut t.path)
+            .chain(&mut k.receipt_pub)
+        {
             *p = base.join(&*p);
         }
         let r = &mut config.relay;

@@ -51,9 +51,11 @@ pub struct CoreFlags {
     /// age identity file of the core (core.key) [config: keys.identity].
     #[arg(long, value_name = "FILE")]
     pub(super) identity: Option<PathBuf>,
-    /// Trusted edge public key (edge.pub); repeat for several edges [config: keys.trust].
-    #[arg(long, value_name = "FILE")]
-    pub(super) trust: Vec<PathBuf>,
+    /// Trusted edge public key (edge.pub), bound to the site it may sign for as SITE=FILE
+    /// (FILE alone: any site; a relay could then file one site's batch under another site
+    /// that shares the key); repeat for several edges or sites [config: keys.trust].
+    #[arg(long, value_name = "[SITE=]FILE")]
+    pub(super) trust: Vec<forte_format::TrustSpec>,
     /// CPU budget [config: prepare.cpu] [default: all cores].
     #[arg(long)]
     pub(super) cpu: Option<usize>,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
+use forte_format::{EdgeKey, Identities, ReceiptKey, Recipients, TrustedCores, TrustedEdges};
 use forte_ingest::{FileOptions, IngestOptions};
 use forte_pipeline::{Gate, Scheduler, Scheduling};
 use forte_prepare::{BundleLimits, PrepareConfig};
@@ -50,6 +50,48 @@ pub struct CoreSettings {
     pub identities: Identities,
     pub trusted: TrustedEdges,
     pub restore: RestoreConfig,
+}
+
+/// The custody receipts' keys: the core's signing key (pull), or the core keys an edge
+/// verifies receipts with (send).
+pub fn receipt_key(flag: Option<PathBuf>, config: &Config) -> Result<Option<ReceiptKey>> {
+    flag.or(config.keys.receipt_key.clone())
+        .map(|path| ReceiptKey::load(&path))
+        .transpose()
+}
+
+/// The core's receipt keys an edge trusts (`--receipt-pub`, or keys.receipt_pub).
+pub fn receipt_pub(flags: &[PathBuf], config: &Config) -> Result<Option<TrustedCores>> {
+    let paths = if flags.is_empty() {
+        &config.keys.receipt_pub
+    } else {
+        flags
+    };
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    TrustedCores::load(paths).map(Some)
+}
+
+/// This edge's site: `--site`, else `[send] site`, else the relay's name for the token. A
+/// site given that the relay names otherwise is refused: the relay would file the batches under
+/// its own name, and the core would refuse them.
+pub fn site(flag: Option<&str>, config: &Config, client: &RelayClient) -> Result<String> {
+    let given = flag.or(config.send.site.as_deref());
+    if let Some(site) = given {
+        forte_format::check_site_name(site).map_err(|e| anyhow!("--site: {e}"))?;
+    }
+    let at_relay = client.site();
+    match (given, at_relay) {
+        (Some(site), Ok(relay)) if relay != site => bail!(
+            "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
+        ),
+        (Some(site), _) => Ok(site.to_string()),
+        (None, Ok(relay)) => Ok(relay),
+        (None, Err(e)) => Err(anyhow!(
+            "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
+        )),
+    }
 }
 
 /// The relay as a client reaches it.
@@ -139,7 +181,9 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
         flags.trust.clone()
     };
     if trust.is_empty() {
-        bail!("no trusted edge key: pass --trust edge.pub or set keys.trust in the config file");
+        bail!(
+            "no trusted edge key: pass --trust SITE=edge.pub or set keys.trust in the config file"
+        );
     }
     let mut restore = RestoreConfig::for_this_machine();
     if let Some(cpu) = flags.cpu.or(config.prepare.cpu) {

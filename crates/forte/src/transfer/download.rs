@@ -46,13 +46,12 @@ impl ObjectSource for RelaySource<'_> {
         };
         let what = format!("download of the inventory of batch {}", first.batch);
         let sealed = self.retry.run(Operation::Download, &what, || {
-            self.client.inventory(&first.site, &first.batch)
+            self.client.inventory(&first.site, &first.batch, max_len)
         })?;
         if let Some(bytes) = &sealed {
             anyhow::ensure!(
                 bytes.len() as u64 <= max_len,
-                "inventory of {} bytes is too large",
-                bytes.len()
+                "inventory of more than {max_len} bytes is too large"
             );
         }
         Ok(sealed)
@@ -68,13 +67,12 @@ impl ObjectSource for RelaySource<'_> {
                 self.batch_key,
                 object.id,
                 None,
-                || self.client.manifest(site, object.id),
+                || self.client.manifest(site, object.id, max_len),
             )
         })?;
         anyhow::ensure!(
             bytes.len() as u64 <= max_len,
-            "manifest of {} bytes is too large",
-            bytes.len()
+            "manifest of more than {max_len} bytes is too large"
         );
         Ok(bytes)
     }
@@ -91,14 +89,20 @@ impl ObjectSource for RelaySource<'_> {
                     self.batch_key,
                     object.id,
                     Some(index),
-                    || self.client.part(site, object.id, index),
+                    || self.client.part(site, object.id, index, length),
                 )
             })
             .map_err(|e| PartError::Unavailable(e.to_string()))?;
+        // Read no further than one byte past the manifest's length: a longer copy is damaged
+        // whatever its size.
         if bytes.len() as u64 != length {
+            let has = if bytes.len() as u64 > length {
+                "more than".to_string()
+            } else {
+                bytes.len().to_string()
+            };
             return Err(PartError::Damaged(format!(
-                "the relay's copy has {} bytes, the manifest says {length}",
-                bytes.len()
+                "the relay's copy has {has} bytes, the manifest says {length}"
             )));
         }
         Ok(bytes)

@@ -258,6 +258,17 @@ fn inventory_key(site: &str, batch: &str) -> String {
     format!("sites/{site}/batches/{batch}.inventory.age")
 }
 
+/// Where the core's receipts for a batch are kept: one per delivered instance, named by the
+/// receipt's SHA-256, so a receipt given again (a replay acknowledged) is kept once.
+fn receipts_key(site: &str, batch: &str) -> String {
+    format!("sites/{site}/receipts/{batch}")
+}
+
+/// The most receipts a batch keeps at the relay, and the most bytes of one: receipts are
+/// small, and whoever may acknowledge must not fill the store with them.
+pub const MAX_RECEIPTS_PER_BATCH: usize = 64;
+pub const MAX_RECEIPT_BYTES: usize = 64 << 20;
+
 fn acking_key(site: &str, batch: &str) -> String {
     format!("sites/{site}/batches/{batch}.acking.json")
 }
@@ -309,7 +320,7 @@ impl Store {
         // Batch acknowledgements a stop interrupted are finished before anything is served.
         for site in &sites {
             for (batch, ids) in store.acking(site) {
-                store.ack_batch(site, &batch, &ids).map_err(|e| {
+                store.ack_batch(site, &batch, &ids, None).map_err(|e| {
                     anyhow::anyhow!(
                         "cannot finish acknowledging batch {batch} of site {site}: {e:?}"
                     )
@@ -1186,7 +1197,13 @@ impl Store {
     /// of them is listed any more even if the relay stops half-way; then each gets a tombstone
     /// (create-only: kept so the edge can learn what was delivered, and written once however
     /// many relays acknowledge) and their data and records are deleted together. Idempotent.
-    pub fn ack_batch(&self, site: &str, batch: &str, ids: &[ObjectId]) -> Result<()> {
+    pub fn ack_batch(
+        &self,
+        site: &str,
+        batch: &str,
+        ids: &[ObjectId],
+        receipt: Option<&[u8]>,
+    ) -> Result<()> {
         let unknown = Mutex::new(Vec::new());
         at_once(ids, |id| {
             // Sealed, or acknowledged before (by this relay or another, whose deletion may
@@ -1202,8 +1219,13 @@ impl Store {
                 "batch {batch} of site {site}: objects {unknown:?} are not complete"
             )));
         }
-        let record = acking_key(site, batch);
         let what = format!("acknowledgement of batch {batch}");
+        // The receipt is kept before anything is deleted: an edge must never find its batch
+        // gone and no receipt for it.
+        if let Some(receipt) = receipt {
+            self.keep_receipt(site, batch, receipt, &what)?;
+        }
+        let record = acking_key(site, batch);
         let ids_json = serde_json::to_vec(ids).expect("serialises");
         self.backend.put(&record, &ids_json, &what)?;
         at_once(ids, |id| {
@@ -1219,6 +1241,38 @@ impl Store {
             self.backend.delete(&key, &what)?;
         }
         self.backend.delete(&record, &what)
+    }
+
+    fn keep_receipt(&self, site: &str, batch: &str, receipt: &[u8], what: &str) -> Result<()> {
+        if receipt.len() > MAX_RECEIPT_BYTES {
+            return Err(StoreError::Invalid(format!(
+                "a receipt of {} bytes is larger than {MAX_RECEIPT_BYTES}",
+                receipt.len()
+            )));
+        }
+        let dir = receipts_key(site, batch);
+        let name = format!("{dir}/{}.json", hex::encode(Sha256::digest(receipt)));
+        if self.backend.list(&dir, what)?.len() >= MAX_RECEIPTS_PER_BATCH
+            && !self.backend.exists(&name, what)?
+        {
+            return Err(StoreError::Invalid(format!(
+                "batch {batch} of site {site} holds {MAX_RECEIPTS_PER_BATCH} receipts already"
+            )));
+        }
+        self.backend.put(&name, receipt, what)
+    }
+
+    /// The receipts kept for one of a site's batches, as the core gave them (unverified: the
+    /// edge checks each with the core's key).
+    pub fn receipts(&self, site: &str, batch: &str) -> Result<Vec<Vec<u8>>> {
+        let what = "receipts";
+        let mut receipts = Vec::new();
+        for entry in self.backend.list(&receipts_key(site, batch), what)? {
+            if let Some(bytes) = self.backend.get(&entry.key, what)? {
+                receipts.push(bytes);
+            }
+        }
+        Ok(receipts)
     }
 
     /// A damaged part reported by the core: drop it and reopen the object, so the edge
@@ -1346,7 +1400,7 @@ mod tests {
             assert_eq!(store.read_manifest("s", id).unwrap(), b"manifest");
         }
         assert_eq!(counting.take(), [("get", 10)]);
-        store.ack_batch("s", "b", &ids).unwrap();
+        store.ack_batch("s", "b", &ids, None).unwrap();
         // Each object's sealed record looked at and its tombstone written; the acknowledgement
         // record written, all the objects deleted at once, then the batch's three records.
         let ack = [

@@ -149,8 +149,10 @@ impl Forger {
             key: forte_format::EdgeKey::load(&keys.edge_key).unwrap(),
             recipients: forte_format::Recipients::load(&keys.core_pub).unwrap(),
             identities: forte_format::Identities::load(&keys.core_key).unwrap(),
-            trusted: forte_format::TrustedEdges::load(std::slice::from_ref(&keys.edge_pub))
-                .unwrap(),
+            trusted: forte_format::TrustedEdges::load(&[forte_format::TrustSpec::any_site(
+                &keys.edge_pub,
+            )])
+            .unwrap(),
         }
     }
 

@@ -1,0 +1,238 @@
+//! Batch instances and their custody receipts (table `batch_instances`, migration 10).
+//!
+//! At the edge, each instance of a batch it sealed: a fresh id and the site's next sequence
+//! number for every new content, the same instance again when it seals the same content again
+//! (after a refused seal, or a relay that lost it), and the core's receipt once verified. At the
+//! core, each instance it delivered, with the receipt it signed: an instance offered again is a
+//! replay, acknowledged with that receipt and never delivered again, and a sequence number
+//! missing below ones that arrived is a gap to alert on.
+//!
+//! These go to the database at once, not through the writer's queue: whether an instance is a
+//! replay, and which sequence number comes next, must be known before acting.
+
+use anyhow::{Context, Result};
+use sqlx::any::AnyRow;
+use sqlx::Row;
+
+use crate::vocabulary::{BatchKey, Role};
+use crate::{now_us, Catalog};
+
+/// One batch instance as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceRow {
+    pub role: Role,
+    pub site: String,
+    /// 32 hex digits, as signed in the inventory.
+    pub instance: String,
+    pub sequence: i64,
+    pub batch_key: BatchKey,
+    /// A digest of what the instance holds (its inventory's objects), so the edge seals the
+    /// same content as the same instance.
+    pub content: String,
+    /// When the edge sealed it, microseconds since the Unix epoch.
+    pub sealed_at: i64,
+    /// When this catalogue recorded it.
+    pub recorded_at: i64,
+    /// The core's signed receipt (JSON), once signed (core) or verified (edge).
+    pub receipt: Option<String>,
+}
+
+/// A sequence number of a site that has not arrived while a later one has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gap {
+    pub site: String,
+    pub missing: i64,
+    /// The sequence number after it that arrived first, and when.
+    pub after: i64,
+    pub since: i64,
+}
+
+const COLUMNS: &str = "SELECT role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt FROM batch_instances";
+
+fn instance_row(r: &AnyRow) -> Result<InstanceRow> {
+    let role: String = r.try_get(0)?;
+    let key: String = r.try_get(4)?;
+    Ok(InstanceRow {
+        role: Role::parse(&role).with_context(|| format!("unknown role {role:?}"))?,
+        site: r.try_get(1)?,
+        instance: r.try_get(2)?,
+        sequence: r.try_get(3)?,
+        batch_key: BatchKey::parse(&key),
+        content: r.try_get(5)?,
+        sealed_at: r.try_get(6)?,
+        recorded_at: r.try_get(7)?,
+        receipt: r.try_get(8)?,
+    })
+}
+
+impl Catalog {
+    fn instances_where(
+        &self,
+        condition: &str,
+        binds: &[&str],
+        what: &str,
+    ) -> Result<Vec<InstanceRow>> {
+        let sql = format!("{COLUMNS} WHERE {condition} ORDER BY sequence, recorded_at");
+        let mut query = sqlx::query(&sql);
+        for b in binds {
+            query = query.bind(b.to_string());
+        }
+        let rows = self
+            .runtime
+            .block_on(query.fetch_all(&self.pool))
+            .with_context(|| format!("cannot read {what} from the catalogue {}", self.url))?;
+        rows.iter().map(instance_row).collect()
+    }
+
+    /// The edge's instance for sealing `batch` with `content` at `site`: the one recorded for
+    /// that content, or a new one with the site's next sequence number, recorded now. `fresh`
+    /// makes the new instance's id (random, 32 hex digits).
+    pub fn edge_instance(
+        &self,
+        batch: &BatchKey,
+        site: &str,
+        content: &str,
+        fresh: impl FnOnce() -> String,
+    ) -> Result<InstanceRow> {
+        let key = batch.to_string();
+        let same = self.instances_where(
+            "role = 'edge' AND batch_key = $1 AND site = $2 AND content = $3",
+            &[&key, site, content],
+            "the batch's instances",
+        )?;
+        if let Some(row) = same.into_iter().next_back() {
+            return Ok(row);
+        }
+        let instance = fresh();
+        let now = now_us();
+        self.runtime
+            .block_on(
+                sqlx::query(
+                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at)
+                     VALUES ('edge', $1, $2,
+                         (SELECT COALESCE(MAX(sequence), 0) + 1 FROM batch_instances WHERE role = 'edge' AND site = $1),
+                         $3, $4, $5, $5)",
+                )
+                .bind(site)
+                .bind(&instance)
+                .bind(&key)
+                .bind(content)
+                .bind(now)
+                .execute(&self.pool),
+            )
+            .with_context(|| {
+                format!("cannot record batch {batch}'s instance in the catalogue {}", self.url)
+            })?;
+        let rows = self.instances_where(
+            "role = 'edge' AND site = $1 AND instance = $2",
+            &[site, &instance],
+            "the batch's new instance",
+        )?;
+        rows.into_iter()
+            .next()
+            .with_context(|| format!("batch {batch}'s new instance was not recorded"))
+    }
+
+    /// Every instance recorded for `batch` (at this catalogue's end), oldest sequence first.
+    pub fn instances_of(&self, batch: &BatchKey) -> Result<Vec<InstanceRow>> {
+        let role = batch.role().as_str();
+        self.instances_where(
+            "role = $1 AND batch_key = $2",
+            &[role, &batch.to_string()],
+            "the batch's instances",
+        )
+    }
+
+    /// The instance `instance` of `site` as the core recorded it, if it delivered it.
+    pub fn delivered_instance(&self, site: &str, instance: &str) -> Result<Option<InstanceRow>> {
+        let rows = self.instances_where(
+            "role = 'core' AND site = $1 AND instance = $2",
+            &[site, instance],
+            "delivered instances",
+        )?;
+        Ok(rows.into_iter().next())
+    }
+
+    /// Records at the core that it delivered `row` (role core), with its receipt. False when
+    /// the instance was recorded already (another worker delivered it first): a replay.
+    pub fn record_delivered_instance(&self, row: &InstanceRow) -> Result<bool> {
+        let done = self
+            .runtime
+            .block_on(
+                sqlx::query(
+                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt)
+                     VALUES ('core', $1, $2, $3, $4, $5, $6, $7, $8)
+                     ON CONFLICT (role, site, instance) DO NOTHING",
+                )
+                .bind(&row.site)
+                .bind(&row.instance)
+                .bind(row.sequence)
+                .bind(row.batch_key.to_string())
+                .bind(&row.content)
+                .bind(row.sealed_at)
+                .bind(row.recorded_at)
+                .bind(row.receipt.as_deref())
+                .execute(&self.pool),
+            )
+            .with_context(|| {
+                format!(
+                    "cannot record the delivery of instance {} of site {} in the catalogue {}",
+                    row.instance, row.site, self.url
+                )
+            })?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Keeps the core's verified receipt with the edge's instance.
+    pub fn keep_receipt(&self, site: &str, instance: &str, receipt: &str) -> Result<()> {
+        self.runtime
+            .block_on(
+                sqlx::query(
+                    "UPDATE batch_instances SET receipt = $3 WHERE role = 'edge' AND site = $1 AND instance = $2",
+                )
+                .bind(site)
+                .bind(instance)
+                .bind(receipt)
+                .execute(&self.pool),
+            )
+            .with_context(|| format!("cannot keep a receipt in the catalogue {}", self.url))?;
+        Ok(())
+    }
+
+    /// Every receipt this catalogue holds (signed at the core, or verified at the edge).
+    pub fn receipts(&self) -> Result<Vec<InstanceRow>> {
+        self.instances_where("receipt IS NOT NULL", &[], "receipts")
+    }
+
+    /// The sequence numbers missing at the core below ones that arrived at least `older_than`
+    /// microseconds ago, per site: a batch the relay dropped, or one still on its way.
+    pub fn sequence_gaps(&self, older_than: i64) -> Result<Vec<Gap>> {
+        let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
+        let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, i64)>> = Default::default();
+        for r in &rows {
+            by_site
+                .entry(&r.site)
+                .or_default()
+                .push((r.sequence, r.recorded_at));
+        }
+        let now = now_us();
+        let mut gaps = Vec::new();
+        for (site, mut seen) in by_site {
+            seen.sort_unstable();
+            seen.dedup_by_key(|s| s.0);
+            for pair in seen.windows(2) {
+                let ((low, _), (high, arrived)) = (pair[0], pair[1]);
+                if now - arrived < older_than {
+                    continue;
+                }
+                gaps.extend((low + 1..high).map(|missing| Gap {
+                    site: site.to_string(),
+                    missing,
+                    after: high,
+                    since: arrived,
+                }));
+            }
+        }
+        Ok(gaps)
+    }
+}

@@ -1,0 +1,226 @@
+//! Custody at the core: a batch is filed only under the site its edge signed, and only if that
+//! site's key signed it; an instance delivered before is a replay, acknowledged with the receipt
+//! it got then and never delivered again; every delivered instance gets a receipt signed with
+//! the core's key, kept in the catalogue before the relay is told; a site's sequence number
+//! missing while later ones arrived is alerted on.
+
+use std::collections::HashSet;
+
+use anyhow::{bail, Result};
+use forte_catalog::{format_utc, now_us, BatchKey, InstanceRow, Role};
+use forte_format::{Inventory, Outcome, Receipt, ReceiptFile};
+use parking_lot::Mutex;
+
+use super::Delivery;
+
+/// What the core needs for custody: whose keys may sign for which site, the key receipts are
+/// signed with, and how long a sequence gap may stay open before it is alerted on.
+pub struct CustodySettings<'a> {
+    pub trusted: &'a forte_format::TrustedEdges,
+    pub receipt_key: Option<&'a forte_format::ReceiptKey>,
+    pub gap_after: std::time::Duration,
+    /// Where delivered batches are kept, as receipts name it (`--to`).
+    pub destination: String,
+    /// Where gap alerts go besides standard error.
+    pub failures: crate::hook::Failures,
+    /// Gaps alerted on already, each once.
+    pub(super) alerted: Mutex<HashSet<(String, i64)>>,
+}
+
+impl<'a> CustodySettings<'a> {
+    pub fn new(
+        trusted: &'a forte_format::TrustedEdges,
+        receipt_key: Option<&'a forte_format::ReceiptKey>,
+        gap_after: std::time::Duration,
+        (destination, failures): (String, crate::hook::Failures),
+    ) -> Self {
+        Self {
+            trusted,
+            receipt_key,
+            gap_after,
+            destination,
+            failures,
+            alerted: Mutex::default(),
+        }
+    }
+}
+
+/// The batch instance a signed inventory names.
+#[derive(Debug, Clone)]
+pub(super) struct Instance {
+    pub site: String,
+    pub id: String,
+    pub sequence: u64,
+    pub sealed_at: i64,
+    pub content: String,
+}
+
+/// A batch whose instance the core delivered before: acknowledged with its receipt, not
+/// delivered again, its tasks not run.
+#[derive(Debug)]
+pub(super) struct Replayed(pub InstanceRow);
+
+impl std::fmt::Display for Replayed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let r = &self.0;
+        write!(
+            f,
+            "replay: instance {} (sequence {}) of site {} was delivered at {} as batch {}; acknowledged, not delivered again",
+            r.instance,
+            r.sequence,
+            r.site,
+            format_utc(r.recorded_at),
+            r.batch_key
+        )
+    }
+}
+
+impl std::error::Error for Replayed {}
+
+impl Delivery<'_> {
+    /// Checks who may file the batch where, from what the edge signed: the site named in its
+    /// inventory must be the one the relay lists it under, its signer must be trusted for that
+    /// site, and its instance must not have been delivered before ([`Replayed`]). `None` for a
+    /// batch sealed before inventories named their instance (accepted only from keys trusted
+    /// for any site).
+    pub(super) fn check_custody(
+        &self,
+        listed_site: &str,
+        inventory: Option<&Inventory>,
+    ) -> Result<Option<Instance>> {
+        let Some(custody) = &self.custody else {
+            return Ok(None);
+        };
+        let Some(inventory) = inventory else {
+            return Ok(None);
+        };
+        let signer = inventory
+            .signer
+            .as_ref()
+            .expect("an opened inventory names its signer");
+        let key = forte_format::keys::edge_key_id(signer);
+        if !inventory.names_its_instance() {
+            if !custody.trusted.may_sign_for(signer, listed_site) {
+                bail!("the batch's inventory (format 1) names no site, and edge key {key} is not trusted for site {listed_site} (--trust {listed_site}=FILE)");
+            }
+            return Ok(None);
+        }
+        if inventory.site != listed_site {
+            bail!(
+                "the relay lists this batch under site {listed_site}, but its edge signed it for site {:?}: refused, nothing delivered (a relay that moved it between sites, or an edge with the wrong --site)",
+                inventory.site
+            );
+        }
+        if !custody.trusted.may_sign_for(signer, &inventory.site) {
+            bail!(
+                "the batch is signed for site {} by edge key {key}, which is not trusted for that site (--trust {}=FILE binds a key to it): refused, nothing delivered",
+                inventory.site,
+                inventory.site
+            );
+        }
+        if let Some(row) = self
+            .catalog
+            .delivered_instance(&inventory.site, &inventory.instance)?
+        {
+            return Err(Replayed(row).into());
+        }
+        Ok(Some(Instance {
+            site: inventory.site.clone(),
+            id: inventory.instance.clone(),
+            sequence: inventory.sequence,
+            sealed_at: inventory.sealed_at,
+            content: inventory.content(),
+        }))
+    }
+
+    /// Signs the receipt for `instance` (when the core has a receipt key) and records the
+    /// instance as delivered with it, durably, before the relay may be told. False when another
+    /// worker recorded the same instance first.
+    pub(super) fn keep_instance(
+        &self,
+        key: &BatchKey,
+        instance: &Instance,
+        outcome: Outcome,
+        delivered: &forte_restore::Delivered,
+    ) -> Result<Option<Vec<u8>>> {
+        let custody = self.custody.as_ref().expect("an instance implies custody");
+        let files = delivered
+            .placed
+            .iter()
+            .map(|p| ReceiptFile {
+                id: p.id,
+                size: p.size,
+                sha256: p.sha256.clone(),
+            })
+            .collect();
+        let now = now_us();
+        let receipt = custody.receipt_key.map(|k| {
+            Receipt::new(
+                (&instance.site, &instance.id, instance.sequence),
+                outcome,
+                files,
+                (&custody.destination, &self.worker.name),
+                now,
+            )
+            .sign(k)
+        });
+        let row = InstanceRow {
+            role: Role::Core,
+            site: instance.site.clone(),
+            instance: instance.id.clone(),
+            sequence: instance.sequence as i64,
+            batch_key: key.clone(),
+            content: instance.content.clone(),
+            sealed_at: instance.sealed_at,
+            recorded_at: now,
+            receipt: receipt
+                .as_deref()
+                .map(|r| String::from_utf8_lossy(r).into_owned()),
+        };
+        if !self.catalog.record_delivered_instance(&row)? {
+            // Delivered by another worker just now: its receipt is the one.
+            let first = self
+                .catalog
+                .delivered_instance(&instance.site, &instance.id)?;
+            return Ok(first.and_then(|r| r.receipt).map(String::into_bytes));
+        }
+        Ok(receipt)
+    }
+
+    /// The receipt the core keeps for a batch it delivered (the newest instance), to give
+    /// again with an acknowledgement given again.
+    pub(super) fn kept_receipt(&self, key: &BatchKey) -> Option<Vec<u8>> {
+        let rows = self.catalog.instances_of(key).ok()?;
+        rows.into_iter()
+            .filter_map(|r| r.receipt)
+            .next_back()
+            .map(String::into_bytes)
+    }
+
+    /// Alerts, once each, on every sequence number of a site that has not arrived although a
+    /// later one arrived at least the configured time ago: a batch the relay dropped or holds
+    /// back. Through the failure hook and standard error.
+    pub fn alert_gaps(&self) {
+        let Some(custody) = &self.custody else {
+            return;
+        };
+        let older_than = custody.gap_after.as_micros() as i64;
+        let Ok(gaps) = self.catalog.sequence_gaps(older_than) else {
+            return;
+        };
+        let mut alerted = custody.alerted.lock();
+        for gap in gaps {
+            if !alerted.insert((gap.site.clone(), gap.missing)) {
+                continue;
+            }
+            let error = format!(
+                "site {}: batch sequence number {} has not arrived, though {} arrived at {} (a batch dropped or held back at the relay, or cancelled at the edge)",
+                gap.site,
+                gap.missing,
+                gap.after,
+                format_utc(gap.since)
+            );
+            custody.failures.report(&gap.site, None, &error);
+        }
+    }
+}
