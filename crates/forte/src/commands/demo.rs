@@ -207,7 +207,9 @@ impl Loopback<'_> {
                 c.arg("--recipient")
                     .arg(&keys.core_pub)
                     .arg("--sign")
-                    .arg(&keys.edge_key);
+                    .arg(&keys.edge_key)
+                    .arg("--receipt-pub")
+                    .arg(&keys.receipt_pub);
             },
         )?;
         let delivered = self.root.join("dest");
@@ -218,7 +220,9 @@ impl Loopback<'_> {
                 .arg("--identity")
                 .arg(&keys.core_key)
                 .arg("--trust")
-                .arg(&keys.edge_pub);
+                .arg(format!("mine-site={}", keys.edge_pub.display()))
+                .arg("--receipt-key")
+                .arg(&keys.receipt_key);
         })?;
         let sent = tree_digest(inbox)?
             .into_iter()

@@ -6,7 +6,8 @@ use forte_format::{EdgeKey, Recipients};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Directory to write core.key, core.pub, edge.key and edge.pub into.
+    /// Directory to write core.key, core.pub (the core's age pair), edge.key, edge.pub (an
+    /// edge's signing pair) and receipt.key, receipt.pub (the core's receipt-signing pair) into.
     #[arg(long, value_name = "KEYS")]
     dir: PathBuf,
 }
@@ -32,6 +33,16 @@ pub fn run(args: Args) -> Result<bool> {
         "edge public    {}  {}",
         paths.edge_pub.display(),
         edge_key_id(&edge.0.verifying_key())
+    );
+    let receipts = EdgeKey::load(&paths.receipt_key)?;
+    println!(
+        "receipt key    {}  (secret: the core signs custody receipts with it; pull --receipt-key)",
+        paths.receipt_key.display()
+    );
+    println!(
+        "receipt public {}  {}  (send --receipt-pub: deletes sources only under its receipts)",
+        paths.receipt_pub.display(),
+        edge_key_id(&receipts.0.verifying_key())
     );
     Ok(true)
 }

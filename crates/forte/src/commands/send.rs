@@ -104,7 +104,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if args.delete_after_ack && receipts.is_none() {
         bail!("--delete-after-ack needs the core's receipt key (--receipt-pub keys/receipt.pub, or keys.receipt_pub): without it, the relay's word alone would delete sources");
     }
-    let site = settings::site(args.site.as_deref(), config, &client)?;
+    let site = settings::EdgeSite::new(args.site.as_deref(), config)?;
     let edge = Edge::new(EdgeSetup {
         client: &client,
         site,

@@ -247,11 +247,12 @@ impl Edge<'_> {
     /// such receipt is kept in the catalogue for audit. `None` when the relay cannot be asked.
     fn verified_receipts(&self, b: &BatchRow) -> Option<HashMap<ObjectId, ReceiptFile>> {
         let trusted = self.setup.receipts.as_ref()?;
+        let site = self.setup.site.get(self.setup.client).ok()?;
         let documents = self.setup.client.receipts(b.batch_key.batch()).ok()?;
         let mut listed = HashMap::new();
         for document in documents {
             let receipt = match Receipt::open(&document, trusted) {
-                Ok(r) if r.site == self.setup.site => r,
+                Ok(r) if r.site == site => r,
                 Ok(r) => {
                     let error = format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site);
                     self.setup.failures.report(&b.name, None, &error);

@@ -173,7 +173,7 @@ impl InFlight {
 pub struct EdgeSetup<'a> {
     pub client: &'a RelayClient,
     /// This edge's site, signed into every inventory.
-    pub site: String,
+    pub site: crate::settings::EdgeSite,
     /// The core keys whose custody receipts allow deleting sources (`--receipt-pub`); without
     /// them nothing is deleted.
     pub receipts: Option<forte_format::TrustedCores>,

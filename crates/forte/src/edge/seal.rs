@@ -127,7 +127,11 @@ impl Edge<'_> {
         entries: Vec<InventoryEntry>,
     ) -> Result<Vec<u8>, String> {
         let mut inventory = Inventory::new(name, Instance::default(), entries);
-        let site = &self.setup.site;
+        let site = self
+            .setup
+            .site
+            .get(self.setup.client)
+            .map_err(|e| format!("{e:#}"))?;
         let row = self
             .setup
             .catalog

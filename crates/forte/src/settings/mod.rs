@@ -73,24 +73,43 @@ pub fn receipt_pub(flags: &[PathBuf], config: &Config) -> Result<Option<TrustedC
     TrustedCores::load(paths).map(Some)
 }
 
-/// This edge's site: `--site`, else `[send] site`, else the relay's name for the token. A
-/// site given that the relay names otherwise is refused: the relay would file the batches under
-/// its own name, and the core would refuse them.
-pub fn site(flag: Option<&str>, config: &Config, client: &RelayClient) -> Result<String> {
-    let given = flag.or(config.send.site.as_deref());
-    if let Some(site) = given {
-        forte_format::check_site_name(site).map_err(|e| anyhow!("--site: {e}"))?;
+/// This edge's site: `--site`, else `[send] site`, else the relay's name for the token, asked
+/// the first time a batch is sealed (a daemon starts while the relay is down). A site given
+/// that the relay names otherwise is refused then: the relay files the batches under its own
+/// name, and the core would refuse every one.
+pub struct EdgeSite {
+    given: Option<String>,
+    known: std::sync::OnceLock<String>,
+}
+
+impl EdgeSite {
+    pub fn new(flag: Option<&str>, config: &Config) -> Result<Self> {
+        let given = flag.or(config.send.site.as_deref());
+        if let Some(site) = given {
+            forte_format::check_site_name(site).map_err(|e| anyhow!("--site: {e}"))?;
+        }
+        Ok(Self {
+            given: given.map(str::to_string),
+            known: Default::default(),
+        })
     }
-    let at_relay = client.site();
-    match (given, at_relay) {
-        (Some(site), Ok(relay)) if relay != site => bail!(
-            "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
-        ),
-        (Some(site), _) => Ok(site.to_string()),
-        (None, Ok(relay)) => Ok(relay),
-        (None, Err(e)) => Err(anyhow!(
-            "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
-        )),
+
+    /// The site, checked against the relay's name for the token once.
+    pub fn get(&self, client: &RelayClient) -> Result<&str> {
+        if let Some(site) = self.known.get() {
+            return Ok(site);
+        }
+        let site = match (self.given.as_deref(), client.site()) {
+            (Some(site), Ok(relay)) if relay != site => bail!(
+                "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
+            ),
+            (Some(site), _) => site.to_string(),
+            (None, Ok(relay)) => relay,
+            (None, Err(e)) => bail!(
+                "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
+            ),
+        };
+        Ok(self.known.get_or_init(|| site))
     }
 }
 

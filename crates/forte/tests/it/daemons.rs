@@ -656,7 +656,12 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         "nothing acknowledged yet"
     );
 
-    let inventory = std::fs::read(packed.join(forte_format::INVENTORY_FILE)).unwrap();
+    // An archive names no site; as the edge would, the batch's inventory names site-a.
+    let forger = Forger::new(&site.keys);
+    let document = forger.open(&packed.join(forte_format::INVENTORY_FILE));
+    let mut inventory = forte_format::Inventory::open(&document, &forger.trusted).unwrap();
+    inventory.site = "site-a".into();
+    let inventory = inventory.seal(&forger.key, &forger.recipients);
     edge.seal_batch("batch-ahead", &ids, &inventory, None)
         .unwrap();
     let expected: std::collections::BTreeMap<String, String> = source_hashes(&src)

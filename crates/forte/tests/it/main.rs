@@ -8,6 +8,7 @@ mod common;
 
 mod bundles;
 mod cli;
+mod custody;
 mod daemons;
 mod dashboard;
 mod failfast;

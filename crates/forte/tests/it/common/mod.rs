@@ -90,6 +90,8 @@ pub struct Keys {
     pub core_pub: PathBuf,
     pub edge_key: PathBuf,
     pub edge_pub: PathBuf,
+    pub receipt_key: PathBuf,
+    pub receipt_pub: PathBuf,
 }
 
 pub fn keygen(dir: &Path) -> Keys {
@@ -100,6 +102,8 @@ pub fn keygen(dir: &Path) -> Keys {
         core_pub: dir.join("core.pub"),
         edge_key: dir.join("edge.key"),
         edge_pub: dir.join("edge.pub"),
+        receipt_key: dir.join("receipt.key"),
+        receipt_pub: dir.join("receipt.pub"),
     }
 }
 

@@ -242,7 +242,9 @@ impl Site {
             "--recipient",
             &self.keys.core_pub,
             "--sign",
-            &self.keys.edge_key
+            &self.keys.edge_key,
+            "--receipt-pub",
+            &self.keys.receipt_pub
         ];
         a.extend(self.relay_args("edge.token"));
         a.extend(extra.iter().map(Into::into));
@@ -259,7 +261,9 @@ impl Site {
             "--identity",
             &self.keys.core_key,
             "--trust",
-            &self.keys.edge_pub,
+            format!("site-a={}", self.keys.edge_pub.display()),
+            "--receipt-key",
+            &self.keys.receipt_key,
             "-q",
         ];
         a.extend(self.relay_args("core.token"));

@@ -1,0 +1,308 @@
+//! The relay is only storage: the attacks of an operator who holds the relay's store and its
+//! tokens.toml, staged the way they would be, by editing the store or using a token. Nothing
+//! the relay says decides which site a batch is filed under, whether it is new, or whether a
+//! source may be deleted.
+
+use std::path::{Path, PathBuf};
+
+use crate::common::site::*;
+use crate::common::*;
+
+/// Moves every entry of `from` into `to` (directories made as needed).
+fn move_entries(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        std::fs::rename(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+/// Rewrites every JSON record under `dir` that names site `from` to name `to`: the relay's
+/// own records, which an operator edits along with the move.
+fn relabel_records(dir: &Path, from: &str, to: &str) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            relabel_records(&path, from, to);
+        } else if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            let quoted = |s: &str| format!("\"{s}\"");
+            std::fs::write(&path, text.replace(&quoted(from), &quoted(to))).unwrap();
+        }
+    }
+}
+
+/// Copies a directory tree.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// `pull` trusting the site's edge key for site-a and site-b alike (one key shared by two
+/// sites, a common deployment), with `extra` flags.
+fn pull_trusting_both(site: &Site, extra: &[&str]) -> Args {
+    let mut a = site.pull();
+    a.extend(args![
+        "--trust",
+        format!("site-b={}", site.keys.edge_pub.display())
+    ]);
+    a.extend(extra.iter().map(Into::into));
+    a
+}
+
+/// A relay operator moves site-b's sealed batch into site-a's namespace of the store: it is
+/// signed for site-b, so the core refuses to file it under site-a, delivers nothing and does
+/// not acknowledge it, even though the one edge key signs for both sites.
+#[test]
+fn a_batch_moved_to_another_sites_namespace_is_refused_even_with_a_shared_key() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox-b"), "run-b", 2, 200_000);
+    ok(&site.send_as_site_b(&site.keys, &["-q"]));
+    let store = site.relay.store.clone();
+    for dir in ["objects", "meta", "batches"] {
+        move_entries(
+            &store.join("sites/site-b").join(dir),
+            &store.join("sites/site-a").join(dir),
+        );
+    }
+    relabel_records(&store.join("sites/site-a"), "site-b", "site-a");
+    site.restart_relay();
+
+    let err = fails(&pull_trusting_both(&site, &[]));
+    assert!(
+        err.contains("lists this batch under site site-a, but its edge signed it for site")
+            && err.contains("site-b"),
+        "{err}"
+    );
+    let dest = site.root.join("dest");
+    assert!(
+        visible(&dest).is_empty(),
+        "delivered under a wrong site: {:?}",
+        visible(&dest)
+    );
+    assert!(
+        !std::fs::read_dir(store.join("sites/site-a/objects"))
+            .unwrap()
+            .collect::<Vec<_>>()
+            .is_empty(),
+        "not acknowledged: the relay keeps it"
+    );
+}
+
+/// Two sites share an edge key; the relay swaps their sealed batches. Each is refused under
+/// the other's name; put back where they belong, each is delivered under its own site.
+#[test]
+fn swapped_batches_of_two_sites_sharing_a_key_are_refused_then_delivered_in_place() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 2, 100_000);
+    write_batch(&site.root.join("inbox-b"), "run-b", 2, 100_000);
+    ok(&site.send(&["-q"]));
+    ok(&site.send_as_site_b(&site.keys, &["-q"]));
+    let store = site.relay.store.clone();
+    let swap = |store: &Path| {
+        let (a, b, t) = (
+            store.join("sites/site-a"),
+            store.join("sites/site-b"),
+            store.join("sites/swap"),
+        );
+        for dir in ["objects", "meta", "batches"] {
+            move_entries(&a.join(dir), &t.join(dir));
+            move_entries(&b.join(dir), &a.join(dir));
+            move_entries(&t.join(dir), &b.join(dir));
+        }
+        std::fs::remove_dir_all(t).unwrap();
+        relabel_records(&a, "site-b", "swap");
+        relabel_records(&b, "site-a", "site-b");
+        relabel_records(&a, "swap", "site-a");
+    };
+    swap(&store);
+    site.restart_relay();
+    let err = fails(&pull_trusting_both(&site, &[]));
+    assert_eq!(
+        err.matches("but its edge signed it for site").count(),
+        2,
+        "{err}"
+    );
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    swap(&store);
+    site.restart_relay();
+    ok(&pull_trusting_both(&site, &[]));
+    let dest = site.root.join("dest");
+    assert_eq!(
+        visible(&dest.join("site-a/run-a")),
+        source_hashes(&site.root.join("inbox/run-a"))
+    );
+    assert_eq!(
+        visible(&dest.join("site-b/run-b")),
+        source_hashes(&site.root.join("inbox-b/run-b"))
+    );
+}
+
+/// A key bound to site-a may not sign for site-b: a batch sent by site-b with site-a's key is
+/// refused, named by the key and the fix.
+#[test]
+fn a_key_bound_to_one_site_cannot_sign_for_another() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox-b"), "run-b", 1, 10_000);
+    ok(&site.send_as_site_b(&site.keys, &["-q"]));
+    let err = fails(&site.pull());
+    assert!(
+        err.contains("is signed for site site-b by edge key")
+            && err.contains("--trust site-b=FILE"),
+        "{err}"
+    );
+    assert!(visible(&site.root.join("dest")).is_empty());
+}
+
+/// The relay keeps a copy of a delivered batch and offers it again (its tombstones removed)
+/// after a downstream user moved the first copy away: the core acknowledges it as a replay,
+/// does not deliver it again, and no delivered task runs for it.
+#[test]
+fn a_replayed_batch_is_acknowledged_and_not_delivered_again() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-1", 3, 50_000);
+    ok(&site.send(&["-q"]));
+    let store = site.relay.store.clone();
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&store.join("sites/site-a"), &kept);
+    ok(&site.pull());
+    let dest = site.root.join("dest/site-a/run-1");
+    assert_eq!(visible(&dest).len(), 3);
+    std::fs::rename(&dest, site.root.join("moved-downstream")).unwrap();
+
+    std::fs::remove_dir_all(store.join("sites/site-a")).unwrap();
+    copy_tree(&kept, &store.join("sites/site-a"));
+    site.restart_relay();
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("replay: instance") && stderr.contains("not delivered again"),
+        "{stderr}"
+    );
+    assert!(!dest.exists(), "the replay was delivered again");
+    assert!(
+        std::fs::read_dir(store.join("sites/site-a/objects"))
+            .map_or(true, |mut d| d.next().is_none()),
+        "the replay is acknowledged: the relay holds nothing"
+    );
+}
+
+/// With `send --watch --delete-after-ack` and no core pulling, the relay operator forges the
+/// acknowledgement with the core's token (the relay then reports every object delivered) and
+/// plants a receipt signed by another key: the sender refuses the receipt, says so, and
+/// deletes nothing.
+#[test]
+fn a_forged_acknowledgement_and_receipt_delete_no_source() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "kept", 2, 100_000);
+    let sources: Vec<PathBuf> = source_hashes(&batch)
+        .keys()
+        .map(|p| batch.join(p))
+        .collect();
+    let log = site.root.join("send.log");
+    let _send = spawn_logged(
+        &site.send(&["--watch", "--interval", "1", "--delete-after-ack"]),
+        &log,
+    );
+    let send_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let store = site.relay.store.clone();
+    let batches = store.join("sites/site-a/batches");
+    assert!(
+        wait_for(60, || sealed(&batches)),
+        "never sealed: {}",
+        send_log()
+    );
+    // The operator acknowledges with the core's token, as the core would, without a receipt.
+    let core = forte_relay::client::RelayClient::new(
+        &forte_relay::client::RelayEndpoint {
+            url: site.relay.url.clone(),
+            token: CORE_TOKEN.into(),
+            trust: forte_relay::tls::RelayTrust::Fingerprint(site.relay.fingerprint.clone()),
+        },
+        std::time::Duration::from_secs(30),
+    )
+    .unwrap();
+    let ready = core.ready(false).unwrap();
+    assert!(!ready.is_empty());
+    let relay_batch = ready[0].batch.clone();
+    let ids: Vec<_> = ready.iter().map(|o| o.id).collect();
+    core.ack_batch("site-a", &relay_batch, &ids, None).unwrap();
+    // And plants a receipt signed by a key of its own.
+    let forged_key = keygen(&site.root.join("operator-keys"));
+    let forged = forged_receipt(&forged_key, &relay_batch);
+    let dir = store.join(format!("sites/site-a/receipts/{relay_batch}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("forged.json"), forged).unwrap();
+    assert!(
+        wait_for(30, || send_log().contains("receipt that does not verify")),
+        "the sender never looked at the receipts: {}",
+        send_log()
+    );
+    for source in &sources {
+        assert!(
+            source.exists(),
+            "{} deleted on a forged acknowledgement: {}",
+            source.display(),
+            send_log()
+        );
+    }
+    assert!(!send_log().contains("source deleted"), "{}", send_log());
+}
+
+/// Whether the relay holds a sealed batch (its inventory) in `batches`.
+fn sealed(batches: &Path) -> bool {
+    std::fs::read_dir(batches).is_ok_and(|d| {
+        d.flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".inventory.age"))
+    })
+}
+
+/// A receipt for every object id, signed with `keys`' receipt key: right in form, wrong in
+/// signer.
+fn forged_receipt(keys: &Keys, _batch: &str) -> Vec<u8> {
+    let key = forte_format::EdgeKey::load(&keys.receipt_key).unwrap();
+    let receipt = forte_format::Receipt::new(
+        ("site-a", &forte_format::ObjectId::random().to_string(), 1),
+        forte_format::Outcome::Delivered,
+        Vec::new(),
+        ("/archive", "operator"),
+        0,
+    );
+    receipt.sign(&key)
+}
+
+/// A part extended at the relay to many times its signed length: the core reads no more than
+/// one byte past what the manifest says, refuses the part as damaged and delivers nothing.
+#[test]
+fn a_part_grown_at_the_relay_is_read_no_further_than_its_signed_length() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "grown", 1, 300_000);
+    ok(&site.send(&["-q", "--bundle-below", "0"]));
+    let objects = site.root.join("relay/sites/site-a/objects");
+    let part = std::fs::read_dir(&objects)
+        .unwrap()
+        .flatten()
+        .flat_map(|o| std::fs::read_dir(o.path()).unwrap().flatten())
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("part-"))
+        .expect("a part at the relay");
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&part)
+        .unwrap();
+    file.set_len(256 << 20).unwrap();
+    let err = fails(&site.pull());
+    assert!(
+        err.contains("the relay's copy has more than") && err.contains("bytes, the manifest says"),
+        "{err}"
+    );
+    assert!(visible(&site.root.join("dest")).is_empty());
+}
