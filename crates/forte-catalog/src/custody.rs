@@ -37,11 +37,12 @@ pub struct InstanceRow {
     pub receipt: Option<String>,
 }
 
-/// A sequence number of a site that has not arrived while a later one has.
+/// Sequence numbers of a site that have not arrived while a later one has: `first..=last`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gap {
     pub site: String,
-    pub missing: i64,
+    pub first: i64,
+    pub last: i64,
     /// The sequence number after it that arrived first, and when.
     pub after: i64,
     pub since: i64,
@@ -204,8 +205,10 @@ impl Catalog {
         self.instances_where("receipt IS NOT NULL", &[], "receipts")
     }
 
-    /// The sequence numbers missing at the core below ones that arrived at least `older_than`
-    /// microseconds ago, per site: a batch the relay dropped, or one still on its way.
+    /// The runs of sequence numbers missing at the core below ones that arrived at least
+    /// `older_than` microseconds ago, per site, counted from 1: a batch the relay dropped, or
+    /// one still on its way (a core whose catalogue is new sees every earlier number as one
+    /// run).
     pub fn sequence_gaps(&self, older_than: i64) -> Result<Vec<Gap>> {
         let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
         let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, i64)>> = Default::default();
@@ -220,19 +223,100 @@ impl Catalog {
         for (site, mut seen) in by_site {
             seen.sort_unstable();
             seen.dedup_by_key(|s| s.0);
-            for pair in seen.windows(2) {
-                let ((low, _), (high, arrived)) = (pair[0], pair[1]);
-                if now - arrived < older_than {
-                    continue;
+            let mut below = 0;
+            for (high, arrived) in seen {
+                if high > below + 1 && now - arrived >= older_than {
+                    gaps.push(Gap {
+                        site: site.to_string(),
+                        first: below + 1,
+                        last: high - 1,
+                        after: high,
+                        since: arrived,
+                    });
                 }
-                gaps.extend((low + 1..high).map(|missing| Gap {
-                    site: site.to_string(),
-                    missing,
-                    after: high,
-                    since: arrived,
-                }));
+                below = high;
             }
         }
         Ok(gaps)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivered(catalog: &Catalog, site: &str, sequence: i64, recorded_at: i64) {
+        let row = InstanceRow {
+            role: Role::Core,
+            site: site.into(),
+            instance: format!("{sequence:032x}"),
+            sequence,
+            batch_key: BatchKey::core(site, format!("b{sequence}")),
+            content: String::new(),
+            sealed_at: 0,
+            recorded_at,
+            receipt: Some("{}".into()),
+        };
+        assert!(catalog.record_delivered_instance(&row).unwrap());
+        assert!(
+            !catalog.record_delivered_instance(&row).unwrap(),
+            "recorded once"
+        );
+    }
+
+    #[test]
+    fn missing_sequence_numbers_are_runs_counted_from_1_once_a_later_one_is_old_enough() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("c.sqlite").to_str().unwrap()).unwrap();
+        let old = now_us() - 60_000_000;
+        for seq in [1, 2, 5, 6] {
+            delivered(&catalog, "mine-7", seq, old);
+        }
+        delivered(&catalog, "mine-7", 9, now_us());
+        delivered(&catalog, "ship-2", 3, old);
+        let gaps = catalog.sequence_gaps(30_000_000).unwrap();
+        let runs: Vec<(&str, i64, i64, i64)> = gaps
+            .iter()
+            .map(|g| (g.site.as_str(), g.first, g.last, g.after))
+            .collect();
+        // 7..8 is missing too, but 9 arrived just now: it may still be on its way.
+        assert_eq!(runs, [("mine-7", 3, 4, 5), ("ship-2", 1, 2, 3)]);
+        assert_eq!(catalog.sequence_gaps(0).unwrap().len(), 3);
+        let row = catalog
+            .delivered_instance("mine-7", &format!("{:032x}", 5))
+            .unwrap();
+        assert_eq!(row.map(|r| r.sequence), Some(5));
+        assert!(catalog
+            .delivered_instance("ship-2", &format!("{:032x}", 5))
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn the_same_content_is_the_same_instance_and_new_content_takes_the_next_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("e.sqlite").to_str().unwrap()).unwrap();
+        let (a, b) = (BatchKey::edge("a"), BatchKey::edge("b"));
+        let fresh = |n: u8| move || format!("{n:032x}");
+        let first = catalog.edge_instance(&a, "mine-7", "c1", fresh(1)).unwrap();
+        let again = catalog.edge_instance(&a, "mine-7", "c1", fresh(2)).unwrap();
+        assert_eq!(
+            (first.sequence, again.instance.clone()),
+            (1, first.instance.clone())
+        );
+        let follow_up = catalog.edge_instance(&a, "mine-7", "c2", fresh(3)).unwrap();
+        let other = catalog.edge_instance(&b, "mine-7", "c1", fresh(4)).unwrap();
+        let elsewhere = catalog.edge_instance(&b, "ship-2", "c1", fresh(5)).unwrap();
+        assert_eq!(
+            (follow_up.sequence, other.sequence, elsewhere.sequence),
+            (2, 3, 1)
+        );
+        catalog
+            .keep_receipt("mine-7", &first.instance, "{\"r\":1}")
+            .unwrap();
+        let kept: Vec<_> = catalog.receipts().unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].receipt.as_deref(), Some("{\"r\":1}"));
+        assert_eq!(catalog.instances_of(&a).unwrap().len(), 2);
     }
 }

@@ -11,7 +11,9 @@ use forte_catalog::{BatchState, Role};
 use serde::Serialize;
 
 use super::{Daemon, Output};
-use crate::edge::{ready_batches, Batch, Edge, EdgeSetup, Inbox, SendReport, READY_MARKER};
+use crate::edge::{
+    ready_batches, Batch, Edge, EdgeSetup, Inbox, InboxLock, SendReport, READY_MARKER,
+};
 use crate::hook::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
@@ -83,6 +85,7 @@ struct Summary {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
+    let _inbox = InboxLock::take(&args.inbox)?;
     let link = settings::relay(&args.relay, config)?;
     let mut edge_settings = settings::edge(&args.edge, config)?;
     let (uploads, tune) = settings::uploads(args.connections, config);
@@ -262,6 +265,7 @@ impl Pass<'_> {
         std::thread::scope(|s| {
             let inbox = &args.inbox;
             s.spawn(move || loop {
+                edge.find_lost();
                 match ready_batches(inbox, settle) {
                     Ok(found) => {
                         let todo: Vec<Batch> = found

@@ -23,8 +23,8 @@ pub struct CustodySettings<'a> {
     pub destination: String,
     /// Where gap alerts go besides standard error.
     pub failures: crate::hook::Failures,
-    /// Gaps alerted on already, each once.
-    pub(super) alerted: Mutex<HashSet<(String, i64)>>,
+    /// Gaps alerted on already, each once (site, first and last missing number).
+    pub(super) alerted: Mutex<HashSet<(String, i64, i64)>>,
 }
 
 impl<'a> CustodySettings<'a> {
@@ -210,13 +210,17 @@ impl Delivery<'_> {
         };
         let mut alerted = custody.alerted.lock();
         for gap in gaps {
-            if !alerted.insert((gap.site.clone(), gap.missing)) {
+            if !alerted.insert((gap.site.clone(), gap.first, gap.last)) {
                 continue;
             }
+            let numbers = if gap.first == gap.last {
+                format!("batch sequence number {} is", gap.first)
+            } else {
+                format!("batch sequence numbers {} to {} are", gap.first, gap.last)
+            };
             let error = format!(
-                "site {}: batch sequence number {} has not arrived, though {} arrived at {} (a batch dropped or held back at the relay, or cancelled at the edge)",
+                "site {}: {numbers} missing, though {} arrived at {} (a batch dropped or held back at the relay, or cancelled at the edge)",
                 gap.site,
-                gap.missing,
                 gap.after,
                 format_utc(gap.since)
             );

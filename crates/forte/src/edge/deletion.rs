@@ -123,6 +123,66 @@ impl Edge<'_> {
         Ok(ok)
     }
 
+    /// Asks the relay about every batch this edge sent that the core has not given a receipt
+    /// for, in one round of status queries, and marks for sending again each batch of which
+    /// the relay no longer knows an object (neither holds nor delivered it: a relay that lost
+    /// or dropped it). The next scan admits it again, asking the relay what it holds, and
+    /// uploads and seals what is missing (the same content is the same instance, so a core
+    /// that has it already takes it as a replay).
+    pub fn find_lost(&self) {
+        let Ok(batches) = self.setup.catalog.batches() else {
+            return;
+        };
+        let sent: Vec<BatchRow> = batches
+            .into_iter()
+            .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
+            .filter(|b| !self.in_flight.lock().contains_key(&b.batch_key))
+            .collect();
+        let mut carriers: HashMap<ObjectId, Vec<usize>> = HashMap::new();
+        for (i, b) in sent.iter().enumerate() {
+            let Ok(rows) = self.setup.catalog.files(&b.batch_key) else {
+                continue;
+            };
+            let acknowledged = |r: &FileRow| r.state == forte_catalog::FileState::Acknowledged;
+            for r in rows.iter().filter(|r| !acknowledged(r)) {
+                if let Ok(id) = r.at_relay().parse() {
+                    carriers.entry(id).or_default().push(i);
+                }
+            }
+        }
+        if carriers.is_empty() {
+            return;
+        }
+        let ids: Vec<ObjectId> = carriers.keys().copied().collect();
+        let Ok(known) = self.setup.client.statuses(&ids) else {
+            return;
+        };
+        let mut lost: HashMap<usize, usize> = HashMap::new();
+        for (id, batches) in &carriers {
+            if !known.contains_key(id) {
+                for i in batches {
+                    *lost.entry(*i).or_default() += 1;
+                }
+            }
+        }
+        for (i, objects) in lost {
+            let b = &sent[i];
+            let error = format!(
+                "the relay no longer holds {objects} object(s) of this batch, sealed and not yet received by the core: sending them again"
+            );
+            self.setup.failures.report(&b.name, None, &error);
+            let (files, bytes) = (b.files as u64, b.bytes as u64);
+            self.record_batch_as(
+                &b.batch_key,
+                &b.name,
+                (files, bytes),
+                BatchState::Failed,
+                (None, Some(&error)),
+            );
+        }
+        note("a lost batch", self.setup.catalog.flush());
+    }
+
     /// Deletes, in every sent batch, each source file whose object the core has acknowledged
     /// (the relay reports it delivered) and which is unchanged since (its derived object id is
     /// the same), and nothing else: a file that was skipped, failed, changed or appeared later

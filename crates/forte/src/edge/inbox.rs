@@ -101,3 +101,86 @@ pub(super) fn prune_empty_dirs(dir: &Path) {
         }
     }
 }
+
+/// The lock file a running `send` holds in its inbox (hidden: never taken for a batch).
+pub const SEND_LOCK: &str = ".forte-send.lock";
+
+/// This process's hold on an inbox: one `send` per inbox, so two never plan the same batch
+/// from the same catalogue (which sealed batches twice and left parts at the relay that did not
+/// match their manifests). An advisory `flock`, released by the kernel however the process
+/// ends; the file keeps the holder's PID for the message.
+#[derive(Debug)]
+pub struct InboxLock {
+    _file: Option<std::fs::File>,
+}
+
+impl InboxLock {
+    /// Takes `inbox`'s lock, or fails at once naming the process that holds it.
+    pub fn take(inbox: &Path) -> Result<Self> {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        if !inbox.is_dir() {
+            anyhow::bail!(
+                "inbox {} is not a directory: create it, or give the inbox's path",
+                inbox.display()
+            );
+        }
+        let path = inbox.join(SEND_LOCK);
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path);
+        let mut file = match opened {
+            Ok(file) => file,
+            // A read-only inbox (sent, never deleted from) cannot hold the lock.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+                ) =>
+            {
+                eprintln!(
+                    "warning: cannot write {} ({e}): a second send on this inbox would not be refused",
+                    path.display()
+                );
+                return Ok(Self { _file: None });
+            }
+            Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
+        };
+        // SAFETY: flock on a file descriptor this function owns; no memory is shared.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if locked != 0 {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            anyhow::bail!(
+                "another forte send (PID {}) is sending inbox {}: one send per inbox; stop it first, or wait for it to end",
+                holder.trim(),
+                inbox.display()
+            );
+        }
+        file.set_len(0)?;
+        file.rewind()?;
+        write!(file, "{}", std::process::id())?;
+        Ok(Self { _file: Some(file) })
+    }
+}
+
+#[cfg(test)]
+mod lock_tests {
+    use super::*;
+
+    #[test]
+    fn a_second_lock_on_an_inbox_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = InboxLock::take(dir.path()).unwrap();
+        let e = InboxLock::take(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("PID {}", std::process::id())) && e.contains("one send per inbox"),
+            "{e}"
+        );
+        drop(first);
+        InboxLock::take(dir.path()).expect("free once the holder let go");
+    }
+}

@@ -36,7 +36,7 @@ use crate::settings::EdgeSettings;
 use crate::transfer::retry::Retry;
 
 use admit::Asked;
-pub use inbox::{ready_batches, Batch, Inbox, READY_MARKER};
+pub use inbox::{ready_batches, Batch, Inbox, InboxLock, READY_MARKER};
 
 /// What sending one batch did.
 #[derive(Debug, Serialize)]

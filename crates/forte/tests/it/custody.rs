@@ -306,3 +306,78 @@ fn a_part_grown_at_the_relay_is_read_no_further_than_its_signed_length() {
     );
     assert!(visible(&site.root.join("dest")).is_empty());
 }
+
+/// The relay drops a whole sealed batch (its objects, records and seal). The core, given a
+/// later batch of the site, alerts naming the site and the missing sequence number; a watching
+/// sender notices at its next scan that the relay lost it and sends it again, and it arrives.
+#[test]
+fn a_dropped_batch_is_alerted_at_the_core_and_sent_again_by_the_watching_edge() {
+    let mut site = Site::new();
+    let inbox = site.root.join("inbox");
+    let store = site.relay.store.clone();
+    let records = |store: &Path| -> Vec<String> {
+        std::fs::read_dir(store.join("sites/site-a/batches"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    write_batch(&inbox, "first", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let first: Vec<String> = records(&store);
+    write_batch(&inbox, "second", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    // The operator drops the first batch whole: its seal, inventory and every object.
+    let first_id = first[0].split('.').next().unwrap().to_string();
+    let ready: Vec<String> = std::fs::read_dir(store.join("sites/site-a/meta"))
+        .unwrap()
+        .flatten()
+        .filter(|o| {
+            std::fs::read_to_string(o.path().join("sealed.json"))
+                .is_ok_and(|t| t.contains(&first_id))
+        })
+        .map(|o| o.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!ready.is_empty());
+    for id in &ready {
+        std::fs::remove_dir_all(store.join("sites/site-a/meta").join(id)).unwrap();
+        std::fs::remove_dir_all(store.join("sites/site-a/objects").join(id)).unwrap();
+    }
+    for name in &first {
+        std::fs::remove_file(store.join("sites/site-a/batches").join(name)).unwrap();
+    }
+    site.restart_relay();
+
+    let out = run(&{
+        let mut pull = site.pull();
+        pull.extend(args!["--gap-alert-after", "0s"]);
+        pull
+    });
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("site site-a: batch sequence number 1 is missing, though 2 arrived"),
+        "{stderr}"
+    );
+    assert_eq!(visible(&site.root.join("dest/site-a/second")).len(), 2);
+
+    let log = site.root.join("send.log");
+    let _send = spawn_logged(&site.send(&["--watch", "--interval", "1"]), &log);
+    let send_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(60, || records(&store).contains(&format!("{first_id}.json"))),
+        "the lost batch was not sealed again: {}",
+        send_log()
+    );
+    assert!(
+        send_log().contains("the relay no longer holds"),
+        "{}",
+        send_log()
+    );
+    ok(&site.pull());
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/first")),
+        source_hashes(&inbox.join("first"))
+    );
+}
