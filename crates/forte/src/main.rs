@@ -36,7 +36,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the core's age key pair and the edge's Ed25519 signing key pair.
+    /// Create the core's age key pair, the edge's Ed25519 signing key pair and the core's
+    /// receipt-signing key pair.
     Keygen(commands::keygen::Args),
     /// Prepare a file or directory tree into encrypted, signed objects in one pass.
     Pack(commands::pack::Args),
@@ -52,6 +53,9 @@ enum Command {
     Pull(commands::pull::Args),
     /// Batches and files in the catalogue with their state; a file's lineage with --file.
     Status(commands::status::Args),
+    /// The core's custody receipts in the catalogue (or given as files), verified with its
+    /// receipt key; printed or exported as JSON.
+    Receipts(commands::receipts::Args),
     /// The pipeline's KPIs: batch latency (queueing and processing per task), R_b, R_P,
     /// daily capacity; a timeline and utilisation charts.
     Report(commands::report::Args),
@@ -98,6 +102,9 @@ fn main() -> ExitCode {
             Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
             Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
             Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
+            Command::Receipts(args) => {
+                commands::receipts::run(args, &config, || record::open(cli.catalog))
+            }
             Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
             Command::Dashboard(args) => {
                 commands::dashboard::run(args, &config, &record::open(cli.catalog)?)

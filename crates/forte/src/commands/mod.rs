@@ -8,6 +8,7 @@ pub mod ingest;
 pub mod keygen;
 pub mod pack;
 pub mod pull;
+pub mod receipts;
 pub mod relay;
 pub mod relay_store;
 pub mod report;

@@ -381,3 +381,65 @@ fn a_dropped_batch_is_alerted_at_the_core_and_sent_again_by_the_watching_edge() 
         source_hashes(&inbox.join("first"))
     );
 }
+
+/// The core keeps a receipt per delivered batch; `forte receipts` verifies it with the core's
+/// receipt key, exports it as JSON, and refuses a receipt file altered by one byte or checked
+/// with another key.
+#[test]
+fn receipts_are_kept_printed_verified_and_exported() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "audited", 3, 20_000);
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let receipts = |extra: &[&std::ffi::OsStr]| {
+        let mut a = args!["--catalog", &site.core_catalog, "receipts"];
+        a.extend(extra.iter().map(Into::into));
+        a
+    };
+    let pubkey = site.keys.receipt_pub.as_os_str();
+    let json = ok(&receipts(&[
+        "--receipt-pub".as_ref(),
+        pubkey,
+        "--json".as_ref(),
+    ]));
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{json}");
+    let r = &lines[0];
+    assert_eq!(r["verified"], true, "{r}");
+    assert_eq!(r["receipt"]["site"], "site-a");
+    assert_eq!(r["receipt"]["outcome"], "delivered");
+    assert_eq!(r["receipt"]["sequence"], 1);
+    assert_eq!(r["receipt"]["files"].as_array().unwrap().len(), 3);
+    let text = ok(&receipts(&["--receipt-pub".as_ref(), pubkey]));
+    assert!(
+        text.contains("site site-a instance") && text.contains(": verified"),
+        "{text}"
+    );
+
+    // An auditor's copy, one byte changed; and the right copy checked with another key.
+    let file = site.root.join("receipt.json");
+    let signed = serde_json::to_string(&r["receipt"]).unwrap();
+    std::fs::write(&file, signed.replace("\"sequence\":1", "\"sequence\":2")).unwrap();
+    let err = fails(&receipts(&[
+        "--receipt-pub".as_ref(),
+        pubkey,
+        file.as_os_str(),
+    ]));
+    assert!(err.contains("do not verify"), "{err}");
+    std::fs::write(&file, &signed).unwrap();
+    ok(&receipts(&[
+        "--receipt-pub".as_ref(),
+        pubkey,
+        file.as_os_str(),
+    ]));
+    let other = keygen(&site.root.join("other-keys"));
+    let err = fails(&receipts(&[
+        "--receipt-pub".as_ref(),
+        other.receipt_pub.as_os_str(),
+        file.as_os_str(),
+    ]));
+    assert!(err.contains("do not verify"), "{err}");
+}
