@@ -348,6 +348,70 @@ mod tests {
         }
     }
 
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any bytes at all: an error, never a panic.
+            #[test]
+            fn arbitrary_bytes_are_refused(doc in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                let trusted = TrustedEdges::any_site(vec![key(1).0.verifying_key()]);
+                prop_assert!(Inventory::open(&doc, &trusted).is_err());
+            }
+
+            /// A signed inventory with a byte flipped, cut or inserted anywhere: refused, or
+            /// (if the change left the same JSON value) exactly what was signed, with its
+            /// site, instance, sequence and seal time.
+            #[test]
+            fn mutated_inventories_are_refused(
+                at in any::<prop::sample::Index>(),
+                byte in any::<u8>(),
+                how in 0..3u8,
+            ) {
+                let k = key(1);
+                let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+                let inventory = Inventory::new("b", site(), vec![entry("a"), entry("b/c")]);
+                let mut doc = inventory.sign(&k);
+                let i = at.index(doc.len());
+                match how {
+                    0 => doc[i] ^= byte.max(1),
+                    1 => doc.truncate(i),
+                    _ => doc.insert(i, byte),
+                }
+                if let Ok(opened) = Inventory::open(&doc, &trusted) {
+                    prop_assert_eq!(unsigned(opened), inventory);
+                }
+            }
+
+            /// Signed inventories naming any site: opened only if the name is one a relay
+            /// would take for a directory (letters, digits, `.`, `_`, `-`, not `.` first).
+            #[test]
+            fn signed_hostile_site_names_are_refused(name in "[a-z./\\\x00 \"-]{0,10}|\\.\\.") {
+                let k = key(1);
+                let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+                let mut instance = site();
+                instance.site = name.clone();
+                let doc = Inventory::new("b", instance, vec![entry("a")]).sign(&k);
+                if Inventory::open(&doc, &trusted).is_ok() {
+                    prop_assert!(name.is_empty() || check_site_name(&name).is_ok(), "{:?}", name);
+                    prop_assert!(!name.contains('/') && !name.starts_with('.'), "{:?}", name);
+                }
+            }
+
+            /// Any `--trust` text parses to a site and a path or is refused, never panics; a
+            /// site it names is a valid site name.
+            #[test]
+            fn trust_specs_parse_or_are_refused(text in "\\PC{0,40}") {
+                if let Ok(spec) = text.parse::<crate::TrustSpec>() {
+                    if let Some(site) = spec.site {
+                        prop_assert!(check_site_name(&site).is_ok());
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_site_instance_sequence_and_seal_time_are_signed() {
         let k = key(1);

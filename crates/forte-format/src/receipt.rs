@@ -220,6 +220,43 @@ mod tests {
         }
     }
 
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Any bytes at all: an error, never a panic.
+            #[test]
+            fn arbitrary_bytes_are_refused(doc in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                let trusted = TrustedCores(vec![key(1).0.verifying_key()]);
+                prop_assert!(Receipt::open(&doc, &trusted).is_err());
+            }
+
+            /// A signed receipt with a byte flipped, cut or inserted anywhere: refused, or (if
+            /// the change left the same JSON value) exactly what was signed.
+            #[test]
+            fn mutated_receipts_are_refused(
+                at in any::<prop::sample::Index>(),
+                byte in any::<u8>(),
+                how in 0..3u8,
+            ) {
+                let k = key(1);
+                let trusted = TrustedCores(vec![k.0.verifying_key()]);
+                let r = receipt();
+                let mut doc = r.sign(&k);
+                let i = at.index(doc.len());
+                match how {
+                    0 => doc[i] ^= byte.max(1),
+                    1 => doc.truncate(i),
+                    _ => doc.insert(i, byte),
+                }
+                if let Ok(opened) = Receipt::open(&doc, &trusted) {
+                    prop_assert_eq!(Receipt { signer: None, ..opened }, r);
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_edge_signature_is_not_a_receipt_signature() {
         // The same key signs an inventory-shaped document; the contexts differ.
