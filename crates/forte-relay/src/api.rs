@@ -13,6 +13,7 @@
 //! | GET | `/v1/sites/{site}/objects/{id}/manifest` | core | the sealed manifest |
 //! | GET | `/v1/sites/{site}/objects/{id}/parts/{index}` | core | a sealed part |
 //! | POST | `/v1/sites/{site}/objects/{id}/parts/{index}/reject` | core | report a damaged part: the relay drops it |
+//! | POST | `/v1/sites/{site}/objects/{id}/manifest/reject` | core | report a damaged manifest: the relay drops it and reopens the object |
 //! | POST | `/v1/sites/{site}/batches/{batch}/ack` | core | acknowledge a whole batch ([`BatchAck`], with the core's signed receipt): its objects leave the listing together, then are deleted; the receipt is kept for the edge |
 //! | GET | `/v1/batches/{batch}/receipts` | edge | the core's signed receipts for the batch ([`Receipts`]); the edge deletes sources only under one it verifies |
 //! | GET | `/v1/site` | edge | the site the token belongs to ([`SiteAnswer`]) |

@@ -676,6 +676,13 @@ impl RelayClient {
             .map(drop)
     }
 
+    /// Reports a manifest that does not decrypt, verify or name its object: the relay drops it
+    /// and reopens the object for the edge to seal again.
+    pub fn reject_manifest(&self, site: &str, id: ObjectId) -> Result<()> {
+        let url = self.url(&format!("/v1/sites/{site}/objects/{id}/manifest/reject"));
+        self.send(url.clone(), self.http.post(&url)).map(drop)
+    }
+
     pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
         let url = self.url(&format!(
             "/v1/sites/{site}/objects/{id}/parts/{index}/reject"

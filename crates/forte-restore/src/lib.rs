@@ -37,7 +37,7 @@ use destination::{check_destination, commit};
 pub use config::{Existing, RestoreConfig};
 pub use destination::{new_staging, remove_stale_staging, replicate};
 pub use object_source::{DirSource, ObjectRef, ObjectSource, PartError};
-pub use objects::{open_inventory, open_objects, Object};
+pub use objects::{open_inventory, open_objects, Object, UntrustedObjects};
 pub use outcome::{Delivered, Placed, Problem, RestoreFailure, Totals};
 pub use staged::Staged;
 

@@ -5,6 +5,7 @@ use forte_format::seal::decrypt;
 use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 
 use crate::object_source::{ObjectRef, ObjectSource};
+use crate::outcome::{Problem, RestoreFailure};
 
 /// Larger than the manifest of a 100 TiB file in 16 MiB parts; bounds what an untrusted
 /// `manifest.age` can make us allocate before its signature is checked.
@@ -43,7 +44,7 @@ pub fn open_objects(
 ) -> Result<Vec<Object>> {
     let listed = source.list()?;
     let per_thread = listed.len().div_ceil(MANIFESTS_AT_ONCE).max(1);
-    let opened: Vec<Result<Manifest>> = std::thread::scope(|s| {
+    let opened: Vec<Result<Manifest, Opening>> = std::thread::scope(|s| {
         let threads: Vec<_> = listed
             .chunks(per_thread)
             .map(|some| {
@@ -60,31 +61,85 @@ pub fn open_objects(
             .collect()
     });
     let mut objects = Vec::new();
-    let mut errors = Vec::new();
+    let mut problems = Vec::new();
     for (at, opened) in listed.into_iter().zip(opened) {
         match opened {
             Ok(manifest) => objects.push(Object { at, manifest }),
-            Err(e) => errors.push(format!("object {} ({}): {e:#}", at.id, at.place)),
+            Err(Opening { damaged, error }) => problems.push(Problem {
+                object: at.id,
+                part: None,
+                damaged,
+                message: format!("object {} ({}): {error:#}", at.id, at.place),
+            }),
         }
     }
-    if !errors.is_empty() {
-        bail!(
-            "nothing was restored; {} object(s) cannot be trusted:\n  {}",
-            errors.len(),
-            errors.join("\n  ")
-        );
+    if !problems.is_empty() {
+        return Err(UntrustedObjects(RestoreFailure { problems }).into());
     }
     Ok(objects)
 }
+
+/// Why an object's manifest could not be opened: it could not be read, or what was read is not
+/// what the edge sealed (`damaged`: it does not decrypt, verify or name its object).
+struct Opening {
+    damaged: bool,
+    error: anyhow::Error,
+}
+
+/// Objects whose manifests cannot be trusted: nothing of the set is restored. A
+/// [`RestoreFailure`] whose problems name each object (no part), damaged or unreadable.
+#[derive(Debug)]
+pub struct UntrustedObjects(pub RestoreFailure);
+
+impl std::fmt::Display for UntrustedObjects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "nothing was restored; {} object(s) cannot be trusted:",
+            self.0.problems.len()
+        )?;
+        for p in &self.0.problems {
+            write!(f, "\n  {}", p.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for UntrustedObjects {}
 
 fn open_object(
     source: &dyn ObjectSource,
     at: &ObjectRef,
     identities: &Identities,
     trusted: &TrustedEdges,
+) -> Result<Manifest, Opening> {
+    let sealed = source
+        .manifest(at, MAX_MANIFEST_BYTES)
+        .map_err(|error| Opening {
+            damaged: false,
+            error,
+        })?;
+    check_manifest(at, &sealed, identities, trusted)
+        .and_then(|manifest| {
+            source
+                .check(at, &manifest)
+                .map_err(|e| anyhow::anyhow!("{} (object {}): {e:#}", manifest.path, at.id))?;
+            Ok(manifest)
+        })
+        .map_err(|error| Opening {
+            damaged: true,
+            error,
+        })
+}
+
+/// Decrypts and verifies one sealed manifest, which must name the object it was found as.
+fn check_manifest(
+    at: &ObjectRef,
+    sealed: &[u8],
+    identities: &Identities,
+    trusted: &TrustedEdges,
 ) -> Result<Manifest> {
-    let sealed = source.manifest(at, MAX_MANIFEST_BYTES)?;
-    let document = decrypt(&identities.0, &sealed, MAX_MANIFEST_BYTES)
+    let document = decrypt(&identities.0, sealed, MAX_MANIFEST_BYTES)
         .map_err(|e| anyhow::anyhow!("manifest.age: {e}"))?;
     let manifest = Manifest::open(&document, trusted)
         .map_err(|e| anyhow::anyhow!("manifest.age: manifest {e}"))?;
@@ -95,9 +150,6 @@ fn open_object(
             manifest.path
         );
     }
-    source
-        .check(at, &manifest)
-        .map_err(|e| anyhow::anyhow!("{} (object {}): {e:#}", manifest.path, at.id))?;
     Ok(manifest)
 }
 

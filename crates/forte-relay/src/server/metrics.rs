@@ -25,7 +25,7 @@ pub fn install() {
 }
 
 /// The relay's counters without labels: name, unit, help.
-const COUNTERS: [(&str, Unit, &str); 7] = [
+const COUNTERS: [(&str, Unit, &str); 8] = [
     (
         "forte_relay_parts_stored_total",
         Unit::Count,
@@ -60,6 +60,11 @@ const COUNTERS: [(&str, Unit, &str); 7] = [
         "forte_relay_parts_rejected_total",
         Unit::Count,
         "Parts the core reported damaged, dropped for the edge to send again",
+    ),
+    (
+        "forte_relay_manifests_rejected_total",
+        Unit::Count,
+        "Manifests the core reported damaged, dropped for the edge to seal again",
     ),
 ];
 

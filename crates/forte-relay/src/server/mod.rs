@@ -243,6 +243,10 @@ fn router(relay: Arc<Relay>) -> Router {
             "/v1/sites/{site}/objects/{id}/parts/{index}/reject",
             post(reject),
         )
+        .route(
+            "/v1/sites/{site}/objects/{id}/manifest/reject",
+            post(reject_manifest),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(relay.clone(), gate))
         .with_state(relay)
@@ -822,6 +826,22 @@ async fn get_receipts(
         .map(|r| base64::engine::general_purpose::STANDARD.encode(r))
         .collect();
     Ok(Json(Receipts { receipts }))
+}
+
+/// A manifest the core could not open although it opened the batch's inventory: dropped, and
+/// the object reopened for the edge to seal again.
+async fn reject_manifest(
+    State(relay): State<Arc<Relay>>,
+    Path((site, id)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Answer<StatusCode> {
+    core_for(&relay, &headers, &site)?;
+    let id = object_id(&id)?;
+    let r = relay.clone();
+    blocking(move || r.store.reject_manifest(&site, id)).await?;
+    tracing::warn!(object = %id, "manifest reported damaged by the core; dropped");
+    ::metrics::counter!("forte_relay_manifests_rejected_total").increment(1);
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn reject(

@@ -13,6 +13,7 @@ use forte_restore::{new_staging, Restore, Staged};
 use parking_lot::Mutex;
 
 use super::lease::Held;
+use super::DOWNLOAD_RETRY;
 use super::{batch_key_of, Delivery};
 use crate::layout::Fields;
 use crate::record::note;
@@ -177,7 +178,7 @@ impl Delivery<'_> {
         let fallback = objects[0].batch.clone();
         let source = RelaySource {
             client: self.client,
-            retry: self.retry,
+            retry: DOWNLOAD_RETRY,
             catalog: self.catalog,
             batch_key,
             objects,

@@ -9,7 +9,7 @@ use forte_catalog::FileState::{self, Acknowledged, Delivered};
 use forte_catalog::Stage;
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartHashes, PartState};
 use forte_relay::api::ReadyObject;
-use forte_restore::{Restore, RestoreFailure};
+use forte_restore::{Restore, RestoreFailure, UntrustedObjects};
 
 use super::ahead::Ahead;
 use super::copy::clear_scratch;
@@ -156,6 +156,13 @@ impl Delivery<'_> {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
                     self.record_failure(&batch, failure, &mut report);
                 }
+                // Manifests that do not open are the relay's copies gone bad only if the
+                // batch's inventory opened with the same keys (else the keys are wrong).
+                if let Some(untrusted) = e.downcast_ref::<UntrustedObjects>() {
+                    if instance.is_some() {
+                        self.record_failure(&batch, &untrusted.0, &mut report);
+                    }
+                }
                 report.error = Some(format!("{e:#}"));
             }
         }
@@ -172,6 +179,7 @@ impl Delivery<'_> {
     ) -> DeliveryReport {
         report.seconds = started.elapsed().as_secs_f64();
         let state = report.outcome();
+        self.backoff.after(&batch.key, state == BatchState::Failed);
         self.record_batch(batch, &report.batch, state, report.error.as_deref());
         let ended = Some(now_us());
         let stage = self
@@ -306,7 +314,7 @@ impl Delivery<'_> {
         let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
             client: self.client,
-            retry: self.retry,
+            retry: super::DOWNLOAD_RETRY,
             catalog: self.catalog,
             batch_key: &batch.key,
             objects: batch.objects.to_vec(),
@@ -449,15 +457,19 @@ impl Delivery<'_> {
             note("a failed part", recorded);
         }
         for p in failure.problems.iter().filter(|p| p.damaged) {
-            let Some(part) = p.part else { continue };
-            match self.client.reject(batch.site(), p.object, part) {
-                Ok(()) => report
-                    .rejected_parts
-                    .push(format!("object {} part {part}", p.object)),
-                Err(e) => eprintln!(
-                    "could not report damaged part {part} of object {}: {e}",
-                    p.object
+            let (rejected, what) = match p.part {
+                Some(part) => (
+                    self.client.reject(batch.site(), p.object, part),
+                    format!("object {} part {part}", p.object),
                 ),
+                None => (
+                    self.client.reject_manifest(batch.site(), p.object),
+                    format!("object {} manifest", p.object),
+                ),
+            };
+            match rejected {
+                Ok(()) => report.rejected_parts.push(what),
+                Err(e) => eprintln!("could not report damaged {what}: {e}"),
             }
         }
     }

@@ -74,6 +74,47 @@ impl DeliveryReport {
     }
 }
 
+/// How a batch's objects are downloaded, whether or not the puller watches: a part or a
+/// manifest the relay cannot give (an answer of 500, a body cut short) fails the batch within
+/// seconds instead of holding up every batch behind it; the batch is tried again on its own
+/// schedule ([`Backoff`]).
+pub(crate) const DOWNLOAD_RETRY: Retry = Retry::WITHIN_A_BATCH;
+
+/// When each batch that failed may be tried again: 10 s after its first failure, doubling to
+/// 10 minutes, so a batch that keeps failing never delays the others; forgotten once it
+/// succeeds.
+#[derive(Default)]
+pub struct Backoff {
+    failing: Mutex<HashMap<BatchKey, (u32, Instant)>>,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_secs(10);
+    const MOST: Duration = Duration::from_secs(600);
+
+    /// Records how a try of `batch` ended.
+    fn after(&self, batch: &BatchKey, failed: bool) {
+        let mut failing = self.failing.lock();
+        if !failed {
+            failing.remove(batch);
+            return;
+        }
+        let failures = failing.get(batch).map_or(0, |f| f.0) + 1;
+        let wait = Self::FIRST
+            .saturating_mul(1 << (failures - 1).min(10))
+            .min(Self::MOST);
+        failing.insert(batch.clone(), (failures, Instant::now() + wait));
+    }
+
+    /// Whether `batch` may be tried now.
+    fn due(&self, batch: &BatchKey, now: Instant) -> bool {
+        self.failing
+            .lock()
+            .get(batch)
+            .is_none_or(|(_, next)| *next <= now)
+    }
+}
+
 /// What every batch of one `pull` run shares: the relay, the destination and its layout, the
 /// second copy, the catalogue, and the batches fetched ahead of their seal.
 pub struct Delivery<'a> {
@@ -99,6 +140,8 @@ pub struct Delivery<'a> {
     ahead: Mutex<HashMap<BatchKey, Ahead>>,
     /// The relay's seal generation at the last listing, for [`Delivery::wait_for_seal`].
     generation: Mutex<Option<u64>>,
+    /// When each failing batch is due to be tried again.
+    backoff: Backoff,
 }
 
 impl<'a> Delivery<'a> {
@@ -125,6 +168,7 @@ impl<'a> Delivery<'a> {
             leases: catalog.leases(),
             ahead: Mutex::default(),
             generation: Mutex::default(),
+            backoff: Backoff::default(),
         }
     }
 
@@ -197,7 +241,9 @@ impl<'a> Delivery<'a> {
                 keep
             });
         }
-        let ordered = policy.order(waiting, now);
+        let mut ordered = policy.order(waiting, now);
+        // A batch that failed waits for its turn; the others go meanwhile.
+        ordered.retain(|objects| self.backoff.due(&batch_key_of(objects), now));
         let bytes = ordered.iter().map(|b| sealed_bytes(b)).sum();
         let files = ordered.iter().map(Vec::len).sum();
         crate::monitor::queue(Role::Core, ordered.len(), files, bytes);

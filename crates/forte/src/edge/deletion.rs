@@ -157,9 +157,20 @@ impl Edge<'_> {
         let Ok(known) = self.setup.client.statuses(&ids) else {
             return;
         };
+        // Sealed or delivered is where a sent batch's objects belong; unknown (dropped) or
+        // open again (a part or manifest the core found damaged, dropped by the relay) is lost.
+        let held = |id: &ObjectId| {
+            known.get(id).is_some_and(|s| {
+                matches!(
+                    s.state,
+                    forte_relay::api::ObjectState::Complete
+                        | forte_relay::api::ObjectState::Delivered
+                )
+            })
+        };
         let mut lost: HashMap<usize, usize> = HashMap::new();
         for (id, batches) in &carriers {
-            if !known.contains_key(id) {
+            if !held(id) {
                 for i in batches {
                     *lost.entry(*i).or_default() += 1;
                 }

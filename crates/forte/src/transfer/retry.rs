@@ -91,6 +91,15 @@ impl Retry {
         }
     }
 
+    /// For the downloads of one batch at the core: a few seconds of retries, then the batch
+    /// fails and is tried again on its own schedule, so one object the relay cannot give never
+    /// holds up the batches behind it.
+    pub const WITHIN_A_BATCH: Self = Self {
+        attempts: Some(4),
+        first_delay: Duration::from_millis(500),
+        max_delay: Duration::from_secs(4),
+    };
+
     /// For daemons: never give up on a transient failure; back off to five minutes.
     pub fn forever() -> Self {
         Self {

@@ -443,3 +443,75 @@ fn receipts_are_kept_printed_verified_and_exported() {
     ]));
     assert!(err.contains("do not verify"), "{err}");
 }
+
+/// A manifest damaged at the relay: the core refuses the batch, reports the manifest, and the
+/// relay drops it and reopens the object; the edge's next run seals the object again (its parts
+/// stay at the relay) and the batch is delivered whole. Before, every pull failed with
+/// `manifest.age: damaged` and `send` said "sent before".
+#[test]
+fn a_manifest_damaged_at_the_relay_is_reported_dropped_and_sealed_again() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "repaired", 2, 300_000);
+    ok(&site.send(&["-q", "--bundle-below", "0"]));
+    let manifest = site
+        .relay_objects()
+        .into_iter()
+        .find(|p| p.ends_with("manifest.age"))
+        .expect("a manifest at the relay");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&manifest, bytes).unwrap();
+
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("cannot be trusted"),
+        "{stderr}"
+    );
+    assert!(!manifest.exists(), "the relay dropped the damaged manifest");
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    ok(&site.send(&["-q", "--bundle-below", "0"]));
+    assert!(manifest.exists(), "the edge sealed the object again");
+    ok(&site.pull());
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/repaired")),
+        source_hashes(&inbox.join("repaired"))
+    );
+}
+
+/// A part the relay cannot give (it answers 500) fails its batch within seconds, and the
+/// batch waits its turn while a batch sent after it is delivered. Before, the watching puller
+/// retried that part for ever and nothing behind it moved.
+#[test]
+fn a_part_the_relay_cannot_give_does_not_hold_up_the_batches_behind_it() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "a-broken", 1, 300_000);
+    ok(&site.send(&["-q", "--bundle-below", "0"]));
+    let part = site
+        .relay_objects()
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("part-"))
+        .expect("a part at the relay");
+    // A directory where the part was: the relay's read fails, and it answers 500.
+    std::fs::remove_file(&part).unwrap();
+    std::fs::create_dir(&part).unwrap();
+    // Larger, and sealed later: served after the broken one under either policy.
+    write_batch(&inbox, "b-later", 1, 1_000_000);
+    ok(&site.send(&["-q"]));
+
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1", "--policy", "fifo"]);
+    let log = site.root.join("pull.log");
+    let _pull = spawn_logged(&pull, &log);
+    let later = site.root.join("dest/site-a/b-later");
+    assert!(
+        wait_for(30, || visible(&later).len() == 1),
+        "the later batch waited behind the broken one: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(visible(&site.root.join("dest/site-a/a-broken")).is_empty());
+}

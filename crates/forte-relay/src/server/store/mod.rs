@@ -1275,6 +1275,25 @@ impl Store {
         Ok(receipts)
     }
 
+    /// A damaged manifest reported by the core: drop it and reopen the object, so the edge
+    /// seals it again (its parts stay; the edge sends only the manifest).
+    pub fn reject_manifest(&self, site: &str, id: ObjectId) -> Result<()> {
+        let what = "rejected manifest";
+        let manifest = format!("{}/{MANIFEST_FILE}", object_key(site, id));
+        let length = self
+            .backend
+            .list(&object_key(site, id), what)?
+            .iter()
+            .find(|e| e.key == manifest)
+            .map_or(0, |e| e.size);
+        for key in [sealed_key(site, id), manifest] {
+            self.backend.delete(&key, what)?;
+        }
+        self.sealed_records.lock().remove(&sealed_key(site, id));
+        self.add_usage(site, -(length as i64));
+        Ok(())
+    }
+
     /// A damaged part reported by the core: drop it and reopen the object, so the edge
     /// uploads the part again and re-seals.
     pub fn reject(&self, site: &str, id: ObjectId, index: u32) -> Result<()> {
