@@ -31,9 +31,9 @@ use crate::Catalog;
 /// whether it holds a batch before it acts.
 #[derive(Clone)]
 pub struct Leases {
-    runtime: Arc<tokio::runtime::Runtime>,
-    pool: AnyPool,
-    url: String,
+    pub(crate) runtime: Arc<tokio::runtime::Runtime>,
+    pub(crate) pool: AnyPool,
+    pub(crate) url: String,
     postgres: bool,
 }
 
@@ -78,7 +78,7 @@ impl Catalog {
 
 impl Leases {
     /// The database's clock, in microseconds since the Unix epoch, as SQL.
-    fn now_sql(&self) -> &'static str {
+    pub(crate) fn now_sql(&self) -> &'static str {
         if self.postgres {
             "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000 AS BIGINT)"
         } else {

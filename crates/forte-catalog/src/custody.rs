@@ -14,8 +14,20 @@ use anyhow::{Context, Result};
 use sqlx::any::AnyRow;
 use sqlx::Row;
 
+use crate::claims::{Lease, Leases};
 use crate::vocabulary::{BatchKey, Role};
 use crate::{now_us, Catalog};
+
+/// What recording a delivered instance under a lease did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fenced {
+    /// Recorded: this worker's attempt held the batch when the row was written.
+    Recorded,
+    /// Another worker recorded the same instance first.
+    AlreadyRecorded,
+    /// This worker's attempt no longer holds the batch: nothing recorded.
+    LeaseLost,
+}
 
 /// One batch instance as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,36 +166,6 @@ impl Catalog {
         Ok(rows.into_iter().next())
     }
 
-    /// Records at the core that it delivered `row` (role core), with its receipt. False when
-    /// the instance was recorded already (another worker delivered it first): a replay.
-    pub fn record_delivered_instance(&self, row: &InstanceRow) -> Result<bool> {
-        let done = self
-            .runtime
-            .block_on(
-                sqlx::query(
-                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt)
-                     VALUES ('core', $1, $2, $3, $4, $5, $6, $7, $8)
-                     ON CONFLICT (role, site, instance) DO NOTHING",
-                )
-                .bind(&row.site)
-                .bind(&row.instance)
-                .bind(row.sequence)
-                .bind(row.batch_key.to_string())
-                .bind(&row.content)
-                .bind(row.sealed_at)
-                .bind(row.recorded_at)
-                .bind(row.receipt.as_deref())
-                .execute(&self.pool),
-            )
-            .with_context(|| {
-                format!(
-                    "cannot record the delivery of instance {} of site {} in the catalogue {}",
-                    row.instance, row.site, self.url
-                )
-            })?;
-        Ok(done.rows_affected() == 1)
-    }
-
     /// Keeps the core's verified receipt with the edge's instance.
     pub fn keep_receipt(&self, site: &str, instance: &str, receipt: &str) -> Result<()> {
         self.runtime
@@ -241,11 +223,75 @@ impl Catalog {
     }
 }
 
+impl Leases {
+    /// Records at the core that it delivered `row`, in the same statement that checks `lease`
+    /// still holds its batch (worker and attempt, lease not run out by the database's clock):
+    /// a worker that stalled past its lease records nothing, and so acknowledges nothing.
+    pub fn record_delivered_instance(&self, lease: &Lease, row: &InstanceRow) -> Result<Fenced> {
+        let sql = format!(
+            "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt)
+             SELECT 'core', $1, $2, $3, $4, $5, $6, $7, $8
+             WHERE EXISTS (SELECT 1 FROM batch_claims WHERE batch_key = $9 AND worker = $10 AND attempt = $11 AND lease_until >= {now})
+             ON CONFLICT (role, site, instance) DO NOTHING",
+            now = self.now_sql()
+        );
+        let what = || {
+            format!(
+                "cannot record the delivery of instance {} of site {} in the catalogue {}",
+                row.instance, row.site, self.url
+            )
+        };
+        let done = self
+            .runtime
+            .block_on(
+                sqlx::query(&sql)
+                    .bind(&row.site)
+                    .bind(&row.instance)
+                    .bind(row.sequence)
+                    .bind(row.batch_key.to_string())
+                    .bind(&row.content)
+                    .bind(row.sealed_at)
+                    .bind(row.recorded_at)
+                    .bind(row.receipt.as_deref())
+                    .bind(lease.batch.to_string())
+                    .bind(&lease.worker)
+                    .bind(lease.attempt)
+                    .execute(&self.pool),
+            )
+            .with_context(what)?;
+        if done.rows_affected() == 1 {
+            return Ok(Fenced::Recorded);
+        }
+        let recorded = self
+            .runtime
+            .block_on(
+                sqlx::query(
+                    "SELECT 1 FROM batch_instances WHERE role = 'core' AND site = $1 AND instance = $2",
+                )
+                .bind(&row.site)
+                .bind(&row.instance)
+                .fetch_optional(&self.pool),
+            )
+            .with_context(what)?;
+        Ok(if recorded.is_some() {
+            Fenced::AlreadyRecorded
+        } else {
+            Fenced::LeaseLost
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn delivered(catalog: &Catalog, site: &str, sequence: i64, recorded_at: i64) {
+        let leases = catalog.leases();
+        let batch = BatchKey::core(site, format!("b{sequence}"));
+        let long = std::time::Duration::from_secs(60);
+        let crate::Claim::Held(lease) = leases.claim(&batch, "w", long, None).unwrap() else {
+            panic!("a free batch");
+        };
         let row = InstanceRow {
             role: Role::Core,
             site: site.into(),
@@ -290,6 +336,45 @@ mod tests {
             .delivered_instance("ship-2", &format!("{:032x}", 5))
             .unwrap()
             .is_none());
+    }
+
+    /// A worker whose lease was overtaken records nothing; the holder records once; a second
+    /// record of the same instance is known as such.
+    #[test]
+    fn an_instance_is_recorded_only_under_the_lease_that_holds_its_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("f.sqlite").to_str().unwrap()).unwrap();
+        let leases = catalog.leases();
+        let batch = BatchKey::core("mine-7", "b1");
+        let short = std::time::Duration::from_millis(1);
+        let crate::Claim::Held(stale) = leases.claim(&batch, "w1", short, None).unwrap() else {
+            panic!("free batch");
+        };
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let long = std::time::Duration::from_secs(60);
+        let crate::Claim::Held(holder) = leases.claim(&batch, "w2", long, None).unwrap() else {
+            panic!("the stale lease ran out");
+        };
+        let row = InstanceRow {
+            role: Role::Core,
+            site: "mine-7".into(),
+            instance: format!("{:032x}", 7),
+            sequence: 1,
+            batch_key: batch.clone(),
+            content: String::new(),
+            sealed_at: 0,
+            recorded_at: now_us(),
+            receipt: None,
+        };
+        let fenced = |lease: &Lease| leases.record_delivered_instance(lease, &row).unwrap();
+        assert_eq!(fenced(&stale), Fenced::LeaseLost);
+        assert!(catalog
+            .delivered_instance("mine-7", &row.instance)
+            .unwrap()
+            .is_none());
+        assert_eq!(fenced(&holder), Fenced::Recorded);
+        assert_eq!(fenced(&holder), Fenced::AlreadyRecorded);
+        assert_eq!(fenced(&stale), Fenced::AlreadyRecorded);
     }
 
     #[test]

@@ -48,7 +48,7 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
-pub use custody::{Gap, InstanceRow};
+pub use custody::{Fenced, Gap, InstanceRow};
 pub use reads::{
     BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
     TaskRunRow, TunedRow, TuningSample, UsageRow,

@@ -7,10 +7,11 @@
 use std::collections::HashSet;
 
 use anyhow::{bail, Result};
-use forte_catalog::{format_utc, now_us, BatchKey, InstanceRow, Role};
+use forte_catalog::{format_utc, now_us, BatchKey, Fenced, InstanceRow, Role};
 use forte_format::{Inventory, Outcome, Receipt, ReceiptFile};
 use parking_lot::Mutex;
 
+use super::lease::{Held, LeaseLost};
 use super::Delivery;
 
 /// What the core needs for custody: whose keys may sign for which site, the key receipts are
@@ -134,11 +135,12 @@ impl Delivery<'_> {
     }
 
     /// Signs the receipt for `instance` (when the core has a receipt key) and records the
-    /// instance as delivered with it, durably, before the relay may be told. False when another
-    /// worker recorded the same instance first.
+    /// instance as delivered with it, durably, before the relay may be told, in the statement
+    /// that checks `held` still holds the batch ([`LeaseLost`] if not). When another worker
+    /// recorded the same instance first, its receipt is the one returned.
     pub(super) fn keep_instance(
         &self,
-        key: &BatchKey,
+        (key, held): (&BatchKey, &Held),
         instance: &Instance,
         outcome: Outcome,
         delivered: &forte_restore::Delivered,
@@ -177,14 +179,20 @@ impl Delivery<'_> {
                 .as_deref()
                 .map(|r| String::from_utf8_lossy(r).into_owned()),
         };
-        if !self.catalog.record_delivered_instance(&row)? {
-            // Delivered by another worker just now: its receipt is the one.
-            let first = self
-                .catalog
-                .delivered_instance(&instance.site, &instance.id)?;
-            return Ok(first.and_then(|r| r.receipt).map(String::into_bytes));
+        match self.leases.record_delivered_instance(held.lease(), &row)? {
+            Fenced::Recorded => Ok(receipt),
+            Fenced::AlreadyRecorded => {
+                // Delivered by another worker just now: its receipt is the one.
+                let first = self
+                    .catalog
+                    .delivered_instance(&instance.site, &instance.id)?;
+                Ok(first.and_then(|r| r.receipt).map(String::into_bytes))
+            }
+            Fenced::LeaseLost => Err(LeaseLost(format!(
+                "batch {key}: this worker's lease ran out before it recorded the delivery; left to the worker holding it"
+            ))
+            .into()),
         }
-        Ok(receipt)
     }
 
     /// The receipt the core keeps for a batch it delivered (the newest instance), to give

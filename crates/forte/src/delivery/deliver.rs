@@ -122,11 +122,16 @@ impl Delivery<'_> {
                 self.record_delivered(&batch.key, &delivered, &held.signature());
                 self.record_batch(&batch, &report.batch, BatchState::Delivered, None);
                 let outcome = forte_format::Outcome::Delivered;
-                report.error = match self.keep(&batch, instance.as_ref(), outcome, &delivered) {
+                let kept = self.keep((&batch, &held), instance.as_ref(), outcome, &delivered);
+                report.error = match kept {
                     Ok(receipt) => self
                         .acknowledge(&batch, &report.batch, &delivered, receipt.as_deref())
                         .err(),
-                    Err(e) => Some(format!("delivered, but not acknowledged until {e}")),
+                    Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
+                        eprintln!("{e}");
+                        return None;
+                    }
+                    Err(e) => Some(format!("delivered, but not acknowledged: {e:#}")),
                 };
                 if report.error.is_none() {
                     held.delivered();
@@ -239,11 +244,11 @@ impl Delivery<'_> {
         let state = BatchState::Quarantined;
         self.record_batch(batch, &report.batch, state, Some(&error));
         let outcome = forte_format::Outcome::Quarantined;
-        let acknowledged = match self.keep(batch, instance, outcome, delivered) {
+        let acknowledged = match self.keep((batch, &held), instance, outcome, delivered) {
             Ok(receipt) => self
                 .acknowledge_at_relay(batch, &report.batch, receipt.as_deref())
                 .map_err(|e| format!("quarantined, but {e}")),
-            Err(e) => Err(format!("quarantined, but not acknowledged until {e}")),
+            Err(e) => Err(format!("quarantined, but not acknowledged: {e:#}")),
         };
         report.error = Some(match acknowledged {
             Ok(()) => {
@@ -259,18 +264,16 @@ impl Delivery<'_> {
     /// for the acknowledgement. The error says what is missing.
     fn keep(
         &self,
-        batch: &Sealed<'_>,
+        (batch, held): (&Sealed<'_>, &Held),
         instance: Option<&Instance>,
         outcome: forte_format::Outcome,
         delivered: &forte_restore::Delivered,
-    ) -> Result<Option<Vec<u8>>, String> {
+    ) -> Result<Option<Vec<u8>>> {
         self.catalog
             .flush()
-            .map_err(|e| format!("the catalogue records it: {e:#}"))?;
+            .map_err(|e| e.context("the catalogue must record it first"))?;
         match instance {
-            Some(instance) => self
-                .keep_instance(&batch.key, instance, outcome, delivered)
-                .map_err(|e| format!("the catalogue records its instance: {e:#}")),
+            Some(instance) => self.keep_instance((&batch.key, held), instance, outcome, delivered),
             None => Ok(None),
         }
     }

@@ -102,6 +102,11 @@ impl Held {
         .into())
     }
 
+    /// The lease itself, for a statement fenced by it.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
     /// This worker's name and attempt, for the lineage: `delivered by worker W (attempt N)`.
     pub(super) fn signature(&self) -> String {
         format!(
