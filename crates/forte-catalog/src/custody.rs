@@ -297,17 +297,15 @@ mod tests {
             site: site.into(),
             instance: format!("{sequence:032x}"),
             sequence,
-            batch_key: BatchKey::core(site, format!("b{sequence}")),
+            batch_key: batch.clone(),
             content: String::new(),
             sealed_at: 0,
             recorded_at,
             receipt: Some("{}".into()),
         };
-        assert!(catalog.record_delivered_instance(&row).unwrap());
-        assert!(
-            !catalog.record_delivered_instance(&row).unwrap(),
-            "recorded once"
-        );
+        let record = || leases.record_delivered_instance(&lease, &row).unwrap();
+        assert_eq!(record(), Fenced::Recorded);
+        assert_eq!(record(), Fenced::AlreadyRecorded, "recorded once");
     }
 
     #[test]
