@@ -16,7 +16,20 @@ fault proxy, and so does the puller. Meanwhile:
   the core must refuse the batch meanwhile (its signed inventory names the object);
 - a relay quota (`--quota-per-site`), so the store fills and senders wait for the core; once,
   a batch larger than the quota, which must fail fast (413) and is cancelled with
-  `send --cancel` (it must never arrive).
+  `send --cancel` (it must never arrive);
+- with --hostile, the relay operator's attacks on custody (issue 41), at random: a sealed batch
+  relabelled into another site's namespace (its records rewritten to match; that site shares
+  the edge key, and the core trusts the key for both sites) and moved back later; a delivered
+  batch replayed from a copy of the store taken before delivery, its tombstones removed; a
+  sealed batch dropped whole, for good; an acknowledgement forged with the core's token
+  (no receipt). The sender deletes sources (`--delete-after-ack`) only under receipts it
+  verifies.
+
+With --hostile it also checks: nothing delivered under the other site, no replay delivered
+again (each file delivered once in the core's lineage), every receipt the core signed verifies
+(`forte receipts`), and no source deleted that was not delivered; a batch whose
+acknowledgement was forged is withheld by the relay for good (the relay deleted it and refuses
+it again, and the edge keeps its sources): counted apart, not lost.
 
 Then the generator stops, the faults stop, and the soak waits until everything is delivered.
 It checks every file of every batch: arrived exactly once, byte-identical (SHA-256), no file
@@ -24,7 +37,7 @@ outside the expected set, every delivered batch complete, no staging directory l
 the relay empty after acknowledgement, and the core's catalogue counting as many acknowledged
 files as there are on disk. It prints a summary with the counts.
 
-Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB]
+Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB] [--hostile]
 """
 
 import argparse
@@ -42,7 +55,7 @@ import threading
 import time
 from pathlib import Path
 
-from site_setup import make_site, start_relay
+from site_setup import add_edge_site, make_site, start_relay
 from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,9 +216,134 @@ def tamper_store(rng, store, aside):
     return "omissions", restore
 
 
+def sealed_batches(store):
+    """Sealed batch records of a site's store: batch id → the object ids it lists."""
+    found = {}
+    for record in (store / "batches").glob("*.json"):
+        if record.name.endswith(".acking.json"):
+            continue
+        try:
+            found[record.stem] = json.loads(record.read_text())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def batch_paths(store, batch, ids):
+    """Everything of one sealed batch in a site's store: its seal, its inventory, and each
+    object's data and records."""
+    paths = [store / "batches" / f"{batch}.json", store / "batches" / f"{batch}.inventory.age"]
+    for i in ids:
+        paths += [store / "objects" / i, store / "meta" / i]
+    return [p for p in paths if p.exists()]
+
+
+def relabel(path, from_site, to_site):
+    """Rewrites the relay's JSON records under `path` to name another site."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*.json")]
+    for f in files:
+        if f.suffix == ".json":
+            f.write_text(f.read_text().replace(f'"{from_site}"', f'"{to_site}"'))
+
+
+def batch_name(work, batch_id):
+    """The name of the edge's batch the relay knows as `batch_id`, from the edge's catalogue."""
+    try:
+        with sqlite3.connect(work / "edge.sqlite") as db:
+            row = db.execute("SELECT name FROM batches WHERE batch_key = ?", (batch_id,)).fetchone()
+        return row[0] if row else None
+    except sqlite3.Error:
+        return None
+
+
+def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, counts):
+    """One of the relay operator's attacks on custody. Returns (when, undo) or None."""
+    batches = sealed_batches(store)
+    ready = {b: ids for b, ids in batches.items()
+             if ids and all((store / "meta" / i / "sealed.json").exists() for i in ids)}
+    kind = rng.choice(["relabel", "replay", "drop", "forge"])
+    if not ready:
+        return None
+    batch = rng.choice(sorted(ready))
+    ids = ready[batch]
+    if kind == "relabel":
+        moved = []
+        for p in batch_paths(store, batch, ids):
+            dst = other / p.relative_to(store)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(p, dst)
+            except OSError:
+                continue
+            relabel(dst, "soak", "other")
+            moved.append((p, dst))
+        counts["relabelled"] += 1
+
+        def undo():
+            for src, dst in moved:
+                if dst.exists():
+                    relabel(dst, "other", "soak")
+                    os.rename(dst, src)
+        return rng.uniform(5, 20), undo
+    if kind == "replay":
+        copy = aside / f"replay-{batch}-{time.monotonic_ns()}"
+        kept = []
+        for p in batch_paths(store, batch, ids):
+            dst = copy / p.relative_to(store)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if p.is_dir():
+                shutil.copytree(p, dst)
+            else:
+                shutil.copy2(p, dst)
+            kept.append((p, dst))
+
+        def undo():
+            # Only once the batch was delivered: its seal is gone. A downstream user moves the
+            # delivered copy away (so a replay delivered again would show), then the operator
+            # puts the copy back, and removes the tombstones that would let the relay drop it.
+            if (store / "batches" / f"{batch}.json").exists():
+                return False
+            name = batch_name(WORK, batch)
+            delivered = WORK / "dest" / "soak" / (name or "?")
+            if not name or not delivered.exists():
+                return False
+            moved = WORK / "moved" / name
+            moved.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(delivered, moved)
+            counts["replayed_names"].append(name)
+            for src, dst in kept:
+                src.parent.mkdir(parents=True, exist_ok=True)
+                if dst.is_dir():
+                    shutil.rmtree(src, ignore_errors=True)
+                    shutil.copytree(dst, src)
+                else:
+                    shutil.copy2(dst, src)
+            for i in ids:
+                (store / "acked" / i).unlink(missing_ok=True)
+            counts["replayed"] += 1
+            return True
+        return rng.uniform(30, 90), undo
+    if kind == "drop":
+        for p in batch_paths(store, batch, ids):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        counts["dropped"] += 1
+        return None
+    # Forge: acknowledge the batch with the core's token, as the core would, without a receipt.
+    body = json.dumps({"objects": ids})
+    answer = subprocess.run(["curl", "-sk", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST",
+                             "-H", f"Authorization: Bearer {core_token}", "-H", "content-type: application/json",
+                             "--data", body, f"https://127.0.0.1:{url_port}/v1/sites/soak/batches/{batch}/ack"],
+                            capture_output=True, text=True)
+    if answer.stdout == "204":
+        counts["forged"] += 1
+        counts["forged_batches"].append(batch)
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30)
+    ap.add_argument("--hostile", action="store_true", help="the relay operator's attacks on custody")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--quota", default="96MiB", help="the relay's --quota-per-site")
     args = ap.parse_args()
@@ -217,6 +355,9 @@ def main():
     inbox, dest = WORK / "inbox", WORK / "dest"
     inbox.mkdir()
     make_site(FORTE, WORK, "soak")
+    # A second site the operator relabels batches into; it shares the edge key (the core trusts
+    # the key for both sites), so only the signed site tells them apart.
+    add_edge_site(FORTE, WORK, "other", "keys-other", "other.token")
 
     relay_port = free_port()
     procs = {}
@@ -239,10 +380,12 @@ def main():
     def send_args(*extra):
         return [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, *extra,
                 "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "--part-size", "2MiB",
+                "--receipt-pub", WORK / "keys/receipt.pub", "--site", "soak",
                 *conn(edge_proxy, "edge.token")]
 
     def start_send():
-        procs["send"] = subprocess.Popen(send_args("--watch", "--interval", "1"),
+        deleting = ["--delete-after-ack"] if args.hostile else []
+        procs["send"] = subprocess.Popen(send_args("--watch", "--interval", "1", *deleting),
                                          stdout=subprocess.DEVNULL, stderr=logs["send"])
 
     def one_shot_send(*extra, timeout=180):
@@ -255,7 +398,9 @@ def main():
     def start_pull():
         procs["pull"] = subprocess.Popen(
             [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
-             "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
+             "--identity", WORK / "keys/core.key", "--trust", f"soak={WORK / 'keys/edge.pub'}",
+             "--trust", f"other={WORK / 'keys/edge.pub'}", "--receipt-key", WORK / "keys/receipt.key",
+             "--gap-alert-after", "60s",
              *conn(core_proxy, "core.token")], stdout=subprocess.DEVNULL, stderr=logs["pull"])
 
     starters = {"relay": restart_relay, "send": start_send, "pull": start_pull}
@@ -265,7 +410,8 @@ def main():
     expected = {}  # relative path under dest → sha256
     counts = {"batches": 0, "files": 0, "bytes": 0, "resets": 0, "throttles": 0, "stalls": 0, "outages": 0,
               "kills": {"send": 0, "pull": 0, "relay": 0}, "reruns": 0, "omissions": 0, "injections": 0,
-              "too_large": 0}
+              "too_large": 0, "relabelled": 0, "replayed": 0, "dropped": 0, "forged": 0,
+              "forged_batches": [], "replayed_names": []}
     batch_files = {}  # batch name → its expected relative paths
     store = WORK / "relay" / "sites" / "soak"
     aside = WORK / "aside"
@@ -275,6 +421,7 @@ def main():
     end = time.monotonic() + args.minutes * 60
     next_batch = next_fault = next_kill = time.monotonic()
     next_tamper, next_rerun = next_batch + 30, next_batch + 45
+    next_hostile = next_batch + 20
     print(f"soak for {args.minutes:g} min, seed {args.seed}, work in {WORK}", file=sys.stderr)
     while time.monotonic() < end:
         now = time.monotonic()
@@ -315,7 +462,17 @@ def main():
             undo.append((now + 20, cancel))
         for when, action in [u for u in undo if u[0] <= now]:
             undo.remove((when, action))
-            action()
+            if action() is False:
+                # Not yet: a replay waits for its batch to be delivered first.
+                undo.append((now + 10, action))
+        if args.hostile and now >= next_hostile:
+            core_token = (WORK / "core.token").read_text()
+            act = hostile_act(rng, store, WORK / "relay" / "sites" / "other", aside, core_token, relay_port,
+                              fingerprint, counts)
+            if act:
+                delay, action = act
+                undo.append((now + delay, action))
+            next_hostile = now + rng.uniform(15, 45)
         if now >= next_tamper:
             tamper = tamper_store(rng, store, aside)
             if tamper:
@@ -358,25 +515,46 @@ def main():
     core_proxy.set("none")
     print(f"generation over: {counts}; waiting for delivery", file=sys.stderr)
 
+    # A batch whose acknowledgement was forged is gone from the relay for good (it refuses
+    # the same objects again) while the edge keeps its sources: withheld, counted apart.
+    forged_names = {batch_name(WORK, b) for b in counts["forged_batches"]} - {None}
+    withheld = {p for n in forged_names for p in batch_files.get(n, ())}
+    replayed_again = []
+
     def delivered():
         found = {}
-        if dest.exists():
-            for dirpath, dirnames, files in os.walk(dest):
+        for root in (dest, WORK / "moved"):
+            if not root.exists():
+                continue
+            for dirpath, dirnames, files in os.walk(root):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".forte-staging-")]
                 for f in files:
                     p = Path(dirpath) / f
-                    found[str(p.relative_to(dest))] = p
+                    rel = str(p.relative_to(root))
+                    if root == dest and rel.split("/")[1:2] and rel.split("/")[1] in counts["replayed_names"]:
+                        replayed_again.append(rel)
+                    rel = rel if root == dest else f"soak/{rel}"
+                    found[rel] = p
         return found
 
     deadline = time.monotonic() + 1800
-    while set(delivered()) != set(expected) and time.monotonic() < deadline:
+    while set(delivered()) != set(expected) - withheld and time.monotonic() < deadline:
         time.sleep(2)
         # An object the store lost for good (removed while the relay was restarted) comes
         # back only from the edge: a one-shot send finds what the relay lacks and seals again.
         if time.monotonic() > deadline - 1500 and int(time.monotonic()) % 60 < 2:
             one_shot_send(timeout=120)
     found = delivered()
-    missing = sorted(set(expected) - set(found))
+    missing = sorted(set(expected) - set(found) - withheld)
+    withheld_arrived = sorted(withheld & set(found))
+    replayed_again = sorted(set(replayed_again))
+    other_site = sorted(str(p) for p in (dest / "other").rglob("*") if p.is_file()) if (dest / "other").exists() else []
+    # Sources deleted at the edge: each must have arrived (its receipt said so).
+    deleted_unsent = sorted(p for p in expected if not (inbox / p.split("/", 1)[1]).exists() and p not in found)
+    receipts = subprocess.run([FORTE, "--catalog", WORK / "core.sqlite", "receipts", "--receipt-pub",
+                               WORK / "keys/receipt.pub", "--json"], capture_output=True, text=True)
+    receipt_lines = [json.loads(line) for line in receipts.stdout.splitlines() if line.strip()]
+    receipts_ok = receipts.returncode == 0 and all(r["verified"] for r in receipt_lines)
     extra = sorted(set(found) - set(expected))
     corrupt = sorted(p for p in expected if p in found and sha256(found[p]) != expected[p])
     # A batch delivered in part: some of its files present, others not.
@@ -414,8 +592,18 @@ def main():
           f"incomplete batches delivered {len(incomplete)}, left at the relay {left_at_relay}, "
           f"staging directories left {len(staging)}")
     print(f"catalogue: {catalogued} files acknowledged at the core, {len(found)} files on disk")
+    if args.hostile:
+        print(f"custody: {counts['relabelled']} batches relabelled into another site, {counts['replayed']} "
+              f"replayed after delivery, {counts['dropped']} dropped whole, {counts['forged']} acknowledgements "
+              f"forged ({len(withheld)} files withheld for good, their sources kept: "
+              f"{len(withheld) - len(withheld_arrived)} of {len(withheld)} never arrived)")
+        print(f"delivered under the wrong site {len(other_site)}, replays delivered again {len(replayed_again)}, "
+              f"sources deleted but not delivered {len(deleted_unsent)}, receipts {len(receipt_lines)} "
+              f"({'all verify' if receipts_ok else 'NOT ALL VERIFY'})")
     ok = not (missing or extra or corrupt or incomplete or left_at_relay or cancelled_arrived
               or catalogued != len(found))
+    if args.hostile:
+        ok = ok and not (other_site or replayed_again or deleted_unsent) and receipts_ok
     for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt)):
         for item in items[:10]:
             print(f"  {name}: {item}")
