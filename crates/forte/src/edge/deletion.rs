@@ -169,11 +169,33 @@ impl Edge<'_> {
             })
         };
         let mut lost: HashMap<usize, usize> = HashMap::new();
+        let mut not_delivered: HashSet<usize> = HashSet::new();
         for (id, batches) in &carriers {
+            let delivered = known
+                .get(id)
+                .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered);
+            if !delivered {
+                not_delivered.extend(batches);
+            }
             if !held(id) {
                 for i in batches {
                     *lost.entry(*i).or_default() += 1;
                 }
+            }
+        }
+        // Every object delivered, says the relay: the core's receipt must say so too, or the
+        // acknowledgement was not the core's (forged, or a core without a receipt key).
+        for (i, b) in sent.iter().enumerate() {
+            if not_delivered.contains(&i) || self.unreceipted.lock().contains(&b.batch_key) {
+                continue;
+            }
+            let Some(receipted) = self.verified_receipts(b) else {
+                continue;
+            };
+            self.unreceipted.lock().insert(b.batch_key.clone());
+            if receipted.is_empty() {
+                let error = "the relay says the core acknowledged this batch, but no receipt signed by the core (--receipt-pub) says so: its sources are kept; the relay may have lost it or forged the acknowledgement, or the core signs no receipts (pull --receipt-key)";
+                self.setup.failures.report(&b.name, None, error);
             }
         }
         for (i, objects) in lost {
@@ -194,9 +216,8 @@ impl Edge<'_> {
         note("a lost batch", self.setup.catalog.flush());
     }
 
-    /// Deletes, in every sent batch, each source file whose object the core has acknowledged
-    /// (the relay reports it delivered) and which is unchanged since (its derived object id is
-    /// the same), and nothing else: a file that was skipped, failed, changed or appeared later
+    /// Deletes, in every sent batch, each source file that a custody receipt of the core lists
+    /// with the SHA-256 its bytes still have (`still_as_delivered`), and nothing else: a file that was skipped, failed, changed or appeared later
     /// stays, with its batch directory. A batch left with only files that can never be sent is
     /// reported once, through the failure hook.
     pub fn delete_acknowledged(&self, inbox: &Path) {

@@ -204,6 +204,8 @@ pub struct Edge<'a> {
     /// Objects whose upload the relay refused because it held them already (sealed or
     /// delivered), until their outcome is booked.
     refused_as_held: Mutex<HashSet<ObjectId>>,
+    /// Sent batches the relay says were delivered, checked once each for the core's receipt.
+    unreceipted: Mutex<HashSet<BatchKey>>,
 }
 
 impl JobQueue for Edge<'_> {
@@ -234,6 +236,7 @@ impl<'a> Edge<'a> {
             in_flight: Mutex::default(),
             finished: Mutex::default(),
             refused_as_held: Mutex::default(),
+            unreceipted: Mutex::default(),
         }
     }
 

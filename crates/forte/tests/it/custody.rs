@@ -255,6 +255,11 @@ fn a_forged_acknowledgement_and_receipt_delete_no_source() {
         );
     }
     assert!(!send_log().contains("source deleted"), "{}", send_log());
+    assert!(
+        wait_for(30, || send_log().contains("no receipt signed by the core")),
+        "the sender did not say the acknowledgement came without a receipt: {}",
+        send_log()
+    );
 }
 
 /// Whether the relay holds a sealed batch (its inventory) in `batches`.
