@@ -41,6 +41,8 @@ pub struct InstanceRow {
     /// A digest of what the instance holds (its inventory's objects), so the edge seals the
     /// same content as the same instance.
     pub content: String,
+    /// At the core: the ids of the files it delivered (empty at the edge).
+    pub objects: Vec<String>,
     /// When the edge sealed it, microseconds since the Unix epoch.
     pub sealed_at: i64,
     /// When this catalogue recorded it.
@@ -60,7 +62,7 @@ pub struct Gap {
     pub since: i64,
 }
 
-const COLUMNS: &str = "SELECT role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt FROM batch_instances";
+const COLUMNS: &str = "SELECT role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects FROM batch_instances";
 
 fn instance_row(r: &AnyRow) -> Result<InstanceRow> {
     let role: String = r.try_get(0)?;
@@ -75,6 +77,10 @@ fn instance_row(r: &AnyRow) -> Result<InstanceRow> {
         sealed_at: r.try_get(6)?,
         recorded_at: r.try_get(7)?,
         receipt: r.try_get(8)?,
+        objects: {
+            let text: String = r.try_get(9)?;
+            text.split_whitespace().map(str::to_string).collect()
+        },
     })
 }
 
@@ -121,10 +127,10 @@ impl Catalog {
         self.runtime
             .block_on(
                 sqlx::query(
-                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at)
+                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, objects, sealed_at, recorded_at)
                      VALUES ('edge', $1, $2,
                          (SELECT COALESCE(MAX(sequence), 0) + 1 FROM batch_instances WHERE role = 'edge' AND site = $1),
-                         $3, $4, $5, $5)",
+                         $3, $4, '', $5, $5)",
                 )
                 .bind(site)
                 .bind(&instance)
@@ -144,6 +150,20 @@ impl Catalog {
         rows.into_iter()
             .next()
             .with_context(|| format!("batch {batch}'s new instance was not recorded"))
+    }
+
+    /// The sites this edge has sealed batches for.
+    pub fn sealed_for_sites(&self) -> Result<Vec<String>> {
+        let rows = self
+            .runtime
+            .block_on(
+                sqlx::query("SELECT DISTINCT site FROM batch_instances WHERE role = 'edge'")
+                    .fetch_all(&self.pool),
+            )
+            .with_context(|| format!("cannot read sites from the catalogue {}", self.url))?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+            .collect()
     }
 
     /// Every instance recorded for `batch` (at this catalogue's end), oldest sequence first.
@@ -229,8 +249,8 @@ impl Leases {
     /// a worker that stalled past its lease records nothing, and so acknowledges nothing.
     pub fn record_delivered_instance(&self, lease: &Lease, row: &InstanceRow) -> Result<Fenced> {
         let sql = format!(
-            "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt)
-             SELECT 'core', $1, $2, $3, $4, $5, $6, $7, $8
+            "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects)
+             SELECT 'core', $1, $2, $3, $4, $5, $6, $7, $8, $12
              WHERE EXISTS (SELECT 1 FROM batch_claims WHERE batch_key = $9 AND worker = $10 AND attempt = $11 AND lease_until >= {now})
              ON CONFLICT (role, site, instance) DO NOTHING",
             now = self.now_sql()
@@ -256,6 +276,7 @@ impl Leases {
                     .bind(lease.batch.to_string())
                     .bind(&lease.worker)
                     .bind(lease.attempt)
+                    .bind(row.objects.join(" "))
                     .execute(&self.pool),
             )
             .with_context(what)?;
@@ -299,6 +320,7 @@ mod tests {
             sequence,
             batch_key: batch.clone(),
             content: String::new(),
+            objects: Vec::new(),
             sealed_at: 0,
             recorded_at,
             receipt: Some("{}".into()),
@@ -360,6 +382,7 @@ mod tests {
             sequence: 1,
             batch_key: batch.clone(),
             content: String::new(),
+            objects: vec!["0a".into(), "0b".into()],
             sealed_at: 0,
             recorded_at: now_us(),
             receipt: None,
@@ -371,6 +394,9 @@ mod tests {
             .unwrap()
             .is_none());
         assert_eq!(fenced(&holder), Fenced::Recorded);
+        let kept = catalog.instances_of(&batch).unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].objects, ["0a", "0b"], "{kept:?}");
         assert_eq!(fenced(&holder), Fenced::AlreadyRecorded);
         assert_eq!(fenced(&stale), Fenced::AlreadyRecorded);
     }

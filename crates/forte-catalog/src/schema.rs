@@ -142,7 +142,9 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX task_runs_by_batch ON task_runs (batch_key, started_at)",
     // 10: batch instances (`custody`): at the edge each instance it sealed (its id, the site's
     // sequence number) and the core's receipt once verified; at the core each instance it
-    // delivered and the receipt it signed, so a replay is known and a sequence gap seen.
+    // delivered, the ids of its files and the receipt it signed, so a replay is known, an
+    // object delivered before is never delivered again in another instance, and a sequence gap
+    // is seen.
     "CREATE TABLE batch_instances (
         role TEXT NOT NULL,
         site TEXT NOT NULL,
@@ -150,6 +152,7 @@ const MIGRATIONS: &[&str] = &[
         sequence BIGINT NOT NULL,
         batch_key TEXT NOT NULL,
         content TEXT NOT NULL,
+        objects TEXT NOT NULL,
         sealed_at BIGINT NOT NULL,
         recorded_at BIGINT NOT NULL,
         receipt TEXT,

@@ -91,7 +91,7 @@ impl<'k> Restore<'k> {
     /// The source's inventory, decrypted and verified; `None` if it has none.
     pub fn inventory(&self, source: &dyn ObjectSource) -> Result<Option<Inventory>> {
         source
-            .inventory(objects::MAX_MANIFEST_BYTES)?
+            .inventory(objects::MAX_INVENTORY_BYTES)?
             .map(|sealed| open_inventory(&sealed, self.identities, self.trusted))
             .transpose()
     }

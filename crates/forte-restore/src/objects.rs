@@ -7,9 +7,15 @@ use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 use crate::object_source::{ObjectRef, ObjectSource};
 use crate::outcome::{Problem, RestoreFailure};
 
-/// Larger than the manifest of a 100 TiB file in 16 MiB parts; bounds what an untrusted
-/// `manifest.age` can make us allocate before its signature is checked.
-pub(crate) const MAX_MANIFEST_BYTES: u64 = 1 << 30;
+/// The most bytes of a sealed manifest read or decrypted: its part entries take about 260 bytes
+/// each, so this holds some 500 000 parts (an 8 TiB file in 16 MiB parts; larger files need
+/// larger parts). It bounds what an untrusted `manifest.age` can make the core hold before
+/// its signature is checked, [`MANIFESTS_AT_ONCE`] at a time: 1 GiB at most, where 1 GiB a
+/// manifest let a relay hold 7 GB of the core's memory with eight grown manifests.
+pub(crate) const MAX_MANIFEST_BYTES: u64 = 128 << 20;
+
+/// The most bytes of a sealed inventory read or decrypted: some 1.5 million files in a batch.
+pub(crate) const MAX_INVENTORY_BYTES: u64 = 256 << 20;
 
 /// Decrypts and verifies a sealed inventory (`inventory.age`): it must decrypt with the core's
 /// identity and carry a valid signature of a trusted edge.
@@ -18,7 +24,7 @@ pub fn open_inventory(
     identities: &Identities,
     trusted: &TrustedEdges,
 ) -> Result<Inventory> {
-    let document = decrypt(&identities.0, sealed, MAX_MANIFEST_BYTES)
+    let document = decrypt(&identities.0, sealed, MAX_INVENTORY_BYTES)
         .map_err(|e| anyhow::anyhow!("inventory.age: {e}"))?;
     Inventory::open(&document, trusted).map_err(|e| anyhow::anyhow!("inventory.age: inventory {e}"))
 }

@@ -54,6 +54,8 @@ pub(super) struct Instance {
     pub sequence: u64,
     pub sealed_at: i64,
     pub content: String,
+    /// The ids of its files, as its inventory lists them.
+    pub objects: Vec<String>,
 }
 
 /// A batch whose instance the core delivered before: acknowledged with its receipt, not
@@ -86,7 +88,7 @@ impl Delivery<'_> {
     /// for any site).
     pub(super) fn check_custody(
         &self,
-        listed_site: &str,
+        (key, listed_site): (&BatchKey, &str),
         inventory: Option<&Inventory>,
     ) -> Result<Option<Instance>> {
         let Some(custody) = &self.custody else {
@@ -99,10 +101,10 @@ impl Delivery<'_> {
             .signer
             .as_ref()
             .expect("an opened inventory names its signer");
-        let key = forte_format::keys::edge_key_id(signer);
+        let signer_id = forte_format::keys::edge_key_id(signer);
         if !inventory.names_its_instance() {
             if !custody.trusted.may_sign_for(signer, listed_site) {
-                bail!("the batch's inventory (format 1) names no site, and edge key {key} is not trusted for site {listed_site} (--trust {listed_site}=FILE)");
+                bail!("the batch's inventory (format 1) names no site, and edge key {signer_id} is not trusted for site {listed_site} (--trust {listed_site}=FILE)");
             }
             return Ok(None);
         }
@@ -114,7 +116,7 @@ impl Delivery<'_> {
         }
         if !custody.trusted.may_sign_for(signer, &inventory.site) {
             bail!(
-                "the batch is signed for site {} by edge key {key}, which is not trusted for that site (--trust {}=FILE binds a key to it): refused, nothing delivered",
+                "the batch is signed for site {} by edge key {signer_id}, which is not trusted for that site (--trust {}=FILE binds a key to it): refused, nothing delivered",
                 inventory.site,
                 inventory.site
             );
@@ -125,12 +127,39 @@ impl Delivery<'_> {
         {
             return Err(Replayed(row).into());
         }
+        // A new instance holding files an earlier instance of the batch delivered: the relay
+        // replaying them under a follow-up (an honest follow-up lists only what was not yet
+        // delivered), or an edge whose catalogue was lost.
+        let listed: HashSet<String> = inventory.objects.iter().map(|o| o.id.to_string()).collect();
+        for earlier in self.catalog.instances_of(key)? {
+            let again: Vec<&String> = earlier
+                .objects
+                .iter()
+                .filter(|id| listed.contains(*id))
+                .collect();
+            if let Some(first) = again.first() {
+                let path = inventory
+                    .objects
+                    .iter()
+                    .find(|o| o.id.to_string() == **first)
+                    .map_or("?", |o| o.path.as_str());
+                bail!(
+                    "instance {} lists {} file(s) the core delivered before, in instance {} (sequence {}) at {}, such as {path}: refused, nothing delivered again (a relay replaying them, or an edge whose catalogue was lost)",
+                    inventory.instance,
+                    again.len(),
+                    earlier.instance,
+                    earlier.sequence,
+                    format_utc(earlier.recorded_at)
+                );
+            }
+        }
         Ok(Some(Instance {
             site: inventory.site.clone(),
             id: inventory.instance.clone(),
             sequence: inventory.sequence,
             sealed_at: inventory.sealed_at,
             content: inventory.content(),
+            objects: listed.into_iter().collect(),
         }))
     }
 
@@ -173,6 +202,7 @@ impl Delivery<'_> {
             sequence: instance.sequence as i64,
             batch_key: key.clone(),
             content: instance.content.clone(),
+            objects: instance.objects.clone(),
             sealed_at: instance.sealed_at,
             recorded_at: now,
             receipt: receipt

@@ -324,7 +324,7 @@ impl Delivery<'_> {
         })?;
         // Before anything is staged or placed: the site it goes under, and whether it is new,
         // come from what its edge signed.
-        *instance = self.check_custody(batch.site(), inventory.as_ref())?;
+        *instance = self.check_custody((&batch.key, batch.site()), inventory.as_ref())?;
         let rest = ahead.not_staged(batch.objects.to_vec());
         if !rest.is_empty() {
             let more = self.stage(restore, rest, &batch.key, &mut ahead);

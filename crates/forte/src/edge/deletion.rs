@@ -267,21 +267,17 @@ impl Edge<'_> {
         let Some(receipted) = self.verified_receipts(b) else {
             return;
         };
-        let delivered = |source: &SourceFile, id: &ObjectId| {
-            receipted
-                .get(id)
-                .is_some_and(|listed| still_as_delivered(source, listed))
-        };
         // The acknowledgement is kept before the source goes: a sender killed after deleting
-        // a file could never record it again.
-        let carried: Vec<(SourceFile, ObjectId, ObjectId, bool)> = carried
+        // a file could never record it again. Whether the file is still what the core keeps is
+        // checked as it is removed (`remove_if_as_delivered`).
+        let carried: Vec<(SourceFile, ObjectId, ObjectId, Option<ReceiptFile>)> = carried
             .into_iter()
             .map(|(source, id, carrier)| {
-                let ok = delivered(&source, &id);
-                (source, id, carrier, ok)
+                let listed = receipted.get(&id).cloned();
+                (source, id, carrier, listed)
             })
             .collect();
-        for (source, id, carrier, _) in carried.iter().filter(|c| c.3) {
+        for (source, id, carrier, _) in carried.iter().filter(|c| c.3.is_some()) {
             let was = recorded.get(id.to_string().as_str()).map(|r| r.state);
             self.record_acknowledged_file(&b.batch_key, *carrier, (source, *id), was);
         }
@@ -305,9 +301,16 @@ impl Edge<'_> {
             .unwrap_or(false);
         let (files_n, bytes) = (b.files as u64, b.bytes as u64);
         // Only the marker left means nothing waits for an acknowledgement any more, and no
-        // file was written into the batch since the scan.
+        // file was written into the batch since the scan. The marker goes, then the directory
+        // only if empty: a file written meanwhile keeps it.
         if kept.is_empty() && only_marker {
-            match std::fs::remove_dir_all(dir) {
+            let removed = std::fs::remove_file(dir.join(READY_MARKER))
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(e),
+                })
+                .and_then(|()| std::fs::remove_dir(dir));
+            match removed {
                 Ok(()) => {
                     let deleted = BatchState::SourceDeleted;
                     self.record_batch(&b.batch_key, &b.name, files_n, bytes, deleted);
@@ -339,20 +342,28 @@ impl Edge<'_> {
     /// such receipt is kept in the catalogue for audit. `None` when the relay cannot be asked.
     fn verified_receipts(&self, b: &BatchRow) -> Option<HashMap<ObjectId, ReceiptFile>> {
         let trusted = self.setup.receipts.as_ref()?;
-        let site = self.setup.site.get(self.setup.client).ok()?;
+        let site = self
+            .setup
+            .site
+            .get(self.setup.client, self.setup.catalog)
+            .ok()?;
         let documents = self.setup.client.receipts(b.batch_key.batch()).ok()?;
         let mut listed = HashMap::new();
         for document in documents {
+            let refused = |why: String| {
+                let digest = forte_format::seal::sha256_hex(&document);
+                if self.refused_receipts.lock().insert(digest) {
+                    self.setup.failures.report(&b.name, None, &why);
+                }
+            };
             let receipt = match Receipt::open(&document, trusted) {
                 Ok(r) if r.site == site => r,
                 Ok(r) => {
-                    let error = format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site);
-                    self.setup.failures.report(&b.name, None, &error);
+                    refused(format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site));
                     continue;
                 }
                 Err(e) => {
-                    let error = format!("the relay offered a receipt that does not verify ({e}): ignored, nothing deleted on its word");
-                    self.setup.failures.report(&b.name, None, &error);
+                    refused(format!("the relay offered a receipt that does not verify ({e}): ignored, nothing deleted on its word"));
                     continue;
                 }
             };
@@ -369,51 +380,110 @@ impl Edge<'_> {
     }
 }
 
-/// Each file with whether the core's receipt covers it as it is now.
-fn files_of(carried: Vec<(SourceFile, ObjectId, ObjectId, bool)>) -> Vec<(SourceFile, bool)> {
+/// Each file with what the core's receipt lists for it, if it lists it.
+fn files_of(
+    carried: Vec<(SourceFile, ObjectId, ObjectId, Option<ReceiptFile>)>,
+) -> Vec<(SourceFile, Option<ReceiptFile>)> {
     carried
         .into_iter()
-        .map(|(f, _, _, delivered)| (f, delivered))
+        .map(|(f, _, _, listed)| (f, listed))
         .collect()
 }
 
-/// Whether `source` is still the file the core's receipt lists: a directory is; a file when its
-/// size is the receipt's and its bytes, read now, hash to the receipt's SHA-256, and nothing
-/// about it (device, inode, size, mtime, ctime) changed while they were read. Its object id,
-/// which the receipt is looked up by, already binds its path, size and mtime when it was read;
-/// the hash is what catches a file rewritten with its size and mtime kept (`cp -p`, `rsync
-/// -t`, `tar x`). Hashing always, not only when the metadata moved: metadata can be set back,
-/// and at SHA-NI speed the read costs about a second per 1.7 GB (docs/benchmarks.md).
-fn still_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> bool {
-    if source.kind == Kind::Dir {
-        return true;
+/// The identity of a file that must not change while it is checked and removed.
+fn identity(m: &std::fs::Metadata) -> (u64, u64, u64, i64, i64, i64, i64) {
+    use std::os::unix::fs::MetadataExt;
+    (
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    )
+}
+
+/// Removes `source` only if it is still the file the core's receipt lists. It is first renamed
+/// to a hidden name beside it, atomically, so nothing a writer puts at its path from then on is
+/// touched (a file replaced by `mv` after a check and before an unlink by path was deleted
+/// unsent). The renamed file is then checked through its own descriptor: a regular file of the
+/// receipt's size whose bytes hash to the receipt's SHA-256, its device, inode, size, mtime and
+/// ctime unchanged while read, and the hidden name still naming it; only then is it unlinked.
+/// Otherwise it is renamed back, never over a file written at its path since (then it is kept
+/// as `NAME.forte-kept`). Its object id, which the receipt is looked up by, binds its path,
+/// size and mtime when it was read; the hash is what catches a file rewritten with its size and
+/// mtime kept (`cp -p`, `rsync -t`, `tar x`). Hashing always, not only when the metadata moved:
+/// mtime can be set back by any writer, and ctime's granularity (a kernel tick) lets a rewrite
+/// within one tick keep it; it costs about a second per GB (docs/benchmarks.md).
+fn remove_if_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = &source.local;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let hidden = path.with_file_name(format!(".{name}.forte-deleting-{}", ObjectId::random()));
+    std::fs::rename(path, &hidden).map_err(|e| format!("cannot delete: {e}"))?;
+    let checked = (|| -> std::io::Result<bool> {
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&hidden)?;
+        let before = file.metadata()?;
+        if !before.is_file() || before.len() != listed.size {
+            return Ok(false);
+        }
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        std::io::copy(&mut file, &mut hasher)?;
+        let sha256 = hex::encode(hasher.finalize());
+        let after = file.metadata()?;
+        let named = std::fs::symlink_metadata(&hidden)?;
+        Ok(sha256 == listed.sha256
+            && identity(&after) == identity(&before)
+            && identity(&named) == identity(&before))
+    })();
+    if checked.unwrap_or(false) {
+        return std::fs::remove_file(&hidden).map_err(|e| format!("cannot delete: {e}"));
     }
-    if source.size != listed.size {
-        return false;
-    }
-    let identity = |m: &std::fs::Metadata| {
-        use std::os::unix::fs::MetadataExt;
-        (
-            m.dev(),
-            m.ino(),
-            m.size(),
-            m.mtime(),
-            m.mtime_nsec(),
-            m.ctime(),
-            m.ctime_nsec(),
+    let kept = match rename_no_replace(&hidden, path) {
+        Ok(()) => path.clone(),
+        Err(_) => {
+            let aside = path.with_file_name(format!("{name}.forte-kept"));
+            match rename_no_replace(&hidden, &aside) {
+                Ok(()) => aside,
+                Err(_) => hidden,
+            }
+        }
+    };
+    Err(format!(
+        "changed after it was sent (its bytes are not those the core keeps); kept as {}; give it a new modification time (touch) to send it again",
+        kept.display()
+    ))
+}
+
+/// Renames `from` to `to` unless something is at `to` already (`renameat2` with
+/// `RENAME_NOREPLACE`): a file put back never replaces one written since.
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
+    let (from, to) = (c(from)?, c(to)?);
+    // SAFETY: two NUL-terminated paths that live across the call; no memory is shared.
+    let done = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
         )
     };
-    let Ok(before) = std::fs::symlink_metadata(&source.local) else {
-        return false;
-    };
-    if !before.is_file() {
-        return false;
+    if done == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    let Ok(sha256) = forte_format::seal::sha256_file(&source.local) else {
-        return false;
-    };
-    let after = std::fs::symlink_metadata(&source.local);
-    sha256 == listed.sha256 && after.is_ok_and(|a| identity(&a) == identity(&before))
 }
 
 /// Drops from a sent batch's `files` the empty directories that held files it sent (`rows`):
@@ -440,30 +510,31 @@ struct Deletion {
     waiting: usize,
 }
 
-/// Deletes each of `files` marked delivered, and nothing else: files first, then directories
-/// deepest first, so a delivered directory goes only once what it held is gone.
-fn delete_delivered(files: &[(SourceFile, bool)]) -> Deletion {
-    let mut order: Vec<&(SourceFile, bool)> = files.iter().collect();
+/// Deletes each of `files` that a receipt lists, and nothing else: files first (each only if
+/// still as delivered, `remove_if_as_delivered`), then directories deepest first, so a delivered
+/// directory goes only once what it held is gone.
+fn delete_delivered(files: &[(SourceFile, Option<ReceiptFile>)]) -> Deletion {
+    let mut order: Vec<&(SourceFile, Option<ReceiptFile>)> = files.iter().collect();
     order.sort_by_key(|(f, _)| (f.kind == Kind::Dir, std::cmp::Reverse(f.path.len())));
     let mut done = Deletion {
         deleted: 0,
         kept: Vec::new(),
         waiting: 0,
     };
-    for (file, delivered) in order {
-        if !delivered {
+    for (file, listed) in order {
+        let Some(listed) = listed else {
             done.waiting += 1;
             continue;
-        }
+        };
         let removed = match file.kind {
-            Kind::File | Kind::Bundle => std::fs::remove_file(&file.local),
-            Kind::Dir => std::fs::remove_dir(&file.local),
+            Kind::File | Kind::Bundle => remove_if_as_delivered(file, listed),
+            Kind::Dir => {
+                std::fs::remove_dir(&file.local).map_err(|e| format!("cannot delete: {e}"))
+            }
         };
         match removed {
             Ok(()) => done.deleted += 1,
-            Err(e) => done
-                .kept
-                .push(format!("{}: cannot delete: {e}", file.local.display())),
+            Err(e) => done.kept.push(format!("{}: {e}", file.local.display())),
         }
     }
     done
@@ -518,15 +589,21 @@ mod tests {
         assert_eq!(left, ["b"]);
     }
 
-    /// Each file marked delivered when `delivered` says so of its id.
+    /// Each file with a receipt entry of its bytes as they are when `delivered` says so of
+    /// its id.
     fn marked(
         files: &[(SourceFile, ObjectId)],
         delivered: impl Fn(&ObjectId) -> bool,
-    ) -> Vec<(SourceFile, bool)> {
-        files
-            .iter()
-            .map(|(f, id)| (f.clone(), delivered(id)))
-            .collect()
+    ) -> Vec<(SourceFile, Option<ReceiptFile>)> {
+        let entry = |(f, id): &(SourceFile, ObjectId)| {
+            let bytes = std::fs::read(&f.local).unwrap_or_default();
+            let listed = ReceiptFile {
+                id: *id,
+                ..listed(&bytes)
+            };
+            (f.clone(), delivered(id).then_some(listed))
+        };
+        files.iter().map(entry).collect()
     }
 
     fn listed(bytes: &[u8]) -> ReceiptFile {
@@ -537,34 +614,66 @@ mod tests {
         }
     }
 
-    /// A file rewritten after it was read, with new bytes of the same size and its
-    /// nanosecond mtime set back (`cp -p`, `rsync -t`, `tar x`): the same object id, so the
-    /// receipt is found, but not the bytes the core keeps. It stays.
-    #[test]
-    fn a_file_rewritten_with_its_size_and_mtime_kept_is_not_as_delivered() {
-        let (dir, files) = batch();
-        let one = &files.iter().find(|(f, _)| f.path == "a/one").unwrap().0;
-        assert!(still_as_delivered(one, &listed(b"1")));
-        assert!(!still_as_delivered(one, &listed(b"2")), "other bytes");
-        assert!(!still_as_delivered(one, &listed(b"11")), "another size");
-        let path = dir.path().join("a/one");
-        let mtime =
-            filetime::FileTime::from_last_modification_time(&std::fs::metadata(&path).unwrap());
-        std::fs::write(&path, b"X").unwrap();
-        filetime::set_file_mtime(&path, mtime).unwrap();
-        let again = discover(dir.path())
+    fn one(dir: &Path) -> SourceFile {
+        discover(dir)
             .unwrap()
             .files
             .into_iter()
             .find(|f| f.path == "a/one")
-            .unwrap();
+            .unwrap()
+    }
+
+    /// A file rewritten after it was read, with new bytes of the same size and its
+    /// nanosecond mtime set back (`cp -p`, `rsync -t`, `tar x`): the same object id, so the
+    /// receipt is found, but not the bytes the core keeps. It stays, named, where it was.
+    #[test]
+    fn a_file_rewritten_with_its_size_and_mtime_kept_is_not_deleted() {
+        let (dir, _) = batch();
+        let path = dir.path().join("a/one");
+        let read = one(dir.path());
+        for other in [&b"2"[..], b"11"] {
+            let e = remove_if_as_delivered(&read, &listed(other)).unwrap_err();
+            assert!(e.contains("changed after it was sent"), "{e}");
+            assert_eq!(std::fs::read(&path).unwrap(), b"1", "kept in place");
+        }
+        let meta = std::fs::metadata(&path).unwrap();
+        let mtime = filetime::FileTime::from_last_modification_time(&meta);
+        std::fs::write(&path, b"X").unwrap();
+        filetime::set_file_mtime(&path, mtime).unwrap();
+        let again = one(dir.path());
         assert_eq!(
             (again.size, again.mtime_s, again.mtime_ns),
-            (one.size, one.mtime_s, one.mtime_ns)
+            (read.size, read.mtime_s, read.mtime_ns)
         );
-        assert!(!still_as_delivered(&again, &listed(b"1")));
-        std::fs::remove_file(&path).unwrap();
-        assert!(!still_as_delivered(one, &listed(b"1")), "gone");
+        assert!(remove_if_as_delivered(&again, &listed(b"1")).is_err());
+        assert_eq!(std::fs::read(&path).unwrap(), b"X");
+        let hidden: Vec<_> = std::fs::read_dir(dir.path().join("a"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(hidden.is_empty(), "nothing left under a hidden name");
+        remove_if_as_delivered(&again, &listed(b"X")).expect("its own bytes: deleted");
+        assert!(!path.exists());
+        assert!(
+            remove_if_as_delivered(&again, &listed(b"X")).is_err(),
+            "gone"
+        );
+    }
+
+    /// A file put back after a failed check never replaces one written at its path since:
+    /// it is kept beside it.
+    #[test]
+    fn a_file_put_back_never_replaces_one_written_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("from"), dir.path().join("to"));
+        std::fs::write(&from, b"old").unwrap();
+        std::fs::write(&to, b"new").unwrap();
+        assert!(rename_no_replace(&from, &to).is_err());
+        assert_eq!(std::fs::read(&to).unwrap(), b"new");
+        std::fs::remove_file(&to).unwrap();
+        rename_no_replace(&from, &to).unwrap();
+        assert_eq!(std::fs::read(&to).unwrap(), b"old");
     }
 
     fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {

@@ -93,10 +93,14 @@ fn batch_id(key: &EdgeKey, batch: &str) -> BatchKey {
 }
 
 /// A batch seal sent beside the batch's last uploads: the relay's answer, and the sealed
-/// inventory to seal with again if it was not yes.
-struct EarlySeal {
-    answer: Result<(), RelayError>,
-    inventory: Vec<u8>,
+/// inventory to seal with again if it was not yes; or why no inventory could be made (the
+/// site unknown, the catalogue unwritable).
+enum EarlySeal {
+    Sent {
+        answer: Result<(), RelayError>,
+        inventory: Vec<u8>,
+    },
+    NoInventory(String),
 }
 
 /// A batch between its admission to the queue and its seal at the relay.
@@ -206,6 +210,8 @@ pub struct Edge<'a> {
     refused_as_held: Mutex<HashSet<ObjectId>>,
     /// Sent batches the relay says were delivered, checked once each for the core's receipt.
     unreceipted: Mutex<HashSet<BatchKey>>,
+    /// Receipts the relay offered that were refused (by SHA-256), each reported once.
+    refused_receipts: Mutex<HashSet<String>>,
 }
 
 impl JobQueue for Edge<'_> {
@@ -237,6 +243,7 @@ impl<'a> Edge<'a> {
             finished: Mutex::default(),
             refused_as_held: Mutex::default(),
             unreceipted: Mutex::default(),
+            refused_receipts: Mutex::default(),
         }
     }
 

@@ -104,9 +104,13 @@ impl Edge<'_> {
             entries,
             answer_to,
         } = seal;
-        let Ok(inventory) = self.sealed_inventory(&batch_key, &name, entries) else {
-            // Dropping `answer_to` tells `finish`, which fails the batch for the next run.
-            return;
+        let inventory = match self.sealed_inventory(&batch_key, &name, entries) {
+            Ok(inventory) => inventory,
+            Err(e) => {
+                // The flight may be gone (the batch failed meanwhile): nobody waits for it.
+                let _ = answer_to.send(EarlySeal::NoInventory(e));
+                return;
+            }
         };
         let wait = Some(EARLY_SEAL_WAIT);
         let answer = self
@@ -114,7 +118,7 @@ impl Edge<'_> {
             .client
             .seal_batch(batch_key.batch(), &members, &inventory, wait);
         // The flight may be gone (the batch failed meanwhile): nobody waits for the answer.
-        let _ = answer_to.send(EarlySeal { answer, inventory });
+        let _ = answer_to.send(EarlySeal::Sent { answer, inventory });
     }
 
     /// The batch's inventory, signed and sealed, naming this site and the batch instance: the
@@ -130,7 +134,7 @@ impl Edge<'_> {
         let site = self
             .setup
             .site
-            .get(self.setup.client)
+            .get(self.setup.client, self.setup.catalog)
             .map_err(|e| format!("{e:#}"))?;
         let row = self
             .setup
@@ -210,11 +214,12 @@ impl Edge<'_> {
         // A batch whose every object was delivered before has nothing left to offer.
         if report.failed == 0 && !members.is_empty() {
             let inventory = match early_seal.map(|answer| answer.recv()) {
-                Some(Ok(EarlySeal { answer: Ok(()), .. })) => Ok(None),
+                Some(Ok(EarlySeal::Sent { answer: Ok(()), .. })) => Ok(None),
                 // Not sealed beside the last uploads (a relay that does not wait, or one of
                 // them retried for longer than the relay waited): sealed now, as they are all
                 // there.
-                Some(Ok(EarlySeal { inventory, .. })) => Ok(Some(inventory)),
+                Some(Ok(EarlySeal::Sent { inventory, .. })) => Ok(Some(inventory)),
+                Some(Ok(EarlySeal::NoInventory(e))) => Err(e),
                 // Its entries went with it; the next run seals the batch.
                 Some(Err(_)) => Err("the thread sealing it stopped without an answer".to_string()),
                 // The entries go as soon as they are sealed: at 100 000 files they are tens of

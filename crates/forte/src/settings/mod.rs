@@ -94,8 +94,10 @@ impl EdgeSite {
         })
     }
 
-    /// The site, checked against the relay's name for the token once.
-    pub fn get(&self, client: &RelayClient) -> Result<&str> {
+    /// The site, checked against the relay's name for the token once. A site learned from the
+    /// relay must be one this edge sealed for before, if it sealed any: a relay that renames
+    /// the token's site would otherwise have every batch sealed again under its new name.
+    pub fn get(&self, client: &RelayClient, catalog: &crate::record::Catalog) -> Result<&str> {
         if let Some(site) = self.known.get() {
             return Ok(site);
         }
@@ -104,7 +106,17 @@ impl EdgeSite {
                 "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
             ),
             (Some(site), _) => site.to_string(),
-            (None, Ok(relay)) => relay,
+            (None, Ok(relay)) => {
+                let before = catalog.sealed_for_sites()?;
+                if !before.is_empty() && !before.contains(&relay) {
+                    bail!(
+                        "the relay now says this token belongs to site {relay}, but this edge sealed its batches for site {}: pass --site {} (or fix the relay's tokens.toml)",
+                        before.join(", "),
+                        before[0]
+                    );
+                }
+                relay
+            }
             (None, Err(e)) => bail!(
                 "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
             ),

@@ -520,3 +520,39 @@ fn a_part_the_relay_cannot_give_does_not_hold_up_the_batches_behind_it() {
     );
     assert!(visible(&site.root.join("dest/site-a/a-broken")).is_empty());
 }
+
+/// The relay operator removes one delivered object's tombstone and the batch's receipts: the
+/// edge sends that object again as a new instance of the batch. The core refuses the instance,
+/// naming the file it delivered before, and delivers nothing again, even after a downstream
+/// user moved the first copy away. (Found by the outside review: each instance was delivered
+/// once, but the same file twice.)
+#[test]
+fn a_file_delivered_before_is_not_delivered_again_in_a_new_instance() {
+    let mut site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "run7", 2, 1_300_000);
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let dest = site.root.join("dest/site-a/run7");
+    assert_eq!(visible(&dest).len(), 2);
+    std::fs::rename(&dest, site.root.join("moved-downstream")).unwrap();
+    let store = site.relay.store.clone();
+    let tombstone = std::fs::read_dir(store.join("sites/site-a/acked"))
+        .unwrap()
+        .flatten()
+        .next()
+        .expect("a tombstone")
+        .path();
+    std::fs::remove_file(tombstone).unwrap();
+    std::fs::remove_dir_all(store.join("sites/site-a/receipts")).unwrap();
+    site.restart_relay();
+
+    let sent = ok(&site.send(&[]));
+    assert!(sent.contains("sent 1 of 2 files"), "{sent}");
+    let err = fails(&site.pull());
+    assert!(
+        err.contains("lists 1 file(s) the core delivered before"),
+        "{err}"
+    );
+    assert!(!dest.exists(), "delivered again: {:?}", visible(&dest));
+}
