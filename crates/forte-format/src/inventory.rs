@@ -348,6 +348,82 @@ mod tests {
         }
     }
 
+    /// The same objects give the same digest whatever the instance; another object, path,
+    /// size or hash another one.
+    #[test]
+    fn the_content_digest_follows_the_objects_only() {
+        let (a, b) = (entry("a"), entry("b"));
+        let one = Inventory::new("x", site(), vec![a.clone(), b.clone()]);
+        let again = Inventory::new("y", Instance::new("z", 1, 2), vec![b.clone(), a.clone()]);
+        assert_eq!(one.content(), again.content());
+        assert_eq!(one.content().len(), 64);
+        for other in [
+            vec![a.clone()],
+            vec![
+                a.clone(),
+                InventoryEntry {
+                    size: 4,
+                    ..b.clone()
+                },
+            ],
+            vec![
+                a.clone(),
+                InventoryEntry {
+                    path: "c".into(),
+                    ..b.clone()
+                },
+            ],
+            vec![
+                a.clone(),
+                InventoryEntry {
+                    sha256: "cd".repeat(32),
+                    ..b.clone()
+                },
+            ],
+        ] {
+            assert_ne!(Inventory::new("x", site(), other).content(), one.content());
+        }
+    }
+
+    /// A bundle's inventory entries are its members, each with its own id; any other object
+    /// is its own entry.
+    #[test]
+    fn a_bundle_is_listed_by_its_members() {
+        let member = |path: &str| crate::bundle::Member {
+            id: ObjectId::random(),
+            path: path.into(),
+            size: 3,
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+            offset: 512,
+            sha256: "ab".repeat(32),
+        };
+        let mut m = Manifest {
+            format: crate::FORMAT.into(),
+            id: ObjectId::random(),
+            batch: String::new(),
+            path: "f".into(),
+            kind: crate::Kind::File,
+            size: 3,
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+            sha256: "cd".repeat(32),
+            part_size: 8,
+            parts: Vec::new(),
+            members: Vec::new(),
+        };
+        let own = InventoryEntry::of_files(&m);
+        assert_eq!((own.len(), own[0].id), (1, m.id));
+        m.kind = crate::Kind::Bundle;
+        m.members = vec![member("x"), member("y/z")];
+        let listed = InventoryEntry::of_files(&m);
+        let ids: Vec<ObjectId> = listed.iter().map(|e| e.id).collect();
+        assert_eq!(ids, [m.members[0].id, m.members[1].id]);
+        assert_eq!(listed[1].path, "y/z");
+    }
+
     mod fuzz {
         use super::*;
         use proptest::prelude::*;
@@ -490,13 +566,19 @@ mod tests {
         let opened = Inventory::open(&sign_document(&v1, SIGNING_CONTEXT, &k), &trusted).unwrap();
         assert!(!opened.names_its_instance());
         assert_eq!((opened.site.as_str(), opened.instance.as_str()), ("", ""));
-        // A version-1 document claiming a site is not one this forte wrote.
+        // A version-1 document claiming a site or an instance is not one this forte wrote.
         let mut forged = Inventory::new("b", site(), vec![entry("a")]);
         forged.format = INVENTORY_FORMAT_V1.into();
-        assert!(matches!(
-            Inventory::open(&sign(&forged, &k), &trusted),
-            Err(ManifestError::Invalid(_))
-        ));
+        let mut instance_only = forged.clone();
+        instance_only.site.clear();
+        let mut site_only = forged.clone();
+        site_only.instance.clear();
+        for forged in [forged, instance_only, site_only] {
+            assert!(matches!(
+                Inventory::open(&sign(&forged, &k), &trusted),
+                Err(ManifestError::Invalid(_))
+            ));
+        }
     }
 
     #[test]

@@ -24,9 +24,6 @@ pub const RECEIPT_FORMAT: &str = "forte-receipt/1";
 /// makes that hold even for a key used twice).
 const SIGNING_CONTEXT: &[u8] = b"forte-receipt/1\n";
 
-/// The most bytes of a receipt anyone reads: about 8 000 000 files.
-pub const MAX_RECEIPT_BYTES: usize = 1 << 30;
-
 /// How the core keeps the batch: promoted to its destination, or quarantined by a site task
 /// (kept with the reason). Either way it holds every byte durably.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,13 +100,8 @@ impl Receipt {
 
     /// Parses a signed receipt, checks its signature against the trusted core keys and
     /// validates it. Nothing of an unverified receipt is returned.
+    /// Whoever reads a receipt from the relay bounds it first (the client's JSON answers).
     pub fn open(document: &[u8], trusted: &TrustedCores) -> Result<Self, ManifestError> {
-        if document.len() > MAX_RECEIPT_BYTES {
-            return Err(ManifestError::Invalid(format!(
-                "{} bytes, more than a receipt may hold ({MAX_RECEIPT_BYTES})",
-                document.len()
-            )));
-        }
         let (value, signer) = open_signed(document, &[RECEIPT_FORMAT], SIGNING_CONTEXT, |k| {
             trusted.trusts(k)
         })
@@ -255,6 +247,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_core_trusts_the_receipt_key_keygen_wrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = crate::keys::generate(dir.path()).unwrap();
+        let core = EdgeKey::load(&paths.receipt_key).unwrap();
+        let trusted = TrustedCores::load(std::slice::from_ref(&paths.receipt_pub)).unwrap();
+        assert!(trusted.trusts(&core.0.verifying_key()));
+        assert!(Receipt::open(&receipt().sign(&core), &trusted).is_ok());
+        let edge = EdgeKey::load(&paths.edge_key).unwrap();
+        assert!(
+            !trusted.trusts(&edge.0.verifying_key()),
+            "the edge's key is another"
+        );
+        let e = TrustedCores::load(std::slice::from_ref(&paths.core_pub)).unwrap_err();
+        assert!(e.to_string().contains("receipt.pub"), "{e}");
     }
 
     #[test]
