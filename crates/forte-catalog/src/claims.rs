@@ -35,6 +35,8 @@ pub struct Leases {
     pub(crate) pool: AnyPool,
     pub(crate) url: String,
     postgres: bool,
+    /// This process, `HOST:PID`, recorded with each lease it takes.
+    process: String,
 }
 
 /// This worker's hold on a batch: valid while the catalogue's row still names its attempt.
@@ -72,8 +74,19 @@ impl Catalog {
             pool: self.pool.clone(),
             url: self.url.clone(),
             postgres: crate::is_postgres(&self.url),
+            process: this_process(),
         }
     }
+}
+
+/// `HOST:PID` of this process.
+fn this_process() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host = match host.trim() {
+        "" => "localhost",
+        name => name,
+    };
+    format!("{host}:{}", std::process::id())
 }
 
 impl Leases {
@@ -107,7 +120,7 @@ impl Leases {
             ""
         };
         let take = format!(
-            "UPDATE batch_claims SET worker = $2, attempt = attempt + 1, lease_until = {now} + $3, claimed_at = {now}
+            "UPDATE batch_claims SET worker = $2, attempt = attempt + 1, lease_until = {now} + $3, claimed_at = {now}, process = $6
              WHERE batch_key = (SELECT batch_key FROM batch_claims WHERE batch_key = $1
                  AND (lease_until < {now} OR worker = $2 OR (worker = $4 AND attempt = $5)){skip_locked})
              RETURNING attempt"
@@ -129,6 +142,7 @@ impl Leases {
                     .bind(micros(lease))
                     .bind(gone_worker)
                     .bind(gone_attempt)
+                    .bind(&self.process)
                     .fetch_optional(&self.pool)
                     .await?
                     .map(|row| row.try_get::<i64, _>(0))
@@ -184,6 +198,35 @@ impl Leases {
         };
         let done = self.runtime.block_on(query.execute(&self.pool))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// These leases as another process would take them (tests of workers on other machines).
+    pub fn as_process(self, process: &str) -> Self {
+        Self {
+            process: process.to_string(),
+            ..self
+        }
+    }
+
+    /// The processes (`HOST:PID`) other than this one holding a live lease under `worker`.
+    pub fn live_processes_of(&self, worker: &str) -> Result<Vec<String>> {
+        let sql = format!(
+            "SELECT DISTINCT process FROM batch_claims
+             WHERE worker = $1 AND lease_until >= {now} AND process IS NOT NULL AND process <> $2",
+            now = self.now_sql()
+        );
+        let rows = self
+            .runtime
+            .block_on(
+                sqlx::query(&sql)
+                    .bind(worker)
+                    .bind(&self.process)
+                    .fetch_all(&self.pool),
+            )
+            .with_context(|| format!("cannot read the leases of worker {worker}"))?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
+            .collect()
     }
 
     /// Who holds `batch`, if it was ever claimed.

@@ -144,7 +144,8 @@ const MIGRATIONS: &[&str] = &[
     // sequence number) and the core's receipt once verified; at the core each instance it
     // delivered, the ids of its files and the receipt it signed, so a replay is known, an
     // object delivered before is never delivered again in another instance, and a sequence gap
-    // is seen.
+    // is seen. And the process (HOST:PID) holding each lease, so a worker name already in use
+    // by a live process is refused.
     "CREATE TABLE batch_instances (
         role TEXT NOT NULL,
         site TEXT NOT NULL,
@@ -158,7 +159,8 @@ const MIGRATIONS: &[&str] = &[
         receipt TEXT,
         PRIMARY KEY (role, site, instance)
     );
-    CREATE INDEX batch_instances_by_batch ON batch_instances (batch_key)",
+    CREATE INDEX batch_instances_by_batch ON batch_instances (batch_key);
+    ALTER TABLE batch_claims ADD COLUMN process TEXT",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -10,7 +10,9 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy};
+use crate::delivery::{
+    check_name_free, CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy,
+};
 use crate::hook::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
@@ -96,6 +98,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let policy = settings::policy(&args.schedule, config)?;
     let order = policy.eta_order();
     let worker = settings::worker(&args.worker, config)?;
+    check_name_free(&catalog.leases(), &worker)?;
     let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
     let credentials = settings::s3(config);

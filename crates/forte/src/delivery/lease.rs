@@ -133,6 +133,39 @@ impl Drop for Held {
     }
 }
 
+/// Refuses a worker name that a live process other than this one holds batches under: two
+/// workers of one name would both hold the same batches (a worker restarted under its own
+/// name, whose old process is gone, takes its batches back).
+pub fn check_name_free(leases: &Leases, worker: &Worker) -> Result<()> {
+    for process in leases.live_processes_of(&worker.name)? {
+        let Some((host, pid)) = process.rsplit_once(':') else {
+            continue;
+        };
+        let here = host == forte_usage::host_name();
+        let alive = pid
+            .parse()
+            .is_ok_and(|pid: u32| forte_usage::process_alive(pid));
+        if here && !alive {
+            continue;
+        }
+        let where_ = if here {
+            "this machine"
+        } else {
+            "another machine"
+        };
+        anyhow::bail!(
+            "worker name {} is in use by process {process} on {where_}, which holds a live lease: give this worker another --worker name{}",
+            worker.name,
+            if here {
+                String::new()
+            } else {
+                format!(", or wait {} s for its leases to run out if it is gone", worker.lease.as_secs())
+            }
+        );
+    }
+    Ok(())
+}
+
 /// A holder named `HOST:PID` for this machine whose process is not running.
 fn gone_from_this_machine(holder: &Holder) -> bool {
     let Some((host, pid)) = holder.worker.rsplit_once(':') else {
@@ -142,4 +175,46 @@ fn gone_from_this_machine(holder: &Holder) -> bool {
         && pid
             .parse()
             .is_ok_and(|pid| !forte_usage::process_alive(pid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker name held by a live process elsewhere is refused; held by a process of this
+    /// machine that is gone (a restart under its own name), it is free.
+    #[test]
+    fn a_worker_name_held_by_a_live_process_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog =
+            forte_catalog::Catalog::open(dir.path().join("c.sqlite").to_str().unwrap()).unwrap();
+        let worker = Worker {
+            name: "core-1".into(),
+            lease: Duration::from_secs(60),
+        };
+        let here = forte_usage::host_name();
+        // PID 0 is never a process of ours: gone.
+        let gone = catalog.leases().as_process(&format!("{here}:0"));
+        let batch = BatchKey::core("s", "b1");
+        gone.claim(&batch, "core-1", worker.lease, None).unwrap();
+        check_name_free(&catalog.leases(), &worker).expect("its process is gone");
+        let elsewhere = catalog.leases().as_process("other-host:4242");
+        elsewhere
+            .claim(&BatchKey::core("s", "b2"), "core-1", worker.lease, None)
+            .unwrap();
+        let e = check_name_free(&catalog.leases(), &worker)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "worker name core-1 is in use by process other-host:4242 on another machine"
+            ),
+            "{e}"
+        );
+        let other_name = Worker {
+            name: "core-2".into(),
+            ..worker
+        };
+        check_name_free(&catalog.leases(), &other_name).expect("another name is free");
+    }
 }

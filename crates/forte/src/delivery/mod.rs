@@ -20,7 +20,7 @@ mod lease;
 pub use copy::SecondCopy;
 pub use custody::CustodySettings;
 pub use landing::Landing;
-pub use lease::Worker;
+pub use lease::{check_name_free, Worker};
 
 use std::collections::HashMap;
 use std::path::Path;
