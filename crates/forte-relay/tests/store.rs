@@ -523,3 +523,30 @@ fn relays_sharing_a_bucket_share_its_quota() {
         Stored::New
     );
 }
+
+/// Two senders on one object: one seals it with part A while the other writes part B over A.
+/// Whatever the interleaving, a sealed object's part is the one its seal lists: the seal checks
+/// the parts and writes its record with no part written in between.
+#[test]
+fn a_seal_and_a_part_written_at_once_never_leave_the_part_unlike_the_seal() {
+    let (tmp, store) = fresh_store(None);
+    let (a, b) = (vec![1u8; 3000], vec![2u8; 3000]);
+    let mut sealed_unlike = 0;
+    for _ in 0..200 {
+        let id = ObjectId::random();
+        put(&store, id, 0, &a).unwrap();
+        let parts = vec![part(0, &a)];
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let _ = put(&store, id, 0, &b);
+            });
+            let _ = store.seal(SITE, id, "batch", &parts, b"m");
+        });
+        let sealed = matches!(store.status(SITE, id).unwrap().state, ObjectState::Complete);
+        let held = std::fs::read(part_path(tmp.path(), id, 0)).unwrap();
+        if sealed && held != a {
+            sealed_unlike += 1;
+        }
+    }
+    assert_eq!(sealed_unlike, 0, "objects sealed with a part unlike their seal");
+}

@@ -29,6 +29,7 @@ mod dir;
 use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use forte_bucket::{Bucket, Credentials};
@@ -159,6 +160,53 @@ pub struct Store {
     /// Sealed records read from a bucket before, by key, with the version (ETag) they were
     /// listed with: one listed again with the same version need not be read again.
     sealed_records: Mutex<HashMap<String, (String, ReadyObject)>>,
+    /// One lock per object being written or sealed: a seal checks the parts held and writes
+    /// its record with no part of the object written in between, so parts and manifest never
+    /// disagree (in this process; relays sharing a bucket rely on create-only records).
+    object_locks: Mutex<HashMap<(String, ObjectId), Arc<Mutex<()>>>>,
+}
+
+/// The lock of one object, held while a part of it is written or it is sealed; dropped from
+/// the map by the last holder.
+struct ObjectGuard<'s> {
+    store: &'s Store,
+    key: (String, ObjectId),
+    lock: Arc<Mutex<()>>,
+}
+
+impl Store {
+    fn lock_object(&self, site: &str, id: ObjectId) -> ObjectGuard<'_> {
+        let key = (site.to_string(), id);
+        let lock = self
+            .object_locks
+            .lock()
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        ObjectGuard {
+            store: self,
+            key,
+            lock,
+        }
+    }
+}
+
+impl ObjectGuard<'_> {
+    /// Runs `f` holding the object's lock.
+    fn hold<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _held = self.lock.lock();
+        f()
+    }
+}
+
+impl Drop for ObjectGuard<'_> {
+    fn drop(&mut self) {
+        let mut locks = self.store.object_locks.lock();
+        // The map's own reference and this guard's: nobody else waits for it.
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.key);
+        }
+    }
 }
 
 fn now() -> u64 {
@@ -337,6 +385,7 @@ impl Store {
             usage: Mutex::default(),
             counted: Mutex::default(),
             sealed_records: Mutex::default(),
+            object_locks: Mutex::default(),
         }
     }
 
@@ -501,6 +550,19 @@ impl Store {
     /// part costs a bucket three requests: its record, written create-only (which tells
     /// whether the part was held before), the part, and a look for a tombstone.
     pub fn put_part(
+        &self,
+        site: &str,
+        id: ObjectId,
+        index: u32,
+        sha256: &str,
+        body: &[u8],
+    ) -> Result<Stored> {
+        self.lock_object(site, id)
+            .hold(|| self.put_part_held(site, id, index, sha256, body))
+    }
+
+    /// [`Store::put_part`], the object's lock held.
+    fn put_part_held(
         &self,
         site: &str,
         id: ObjectId,
@@ -753,6 +815,19 @@ impl Store {
         parts: &[PartRef],
         manifest: &[u8],
     ) -> Result<()> {
+        self.lock_object(site, id)
+            .hold(|| self.seal_held(site, id, batch, parts, manifest))
+    }
+
+    /// [`Store::seal`], the object's lock held.
+    fn seal_held(
+        &self,
+        site: &str,
+        id: ObjectId,
+        batch: &str,
+        parts: &[PartRef],
+        manifest: &[u8],
+    ) -> Result<()> {
         if self.is_acked(site, id)? {
             return Err(StoreError::Held(
                 ObjectState::Delivered,
@@ -790,14 +865,16 @@ impl Store {
         (sha256, part): (&str, &[u8]),
         manifest: &[u8],
     ) -> Result<Stored> {
-        let stored = self.put_part(site, id, 0, sha256, part)?;
-        let parts = [PartRef {
-            index: 0,
-            sha256: sha256.to_string(),
-            length: part.len() as u64,
-        }];
-        self.write_seal(site, id, batch, &parts, manifest)?;
-        Ok(stored)
+        self.lock_object(site, id).hold(|| {
+            let stored = self.put_part_held(site, id, 0, sha256, part)?;
+            let parts = [PartRef {
+                index: 0,
+                sha256: sha256.to_string(),
+                length: part.len() as u64,
+            }];
+            self.write_seal(site, id, batch, &parts, manifest)?;
+            Ok(stored)
+        })
     }
 
     /// Writes the manifest and sealed record of an object whose `parts` are held.
