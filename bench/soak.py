@@ -281,9 +281,15 @@ def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, cou
 
         def undo():
             for src, dst in moved:
-                if dst.exists():
-                    relabel(dst, "other", "soak")
-                    os.rename(dst, src)
+                if not dst.exists():
+                    continue
+                if src.exists():
+                    # The edge sent it again meanwhile (the relay had lost it): the relabelled
+                    # copy is dropped.
+                    shutil.rmtree(dst, ignore_errors=True) if dst.is_dir() else dst.unlink()
+                    continue
+                relabel(dst, "other", "soak")
+                os.rename(dst, src)
         return rng.uniform(5, 20), undo
     if kind == "replay":
         copy = aside / f"replay-{batch}-{time.monotonic_ns()}"

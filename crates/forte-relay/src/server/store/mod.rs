@@ -163,14 +163,17 @@ pub struct Store {
     /// One lock per object being written or sealed: a seal checks the parts held and writes
     /// its record with no part of the object written in between, so parts and manifest never
     /// disagree (in this process; relays sharing a bucket rely on create-only records).
-    object_locks: Mutex<HashMap<(String, ObjectId), Arc<Mutex<()>>>>,
+    object_locks: Mutex<HashMap<ObjectKey, Arc<Mutex<()>>>>,
 }
+
+/// An object of a site, as a lock is kept for it.
+type ObjectKey = (String, ObjectId);
 
 /// The lock of one object, held while a part of it is written or it is sealed; dropped from
 /// the map by the last holder.
 struct ObjectGuard<'s> {
     store: &'s Store,
-    key: (String, ObjectId),
+    key: ObjectKey,
     lock: Arc<Mutex<()>>,
 }
 
