@@ -420,6 +420,9 @@ mod tests {
             (follow_up.sequence, other.sequence, elsewhere.sequence),
             (2, 3, 1)
         );
+        let mut sites = catalog.sealed_for_sites().unwrap();
+        sites.sort();
+        assert_eq!(sites, ["mine-7", "ship-2"]);
         catalog
             .keep_receipt("mine-7", &first.instance, "{\"r\":1}")
             .unwrap();

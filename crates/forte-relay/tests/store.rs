@@ -548,5 +548,8 @@ fn a_seal_and_a_part_written_at_once_never_leave_the_part_unlike_the_seal() {
             sealed_unlike += 1;
         }
     }
-    assert_eq!(sealed_unlike, 0, "objects sealed with a part unlike their seal");
+    assert_eq!(
+        sealed_unlike, 0,
+        "objects sealed with a part unlike their seal"
+    );
 }
