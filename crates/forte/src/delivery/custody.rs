@@ -127,31 +127,34 @@ impl Delivery<'_> {
         {
             return Err(Replayed(row).into());
         }
-        // A new instance holding files an earlier instance of the batch delivered: the relay
-        // replaying them under a follow-up (an honest follow-up lists only what was not yet
-        // delivered), or an edge whose catalogue was lost.
+        // A new instance holding only files earlier instances of the batch delivered: the
+        // relay replaying them (its tombstones removed, the edge sent them again), or an edge
+        // whose catalogue was lost. Acknowledged with the receipt that covers them, not
+        // delivered again. One that also holds new files is delivered (a follow-up bundles a
+        // late small file with members delivered before): those are placed again only where
+        // they are missing.
         let listed: HashSet<String> = inventory.objects.iter().map(|o| o.id.to_string()).collect();
-        for earlier in self.catalog.instances_of(key)? {
-            let again: Vec<&String> = earlier
-                .objects
-                .iter()
-                .filter(|id| listed.contains(*id))
-                .collect();
-            if let Some(first) = again.first() {
-                let path = inventory
-                    .objects
-                    .iter()
-                    .find(|o| o.id.to_string() == **first)
-                    .map_or("?", |o| o.path.as_str());
-                bail!(
-                    "instance {} lists {} file(s) the core delivered before, in instance {} (sequence {}) at {}, such as {path}: refused, nothing delivered again (a relay replaying them, or an edge whose catalogue was lost)",
-                    inventory.instance,
-                    again.len(),
-                    earlier.instance,
-                    earlier.sequence,
-                    format_utc(earlier.recorded_at)
-                );
-            }
+        let earlier = self.catalog.instances_of(key)?;
+        let delivered_before: HashSet<&String> = earlier
+            .iter()
+            .flat_map(|e| &e.objects)
+            .filter(|id| listed.contains(*id))
+            .collect();
+        if !listed.is_empty() && delivered_before.len() == listed.len() {
+            let last = earlier
+                .into_iter()
+                .filter(|e| e.objects.iter().any(|id| listed.contains(id)))
+                .next_back()
+                .expect("an earlier instance delivered them");
+            return Err(Replayed(last).into());
+        }
+        if !delivered_before.is_empty() {
+            eprintln!(
+                "batch {key}: instance {} lists {} file(s) delivered before beside {} new: the new ones are delivered, the others placed again only where missing",
+                inventory.instance,
+                delivered_before.len(),
+                listed.len() - delivered_before.len()
+            );
         }
         Ok(Some(Instance {
             site: inventory.site.clone(),

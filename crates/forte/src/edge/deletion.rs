@@ -37,6 +37,7 @@ impl Edge<'_> {
         ) {
             return true;
         }
+        recover_deleting(&batch.dir);
         let Ok(mut found) = discover(&batch.dir) else {
             return false;
         };
@@ -237,6 +238,7 @@ impl Edge<'_> {
     /// Deletes what the core acknowledged of one sent batch, in `dir`, and the batch directory
     /// once nothing else is left in it.
     fn delete_batch(&self, dir: &Path, b: &BatchRow) {
+        recover_deleting(dir);
         let Ok(found) = discover(dir) else { return };
         let sources: Vec<SourceFile> = found
             .files
@@ -463,6 +465,39 @@ fn remove_if_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> Result<(
     ))
 }
 
+/// The marker of a file being deleted: `.NAME.forte-deleting-ID`.
+const DELETING: &str = ".forte-deleting-";
+
+/// Puts back, under `dir`, every file a sender killed in `remove_if_as_delivered` left under
+/// its hidden name: at its own name if nothing is there, else beside it as `NAME.forte-kept`.
+/// Then it is what it was before the deletion began (kept, or deleted at the next pass), never
+/// a new file to send.
+pub(super) fn recover_deleting(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            recover_deleting(&path);
+            continue;
+        }
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(original) = name
+            .strip_prefix('.')
+            .and_then(|n| n.rsplit_once(DELETING))
+            .filter(|(_, id)| id.parse::<ObjectId>().is_ok())
+            .map(|(original, _)| original.to_string())
+        else {
+            continue;
+        };
+        let back = dir.join(&original);
+        if rename_no_replace(&path, &back).is_err() {
+            let _ = rename_no_replace(&path, &dir.join(format!("{original}.forte-kept")));
+        }
+    }
+}
+
 /// Renames `from` to `to` unless something is at `to` already (`renameat2` with
 /// `RENAME_NOREPLACE`): a file put back never replaces one written since.
 fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
@@ -658,6 +693,33 @@ mod tests {
         assert!(
             remove_if_as_delivered(&again, &listed(b"X")).is_err(),
             "gone"
+        );
+    }
+
+    /// A sender killed while checking a file leaves it under its hidden name; the next pass
+    /// puts it back (beside a file written at its name since), so it is never taken for a new
+    /// file and sent again under that name.
+    #[test]
+    fn a_file_left_being_deleted_is_put_back() {
+        let (dir, _) = batch();
+        let a = dir.path().join("a");
+        let hidden = |n: &str| a.join(format!(".{n}{DELETING}{}", ObjectId::random()));
+        std::fs::rename(a.join("one"), hidden("one")).unwrap();
+        std::fs::rename(a.join("two"), hidden("two")).unwrap();
+        std::fs::write(a.join("two"), b"new").unwrap();
+        std::fs::write(a.join(".not-ours.forte-deleting-x"), b"?").unwrap();
+        recover_deleting(dir.path());
+        assert_eq!(std::fs::read(a.join("one")).unwrap(), b"1");
+        assert_eq!(std::fs::read(a.join("two")).unwrap(), b"new");
+        assert_eq!(std::fs::read(a.join("two.forte-kept")).unwrap(), b"2");
+        let mut left: Vec<String> = std::fs::read_dir(&a)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [".not-ours.forte-deleting-x", "one", "two", "two.forte-kept"]
         );
     }
 
