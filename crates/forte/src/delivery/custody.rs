@@ -143,8 +143,7 @@ impl Delivery<'_> {
         if !listed.is_empty() && delivered_before.len() == listed.len() {
             let last = earlier
                 .into_iter()
-                .filter(|e| e.objects.iter().any(|id| listed.contains(id)))
-                .next_back()
+                .rfind(|e| e.objects.iter().any(|id| listed.contains(id)))
                 .expect("an earlier instance delivered them");
             return Err(Replayed(last).into());
         }
