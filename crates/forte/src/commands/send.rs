@@ -85,7 +85,14 @@ struct Summary {
 }
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
-    let _inbox = InboxLock::take(&args.inbox)?;
+    let _inbox = if args.daemon.watch {
+        InboxLock::take_when_there(
+            &args.inbox,
+            Duration::from_secs(args.daemon.interval.max(1)),
+        )?
+    } else {
+        InboxLock::take(&args.inbox)?
+    };
     let link = settings::relay(&args.relay, config)?;
     let mut edge_settings = settings::edge(&args.edge, config)?;
     let (uploads, tune) = settings::uploads(args.connections, config);

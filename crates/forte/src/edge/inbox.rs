@@ -115,6 +115,24 @@ pub struct InboxLock {
 }
 
 impl InboxLock {
+    /// [`InboxLock::take`] for a daemon: an inbox that does not exist yet (mounted later) is
+    /// waited for, looked at every `interval`, and said once.
+    pub fn take_when_there(inbox: &Path, interval: Duration) -> Result<Self> {
+        let mut said = false;
+        while !inbox.is_dir() {
+            if !said {
+                eprintln!(
+                    "inbox {} does not exist yet: waiting for it (looked at every {} s)",
+                    inbox.display(),
+                    interval.as_secs()
+                );
+                said = true;
+            }
+            std::thread::sleep(interval);
+        }
+        Self::take(inbox)
+    }
+
     /// Takes `inbox`'s lock, or fails at once naming the process that holds it.
     pub fn take(inbox: &Path) -> Result<Self> {
         use std::io::{Read, Seek, Write};
