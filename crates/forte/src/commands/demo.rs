@@ -224,10 +224,9 @@ impl Loopback<'_> {
                 .arg("--receipt-key")
                 .arg(&keys.receipt_key);
         })?;
-        // Batches only: not their ready markers, nor the lock `send` keeps in the inbox.
         let sent = tree_digest(inbox)?
             .into_iter()
-            .filter(|(path, _)| !path.ends_with("/.ready") && path != crate::edge::inbox::SEND_LOCK)
+            .filter(|(path, _)| !path.ends_with("/.ready"))
             .collect::<BTreeMap<_, _>>();
         let arrived = tree_digest(&delivered.join("mine-site"))?;
         if sent != arrived {

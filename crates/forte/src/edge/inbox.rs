@@ -102,16 +102,14 @@ pub(super) fn prune_empty_dirs(dir: &Path) {
     }
 }
 
-/// The lock file a running `send` holds in its inbox (hidden: never taken for a batch).
-pub const SEND_LOCK: &str = ".forte-send.lock";
-
 /// This process's hold on an inbox: one `send` per inbox, so two never plan the same batch
 /// from the same catalogue (which sealed batches twice and left parts at the relay that did not
-/// match their manifests). An advisory `flock`, released by the kernel however the process
-/// ends; the file keeps the holder's PID for the message.
+/// match their manifests). An advisory `flock` on the inbox directory itself, released by the
+/// kernel however the process ends, and nothing written into the inbox (a read-only inbox can
+/// be locked too); the holder's PID, for the message, is the kernel's (`/proc/locks`).
 #[derive(Debug)]
 pub struct InboxLock {
-    _file: Option<std::fs::File>,
+    _dir: std::fs::File,
 }
 
 impl InboxLock {
@@ -135,54 +133,43 @@ impl InboxLock {
 
     /// Takes `inbox`'s lock, or fails at once naming the process that holds it.
     pub fn take(inbox: &Path) -> Result<Self> {
-        use std::io::{Read, Seek, Write};
         use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
         if !inbox.is_dir() {
             anyhow::bail!(
                 "inbox {} is not a directory: create it, or give the inbox's path",
                 inbox.display()
             );
         }
-        let path = inbox.join(SEND_LOCK);
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&path);
-        let mut file = match opened {
-            Ok(file) => file,
-            // A read-only inbox (sent, never deleted from) cannot hold the lock.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
-                ) =>
-            {
-                eprintln!(
-                    "warning: cannot write {} ({e}): a second send on this inbox would not be refused",
-                    path.display()
-                );
-                return Ok(Self { _file: None });
-            }
-            Err(e) => return Err(e).with_context(|| format!("cannot open {}", path.display())),
-        };
+        let dir = std::fs::File::open(inbox)
+            .with_context(|| format!("cannot open the inbox {}", inbox.display()))?;
         // SAFETY: flock on a file descriptor this function owns; no memory is shared.
-        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let locked = unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if locked != 0 {
-            let mut holder = String::new();
-            let _ = file.read_to_string(&mut holder);
+            let holder = dir
+                .metadata()
+                .ok()
+                .and_then(|m| flock_holder(m.ino()))
+                .map_or_else(|| "unknown".to_string(), |pid| pid.to_string());
             anyhow::bail!(
-                "another forte send (PID {}) is sending inbox {}: one send per inbox; stop it first, or wait for it to end",
-                holder.trim(),
+                "another forte send (PID {holder}) is sending inbox {}: one send per inbox; stop it first, or wait for it to end",
                 inbox.display()
             );
         }
-        file.set_len(0)?;
-        file.rewind()?;
-        write!(file, "{}", std::process::id())?;
-        Ok(Self { _file: Some(file) })
+        Ok(Self { _dir: dir })
     }
+}
+
+/// The process holding an `flock` on the file with inode `ino`, from `/proc/locks` (lines
+/// like `1: FLOCK  ADVISORY  WRITE 4242 08:01:131090 0 EOF`).
+fn flock_holder(ino: u64) -> Option<u32> {
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (kind, pid, file) = (fields.get(1)?, fields.get(4)?, fields.get(5)?);
+        let inode = file.rsplit(':').next()?.parse::<u64>().ok()?;
+        (*kind == "FLOCK" && inode == ino).then(|| pid.parse().ok())?
+    })
 }
 
 #[cfg(test)]
@@ -199,6 +186,11 @@ mod lock_tests {
             "{e}"
         );
         drop(first);
+        assert_eq!(
+            std::fs::read_dir(dir.path()).unwrap().count(),
+            0,
+            "nothing written into the inbox"
+        );
         InboxLock::take(dir.path()).expect("free once the holder let go");
     }
 }
