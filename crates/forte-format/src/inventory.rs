@@ -449,12 +449,7 @@ mod tests {
                 let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
                 let inventory = Inventory::new("b", site(), vec![entry("a"), entry("b/c")]);
                 let mut doc = inventory.sign(&k);
-                let i = at.index(doc.len());
-                match how {
-                    0 => doc[i] ^= byte.max(1),
-                    1 => doc.truncate(i),
-                    _ => doc.insert(i, byte),
-                }
+                crate::mutate(&mut doc, at, byte, how);
                 if let Ok(opened) = Inventory::open(&doc, &trusted) {
                     prop_assert_eq!(unsigned(opened), inventory);
                 }

@@ -28,3 +28,15 @@ pub use keys::{
 pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V3};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};
 pub use receipt::{Outcome, Receipt, ReceiptFile};
+
+/// A signed document with one byte flipped (`how` 0), cut at a byte (1) or a byte inserted
+/// (2) at `at`: what the parsers' fuzzing properties give them.
+#[cfg(test)]
+fn mutate(doc: &mut Vec<u8>, at: proptest::sample::Index, byte: u8, how: u8) {
+    let i = at.index(doc.len());
+    match how {
+        0 => doc[i] ^= byte.max(1),
+        1 => doc.truncate(i),
+        _ => doc.insert(i, byte),
+    }
+}

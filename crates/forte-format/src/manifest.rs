@@ -488,12 +488,7 @@ mod tests {
                 let k = key(1);
                 let m = sample();
                 let mut doc = m.sign(&k);
-                let i = at.index(doc.len());
-                match how {
-                    0 => doc[i] ^= byte.max(1),
-                    1 => doc.truncate(i),
-                    _ => doc.insert(i, byte),
-                }
+                crate::mutate(&mut doc, at, byte, how);
                 if let Ok(opened) = Manifest::open(&doc, &trusted(&k)) {
                     prop_assert_eq!(opened, m);
                 }

@@ -236,12 +236,7 @@ mod tests {
                 let trusted = TrustedCores(vec![k.0.verifying_key()]);
                 let r = receipt();
                 let mut doc = r.sign(&k);
-                let i = at.index(doc.len());
-                match how {
-                    0 => doc[i] ^= byte.max(1),
-                    1 => doc.truncate(i),
-                    _ => doc.insert(i, byte),
-                }
+                crate::mutate(&mut doc, at, byte, how);
                 if let Ok(opened) = Receipt::open(&doc, &trusted) {
                     prop_assert_eq!(Receipt { signer: None, ..opened }, r);
                 }
