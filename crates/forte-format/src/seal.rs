@@ -12,8 +12,14 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 
 /// Lower-case hex SHA-256 of the file at `path`, read in a stream.
 pub fn sha256_file(path: &std::path::Path) -> std::io::Result<String> {
+    sha256_of(&mut std::fs::File::open(path)?)
+}
+
+/// Lower-case hex SHA-256 of everything `reader` gives, read in a stream (a file already open:
+/// the bytes of that file, whatever its name names by now).
+pub fn sha256_of(reader: &mut impl Read) -> std::io::Result<String> {
     let mut hasher = Sha256::new();
-    std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+    std::io::copy(reader, &mut hasher)?;
     Ok(hex::encode(hasher.finalize()))
 }
 

@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::layout::format_utc;
 
 /// Where failures are reported.
+#[derive(Clone)]
 pub struct Failures {
     pub role: Role,
     /// Run with `sh -c`; `FORTE_ROLE`, `FORTE_BATCH`, `FORTE_FILE` and `FORTE_ERROR` say what failed.

@@ -99,6 +99,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let order = policy.eta_order();
     let worker = settings::worker(&args.worker, config)?;
     check_name_free(&catalog.leases(), &worker)?;
+    let failures = Failures {
+        role: Role::Core,
+        command: args.daemon.on_failure.clone(),
+    };
     let _usage = crate::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
     let credentials = settings::s3(config);
@@ -163,13 +167,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         &trusted,
         receipt_key.as_ref(),
         gap_after,
-        (
-            args.to.display().to_string(),
-            Failures {
-                role: Role::Core,
-                command: args.daemon.on_failure.clone(),
-            },
-        ),
+        (args.to.display().to_string(), failures.clone()),
     ));
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         // The core counts progress in files, not parts: the part size is the default one.
@@ -186,10 +184,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         delivery: &delivery,
         core,
         policy,
-        failures: Failures {
-            role: Role::Core,
-            command: args.daemon.on_failure.clone(),
-        },
+        failures,
         json: args.output.json,
     };
     if args.daemon.watch {

@@ -26,6 +26,10 @@ pub struct CustodySettings<'a> {
     pub failures: crate::hook::Failures,
     /// Gaps alerted on already, each once (site, first and last missing number).
     pub(super) alerted: Mutex<HashSet<(String, i64, i64)>>,
+    /// When the delivered instances may next be read for gaps: a watching puller looks after
+    /// every delivery and every idle second, and reading every instance each time grows with
+    /// the catalogue.
+    pub(super) next_look: Mutex<Option<std::time::Instant>>,
 }
 
 impl<'a> CustodySettings<'a> {
@@ -42,6 +46,7 @@ impl<'a> CustodySettings<'a> {
             destination,
             failures,
             alerted: Mutex::default(),
+            next_look: Mutex::default(),
         }
     }
 }
@@ -244,6 +249,19 @@ impl Delivery<'_> {
         let Some(custody) = &self.custody else {
             return;
         };
+        let now = std::time::Instant::now();
+        {
+            let mut next = custody.next_look.lock();
+            if next.is_some_and(|next| now < next) {
+                return;
+            }
+            // A tenth of the alert's delay, between one and ten seconds.
+            let every = (custody.gap_after / 10).clamp(
+                std::time::Duration::from_secs(1),
+                std::time::Duration::from_secs(10),
+            );
+            *next = Some(now + every);
+        }
         let older_than = custody.gap_after.as_micros() as i64;
         let Ok(gaps) = self.catalog.sequence_gaps(older_than) else {
             return;

@@ -138,6 +138,9 @@ impl Edge<'_> {
             .into_iter()
             .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
             .filter(|b| !self.in_flight.lock().contains_key(&b.batch_key))
+            // Delivered, as far as the relay can tell: asked about once per run, not at every
+            // pass for as long as the catalogue keeps it.
+            .filter(|b| !self.settled.lock().contains(&b.batch_key))
             .collect();
         let mut carriers: HashMap<ObjectId, Vec<usize>> = HashMap::new();
         for (i, b) in sent.iter().enumerate() {
@@ -185,16 +188,22 @@ impl Edge<'_> {
             }
         }
         // Every object delivered, says the relay: the core's receipt must say so too, or the
-        // acknowledgement was not the core's (forged, or a core without a receipt key).
+        // acknowledgement was not the core's (forged, or a core without a receipt key). Then
+        // the batch is settled for this run.
         for (i, b) in sent.iter().enumerate() {
-            if not_delivered.contains(&i) || self.unreceipted.lock().contains(&b.batch_key) {
+            if not_delivered.contains(&i) {
                 continue;
             }
-            let Some(receipted) = self.verified_receipts(b) else {
-                continue;
+            let receipted = match self.setup.receipts {
+                Some(_) => match self.verified_receipts(b) {
+                    Some(receipted) => Some(receipted),
+                    // The relay could not be asked: again at the next pass.
+                    None => continue,
+                },
+                None => None,
             };
-            self.unreceipted.lock().insert(b.batch_key.clone());
-            if receipted.is_empty() {
+            self.settled.lock().insert(b.batch_key.clone());
+            if receipted.is_some_and(|r| r.is_empty()) {
                 let error = "the relay says the core acknowledged this batch, but no receipt signed by the core (--receipt-pub) says so: its sources are kept; the relay may have lost it or forged the acknowledgement, or the core signs no receipts (pull --receipt-key)";
                 self.setup.failures.report(&b.name, None, error);
             }
@@ -218,7 +227,7 @@ impl Edge<'_> {
     }
 
     /// Deletes, in every sent batch, each source file that a custody receipt of the core lists
-    /// with the SHA-256 its bytes still have (`still_as_delivered`), and nothing else: a file that was skipped, failed, changed or appeared later
+    /// with the SHA-256 its bytes still have (`remove_if_as_delivered`), and nothing else: a file that was skipped, failed, changed or appeared later
     /// stays, with its batch directory. A batch left with only files that can never be sent is
     /// reported once, through the failure hook.
     pub fn delete_acknowledged(&self, inbox: &Path) {
@@ -436,10 +445,7 @@ fn remove_if_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> Result<(
         if !before.is_file() || before.len() != listed.size {
             return Ok(false);
         }
-        use sha2::Digest;
-        let mut hasher = sha2::Sha256::new();
-        std::io::copy(&mut file, &mut hasher)?;
-        let sha256 = hex::encode(hasher.finalize());
+        let sha256 = forte_format::seal::sha256_of(&mut file)?;
         let after = file.metadata()?;
         let named = std::fs::symlink_metadata(&hidden)?;
         Ok(sha256 == listed.sha256

@@ -208,8 +208,9 @@ pub struct Edge<'a> {
     /// Objects whose upload the relay refused because it held them already (sealed or
     /// delivered), until their outcome is booked.
     refused_as_held: Mutex<HashSet<ObjectId>>,
-    /// Sent batches the relay says were delivered, checked once each for the core's receipt.
-    unreceipted: Mutex<HashSet<BatchKey>>,
+    /// Sent batches the relay says were delivered, checked once each for the core's receipt,
+    /// and not asked about again in this run.
+    settled: Mutex<HashSet<BatchKey>>,
     /// Receipts the relay offered that were refused (by SHA-256), each reported once.
     refused_receipts: Mutex<HashSet<String>>,
 }
@@ -242,7 +243,7 @@ impl<'a> Edge<'a> {
             in_flight: Mutex::default(),
             finished: Mutex::default(),
             refused_as_held: Mutex::default(),
-            unreceipted: Mutex::default(),
+            settled: Mutex::default(),
             refused_receipts: Mutex::default(),
         }
     }
