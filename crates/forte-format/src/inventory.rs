@@ -413,6 +413,8 @@ mod tests {
             part_size: 8,
             parts: Vec::new(),
             members: Vec::new(),
+            site: String::new(),
+            batch_time: 0,
         };
         let own = InventoryEntry::of_files(&m);
         assert_eq!((own.len(), own[0].id), (1, m.id));

@@ -25,7 +25,9 @@ pub use keys::{
     check_site_name, EdgeKey, Identities, ReceiptKey, Recipients, TrustSpec, TrustedCores,
     TrustedEdges,
 };
-pub use manifest::{Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V3};
+pub use manifest::{
+    Kind, Manifest, ManifestError, PartEntry, FORMAT, FORMAT_V1, FORMAT_V2, FORMAT_V3,
+};
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};
 pub use receipt::{Outcome, Receipt, ReceiptFile};
 

@@ -14,17 +14,21 @@ use crate::bundle::{validate_members, Member};
 use crate::keys::{edge_key_id, EdgeKey, TrustedEdges};
 use crate::object::ObjectId;
 
-/// The `format` member of the manifests this forte writes: version 2, whose objects are always
-/// listed in a signed inventory of their batch or archive ([`crate::Inventory`]).
-pub const FORMAT: &str = "forte-object/2";
+/// The `format` member of the manifests this forte writes, for every kind: version 4, which
+/// names the site the object was sealed for and the time its batch arrived at the edge, so that
+/// nothing the core files it under comes from the relay's records.
+pub const FORMAT: &str = "forte-object/4";
 
 /// The `format` of version-1 manifests, written before inventories existed. They are still
 /// read; a set of them restores with a warning that nothing proves it complete.
 pub const FORMAT_V1: &str = "forte-object/1";
 
-/// The `format` of a bundle's manifest ([`Kind::Bundle`]): version 2 plus `members`. Files and
-/// directories are still written as version 2, so a core that predates bundles reads every
-/// object but a bundle, and refuses that one by its format.
+/// The `format` of version-2 manifests (files and directories, always listed in a signed
+/// inventory of their batch or archive, [`crate::Inventory`]), still read.
+pub const FORMAT_V2: &str = "forte-object/2";
+
+/// The `format` of a version-3 manifest: a bundle ([`Kind::Bundle`]) before version 4, still
+/// read.
 pub const FORMAT_V3: &str = "forte-object/3";
 
 /// Prefixed to the canonical JSON before signing, so an edge key's signature over a manifest
@@ -84,6 +88,17 @@ pub struct Manifest {
     /// A bundle's files, in the order of their data in its stream; empty for other kinds.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<Member>,
+    /// The site the object was sealed for (format 4; empty for `forte pack`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub site: String,
+    /// When its batch arrived at the edge (its ready marker's time), seconds since the Unix
+    /// epoch (format 4; 0 for `forte pack`): the time the core's layout files it under.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub batch_time: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }
 
 /// Why a manifest was refused.
@@ -91,7 +106,7 @@ pub struct Manifest {
 pub enum ManifestError {
     #[error("is not a JSON object: {0}")]
     NotJson(String),
-    #[error("has format {0:?}; this forte reads {FORMAT:?} and {FORMAT_V1:?} only")]
+    #[error("has format {0:?}; this forte reads {FORMAT:?}, {FORMAT_V3:?}, {FORMAT_V2:?} and {FORMAT_V1:?} only")]
     UnsupportedFormat(String),
     #[error("has no valid signature member: {0}")]
     Unsigned(String),
@@ -250,10 +265,16 @@ impl Manifest {
         self.format != FORMAT_V1
     }
 
+    /// The site and batch time the edge signed in this manifest (format 4), or `None` for an
+    /// older one, which names neither (its inventory still binds it to a site).
+    pub fn signed_origin(&self) -> Option<(&str, i64)> {
+        (self.format == FORMAT).then_some((self.site.as_str(), self.batch_time))
+    }
+
     /// Parses a signed manifest, checks its signature against the trusted edge keys and
     /// validates its structure. Nothing of an unverified manifest is ever returned.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
-        let formats = [FORMAT, FORMAT_V1, FORMAT_V3];
+        let formats = [FORMAT, FORMAT_V1, FORMAT_V2, FORMAT_V3];
         let (value, _) = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
@@ -272,11 +293,29 @@ impl Manifest {
                 self.mtime_ns
             ));
         }
-        if (self.kind == Kind::Bundle) != (self.format == FORMAT_V3) {
+        // Before version 4, a bundle was version 3 and nothing else was.
+        let kinds_of_format = match self.format.as_str() {
+            FORMAT_V3 => self.kind == Kind::Bundle,
+            FORMAT => true,
+            _ => self.kind != Kind::Bundle,
+        };
+        if !kinds_of_format {
             return Err(format!(
                 "a {:?} object with format {:?}",
                 self.kind, self.format
             ));
+        }
+        if self.format != FORMAT && (!self.site.is_empty() || self.batch_time != 0) {
+            return Err(format!(
+                "format {:?} names no site and no batch time",
+                self.format
+            ));
+        }
+        if !self.site.is_empty() {
+            crate::check_site_name(&self.site).map_err(|e| format!("site: {e}"))?;
+        }
+        if self.batch_time < 0 {
+            return Err(format!("batch_time {} is before 1970", self.batch_time));
         }
         if self.kind != Kind::Bundle && !self.members.is_empty() {
             return Err("only a bundle has members".into());
@@ -371,7 +410,12 @@ impl Manifest {
         self.members
             .iter()
             .map(|m| Manifest {
-                format: FORMAT.into(),
+                // A member is a file of its bundle's version: format 2 inside a version-3 one.
+                format: if self.format == FORMAT_V3 {
+                    FORMAT_V2.into()
+                } else {
+                    self.format.clone()
+                },
                 id: m.id,
                 batch: self.batch.clone(),
                 path: m.path.clone(),
@@ -384,6 +428,8 @@ impl Manifest {
                 part_size: self.part_size,
                 parts: Vec::new(),
                 members: Vec::new(),
+                site: self.site.clone(),
+                batch_time: self.batch_time,
             })
             .collect()
     }
@@ -461,6 +507,8 @@ mod tests {
                 })
                 .collect(),
             members: Vec::new(),
+            site: "site-a".into(),
+            batch_time: 1_700_000_100,
         }
     }
 
@@ -522,7 +570,9 @@ mod tests {
         assert_eq!(Manifest::open(&doc, &trusted(&k)).unwrap(), m);
         let text = String::from_utf8(doc).unwrap();
         assert!(
-            text.starts_with("{\"batch\":\"\",\"format\":\"forte-object/2\",\"id\":"),
+            text.starts_with(
+                "{\"batch\":\"\",\"batch_time\":1700000100,\"format\":\"forte-object/4\",\"id\":"
+            ),
             "{text}"
         );
         assert!(
@@ -591,10 +641,15 @@ mod tests {
     }
 
     #[test]
-    fn only_known_formats_open_and_only_format_2_is_listed_in_an_inventory() {
+    fn only_known_formats_open_and_only_format_1_is_not_listed_in_an_inventory() {
         let k = key(1);
         let mut m = sample();
         assert!(m.listed_in_inventory());
+        (m.site, m.batch_time) = (String::new(), 0);
+        m.format = FORMAT_V2.into();
+        assert!(Manifest::open(&m.sign(&k), &trusted(&k))
+            .unwrap()
+            .listed_in_inventory());
         m.format = FORMAT_V1.into();
         let opened = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap();
         assert!(!opened.listed_in_inventory());
@@ -609,6 +664,64 @@ mod tests {
             Manifest::open(&m.sign(&k), &trusted(&k)),
             Err(ManifestError::UnsupportedFormat(_))
         ));
+    }
+
+    /// Format 4 signs the site and the batch's time; older formats name neither, and a
+    /// manifest that claims an older format cannot carry them (they would go unread).
+    #[test]
+    fn only_format_4_names_a_site_and_a_batch_time() {
+        let k = key(1);
+        let m = sample();
+        let opened = Manifest::open(&m.sign(&k), &trusted(&k)).unwrap();
+        assert_eq!(opened.signed_origin(), Some(("site-a", 1_700_000_100)));
+        for old in [FORMAT_V1, FORMAT_V2] {
+            let mut older = m.clone();
+            older.format = old.into();
+            let refused = Manifest::open(&older.sign(&k), &trusted(&k)).unwrap_err();
+            assert!(refused.to_string().contains("names no site"), "{refused}");
+            (older.site, older.batch_time) = (String::new(), 0);
+            let opened = Manifest::open(&older.sign(&k), &trusted(&k)).unwrap();
+            assert_eq!(opened.signed_origin(), None);
+        }
+        let mut bad = m.clone();
+        bad.site = "../other".into();
+        let refused = Manifest::open(&bad.sign(&k), &trusted(&k)).unwrap_err();
+        assert!(refused.to_string().contains("site:"), "{refused}");
+        let mut bad = m.clone();
+        bad.batch_time = -1;
+        assert!(Manifest::open(&bad.sign(&k), &trusted(&k)).is_err());
+        // A bundle is format 4 now, or 3 as before; a file is never 3.
+        let mut file = m;
+        file.format = FORMAT_V3.into();
+        (file.site, file.batch_time) = (String::new(), 0);
+        assert!(Manifest::open(&file.sign(&k), &trusted(&k)).is_err());
+    }
+
+    /// A bundle's members are files of its own format, with its site and batch time; a
+    /// version-3 bundle's members are version 2.
+    #[test]
+    fn a_bundles_members_carry_its_origin() {
+        let member = Member {
+            id: ObjectId::random(),
+            path: "x".into(),
+            size: 3,
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+            offset: 512,
+            sha256: "ab".repeat(32),
+        };
+        let mut bundle = sample();
+        (bundle.kind, bundle.members) = (Kind::Bundle, vec![member]);
+        let files = bundle.files();
+        assert_eq!(files[0].signed_origin(), Some(("site-a", 1_700_000_100)));
+        bundle.format = FORMAT_V3.into();
+        (bundle.site, bundle.batch_time) = (String::new(), 0);
+        let files = bundle.files();
+        assert_eq!(
+            (files[0].format.as_str(), files[0].signed_origin()),
+            (FORMAT_V2, None)
+        );
     }
 
     #[test]

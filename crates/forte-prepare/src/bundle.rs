@@ -120,7 +120,7 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
         .map(|m| (m.source.mtime_s, m.source.mtime_ns))
         .max()
         .unwrap_or_default();
-    let batch = members[0].batch.clone();
+    let (batch, origin) = (members[0].batch.clone(), members[0].origin.clone());
     // Each member's data starts after its header; the next member's header after its padding.
     let mut end = 0;
     let members: Vec<BundleMember> = members
@@ -148,6 +148,7 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
         },
         id,
         batch,
+        origin,
         held: Default::default(),
         members,
     }

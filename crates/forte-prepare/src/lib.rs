@@ -20,4 +20,6 @@ pub use bundle::{bundle_as_before, bundle_small, BundleLimits, BundleMember};
 pub use probe::{probe, Compressibility};
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};
-pub use stages::{FileOutcome, HeldPart, JobQueue, Prepare, PrepareConfig, PrepareJob, Totals};
+pub use stages::{
+    FileOutcome, HeldPart, JobQueue, Origin, Prepare, PrepareConfig, PrepareJob, Totals,
+};

@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use forte_format::manifest::CODEC_ZSTD;
 use forte_format::seal::encrypt;
+use forte_format::FORMAT;
 use forte_format::{bundle, EdgeKey, Kind, Manifest, Member, ObjectId, PartEntry, Recipients};
-use forte_format::{FORMAT, FORMAT_V3};
 use forte_pipeline::{
     queue, Budget, BufferPool, Charge, Emit, Gate, Pipeline, Salvage, Scheduling, Weigh, Work,
 };
@@ -119,6 +119,15 @@ pub struct HeldPart {
     pub ciphertext_length: u64,
 }
 
+/// Where a batch's objects come from, as their manifests sign it (format 4): the site they
+/// are sealed for and when the batch arrived at the edge. Empty for `forte pack`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Origin {
+    pub site: String,
+    /// Seconds since the Unix epoch.
+    pub batch_time: i64,
+}
+
 /// One file to prepare, under the object id it will have.
 #[derive(Debug, Clone)]
 pub struct PrepareJob {
@@ -126,6 +135,7 @@ pub struct PrepareJob {
     pub id: ObjectId,
     /// The batch name recorded in the manifest.
     pub batch: String,
+    pub origin: Origin,
     /// Parts the sink already holds, by index.
     pub held: BTreeMap<u32, HeldPart>,
     /// A bundle's files ([`crate::bundle_small`]); empty for a file or directory.
@@ -139,9 +149,15 @@ impl PrepareJob {
             source,
             id,
             batch: batch.to_owned(),
+            origin: Origin::default(),
             held: BTreeMap::new(),
             members: Vec::new(),
         }
+    }
+
+    /// The job, its manifest naming `origin`.
+    pub fn from_origin(self, origin: Origin) -> Self {
+        Self { origin, ..self }
     }
 
     /// A file prepared from scratch under a new random id, in no batch.
@@ -205,6 +221,7 @@ struct FileJob {
     source: SourceFile,
     id: ObjectId,
     batch: String,
+    origin: Origin,
     held: BTreeMap<u32, HeldPart>,
     members: Vec<BundleMember>,
     part_size: u64,
@@ -235,6 +252,7 @@ impl FileJob {
             source,
             id,
             batch,
+            origin,
             held,
             members,
         } = job;
@@ -249,6 +267,7 @@ impl FileJob {
         Self {
             id,
             batch,
+            origin,
             held,
             members,
             part_size,
@@ -614,12 +633,7 @@ impl<'k> Prepare<'k> {
         let src = &job.source;
         let members = bundle_members(job, &piece.file.lock().member_sha256);
         let manifest = Manifest {
-            format: if members.is_empty() {
-                FORMAT
-            } else {
-                FORMAT_V3
-            }
-            .into(),
+            format: FORMAT.into(),
             id: job.id,
             batch: job.batch.clone(),
             path: src.path.clone(),
@@ -632,6 +646,8 @@ impl<'k> Prepare<'k> {
             part_size: job.part_size,
             parts,
             members,
+            site: job.origin.site.clone(),
+            batch_time: job.origin.batch_time,
         };
         let document = manifest.sign(self.key);
         let mut sealed = Vec::with_capacity(document.len() + 512);

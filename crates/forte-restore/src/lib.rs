@@ -27,7 +27,7 @@ mod stages;
 use std::path::Path;
 use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use forte_format::manifest::validate_path;
 use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 use forte_pipeline::{Budget, Pipeline};
@@ -42,7 +42,7 @@ pub use outcome::{Delivered, Placed, Problem, RestoreFailure, Totals};
 pub use staged::Staged;
 
 /// Maps a verified manifest to its relative path at the destination.
-pub type TargetPath<'a> = &'a (dyn Fn(&Manifest) -> String + Sync);
+pub type TargetPath<'a> = &'a (dyn Fn(&Manifest) -> Result<String> + Sync);
 
 /// One restore run.
 pub struct Restore<'k> {
@@ -112,7 +112,9 @@ impl<'k> Restore<'k> {
         for object in opened {
             let mut files = Vec::new();
             for file in object.manifest.files() {
-                let target = layout(&file);
+                let target = layout(&file).with_context(|| {
+                    format!("object {}, file {}", object.manifest.id, file.path)
+                })?;
                 validate_path(&target).map_err(|e| {
                     anyhow::anyhow!("the layout puts {} at an unsafe path: {e}", file.path)
                 })?;

@@ -84,7 +84,7 @@ impl Packed {
         let source = DirSource {
             root: self.archive.clone(),
         };
-        restore.run(&source, &self.dest, &|m| m.path.clone())
+        restore.run(&source, &self.dest, &|m| Ok(m.path.clone()))
     }
 
     /// The directory of the object restored to `path`.

@@ -196,7 +196,7 @@ pub fn unpack(
                     root: dir.to_path_buf(),
                 },
                 to,
-                &|m| m.path.clone(),
+                &|m| Ok(m.path.clone()),
             )
         },
     )?;

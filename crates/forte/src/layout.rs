@@ -5,7 +5,7 @@
 //! | `{site}` | the site the file came from |
 //! | `{batch}` | the batch name |
 //! | `{path}` | the file's path inside the batch |
-//! | `{yyyy}` `{mm}` `{dd}` `{hh}` | UTC date and hour the batch reached the relay |
+//! | `{yyyy}` `{mm}` `{dd}` `{hh}` | UTC date and hour the batch arrived at the edge, as the edge signed it in every manifest (format 4; for older manifests, when it reached the relay) |
 //! | `{date}` | `{yyyy}-{mm}-{dd}` |
 
 use anyhow::{bail, Result};

@@ -39,7 +39,8 @@ pub struct Args {
     relay: RelayFlags,
     #[command(flatten)]
     core: CoreFlags,
-    /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date}.
+    /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date} (the
+    /// date and hour, UTC, the batch arrived at its edge, as the edge signed it).
     #[arg(long, default_value = "{site}/{batch}/{path}")]
     layout: String,
     /// A second destination (analysts' copy): every delivered file is copied there too,

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use forte_catalog::{now_us, BatchKey, Stage};
 use forte_format::ObjectId;
 use forte_relay::api::ReadyObject;
@@ -185,20 +185,33 @@ impl Delivery<'_> {
         };
         // The relay knows batches by opaque ids; the name is inside the verified manifests.
         let name = Mutex::new(ahead.name.clone());
-        let batch_time = ahead.batch_time;
-        let place = |m: &forte_format::Manifest| {
+        let relay_time = ahead.batch_time;
+        // Where a file goes comes from what its edge signed (format 4): its site, which must
+        // be the one the relay lists it under, and its batch's time. Only an older manifest,
+        // which names neither, is filed by the relay's seal time.
+        let place = |m: &forte_format::Manifest| -> Result<String> {
+            let batch_time = match m.signed_origin() {
+                Some((signed, _)) if signed != site => bail!(
+                    "signed for site {signed:?}, but the relay lists it under site {site:?}: refused (a relay filing one site's data under another)"
+                ),
+                Some(_) if m.batch.is_empty() => {
+                    bail!("signed in no batch, but the relay lists it in batch {fallback}: refused")
+                }
+                Some((_, time)) => u64::try_from(time).unwrap_or(0),
+                None => relay_time,
+            };
             let batch = if m.batch.is_empty() {
                 fallback.as_str()
             } else {
                 m.batch.as_str()
             };
             name.lock().get_or_insert_with(|| batch.to_string());
-            self.layout.render(&Fields {
+            Ok(self.layout.render(&Fields {
                 site: &site,
                 batch,
                 path: &m.path,
                 batch_time,
-            })
+            }))
         };
         let staged = restore.stage(&source, self.dest, &place, &ahead.staging);
         ahead.name = name.into_inner();

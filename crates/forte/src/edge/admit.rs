@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use forte_catalog::{BatchKey, BatchState, FileRow, FileState};
+use forte_catalog::{now_us, BatchKey, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
-use forte_prepare::{discover, Compressibility, HeldPart, PrepareJob, SourceFile};
+use forte_prepare::{discover, Compressibility, HeldPart, Origin, PrepareJob, SourceFile};
 use forte_relay::api::{ObjectState, ObjectStatus};
 use forte_relay::client::OpeningConnections;
 use parking_lot::{Condvar, Mutex};
@@ -312,7 +312,34 @@ impl Edge<'_> {
                         .iter()
                         .map(|(p, why)| format!("skipped {}: {why}", p.display())),
                 );
-                (self.objects(name, found.files, &rows), rows)
+                // What the writer records as the batch's arrival, once, for every run to sign.
+                let created = catalogued
+                    .as_ref()
+                    .ok()
+                    .and_then(Option::as_ref)
+                    .map(|row| row.created_at);
+                let arrived_us =
+                    created.unwrap_or_else(|| arrived.map_or(now_us(), |a| a.min(now_us())));
+                match self.setup.site.get(self.setup.client, self.setup.catalog) {
+                    Ok(site) => {
+                        let origin = Origin {
+                            site: site.to_string(),
+                            batch_time: arrived_us.div_euclid(1_000_000),
+                        };
+                        let objects = self.objects(name, found.files, &rows);
+                        let jobs = objects
+                            .into_iter()
+                            .map(|job| job.from_origin(origin.clone()));
+                        (jobs.collect(), rows)
+                    }
+                    Err(e) => {
+                        let error = format!("{e:#}");
+                        self.setup.failures.report(name, None, &error);
+                        flight.report.errors.push(error);
+                        flight.report.failed += flight.report.files;
+                        (Vec::new(), rows)
+                    }
+                }
             }
             Err(e) => {
                 let error = format!("{e:#}");

@@ -587,3 +587,53 @@ fn a_late_small_file_bundled_with_a_delivered_one_is_delivered() {
         "the late file arrived, the others are as they were"
     );
 }
+
+/// Sets the relay's seal time in every object record under `dir` to `at`: the relay's own
+/// records, which its operator edits.
+fn backdate_seals(dir: &Path, at: u64) -> usize {
+    let mut edited = 0;
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if entry.file_type().unwrap().is_dir() {
+            edited += backdate_seals(&path, at);
+        } else if path.extension().is_some_and(|e| e == "json") {
+            let mut record: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            if let Some(sealed_at) = record.get_mut("sealed_at") {
+                *sealed_at = at.into();
+                std::fs::write(&path, serde_json::to_vec(&record).unwrap()).unwrap();
+                edited += 1;
+            }
+        }
+    }
+    edited
+}
+
+/// The layout's date fields come from the batch's time as its edge signed it (its ready
+/// marker's), not from the relay's records: an operator who backdates the relay's seal times
+/// cannot move a batch into another day's directory.
+#[test]
+fn the_layout_files_a_batch_by_the_time_its_edge_signed() {
+    let mut site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "dated", 2, 10_000);
+    let arrived = std::time::UNIX_EPOCH + std::time::Duration::from_secs(981_173_106); // 2001-02-03T04:05:06Z
+    let marker = std::fs::File::options()
+        .write(true)
+        .open(batch.join(".ready"))
+        .unwrap();
+    marker.set_modified(arrived).unwrap();
+    ok(&site.send(&["-q"]));
+    let edited = backdate_seals(&site.relay.store.join("sites/site-a"), 1_000_000_000); // 2001-09-09
+    assert!(edited >= 1, "{edited} seal records");
+    site.restart_relay();
+    let mut pull = site.pull();
+    pull.extend(args!["--layout", "{site}/{date}/{hh}/{batch}/{path}"]);
+    ok(&pull);
+    let filed = site.root.join("dest/site-a/2001-02-03/04/dated");
+    assert_eq!(
+        visible(&filed).len(),
+        2,
+        "{:?}",
+        visible(&site.root.join("dest"))
+    );
+}

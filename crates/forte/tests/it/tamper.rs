@@ -304,6 +304,8 @@ fn signed_manifests_with_escaping_paths_are_refused() {
             part_size: 1 << 24,
             parts: vec![],
             members: vec![],
+            site: String::new(),
+            batch_time: 0,
         };
         let mut sealed = Vec::new();
         encrypt(&recipients.0, &manifest.sign(&key), &mut sealed);
@@ -520,6 +522,8 @@ fn archives_from_before_inventories_restore_with_a_warning() {
         part_size: 1 << 24,
         parts: vec![],
         members: vec![],
+        site: String::new(),
+        batch_time: 0,
     };
     let object = packed.join(id.to_string());
     std::fs::create_dir_all(&object).unwrap();
