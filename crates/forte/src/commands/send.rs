@@ -59,8 +59,9 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     receipt_pub: Vec<PathBuf>,
     /// This edge's site, signed into every batch so the core files it under no other site
-    /// [config: send.site] [default: the relay's name for this token]. Give it when several
-    /// sites share an edge key: then a relay that lies about it is refused at the core.
+    /// [config: send.site] [default: the relay's name for this token, asked before the first
+    /// batch is prepared]. Give it when several sites share an edge key: then a relay that
+    /// lies about it is refused at the core.
     #[arg(long, value_name = "NAME")]
     site: Option<String>,
     /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the

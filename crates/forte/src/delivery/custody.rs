@@ -8,7 +8,7 @@ use std::collections::HashSet;
 
 use anyhow::{bail, Result};
 use forte_catalog::{format_utc, now_us, BatchKey, Fenced, InstanceRow, Role};
-use forte_format::{Inventory, Outcome, Receipt, ReceiptFile};
+use forte_format::{Inventory, Outcome, Receipt, ReceiptFile, TrustedEdges};
 use parking_lot::Mutex;
 
 use super::lease::{Held, LeaseLost};
@@ -17,7 +17,7 @@ use super::Delivery;
 /// What the core needs for custody: whose keys may sign for which site, the key receipts are
 /// signed with, and how long a sequence gap may stay open before it is alerted on.
 pub struct CustodySettings<'a> {
-    pub trusted: &'a forte_format::TrustedEdges,
+    pub trusted: &'a TrustedEdges,
     pub receipt_key: Option<&'a forte_format::ReceiptKey>,
     pub gap_after: std::time::Duration,
     /// Where delivered batches are kept, as receipts name it (`--to`).
@@ -34,7 +34,7 @@ pub struct CustodySettings<'a> {
 
 impl<'a> CustodySettings<'a> {
     pub fn new(
-        trusted: &'a forte_format::TrustedEdges,
+        trusted: &'a TrustedEdges,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
         gap_after: std::time::Duration,
         (destination, failures): (String, crate::hook::Failures),
@@ -102,29 +102,9 @@ impl Delivery<'_> {
         let Some(inventory) = inventory else {
             return Ok(None);
         };
-        let signer = inventory
-            .signer
-            .as_ref()
-            .expect("an opened inventory names its signer");
-        let signer_id = forte_format::keys::edge_key_id(signer);
+        check_signed_site(&custody.trusted, inventory, listed_site)?;
         if !inventory.names_its_instance() {
-            if !custody.trusted.may_sign_for(signer, listed_site) {
-                bail!("the batch's inventory (format 1) names no site, and edge key {signer_id} is not trusted for site {listed_site} (--trust {listed_site}=FILE)");
-            }
             return Ok(None);
-        }
-        if inventory.site != listed_site {
-            bail!(
-                "the relay lists this batch under site {listed_site}, but its edge signed it for site {:?}: refused, nothing delivered (a relay that moved it between sites, or an edge with the wrong --site)",
-                inventory.site
-            );
-        }
-        if !custody.trusted.may_sign_for(signer, &inventory.site) {
-            bail!(
-                "the batch is signed for site {} by edge key {signer_id}, which is not trusted for that site (--trust {}=FILE binds a key to it): refused, nothing delivered",
-                inventory.site,
-                inventory.site
-            );
         }
         if let Some(row) = self
             .catalog
@@ -284,5 +264,103 @@ impl Delivery<'_> {
             );
             custody.failures.report(&gap.site, None, &error);
         }
+    }
+}
+
+/// Refuses a batch unless it may be filed under `listed_site`, the site the relay lists it
+/// under: its inventory signed for that very site by a key trusted for it; a version-1
+/// inventory, which names no site, only by a key trusted for that site (a key given without a
+/// site is trusted for any).
+fn check_signed_site(
+    trusted: &TrustedEdges,
+    inventory: &Inventory,
+    listed_site: &str,
+) -> Result<()> {
+    let signer = inventory
+        .signer
+        .as_ref()
+        .expect("an opened inventory names its signer");
+    let signer_id = forte_format::keys::edge_key_id(signer);
+    if !inventory.names_its_instance() {
+        if !trusted.may_sign_for(signer, listed_site) {
+            bail!("the batch's inventory (format 1) names no site, and edge key {signer_id} is not trusted for site {listed_site} (--trust {listed_site}=FILE)");
+        }
+        return Ok(());
+    }
+    if inventory.site != listed_site {
+        bail!(
+            "the relay lists this batch under site {listed_site}, but its edge signed it for site {:?}: refused, nothing delivered (a relay that moved it between sites, or an edge with the wrong --site)",
+            inventory.site
+        );
+    }
+    if !trusted.may_sign_for(signer, &inventory.site) {
+        bail!(
+            "the batch is signed for site {} by edge key {signer_id}, which is not trusted for that site (--trust {}=FILE binds a key to it): refused, nothing delivered",
+            inventory.site,
+            inventory.site
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forte_format::{Instance, TrustSpec, INVENTORY_FORMAT_V1};
+
+    /// An edge key, trusted as `spec` says (`SITE=` or nothing before the key file), and an
+    /// inventory it opened: signed for `site`, or of format 1 when `site` is `None`.
+    fn signed(spec: &str, site: Option<&str>) -> (TrustedEdges, Inventory) {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = forte_format::keys::generate(dir.path()).unwrap();
+        let spec: TrustSpec = format!("{spec}{}", keys.edge_pub.display())
+            .parse()
+            .unwrap();
+        let trusted = TrustedEdges::load(&[spec]).unwrap();
+        let key = forte_format::EdgeKey::load(&keys.edge_key).unwrap();
+        let mut inventory = Inventory::new("b", Instance::new(site.unwrap_or(""), 1, 0), vec![]);
+        if site.is_none() {
+            inventory.format = INVENTORY_FORMAT_V1.into();
+            inventory.instance.clear();
+        }
+        inventory.signer = Some(key.0.verifying_key());
+        (trusted, inventory)
+    }
+
+    fn refused(trusted: &TrustedEdges, inventory: &Inventory, listed: &str) -> String {
+        format!(
+            "{:#}",
+            check_signed_site(trusted, inventory, listed).unwrap_err()
+        )
+    }
+
+    #[test]
+    fn a_batch_is_filed_only_under_the_site_its_edge_signed() {
+        let (trusted, inventory) = signed("", Some("site-a"));
+        check_signed_site(&trusted, &inventory, "site-a").unwrap();
+        let why = refused(&trusted, &inventory, "site-b");
+        assert!(why.contains("signed it for site \"site-a\""), "{why}");
+    }
+
+    #[test]
+    fn a_key_bound_to_a_site_signs_for_no_other() {
+        let (trusted, inventory) = signed("site-b=", Some("site-a"));
+        let why = refused(&trusted, &inventory, "site-a");
+        assert!(why.contains("not trusted for that site"), "{why}");
+        let (trusted, inventory) = signed("site-a=", Some("site-a"));
+        check_signed_site(&trusted, &inventory, "site-a").unwrap();
+    }
+
+    /// A format-1 inventory names no site: filed where the relay lists it only if its key is
+    /// trusted for that site.
+    #[test]
+    fn a_format_1_batch_needs_a_key_trusted_for_the_site_it_is_listed_under() {
+        let (trusted, inventory) = signed("site-b=", None);
+        assert!(!inventory.names_its_instance());
+        let why = refused(&trusted, &inventory, "site-a");
+        assert!(why.contains("(format 1) names no site"), "{why}");
+        check_signed_site(&trusted, &inventory, "site-b").unwrap();
+        let (any, inventory) = signed("", None);
+        check_signed_site(&any, &inventory, "site-a").unwrap();
     }
 }

@@ -117,9 +117,14 @@ impl EdgeSite {
                 }
                 relay
             }
-            (None, Err(e)) => bail!(
-                "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
-            ),
+            // The relay cannot be asked: the one site this edge sealed for before, if any, is
+            // the only one it would accept from the relay anyway.
+            (None, Err(e)) => match catalog.sealed_for_sites()?.as_slice() {
+                [before] => before.clone(),
+                _ => bail!(
+                    "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
+                ),
+            },
         };
         Ok(self.known.get_or_init(|| site))
     }

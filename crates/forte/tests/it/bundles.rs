@@ -70,7 +70,7 @@ fn a_bundle_is_recovered_with_age_zstd_and_tar_alone() {
     let p = packed();
     let bundle = p.bundle();
     let manifest = manifest_json(&p.keys, &bundle);
-    assert_eq!(manifest["format"], "forte-object/3");
+    assert_eq!(manifest["format"], "forte-object/4");
     let members = manifest["members"].as_array().unwrap();
     assert_eq!(
         members.len(),

@@ -359,8 +359,16 @@ fn the_edge_counts_as_queued_what_waits_for_a_relay_that_does_not_answer() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
-    // Nothing listens there: every upload is refused a connection and retried.
-    let mut send = site.send(&["--watch", "--interval", "1", "--metrics"]);
+    // Nothing listens there: every upload is refused a connection and retried. The site is
+    // given: a new edge without one asks the relay before it prepares anything.
+    let mut send = site.send(&[
+        "--watch",
+        "--interval",
+        "1",
+        "--site",
+        "site-a",
+        "--metrics",
+    ]);
     let edge_addr = free_addr();
     send.push(edge_addr.clone().into());
     let relay = send.iter().position(|a| a == "--relay").unwrap() + 1;
@@ -564,16 +572,63 @@ fn sender_and_puller_serve_prometheus_metrics() {
     }
 }
 
-/// Objects of a batch the edge has not finished are fetched, verified and staged by a
-/// watching puller, but nothing is visible at the destination and nothing is acknowledged
-/// until the batch is sealed; then it is delivered at once.
+/// Files in the staging directories under `dest`.
+fn staged_files(dest: &Path) -> usize {
+    std::fs::read_dir(dest)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(".forte-staging-")
+        })
+        .map(|e| std::fs::read_dir(e.path()).map_or(0, |d| d.count()))
+        .sum::<usize>()
+}
+
+/// Objects whose manifests are signed for site-b, offered by the relay under site-a before
+/// their batch is sealed: the watching puller refuses to fetch them ahead, naming both sites,
+/// and stages nothing (before the inventory could tell).
 #[test]
-fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
+fn objects_signed_for_another_site_are_not_fetched_ahead() {
+    let site = Site::new();
+    upload_unsealed_batch(&site, |m| {
+        (m.site, m.batch, m.batch_time) = ("site-b".into(), "batch-ahead".into(), 1);
+    });
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let log = site.root.join("pull.log");
+    let _pull = spawn_logged(&pull, &log);
+    let refused = "signed for site \"site-b\", but the relay lists it under site \"site-a\"";
+    assert!(
+        wait_for(30, || std::fs::read_to_string(&log)
+            .is_ok_and(|l| l.contains(refused))),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let dest = site.root.join("dest");
+    assert_eq!(staged_files(&dest), 0);
+    assert!(visible(&dest).is_empty());
+}
+
+/// Packs three 600 kB files (one bundle) and uploads and seals its objects at the site's relay
+/// as objects of batch `batch-ahead`, each manifest re-signed after `edit`, without sealing the
+/// batch: what an edge does before the seal. Returns the source, the archive, the edge's
+/// client and the object ids.
+fn upload_unsealed_batch(
+    site: &Site,
+    edit: impl Fn(&mut forte_format::Manifest),
+) -> (
+    PathBuf,
+    PathBuf,
+    forte_relay::client::RelayClient,
+    Vec<forte_format::ObjectId>,
+) {
     use forte_relay::client::{RelayClient, RelayEndpoint};
     use forte_relay::tls::RelayTrust;
     use sha2::Digest;
 
-    let site = Site::new();
     let src = site.root.join("src");
     for i in 0..3 {
         write(
@@ -592,9 +647,10 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         std::time::Duration::from_secs(30),
     )
     .unwrap();
-    // Upload and seal every object of the batch, but not the batch itself.
+    let forger = Forger::new(&site.keys);
     let mut ids = Vec::new();
     for object in objects(&packed) {
+        forger.rewrite_manifest(&object, &edit);
         let id: forte_format::ObjectId = object
             .file_name()
             .unwrap()
@@ -619,25 +675,28 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         edge.seal(id, "batch-ahead", parts, &manifest).unwrap();
         ids.push(id);
     }
+    (src, packed, edge, ids)
+}
+
+/// Objects of a batch the edge has not finished are fetched, verified and staged by a
+/// watching puller, but nothing is visible at the destination and nothing is acknowledged
+/// until the batch is sealed; then it is delivered at once.
+#[test]
+fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
+    let site = Site::new();
+    // As the edge would, the manifests (of an archive: no site, no batch) name site-a and
+    // the batch.
+    let (src, packed, edge, ids) = upload_unsealed_batch(&site, |m| {
+        (m.site, m.batch, m.batch_time) = ("site-a".into(), "batch-ahead".into(), 1);
+    });
+    let forger = Forger::new(&site.keys);
     let at_relay = site.relay_objects().len();
     let mut pull = site.pull();
     pull.extend(args!["--watch", "--interval", "1"]);
     let log = site.root.join("pull.log");
     let _pull = spawn_logged(&pull, &log);
     let dest = site.root.join("dest");
-    let staged_files = || {
-        std::fs::read_dir(&dest)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(".forte-staging-")
-            })
-            .map(|e| std::fs::read_dir(e.path()).map_or(0, |d| d.count()))
-            .sum::<usize>()
-    };
+    let staged_files = || staged_files(&dest);
     // The three files travel in one bundle, staged as three files.
     assert!(
         wait_for(30, || staged_files() == 3),
@@ -656,8 +715,7 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         "nothing acknowledged yet"
     );
 
-    // An archive names no site; as the edge would, the batch's inventory names site-a.
-    let forger = Forger::new(&site.keys);
+    // As the edge would, the batch's inventory names site-a.
     let document = forger.open(&packed.join(forte_format::INVENTORY_FILE));
     let mut inventory = forte_format::Inventory::open(&document, &forger.trusted).unwrap();
     inventory.site = "site-a".into();
@@ -668,7 +726,6 @@ fn pullers_fetch_ahead_but_deliver_only_sealed_batches() {
         .into_iter()
         .map(|(p, h)| (format!("site-a/batch-ahead/{p}"), h))
         .collect();
-    // The manifests carry no batch name (pack), so the layout uses the relay's batch id.
     assert!(
         wait_for(30, || visible(&dest).len() == expected.len()),
         "not delivered after the seal: {:?}",

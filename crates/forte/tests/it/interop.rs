@@ -18,7 +18,7 @@ fn stock_age_and_zstd_restore_every_part() {
     assert_eq!(objects.len(), 1);
     let manifest = manifest_json(&keys, &objects[0]);
     assert_eq!(manifest["path"], "recording.bin");
-    assert_eq!(manifest["format"], "forte-object/2");
+    assert_eq!(manifest["format"], "forte-object/4");
     let parts = manifest["parts"].as_array().unwrap();
     assert_eq!(parts.len(), 3);
 

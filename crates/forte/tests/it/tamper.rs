@@ -87,15 +87,6 @@ impl Fixture {
 }
 
 impl Forger {
-    /// Re-signs the object's manifest after `edit`; the ciphertext of every part stays valid.
-    fn rewrite_manifest(&self, object: &Path, edit: impl FnOnce(&mut Manifest)) -> Manifest {
-        let path = object.join("manifest.age");
-        let mut manifest = Manifest::open(&self.open(&path), &self.trusted).unwrap();
-        edit(&mut manifest);
-        self.seal(&manifest.sign(&self.key), &path);
-        manifest
-    }
-
     /// Re-signs the archive's inventory so that it lists `manifest` as it is now: only the
     /// check under test can then catch what the manifest claims.
     fn relist(&self, packed: &Path, manifest: &Manifest) {

@@ -177,6 +177,19 @@ impl Forger {
     pub fn seal(&self, document: &[u8], to: &Path) {
         std::fs::write(to, self.sealed(document)).unwrap();
     }
+
+    /// Re-signs the object's manifest after `edit`; the ciphertext of every part stays valid.
+    pub fn rewrite_manifest(
+        &self,
+        object: &Path,
+        edit: impl FnOnce(&mut forte_format::Manifest),
+    ) -> forte_format::Manifest {
+        let path = object.join(forte_format::MANIFEST_FILE);
+        let mut manifest = forte_format::Manifest::open(&self.open(&path), &self.trusted).unwrap();
+        edit(&mut manifest);
+        self.seal(&manifest.sign(&self.key), &path);
+        manifest
+    }
 }
 
 pub fn unpack_args(keys: &Keys, dir: &Path, to: &Path) -> Args {
