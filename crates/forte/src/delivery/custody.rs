@@ -102,7 +102,7 @@ impl Delivery<'_> {
         let Some(inventory) = inventory else {
             return Ok(None);
         };
-        check_signed_site(&custody.trusted, inventory, listed_site)?;
+        check_signed_site(custody.trusted, inventory, listed_site)?;
         if !inventory.names_its_instance() {
             return Ok(None);
         }
