@@ -191,6 +191,9 @@ vocabulary! {
         Crashed = "crashed",
         /// Killed at its timeout: tried again.
         TimedOut = "timed_out",
+        /// Passed, but the landed batch it ran on no longer matched what the core verified (a
+        /// file changed, removed or added): the batch is quarantined, never promoted.
+        Changed = "changed",
     }
 }
 

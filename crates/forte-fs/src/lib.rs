@@ -2,7 +2,12 @@
 //!
 //! forte writes many files and makes them durable in one step with `syncfs(2)` (one flush of
 //! the file system) rather than an `fsync` per file, which costs a disk round trip each and
-//! dominates when files are small.
+//! dominates when files are small. And what tells one version of a file from another
+//! ([`FileIdentity`]).
+
+mod identity;
+
+pub use identity::FileIdentity;
 
 use std::fs::File;
 use std::os::fd::AsRawFd;

@@ -40,6 +40,8 @@ pub struct Placed {
     pub target: String,
     pub size: u64,
     pub sha256: String,
+    /// A file, or an (empty) directory sent as an object of its own.
+    pub kind: forte_format::Kind,
     /// Found in place from an earlier delivery rather than written now.
     pub already: bool,
     /// Each part's raw and ciphertext SHA-256, as verified.
@@ -55,6 +57,7 @@ impl Placed {
             target: target.to_string(),
             size: m.size,
             sha256: m.sha256.clone(),
+            kind: m.kind,
             already,
             parts: m
                 .parts

@@ -166,6 +166,7 @@ fn print_task_runs(runs: &[TaskRunRow]) {
             TaskOutcome::Refused,
             TaskOutcome::Crashed,
             TaskOutcome::TimedOut,
+            TaskOutcome::Changed,
         ] {
             let n = mine.iter().filter(|r| r.outcome == outcome).count();
             if n > 0 {

@@ -12,6 +12,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use forte_restore::Placed;
 
+use forte_catalog::TaskOutcome;
+
+use super::landed::Landed;
 use crate::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
 
 /// Where batches land and are quarantined, and the tasks that decide between promotion and
@@ -101,7 +104,40 @@ impl Landing {
             files: &files,
             list,
         };
-        tasks::check(&run, &subject, catalog)
+        if at != Point::Core {
+            return tasks::check(&run, &subject, catalog);
+        }
+        // What is promoted must be what was verified: the batch is read-only while its tasks
+        // run, and checked against the verified files after.
+        let names: Vec<&str> = run.iter().map(|t| t.name.as_str()).collect();
+        let landed_wrong = |outcome, reason: String| Refusal {
+            task: names.join(", "),
+            file: None,
+            outcome,
+            reason,
+            output: Vec::new(),
+        };
+        let landed = match Landed::protect(dir, placed) {
+            Ok(landed) => landed,
+            Err(e) => {
+                let why = format!("cannot make the landed batch read-only for its tasks: {e:#}");
+                return vec![landed_wrong(TaskOutcome::Crashed, why)];
+            }
+        };
+        let mut refusals = tasks::check(&run, &subject, catalog);
+        match landed.changes(dir) {
+            Ok(changes) if changes.is_empty() => {}
+            Ok(changes) => refusals.push(landed_wrong(TaskOutcome::Changed, summary(&changes))),
+            Err(e) => {
+                let why = format!("cannot check the landed batch after its tasks: {e:#}");
+                refusals.push(landed_wrong(TaskOutcome::Crashed, why));
+            }
+        }
+        if let Err(e) = landed.release(dir) {
+            let why = format!("cannot make the landed batch writable again: {e:#}");
+            refusals.push(landed_wrong(TaskOutcome::Crashed, why));
+        }
+        refusals
     }
 
     /// Moves everything under the landing directory `dir` into `dest`: a directory `dest`
@@ -147,6 +183,16 @@ impl Landing {
         forte_fs::syncfs(&kept)?;
         Ok(kept)
     }
+}
+
+/// The first of `changes` (a task adding 100 000 files gives as many lines), and how many more.
+fn summary(changes: &[String]) -> String {
+    const SHOWN: usize = 20;
+    let mut text = changes[..changes.len().min(SHOWN)].join("; ");
+    if changes.len() > SHOWN {
+        text.push_str(&format!("; and {} more", changes.len() - SHOWN));
+    }
+    text
 }
 
 /// Moves each entry of `from` into `to`: renamed whole where `to` has nothing of that name,

@@ -14,6 +14,7 @@ mod ahead;
 mod copy;
 mod custody;
 mod deliver;
+mod landed;
 mod landing;
 mod lease;
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, BatchState, FileRow, Role};
 use forte_format::{Kind, ObjectId, Receipt, ReceiptFile};
+use forte_fs::FileIdentity;
 use forte_prepare::{discover, SourceFile};
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
@@ -402,31 +403,6 @@ fn files_of(
 }
 
 /// The identity of a file that must not change while it is checked and removed.
-/// What names one version of a file on disk: device, inode, size, mtime and ctime to the
-/// nanosecond. Equal before and after a file was read means nothing wrote to or replaced it
-/// in between (short of a rewrite within one ctime tick, which the hash catches).
-#[derive(Debug, PartialEq, Eq)]
-struct FileIdentity {
-    device: u64,
-    inode: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl FileIdentity {
-    fn of(m: &std::fs::Metadata) -> FileIdentity {
-        use std::os::unix::fs::MetadataExt;
-        FileIdentity {
-            device: m.dev(),
-            inode: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        }
-    }
-}
-
 /// Removes `source` only if it is still the file the core's receipt lists. It is first renamed
 /// to a hidden name beside it, atomically, so nothing a writer puts at its path from then on is
 /// touched (a file replaced by `mv` after a check and before an unlink by path was deleted
@@ -754,34 +730,6 @@ mod tests {
         std::fs::remove_file(&to).unwrap();
         rename_no_replace(&from, &to).unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), b"old");
-    }
-
-    /// A file's identity moves with a write that keeps its size and puts its mtime back (ctime
-    /// moves), and differs between two files of the same bytes (inode).
-    #[test]
-    fn a_rewrite_with_its_mtime_put_back_changes_the_identity() {
-        use std::os::unix::fs::MetadataExt;
-        let dir = tempfile::tempdir().unwrap();
-        let (one, two) = (dir.path().join("one"), dir.path().join("two"));
-        std::fs::write(&one, b"same").unwrap();
-        std::fs::write(&two, b"same").unwrap();
-        let meta = |p: &Path| std::fs::metadata(p).unwrap();
-        let first = meta(&one);
-        assert_eq!(FileIdentity::of(&first), FileIdentity::of(&meta(&one)));
-        assert_ne!(FileIdentity::of(&first), FileIdentity::of(&meta(&two)));
-        // ctime has the kernel's tick: rewrite until it moves (at most a few ticks).
-        let file = std::fs::OpenOptions::new().write(true).open(&one).unwrap();
-        while meta(&one).ctime_nsec() == first.ctime_nsec() && meta(&one).ctime() == first.ctime() {
-            std::io::Write::write_all(&mut &file, b"").unwrap();
-            file.set_modified(first.modified().unwrap()).unwrap();
-        }
-        file.set_modified(first.modified().unwrap()).unwrap();
-        let rewritten = meta(&one);
-        assert_eq!(
-            (rewritten.len(), rewritten.modified().unwrap()),
-            (first.len(), first.modified().unwrap())
-        );
-        assert_ne!(FileIdentity::of(&first), FileIdentity::of(&rewritten));
     }
 
     fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {

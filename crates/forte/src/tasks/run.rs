@@ -56,6 +56,7 @@ impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let verb = match self.outcome {
             TaskOutcome::Refused => "refused",
+            TaskOutcome::Changed => "changed",
             _ => "failed on",
         };
         match &self.file {

@@ -431,3 +431,54 @@ fn a_task_that_cannot_run_or_has_nowhere_to_quarantine_fails_the_pull_at_once() 
         "{stderr}"
     );
 }
+
+/// A core task that passes but changes its batch (appends to a file, deletes one, adds a file
+/// and a symlink to /etc/passwd, or rewrites a file with its size and mtime kept) gets the
+/// batch quarantined with what it changed, never promoted; a task that only reads its batch
+/// has it promoted, with the files' modes as sent.
+#[test]
+fn a_task_that_changes_its_batch_gets_it_quarantined_not_promoted() {
+    let site = Site::new();
+    three_batches(&site);
+    let script = r#"cd "$FORTE_BATCH_DIR" || exit 3
+f0=$(find . -name f0.dat); f1=$(find . -name f1.dat); d=$(dirname "$f0")
+case "$FORTE_BATCH" in
+  b0) chmod u+w "$f0" "$d"; echo extra >> "$f0"; rm -f "$f1"; echo new > "$d/new.txt"
+      ln -s /etc/passwd "$d/passwd" ;;
+  b1) cat "$f0" "$f1" > /dev/null; [ -w "$f0" ] && [ "$(id -u)" != 0 ] && exit 4 ;;
+  b2) chmod u+w "$f0"; m=$(stat -c %y "$f0"); printf X | dd of="$f0" conv=notrunc 2>/dev/null
+      touch -d "$m" "$f0" ;;
+esac
+exit 0"#;
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"tamper\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let printed = fails(&pull_with(&site, &config));
+    assert_eq!(batches_in(&site.root.join("dest")), ["b1"], "{printed}");
+    assert_eq!(
+        batches_in(&site.root.join("quarantine")).len(),
+        2,
+        "{printed}"
+    );
+    for change in [
+        "task tamper changed the batch: ",
+        "changed site-a/b0/f0.dat (20006 bytes, verified 20000)",
+        "removed site-a/b0/f1.dat",
+        "added site-a/b0/new.txt",
+        "added a symlink site-a/b0/passwd",
+        "changed site-a/b2/f0.dat (its bytes differ from the verified SHA-256)",
+    ] {
+        assert!(printed.contains(change), "{change:?} not in:\n{printed}");
+    }
+    let promoted = site.root.join("dest/site-a/b1/f0.dat");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&promoted).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o200, 0o200, "promoted writable as sent: {mode:o}");
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(status.contains("task tamper changed the batch"), "{status}");
+}

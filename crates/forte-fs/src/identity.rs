@@ -1,0 +1,90 @@
+//! What names one version of a file on disk.
+
+/// A file's device, inode, size, mtime and ctime to the nanosecond. Equal before and after a
+/// file was read means nothing wrote to it, replaced it or changed its metadata in between,
+/// short of a change within the same tick of the kernel's coarse clock, which stamps ctime
+/// (see [`FileIdentity::settled`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    device: u64,
+    inode: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    pub fn of(m: &std::fs::Metadata) -> FileIdentity {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity {
+            device: m.dev(),
+            inode: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+
+    /// Whether any change to the file from now on is sure to move its ctime: the kernel's
+    /// coarse clock, which stamps it, is past this ctime, and the ctime has sub-second
+    /// precision (a file system that keeps whole seconds, or coarser, could stamp a change
+    /// within the same second alike).
+    pub fn settled(&self) -> bool {
+        self.ctime.1 != 0 && coarse_now() > self.ctime
+    }
+
+    /// Waits until [`FileIdentity::settled`] holds for every file of `identities` whose ctime
+    /// has sub-second precision: at most one tick of the coarse clock (a few ms).
+    pub fn wait_settled<'a>(identities: impl IntoIterator<Item = &'a FileIdentity>) {
+        let Some(latest) = identities.into_iter().map(|i| i.ctime).max() else {
+            return;
+        };
+        while coarse_now() <= latest {
+            std::thread::sleep(std::time::Duration::from_micros(500));
+        }
+    }
+}
+
+/// The kernel's coarse real-time clock, the one it stamps file times with.
+fn coarse_now() -> (i64, i64) {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
+    (now.tv_sec, now.tv_nsec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+    use std::path::Path;
+
+    /// A file's identity moves with a write that keeps its size and puts its mtime back
+    /// (ctime moves), and differs between two files of the same bytes (inode).
+    #[test]
+    fn a_rewrite_with_its_mtime_put_back_changes_the_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+        std::fs::write(&one, b"same").unwrap();
+        std::fs::write(&two, b"same").unwrap();
+        let meta = |p: &Path| std::fs::metadata(p).unwrap();
+        let first = meta(&one);
+        assert_eq!(FileIdentity::of(&first), FileIdentity::of(&meta(&one)));
+        assert_ne!(FileIdentity::of(&first), FileIdentity::of(&meta(&two)));
+        // Once settled, the same rewrite cannot keep the ctime.
+        FileIdentity::wait_settled([&FileIdentity::of(&first)]);
+        assert!(FileIdentity::of(&first).settled() || first.ctime_nsec() == 0);
+        std::fs::write(&one, b"diff").unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&one).unwrap();
+        file.set_modified(first.modified().unwrap()).unwrap();
+        let rewritten = meta(&one);
+        assert_eq!(
+            (rewritten.len(), rewritten.modified().unwrap()),
+            (first.len(), first.modified().unwrap())
+        );
+        assert_ne!(FileIdentity::of(&first), FileIdentity::of(&rewritten));
+    }
+}
