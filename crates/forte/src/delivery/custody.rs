@@ -5,9 +5,10 @@
 //! missing while later ones arrived is alerted on.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use forte_catalog::{format_utc, now_us, BatchKey, Fenced, InstanceRow, Role};
+use forte_catalog::{format_utc, now_us, BatchKey, Fenced, Gap, InstanceRow, Role};
 use forte_format::{Inventory, Outcome, Receipt, ReceiptFile, TrustedEdges};
 use parking_lot::Mutex;
 
@@ -19,7 +20,7 @@ use super::Delivery;
 pub struct CustodySettings<'a> {
     pub trusted: &'a TrustedEdges,
     pub receipt_key: Option<&'a forte_format::ReceiptKey>,
-    pub gap_after: std::time::Duration,
+    pub gap_after: Duration,
     /// Where delivered batches are kept, as receipts name it (`--to`).
     pub destination: String,
     /// Where gap alerts go besides standard error.
@@ -29,14 +30,41 @@ pub struct CustodySettings<'a> {
     /// When the delivered instances may next be read for gaps: a watching puller looks after
     /// every delivery and every idle second, and reading every instance each time grows with
     /// the catalogue.
-    pub(super) next_look: Mutex<Option<std::time::Instant>>,
+    pub(super) looks: Looks,
+}
+
+/// At most one look every so often: the first at once, the next `every` after it.
+pub(super) struct Looks {
+    every: Duration,
+    next: Mutex<Option<Instant>>,
+}
+
+impl Looks {
+    /// Looks for gaps alerted on after `gap_after`: every tenth of it, between one and ten
+    /// seconds, so an alert comes at most a tenth late.
+    fn for_gaps(gap_after: Duration) -> Self {
+        Self {
+            every: (gap_after / 10).clamp(Duration::from_secs(1), Duration::from_secs(10)),
+            next: Mutex::default(),
+        }
+    }
+
+    /// Whether a look is due at `now` (and then the next one is `every` later).
+    fn due(&self, now: Instant) -> bool {
+        let mut next = self.next.lock();
+        if next.is_some_and(|next| now < next) {
+            return false;
+        }
+        *next = Some(now + self.every);
+        true
+    }
 }
 
 impl<'a> CustodySettings<'a> {
     pub fn new(
         trusted: &'a TrustedEdges,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
-        gap_after: std::time::Duration,
+        gap_after: Duration,
         (destination, failures): (String, crate::hook::Failures),
     ) -> Self {
         Self {
@@ -46,7 +74,7 @@ impl<'a> CustodySettings<'a> {
             destination,
             failures,
             alerted: Mutex::default(),
-            next_look: Mutex::default(),
+            looks: Looks::for_gaps(gap_after),
         }
     }
 }
@@ -229,28 +257,25 @@ impl Delivery<'_> {
         let Some(custody) = &self.custody else {
             return;
         };
-        let now = std::time::Instant::now();
-        {
-            let mut next = custody.next_look.lock();
-            if next.is_some_and(|next| now < next) {
-                return;
-            }
-            // A tenth of the alert's delay, between one and ten seconds.
-            let every = (custody.gap_after / 10).clamp(
-                std::time::Duration::from_secs(1),
-                std::time::Duration::from_secs(10),
-            );
-            *next = Some(now + every);
+        if !custody.looks.due(Instant::now()) {
+            return;
         }
         let older_than = custody.gap_after.as_micros() as i64;
         let Ok(gaps) = self.catalog.sequence_gaps(older_than) else {
             return;
         };
-        let mut alerted = custody.alerted.lock();
-        for gap in gaps {
-            if !alerted.insert((gap.site.clone(), gap.first, gap.last)) {
-                continue;
-            }
+        for (site, error) in alerts(&mut custody.alerted.lock(), gaps) {
+            custody.failures.report(&site, None, &error);
+        }
+    }
+}
+
+/// The alert (site, text) of each of `gaps` not in `alerted` yet, which then holds it: each
+/// gap is alerted on once, and again only if it grows.
+fn alerts(alerted: &mut HashSet<(String, i64, i64)>, gaps: Vec<Gap>) -> Vec<(String, String)> {
+    gaps.into_iter()
+        .filter(|gap| alerted.insert((gap.site.clone(), gap.first, gap.last)))
+        .map(|gap| {
             let numbers = if gap.first == gap.last {
                 format!("batch sequence number {} is", gap.first)
             } else {
@@ -262,9 +287,9 @@ impl Delivery<'_> {
                 gap.after,
                 format_utc(gap.since)
             );
-            custody.failures.report(&gap.site, None, &error);
-        }
-    }
+            (gap.site, error)
+        })
+        .collect()
 }
 
 /// Refuses a batch unless it may be filed under `listed_site`, the site the relay lists it
@@ -332,6 +357,57 @@ mod tests {
             "{:#}",
             check_signed_site(trusted, inventory, listed).unwrap_err()
         )
+    }
+
+    /// Gaps are looked for at once, then every tenth of the alert's delay (one to ten
+    /// seconds), not at every idle second of a watching puller.
+    #[test]
+    fn gaps_are_looked_for_every_tenth_of_the_alerts_delay() {
+        let secs = Duration::from_secs;
+        for (gap_after, every) in [
+            (secs(2), secs(1)),
+            (secs(60), secs(6)),
+            (secs(600), secs(10)),
+        ] {
+            let looks = Looks::for_gaps(gap_after);
+            assert_eq!(looks.every, every);
+            let t0 = Instant::now();
+            assert!(looks.due(t0), "the first look is at once");
+            assert!(!looks.due(t0 + every / 2));
+            assert!(!looks.due(t0 + every - Duration::from_nanos(1)));
+            assert!(looks.due(t0 + every));
+            assert!(!looks.due(t0 + every + every / 2));
+        }
+    }
+
+    /// A gap is alerted on once, and again only when it grows.
+    #[test]
+    fn each_gap_is_alerted_on_once() {
+        let gap = |first, last| Gap {
+            site: "site-a".into(),
+            first,
+            last,
+            after: last + 1,
+            since: 0,
+        };
+        let mut alerted = HashSet::new();
+        let first = alerts(&mut alerted, vec![gap(3, 3)]);
+        assert_eq!(first.len(), 1);
+        assert!(
+            first[0]
+                .1
+                .starts_with("site site-a: batch sequence number 3 is missing, though 4 arrived"),
+            "{}",
+            first[0].1
+        );
+        assert!(alerts(&mut alerted, vec![gap(3, 3)]).is_empty());
+        let grown = alerts(&mut alerted, vec![gap(3, 5)]);
+        assert_eq!(grown.len(), 1);
+        assert!(
+            grown[0].1.contains("numbers 3 to 5 are missing"),
+            "{}",
+            grown[0].1
+        );
     }
 
     #[test]

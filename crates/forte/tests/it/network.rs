@@ -500,6 +500,11 @@ fn a_puller_killed_after_the_relay_took_its_acknowledgement_learns_it_at_the_nex
         "UPDATE files SET state = 'delivered' WHERE state = 'acknowledged'",
     );
     assert_ne!(sqlite(&site.core_catalog, pending), "0");
+    // The acknowledgement given again carries the receipts the core signed the first time.
+    let receipts = site.relay.store.join("sites/site-a/receipts");
+    let signed = visible(&receipts);
+    assert_eq!(signed.len(), 3, "a receipt per batch");
+    std::fs::remove_dir_all(&receipts).unwrap();
     let out = ok(&site.pull());
     assert!(out.contains("nothing waiting"), "{out}");
     assert_eq!(
@@ -507,6 +512,7 @@ fn a_puller_killed_after_the_relay_took_its_acknowledgement_learns_it_at_the_nex
         "0",
         "the relay's acknowledgement was not learnt"
     );
+    assert_eq!(visible(&receipts), signed);
 }
 
 /// What is already at the second destination: an identical file (an earlier copy whose
