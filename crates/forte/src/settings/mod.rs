@@ -288,6 +288,8 @@ pub fn tasks(config: &Config, points: &[crate::tasks::Point]) -> Result<crate::t
         }
         let argv = match &t.command {
             file::CommandLine::Argv(argv) => argv.clone(),
+            // An empty line would run `sh -c ""`, which passes every batch.
+            file::CommandLine::Shell(line) if line.trim().is_empty() => Vec::new(),
             file::CommandLine::Shell(line) => vec!["sh".into(), "-c".into(), line.clone()],
         };
         if argv.first().is_none_or(|p| p.trim().is_empty()) {
@@ -330,6 +332,11 @@ pub fn tasks(config: &Config, points: &[crate::tasks::Point]) -> Result<crate::t
             retries: t.retries.unwrap_or(0),
             concurrency,
         });
+    }
+    if !tasks.is_empty() {
+        if let Some(warning) = crate::tasks::Supervision::here().warning() {
+            eprintln!("warning: {warning}");
+        }
     }
     Ok(crate::tasks::Tasks(tasks))
 }

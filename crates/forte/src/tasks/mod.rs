@@ -8,7 +8,7 @@
 //!
 //! A try passes with exit status 0. Exit status 1 refuses the data: the check will not change
 //! its mind, so it is not tried again. Anything else (another status, a signal, its timeout,
-//! which kills its whole process group) is the task failing, not the data: it is tried again
+//! which kills all its processes) is the task failing, not the data: it is tried again
 //! up to `retries` times, and refuses the batch after the last. A command that cannot start
 //! fails at once, naming the task and its command. Every try is recorded (`task_runs`), with
 //! how long it waited for one of the task's `concurrency` slots and how long it ran.
@@ -22,8 +22,8 @@
 //! | `FORTE_AT` | `edge`, `core` or `delivered` |
 //! | `FORTE_SITE` | the edge site that sent the batch (empty at the edge) |
 //! | `FORTE_BATCH` | the batch's name |
-//! | `FORTE_BATCH_DIR` | where the batch's files are now: its inbox directory at the edge, its landing directory for `core`, the destination for `delivered` |
-//! | `FORTE_FILES` | a file listing the batch's files, one path under `FORTE_BATCH_DIR` per line |
+//! | `FORTE_BATCH_DIR` | where the batch's files are now (every path here is absolute): its inbox directory at the edge, its landing directory for `core`, the destination for `delivered` |
+//! | `FORTE_FILES` | a file listing the batch's files: each path under `FORTE_BATCH_DIR` ended by a NUL byte (`xargs -0 < "$FORTE_FILES"`) |
 //! | `FORTE_FILE` | per file: the file's full path |
 //! | `FORTE_PATH` | per file: its path in the batch, as the edge had it |
 //! | `FORTE_SHA256` | per file: its SHA-256, verified at the core (empty at the edge, where it is not known yet) |
@@ -31,11 +31,13 @@
 //! | `FORTE_TRY` | 1 for the first try, 2 for the first retry, … |
 
 mod run;
+mod supervise;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use run::{check, Refusal, Subject, SubjectFile};
+pub use supervise::Supervision;
 
 /// Where on a batch's way a task runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

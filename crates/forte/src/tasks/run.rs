@@ -2,7 +2,7 @@
 //! once, each try timed, killed at its timeout, tried again when it crashed, and recorded.
 
 use std::io::Read;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use forte_catalog::{now_us, BatchKey, TaskOutcome, TaskRun};
 use parking_lot::Mutex;
 
+use super::supervise::Supervision;
 use super::{Per, Point, Task};
 use crate::record::{note, Catalog};
 
@@ -99,12 +100,13 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
 }
 
 /// The list of the subject's files for `FORTE_FILES` (outside its directory: the list is not
-/// part of the batch).
+/// part of the batch): each path under the batch's directory ended by a NUL byte, the one byte
+/// no path holds (a name may hold a newline).
 fn write_list(subject: &Subject<'_>) -> std::io::Result<()> {
     let text: String = subject
         .files
         .iter()
-        .map(|f| format!("{}\n", f.under_dir))
+        .map(|f| format!("{}\0", f.under_dir))
         .collect();
     std::fs::write(&subject.list, text)
 }
@@ -194,21 +196,21 @@ fn environment(
     file: Option<&SubjectFile>,
     try_number: u32,
 ) -> Vec<(&'static str, String)> {
+    // Absolute, whatever directory `pull` was started in: the task runs in its workdir.
+    let dir = std::path::absolute(subject.dir).unwrap_or_else(|_| subject.dir.to_path_buf());
+    let list = std::path::absolute(&subject.list).unwrap_or_else(|_| subject.list.clone());
     let mut env = vec![
         ("FORTE_TASK", task.name.clone()),
         ("FORTE_AT", subject.at.as_str().to_owned()),
         ("FORTE_SITE", subject.site.to_owned()),
         ("FORTE_BATCH", subject.batch.to_owned()),
-        ("FORTE_BATCH_DIR", subject.dir.display().to_string()),
-        ("FORTE_FILES", subject.list.display().to_string()),
+        ("FORTE_BATCH_DIR", dir.display().to_string()),
+        ("FORTE_FILES", list.display().to_string()),
         ("FORTE_TRY", try_number.to_string()),
     ];
     if let Some(f) = file {
         env.extend([
-            (
-                "FORTE_FILE",
-                subject.dir.join(&f.under_dir).display().to_string(),
-            ),
+            ("FORTE_FILE", dir.join(&f.under_dir).display().to_string()),
             ("FORTE_PATH", f.path.clone()),
             ("FORTE_SHA256", f.sha256.clone()),
             ("FORTE_SIZE", f.size.to_string()),
@@ -230,6 +232,9 @@ struct Tried {
 /// come sooner (1 ms, then doubling), so a quick task costs about its own time, not a whole
 /// interval (20 ms each, 40 s for 2 000 files, before).
 const POLL: Duration = Duration::from_millis(20);
+/// How long a try's output is waited for once its processes were killed: only a process that
+/// left its process group (without a PID namespace) can hold the pipe open longer.
+const OUTPUT_AFTER_END: Duration = Duration::from_secs(2);
 /// The end of a try's output that its reason quotes.
 const REASON_TAIL: usize = 1000;
 
@@ -258,9 +263,8 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
         .args(&task.argv[1..])
         .current_dir(&task.workdir)
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        // Its own process group: a timeout kills whatever it started too.
-        .process_group(0);
+        .stdin(Stdio::null());
+    Supervision::here().hold(&mut command);
     let spawned = writer
         .try_clone()
         .map(|out| command.stdout(out).stderr(writer))
@@ -272,32 +276,37 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
         Ok(child) => child,
         Err(e) => return cannot_start(e),
     };
-    let output = std::thread::spawn(move || {
+    let (output_to, output) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut output = Vec::new();
         let _ = reader.read_to_end(&mut output);
-        output
+        let _ = output_to.send(output);
     });
     let started = Instant::now();
     let mut timed_out = false;
     let mut poll = Duration::from_millis(1);
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Some(status),
-            Ok(None) if started.elapsed() >= task.timeout => {
+    loop {
+        match ended(&child) {
+            Ok(true) => break,
+            Ok(false) if started.elapsed() >= task.timeout => {
                 timed_out = true;
-                // SAFETY: kill(2) on the process group the child leads; no memory involved.
-                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-                break child.wait().ok();
+                break;
             }
-            Ok(None) => {
+            Ok(false) => {
                 std::thread::sleep(poll);
                 poll = (poll * 2).min(POLL);
             }
-            Err(_) => break None,
+            Err(_) => break,
         }
-    };
-    // A grandchild left running holds the pipe open: after a timeout, the kill took it too.
-    let output = output.join().unwrap_or_default();
+    }
+    // Whatever the try left in its group goes with it (with a PID namespace, all of it went
+    // when its process 1 ended): killed before the first process is reaped, while its pid
+    // still names the group.
+    // SAFETY: kill(2) on the process group the child leads; no memory involved.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let status = child.wait().ok();
+    // Only a process that left the group can still hold the pipe: its output is not waited for.
+    let output = output.recv_timeout(OUTPUT_AFTER_END).unwrap_or_default();
     let (outcome, exit) = match status {
         _ if timed_out => (
             TaskOutcome::TimedOut,
@@ -313,6 +322,19 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
         reason,
         output,
     }
+}
+
+/// Whether the child has ended, without reaping it: its pid, and so its process group's id,
+/// stays its own until it is waited for.
+fn ended(child: &std::process::Child) -> std::io::Result<bool> {
+    // SAFETY: waitid fills the siginfo we own.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+    if unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: si_pid is set by waitid (0 while the child runs).
+    Ok(unsafe { info.si_pid() } != 0)
 }
 
 /// A finished try's outcome and its exit in words.

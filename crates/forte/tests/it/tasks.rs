@@ -482,3 +482,125 @@ exit 0"#;
     let status = site.status(&site.core_catalog, &[]);
     assert!(status.contains("task tamper changed the batch"), "{status}");
 }
+
+/// Processes whose command line holds `marker` (a number no other process uses).
+fn processes_with(marker: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            cmdline
+                .contains(marker)
+                .then(|| format!("{}: {cmdline}", e.file_name().to_string_lossy()))
+        })
+        .collect()
+}
+
+/// A task that leaves a background job and a detached (`setsid`) one holding its output pipe
+/// ends when its first process does: the pull does not wait for them, and nothing of the
+/// task is left running after it.
+#[test]
+fn nothing_a_task_starts_outlives_its_try() {
+    let site = Site::new();
+    three_batches(&site);
+    let script = "sleep 1001.25 & setsid sleep 1001.75 & echo started; exit 0";
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"leaves\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\ntimeout = \"3s\"\n"),
+    );
+    ok(&site.send(&["-q"]));
+    let started = std::time::Instant::now();
+    ok(&pull_with(&site, &config));
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+    assert_eq!(batches_in(&site.root.join("dest")).len(), 3);
+    assert!(
+        wait_for(10, || processes_with("1001.").is_empty()),
+        "left running: {:?}",
+        processes_with("1001.")
+    );
+}
+
+/// A puller killed with `kill -9` while its task runs takes the task with it, and what the
+/// task started, detached or not.
+#[test]
+fn a_task_dies_with_its_puller_whatever_kills_it() {
+    let site = Site::new();
+    three_batches(&site);
+    let script = "setsid sleep 1002.75 & sleep 1002.25";
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"long\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\ntimeout = \"10m\"\n"),
+    );
+    ok(&site.send(&["-q"]));
+    let mut puller = spawn_logged(&pull_with(&site, &config), &site.root.join("pull.log"));
+    assert!(
+        wait_for(60, || processes_with("1002.").len() >= 2),
+        "the task never started: {:?}",
+        processes_with("1002.")
+    );
+    kill(&mut puller);
+    assert!(
+        wait_for(10, || processes_with("1002.").is_empty()),
+        "outlived the puller: {:?}",
+        processes_with("1002.")
+    );
+}
+
+/// A task's paths are absolute whatever directory `pull` started in (here: `--to dest`, from
+/// the site's directory, with the task running in another), and its file list holds each name
+/// whole, a newline inside one included.
+#[test]
+fn a_task_gets_absolute_paths_and_a_nul_separated_file_list() {
+    let site = Site::new();
+    let batch = site.root.join("inbox/odd");
+    write(&batch.join("plain.dat"), b"plain\n");
+    write(&batch.join("a\n/etc/passwd"), b"a name with a newline\n");
+    write(&batch.join(".ready"), b"");
+    let seen = site.root.join("seen");
+    let script = format!(
+        r#"case "$FORTE_BATCH_DIR$FORTE_FILES" in /*) ;; *) exit 1 ;; esac
+cd "$FORTE_BATCH_DIR" && xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"' < "$FORTE_FILES" > {seen}"#,
+        seen = seen.display()
+    );
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"list\"\nat = \"core\"\nper = \"batch\"\nworkdir = \"/\"\ncommand = {script:?}\n"),
+    );
+    ok(&site.send(&["-q"]));
+    let mut pull = pull_with(&site, &config);
+    let to = pull.iter().position(|a| a == "--to").unwrap() + 1;
+    pull[to] = "dest".into();
+    let out = forte()
+        .args(&pull)
+        .current_dir(&site.root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = std::fs::read_to_string(&seen).unwrap();
+    let mut names: Vec<&str> = listed.split_terminator('\0').collect();
+    names.sort();
+    assert_eq!(names, ["site-a/odd/a\n/etc/passwd", "site-a/odd/plain.dat"]);
+    assert_eq!(batches_in(&site.root.join("dest")), ["odd"]);
+}
+
+/// An empty command would pass every batch: it is refused when the configuration is read.
+#[test]
+fn an_empty_task_command_is_refused() {
+    let site = Site::new();
+    let config = config_with(
+        &site,
+        "[[task]]\nname = \"none\"\nat = \"core\"\ncommand = \"\"\n",
+    );
+    let stderr = fails(&pull_with(&site, &config));
+    assert!(
+        stderr.contains("[[task]] none has an empty command"),
+        "{stderr}"
+    );
+}
