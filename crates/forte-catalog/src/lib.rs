@@ -100,8 +100,11 @@ impl Drop for Catalog {
 }
 
 impl Catalog {
-    /// Opens (creating if needed) the catalogue at `url`: `postgres://…`, `sqlite://PATH`, or a
-    /// plain file path for SQLite. Applies pending migrations.
+    /// Opens the catalogue at `url`: `postgres://…`, `sqlite://PATH`, or a plain file path for
+    /// SQLite (the file is created, its directory must exist: a mistyped one is an error, not a
+    /// new empty catalogue). Applies pending migrations. A catalogue that cannot be used (not
+    /// a database, read-only, unreachable, wrong credentials) fails within [`OPEN_WITHIN`],
+    /// with one line that names it and says what to do.
     pub fn open(url: &str) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let url = if url.contains("://") {
@@ -109,9 +112,13 @@ impl Catalog {
         } else {
             let path = Path::new(url);
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| {
-                    format!("cannot create the catalogue's directory {}", dir.display())
-                })?;
+                if !dir.is_dir() {
+                    anyhow::bail!(
+                        "cannot open the catalogue {}: its directory {} does not exist; create it, or give --catalog another path",
+                        path.display(),
+                        dir.display()
+                    );
+                }
             }
             format!("sqlite://{}?mode=rwc", path.display())
         };
@@ -123,6 +130,7 @@ impl Catalog {
                 .context("starting the catalogue's runtime")?,
         );
         let shown = redact(&url);
+        runtime.block_on(probe(&url, &shown))?;
         let pool = runtime
             .block_on(
                 AnyPoolOptions::new()
@@ -257,6 +265,61 @@ pub(crate) fn is_postgres(url: &str) -> bool {
 }
 
 /// A URL with any password replaced, safe to print.
+/// How long opening a catalogue may take before it is refused.
+pub const OPEN_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// One connection to the catalogue, and one statement that needs to write (SQLite) or a
+/// round trip (PostgreSQL), within [`OPEN_WITHIN`]: what makes the pool's connections fail is
+/// said once, plainly, before the pool retries it for seconds.
+async fn probe(url: &str, shown: &str) -> Result<()> {
+    use sqlx::Connection;
+    let tried = tokio::time::timeout(OPEN_WITHIN, async {
+        let mut conn = sqlx::AnyConnection::connect(url).await?;
+        if conn.backend_name() == "SQLite" {
+            conn.execute("PRAGMA journal_mode = WAL").await?;
+        } else {
+            conn.execute("SELECT 1").await?;
+        }
+        conn.close().await
+    })
+    .await;
+    match tried {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(anyhow::anyhow!("cannot open the catalogue {shown}: {}", explain(&e))),
+        Err(_) => Err(anyhow::anyhow!(
+            "cannot open the catalogue {shown}: no answer within {} s; check that the server is up and reachable, or give --catalog another catalogue",
+            OPEN_WITHIN.as_secs()
+        )),
+    }
+}
+
+/// What a failed connection means, and what to do about it.
+fn explain(e: &sqlx::Error) -> String {
+    let text = e.to_string();
+    let code = e
+        .as_database_error()
+        .and_then(|d| d.code().map(|c| c.into_owned()));
+    match code.as_deref() {
+        Some("28P01") | Some("28000") => {
+            return format!("the server refused the user or password ({text}); fix them in the URL")
+        }
+        Some("3D000") => return format!("{text}; create the database, or fix its name in the URL"),
+        _ => {}
+    }
+    if text.contains("file is not a database") {
+        format!("it is not a SQLite database ({text}); give --catalog a new file, or move that one away")
+    } else if text.contains("readonly") || text.contains("read-only") {
+        format!("it is read-only ({text}); forte writes its catalogue: fix its permissions, or give --catalog another file")
+    } else if text.contains("unable to open database file") {
+        format!("{text}: the file cannot be created or opened there; check the path and its permissions")
+    } else if matches!(e, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::ConnectionRefused)
+    {
+        format!("nothing answers there ({text}); start the database server, or fix the host and port in the URL")
+    } else {
+        text
+    }
+}
+
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {

@@ -87,7 +87,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FORTE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // sqlx logs what the catalogue's own errors say better, once (FORTE_LOG shows it).
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=off")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

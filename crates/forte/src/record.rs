@@ -7,13 +7,25 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 pub use forte_catalog::Catalog;
 use forte_catalog::{BatchKey, Role, Task};
 
 /// Opens the catalogue the user named, or the default SQLite file.
 pub fn open(url: Option<String>) -> Result<Catalog> {
-    let url = url.unwrap_or_else(|| default_path().display().to_string());
+    let url = match url {
+        Some(url) => url,
+        // The default location is made on first use; a path the user gave must exist.
+        None => {
+            let path = default_path();
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("cannot create the catalogue's directory {}", dir.display())
+                })?;
+            }
+            path.display().to_string()
+        }
+    };
     Catalog::open(&url)
 }
 

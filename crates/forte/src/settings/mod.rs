@@ -183,12 +183,12 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
         None => {}
     }
     if let Some(cpu) = flags.cpu.or(c.cpu) {
-        p.cpu = cpu.max(1);
+        p.cpu = at_least_one("--cpu (prepare.cpu)", cpu)?;
         p.parts_in_flight = p.cpu + 4;
         p.sink = Gate::fixed(p.cpu.max(2));
     }
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
-        p.parts_in_flight = n.max(1);
+        p.parts_in_flight = at_least_one("--parts-in-flight (prepare.parts_in_flight)", n)?;
     }
     p.scheduling = scheduling(flags.scheduler, config)?;
     let mut bundle = BundleLimits::DEFAULT;
@@ -203,6 +203,15 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
         prepare: p,
         bundle,
     })
+}
+
+/// `n`, refused when 0 (which silently meant 1 before): a setting of 0 is a typo or a
+/// misunderstanding, not a wish.
+fn at_least_one(setting: &str, n: usize) -> Result<usize> {
+    if n == 0 {
+        bail!("{setting} is 0: give 1 or more, or leave it out for the default");
+    }
+    Ok(n)
 }
 
 pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
@@ -223,11 +232,11 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     }
     let mut restore = RestoreConfig::for_this_machine();
     if let Some(cpu) = flags.cpu.or(config.prepare.cpu) {
-        restore.cpu = cpu.max(1);
+        restore.cpu = at_least_one("--cpu (prepare.cpu)", cpu)?;
         restore.parts_in_flight = restore.cpu + 4;
     }
     if let Some(writers) = flags.writers {
-        restore.writers = writers.max(1);
+        restore.writers = at_least_one("--writers", writers)?;
     }
     restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {

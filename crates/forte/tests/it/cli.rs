@@ -284,3 +284,84 @@ fn bench_compress_prints_the_sweep_a_recommendation_and_a_chart() {
     let err = fails(&args!["bench", "compress", dir.path().join("missing")]);
     assert!(err.contains("missing"), "{err}");
 }
+
+/// A catalogue that cannot be used fails at once with one line that names it and says what
+/// to do, and no raw library log: a file that is not a database, a directory that does not
+/// exist (never created: a typo must not become a new, empty catalogue), a server that does
+/// not answer, and (with PostgreSQL) wrong credentials.
+#[test]
+fn an_unusable_catalogue_fails_at_once_with_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_db = dir.path().join("notes.txt");
+    write(
+        &not_a_db,
+        b"not a database at all, but long enough to be read as a header\n",
+    );
+    let missing = dir.path().join("typo/catalog.sqlite");
+    let refused = format!("postgres://forte:x@{}/forte", free_port_addr());
+    let mut cases = vec![
+        (
+            not_a_db.display().to_string(),
+            "it is not a SQLite database",
+        ),
+        (missing.display().to_string(), "does not exist; create it"),
+        (refused, "nothing answers there"),
+    ];
+    match std::env::var("FORTE_TEST_POSTGRES") {
+        Ok(url) => {
+            let (_, rest) = url.split_once('@').unwrap();
+            cases.push((
+                format!("postgres://forte:wrong-password@{rest}"),
+                "refused the user or password",
+            ));
+        }
+        Err(_) if std::env::var("CI").is_ok() => {
+            panic!("FORTE_TEST_POSTGRES is not set: CI must run the PostgreSQL tests")
+        }
+        Err(_) => eprintln!("SKIPPED (wrong credentials only): set FORTE_TEST_POSTGRES"),
+    }
+    for (catalog, says) in cases {
+        let started = std::time::Instant::now();
+        let stderr = fails(&args!["--catalog", &catalog, "status"]);
+        let took = started.elapsed();
+        assert!(stderr.contains(says), "{catalog}: {stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{catalog}: {stderr}");
+        assert!(!stderr.contains("sqlx"), "{catalog}: {stderr}");
+        assert!(
+            took < std::time::Duration::from_secs(10),
+            "{catalog}: {took:?}"
+        );
+    }
+    assert!(
+        !missing.parent().unwrap().exists(),
+        "the mistyped directory was created"
+    );
+}
+
+/// A numeric setting of 0 is refused when read, not silently taken as 1.
+#[test]
+fn a_cpu_budget_of_zero_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = fails(&args![
+        "pack",
+        dir.path(),
+        "--to",
+        dir.path().join("out"),
+        "--recipient",
+        "core.pub",
+        "--sign",
+        "edge.key",
+        "--cpu",
+        "0"
+    ]);
+    assert!(
+        stderr.contains("--cpu (prepare.cpu) is 0: give 1 or more"),
+        "{stderr}"
+    );
+}
+
+/// An address nothing listens on.
+fn free_port_addr() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
