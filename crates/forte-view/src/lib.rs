@@ -95,6 +95,7 @@ fn router(view: View, access: Access) -> Router {
 pub fn start(addr: SocketAddr, access: Access, view: View) -> Result<SocketAddr> {
     let listener = bind(addr)?;
     let bound = listener.local_addr()?;
+    let access = bound_to(access, bound);
     std::thread::Builder::new()
         .name("forte-http".into())
         .spawn(move || {
@@ -115,8 +116,26 @@ pub fn run(
     on_bound: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     let listener = bind(addr)?;
-    on_bound(listener.local_addr()?);
+    let bound = listener.local_addr()?;
+    let access = bound_to(access, bound);
+    on_bound(bound);
     serve(listener, access, view)
+}
+
+/// `access` for a server bound to `bound`, warning when that is reachable from other hosts.
+fn bound_to(mut access: Access, bound: SocketAddr) -> Access {
+    if !bound.ip().to_canonical().is_loopback() {
+        let who = if access.token.is_some() {
+            "hosts that send the token of --http-token-file"
+        } else {
+            "no other host (no --http-token-file), but it listens there"
+        };
+        eprintln!(
+            "warning: the dashboard, API and metrics are served on {bound}, reachable beyond this machine: readable by this machine and {who}"
+        );
+    }
+    access.bound = Some(bound);
+    access
 }
 
 fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {

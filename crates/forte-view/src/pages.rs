@@ -58,10 +58,9 @@ fn asset(kind: &'static str, body: &'static str) -> Response {
         .into_response()
 }
 
-/// The page's token (`?token=`), kept on every link it renders.
+/// A page's filters. (A `?token=` never reaches a page: `access` exchanges it for a cookie.)
 #[derive(Debug, Default, Deserialize, Clone)]
 struct PageParams {
-    token: Option<String>,
     name: Option<String>,
     state: Option<String>,
     role: Option<String>,
@@ -77,29 +76,13 @@ const WITHIN: [(&str, &str, i64); 4] = [
     ("30d", "last 30 days", 30 * 86_400),
 ];
 
-/// Renders links that keep the page's token.
-struct Links<'a> {
-    token: Option<&'a str>,
-}
+/// Renders links to the view's pages, escaped for an attribute.
+struct Links;
 
-impl<'a> Links<'a> {
-    /// Links that keep `token`, if the page was given one.
-    fn of(token: &'a Option<String>) -> Self {
-        Self {
-            token: token.as_deref(),
-        }
-    }
-
-    /// `path` with the token, escaped for an attribute.
+impl Links {
+    /// `path`, escaped for an attribute.
     fn to(&self, path: &str) -> String {
-        let with = match self.token {
-            Some(token) => {
-                let sep = if path.contains('?') { '&' } else { '?' };
-                format!("{path}{sep}token={}", escape_query(token))
-            }
-            None => path.to_owned(),
-        };
-        escape(&with)
+        escape(path)
     }
 
     fn batch(&self, key: &str) -> String {
@@ -128,7 +111,7 @@ pub(crate) fn escape(text: &str) -> String {
 }
 
 /// Percent-encodes what is not unreserved in a query value.
-fn escape_query(text: &str) -> String {
+pub(crate) fn escape_query(text: &str) -> String {
     let mut out = String::new();
     for b in text.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
@@ -174,7 +157,7 @@ pub(crate) fn unescape_query(text: &str) -> String {
 }
 
 /// The whole page around `body`; `live` is the event stream that keeps it current, if any.
-fn page(title: &str, links: &Links<'_>, live: Option<&str>, body: &str) -> Html<String> {
+fn page(title: &str, links: &Links, live: Option<&str>, body: &str) -> Html<String> {
     let live_attr = live
         .map(|l| format!(" data-live=\"{}\"", links.to(l)))
         .unwrap_or_default();
@@ -267,7 +250,7 @@ fn alerts(alerts: &[Alert]) -> String {
     html
 }
 
-fn in_flight(batches: &[Batch], links: &Links<'_>) -> String {
+fn in_flight(batches: &[Batch], links: &Links) -> String {
     if batches.is_empty() {
         return "<p class=\"muted\">Nothing in flight.</p>".into();
     }
@@ -367,7 +350,7 @@ fn stages(stages: &[StageView], queue: Option<&QueueView>) -> String {
     html
 }
 
-fn failures(failures: &[FailureView], links: &Links<'_>) -> String {
+fn failures(failures: &[FailureView], links: &Links) -> String {
     if failures.is_empty() {
         return "<p class=\"muted\">No failures recorded.</p>".into();
     }
@@ -399,7 +382,7 @@ fn failures(failures: &[FailureView], links: &Links<'_>) -> String {
     html
 }
 
-fn batch_table(batches: &[Batch], links: &Links<'_>) -> String {
+fn batch_table(batches: &[Batch], links: &Links) -> String {
     if batches.is_empty() {
         return "<p class=\"muted\">No batches.</p>".into();
     }
@@ -433,7 +416,7 @@ fn batch_table(batches: &[Batch], links: &Links<'_>) -> String {
     html
 }
 
-fn file_table(files: &[File], links: &Links<'_>) -> String {
+fn file_table(files: &[File], links: &Links) -> String {
     if files.is_empty() {
         return "<p class=\"muted\">No files.</p>".into();
     }
@@ -474,7 +457,7 @@ fn state_text(f: &File) -> String {
 }
 
 /// The overview's sections by element id: the page renders them, and so does each event.
-fn overview_sections(o: &Overview, links: &Links<'_>) -> Vec<(&'static str, String)> {
+fn overview_sections(o: &Overview, links: &Links) -> Vec<(&'static str, String)> {
     vec![
         ("totals", totals(&o.totals)),
         ("alerts", alerts(&o.alerts)),
@@ -495,17 +478,8 @@ fn section_event(sections: Vec<(&'static str, String)>) -> String {
     serde_json::Value::Object(map).to_string()
 }
 
-fn search_form(params: &PageParams, links: &Links<'_>) -> String {
+fn search_form(params: &PageParams) -> String {
     let value = |v: &Option<String>| escape(v.as_deref().unwrap_or(""));
-    let token = links
-        .token
-        .map(|t| {
-            format!(
-                "<input type=\"hidden\" name=\"token\" value=\"{}\">",
-                escape(t)
-            )
-        })
-        .unwrap_or_default();
     let within: String = WITHIN
         .iter()
         .map(|(name, label, _)| {
@@ -518,7 +492,7 @@ fn search_form(params: &PageParams, links: &Links<'_>) -> String {
         })
         .collect();
     format!(
-        "<form class=\"search\" action=\"/history\" method=\"get\">{token}\
+        "<form class=\"search\" action=\"/history\" method=\"get\">\
          <label>name <input name=\"name\" value=\"{}\" placeholder=\"batch or file name\"></label> \
          <label>state <input name=\"state\" value=\"{}\" placeholder=\"e.g. failed\" size=\"10\"></label> \
          <label>node <select name=\"role\"><option value=\"\">any</option>\
@@ -532,11 +506,8 @@ fn search_form(params: &PageParams, links: &Links<'_>) -> String {
     )
 }
 
-async fn overview(
-    State(view): State<Shared>,
-    ApiQuery(params): ApiQuery<PageParams>,
-) -> Result<Html<String>, ApiError> {
-    let links = Links::of(&params.token);
+async fn overview(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
+    let links = Links;
     let o = api::read_overview(&view).await?;
     let mut body = String::new();
     let titles = [
@@ -556,7 +527,7 @@ async fn overview(
                  alt=\"CPU, memory, disk and network utilisation over the last hour\" src=\"{}\">",
                 links.to("/api/v1/charts/utilisation.svg")
             );
-            body.push_str(&search_form(&PageParams::default(), &links));
+            body.push_str(&search_form(&PageParams::default()));
         }
         if !title.is_empty() {
             let _ = write!(body, "<h2>{title}</h2>");
@@ -567,17 +538,11 @@ async fn overview(
     Ok(page(&title, &links, Some("/live/overview"), &body))
 }
 
-async fn live_overview(
-    State(view): State<Shared>,
-    ApiQuery(params): ApiQuery<PageParams>,
-) -> Response {
-    api::every_tick(view, "sections", move |view| {
-        let token = params.token.clone();
-        async move {
-            let o = api::read_overview(&view).await?;
-            let links = Links::of(&token);
-            Ok(section_event(overview_sections(&o, &links)))
-        }
+async fn live_overview(State(view): State<Shared>) -> Response {
+    api::every_tick(view, "sections", move |view| async move {
+        let o = api::read_overview(&view).await?;
+        let links = Links;
+        Ok(section_event(overview_sections(&o, &links)))
     })
     .into_response()
 }
@@ -586,7 +551,7 @@ async fn history(
     State(view): State<Shared>,
     ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links::of(&params.token);
+    let links = Links;
     let since_us = WITHIN
         .iter()
         .find(|(name, _, _)| params.within.as_deref() == Some(*name))
@@ -601,7 +566,7 @@ async fn history(
     };
     let batch_filter = api_params.filter(api::batch_state);
     let file_filter = api_params.filter(api::file_state);
-    let mut body = search_form(&params, &links);
+    let mut body = search_form(&params);
     match batch_filter {
         Ok(filter) => {
             let batches = api::read(&view, move |v| {
@@ -640,7 +605,7 @@ async fn history(
     Ok(page("History", &links, None, &body))
 }
 
-fn batch_sections(d: &BatchDetail, links: &Links<'_>) -> Vec<(&'static str, String)> {
+fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<(&'static str, String)> {
     let b = &d.batch;
     let mut summary = format!(
         "<dl class=\"facts\"><dt>state</dt><dd class=\"state {state}\">{state}</dd>\
@@ -699,9 +664,8 @@ async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
 async fn batch(
     State(view): State<Shared>,
     Path(key): Path<String>,
-    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links::of(&params.token);
+    let links = Links;
     let d = read_batch(&view, &key).await?;
     let mut body = String::new();
     let titles = ["", "Stages", "Files", "Failures"];
@@ -731,17 +695,12 @@ async fn batch(
     Ok(page(&title, &links, Some(&live), &body))
 }
 
-async fn live_batch(
-    State(view): State<Shared>,
-    Path(key): Path<String>,
-    ApiQuery(params): ApiQuery<PageParams>,
-) -> Response {
+async fn live_batch(State(view): State<Shared>, Path(key): Path<String>) -> Response {
     api::every_tick(view, "sections", move |view| {
-        let token = params.token.clone();
         let key = key.clone();
         async move {
             let d = read_batch(&view, &key).await?;
-            let links = Links::of(&token);
+            let links = Links;
             Ok(section_event(batch_sections(&d, &links)))
         }
     })
@@ -751,9 +710,8 @@ async fn live_batch(
 async fn file(
     State(view): State<Shared>,
     Path(object_id): Path<String>,
-    ApiQuery(params): ApiQuery<PageParams>,
 ) -> Result<Html<String>, ApiError> {
-    let links = Links::of(&params.token);
+    let links = Links;
     let id = object_id.clone();
     let lineage: Lineage = api::read(&view, move |v| Lineage::read(&v.catalogs, &id)).await?;
     let Some(first) = lineage.files.first() else {
@@ -804,11 +762,8 @@ async fn file(
     Ok(page(&format!("File {}", first.path), &links, None, &body))
 }
 
-async fn report(
-    State(view): State<Shared>,
-    ApiQuery(params): ApiQuery<PageParams>,
-) -> Result<Html<String>, ApiError> {
-    let links = Links::of(&params.token);
+async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
+    let links = Links;
     let batches = api::read(&view, api::report).await?;
     let mut body = String::new();
     match kpi::run(&batches) {

@@ -50,6 +50,7 @@
 //! [http]                         # the dashboard, JSON API and metrics (send, pull, relay, dashboard)
 //! listen = "127.0.0.1:8080"
 //! token_file = "keys/http.token" # other hosts must send it (Authorization: Bearer); without it, loopback only
+//! names = ["forte.mine.example"] # host names it is reached by (its addresses always are)
 //!
 //! [s3]                           # buckets (relay --store, pull --copy-to s3://…);
 //! endpoint = "http://s3.local:7070"  # each key unset here comes from AWS_ENDPOINT_URL,
@@ -141,6 +142,8 @@ pub enum CommandLine {
 pub struct HttpSection {
     pub listen: Option<std::net::SocketAddr>,
     pub token_file: Option<PathBuf>,
+    #[serde(default)]
+    pub names: Vec<String>,
 }
 
 /// Where the S3 server is and its keys; each unset one comes from the environment.

@@ -94,6 +94,11 @@ pub struct HttpFlags {
     /// [config: http.token_file].
     #[arg(long, value_name = "FILE")]
     pub(super) http_token_file: Option<PathBuf>,
+    /// A host name the dashboard is reached by (repeatable) [config: http.names]: requests
+    /// naming another host are refused (against DNS rebinding); its addresses, and
+    /// localhost when it serves loopback, are always answered.
+    #[arg(long, value_name = "NAME")]
+    pub(super) http_name: Vec<String>,
 }
 
 /// Where the relay is and how to trust it; `send` and `pull`.

@@ -463,7 +463,12 @@ pub fn http(
         }
         None => None,
     };
-    Ok(Some((addr, forte_view::Access { token })))
+    let names = if flags.http_name.is_empty() {
+        config.http.names.clone()
+    } else {
+        flags.http_name.clone()
+    };
+    Ok(Some((addr, forte_view::Access::new(token, names))))
 }
 
 /// `send`'s uploads in flight: the `--connections` flag if given, else `send.connections`,

@@ -249,12 +249,33 @@ fn another_host_is_refused_without_the_token_and_served_with_it() {
     assert_eq!(wrong.0, 401, "{}", wrong.1);
     let right = ["Authorization: Bearer a-long-random-token"];
     assert_eq!(http_get(&from_there, "/api/v1", &right).unwrap().0, 200);
-    let page = http_get(&from_there, "/?token=a-long-random-token", &[]).unwrap();
-    assert_eq!(page.0, 200);
+    // In a browser's address, the token is exchanged once for a cookie (HttpOnly,
+    // SameSite=Strict) and the page reloaded without it: not copied into links or history.
+    let head = http_head(
+        &from_there,
+        "/history?name=x&token=a-long-random-token",
+        &[],
+    )
+    .unwrap();
     assert!(
-        page.1.contains("/history?token=a-long-random-token"),
-        "links keep the token"
+        head.starts_with("HTTP/1.0 303") || head.starts_with("HTTP/1.1 303"),
+        "{head}"
     );
+    assert!(head.contains("location: /history?name=x"), "{head}");
+    assert!(
+        head.contains(
+            "set-cookie: forte_token=a-long-random-token; HttpOnly; SameSite=Strict; Path=/"
+        ),
+        "{head}"
+    );
+    let page = http_get(
+        &from_there,
+        "/",
+        &["Cookie: forte_token=a-long-random-token"],
+    )
+    .unwrap();
+    assert_eq!(page.0, 200);
+    assert!(!page.1.contains("token="), "links carry no token");
     // A bad token file is named.
     let empty = dir.path().join("empty.token");
     write(&empty, b"\n");
@@ -517,4 +538,47 @@ fn the_relay_serves_its_metrics_and_the_api_on_http() {
     let (status, page) = http_get(&addr, "/", &[]).unwrap();
     assert_eq!(status, 200);
     assert!(page.contains("relay overview"), "{page}");
+}
+
+/// Against DNS rebinding, a request naming another host is refused (a page elsewhere that
+/// rebinds its own name to 127.0.0.1); the server's addresses, localhost and the names given
+/// by --http-name are answered. Served on [::], an IPv4 client on this machine (::ffff:127.0.0.1)
+/// is this machine; the start warns that [::] is reachable beyond it.
+#[test]
+fn the_dashboard_answers_only_to_its_own_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    let port = free_addr().rsplit_once(':').unwrap().1.to_owned();
+    let log = dir.path().join("dashboard.log");
+    let _dashboard = spawn_logged(
+        &args![
+            "--catalog",
+            &catalog,
+            "dashboard",
+            "--http",
+            format!("[::]:{port}"),
+            "--http-name",
+            "forte.mine.example"
+        ],
+        &log,
+    );
+    let here = format!("127.0.0.1:{port}");
+    assert!(wait_for(20, || http_get(&here, "/api/v1", &[]).is_some()));
+    assert_eq!(
+        http_get(&here, "/api/v1/batches", &[]).unwrap().0,
+        200,
+        "IPv4-mapped loopback"
+    );
+    for (host, status) in [
+        ("localhost", 200),
+        ("127.0.0.1", 200),
+        ("forte.mine.example", 200),
+        ("attacker.example", 421),
+        ("localhost.attacker.example", 421),
+    ] {
+        let answer = http_get_as(&here, host, "/api/v1/batches").unwrap();
+        assert_eq!(answer.0, status, "Host: {host}: {}", answer.1);
+    }
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(said.contains("reachable beyond this machine"), "{said}");
 }

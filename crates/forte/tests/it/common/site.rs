@@ -388,9 +388,27 @@ pub fn free_addr() -> String {
 /// `GET path` at `addr` (HTTP/1.0, with `headers`, each `Name: value`): the status and the
 /// body; `None` while nothing answers there.
 pub fn http_get(addr: &str, path: &str, headers: &[&str]) -> Option<(u16, String)> {
+    let (head, body) = http_exchange(addr, "localhost", path, headers)?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body))
+}
+
+/// [`http_get`] naming `host` in its `Host` header.
+pub fn http_get_as(addr: &str, host: &str, path: &str) -> Option<(u16, String)> {
+    let (head, body) = http_exchange(addr, host, path, &[])?;
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, body))
+}
+
+/// The head of the answer to `GET path` (status line and headers, lower-cased names).
+pub fn http_head(addr: &str, path: &str, headers: &[&str]) -> Option<String> {
+    http_exchange(addr, "localhost", path, headers).map(|(head, _)| head)
+}
+
+fn http_exchange(addr: &str, host: &str, path: &str, headers: &[&str]) -> Option<(String, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    let mut request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n");
     for h in headers {
         request.push_str(h);
         request.push_str("\r\n");
@@ -400,8 +418,7 @@ pub fn http_get(addr: &str, path: &str, headers: &[&str]) -> Option<(u16, String
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, body.to_owned()))
+    Some((head.to_owned(), body.to_owned()))
 }
 
 /// `GET /metrics` at `addr`, parsed as Prometheus' text format; `None` while not served.
