@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, BatchState, FileRow, Role};
-use forte_format::{Kind, ObjectId, Receipt, ReceiptFile};
+use forte_format::{Kind, ObjectId, Receipt, ReceiptFile, TrustedCores};
 use forte_fs::FileIdentity;
 use forte_prepare::{discover, SourceFile};
 
@@ -368,14 +368,10 @@ impl Edge<'_> {
                     self.setup.failures.report(&b.name, None, &why);
                 }
             };
-            let receipt = match Receipt::open(&document, trusted) {
-                Ok(r) if r.site == site => r,
-                Ok(r) => {
-                    refused(format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site));
-                    continue;
-                }
-                Err(e) => {
-                    refused(format!("the relay offered a receipt that does not verify ({e}): ignored, nothing deleted on its word"));
+            let receipt = match receipt_for(&document, trusted, site) {
+                Ok(receipt) => receipt,
+                Err(why) => {
+                    refused(why);
                     continue;
                 }
             };
@@ -392,6 +388,16 @@ impl Edge<'_> {
     }
 }
 
+/// The receipt in `document` if it verifies with a trusted core key and names `site`; else
+/// why it is ignored.
+fn receipt_for(document: &[u8], trusted: &TrustedCores, site: &str) -> Result<Receipt, String> {
+    match Receipt::open(document, trusted) {
+        Ok(r) if r.site == site => Ok(r),
+        Ok(r) => Err(format!("the relay offered a receipt of site {} for this site's batch: ignored (a relay swapping receipts?)", r.site)),
+        Err(e) => Err(format!("the relay offered a receipt that does not verify ({e}): ignored, nothing deleted on its word")),
+    }
+}
+
 /// Each file with what the core's receipt lists for it, if it lists it.
 fn files_of(
     carried: Vec<(SourceFile, ObjectId, ObjectId, Option<ReceiptFile>)>,
@@ -402,7 +408,6 @@ fn files_of(
         .collect()
 }
 
-/// The identity of a file that must not change while it is checked and removed.
 /// Removes `source` only if it is still the file the core's receipt lists. It is first renamed
 /// to a hidden name beside it, atomically, so nothing a writer puts at its path from then on is
 /// touched (a file replaced by `mv` after a check and before an unlink by path was deleted
@@ -425,9 +430,11 @@ fn remove_if_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> Result<(
     let hidden = path.with_file_name(format!(".{name}.forte-deleting-{}", ObjectId::random()));
     std::fs::rename(path, &hidden).map_err(|e| format!("cannot delete: {e}"))?;
     let checked = (|| -> std::io::Result<bool> {
+        // Not blocking: a FIFO put at the path would otherwise hold the open until a writer
+        // came (a regular file reads the same either way).
         let mut file = std::fs::OpenOptions::new()
             .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&hidden)?;
         let before = file.metadata()?;
         if !before.is_file() || before.len() != listed.size {
@@ -730,6 +737,63 @@ mod tests {
         std::fs::remove_file(&to).unwrap();
         rename_no_replace(&from, &to).unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), b"old");
+    }
+
+    /// A receipt counts only if a trusted core key signed it and it names this site.
+    #[test]
+    fn only_a_trusted_receipt_of_this_site_counts() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = forte_format::keys::generate(dir.path()).unwrap();
+        let core = forte_format::EdgeKey::load(&keys.receipt_key).unwrap();
+        let other = forte_format::EdgeKey::load(&keys.edge_key).unwrap();
+        let trusted = TrustedCores(vec![core.0.verifying_key()]);
+        let receipt = |site: &str, key: &forte_format::EdgeKey| {
+            Receipt::new(
+                (site, &ObjectId::random().to_string(), 1),
+                forte_format::Outcome::Delivered,
+                Vec::new(),
+                ("/archive", "worker"),
+                0,
+            )
+            .sign(key)
+        };
+        assert!(receipt_for(&receipt("site-a", &core), &trusted, "site-a").is_ok());
+        let why = receipt_for(&receipt("site-b", &core), &trusted, "site-a").unwrap_err();
+        assert!(why.contains("a receipt of site site-b"), "{why}");
+        let why = receipt_for(&receipt("site-a", &other), &trusted, "site-a").unwrap_err();
+        assert!(why.contains("does not verify"), "{why}");
+    }
+
+    /// A FIFO put at a sent file's path does not hold the deletion up (it waited for a
+    /// writer before), and is put back, not deleted.
+    #[test]
+    fn a_fifo_in_place_of_a_sent_file_is_kept_without_waiting() {
+        use std::os::unix::fs::FileTypeExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let source = SourceFile {
+            local: path.clone(),
+            path: "f".into(),
+            kind: Kind::File,
+            size: 0,
+            mode: 0o644,
+            mtime_s: 0,
+            mtime_ns: 0,
+        };
+        let listed = ReceiptFile {
+            id: ObjectId::random(),
+            size: 0,
+            sha256: forte_format::seal::sha256_hex(b""),
+        };
+        let why = remove_if_as_delivered(&source, &listed).unwrap_err();
+        assert!(why.contains("changed after it was sent"), "{why}");
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_fifo());
     }
 
     fn id_of(files: &[(SourceFile, ObjectId)], path: &str) -> ObjectId {
