@@ -808,6 +808,7 @@ mod tests {
             quota_per_site: None,
             expire_open_after: None,
             fair_shares: true,
+            shutdown_grace: std::time::Duration::from_secs(1),
         })
         .unwrap()
     }

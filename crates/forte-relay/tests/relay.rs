@@ -78,6 +78,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
         quota_per_site: quota,
         expire_open_after: None,
         fair_shares: true,
+        shutdown_grace: std::time::Duration::from_secs(1),
     })
     .unwrap();
     TestRelay { relay, s3 }

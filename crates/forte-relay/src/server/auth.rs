@@ -110,6 +110,11 @@ impl Tokens {
         Ok(Self { entries })
     }
 
+    /// How many tokens it holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// The principal of a presented token, if any.
     pub fn lookup(&self, presented: &str) -> Option<Principal> {
         let presented = digest(presented);

@@ -53,11 +53,14 @@ pub struct RelayConfig {
     /// Hold sites sending at once to fair shares of the ingress ([`share`]); without, they
     /// split it as TCP does, per connection.
     pub fair_shares: bool,
+    /// How long requests in flight may take to finish after SIGTERM or SIGINT.
+    pub shutdown_grace: std::time::Duration,
 }
 
 struct Relay {
     store: Store,
-    tokens: Tokens,
+    /// Replaced whole when tokens.toml is reloaded (SIGHUP); a request reads it once.
+    tokens: parking_lot::RwLock<Arc<Tokens>>,
     /// Counts seals of objects and batches: what a long poll of `GET /v1/ready` waits on.
     seals: tokio::sync::watch::Sender<u64>,
     /// Each sending site's share of the ingress, paced as its uploads' bodies are read.
@@ -78,11 +81,32 @@ pub struct RunningRelay {
     pub cert_path: PathBuf,
     handle: axum_server::Handle<SocketAddr>,
     thread: Option<std::thread::JoinHandle<()>>,
+    relay: Arc<Relay>,
+    tokens_path: PathBuf,
 }
 
 impl RunningRelay {
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
+    }
+
+    /// Reads the tokens file again and puts it in force for every request from now on; one
+    /// that does not read or parse is refused, and the tokens in force stay. Requests in
+    /// flight are not touched. Returns how many tokens are in force.
+    pub fn reload_tokens(&self) -> Result<usize> {
+        let tokens = Tokens::load(&self.tokens_path)?;
+        let count = tokens.len();
+        *self.relay.tokens.write() = Arc::new(tokens);
+        Ok(count)
+    }
+
+    /// Stops taking connections and ends once the requests in flight are answered, or after
+    /// `grace`, whichever comes first.
+    pub fn shut_down(mut self, grace: std::time::Duration) {
+        self.handle.graceful_shutdown(Some(grace));
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -98,6 +122,7 @@ impl Drop for RunningRelay {
 /// Binds, then serves on a runtime of its own in a background thread.
 pub fn start(config: RelayConfig) -> Result<RunningRelay> {
     let (relay, identity) = prepare(&config)?;
+    let kept = relay.clone();
     let listener = std::net::TcpListener::bind(config.listen)
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     listener.set_nonblocking(true)?;
@@ -127,11 +152,14 @@ pub fn start(config: RelayConfig) -> Result<RunningRelay> {
         cert_path: identity.cert_path,
         handle,
         thread: Some(thread),
+        relay: kept,
+        tokens_path: config.tokens.clone(),
     })
 }
 
 /// Serves in the foreground until interrupted; prints where and how to pin the certificate.
 pub fn run(config: RelayConfig) -> Result<()> {
+    let config_grace = config.shutdown_grace;
     let relay = start(config)?;
     println!("relay listening on {}", relay.url());
     println!(
@@ -147,10 +175,47 @@ pub fn run(config: RelayConfig) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime
-        .block_on(tokio::signal::ctrl_c())
-        .context("waiting for Ctrl-C")?;
-    println!("relay shutting down");
+    let grace = config_grace;
+    let stop = runtime.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut hangup = signal(SignalKind::hangup())?;
+        loop {
+            tokio::select! {
+                _ = term.recv() => return anyhow::Ok("SIGTERM"),
+                _ = interrupt.recv() => return anyhow::Ok("SIGINT"),
+                _ = hangup.recv() => match relay.reload_tokens() {
+                    Ok(n) => tracing::info!(tokens = n, "tokens file reloaded (SIGHUP): {n} tokens in force"),
+                    Err(e) => tracing::error!("tokens file not reloaded (SIGHUP), the tokens in force stay: {e:#}"),
+                },
+            }
+        }
+    })?;
+    tracing::info!(
+        "relay shutting down ({stop}): no new connections; requests in flight have {} s to finish (a second signal ends it at once)",
+        grace.as_secs_f64()
+    );
+    // A second signal while the requests finish ends the relay at once.
+    std::thread::spawn(move || {
+        let again = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        if let Ok(again) = again {
+            let _ = again.block_on(async {
+                use tokio::signal::unix::{signal, SignalKind};
+                let mut term = signal(SignalKind::terminate())?;
+                let mut interrupt = signal(SignalKind::interrupt())?;
+                tokio::select! { _ = term.recv() => {}, _ = interrupt.recv() => {} }
+                tracing::warn!("relay ended at once (second signal)");
+                std::process::exit(0);
+                #[allow(unreachable_code)]
+                anyhow::Ok(())
+            });
+        }
+    });
+    relay.shut_down(grace);
+    tracing::info!("relay stopped");
     Ok(())
 }
 
@@ -159,7 +224,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
     if matches!(config.store, Location::Bucket { .. }) {
         metrics::bucket_store();
     }
-    let tokens = Tokens::load(&config.tokens)?;
+    let tokens = parking_lot::RwLock::new(Arc::new(Tokens::load(&config.tokens)?));
     let store = Store::open(config.store.clone(), config.quota_per_site)?;
     if let Some(age) = config.expire_open_after {
         expire_open(&store, age);
@@ -377,8 +442,8 @@ fn principal(relay: &Relay, headers: &HeaderMap) -> Answer<Principal> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "missing bearer token".into()))?;
-    relay
-        .tokens
+    let tokens = relay.tokens.read().clone();
+    tokens
         .lookup(token)
         .ok_or_else(|| Failure::new(StatusCode::UNAUTHORIZED, "unknown token".into()))
 }

@@ -48,6 +48,12 @@ pub struct Args {
     /// rates are close, which the relay would treat as sharing one.
     #[arg(long)]
     no_fair_shares: bool,
+    /// On SIGTERM or SIGINT the relay stops taking connections and gives the requests in
+    /// flight this long to finish, then ends with status 0 (a second signal ends it at once).
+    /// SIGHUP reloads --tokens: a file that does not parse is refused and logged, the tokens
+    /// in force stay.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "30s")]
+    shutdown_grace: std::time::Duration,
     #[command(flatten)]
     http: HttpFlags,
 }
@@ -104,6 +110,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         quota_per_site: args.quota_per_site,
         expire_open_after: args.expire_open_after.0,
         fair_shares: !args.no_fair_shares,
+        shutdown_grace: args.shutdown_grace,
     })?;
     Ok(true)
 }

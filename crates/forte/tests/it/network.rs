@@ -890,3 +890,72 @@ fn a_new_catalogue_replaces_nothing_the_relay_holds() {
     let out = ok(&site.pull());
     assert!(out.contains("nothing waiting"), "{out}");
 }
+
+/// The relay reloads tokens.toml on SIGHUP (a new site's token works at once, the others
+/// keep working), refuses a file that does not parse and keeps the tokens in force, and on
+/// SIGTERM says so and ends with status 0.
+#[test]
+fn the_relay_reloads_its_tokens_on_sighup_and_ends_cleanly_on_sigterm() {
+    use forte_relay::client::{RelayClient, RelayEndpoint};
+    use forte_relay::tls::RelayTrust;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("relay.log");
+    let mut relay = start_relay_logging_to(dir.path(), &log);
+    let client = |token: &str| {
+        RelayClient::new(
+            &RelayEndpoint {
+                url: relay.url.clone(),
+                token: token.into(),
+                trust: RelayTrust::Fingerprint(relay.fingerprint.clone()),
+            },
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap()
+    };
+    let new_token = "site-c-edge-token-0123456789";
+    assert!(client(new_token).site().is_err(), "not known yet");
+    let tokens = dir.path().join("tokens.toml");
+    let mut text = std::fs::read_to_string(&tokens).unwrap();
+    text.push_str(&format!(
+        "[[token]]\ntoken = \"{new_token}\"\nrole = \"edge\"\nsite = \"site-c\"\n"
+    ));
+    write(&tokens, text.as_bytes());
+    let signal = |sig| unsafe { libc::kill(relay.child.id() as i32, sig) };
+    signal(libc::SIGHUP);
+    assert!(
+        wait_for(10, || client(new_token).site().is_ok_and(|s| s == "site-c")),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(client(EDGE_TOKEN).site().unwrap(), "site-a");
+
+    write(&tokens, b"[[token]\nthis is not toml");
+    signal(libc::SIGHUP);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(10, || said().contains("tokens file not reloaded")),
+        "{}",
+        said()
+    );
+    assert_eq!(
+        client(new_token).site().unwrap(),
+        "site-c",
+        "the tokens in force stay"
+    );
+
+    signal(libc::SIGTERM);
+    let mut status = None;
+    assert!(
+        wait_for(20, || {
+            status = relay.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "still running after SIGTERM"
+    );
+    assert_eq!(status.unwrap().code(), Some(0), "{}", said());
+    assert!(
+        said().contains("relay shutting down (SIGTERM)"),
+        "{}",
+        said()
+    );
+}
