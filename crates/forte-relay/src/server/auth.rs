@@ -110,8 +110,8 @@ impl Tokens {
         Ok(Self { entries })
     }
 
-    /// How many tokens it holds.
-    pub fn len(&self) -> usize {
+    /// How many tokens it holds (never none: such a file is refused).
+    pub fn count(&self) -> usize {
         self.entries.len()
     }
 

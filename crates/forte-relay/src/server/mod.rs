@@ -95,7 +95,7 @@ impl RunningRelay {
     /// flight are not touched. Returns how many tokens are in force.
     pub fn reload_tokens(&self) -> Result<usize> {
         let tokens = Tokens::load(&self.tokens_path)?;
-        let count = tokens.len();
+        let count = tokens.count();
         *self.relay.tokens.write() = Arc::new(tokens);
         Ok(count)
     }
