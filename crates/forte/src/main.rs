@@ -12,6 +12,7 @@ mod record;
 mod s3;
 mod schedule;
 mod settings;
+mod signals;
 mod tasks;
 mod transfer;
 mod units;

@@ -4,7 +4,6 @@
 use std::io::BufReader;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use forte_ingest::wire::{self, MAGIC};
 use forte_ingest::{Ingest, Schema, StreamStats};
 
 use crate::settings::{self, Config, IngestFlags, IngestSettings};
+use crate::signals;
 use crate::units::human;
 
 #[derive(clap::Args, Debug)]
@@ -80,17 +80,17 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
                 Err(e) => eprintln!("error: {e:#}"),
             })
         });
-        stop_on_signal();
-        wait_for_stop();
+        signals::install();
+        signals::wait_for_stop(Duration::from_millis(100));
         finish(&ingest);
         return Ok(true);
     }
     // Replays stop early on a signal too, publishing what they read.
-    stop_on_signal();
+    signals::install();
     {
         let ingest = ingest.clone();
         std::thread::spawn(move || {
-            wait_for_stop();
+            signals::wait_for_stop(Duration::from_millis(100));
             ingest.stop();
         });
     }
@@ -136,27 +136,6 @@ fn writers_summary(reading: &forte_pipeline::Reading) -> String {
         l.p99_ms,
         reading.workers_replaced
     )
-}
-
-/// Set by SIGINT or SIGTERM.
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// A signal stops the ingest cleanly: every stream publishes what it received.
-fn stop_on_signal() {
-    extern "C" fn on_signal(_: libc::c_int) {
-        STOP.store(true, Ordering::SeqCst);
-    }
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
-}
-
-fn wait_for_stop() {
-    while !STOP.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Ends every stream at its next read, waits until they have all published, and says so.

@@ -20,6 +20,7 @@ use crate::schedule::Policy;
 use crate::settings::{
     self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags, WorkerFlags,
 };
+use crate::signals;
 use crate::tasks::Point;
 use crate::transfer::retry::Retry;
 use crate::units::{human, mb_per_s};
@@ -190,8 +191,13 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     };
     if args.daemon.watch {
         println!(
-            "pulling from {} every {} s (Ctrl-C stops; a restart resumes)",
+            "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
             link.endpoint.url, args.daemon.interval
+        );
+        signals::install();
+        signals::end_after_grace(
+            args.daemon.shutdown_grace,
+            "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
         );
         puller.watch(Duration::from_secs(args.daemon.interval))
     } else {
@@ -262,6 +268,13 @@ impl Puller<'_> {
         // long poll for no longer than this, and polls this often a relay without one.
         let busy_poll = Duration::from_millis(200);
         loop {
+            if signals::stop_requested() {
+                println!(
+                    "stopped ({}): no batch taken since; the one under way was finished",
+                    signals::which()
+                );
+                return Ok(true);
+            }
             // One batch per listing, so a batch sealed meanwhile can go next if the policy
             // says so; after a delivery look again at once.
             let mut pause = interval;
@@ -299,7 +312,7 @@ impl Puller<'_> {
             // without long polls is polled.
             self.delivery.alert_gaps();
             if !self.delivery.wait_for_seal(pause) {
-                std::thread::sleep(pause);
+                signals::sleep_unless_stopped(pause);
             }
         }
     }

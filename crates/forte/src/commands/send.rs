@@ -17,6 +17,7 @@ use crate::edge::{
 use crate::hook::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
+use crate::signals;
 use crate::tasks::Point;
 use crate::transfer::retry::Retry;
 use crate::units::{human, mb_per_s};
@@ -265,44 +266,61 @@ impl Pass<'_> {
     fn watch(&self, args: &Args) -> Result<bool> {
         let (edge, settle) = (self.edge, self.settle);
         println!(
-            "watching {} every {} s (Ctrl-C stops; a restart resumes where this left off)",
+            "watching {} every {} s (Ctrl-C or SIGTERM stops after the batches under way; a restart resumes where this left off)",
             args.inbox.display(),
             args.daemon.interval
         );
         let interval = Duration::from_secs(args.daemon.interval);
+        signals::install();
+        signals::end_after_grace(
+            args.daemon.shutdown_grace,
+            "what was not uploaded is sent at the next start, which asks the relay what it holds",
+        );
         std::thread::scope(|s| {
             let inbox = &args.inbox;
-            s.spawn(move || loop {
-                edge.find_lost();
-                match ready_batches(inbox, settle) {
-                    Ok(found) => {
-                        let todo: Vec<Batch> = found
-                            .ready
-                            .into_iter()
-                            .filter(|b| edge.needs_sending(b))
-                            .collect();
-                        let unasked = std::thread::scope(|s| {
-                            if !todo.is_empty() {
-                                let opening = edge.opening_connections();
-                                s.spawn(move || opening.open());
-                            }
-                            edge.admit(&todo)
-                        });
-                        edge.ask_relay(unasked);
+            s.spawn(move || {
+                while !signals::stop_requested() {
+                    edge.find_lost();
+                    match ready_batches(inbox, settle) {
+                        Ok(found) => {
+                            let todo: Vec<Batch> = found
+                                .ready
+                                .into_iter()
+                                .filter(|b| edge.needs_sending(b))
+                                .collect();
+                            let unasked = std::thread::scope(|s| {
+                                if !todo.is_empty() {
+                                    let opening = edge.opening_connections();
+                                    s.spawn(move || opening.open());
+                                }
+                                edge.admit(&todo)
+                            });
+                            edge.ask_relay(unasked);
+                        }
+                        Err(e) => edge.report_failure("", &format!("{e:#}")),
                     }
-                    Err(e) => edge.report_failure("", &format!("{e:#}")),
+                    if args.delete_after_ack {
+                        edge.delete_acknowledged(inbox);
+                    }
+                    edge.take_finished();
+                    signals::sleep_unless_stopped(interval);
                 }
-                if args.delete_after_ack {
-                    edge.delete_acknowledged(inbox);
-                }
-                edge.take_finished();
-                std::thread::sleep(interval);
+                // Stopping: no batch is admitted any more; the pass below ends once the
+                // batches admitted are sent and sealed.
+                edge.close();
             });
-            // The queue never closes: a pass ends only when a failure stops it, and then its
-            // unfinished batches are admitted again by the next scan.
+            // The queue stays open while watching: a pass ends only when a failure stops it
+            // (then its unfinished batches are admitted again by the next scan) or on a stop.
             loop {
                 edge.send_queued(true);
-                std::thread::sleep(interval);
+                if signals::stop_requested() {
+                    println!(
+                        "stopped ({}): every batch admitted was sent and sealed; a restart resumes",
+                        signals::which()
+                    );
+                    return Ok(true);
+                }
+                signals::sleep_unless_stopped(interval);
             }
         })
     }

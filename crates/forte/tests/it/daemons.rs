@@ -1068,3 +1068,26 @@ fn two_sites_sending_at_once_lose_nothing_when_the_relay_is_killed() {
         "the relay still holds objects after both batches were acknowledged"
     );
 }
+
+/// SIGTERM stops a watching sender and puller cleanly: each says so and ends with status 0,
+/// and what they had delivered stays delivered.
+#[test]
+fn watching_daemons_stop_cleanly_on_sigterm() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "one", 2, 50_000);
+    let (send_log, pull_log) = (site.root.join("send.log"), site.root.join("pull.log"));
+    let mut sender = spawn_logged(&site.send(&["--watch", "--interval", "1"]), &send_log);
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let mut puller = spawn_logged(&pull, &pull_log);
+    let dest = site.root.join("dest/site-a/one");
+    assert!(wait_for(60, || visible(&dest).len() == 2));
+    for (daemon, log) in [(&mut sender, &send_log), (&mut puller, &pull_log)] {
+        let status = signal_and_wait(daemon, libc::SIGTERM, 30);
+        let said = std::fs::read_to_string(log).unwrap();
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{said}");
+        assert!(said.contains("stopped (SIGTERM)"), "{said}");
+    }
+    assert_eq!(visible(&dest), source_hashes(&inbox.join("one")));
+}

@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::site::{
-    assert_described, free_addr, kill, sample, scrape, spawn_logged, visible, wait_for, Site,
+    assert_described, free_addr, kill, sample, scrape, signal_and_wait, spawn_logged, visible,
+    wait_for, Site,
 };
 use crate::common::*;
 
@@ -602,5 +603,44 @@ fn an_empty_task_command_is_refused() {
     assert!(
         stderr.contains("[[task]] none has an empty command"),
         "{stderr}"
+    );
+}
+
+/// SIGTERM to a watching puller whose task outlasts its shutdown grace: it ends with status 0
+/// once the grace ran out, saying so, and its task goes with it.
+#[test]
+fn a_puller_stopped_while_its_task_runs_ends_after_its_grace_with_its_task() {
+    let site = Site::new();
+    three_batches(&site);
+    let config = config_with(
+        &site,
+        "[[task]]\nname = \"long\"\nat = \"core\"\nper = \"batch\"\ncommand = \"sleep 1004.5\"\ntimeout = \"10m\"\n",
+    );
+    ok(&site.send(&["-q"]));
+    let mut pull = pull_with(&site, &config);
+    pull.extend(args![
+        "--watch",
+        "--interval",
+        "1",
+        "--shutdown-grace",
+        "2s"
+    ]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&pull, &log);
+    assert!(
+        wait_for(60, || !processes_with("1004.5").is_empty()),
+        "the task never started"
+    );
+    let status = signal_and_wait(&mut puller, libc::SIGTERM, 30);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said}");
+    assert!(said.contains("shutdown grace of 2 s ran out"), "{said}");
+    assert!(
+        wait_for(10, || processes_with("1004.5").is_empty()),
+        "the task outlived its puller"
+    );
+    assert!(
+        visible(&site.root.join("dest")).is_empty(),
+        "nothing promoted half-checked"
     );
 }

@@ -575,3 +575,20 @@ pub fn write_batch(inbox: &Path, name: &str, files: usize, size: usize) -> PathB
     write(&dir.join(".ready"), b"");
     dir
 }
+
+/// Sends `signal` to `daemon` and waits (up to `within` seconds) for it to end; its exit
+/// status, `None` if it did not end.
+pub fn signal_and_wait(
+    daemon: &mut Daemon,
+    signal: i32,
+    within: u64,
+) -> Option<std::process::ExitStatus> {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(daemon.0.id() as i32, signal) };
+    let mut status = None;
+    wait_for(within, || {
+        status = daemon.0.try_wait().ok().flatten();
+        status.is_some()
+    });
+    status
+}

@@ -1,0 +1,73 @@
+//! Stopping a daemon on SIGTERM or SIGINT. The first signal asks it to stop taking work and
+//! finish what it has (each daemon decides what that is, and is given a grace period for it);
+//! a second ends it at once.
+
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::time::Duration;
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Installs the handlers: the first SIGTERM or SIGINT sets the flag [`stop_requested`] reads;
+/// a second ends the process at once, with status 1.
+pub fn install() {
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if STOP.swap(true, Ordering::SeqCst) {
+            // SAFETY: _exit is async-signal-safe.
+            unsafe { libc::_exit(1) };
+        }
+        SIGNAL.store(signal, Ordering::SeqCst);
+    }
+    // SAFETY: the handler only touches atomics and calls _exit, both async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+/// Whether a stop was asked for.
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// The signal that asked for the stop, by name.
+pub fn which() -> &'static str {
+    match SIGNAL.load(Ordering::SeqCst) {
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        _ => "a signal",
+    }
+}
+
+/// Waits, in steps of `step`, until a stop is asked for.
+pub fn wait_for_stop(step: Duration) {
+    while !stop_requested() {
+        std::thread::sleep(step);
+    }
+}
+
+/// Sleeps `for_` or until a stop is asked for, whichever comes first.
+pub fn sleep_unless_stopped(for_: Duration) {
+    let until = std::time::Instant::now() + for_;
+    while !stop_requested() {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(100)));
+    }
+}
+
+/// Once a stop is asked for, gives the daemon `grace` to finish, then ends it with status 0,
+/// saying what is left to the next start (`left`).
+pub fn end_after_grace(grace: Duration, left: &'static str) {
+    std::thread::spawn(move || {
+        wait_for_stop(Duration::from_millis(100));
+        std::thread::sleep(grace);
+        eprintln!(
+            "the shutdown grace of {} s ran out: ending now; {left}",
+            grace.as_secs_f64()
+        );
+        std::process::exit(0);
+    });
+}
