@@ -809,6 +809,7 @@ mod tests {
             expire_open_after: None,
             fair_shares: true,
             shutdown_grace: std::time::Duration::from_secs(1),
+            connections: Default::default(),
         })
         .unwrap()
     }

@@ -79,6 +79,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
         expire_open_after: None,
         fair_shares: true,
         shutdown_grace: std::time::Duration::from_secs(1),
+        connections: Default::default(),
     })
     .unwrap();
     TestRelay { relay, s3 }

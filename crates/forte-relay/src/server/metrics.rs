@@ -25,7 +25,7 @@ pub fn install() {
 }
 
 /// The relay's counters without labels: name, unit, help.
-const COUNTERS: [(&str, Unit, &str); 8] = [
+const COUNTERS: [(&str, Unit, &str); 9] = [
     (
         "forte_relay_parts_stored_total",
         Unit::Count,
@@ -65,6 +65,11 @@ const COUNTERS: [(&str, Unit, &str); 8] = [
         "forte_relay_manifests_rejected_total",
         Unit::Count,
         "Manifests the core reported damaged, dropped for the edge to seal again",
+    ),
+    (
+        "forte_relay_connections_refused_total",
+        Unit::Count,
+        "Connections closed as soon as accepted: over the relay's or one address's cap",
     ),
 ];
 
@@ -117,6 +122,11 @@ pub fn bucket_store() {
         counter!("forte_relay_bucket_requests_total", "op" => op).absolute(0);
     }
     counter!("forte_relay_bucket_failures_total").absolute(0);
+}
+
+/// A connection closed at once, over a cap.
+pub fn connection_refused() {
+    counter!("forte_relay_connections_refused_total").increment(1);
 }
 
 /// The metrics in Prometheus' text format.

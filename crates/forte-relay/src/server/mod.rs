@@ -1,6 +1,7 @@
 //! `forte relay`: the HTTPS server in the DMZ.
 
 mod auth;
+pub mod connections;
 mod metrics;
 /// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
 pub use metrics::render as metrics_text;
@@ -55,6 +56,8 @@ pub struct RelayConfig {
     pub fair_shares: bool,
     /// How long requests in flight may take to finish after SIGTERM or SIGINT.
     pub shutdown_grace: std::time::Duration,
+    /// How many connections it holds, and for how long.
+    pub connections: connections::Limits,
 }
 
 struct Relay {
@@ -123,6 +126,7 @@ impl Drop for RunningRelay {
 pub fn start(config: RelayConfig) -> Result<RunningRelay> {
     let (relay, identity) = prepare(&config)?;
     let kept = relay.clone();
+    let limits = config.connections;
     let listener = std::net::TcpListener::bind(config.listen)
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     listener.set_nonblocking(true)?;
@@ -138,9 +142,21 @@ pub fn start(config: RelayConfig) -> Result<RunningRelay> {
                 .build()
                 .expect("tokio runtime");
             runtime.block_on(async move {
-                let server = axum_server::from_tcp_rustls(listener, tls)
+                let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
+                    .handshake_timeout(limits.handshake)
+                    .acceptor(connections::CappedAcceptor::new(limits));
+                // HTTP/1.1 only (the relay offers no ALPN): an auto-detecting server first
+                // waits, without a timeout, for a request's first bytes to tell the version.
+                let mut server = axum_server::from_tcp(listener)
                     .expect("a bound listener")
+                    .acceptor(acceptor)
+                    .http1_only()
                     .handle(server_handle);
+                server
+                    .http_builder()
+                    .http1()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(limits.idle);
                 if let Err(e) = server.serve(router(relay).into_make_service()).await {
                     tracing::error!("relay stopped: {e}");
                 }

@@ -54,6 +54,20 @@ pub struct Args {
     /// in force stay.
     #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "30s")]
     shutdown_grace: std::time::Duration,
+    /// Connections open at once; one more is closed as soon as it is accepted. The default
+    /// holds under a limit of 1 024 descriptors (ulimit -n): keep it some 250 below it.
+    #[arg(long, default_value_t = 768, value_name = "N")]
+    max_connections: usize,
+    /// Connections open at once from one address (raise it for sites behind one NAT).
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    max_connections_per_address: usize,
+    /// How long a TLS handshake may take.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "10s")]
+    handshake_timeout: std::time::Duration,
+    /// How long a connection may wait to send a request's headers (its first, or its next
+    /// on a kept-alive connection) before it is closed.
+    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "30s")]
+    idle_timeout: std::time::Duration,
     #[command(flatten)]
     http: HttpFlags,
 }
@@ -100,6 +114,9 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         let bound = forte_view::start(addr, access, view)?;
         println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
     }
+    if args.max_connections == 0 || args.max_connections_per_address == 0 {
+        anyhow::bail!("--max-connections and --max-connections-per-address must be 1 or more");
+    }
     serve(RelayConfig {
         listen: args.listen,
         store: Location::parse(&args.store, settings::s3(config)),
@@ -111,6 +128,12 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         expire_open_after: args.expire_open_after.0,
         fair_shares: !args.no_fair_shares,
         shutdown_grace: args.shutdown_grace,
+        connections: forte_relay::server::connections::Limits {
+            total: args.max_connections,
+            per_address: args.max_connections_per_address,
+            handshake: args.handshake_timeout,
+            idle: args.idle_timeout,
+        },
     })?;
     Ok(true)
 }

@@ -959,3 +959,97 @@ fn the_relay_reloads_its_tokens_on_sighup_and_ends_cleanly_on_sigterm() {
         said()
     );
 }
+
+/// Connections that send nothing cannot hold the relay: one over the per-address cap is closed
+/// as soon as it is accepted, one that never finishes its TLS handshake is closed at the
+/// handshake timeout, and one that finished it but sends no request at the idle timeout; a
+/// site's request is answered meanwhile.
+#[test]
+fn idle_connections_are_capped_and_closed() {
+    use std::io::Read;
+    use std::net::TcpStream;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let relay = start_relay_with(
+        dir.path(),
+        "127.0.0.1:0",
+        &[
+            "--handshake-timeout",
+            "1s",
+            "--idle-timeout",
+            "2s",
+            "--max-connections-per-address",
+            "3",
+        ],
+    );
+    let addr = relay.url.trim_start_matches("https://").to_string();
+    let closed_within = |stream: &mut TcpStream, secs: u64| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(secs)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        }
+    };
+    let mut held: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(&addr).unwrap()).collect();
+    let mut over = TcpStream::connect(&addr).unwrap();
+    assert!(
+        closed_within(&mut over, 5),
+        "the fourth connection from one address was kept"
+    );
+    let started = Instant::now();
+    for stream in &mut held {
+        assert!(
+            closed_within(stream, 10),
+            "a silent connection outlived the handshake timeout"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // A TLS connection that sends no request is closed at the idle timeout.
+    let started = Instant::now();
+    let mut quiet = tool("openssl")
+        .args(["s_client", "-connect", &addr, "-quiet"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut ended = None;
+    assert!(
+        wait_for(15, || {
+            ended = quiet.try_wait().unwrap();
+            ended.is_some()
+        }),
+        "an idle TLS connection stayed open"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let site = site_client(&relay, EDGE_TOKEN);
+    assert_eq!(site.site().unwrap(), "site-a");
+}
+
+/// The edge's client of `relay` with `token`.
+fn site_client(relay: &Relay, token: &str) -> forte_relay::client::RelayClient {
+    forte_relay::client::RelayClient::new(
+        &forte_relay::client::RelayEndpoint {
+            url: relay.url.clone(),
+            token: token.into(),
+            trust: forte_relay::tls::RelayTrust::Fingerprint(relay.fingerprint.clone()),
+        },
+        std::time::Duration::from_secs(10),
+    )
+    .unwrap()
+}
