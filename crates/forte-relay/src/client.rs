@@ -406,19 +406,7 @@ impl RelayClient {
     /// A JSON answer of at most [`MAX_JSON_ANSWER`] bytes.
     fn json<T: serde::de::DeserializeOwned>(url: &str, response: Response) -> Result<T> {
         let bytes = Self::body(url, response, MAX_JSON_ANSWER)?;
-        let refused = |message: String| RelayError {
-            url: url.to_string(),
-            status: None,
-            message,
-            permanent: false,
-            held: None,
-        };
-        if bytes.len() as u64 > MAX_JSON_ANSWER {
-            return Err(refused(format!(
-                "the answer is longer than {MAX_JSON_ANSWER} bytes, the most a JSON answer may hold"
-            )));
-        }
-        serde_json::from_slice(&bytes).map_err(|e| refused(format!("unexpected answer: {e}")))
+        decode(url, &bytes, MAX_JSON_ANSWER)
     }
 
     /// Uploads a sealed part; the relay checks `sha256` before answering.
@@ -768,12 +756,42 @@ fn tls_advice(tls: &rustls::Error) -> Option<String> {
     }
 }
 
+/// `bytes` (read up to `max + 1`) as JSON, refused if longer than `max`.
+fn decode<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8], max: u64) -> Result<T> {
+    let refused = |message: String| RelayError {
+        url: url.to_string(),
+        status: None,
+        message,
+        permanent: false,
+        held: None,
+    };
+    if bytes.len() as u64 > max {
+        return Err(refused(format!(
+            "the answer is longer than {max} bytes, the most a JSON answer may hold"
+        )));
+    }
+    serde_json::from_slice(bytes).map_err(|e| refused(format!("unexpected answer: {e}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::server::{start, RelayConfig, RunningRelay};
 
     const EDGE: &str = "edge-token-0123456789abcdef";
+
+    /// A JSON answer is taken up to its bound exactly, and one byte more is refused as too
+    /// long (not misread as a truncated document).
+    #[test]
+    fn a_json_answer_is_bounded_exactly() {
+        let doc = br#"{"site":"site-a"}"#;
+        let max = doc.len() as u64;
+        let site: SiteAnswer = decode("u", doc, max).unwrap();
+        assert_eq!(site.site, "site-a");
+        let longer = [doc.as_slice(), b" "].concat();
+        let e = decode::<SiteAnswer>("u", &longer, max).unwrap_err();
+        assert!(e.message.contains("longer than 17 bytes"), "{}", e.message);
+    }
 
     #[test]
     fn a_body_may_take_as_long_as_the_slowest_limit_it_shares_makes_it() {
