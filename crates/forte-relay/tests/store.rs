@@ -81,7 +81,7 @@ fn a_part_that_exactly_fills_the_quota_is_accepted_and_one_byte_more_is_refused(
     // The quota is inclusive: held + part may equal it, not exceed it.
     let message = no_room_message(put(&store, id, 0, &[1u8; 1001]));
     assert!(
-        message.starts_with("site site-a is at its quota (0 of 1000 bytes held), and nothing"),
+        message.starts_with("1001 bytes do not fit in site site-a's quota: 0 of 1000 bytes held, 1000 free, and nothing"),
         "{message}"
     );
     assert!(!part_path(tmp.path(), id, 0).exists());
@@ -513,7 +513,7 @@ fn relays_sharing_a_bucket_share_its_quota() {
     std::thread::sleep(Duration::from_millis(2100));
     let m = no_room_message(put(&b, ObjectId::random(), 0, &[2u8; 800]));
     assert!(
-        m.contains("site site-a is at its quota (800 of 1000 bytes held)"),
+        m.contains("800 bytes do not fit in site site-a's quota: 800 of 1000 bytes held, 200 free"),
         "{m}"
     );
     a.cancel(SITE, "never-sealed", &[first]).unwrap();

@@ -706,7 +706,12 @@ impl Store {
             drop(usage);
             return Err(self.no_room_unless_waiting(
                 &[site.to_string()],
-                format!("site {site} is at its quota ({held} of {quota} bytes held)"),
+                // Over the quota with this upload, not necessarily at it before.
+                if held < quota {
+                    format!("{size} bytes do not fit in site {site}'s quota: {held} of {quota} bytes held, {} free", quota - held)
+                } else {
+                    format!("site {site} is at its quota ({held} of {quota} bytes held)")
+                },
             ));
         }
         *used = used.saturating_add_signed(size);
