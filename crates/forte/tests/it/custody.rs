@@ -697,3 +697,39 @@ fn a_file_rewritten_after_it_was_sent_is_kept_with_its_batch() {
         said()
     );
 }
+
+/// The relay's answers about a batch's inventory are told apart: none at all (404, the
+/// operator removed it) refuses the batch as incomplete, while an inventory the relay cannot
+/// read (500) is a relay failure, retried, never taken for a missing one.
+#[test]
+fn a_missing_inventory_is_told_from_one_the_relay_cannot_read() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox"), "inv", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let batches = site.relay.store.join("sites/site-a/batches");
+    let inventory = std::fs::read_dir(&batches)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().ends_with(".inventory.age"))
+        .expect("a sealed inventory");
+    let kept = std::fs::read(&inventory).unwrap();
+    // Unreadable: a directory where the file was.
+    std::fs::remove_file(&inventory).unwrap();
+    std::fs::create_dir(&inventory).unwrap();
+    site.restart_relay();
+    let err = fails(&site.pull());
+    assert!(!err.contains("the inventory is missing"), "{err}");
+    assert!(visible(&site.root.join("dest")).is_empty());
+    // Gone: refused as incomplete.
+    std::fs::remove_dir(&inventory).unwrap();
+    site.restart_relay();
+    let err = fails(&site.pull());
+    assert!(err.contains("the inventory is missing"), "{err}");
+    assert!(visible(&site.root.join("dest")).is_empty());
+    // Back: delivered.
+    std::fs::write(&inventory, kept).unwrap();
+    site.restart_relay();
+    ok(&site.pull());
+    assert_eq!(visible(&site.root.join("dest/site-a/inv")).len(), 2);
+}
