@@ -117,6 +117,7 @@ impl Landing {
             reason,
             output: Vec::new(),
         };
+        let checking = std::time::Instant::now();
         let landed = match Landed::protect(dir, placed) {
             Ok(landed) => landed,
             Err(e) => {
@@ -124,8 +125,18 @@ impl Landing {
                 return vec![landed_wrong(TaskOutcome::Crashed, why)];
             }
         };
+        let protected = checking.elapsed();
         let mut refusals = tasks::check(&run, &subject, catalog);
-        match landed.changes(dir) {
+        let after_tasks = std::time::Instant::now();
+        let changes = landed.changes(dir);
+        tracing::debug!(
+            batch = name,
+            files = files.len(),
+            protect_ms = protected.as_secs_f64() * 1e3,
+            check_ms = after_tasks.elapsed().as_secs_f64() * 1e3,
+            "landed batch checked"
+        );
+        match changes {
             Ok(changes) if changes.is_empty() => {}
             Ok(changes) => refusals.push(landed_wrong(TaskOutcome::Changed, summary(&changes))),
             Err(e) => {
