@@ -389,16 +389,7 @@ mod tests {
     /// is its own entry.
     #[test]
     fn a_bundle_is_listed_by_its_members() {
-        let member = |path: &str| crate::bundle::Member {
-            id: ObjectId::random(),
-            path: path.into(),
-            size: 3,
-            mode: 0o644,
-            mtime_s: 0,
-            mtime_ns: 0,
-            offset: 512,
-            sha256: "ab".repeat(32),
-        };
+        let member = crate::member;
         let mut m = Manifest {
             format: crate::FORMAT.into(),
             id: ObjectId::random(),

@@ -31,6 +31,21 @@ pub use manifest::{
 pub use object::{part_file_name, ObjectId, MANIFEST_FILE};
 pub use receipt::{Outcome, Receipt, ReceiptFile};
 
+/// A bundle member named `path` of 3 bytes, for tests.
+#[cfg(test)]
+fn member(path: &str) -> bundle::Member {
+    bundle::Member {
+        id: ObjectId::random(),
+        path: path.into(),
+        size: 3,
+        mode: 0o644,
+        mtime_s: 0,
+        mtime_ns: 0,
+        offset: 512,
+        sha256: "ab".repeat(32),
+    }
+}
+
 /// A signed document with one byte flipped (`how` 0), cut at a byte (1) or a byte inserted
 /// (2) at `at`: what the parsers' fuzzing properties give them.
 #[cfg(test)]

@@ -701,16 +701,7 @@ mod tests {
     /// version-3 bundle's members are version 2.
     #[test]
     fn a_bundles_members_carry_its_origin() {
-        let member = Member {
-            id: ObjectId::random(),
-            path: "x".into(),
-            size: 3,
-            mode: 0o644,
-            mtime_s: 0,
-            mtime_ns: 0,
-            offset: 512,
-            sha256: "ab".repeat(32),
-        };
+        let member = crate::member("x");
         let mut bundle = sample();
         (bundle.kind, bundle.members) = (Kind::Bundle, vec![member]);
         let files = bundle.files();

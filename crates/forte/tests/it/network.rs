@@ -896,22 +896,10 @@ fn a_new_catalogue_replaces_nothing_the_relay_holds() {
 /// SIGTERM says so and ends with status 0.
 #[test]
 fn the_relay_reloads_its_tokens_on_sighup_and_ends_cleanly_on_sigterm() {
-    use forte_relay::client::{RelayClient, RelayEndpoint};
-    use forte_relay::tls::RelayTrust;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("relay.log");
     let mut relay = start_relay_logging_to(dir.path(), &log);
-    let client = |token: &str| {
-        RelayClient::new(
-            &RelayEndpoint {
-                url: relay.url.clone(),
-                token: token.into(),
-                trust: RelayTrust::Fingerprint(relay.fingerprint.clone()),
-            },
-            std::time::Duration::from_secs(10),
-        )
-        .unwrap()
-    };
+    let client = |token: &str| site_client(&relay, token);
     let new_token = "site-c-edge-token-0123456789";
     assert!(client(new_token).site().is_err(), "not known yet");
     let tokens = dir.path().join("tokens.toml");
