@@ -403,6 +403,11 @@ impl TrustedEdges {
         self.keys.contains(key)
     }
 
+    /// How many keys are trusted.
+    pub fn count(&self) -> usize {
+        self.keys.len()
+    }
+
     /// Whether `key` is trusted and may sign for `site`.
     pub fn may_sign_for(&self, key: &VerifyingKey, site: &str) -> bool {
         self.trusts(key)

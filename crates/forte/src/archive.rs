@@ -178,7 +178,8 @@ pub fn unpack(
     core: CoreSettings,
     quiet: bool,
 ) -> Result<(Delivered, Reading)> {
-    let restore = Restore::new(core.restore, &core.identities, &core.trusted);
+    let trusted = core.trusted.current();
+    let restore = Restore::new(core.restore, &core.identities, &trusted);
     let total = dir_size(dir);
     let delivered = with_progress(
         total,

@@ -1,12 +1,13 @@
 //! Stopping a daemon on SIGTERM or SIGINT. The first signal asks it to stop taking work and
 //! finish what it has (each daemon decides what that is, and is given a grace period for it);
-//! a second ends it at once.
+//! a second ends it at once. SIGHUP asks it to read again what it can reload (never ends it).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+static RELOAD: AtomicBool = AtomicBool::new(false);
 
 /// Installs the handlers: the first SIGTERM or SIGINT sets the flag [`stop_requested`] reads;
 /// a second ends the process at once, with status 1.
@@ -18,11 +19,20 @@ pub fn install() {
         }
         SIGNAL.store(signal, Ordering::SeqCst);
     }
-    // SAFETY: the handler only touches atomics and calls _exit, both async-signal-safe.
+    extern "C" fn on_hangup(_: libc::c_int) {
+        RELOAD.store(true, Ordering::SeqCst);
+    }
+    // SAFETY: the handlers only touch atomics and call _exit, both async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t);
     }
+}
+
+/// Whether a reload was asked for (SIGHUP) since the last call.
+pub fn take_reload() -> bool {
+    RELOAD.swap(false, Ordering::SeqCst)
 }
 
 /// Whether a stop was asked for.

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use anyhow::{bail, Context, Result};
 use forte_catalog::Role;
 use forte_format::keys::{generate, KeyPaths};
-use forte_format::{EdgeKey, Identities, Recipients, TrustedEdges};
+use forte_format::{EdgeKey, Identities, Recipients};
 use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_restore::RestoreConfig;
 use sha2::{Digest, Sha256};
@@ -95,7 +95,9 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
 
     let core = CoreSettings {
         identities: Identities::load(&paths.core_key)?,
-        trusted: TrustedEdges::load(&[forte_format::TrustSpec::any_site(&paths.edge_pub)])?,
+        trusted: crate::settings::TrustedKeys::load(vec![forte_format::TrustSpec::any_site(
+            &paths.edge_pub,
+        )])?,
         restore: RestoreConfig::for_this_machine(),
     };
     let (delivered, _) = archive::unpack(&packed, &restored, core, true)?;

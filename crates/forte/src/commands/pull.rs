@@ -85,8 +85,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let layout = Layout::parse(&args.layout)?;
     let link = settings::relay(&args.relay, config)?;
     let mut core = settings::core(&args.core, config)?;
-    let trusted = core.trusted.clone();
-    for key in trusted.unbound() {
+    for key in core.trusted.current().unbound() {
         eprintln!("warning: edge key {key} is trusted for every site: a relay could file one site's batch under another site signed with it; bind it with --trust SITE=FILE");
     }
     let receipt_key = settings::receipt_key(args.receipt_key.clone(), config)?;
@@ -166,7 +165,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     )
     .with_landing(landing.as_ref())
     .with_custody(CustodySettings::new(
-        &trusted,
+        &core.trusted,
         receipt_key.as_ref(),
         gap_after,
         (args.to.display().to_string(), failures.clone()),
@@ -184,7 +183,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
     let puller = Puller {
         delivery: &delivery,
-        core,
+        core: &core,
         policy,
         failures,
         json: args.output.json,
@@ -208,24 +207,22 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
 /// One run's delivery and how it restores, orders and reports batches.
 struct Puller<'a> {
     delivery: &'a Delivery<'a>,
-    core: CoreSettings,
+    core: &'a CoreSettings,
     policy: Policy,
     failures: Failures,
     json: bool,
 }
 
 impl Puller<'_> {
-    fn restore(&self) -> Restore<'_> {
-        Restore::new(
-            self.core.restore.clone(),
-            &self.core.identities,
-            &self.core.trusted,
-        )
+    /// A restore with the trusted keys in force now (`trusted`: [`TrustedKeys::current`]).
+    fn restore<'a>(&'a self, trusted: &'a forte_format::TrustedEdges) -> Restore<'a> {
+        Restore::new(self.core.restore.clone(), &self.core.identities, trusted)
     }
 
     /// Delivers one sealed batch and reports it; `None` when another worker holds it.
     fn pull(&self, batch: Vec<ReadyObject>) -> Option<DeliveryReport> {
-        let restore = self.restore();
+        let trusted = self.core.trusted.current();
+        let restore = self.restore(&trusted);
         let report = crate::monitor::while_running(
             Role::Core,
             &restore.pipeline,
@@ -268,6 +265,12 @@ impl Puller<'_> {
         // long poll for no longer than this, and polls this often a relay without one.
         let busy_poll = Duration::from_millis(200);
         loop {
+            if signals::take_reload() {
+                match self.core.trusted.reload() {
+                    Ok(n) => println!("trusted edge keys read again (SIGHUP): {n} in force for the batches from now on"),
+                    Err(e) => eprintln!("error: trusted edge keys not read again (SIGHUP); the keys in force stay: {e:#}"),
+                }
+            }
             if signals::stop_requested() {
                 println!(
                     "stopped ({}): no batch taken since; the one under way was finished",
@@ -288,7 +291,8 @@ impl Puller<'_> {
                     }
                     if !open.is_empty() {
                         pause = busy_poll;
-                        let restore = self.restore();
+                        let trusted = self.core.trusted.current();
+                        let restore = self.restore(&trusted);
                         let fetched = crate::monitor::while_running(
                             Role::Core,
                             &restore.pipeline,

@@ -280,6 +280,9 @@ impl Pass<'_> {
             let inbox = &args.inbox;
             s.spawn(move || {
                 while !signals::stop_requested() {
+                    if signals::take_reload() {
+                        println!("SIGHUP: send reads its settings when it starts; restart it to change them");
+                    }
                     edge.find_lost();
                     match ready_batches(inbox, settle) {
                         Ok(found) => {

@@ -18,7 +18,7 @@ use super::Delivery;
 /// What the core needs for custody: whose keys may sign for which site, the key receipts are
 /// signed with, and how long a sequence gap may stay open before it is alerted on.
 pub struct CustodySettings<'a> {
-    pub trusted: &'a TrustedEdges,
+    pub trusted: &'a crate::settings::TrustedKeys,
     pub receipt_key: Option<&'a forte_format::ReceiptKey>,
     pub gap_after: Duration,
     /// Where delivered batches are kept, as receipts name it (`--to`).
@@ -62,7 +62,7 @@ impl Looks {
 
 impl<'a> CustodySettings<'a> {
     pub fn new(
-        trusted: &'a TrustedEdges,
+        trusted: &'a crate::settings::TrustedKeys,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
         gap_after: Duration,
         (destination, failures): (String, crate::hook::Failures),
@@ -130,7 +130,7 @@ impl Delivery<'_> {
         let Some(inventory) = inventory else {
             return Ok(None);
         };
-        check_signed_site(custody.trusted, inventory, listed_site)?;
+        check_signed_site(&custody.trusted.current(), inventory, listed_site)?;
         if !inventory.names_its_instance() {
             return Ok(None);
         }

@@ -48,8 +48,36 @@ pub struct EdgeSettings {
 /// The core's: the keys that open objects and how they are restored.
 pub struct CoreSettings {
     pub identities: Identities,
-    pub trusted: TrustedEdges,
+    pub trusted: TrustedKeys,
     pub restore: RestoreConfig,
+}
+
+/// The trusted edge keys, as `--trust` (or `keys.trust`) names them, read again on demand
+/// (`pull --watch` on SIGHUP): each batch is checked with the keys in force when it starts.
+pub struct TrustedKeys {
+    specs: Vec<forte_format::TrustSpec>,
+    current: parking_lot::RwLock<std::sync::Arc<TrustedEdges>>,
+}
+
+impl TrustedKeys {
+    pub fn load(specs: Vec<forte_format::TrustSpec>) -> Result<Self> {
+        let current = parking_lot::RwLock::new(std::sync::Arc::new(TrustedEdges::load(&specs)?));
+        Ok(Self { specs, current })
+    }
+
+    /// The keys in force now.
+    pub fn current(&self) -> std::sync::Arc<TrustedEdges> {
+        self.current.read().clone()
+    }
+
+    /// Reads the key files again and puts them in force; one that does not read is refused,
+    /// and the keys in force stay. How many keys are in force.
+    pub fn reload(&self) -> Result<usize> {
+        let keys = TrustedEdges::load(&self.specs)?;
+        let count = keys.count();
+        *self.current.write() = std::sync::Arc::new(keys);
+        Ok(count)
+    }
 }
 
 /// The custody receipts' keys: the core's signing key (pull), or the core keys an edge
@@ -241,7 +269,7 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {
         identities: Identities::load(&identity)?,
-        trusted: TrustedEdges::load(&trust)?,
+        trusted: TrustedKeys::load(trust)?,
         restore,
     })
 }

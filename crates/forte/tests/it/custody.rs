@@ -733,3 +733,55 @@ fn a_missing_inventory_is_told_from_one_the_relay_cannot_read() {
     ok(&site.pull());
     assert_eq!(visible(&site.root.join("dest/site-a/inv")).len(), 2);
 }
+
+/// A watching core reads its trusted edge keys again on SIGHUP: a batch its keys refused is
+/// delivered once the right key is in the file; a key file that does not read is refused and
+/// the keys in force stay.
+#[test]
+fn a_watching_core_reads_its_trusted_keys_again_on_sighup() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let other = site.root.join("other-keys");
+    ok(&args!["keygen", "--dir", &other]);
+    let trust = site.root.join("trusted.pub");
+    std::fs::copy(other.join("edge.pub"), &trust).unwrap();
+    let mut pull = site.pull();
+    let at = pull.iter().position(|a| a == "--trust").unwrap() + 1;
+    pull[at] = format!("site-a={}", trust.display()).into();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let log = site.root.join("pull.log");
+    let puller = spawn_logged(&pull, &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    write_batch(&inbox, "first", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    assert!(
+        wait_for(30, || said().contains("not among the trusted edge keys")),
+        "{}",
+        said()
+    );
+    let hangup = || unsafe { libc::kill(puller.0.id() as i32, libc::SIGHUP) };
+    std::fs::copy(&site.keys.edge_pub, &trust).unwrap();
+    hangup();
+    let first = site.root.join("dest/site-a/first");
+    assert!(wait_for(30, || visible(&first).len() == 1), "{}", said());
+    assert!(
+        said().contains("trusted edge keys read again (SIGHUP): 1 in force"),
+        "{}",
+        said()
+    );
+    write(&trust, b"not a key\n");
+    hangup();
+    assert!(
+        wait_for(30, || said().contains("trusted edge keys not read again")),
+        "{}",
+        said()
+    );
+    write_batch(&inbox, "second", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    let second = site.root.join("dest/site-a/second");
+    assert!(
+        wait_for(30, || visible(&second).len() == 1),
+        "the keys in force stayed: {}",
+        said()
+    );
+}
