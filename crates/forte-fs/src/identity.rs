@@ -33,13 +33,18 @@ impl FileIdentity {
         self.ctime.1 != 0 && coarse_now() > self.ctime
     }
 
-    /// Waits until [`FileIdentity::settled`] holds for every file of `identities` whose ctime
-    /// has sub-second precision: at most one tick of the coarse clock (a few ms).
-    pub fn wait_settled<'a>(identities: impl IntoIterator<Item = &'a FileIdentity>) {
+    /// Waits until [`FileIdentity::settled`] holds for every file of `identities`, for at
+    /// most `longest` (a tick of the coarse clock, a few ms, when the clock is sane; a ctime
+    /// in the future, after the clock was set back, would otherwise be waited for).
+    pub fn wait_settled<'a>(
+        identities: impl IntoIterator<Item = &'a FileIdentity>,
+        longest: std::time::Duration,
+    ) {
         let Some(latest) = identities.into_iter().map(|i| i.ctime).max() else {
             return;
         };
-        while coarse_now() <= latest {
+        let started = std::time::Instant::now();
+        while coarse_now() <= latest && started.elapsed() < longest {
             std::thread::sleep(std::time::Duration::from_micros(500));
         }
     }
@@ -75,7 +80,10 @@ mod tests {
         assert_eq!(FileIdentity::of(&first), FileIdentity::of(&meta(&one)));
         assert_ne!(FileIdentity::of(&first), FileIdentity::of(&meta(&two)));
         // Once settled, the same rewrite cannot keep the ctime.
-        FileIdentity::wait_settled([&FileIdentity::of(&first)]);
+        FileIdentity::wait_settled(
+            [&FileIdentity::of(&first)],
+            std::time::Duration::from_secs(1),
+        );
         assert!(FileIdentity::of(&first).settled() || first.ctime_nsec() == 0);
         std::fs::write(&one, b"diff").unwrap();
         let file = std::fs::OpenOptions::new().write(true).open(&one).unwrap();

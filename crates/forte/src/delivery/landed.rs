@@ -5,11 +5,12 @@
 //! verified: every file with its size and SHA-256, nothing removed, changed or added, no
 //! symlink, no special file. Only then are the modes put back.
 //!
-//! A file whose identity (device, inode, size, mtime, ctime) did not move is not hashed again:
-//! tasks start only once the kernel's coarse clock is past every recorded ctime, so any write,
-//! truncation, `chmod` or replacement by a task stamps a later ctime or another inode. A file
-//! whose ctime has no sub-second part (a file system that keeps whole seconds) is always
-//! hashed again.
+//! A file whose identity (device, inode, size, mtime, ctime) did not move is not hashed again
+//! if, when the tasks started, the kernel's coarse clock (which stamps ctime) was already past
+//! its ctime: then any write, truncation, `chmod` or replacement by a task stamps a later ctime
+//! or another inode. The tasks wait for that at most 100 ms (a tick, when the clock is sane);
+//! a file it did not hold for (a ctime in the future after the clock was set back, or a file
+//! system that keeps whole seconds) is hashed again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
@@ -37,6 +38,9 @@ struct Expected {
     sha256: String,
     /// The file's identity once made read-only; `None` for a directory.
     identity: Option<FileIdentity>,
+    /// Whether any change from before the tasks started is sure to move that identity
+    /// ([`FileIdentity::settled`] then): only such a file may go unhashed after them.
+    settled: bool,
 }
 
 /// What a task did to the landed batch, one line per entry.
@@ -65,6 +69,7 @@ impl Landed {
                     size: p.size,
                     sha256: p.sha256.clone(),
                     identity: None,
+                    settled: false,
                 },
             );
         }
@@ -105,7 +110,14 @@ impl Landed {
             let expected = landed.expected.get_mut(path).expect("listed");
             expected.identity = Some(FileIdentity::of(&meta));
         }
-        FileIdentity::wait_settled(landed.expected.values().filter_map(|e| e.identity.as_ref()));
+        FileIdentity::wait_settled(
+            landed.expected.values().filter_map(|e| e.identity.as_ref()),
+            std::time::Duration::from_millis(100),
+        );
+        // Judged now, before the tasks start: later, the clock is past any ctime.
+        for expected in landed.expected.values_mut() {
+            expected.settled = expected.identity.is_some_and(|i| i.settled());
+        }
         Ok(landed)
     }
 
@@ -121,6 +133,8 @@ impl Landed {
                 .filter(|path| !seen.contains(*path))
                 .map(|path| format!("removed {path}")),
         );
+        // The same order whatever order the directory gave.
+        changes.sort();
         Ok(changes)
     }
 
@@ -223,7 +237,7 @@ fn changed(path: &Path, meta: &std::fs::Metadata, expected: &Expected) -> Result
     let now = FileIdentity::of(meta);
     if expected
         .identity
-        .is_some_and(|before| before == now && before.settled())
+        .is_some_and(|before| before == now && expected.settled)
     {
         return Ok(None);
     }
@@ -231,4 +245,92 @@ fn changed(path: &Path, meta: &std::fs::Metadata, expected: &Expected) -> Result
         .with_context(|| format!("cannot read {}", path.display()))?;
     Ok((sha256 != expected.sha256)
         .then(|| "its bytes differ from the verified SHA-256".to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use forte_format::ObjectId;
+
+    /// A landed file `target` with `bytes`, as the core verified it.
+    fn placed(dir: &Path, target: &str, bytes: &[u8]) -> Placed {
+        let path = dir.join(target);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, bytes).unwrap();
+        Placed {
+            id: ObjectId::random(),
+            carrier: ObjectId::random(),
+            path: target.into(),
+            target: target.into(),
+            size: bytes.len() as u64,
+            sha256: forte_format::seal::sha256_hex(bytes),
+            kind: Kind::File,
+            already: false,
+            parts: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_untouched_batch_has_no_changes_and_gets_its_modes_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            placed(dir.path(), "s/b/one", b"1"),
+            placed(dir.path(), "s/b/two", b"22"),
+        ];
+        let landed = Landed::protect(dir.path(), &files).unwrap();
+        let mode = |p: &str| {
+            std::fs::metadata(dir.path().join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+        };
+        assert_eq!(mode("s/b/one") & 0o222, 0, "read-only while tasks run");
+        assert_eq!(mode("s/b") & 0o222, 0);
+        assert!(landed.changes(dir.path()).unwrap().is_empty());
+        landed.release(dir.path()).unwrap();
+        assert_ne!(mode("s/b/one") & 0o200, 0);
+        assert_ne!(mode("s/b") & 0o200, 0);
+    }
+
+    /// A rewrite at once after the batch was protected, same size, is caught; so are a file
+    /// replaced by a directory and a special file added.
+    #[test]
+    fn rewrites_replacements_and_special_files_are_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            placed(dir.path(), "s/b/one", b"1"),
+            placed(dir.path(), "s/b/two", b"22"),
+        ];
+        let landed = Landed::protect(dir.path(), &files).unwrap();
+        let one = dir.path().join("s/b/one");
+        std::fs::set_permissions(&one, std::fs::Permissions::from_mode(0o644)).unwrap();
+        std::fs::write(&one, b"X").unwrap();
+        let two = dir.path().join("s/b/two");
+        std::fs::set_permissions(
+            dir.path().join("s/b"),
+            std::fs::Permissions::from_mode(0o755),
+        )
+        .unwrap();
+        std::fs::remove_file(&two).unwrap();
+        std::fs::create_dir(&two).unwrap();
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("s/b/pipe")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: a NUL-terminated path that lives across the call.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        let changes = landed.changes(dir.path()).unwrap();
+        assert_eq!(
+            changes,
+            [
+                "added a special file s/b/pipe",
+                "changed s/b/one (its bytes differ from the verified SHA-256)",
+                "replaced s/b/two with a directory",
+            ],
+            "{changes:?}"
+        );
+    }
 }
