@@ -48,6 +48,22 @@ pub struct WholeQuery {
 /// configured part sizes. Bigger bodies get 413.
 pub const MAX_BODY: usize = 1 << 30;
 
+/// The largest JSON body of a small request (statuses, cancellation, a rejected part or
+/// manifest): a thousand ids, with room.
+pub const MAX_SMALL_JSON: usize = 1 << 20;
+
+/// The largest body of an acknowledgement: the ids of a batch's objects (some 35 bytes each)
+/// and the core's receipt (at most 64 MiB, in base64), with room.
+pub const MAX_ACK_JSON: usize = 160 << 20;
+
+/// The largest body of an object's seal: its parts and its sealed manifest (at most 128 MiB,
+/// in base64), with room.
+pub const MAX_SEAL_JSON: usize = 200 << 20;
+
+/// The largest body of a batch's seal: its object ids and its sealed inventory (at most
+/// 256 MiB, in base64), with room.
+pub const MAX_BATCH_SEAL_JSON: usize = 400 << 20;
+
 /// A stored part as the relay sees it: a hash and a length.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartRef {

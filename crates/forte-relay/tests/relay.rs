@@ -579,6 +579,16 @@ fn oversize_requests_and_slow_clients_do_not_hurt_anyone_else() {
     let status = raw_exchange(&relay, head.as_bytes()).unwrap();
     assert!(status.contains(" 413 "), "{status}");
 
+    // A JSON body is held whole while it is parsed: one over its route's bound is refused.
+    let statuses = raw_http(&relay)
+        .post(format!("{}/v1/objects/status", relay.url()))
+        .bearer_auth(EDGE_A)
+        .header("content-type", "application/json")
+        .body(vec![b' '; forte_relay::api::MAX_SMALL_JSON + 1])
+        .send()
+        .unwrap();
+    assert_eq!(statuses.status().as_u16(), 413);
+
     // Without a valid token nothing is read: 401 before the announced body arrives.
     let head = format!(
         "PUT /v1/objects/{id}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer wrong-token-0123456789\r\n\

@@ -29,8 +29,8 @@ use store::{Location, Store, StoreError, Stored};
 use crate::api::{
     ApiError, BatchAck, BatchSeal, BatchSealQuery, ObjectState, ObjectStatus, ReadyObject,
     ReadyQuery, Receipts, Seal, SiteAnswer, StatusQuery, WholeQuery, GENERATION_HEADER,
-    MANIFEST_LENGTH_HEADER, MAX_BODY, MAX_PART_INDEX, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER,
-    SHARE_HEADER,
+    MANIFEST_LENGTH_HEADER, MAX_ACK_JSON, MAX_BATCH_SEAL_JSON, MAX_BODY, MAX_PART_INDEX,
+    MAX_SEAL_JSON, MAX_SMALL_JSON, MAX_STATUS_QUERY, MAX_WAIT_MS, SHA256_HEADER, SHARE_HEADER,
 };
 use crate::tls::server_identity;
 
@@ -303,12 +303,25 @@ fn expire_open(store: &Store, age: std::time::Duration) {
 
 fn router(relay: Arc<Relay>) -> Router {
     Router::new()
-        .route("/v1/objects/status", post(object_statuses))
-        .route("/v1/objects/{id}", get(object_status).put(seal))
+        // JSON bodies are held whole while they are parsed: each bounded by what it can hold.
+        .route(
+            "/v1/objects/status",
+            post(object_statuses).layer(limit(MAX_SMALL_JSON)),
+        )
+        .route(
+            "/v1/objects/{id}",
+            get(object_status).put(seal).layer(limit(MAX_SEAL_JSON)),
+        )
         .route("/v1/objects/{id}/parts/{index}", put(put_part))
         .route("/v1/objects/{id}/whole", put(put_whole))
-        .route("/v1/batches/{batch}", put(seal_batch))
-        .route("/v1/batches/{batch}/cancel", post(cancel_batch))
+        .route(
+            "/v1/batches/{batch}",
+            put(seal_batch).layer(limit(MAX_BATCH_SEAL_JSON)),
+        )
+        .route(
+            "/v1/batches/{batch}/cancel",
+            post(cancel_batch).layer(limit(MAX_SMALL_JSON)),
+        )
         .route("/v1/batches/{batch}/receipts", get(get_receipts))
         .route("/v1/site", get(whoami))
         .route("/v1/ready", get(ready))
@@ -317,20 +330,28 @@ fn router(relay: Arc<Relay>) -> Router {
             "/v1/sites/{site}/batches/{batch}/inventory",
             get(get_inventory),
         )
-        .route("/v1/sites/{site}/batches/{batch}/ack", post(ack_batch))
+        .route(
+            "/v1/sites/{site}/batches/{batch}/ack",
+            post(ack_batch).layer(limit(MAX_ACK_JSON)),
+        )
         .route("/v1/sites/{site}/objects/{id}/manifest", get(get_manifest))
         .route("/v1/sites/{site}/objects/{id}/parts/{index}", get(get_part))
         .route(
             "/v1/sites/{site}/objects/{id}/parts/{index}/reject",
-            post(reject),
+            post(reject).layer(limit(MAX_SMALL_JSON)),
         )
         .route(
             "/v1/sites/{site}/objects/{id}/manifest/reject",
-            post(reject_manifest),
+            post(reject_manifest).layer(limit(MAX_SMALL_JSON)),
         )
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .layer(axum::middleware::from_fn_with_state(relay.clone(), gate))
         .with_state(relay)
+}
+
+/// The largest body a route reads (its JSON is held whole while parsed).
+fn limit(bytes: usize) -> DefaultBodyLimit {
+    DefaultBodyLimit::max(bytes)
 }
 
 /// Runs before any handler reads a body: a request without a known token gets 401, and one
