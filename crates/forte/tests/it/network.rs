@@ -419,6 +419,27 @@ fn a_batch_larger_than_the_relay_fails_at_once_and_the_edge_cancels_it() {
     assert!(dest.join("small/a.txt").exists());
     assert!(!dest.join("huge").exists());
     assert!(inbox.join("huge/0.bin").exists(), "the source is untouched");
+
+    // A watching sender, which asks the relay every pass about the batches it sent, does not
+    // take the cancelled batch (whose objects the relay no longer holds) for a lost one.
+    let log = site.root.join("send.log");
+    let _sender = spawn_logged(&site.send(&["--watch", "--interval", "1"]), &log);
+    for name in ["later", "latest"] {
+        write(
+            &inbox.join(format!("{name}/a.txt")),
+            b"another small batch\n",
+        );
+        write(&inbox.join(format!("{name}/.ready")), b"");
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(
+            wait_for(30, || said().contains(&format!("batch {name}: sent"))),
+            "{}",
+            said()
+        );
+    }
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(!said.contains("no longer holds"), "{said}");
+    assert!(!said.contains("batch huge: sent"), "{said}");
 }
 
 /// `pull --copy-to` acknowledges only once the second copy exists: when it cannot be made
