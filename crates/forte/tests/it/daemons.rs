@@ -40,6 +40,37 @@ fn daemons_deliver_batches_as_they_come_and_delete_sources_after_ack() {
     }
 }
 
+/// A batch that was ready without a marker (quiet for --settle) goes whole once delivered:
+/// its files, then its directory, with no marker to remove.
+#[test]
+fn a_settled_batch_without_a_marker_is_deleted_whole_after_ack() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "quiet", 2, 20_000);
+    std::fs::remove_file(batch.join(".ready")).unwrap();
+    let log = site.root.join("send.log");
+    let _send = spawn_logged(
+        &site.send(&[
+            "--watch",
+            "--interval",
+            "1",
+            "--settle",
+            "1",
+            "--delete-after-ack",
+        ]),
+        &log,
+    );
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn(&pull);
+    assert!(
+        wait_for(60, || !batch.exists()),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(visible(&site.root.join("dest/site-a/quiet")).len(), 2);
+}
+
 #[test]
 fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
     let site = Site::new();
