@@ -577,7 +577,12 @@ mod tests {
     #[test]
     fn sqlite_catalogue_records_and_reads_back() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nested/catalog.sqlite");
+        // A directory that does not exist is refused, not made: a typo is not a new catalogue.
+        let nested = dir.path().join("nested/catalog.sqlite");
+        let refused = Catalog::open(nested.to_str().unwrap()).err().unwrap();
+        assert!(refused.to_string().contains("does not exist"), "{refused}");
+        assert!(!dir.path().join("nested").exists());
+        let path = dir.path().join("catalog.sqlite");
         exercise(&Catalog::open(path.to_str().unwrap()).unwrap());
         // Reopening applies no migration twice and keeps the data.
         let again = Catalog::open(path.to_str().unwrap()).unwrap();
