@@ -147,6 +147,17 @@ impl Bucket {
     }
 }
 
+impl Bucket {
+    /// The client's runtime, for a stream read from blocking code a piece at a time.
+    pub fn handle(&self) -> tokio::runtime::Handle {
+        self.runtime
+            .as_ref()
+            .expect("a bucket's runtime lives as long as it")
+            .handle()
+            .clone()
+    }
+}
+
 impl Drop for Bucket {
     fn drop(&mut self) {
         // Without waiting: the owner (a relay's store) may be dropped on an asynchronous

@@ -541,10 +541,12 @@ mod fuzz {
     }
 }
 
-/// A raw HTTP/1.1 exchange over TLS pinned to the relay: writes `head` (and no body), returns
-/// the status line, or `None` if the relay closed the connection without answering.
-fn raw_exchange(relay: &RunningRelay, head: &[u8]) -> Option<String> {
-    use std::io::{BufRead, BufReader, Write};
+type RawTls = rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>;
+
+/// A raw HTTP/1.1 connection over TLS pinned to the relay, `head` written (and no body), reads
+/// timing out after `wait`.
+fn raw_connection(relay: &RunningRelay, head: &[u8], wait: Duration) -> Option<RawTls> {
+    use std::io::Write;
     use std::sync::Arc;
     let config =
         forte_relay::tls::client_config(&RelayTrust::Fingerprint(relay.fingerprint.clone()))
@@ -552,13 +554,88 @@ fn raw_exchange(relay: &RunningRelay, head: &[u8]) -> Option<String> {
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(config), name).unwrap();
     let tcp = std::net::TcpStream::connect(relay.addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    tcp.set_read_timeout(Some(wait)).unwrap();
     let mut tls = rustls::StreamOwned::new(conn, tcp);
     tls.write_all(head).ok()?;
     tls.flush().ok()?;
+    Some(tls)
+}
+
+/// The status line read from `reader`, `None` if the connection ended (or the read timed out)
+/// without one.
+fn status_line(reader: &mut impl std::io::BufRead) -> Option<String> {
     let mut line = String::new();
-    BufReader::new(tls).read_line(&mut line).ok()?;
+    reader.read_line(&mut line).ok()?;
     (!line.is_empty()).then(|| line.trim_end().to_string())
+}
+
+/// A raw HTTP/1.1 exchange over TLS pinned to the relay: writes `head` (and no body), returns
+/// the status line, or `None` if the relay closed the connection without answering.
+fn raw_exchange(relay: &RunningRelay, head: &[u8]) -> Option<String> {
+    let tls = raw_connection(relay, head, Duration::from_secs(20))?;
+    status_line(&mut std::io::BufReader::new(tls))
+}
+
+/// The head of a part upload of `length` bytes (the hash is of nothing in particular).
+fn part_upload_head(id: ObjectId, token: &str, length: u64) -> String {
+    format!(
+        "PUT /v1/objects/{id}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {token}\r\n\
+         {}: {}\r\nContent-Length: {length}\r\n\r\n",
+        forte_relay::api::SHA256_HEADER,
+        "0".repeat(64),
+    )
+}
+
+#[test]
+fn a_part_over_the_quota_is_refused_before_its_body_is_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), Some(10 << 20));
+    // 500 MB announced, not a byte of it sent: the answer comes from the declared length.
+    let head = part_upload_head(ObjectId::random(), EDGE_A, 500_000_000);
+    let status = raw_exchange(&relay, head.as_bytes());
+    let status = status.expect("no answer before the body: the relay waited for it");
+    assert!(status.contains(" 413 "), "{status}");
+}
+
+#[test]
+fn a_part_cut_off_half_way_leaves_no_file_and_no_charge() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), Some(3000));
+    let head = part_upload_head(ObjectId::random(), EDGE_A, 2000);
+    let mut tls = raw_connection(&relay, head.as_bytes(), Duration::from_secs(20)).unwrap();
+    tls.write_all(&[5u8; 1000]).unwrap();
+    tls.flush().unwrap();
+    drop(tls);
+    // Once the relay has seen the connection end, the 2000 bytes charged are given back: a
+    // part as large as the whole quota fits.
+    let edge = client(&relay, EDGE_A);
+    let whole = vec![6u8; 3000];
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let id = ObjectId::random();
+    while let Err(e) = edge.put_part(id, 0, &whole, &sha(&whole)) {
+        assert!(std::time::Instant::now() < deadline, "still charged: {e}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let spool = tmp.path().join("store/sites/site-a/tmp");
+    assert_eq!(files_under(&spool), 0, "a spooled body was left behind");
+}
+
+#[test]
+fn a_request_without_a_valid_token_does_not_keep_its_connection() {
+    use std::io::Read;
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let head = b"GET /v1/ready HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer wrong-token-0123456789\r\n\r\n";
+    let tls = raw_connection(&relay, head, Duration::from_secs(5)).unwrap();
+    let mut reader = std::io::BufReader::new(tls);
+    let status = status_line(&mut reader).unwrap();
+    assert!(status.contains(" 401 "), "{status}");
+    // The rest of the answer, then the end of the connection, not a wait for the next request
+    // (the idle timeout is 30 s; reads give up after 5).
+    let mut rest = Vec::new();
+    let ended = reader.read_to_end(&mut rest);
+    assert!(ended.is_ok(), "the connection stayed open: {ended:?}");
 }
 
 #[test]
@@ -569,13 +646,7 @@ fn oversize_requests_and_slow_clients_do_not_hurt_anyone_else() {
     let id = ObjectId::random();
 
     // A body announced larger than any part is refused before it is read.
-    let head = format!(
-        "PUT /v1/objects/{id}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_A}\r\n\
-         {}: {}\r\nContent-Length: {}\r\n\r\n",
-        forte_relay::api::SHA256_HEADER,
-        "0".repeat(64),
-        (forte_relay::api::MAX_BODY as u64) * 4
-    );
+    let head = part_upload_head(id, EDGE_A, (forte_relay::api::MAX_BODY as u64) * 4);
     let status = raw_exchange(&relay, head.as_bytes()).unwrap();
     assert!(status.contains(" 413 "), "{status}");
 
@@ -1066,4 +1137,19 @@ fn an_upload_tells_its_bytes_as_its_connection_takes_them() {
         .unwrap();
     assert_eq!(told_of(id, 0), p.len() as u64 + 8);
     assert!(told.lock().unwrap().iter().all(|(_, _, n)| *n > 0));
+}
+
+#[test]
+fn a_part_larger_than_a_bucket_upload_piece_is_kept_and_given_back_whole() {
+    // 40 MiB: sent on to a bucket in pieces (a multipart upload), read back as a stream.
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge, core) = (client(&relay, EDGE_A), client(&relay, CORE_A));
+    let id = ObjectId::random();
+    let body: Vec<u8> = (0..40u32 << 20).map(|i| (i % 251) as u8).collect();
+    edge.put_part(id, 0, &body, &sha(&body)).unwrap();
+    // A retry: the held part is hashed again, as a stream, and found whole.
+    edge.put_part(id, 0, &body, &sha(&body)).unwrap();
+    let back = core.part("site-a", id, 0, body.len() as u64).unwrap();
+    assert!(back == body, "the part came back changed");
 }

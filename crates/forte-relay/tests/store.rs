@@ -36,6 +36,15 @@ fn put(store: &Store, id: ObjectId, index: u32, body: &[u8]) -> Result<Stored, S
     store.put_part(SITE, id, index, &sha(body), body)
 }
 
+/// Part `index` of `id` as the relay would send it, read whole.
+fn read_part(store: &Store, id: ObjectId, index: u32) -> Result<Vec<u8>, StoreError> {
+    let (mut reader, length) = store.open_part(SITE, id, index)?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(&mut reader, &mut bytes).unwrap();
+    assert_eq!(bytes.len() as u64, length, "the length given with the part");
+    Ok(bytes)
+}
+
 /// Seals `id` (one part, `body`) into `batch` with a one-byte manifest.
 fn seal_one(store: &Store, id: ObjectId, batch: &str, body: &[u8]) {
     store.seal(SITE, id, batch, &[part(0, body)], b"m").unwrap();
@@ -113,7 +122,7 @@ fn a_re_uploaded_part_of_another_length_is_charged_only_the_difference() {
     let id = ObjectId::random();
     assert_eq!(put(&store, id, 0, &[1u8; 600]).unwrap(), Stored::New);
     assert_eq!(put(&store, id, 0, &[2u8; 400]).unwrap(), Stored::New);
-    assert_eq!(store.read_part(SITE, id, 0).unwrap(), vec![2u8; 400]);
+    assert_eq!(read_part(&store, id, 0).unwrap(), vec![2u8; 400]);
     // 400 held: 600 more fill the quota exactly, one byte more is refused.
     assert_eq!(put(&store, id, 1, &[3u8; 600]).unwrap(), Stored::New);
     let message = no_room_message(put(&store, id, 2, &[4u8; 1]));
@@ -127,7 +136,7 @@ fn a_different_part_of_the_same_length_replaces_the_held_one() {
     assert_eq!(put(&store, id, 0, &[1u8; 100]).unwrap(), Stored::New);
     // Same index and length, intact on disk, but another hash: not the part held.
     assert_eq!(put(&store, id, 0, &[2u8; 100]).unwrap(), Stored::New);
-    assert_eq!(store.read_part(SITE, id, 0).unwrap(), vec![2u8; 100]);
+    assert_eq!(read_part(&store, id, 0).unwrap(), vec![2u8; 100]);
     let status = store.status(SITE, id).unwrap();
     assert_eq!(status.parts, vec![part(0, &[2u8; 100])]);
 }
@@ -180,7 +189,7 @@ fn identical_bytes_uploaded_as_two_parts_are_stored_under_each_index() {
     assert_eq!(put(&store, id, 0, &body).unwrap(), Stored::New);
     // Part 0 holds the same hash and length; it is not part 1.
     assert_eq!(put(&store, id, 1, &body).unwrap(), Stored::New);
-    assert_eq!(store.read_part(SITE, id, 1).unwrap(), body);
+    assert_eq!(read_part(&store, id, 1).unwrap(), body);
     let status = store.status(SITE, id).unwrap();
     assert_eq!(
         (status.state, status.parts),
@@ -301,7 +310,7 @@ fn a_missing_part_is_not_found_and_an_unreadable_one_an_io_error() {
     let (tmp, store) = fresh_store(None);
     let id = ObjectId::random();
     put(&store, id, 0, b"part").unwrap();
-    match store.read_part(SITE, id, 3) {
+    match read_part(&store, id, 3) {
         Err(StoreError::NotFound(m)) => {
             assert_eq!(m, format!("part 3 of object {id} is not at the relay"));
         }
@@ -309,13 +318,10 @@ fn a_missing_part_is_not_found_and_an_unreadable_one_an_io_error() {
     }
     let unreadable = part_path(tmp.path(), id, 3);
     std::fs::create_dir(&unreadable).unwrap();
-    let message = io_message(store.read_part(SITE, id, 3));
+    let message = io_message(read_part(&store, id, 3));
     assert_eq!(
         message,
-        format!(
-            "part: {}: Is a directory (os error 21)",
-            unreadable.display()
-        )
+        format!("part: {}: is a directory", unreadable.display())
     );
 }
 
@@ -350,7 +356,7 @@ fn cancel_reports_a_batch_record_it_cannot_remove() {
             record.display()
         )
     );
-    assert_eq!(store.read_part(SITE, id, 0).unwrap(), b"part");
+    assert_eq!(read_part(&store, id, 0).unwrap(), b"part");
 }
 
 #[test]
@@ -439,7 +445,7 @@ fn an_upload_changed_exactly_at_the_cutoff_does_not_expire() {
     // changed strictly before the cutoff expires.
     date_records(tmp.path(), id, SystemTime::UNIX_EPOCH);
     assert_eq!(store.expire_open(Duration::MAX).unwrap(), (0, 0));
-    assert_eq!(store.read_part(SITE, id, 0).unwrap(), vec![1u8; 7]);
+    assert_eq!(read_part(&store, id, 0).unwrap(), vec![1u8; 7]);
     // With no age limit at all it is strictly older than the cutoff (now), and expires.
     assert_eq!(store.expire_open(Duration::ZERO).unwrap(), (1, 7));
 }

@@ -1,6 +1,7 @@
 //! `forte relay`: the HTTPS server in the DMZ.
 
 mod auth;
+mod body;
 pub mod connections;
 mod metrics;
 /// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
@@ -13,7 +14,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -356,7 +356,8 @@ fn limit(bytes: usize) -> DefaultBodyLimit {
 
 /// Runs before any handler reads a body: a request without a known token gets 401, and one
 /// announcing a body over [`MAX_BODY`] gets 413, without a byte of the body being read. Only
-/// authenticated sites can make the relay buffer a part. An upload's body is read at its
+/// authenticated sites can make the relay read a part (which it writes to disk as it arrives,
+/// [`body`]). An upload's body is read at its
 /// site's share ([`share`]), and the answer says the share when one is in force.
 async fn gate(
     State(relay): State<Arc<Relay>>,
@@ -438,6 +439,12 @@ impl IntoResponse for Failure {
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut()
                 .insert("www-authenticate", "Bearer".parse().expect("valid header"));
+            // A connection that sent no valid token is not kept for its next request: without
+            // this, tokenless requests every few seconds held connections open for good.
+            r.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
         }
         r
     }
@@ -552,18 +559,27 @@ async fn blocking<T: Send + 'static>(
         .map_err(Failure::from)
 }
 
+/// A part, written to the store as it arrives ([`body`]): its declared length is charged to
+/// the site's quota before a byte of it is read.
 async fn put_part(
     State(relay): State<Arc<Relay>>,
     Path((id, index)): Path<(String, u32)>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Answer<StatusCode> {
     let site = edge_site(&relay, &headers)?;
     let (id, index) = (object_id(&id)?, part_index(index)?);
     let sha256 = required_header(&headers, SHA256_HEADER)?;
+    let length = body::declared_length(&headers)?;
     let r = relay.clone();
-    let length = body.len() as u64;
-    let stored = blocking(move || r.store.put_part(&site, id, index, &sha256, &body)).await?;
+    let stored = body::with_body(body, move |chunks| {
+        let mut upload = r.store.begin_part(&site, id, index, &sha256, length)?;
+        for chunk in chunks {
+            upload.write(&chunk)?;
+        }
+        upload.finish()
+    })
+    .await?;
     Ok(part_stored(stored, id, index, length))
 }
 
@@ -606,31 +622,39 @@ async fn put_whole(
     Path(id): Path<String>,
     Query(query): Query<WholeQuery>,
     headers: HeaderMap,
-    body: Bytes,
+    body: axum::body::Body,
 ) -> Answer<StatusCode> {
     let site = edge_site(&relay, &headers)?;
     let id = object_id(&id)?;
     check_batch(&query.batch)?;
     let sha256 = required_header(&headers, SHA256_HEADER)?;
+    let length = body::declared_length(&headers)?;
     let manifest_len = required_header(&headers, MANIFEST_LENGTH_HEADER)?
-        .parse::<usize>()
+        .parse::<u64>()
         .ok()
-        .filter(|&n| n <= body.len())
+        .filter(|&n| n <= length && n <= MAX_SEAL_JSON as u64)
         .ok_or_else(|| {
             Failure::new(
                 StatusCode::BAD_REQUEST,
-                format!("{MANIFEST_LENGTH_HEADER} is not a length within the body"),
+                format!("{MANIFEST_LENGTH_HEADER} is not a length within the body (and at most {MAX_SEAL_JSON} bytes)"),
             )
         })?;
-    let part_len = body.len() - manifest_len;
-    let (part, manifest) = (body.slice(..part_len), body.slice(part_len..));
+    let part_len = length - manifest_len;
     let r = relay.clone();
-    let stored = blocking(move || {
-        let part = (sha256.as_str(), &part[..]);
-        r.store.put_whole(&site, id, &query.batch, part, &manifest)
+    let stored = body::with_body(body, move |chunks| {
+        let mut upload = r.store.begin_part(&site, id, 0, &sha256, part_len)?;
+        let mut manifest = Vec::with_capacity(manifest_len as usize);
+        let mut to_part = part_len;
+        for mut chunk in chunks {
+            let into_part = chunk.split_to((to_part as usize).min(chunk.len()));
+            to_part -= into_part.len() as u64;
+            upload.write(&into_part)?;
+            manifest.extend_from_slice(&chunk);
+        }
+        r.store.put_whole(upload, &query.batch, &manifest)
     })
     .await?;
-    part_stored(stored, id, 0, part_len as u64);
+    part_stored(stored, id, 0, part_len);
     object_sealed(&relay, id);
     Ok(StatusCode::CREATED)
 }
@@ -869,11 +893,15 @@ async fn get_part(
     State(relay): State<Arc<Relay>>,
     Path((site, id, index)): Path<(String, String, u32)>,
     headers: HeaderMap,
-) -> Answer<Vec<u8>> {
+) -> Answer<Response> {
     core_for(&relay, &headers, &site)?;
     let (id, index) = (object_id(&id)?, part_index(index)?);
     let r = relay.clone();
-    blocking(move || r.store.read_part(&site, id, index)).await
+    let part = blocking(move || r.store.open_part(&site, id, index)).await?;
+    Ok(body::stream_out(
+        part,
+        format!("part {index} of object {id}"),
+    ))
 }
 
 async fn ack_batch(

@@ -2,7 +2,13 @@
 //! hold the same keys (`sites/<site>/objects/<id>/part-000000.zst.age`, …); the store above
 //! knows what the keys mean, a backend only how to keep them.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
 use super::{Result, StoreError};
+
+/// A stored body being read, and its length.
+pub type Reader = (Box<dyn Read + Send>, u64);
 
 /// One stored record or body.
 #[derive(Debug, Clone)]
@@ -32,8 +38,16 @@ pub trait Backend: Send + Sync {
     /// Stores `bytes` at `key` only if nothing is there; whether it did. Two relays writing the
     /// same key at once: exactly one of them does.
     fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool>;
+    /// The local directory where a body bound for `key` is written while it arrives, before
+    /// [`Backend::put_file`] keeps it: on the file system of its target where there is one.
+    fn spool_dir(&self, key: &str) -> PathBuf;
+    /// Stores the complete file at `spooled` (in [`Backend::spool_dir`]) at `key`, replacing
+    /// what is there; the file is gone afterwards, kept or not.
+    fn put_file(&self, key: &str, spooled: &Path, what: &str) -> Result<()>;
     /// What is at `key`, `None` if nothing.
     fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>>;
+    /// What is at `key` as a stream, for bodies too large to hold: `None` if nothing.
+    fn open(&self, key: &str, what: &str) -> Result<Option<Reader>>;
     fn exists(&self, key: &str, what: &str) -> Result<bool>;
     /// Whether anything is under `prefix/` (a directory, even empty, counts).
     fn any_under(&self, prefix: &str, what: &str) -> Result<bool>;

@@ -11,16 +11,75 @@ use futures_util::{StreamExt, TryStreamExt};
 use object_store::path::Path as Key;
 use object_store::{ObjectMeta, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
-use super::backend::{io_error, Backend, Entry};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::backend::{io_error, Backend, Entry, Reader};
 use super::{Result, StoreError};
 
 pub struct BucketBackend {
     bucket: Bucket,
+    /// Where uploads arrive before they are sent on: a directory of this store's own in the
+    /// system's temporary directory (`$TMPDIR`), removed with it.
+    spool: PathBuf,
 }
+
+/// A body larger than this is sent on in parts of this size (a multipart upload), so that no
+/// more than [`PARTS_AT_ONCE`] of them are in memory at once.
+const SEND_PART_BYTES: usize = 16 << 20;
+const PARTS_AT_ONCE: usize = 2;
 
 impl BucketBackend {
     pub fn new(bucket: Bucket) -> Self {
-        Self { bucket }
+        // Its own even beside another store of the same process (tests run several).
+        let mut suffix = [0u8; 4];
+        let _ = getrandom::getrandom(&mut suffix);
+        let name = format!(
+            "forte-relay-spool-{}-{}",
+            std::process::id(),
+            hex::encode(suffix)
+        );
+        let spool = std::env::temp_dir().join(name);
+        Self { bucket, spool }
+    }
+
+    /// Sends the file at `from` to `key` in parts, completing the upload only if every byte
+    /// was read and sent.
+    fn send_in_parts(&self, from: &Path, key: &Key, what: &str) -> Result<()> {
+        let mut file = std::fs::File::open(from).map_err(|e| io_error(what, e))?;
+        let store = self.bucket.store();
+        request("put");
+        self.bucket.block_on(async {
+            let upload = store
+                .put_multipart(key)
+                .await
+                .map_err(|e| self.failed(what, key, e))?;
+            let mut writer =
+                object_store::WriteMultipart::new_with_chunk_size(upload, SEND_PART_BYTES);
+            let mut buffer = vec![0u8; SEND_PART_BYTES];
+            let sent = loop {
+                let n = match file.read(&mut buffer) {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => n,
+                    Err(e) => break Err(io_error(what, format!("{}: {e}", from.display()))),
+                };
+                if let Err(e) = writer.wait_for_capacity(PARTS_AT_ONCE).await {
+                    break Err(self.failed(what, key, e));
+                }
+                writer.write(&buffer[..n]);
+            };
+            match sent {
+                Ok(()) => writer
+                    .finish()
+                    .await
+                    .map(drop)
+                    .map_err(|e| self.failed(what, key, e)),
+                Err(e) => {
+                    let _ = writer.abort().await;
+                    Err(e)
+                }
+            }
+        })
     }
 
     fn key(&self, key: &str) -> Key {
@@ -59,6 +118,34 @@ impl BucketBackend {
     }
 }
 
+impl Drop for BucketBackend {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.spool);
+    }
+}
+
+/// A bucket object's body read from blocking code, one chunk of the client's stream at a time.
+struct StreamReader {
+    runtime: tokio::runtime::Handle,
+    stream: futures_util::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+    chunk: bytes::Bytes,
+}
+
+impl Read for StreamReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.chunk.is_empty() {
+            match self.runtime.block_on(self.stream.next()) {
+                Some(Ok(chunk)) => self.chunk = chunk,
+                Some(Err(e)) => return Err(std::io::Error::other(e)),
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.chunk.len());
+        out[..n].copy_from_slice(&self.chunk.split_to(n));
+        Ok(n)
+    }
+}
+
 /// Listings in flight together when many prefixes are deleted.
 const LISTINGS_AT_ONCE: usize = 16;
 
@@ -79,6 +166,41 @@ impl Backend for BucketBackend {
 
     fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool> {
         self.put_with(key, bytes, PutMode::Create, what)
+    }
+
+    fn spool_dir(&self, _key: &str) -> PathBuf {
+        self.spool.clone()
+    }
+
+    fn put_file(&self, key: &str, spooled: &Path, what: &str) -> Result<()> {
+        let sent = match std::fs::metadata(spooled) {
+            Ok(m) if m.len() <= SEND_PART_BYTES as u64 => std::fs::read(spooled)
+                .map_err(|e| io_error(what, format!("{}: {e}", spooled.display())))
+                .and_then(|bytes| self.put(key, &bytes, what)),
+            Ok(_) => self.send_in_parts(spooled, &self.key(key), what),
+            Err(e) => Err(io_error(what, format!("{}: {e}", spooled.display()))),
+        };
+        let _ = std::fs::remove_file(spooled);
+        sent
+    }
+
+    fn open(&self, key: &str, what: &str) -> Result<Option<Reader>> {
+        let key = self.key(key);
+        request("get");
+        let store = self.bucket.store();
+        match self.bucket.block_on(store.get(&key)) {
+            Ok(got) => {
+                let length = got.meta.size;
+                let reader = StreamReader {
+                    runtime: self.bucket.handle(),
+                    stream: got.into_stream(),
+                    chunk: bytes::Bytes::new(),
+                };
+                Ok(Some((Box::new(reader), length)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.failed(what, &key, e)),
+        }
     }
 
     fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>> {

@@ -6,7 +6,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use super::backend::{Backend, Entry};
+use super::backend::{Backend, Entry, Reader};
 use super::{Result, StoreError};
 
 pub struct DirBackend {
@@ -96,6 +96,25 @@ impl Backend for DirBackend {
         self.flush(what)
     }
 
+    fn spool_dir(&self, key: &str) -> PathBuf {
+        self.tmp_dir(key)
+    }
+
+    fn put_file(&self, key: &str, spooled: &Path, what: &str) -> Result<()> {
+        let target = self.path(key);
+        let dir = target.parent().expect("keys live in a directory");
+        let placed = std::fs::create_dir_all(dir)
+            .map_err(|e| StoreError::io(what, dir, e))
+            .and_then(|()| {
+                std::fs::rename(spooled, &target).map_err(|e| StoreError::io(what, &target, e))
+            });
+        if placed.is_err() {
+            let _ = std::fs::remove_file(spooled);
+        }
+        placed?;
+        self.flush(what)
+    }
+
     fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool> {
         let (tmp, target) = self.write_tmp(key, bytes, what)?;
         // A link, unlike a rename, fails when the name is taken.
@@ -112,6 +131,23 @@ impl Backend for DirBackend {
         let path = self.path(key);
         match std::fs::read(&path) {
             Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(StoreError::io(what, &path, e)),
+        }
+    }
+
+    fn open(&self, key: &str, what: &str) -> Result<Option<Reader>> {
+        let path = self.path(key);
+        let opened = std::fs::File::open(&path).and_then(|f| {
+            let meta = f.metadata()?;
+            // A directory opens, and fails only when read: after the answer began.
+            if meta.is_dir() {
+                return Err(std::io::Error::from(ErrorKind::IsADirectory));
+            }
+            Ok((meta.len(), f))
+        });
+        match opened {
+            Ok((length, file)) => Ok(Some((Box::new(file), length))),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
             Err(e) => Err(StoreError::io(what, &path, e)),
         }

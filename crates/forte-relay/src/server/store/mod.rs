@@ -25,6 +25,7 @@
 mod backend;
 mod bucket;
 mod dir;
+mod upload;
 
 use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
@@ -38,9 +39,10 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::api::{ObjectState, ObjectStatus, PartRef, ReadyObject};
-pub use backend::{Backend, Entry};
+pub use backend::{Backend, Entry, Reader};
 use bucket::BucketBackend;
 use dir::DirBackend;
+pub use upload::PartUpload;
 
 /// Where a relay's store is: a directory, or `s3://BUCKET/PREFIX` with the credentials for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -521,153 +523,10 @@ impl Store {
         Ok(listed)
     }
 
-    /// Part `index` of an object as [`Store::held_parts`] would list it, with its bytes, read
-    /// directly: two requests to a bucket, where listing the object's records and reading
-    /// each took two and one per part.
-    fn held_part(
-        &self,
-        site: &str,
-        id: ObjectId,
-        index: u32,
-        what: &str,
-    ) -> Result<Option<(PartRef, Vec<u8>)>> {
-        let Some(record) = self.backend.get(&record_key(site, id, index), what)? else {
-            return Ok(None);
-        };
-        let Some(part) = part_record(index, &record) else {
-            return Ok(None);
-        };
-        Ok(self
-            .backend
-            .get(&part_key(site, id, index), what)?
-            .map(|bytes| (part, bytes)))
-    }
-
     fn add_usage(&self, site: &str, delta: i64) {
         let mut usage = self.usage.lock();
         let used = usage.entry(site.to_string()).or_default();
         *used = used.saturating_add_signed(delta);
-    }
-
-    /// Stores part `index` of object `id`, whose ciphertext SHA-256 must be `sha256`. A new
-    /// part costs a bucket three requests: its record, written create-only (which tells
-    /// whether the part was held before), the part, and a look for a tombstone.
-    pub fn put_part(
-        &self,
-        site: &str,
-        id: ObjectId,
-        index: u32,
-        sha256: &str,
-        body: &[u8],
-    ) -> Result<Stored> {
-        self.lock_object(site, id)
-            .hold(|| self.put_part_held(site, id, index, sha256, body))
-    }
-
-    /// [`Store::put_part`], the object's lock held.
-    fn put_part_held(
-        &self,
-        site: &str,
-        id: ObjectId,
-        index: u32,
-        sha256: &str,
-        body: &[u8],
-    ) -> Result<Stored> {
-        let found = hex::encode(Sha256::digest(body));
-        if found != sha256 {
-            return Err(StoreError::Invalid(format!(
-                "part {index} of object {id}: ciphertext SHA-256 mismatch (header {sha256}, body {found}); nothing stored"
-            )));
-        }
-        let what = format!("part {index} of object {id}");
-        let record = format!("{sha256} {}\n", body.len());
-        let size = body.len() as i64;
-        if let Err(e) = self.charge(site, size) {
-            // A part replacing a held one counts only the difference, which needs it read.
-            return match e {
-                StoreError::Full(_) | StoreError::NoRoom(_) => {
-                    self.put_part_again(site, id, index, sha256, body)
-                }
-                e => Err(e),
-            };
-        }
-        let recorded = self
-            .backend
-            .put_new(&record_key(site, id, index), record.as_bytes(), &what);
-        match recorded {
-            Ok(true) => self.put_body(site, id, index, body, size),
-            Ok(false) => {
-                self.add_usage(site, -size);
-                self.put_part_again(site, id, index, sha256, body)
-            }
-            Err(e) => {
-                self.add_usage(site, -size);
-                Err(self.no_room_unless_waiting_if_full(e))
-            }
-        }
-    }
-
-    /// [`Store::put_part`] of a part with a record already: a retry, a part torn by a crash,
-    /// or other bytes (refused if the object is sealed).
-    fn put_part_again(
-        &self,
-        site: &str,
-        id: ObjectId,
-        index: u32,
-        sha256: &str,
-        body: &[u8],
-    ) -> Result<Stored> {
-        let what = format!("part {index} of object {id}");
-        let previous = self.held_part(site, id, index, &what)?;
-        if let Some((p, held)) = &previous {
-            // A crash between rename and flush can leave a record whose part is not what it
-            // says: trust a held part only after hashing it again (this happens on retries).
-            let intact = hex::encode(Sha256::digest(held)) == p.sha256;
-            if p.sha256 == sha256 && p.length == body.len() as u64 && intact {
-                self.backend.flush(&what)?;
-                self.refuse_if_delivered(site, id, &what)?;
-                return Ok(Stored::AlreadyHeld);
-            }
-            // Other bytes for a sealed object's part would break the seal, which lists the
-            // held part's hash: an edge that did not ask first (a new catalogue) is told.
-            if self.is_sealed(site, id)? {
-                return Err(StoreError::Held(
-                    ObjectState::Complete,
-                    format!("object {id} is sealed already: its part {index} is not replaced"),
-                ));
-            }
-        }
-        // A part that replaces a held one (a torn part, or new bytes) counts only the
-        // difference, in the check as in the charge.
-        let size = body.len() as i64 - previous.as_ref().map_or(0, |(p, _)| p.length as i64);
-        self.charge(site, size)?;
-        let record = format!("{sha256} {}\n", body.len());
-        let recorded = self
-            .backend
-            .put(&record_key(site, id, index), record.as_bytes(), &what);
-        if let Err(e) = recorded {
-            self.add_usage(site, -size);
-            return Err(self.no_room_unless_waiting_if_full(e));
-        }
-        self.put_body(site, id, index, body, size)
-    }
-
-    /// Writes a part whose record is written and whose `charged` bytes are counted.
-    fn put_body(
-        &self,
-        site: &str,
-        id: ObjectId,
-        index: u32,
-        body: &[u8],
-        charged: i64,
-    ) -> Result<Stored> {
-        let what = format!("part {index} of object {id}");
-        if let Err(e) = self.backend.put(&part_key(site, id, index), body, &what) {
-            self.add_usage(site, -charged);
-            return Err(self.no_room_unless_waiting_if_full(e));
-        }
-        self.refuse_if_delivered(site, id, &what)?;
-        Ok(Stored::New)
     }
 
     /// A full store met while writing: see [`Store::no_room_unless_waiting`].
@@ -863,24 +722,19 @@ impl Store {
         self.write_seal(site, id, batch, parts, manifest)
     }
 
-    /// Stores and seals a one-part object of `batch`: its part (SHA-256 `sha256`) and its
-    /// sealed `manifest`. The part just stored is the whole list: nothing is read back.
+    /// Keeps a one-part object's part, `upload`, and seals it into `batch` with its sealed
+    /// `manifest`. The part just stored is the whole list: nothing is read back.
     pub fn put_whole(
         &self,
-        site: &str,
-        id: ObjectId,
+        upload: PartUpload<'_>,
         batch: &str,
-        (sha256, part): (&str, &[u8]),
         manifest: &[u8],
     ) -> Result<Stored> {
-        self.lock_object(site, id).hold(|| {
-            let stored = self.put_part_held(site, id, 0, sha256, part)?;
-            let parts = [PartRef {
-                index: 0,
-                sha256: sha256.to_string(),
-                length: part.len() as u64,
-            }];
-            self.write_seal(site, id, batch, &parts, manifest)?;
+        let (site, id) = (upload.object().0.to_string(), upload.object().1);
+        self.lock_object(&site, id).hold(|| {
+            let parts = [upload.part_ref()];
+            let stored = upload.finish_held()?;
+            self.write_seal(&site, id, batch, &parts, manifest)?;
             Ok(stored)
         })
     }
@@ -1101,9 +955,10 @@ impl Store {
         })
     }
 
-    pub fn read_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Vec<u8>> {
+    /// Part `index` of an object, to be read as a stream, and its length.
+    pub fn open_part(&self, site: &str, id: ObjectId, index: u32) -> Result<Reader> {
         let key = part_key(site, id, index);
-        self.backend.get(&key, "part")?.ok_or_else(|| {
+        self.backend.open(&key, "part")?.ok_or_else(|| {
             StoreError::NotFound(format!("part {index} of object {id} is not at the relay"))
         })
     }
@@ -1438,9 +1293,20 @@ mod tests {
             self.call("put_new");
             self.dir.put_new(key, bytes, what)
         }
+        fn spool_dir(&self, key: &str) -> PathBuf {
+            self.dir.spool_dir(key)
+        }
+        fn put_file(&self, key: &str, spooled: &Path, what: &str) -> Result<()> {
+            self.call("put");
+            self.dir.put_file(key, spooled, what)
+        }
         fn get(&self, key: &str, what: &str) -> Result<Option<Vec<u8>>> {
             self.call("get");
             self.dir.get(key, what)
+        }
+        fn open(&self, key: &str, what: &str) -> Result<Option<Reader>> {
+            self.call("get");
+            self.dir.open(key, what)
         }
         fn exists(&self, key: &str, what: &str) -> Result<bool> {
             self.call("exists");
@@ -1490,7 +1356,11 @@ mod tests {
         for (i, &id) in ids.iter().enumerate() {
             let body = format!("ciphertext of object {i}").into_bytes();
             let sha256 = hex::encode(Sha256::digest(&body));
-            let stored = store.put_whole("s", id, "b", (&sha256, &body), b"manifest");
+            let mut part = store
+                .begin_part("s", id, 0, &sha256, body.len() as u64)
+                .unwrap();
+            part.write(&body).unwrap();
+            let stored = store.put_whole(part, "b", b"manifest");
             assert_eq!(stored.unwrap(), Stored::New);
         }
         // Each: its part's record (create-only), the part, a look for a tombstone, its

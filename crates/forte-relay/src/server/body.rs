@@ -1,0 +1,125 @@
+//! Bodies too large to hold in memory: a request's handed to blocking store work chunk by chunk
+//! as it arrives, and read from the connection only once that work asks for it; a stored part
+//! sent out as it is read. Either way a request holds at most [`CHUNKS_IN_FLIGHT`] chunks
+//! (hyper's chunks are at most its read buffer, about 400 KiB; ours [`SEND_CHUNK`]), so about
+//! 2 MiB, whatever the size of the part.
+
+use std::io::Read;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::store::{Reader, StoreError};
+use super::{Answer, Failure};
+
+/// Chunks queued between the connection and the blocking work, either way.
+const CHUNKS_IN_FLIGHT: usize = 4;
+
+/// How much of a stored part is read at a time to be sent.
+const SEND_CHUNK: usize = 256 << 10;
+
+/// A request body as blocking work sees it: nothing is read from the connection before the
+/// first call of `next`, so work that refuses the request first (a quota) reads none of it.
+pub struct Chunks {
+    arrived: mpsc::Receiver<Bytes>,
+    wanted: Option<oneshot::Sender<()>>,
+}
+
+impl Iterator for Chunks {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if let Some(wanted) = self.wanted.take() {
+            let _ = wanted.send(());
+        }
+        self.arrived.blocking_recv()
+    }
+}
+
+/// Runs `work` off the async workers with `body` as it arrives. A body that breaks off (the
+/// client went away) ends the chunks early: the work sees a short body.
+pub async fn with_body<T: Send + 'static>(
+    body: Body,
+    work: impl FnOnce(Chunks) -> Result<T, StoreError> + Send + 'static,
+) -> Answer<T> {
+    let (arriving, arrived) = mpsc::channel(CHUNKS_IN_FLIGHT);
+    let (wanted, read_it) = oneshot::channel();
+    let chunks = Chunks {
+        arrived,
+        wanted: Some(wanted),
+    };
+    let worker = tokio::task::spawn_blocking(move || work(chunks));
+    // Dropped unsent when the work ends without reading the body.
+    if read_it.await.is_ok() {
+        let mut stream = body.into_data_stream();
+        while let Some(chunk) = stream.next().await {
+            match chunk {
+                Ok(chunk) => {
+                    if arriving.send(chunk).await.is_err() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!("request body broke off: {e}");
+                    break;
+                }
+            }
+        }
+    }
+    drop(arriving);
+    worker
+        .await
+        .map_err(|e| super::internal_error(&format!("worker failed: {e}")))?
+        .map_err(Failure::from)
+}
+
+/// The length a request declares (`Content-Length`): a part's bytes are charged before they are
+/// read, so a body must say how long it is.
+pub fn declared_length(headers: &axum::http::HeaderMap) -> Answer<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| {
+            Failure::new(
+                StatusCode::LENGTH_REQUIRED,
+                "an upload must declare its Content-Length".to_string(),
+            )
+        })
+}
+
+/// A stored body sent as it is read, from a blocking thread.
+pub fn stream_out((mut reader, length): Reader, what: String) -> Response {
+    let (sending, sent) = mpsc::channel::<std::io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
+    tokio::task::spawn_blocking(move || loop {
+        let mut chunk = vec![0u8; SEND_CHUNK];
+        let read = match reader.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => {
+                chunk.truncate(n);
+                Ok(Bytes::from(chunk))
+            }
+            Err(e) => {
+                tracing::error!("cannot read {what}: {e}");
+                Err(e)
+            }
+        };
+        let failed = read.is_err();
+        // The client went away, or the read failed: the response ends short, which the
+        // client sees against the Content-Length.
+        if sending.blocking_send(read).is_err() || failed {
+            return;
+        }
+    });
+    let stream = futures_util::stream::unfold(sent, |mut sent| async move {
+        sent.recv().await.map(|chunk| (chunk, sent))
+    });
+    (
+        [(header::CONTENT_LENGTH, length)],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
