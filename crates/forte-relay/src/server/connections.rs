@@ -1,20 +1,26 @@
 //! How many connections the relay holds, and for how long: a client that opens connections
 //! and sends nothing (no token is needed to open one) must not use up the relay's descriptors
-//! and lock every site out. A connection beyond the cap, in total or from one address, is
-//! closed as soon as it is accepted, before its TLS handshake; a handshake has
-//! [`Limits::handshake`] to finish, and a connection that sends no request (a first one, or the
-//! next on a kept-alive connection) within [`Limits::idle`] is closed.
+//! and lock every site out. A connection beyond the cap from one address is closed as soon as
+//! it is accepted, before its TLS handshake. At the cap in total, a connection from an address
+//! holding fewer connections than the address holding the most takes the place of that
+//! address's oldest connection, which is closed: whoever holds many connections from a few
+//! addresses cannot keep out a site that holds a few (a flood from as many addresses as the cap
+//! is beyond what a relay alone can tell from sites). A handshake has [`Limits::handshake`] to
+//! finish, and a connection that sends no request (a first one, or the next on a kept-alive
+//! connection) within [`Limits::idle`] is closed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Ready;
 use std::io;
 use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum_server::accept::Accept;
+use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -55,7 +61,53 @@ pub struct CappedAcceptor {
 #[derive(Default, Debug)]
 struct Open {
     total: usize,
-    by_address: HashMap<IpAddr, usize>,
+    /// Connections closed to make room and not gone yet.
+    leaving: usize,
+    /// Each address's connections, oldest first.
+    by_address: HashMap<IpAddr, VecDeque<Arc<Eviction>>>,
+}
+
+/// How a connection is told to close to make room for another.
+#[derive(Debug, Default)]
+struct Eviction {
+    evicted: AtomicBool,
+    /// The task reading or writing the connection, woken to see it.
+    waker: AtomicWaker,
+}
+
+impl Eviction {
+    fn evict(&self) {
+        self.evicted.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Whether the connection must close; its task is woken when it must, from then on.
+    fn evicted(&self, cx: &Context<'_>) -> bool {
+        self.waker.register(cx.waker());
+        self.evicted.load(Ordering::Acquire)
+    }
+}
+
+impl Open {
+    /// Closes the oldest connection of the address holding the most, if it holds more than
+    /// `holds` (what the address asking for room holds): whether room was made.
+    fn make_room(&mut self, holds: usize) -> bool {
+        let most = self
+            .by_address
+            .iter_mut()
+            .max_by_key(|(_, held)| held.len())
+            .filter(|(_, held)| held.len() > holds + 1);
+        let Some((address, held)) = most else {
+            return false;
+        };
+        let oldest = held.pop_front().expect("addresses listed hold connections");
+        tracing::warn!(
+            "connection from {address} closed to make room for an address holding fewer"
+        );
+        oldest.evict();
+        self.leaving += 1;
+        true
+    }
 }
 
 impl CappedAcceptor {
@@ -69,23 +121,32 @@ impl CappedAcceptor {
     /// A slot for a connection from `address`, or why there is none.
     fn take(&self, address: IpAddr) -> Result<Slot, String> {
         let mut open = self.open.lock();
-        let from_there = open.by_address.get(&address).copied().unwrap_or(0);
-        if open.total >= self.limits.total {
-            return Err(format!(
-                "{} connections open, the most the relay holds",
-                open.total
-            ));
-        }
+        let from_there = open.by_address.get(&address).map_or(0, VecDeque::len);
         if from_there >= self.limits.per_address {
             return Err(format!(
                 "{from_there} connections open from {address}, the most one address may hold"
             ));
         }
+        // Those leaving are still open: as many again as the cap at most, so the descriptors
+        // in use stay bounded while they go.
+        let staying = open.total - open.leaving;
+        let full = staying >= self.limits.total;
+        if full && (open.leaving >= self.limits.total || !open.make_room(from_there)) {
+            return Err(format!(
+                "{} connections open, the most the relay holds",
+                open.total
+            ));
+        }
         open.total += 1;
-        *open.by_address.entry(address).or_default() += 1;
+        let eviction = Arc::new(Eviction::default());
+        open.by_address
+            .entry(address)
+            .or_default()
+            .push_back(eviction.clone());
         Ok(Slot {
             open: self.open.clone(),
             address,
+            eviction,
         })
     }
 }
@@ -96,18 +157,15 @@ impl<S> Accept<TcpStream, S> for CappedAcceptor {
     type Future = Ready<io::Result<(Counted, S)>>;
 
     fn accept(&self, stream: TcpStream, service: S) -> Self::Future {
+        // Answers go out as written: without, a TLS ticket and the answer after it waited for
+        // the client's delayed acknowledgement (about 40 ms on every fresh connection).
+        let _ = stream.set_nodelay(true);
         let taken = stream
             .peer_addr()
             .map_err(|e| e.to_string())
             .and_then(|peer| self.take(peer.ip().to_canonical()));
         std::future::ready(match taken {
-            Ok(slot) => Ok((
-                Counted {
-                    stream,
-                    _slot: slot,
-                },
-                service,
-            )),
+            Ok(slot) => Ok((Counted { stream, slot }, service)),
             Err(why) => {
                 super::metrics::connection_refused();
                 tracing::warn!("connection closed at once: {why}");
@@ -122,15 +180,20 @@ impl<S> Accept<TcpStream, S> for CappedAcceptor {
 struct Slot {
     open: Arc<Mutex<Open>>,
     address: IpAddr,
+    eviction: Arc<Eviction>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut open = self.open.lock();
         open.total -= 1;
-        if let Some(n) = open.by_address.get_mut(&self.address) {
-            *n -= 1;
-            if *n == 0 {
+        if self.eviction.evicted.load(Ordering::Acquire) {
+            open.leaving -= 1;
+            return;
+        }
+        if let Some(held) = open.by_address.get_mut(&self.address) {
+            held.retain(|e| !Arc::ptr_eq(e, &self.eviction));
+            if held.is_empty() {
                 open.by_address.remove(&self.address);
             }
         }
@@ -140,7 +203,19 @@ impl Drop for Slot {
 /// A counted connection.
 pub struct Counted {
     stream: TcpStream,
-    _slot: Slot,
+    slot: Slot,
+}
+
+impl Counted {
+    /// Whether the connection was closed to make room; then reads and writes fail.
+    fn evicted(&self, cx: &Context<'_>) -> Option<io::Error> {
+        self.slot.eviction.evicted(cx).then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "closed to make room for another connection",
+            )
+        })
+    }
 }
 
 impl AsyncRead for Counted {
@@ -149,6 +224,9 @@ impl AsyncRead for Counted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(e) = self.evicted(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -159,6 +237,9 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.evicted(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
@@ -175,6 +256,9 @@ impl AsyncWrite for Counted {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.evicted(cx) {
+            return Poll::Ready(Err(e));
+        }
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
@@ -199,14 +283,50 @@ mod tests {
         let _a2 = acceptor.take(a).unwrap();
         assert!(acceptor.take(a).unwrap_err().contains("from 10.0.0.1"));
         let _b1 = acceptor.take(b).unwrap();
-        assert!(acceptor
-            .take(b)
-            .unwrap_err()
-            .contains("the most the relay holds"));
+        assert!(
+            acceptor
+                .take(b)
+                .unwrap_err()
+                .contains("the most the relay holds"),
+            "b holds 1, a 2: not more than one more than b, so nothing of a's is closed"
+        );
         drop(a1);
         assert!(
             acceptor.take(b).is_ok(),
             "a closed connection gives its slot back"
         );
+    }
+
+    #[test]
+    fn at_the_cap_an_address_holding_few_takes_the_place_of_the_oldest_of_one_holding_most() {
+        let acceptor = CappedAcceptor::new(Limits {
+            total: 4,
+            per_address: 4,
+            ..Limits::default()
+        });
+        let flood: IpAddr = "10.0.0.1".parse().unwrap();
+        let site: IpAddr = "10.0.0.9".parse().unwrap();
+        let held: Vec<Slot> = (0..4).map(|_| acceptor.take(flood).unwrap()).collect();
+        let waker = futures_util::task::noop_waker();
+        let cx = Context::from_waker(&waker);
+        let site_slot = acceptor.take(site).expect("the site gets a connection");
+        let evicted: Vec<bool> = held.iter().map(|s| s.eviction.evicted(&cx)).collect();
+        assert_eq!(
+            evicted,
+            [true, false, false, false],
+            "the flood's oldest goes"
+        );
+        // The flood, still holding the most, cannot take a place back.
+        assert!(acceptor.take(flood).is_err());
+        drop(held);
+        assert_eq!(self::open_counts(&acceptor), (1, 0));
+        drop(site_slot);
+        assert_eq!(self::open_counts(&acceptor), (0, 0));
+    }
+
+    /// Connections open, and those of them leaving.
+    fn open_counts(acceptor: &CappedAcceptor) -> (usize, usize) {
+        let open = acceptor.open.lock();
+        (open.total, open.leaving)
     }
 }
