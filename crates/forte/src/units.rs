@@ -53,6 +53,25 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     ))
 }
 
+/// A duration that must not be zero (a timeout, an interval): 0 would close everything at
+/// once or spin, which is a typo, not a wish.
+pub fn parse_period(text: &str) -> Result<std::time::Duration, String> {
+    match parse_duration(text)? {
+        d if d.is_zero() => Err(format!("{text:?} is zero: give a duration such as 10s")),
+        d => Ok(d),
+    }
+}
+
+/// A count that must be 1 or more (connections, writers, rows): 0 silently meant 1, or
+/// nothing at all, before.
+pub fn parse_count(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("0 is not allowed here: give 1 or more".to_string()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{text:?} is not a number such as 4")),
+    }
+}
+
 /// Parses a data rate into bytes per second: a decimal number, a unit (`B`, `kB`, `MB`,
 /// `GB`, `TB` decimal as links and storage are quoted; `KiB`… binary; `mbit`, `gbit`) and an
 /// optional period (`/s` default, `/h`, `/day`): `65MB`, `520mbit`, `3.36TB/day`.

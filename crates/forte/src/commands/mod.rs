@@ -34,7 +34,7 @@ pub struct Daemon {
     #[arg(long)]
     pub watch: bool,
     /// Seconds between looks for new work with --watch.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    #[arg(long, default_value_t = 10, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub interval: u64,
     /// With --watch, SIGTERM or SIGINT stops taking new batches and lets those under way
     /// finish for this long, then ends with status 0 (a second signal ends it at once).

@@ -36,7 +36,7 @@ pub struct Args {
     tls_names: Vec<String>,
     /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls
     /// (413 at once if nothing held is waiting for the core, so no pull can free space).
-    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    #[arg(long, value_parser = parse_quota, value_name = "SIZE")]
     quota_per_site: Option<u64>,
     /// Delete uploads never sealed and unchanged for this long (abandoned by their edge);
     /// `off` keeps them forever.
@@ -56,17 +56,17 @@ pub struct Args {
     shutdown_grace: std::time::Duration,
     /// Connections open at once; one more is closed as soon as it is accepted. The default
     /// holds under a limit of 1 024 descriptors (ulimit -n): keep it some 250 below it.
-    #[arg(long, default_value_t = 768, value_name = "N")]
+    #[arg(long, default_value_t = 768, value_name = "N", value_parser = crate::units::parse_count)]
     max_connections: usize,
     /// Connections open at once from one address (raise it for sites behind one NAT).
-    #[arg(long, default_value_t = 64, value_name = "N")]
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = crate::units::parse_count)]
     max_connections_per_address: usize,
     /// How long a TLS handshake may take.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "10s")]
+    #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "10s")]
     handshake_timeout: std::time::Duration,
     /// How long a connection may wait to send a request's headers (its first, or its next
     /// on a kept-alive connection) before it is closed.
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION", default_value = "30s")]
+    #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "30s")]
     idle_timeout: std::time::Duration,
     #[command(flatten)]
     http: HttpFlags,
@@ -93,11 +93,21 @@ impl forte_view::Live for RelayView {
 #[derive(Clone, Copy)]
 struct Expiry(Option<std::time::Duration>);
 
+/// A quota of 0 would refuse every upload: a typo, not a wish.
+fn parse_quota(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!(
+            "{text:?} is zero: give a size such as 500GB, or leave it out for no quota"
+        )),
+        n => Ok(n),
+    }
+}
+
 fn parse_expiry(text: &str) -> Result<Expiry, String> {
     if text == "off" {
         return Ok(Expiry(None));
     }
-    parse_duration(text).map(|d| Expiry(Some(d)))
+    crate::units::parse_period(text).map(|d| Expiry(Some(d)))
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
@@ -113,9 +123,6 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         };
         let bound = forte_view::start(addr, access, view)?;
         println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
-    }
-    if args.max_connections == 0 || args.max_connections_per_address == 0 {
-        anyhow::bail!("--max-connections and --max-connections-per-address must be 1 or more");
     }
     serve(RelayConfig {
         listen: args.listen,

@@ -9,7 +9,7 @@ use forte_pipeline::Scheduler;
 
 use super::file::Level;
 use crate::schedule::{PolicyName, PriorityRule};
-use crate::units::{parse_duration, parse_size};
+use crate::units::parse_size;
 
 /// The edge's keys and its prepare pass; `pack` and `send`.
 #[derive(clap::Args)]
@@ -118,7 +118,7 @@ pub struct RelayFlags {
     pub(super) relay_ca: Option<PathBuf>,
     /// Seconds a request to the relay may take before it is abandoned and retried: how long a
     /// stalled link goes unnoticed. A whole part must cross the link within it.
-    #[arg(long, value_name = "SECONDS", default_value_t = 600)]
+    #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) timeout: u64,
 }
 
@@ -157,19 +157,19 @@ pub struct IngestFlags {
     pub(super) codec: Option<Codec>,
     /// Rows per row group; each stream holds two row groups in memory
     /// [config: ingest.rows_per_group] [default: 65536].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::units::parse_count)]
     pub(super) rows_per_group: Option<usize>,
     /// Close and publish a file after this many row groups [config: ingest.row_groups_per_file]
     /// [default: 16].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::units::parse_count)]
     pub(super) row_groups_per_file: Option<usize>,
     /// Write a partly filled row group after this long without filling, e.g. 10s
     /// [config: ingest.flush_after] [default: 10s].
-    #[arg(long, value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION")]
     pub(super) flush_after: Option<std::time::Duration>,
     /// Writers of row groups at once (the write stage's CPU budget) [config: ingest.writers]
     /// [default: one per core].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = crate::units::parse_count)]
     pub(super) writers: Option<usize>,
     /// Who runs the writers: ordo, threads or rayon (see pack --help)
     /// [config: prepare.scheduler] [default: ordo].

@@ -602,22 +602,33 @@ pub fn ingest(flags: &IngestFlags, config: &Config) -> Result<IngestSettings> {
     };
     let flush_after = match (flags.flush_after, &c.flush_after) {
         (Some(d), _) => d,
-        (None, Some(text)) => parse_duration(text)
+        (None, Some(text)) => crate::units::parse_period(text)
             .map_err(anyhow::Error::msg)
             .context("flush_after in [ingest] of the config")?,
         (None, None) => defaults.flush_after,
     };
+    // The flags are checked as they are parsed; the file's values here.
+    let count =
+        |flag: Option<usize>, file: Option<usize>, key: &str, default: usize| match (flag, file) {
+            (Some(n), _) => Ok(n),
+            (None, Some(n)) => at_least_one(&format!("{key} in [ingest] of the config"), n),
+            (None, None) => Ok(default),
+        };
     let options = IngestOptions {
-        rows_per_group: flags
-            .rows_per_group
-            .or(c.rows_per_group)
-            .unwrap_or(defaults.rows_per_group),
-        row_groups_per_file: flags
-            .row_groups_per_file
-            .or(c.row_groups_per_file)
-            .unwrap_or(defaults.row_groups_per_file),
+        rows_per_group: count(
+            flags.rows_per_group,
+            c.rows_per_group,
+            "rows_per_group",
+            defaults.rows_per_group,
+        )?,
+        row_groups_per_file: count(
+            flags.row_groups_per_file,
+            c.row_groups_per_file,
+            "row_groups_per_file",
+            defaults.row_groups_per_file,
+        )?,
         flush_after,
-        writers: flags.writers.or(c.writers).unwrap_or(defaults.writers),
+        writers: count(flags.writers, c.writers, "writers", defaults.writers)?,
         scheduling: scheduling(flags.scheduler, config)?,
         file: FileOptions {
             codec,

@@ -360,6 +360,71 @@ fn a_cpu_budget_of_zero_is_refused() {
     );
 }
 
+/// Every count and timeout that cannot be 0 is refused by name when it is read, from a flag or
+/// from the configuration file, before anything starts.
+#[test]
+fn counts_and_timeouts_of_zero_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (&["relay", "--max-connections", "0"], "--max-connections"),
+        (
+            &["relay", "--max-connections-per-address", "0"],
+            "--max-connections-per-address",
+        ),
+        (
+            &["relay", "--handshake-timeout", "0s"],
+            "--handshake-timeout",
+        ),
+        (&["relay", "--idle-timeout", "0"], "--idle-timeout"),
+        (&["relay", "--quota-per-site", "0"], "--quota-per-site"),
+        (
+            &["relay", "--expire-open-after", "0s"],
+            "--expire-open-after",
+        ),
+        (&["pull", "--connections", "0"], "--connections"),
+        (&["pull", "--interval", "0"], "--interval"),
+        (&["send", "--timeout", "0"], "--timeout"),
+        (&["ingest", "--rows-per-group", "0"], "--rows-per-group"),
+        (
+            &["ingest", "--row-groups-per-file", "0"],
+            "--row-groups-per-file",
+        ),
+        (&["ingest", "--flush-after", "0s"], "--flush-after"),
+        (&["ingest", "--writers", "0"], "--writers"),
+    ];
+    for (given, named) in cases {
+        let out = forte()
+            .args(*given)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{given:?}: {stderr}");
+        assert!(
+            stderr.contains(named) && (stderr.contains("0") || stderr.contains("zero")),
+            "{given:?}: {stderr}"
+        );
+    }
+    // The same from the configuration file.
+    let config = dir.path().join("forte.toml");
+    std::fs::write(
+        &config,
+        "[ingest]\nschema = \"rows.toml\"\nout = \"out\"\nrows_per_group = 0\n",
+    )
+    .unwrap();
+    let stderr = fails(&args![
+        "--config",
+        &config,
+        "ingest",
+        "--listen",
+        free_port_addr()
+    ]);
+    assert!(
+        stderr.contains("rows_per_group in [ingest] of the config is 0: give 1 or more"),
+        "{stderr}"
+    );
+}
+
 /// An address nothing listens on.
 fn free_port_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
