@@ -107,21 +107,6 @@ pub fn start(addr: SocketAddr, access: Access, view: View) -> Result<SocketAddr>
     Ok(bound)
 }
 
-/// Serves the view on `addr` until the process ends (`forte dashboard`); `on_bound` is told
-/// the address bound first.
-pub fn run(
-    addr: SocketAddr,
-    access: Access,
-    view: View,
-    on_bound: impl FnOnce(SocketAddr),
-) -> Result<()> {
-    let listener = bind(addr)?;
-    let bound = listener.local_addr()?;
-    let access = bound_to(access, bound);
-    on_bound(bound);
-    serve(listener, access, view)
-}
-
 /// `access` for a server bound to `bound`, warning when that is reachable from other hosts.
 fn bound_to(mut access: Access, bound: SocketAddr) -> Access {
     if !bound.ip().to_canonical().is_loopback() {

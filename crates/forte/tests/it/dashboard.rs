@@ -582,3 +582,21 @@ fn the_dashboard_answers_only_to_its_own_names() {
     let said = std::fs::read_to_string(&log).unwrap();
     assert!(said.contains("reachable beyond this machine"), "{said}");
 }
+
+/// SIGTERM ends the dashboard with status 0 and one line, like every daemon.
+#[test]
+fn the_dashboard_ends_cleanly_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    let addr = free_addr();
+    let log = dir.path().join("dashboard.log");
+    let mut dashboard = spawn_logged(
+        &args!["--catalog", &catalog, "dashboard", "--http", &addr],
+        &log,
+    );
+    assert!(wait_for(20, || http_get(&addr, "/api/v1", &[]).is_some()));
+    let status = signal_and_wait(&mut dashboard, libc::SIGTERM, 10);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(status.is_some_and(|s| s.success()), "{status:?}: {said}");
+    assert!(said.contains("dashboard stopped (SIGTERM)"), "{said}");
+}
