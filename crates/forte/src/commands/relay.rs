@@ -19,6 +19,8 @@ pub struct Args {
     /// [s3] of the configuration file or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY and AWS_REGION. Relays serving one bucket share everything in it
     /// (put them behind one load balancer): they present one certificate, kept in the bucket.
+    /// A part is written to disk as it arrives (in DIR, or for a bucket in $TMPDIR, before it
+    /// is sent on): give $TMPDIR room for the parts in flight at once.
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     store: String,
     /// Tokens file (TOML): one [[token]] per edge site and per core; see `forte relay --help`.
@@ -35,7 +37,8 @@ pub struct Args {
     #[arg(long = "tls-name", value_name = "NAME", default_values = ["localhost", "127.0.0.1"])]
     tls_names: Vec<String>,
     /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls
-    /// (413 at once if nothing held is waiting for the core, so no pull can free space).
+    /// (413 at once if nothing held is waiting for the core, so no pull can free space). A
+    /// part is charged from its declared length before a byte of it is read.
     #[arg(long, value_parser = parse_quota, value_name = "SIZE")]
     quota_per_site: Option<u64>,
     /// Delete uploads never sealed and unchanged for this long (abandoned by their edge);
