@@ -77,7 +77,10 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
                 task: tasks.first().map_or_else(String::new, |t| t.name.clone()),
                 file: None,
                 outcome: TaskOutcome::Crashed,
-                reason: format!("cannot list the batch's files for its tasks: {e}"),
+                reason: format!(
+                    "cannot list the batch's files for its tasks in {}: {e}",
+                    subject.list.display()
+                ),
                 output: Vec::new(),
             }]
         }
@@ -108,6 +111,9 @@ fn write_list(subject: &Subject<'_>) -> std::io::Result<()> {
         .iter()
         .map(|f| format!("{}\0", f.under_dir))
         .collect();
+    if let Some(dir) = subject.list.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     std::fs::write(&subject.list, text)
 }
 

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::site::{
-    assert_described, free_addr, kill, sample, scrape, signal_and_wait, spawn_logged, visible,
-    wait_for, Site,
+    assert_described, assert_no_staging, free_addr, kill, sample, scrape, signal_and_wait,
+    spawn_logged, visible, wait_for, Site,
 };
 use crate::common::*;
 
@@ -643,4 +643,58 @@ fn a_puller_stopped_while_its_task_runs_ends_after_its_grace_with_its_task() {
         visible(&site.root.join("dest")).is_empty(),
         "nothing promoted half-checked"
     );
+}
+
+/// A puller stopped by SIGTERM while its core task hangs, its grace running out with the
+/// batch in the landing zone, and started again without that task (what an operator does
+/// about a hanging task): the batch is delivered, and nothing of the cut-off landing copy, its
+/// file list or any staging directory is left in the destination.
+#[test]
+fn a_landing_copy_cut_off_by_the_shutdown_grace_is_removed_at_the_next_start() {
+    let site = Site::new();
+    let batch = site.root.join("inbox/b0");
+    write(&batch.join("f0.dat"), &sample_bytes(20_000, 7));
+    write(&batch.join(".ready"), b"");
+    // The default landing zone and quarantine: hidden directories of the destination.
+    let config = site.root.join("forte.toml");
+    write(
+        &config,
+        b"[[task]]\nname = \"hangs\"\nat = \"core\"\nper = \"batch\"\ncommand = \"sleep 1006.5\"\n",
+    );
+    ok(&site.send(&["-q"]));
+    let mut watching = pull_with(&site, &config);
+    watching.extend(args![
+        "--watch",
+        "--interval",
+        "1",
+        "--shutdown-grace",
+        "1s"
+    ]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&watching, &log);
+    assert!(
+        wait_for(60, || !processes_with("1006.5").is_empty()),
+        "the task never started"
+    );
+    let status = signal_and_wait(&mut puller, libc::SIGTERM, 30);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said}");
+    assert!(said.contains("shutdown grace of 1 s ran out"), "{said}");
+    let dest = site.root.join("dest");
+    let landing = dest.join(".forte-landing");
+    assert!(!tree(&landing).is_empty(), "the batch was landing");
+    let out = run(&site.pull());
+    let printed = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{printed}");
+    assert_eq!(
+        std::fs::read(dest.join("site-a/b0/f0.dat")).unwrap(),
+        sample_bytes(20_000, 7)
+    );
+    let left = tree(&landing);
+    assert!(left.is_empty(), "left in the landing zone: {left:?}");
+    assert!(
+        printed.contains("removed what 1 interrupted pulls left in the landing zone"),
+        "{printed}"
+    );
+    assert_no_staging(&dest, "the pull after the cut-off one");
 }
