@@ -484,6 +484,51 @@ exit 0"#;
     assert!(status.contains("task tamper changed the batch"), "{status}");
 }
 
+/// A core task running as root that gives a landed file to another owner, hard-links it to a
+/// name outside the batch (through which it could be rewritten once promoted) or sets an
+/// extended attribute on it gets its batch quarantined, the reason naming the task and the
+/// file; none is promoted.
+#[test]
+fn a_root_task_that_chowns_hard_links_or_sets_an_xattr_on_a_landed_file_gets_it_quarantined() {
+    if !crate::common::machine::may_use_the_machine("a task that chowns a landed file") {
+        return;
+    }
+    let site = Site::new();
+    three_batches(&site);
+    let outside = site.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let script = format!(
+        r#"f0=$(find "$FORTE_BATCH_DIR" -name f0.dat)
+case "$FORTE_BATCH" in
+  b0) chown 65534:65534 "$f0" ;;
+  b1) ln "$f0" {outside}/link ;;
+  b2) python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.note", b"x")' "$f0" ;;
+esac"#,
+        outside = outside.display()
+    );
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"root\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let printed = fails(&pull_with(&site, &config));
+    assert!(batches_in(&site.root.join("dest")).is_empty(), "{printed}");
+    assert_eq!(
+        batches_in(&site.root.join("quarantine")).len(),
+        3,
+        "{printed}"
+    );
+    for change in [
+        "task root changed the batch: changed site-a/b0/f0.dat (owner 65534:65534, landed 0:0)",
+        "task root changed the batch: changed site-a/b1/f0.dat (hard-linked: 2 links, landed with 1)",
+        "task root changed the batch: changed site-a/b2/f0.dat (extended attribute user.note set)",
+    ] {
+        assert!(printed.contains(change), "{change:?} not in:\n{printed}");
+    }
+}
+
 /// Processes whose command line holds `marker` (a number no other process uses).
 fn processes_with(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
