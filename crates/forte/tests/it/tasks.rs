@@ -595,6 +595,63 @@ fn a_task_dies_with_its_puller_whatever_kills_it() {
     );
 }
 
+/// Mount points under `dir` in this process's mount namespace, as /proc/self/mountinfo lists
+/// them (its fifth field).
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let under = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&under))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A core task running as root bind-mounts a copy of a landed file it controls (same bytes,
+/// owner and mode) over it and exits 0: the mount goes with the task's try, so what is promoted
+/// is the verified file, and a later rewrite of the task's copy does not reach the delivered
+/// one; no mount is left under the site's directory.
+#[test]
+fn a_mount_a_task_makes_over_its_batch_goes_with_its_try() {
+    if !crate::common::machine::may_use_the_machine("a task that mounts") {
+        return;
+    }
+    let site = Site::new();
+    let batch = site.root.join("inbox/b0");
+    write(&batch.join("f0.dat"), &sample_bytes(20_000, 3));
+    write(&batch.join(".ready"), b"");
+    let copy = site.root.join("copy.dat");
+    let script = format!(
+        r#"cp -p "$FORTE_FILE" {copy} && mount --bind {copy} "$FORTE_FILE""#,
+        copy = copy.display()
+    );
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"mounts\"\nat = \"core\"\ncommand = {script:?}\n"),
+    );
+    ok(&site.send(&["-q"]));
+    let pulled = run(&pull_with(&site, &config));
+    // The task's copy rewritten after the pull, as its owner could do at any time.
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    write(&copy, &vec![b'X'; 20_000]);
+    let delivered = std::fs::read(site.root.join("dest/site-a/b0/f0.dat"));
+    let mounts = mounts_under(&site.root);
+    // Whatever the outcome, nothing of the test stays mounted on the machine.
+    for point in mounts.iter().rev() {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", point])
+            .status();
+    }
+    assert!(
+        pulled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+    assert!(mounts.is_empty(), "left mounted: {mounts:?}");
+    assert_eq!(delivered.unwrap(), sample_bytes(20_000, 3));
+}
+
 /// A task's paths are absolute whatever directory `pull` started in (here: `--to dest`, from
 /// the site's directory, with the task running in another), and its file list holds each name
 /// whole, a newline inside one included.
