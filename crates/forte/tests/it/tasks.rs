@@ -653,8 +653,8 @@ fn a_mount_a_task_makes_over_its_batch_goes_with_its_try() {
 }
 
 /// A task's paths are absolute whatever directory `pull` started in (here: `--to dest`, from
-/// the site's directory, with the task running in another), and its file list holds each name
-/// whole, a newline inside one included.
+/// the site's directory, with the task running in `/`), those in its file list too, and the
+/// list holds each name whole, a newline inside one included.
 #[test]
 fn a_task_gets_absolute_paths_and_a_nul_separated_file_list() {
     let site = Site::new();
@@ -665,7 +665,7 @@ fn a_task_gets_absolute_paths_and_a_nul_separated_file_list() {
     let seen = site.root.join("seen");
     let script = format!(
         r#"case "$FORTE_BATCH_DIR$FORTE_FILES" in /*) ;; *) exit 1 ;; esac
-cd "$FORTE_BATCH_DIR" && xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"' < "$FORTE_FILES" > {seen}"#,
+xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"' < "$FORTE_FILES" > {seen}"#,
         seen = seen.display()
     );
     let config = config_with(
@@ -689,7 +689,15 @@ cd "$FORTE_BATCH_DIR" && xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"
     let listed = std::fs::read_to_string(&seen).unwrap();
     let mut names: Vec<&str> = listed.split_terminator('\0').collect();
     names.sort();
-    assert_eq!(names, ["site-a/odd/a\n/etc/passwd", "site-a/odd/plain.dat"]);
+    // Each in the batch's landing directory, in the landing zone `landing` of the site's root.
+    let landing = format!("{}/", site.root.join("landing").display());
+    let in_batch: Vec<&str> = names
+        .iter()
+        .filter(|n| n.starts_with(&landing))
+        .filter_map(|n| n.split_once("/site-a/odd/"))
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(in_batch, ["a\n/etc/passwd", "plain.dat"], "{names:?}");
     assert_eq!(batches_in(&site.root.join("dest")), ["odd"]);
 }
 
