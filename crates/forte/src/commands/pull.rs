@@ -199,11 +199,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
             link.endpoint.url, args.daemon.interval
         );
-        signals::install();
-        signals::end_after_grace(
-            args.daemon.shutdown_grace,
+        signals::install(
             "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
         );
+        signals::end_after_grace(args.daemon.shutdown_grace);
         puller.watch(Duration::from_secs(args.daemon.interval))
     } else {
         puller.once()

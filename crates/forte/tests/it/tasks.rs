@@ -808,3 +808,34 @@ fn a_landing_copy_cut_off_by_the_shutdown_grace_is_removed_at_the_next_start() {
     );
     assert_no_staging(&dest, "the pull after the cut-off one");
 }
+
+/// A second signal (SIGINT after SIGTERM: two of one kind may merge while pending) to a
+/// watching puller waiting for its task ends it at once with status 1, and one line says so
+/// and what the next start takes up.
+#[test]
+fn a_second_signal_stops_a_puller_at_once_and_says_what_is_left() {
+    let site = Site::new();
+    three_batches(&site);
+    let config = config_with(
+        &site,
+        "[[task]]\nname = \"long\"\nat = \"core\"\nper = \"batch\"\ncommand = \"sleep 1007.5\"\n",
+    );
+    ok(&site.send(&["-q"]));
+    let mut pull = pull_with(&site, &config);
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&pull, &log);
+    assert!(
+        wait_for(60, || !processes_with("1007.5").is_empty()),
+        "the task never started"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(puller.0.id() as i32, libc::SIGTERM) };
+    let status = signal_and_wait(&mut puller, libc::SIGINT, 30);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{said}");
+    assert!(
+        said.contains("second signal: stopping at once; a batch not yet acknowledged is taken again at the next start (which removes what it staged)\n"),
+        "{said}"
+    );
+}
