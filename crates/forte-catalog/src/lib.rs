@@ -130,6 +130,9 @@ impl Catalog {
                 .context("starting the catalogue's runtime")?,
         );
         let shown = redact(&url);
+        if let Some(path) = sqlite_file(&url) {
+            writable(&path, &shown)?;
+        }
         runtime.block_on(probe(&url, &shown))?;
         let pool = runtime
             .block_on(
@@ -291,6 +294,33 @@ async fn probe(url: &str, shown: &str) -> Result<()> {
             OPEN_WITHIN.as_secs()
         )),
     }
+}
+
+/// The database file of a SQLite catalogue's `url`.
+fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    let rest = url.strip_prefix("sqlite://")?;
+    let path = rest.split_once('?').map_or(rest, |(path, _)| path);
+    Some(Path::new(path).to_path_buf())
+}
+
+/// Refuses a SQLite catalogue whose file (or its WAL or shared-memory file) exists but cannot
+/// be opened for writing: immutable (`chattr +i`), read-only to this user, or on a read-only
+/// file system. SQLite would open it read-only and answer reads, and the first write, after
+/// work was done, would fail; opening for writing (nothing written) tells now, and needs no
+/// lock, so it does not wait for another daemon's writes.
+fn writable(path: &Path, shown: &str) -> Result<()> {
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        match std::fs::OpenOptions::new().write(true).open(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => anyhow::bail!(
+                "cannot open the catalogue {shown}: {} cannot be written ({e}); forte writes its catalogue: make it writable (chattr -i, chmod u+w, a file system mounted read-write), or give --catalog another file",
+                Path::new(&file).display()
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// What a failed connection means, and what to do about it.

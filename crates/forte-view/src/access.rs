@@ -154,9 +154,11 @@ fn query_token(request: &Request) -> Option<String> {
     })
 }
 
-/// The request's address without its `token` parameter.
+/// The request's address without its `token` parameter, its path begun by one slash: a
+/// browser takes `//host/…` (or `/\host/…`) in a redirect for another server's address, which
+/// would make a link with a valid token an open redirect.
 fn without_token(request: &Request) -> String {
-    let path = request.uri().path();
+    let path = format!("/{}", request.uri().path().trim_start_matches(['/', '\\']));
     let rest: Vec<&str> = request
         .uri()
         .query()
@@ -165,7 +167,7 @@ fn without_token(request: &Request) -> String {
         .filter(|pair| !pair.is_empty() && !pair.starts_with("token="))
         .collect();
     if rest.is_empty() {
-        path.to_owned()
+        path
     } else {
         format!("{path}?{}", rest.join("&"))
     }
@@ -283,5 +285,25 @@ mod tests {
         assert!(any.answers_to(Some("localhost:8080")).is_ok());
         assert!(any.answers_to(Some("evil.example")).is_err());
         assert!(any.answers_to(None).is_ok(), "no Host: not a browser");
+    }
+
+    /// A page's address after `?token=` is exchanged keeps its path and other parameters, and
+    /// always names this server: leading slashes (`//attacker.example/…`) are collapsed to one.
+    #[test]
+    fn the_token_redirect_stays_on_this_server() {
+        let redirect = |uri: &str| {
+            let request = Request::builder()
+                .uri(uri)
+                .body(axum::body::Body::empty())
+                .unwrap();
+            without_token(&request)
+        };
+        assert_eq!(redirect("/batches?token=s&site=a"), "/batches?site=a");
+        assert_eq!(redirect("/?token=s"), "/");
+        assert_eq!(
+            redirect("//attacker.example/x?token=s&a=1"),
+            "/attacker.example/x?a=1"
+        );
+        assert_eq!(redirect("///attacker.example?token=s"), "/attacker.example");
     }
 }

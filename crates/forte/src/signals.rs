@@ -1,19 +1,31 @@
 //! Stopping a daemon on SIGTERM or SIGINT. The first signal asks it to stop taking work and
 //! finish what it has (each daemon decides what that is, and is given a grace period for it);
-//! a second ends it at once. SIGHUP asks it to read again what it can reload (never ends it).
+//! a second ends it at once, saying so. SIGHUP asks it to read again what it can reload (never
+//! ends it).
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 static STOP: AtomicBool = AtomicBool::new(false);
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
 static RELOAD: AtomicBool = AtomicBool::new(false);
+/// What a daemon ended early leaves to its next start, in words.
+static LEFT: OnceLock<&'static str> = OnceLock::new();
+/// The line a second signal prints, made before the handlers are installed: a handler may not
+/// allocate or lock, only write(2) bytes made already.
+static SECOND_SIGNAL_LINE: OnceLock<Vec<u8>> = OnceLock::new();
 
 /// Installs the handlers: the first SIGTERM or SIGINT sets the flag [`stop_requested`] reads;
-/// a second ends the process at once, with status 1.
-pub fn install() {
+/// a second ends the process at once, with status 1, after a line saying so and what is `left`
+/// to the next start.
+pub fn install(left: &'static str) {
     extern "C" fn on_signal(signal: libc::c_int) {
         if STOP.swap(true, Ordering::SeqCst) {
+            if let Some(line) = SECOND_SIGNAL_LINE.get() {
+                // SAFETY: write(2) is async-signal-safe; the line lives for the whole process.
+                unsafe { libc::write(libc::STDERR_FILENO, line.as_ptr().cast(), line.len()) };
+            }
             // SAFETY: _exit is async-signal-safe.
             unsafe { libc::_exit(1) };
         }
@@ -22,7 +34,11 @@ pub fn install() {
     extern "C" fn on_hangup(_: libc::c_int) {
         RELOAD.store(true, Ordering::SeqCst);
     }
-    // SAFETY: the handlers only touch atomics and call _exit, both async-signal-safe.
+    LEFT.get_or_init(|| left);
+    SECOND_SIGNAL_LINE
+        .get_or_init(|| format!("second signal: stopping at once; {left}\n").into_bytes());
+    // SAFETY: the handlers only touch atomics (a set OnceLock's get is one), call write and
+    // _exit, all async-signal-safe.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
@@ -69,8 +85,9 @@ pub fn sleep_unless_stopped(for_: Duration) {
 }
 
 /// Once a stop is asked for, gives the daemon `grace` to finish, then ends it with status 0,
-/// saying what is left to the next start (`left`).
-pub fn end_after_grace(grace: Duration, left: &'static str) {
+/// saying what is left to the next start (as told to [`install`], called first).
+pub fn end_after_grace(grace: Duration) {
+    let left = *LEFT.get().expect("signals::install runs first");
     std::thread::spawn(move || {
         wait_for_stop(Duration::from_millis(100));
         std::thread::sleep(grace);

@@ -50,7 +50,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let bound = forte_view::start(addr, access, view)?;
     println!("dashboard: http://{bound}/ over {}", shown.join(", "));
     // It only reads: nothing to finish or record on a stop.
-    crate::signals::install();
+    crate::signals::install("nothing: the dashboard only reads");
     crate::signals::wait_for_stop(std::time::Duration::from_millis(100));
     eprintln!("dashboard stopped ({})", crate::signals::which());
     Ok(true)

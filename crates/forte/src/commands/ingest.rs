@@ -13,6 +13,10 @@ use forte_ingest::{Ingest, Schema, StreamStats};
 
 use crate::settings::{self, Config, IngestFlags, IngestSettings};
 use crate::signals;
+
+/// What an ingest ended at once by a second signal leaves to its next start.
+const INGEST_LEFT: &str =
+    "rows not yet in a published file are lost, and its next start removes the unfinished files";
 use crate::units::human;
 
 #[derive(clap::Args, Debug)]
@@ -80,13 +84,13 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
                 Err(e) => eprintln!("error: {e:#}"),
             })
         });
-        signals::install();
+        signals::install(INGEST_LEFT);
         signals::wait_for_stop(Duration::from_millis(100));
         finish(&ingest);
         return Ok(true);
     }
     // Replays stop early on a signal too, publishing what they read.
-    signals::install();
+    signals::install(INGEST_LEFT);
     {
         let ingest = ingest.clone();
         std::thread::spawn(move || {

@@ -11,7 +11,7 @@ use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
 use crate::delivery::{
-    check_name_free, CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy,
+    check_name_free, landing, CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy,
 };
 use crate::hook::Failures;
 use crate::layout::Layout;
@@ -138,6 +138,13 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if stale > 0 {
         eprintln!("removed {stale} staging directories left by an interrupted pull");
     }
+    // And what one left in the landing zone, whether or not tasks are configured now: the
+    // batch it was landing may be delivered without landing again.
+    let landing_root = args.landing.clone().or(config.pull.landing.clone());
+    let stale = landing::remove_stale(&landing::root(&dest, landing_root.clone()))?;
+    if stale > 0 {
+        eprintln!("removed what {stale} interrupted pulls left in the landing zone");
+    }
     let retry = if args.daemon.watch {
         Retry::forever()
     } else {
@@ -151,8 +158,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let landing = if tasks.0.is_empty() {
         None
     } else {
-        let root = args.landing.clone().or(config.pull.landing.clone());
-        Some(Landing::new(tasks, &dest, root, quarantine)?)
+        Some(Landing::new(tasks, &dest, landing_root, quarantine)?)
     };
     let delivery = Delivery::new(
         &client,
@@ -193,11 +199,10 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
             link.endpoint.url, args.daemon.interval
         );
-        signals::install();
-        signals::end_after_grace(
-            args.daemon.shutdown_grace,
+        signals::install(
             "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
         );
+        signals::end_after_grace(args.daemon.shutdown_grace);
         puller.watch(Duration::from_secs(args.daemon.interval))
     } else {
         puller.once()

@@ -271,11 +271,10 @@ impl Pass<'_> {
             args.daemon.interval
         );
         let interval = Duration::from_secs(args.daemon.interval);
-        signals::install();
-        signals::end_after_grace(
-            args.daemon.shutdown_grace,
+        signals::install(
             "what was not uploaded is sent at the next start, which asks the relay what it holds",
         );
+        signals::end_after_grace(args.daemon.shutdown_grace);
         std::thread::scope(|s| {
             let inbox = &args.inbox;
             s.spawn(move || {

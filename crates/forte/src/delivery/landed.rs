@@ -5,6 +5,12 @@
 //! verified: every file with its size and SHA-256, nothing removed, changed or added, no
 //! symlink, no special file. Only then are the modes put back.
 //!
+//! A task running as root can do more than write: give a landed file or directory to another
+//! owner, hard-link a file to a name outside the batch (through which it can be rewritten once
+//! promoted), or set an extended attribute (an ACL granting write, a file capability). So each
+//! entry's owner, mode and extended attributes are recorded once it is read-only and compared
+//! after the tasks, and a landed file with more than one link is refused.
+//!
 //! A file whose identity (device, inode, size, mtime, ctime) did not move is not hashed again
 //! if, when the tasks started, the kernel's coarse clock (which stamps ctime) was already past
 //! its ctime: then any write, truncation, `chmod` or replacement by a task stamps a later ctime
@@ -13,7 +19,9 @@
 //! system that keeps whole seconds) is hashed again.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::fs::PermissionsExt;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -30,6 +38,19 @@ pub struct Landed {
     parents: BTreeSet<String>,
     /// The modes to put back after the tasks, deepest first.
     modes: Vec<(String, u32)>,
+    /// Each landed file's and directory's owner, mode and extended attributes while the tasks
+    /// ran, by path.
+    attributes: BTreeMap<String, Attributes>,
+}
+
+/// What an entry's metadata says besides its bytes: what a task could change to give another
+/// user a way in.
+struct Attributes {
+    uid: u32,
+    gid: u32,
+    mode: u32,
+    /// Extended attributes (ACLs, capabilities, SELinux labels, user ones), name to value.
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
 struct Expected {
@@ -55,6 +76,7 @@ impl Landed {
             expected: BTreeMap::new(),
             parents: BTreeSet::new(),
             modes: Vec::new(),
+            attributes: BTreeMap::new(),
         };
         for p in placed.iter().filter(|p| !p.already) {
             let mut parent = Path::new(&p.target).parent();
@@ -104,11 +126,19 @@ impl Landed {
                 .with_context(|| format!("cannot make landed {} read-only", full.display()))?;
             landed.modes.push((path.clone(), mode));
         }
-        for path in &files {
-            let meta = std::fs::symlink_metadata(dir.join(path))
+        for path in files.iter().chain(&directories) {
+            let full = dir.join(path);
+            let meta = std::fs::symlink_metadata(&full)
                 .with_context(|| format!("cannot look at landed {path}"))?;
-            let expected = landed.expected.get_mut(path).expect("listed");
-            expected.identity = Some(FileIdentity::of(&meta));
+            let attributes = Attributes::of(&full, &meta)?;
+            landed.attributes.insert(path.clone(), attributes);
+            if let Some(expected) = landed
+                .expected
+                .get_mut(path)
+                .filter(|e| e.kind != Kind::Dir)
+            {
+                expected.identity = Some(FileIdentity::of(&meta));
+            }
         }
         FileIdentity::wait_settled(
             landed.expected.values().filter_map(|e| e.identity.as_ref()),
@@ -122,7 +152,8 @@ impl Landed {
     }
 
     /// What differs in `dir` from the batch as verified: entries removed, changed or added,
-    /// and any symlink or special file. Empty when it is exactly as it was.
+    /// any symlink or special file, a file linked elsewhere, and an owner, mode or extended
+    /// attribute other than the core left. Empty when it is exactly as it was.
     pub fn changes(&self, dir: &Path) -> Result<Changes> {
         let mut changes = Vec::new();
         let mut seen = BTreeSet::new();
@@ -173,6 +204,9 @@ impl Landed {
                 if expected.is_some() {
                     seen.insert(path.clone());
                 }
+                if expected.is_none_or(|e| e.kind == Kind::Dir) {
+                    self.compare_attributes(&entry.path(), &path, &meta, changes)?;
+                }
                 self.walk(root, &path, seen, changes)?;
                 continue;
             }
@@ -194,6 +228,13 @@ impl Landed {
                         if let Some(change) = changed(&entry.path(), &meta, e)? {
                             changes.push(format!("changed {path} ({change})"));
                         }
+                        if meta.nlink() > 1 {
+                            let links = meta.nlink();
+                            changes.push(format!(
+                                "changed {path} (hard-linked: {links} links, landed with 1)"
+                            ));
+                        }
+                        self.compare_attributes(&entry.path(), &path, &meta, changes)?;
                         continue;
                     }
                 }
@@ -203,6 +244,28 @@ impl Landed {
                 None => format!("added {what} {path}"),
             });
         }
+        Ok(())
+    }
+
+    /// Adds to `changes` how the owner, mode and extended attributes of the landed entry
+    /// `path` (at `full`) differ from those it had when the tasks started.
+    fn compare_attributes(
+        &self,
+        full: &Path,
+        path: &str,
+        meta: &std::fs::Metadata,
+        changes: &mut Changes,
+    ) -> Result<()> {
+        let Some(landed) = self.attributes.get(path) else {
+            return Ok(());
+        };
+        let now = Attributes::of(full, meta)?;
+        changes.extend(
+            landed
+                .differences(&now)
+                .into_iter()
+                .map(|difference| format!("changed {path} ({difference})")),
+        );
         Ok(())
     }
 
@@ -221,6 +284,96 @@ impl Landed {
             }
         }
         Ok(())
+    }
+}
+
+impl Attributes {
+    /// The attributes of the entry at `path`, whose metadata (not following a symlink) is
+    /// `meta`.
+    fn of(path: &Path, meta: &std::fs::Metadata) -> Result<Attributes> {
+        Ok(Attributes {
+            uid: meta.uid(),
+            gid: meta.gid(),
+            mode: meta.mode() & 0o7777,
+            xattrs: extended_attributes(path).with_context(|| {
+                format!("cannot read the extended attributes of {}", path.display())
+            })?,
+        })
+    }
+
+    /// How `now` differs from these, one phrase per difference.
+    fn differences(&self, now: &Attributes) -> Vec<String> {
+        let mut differences = Vec::new();
+        if (now.uid, now.gid) != (self.uid, self.gid) {
+            differences.push(format!(
+                "owner {}:{}, landed {}:{}",
+                now.uid, now.gid, self.uid, self.gid
+            ));
+        }
+        if now.mode != self.mode {
+            differences.push(format!(
+                "mode {:o}, {:o} while its tasks ran",
+                now.mode, self.mode
+            ));
+        }
+        let names: BTreeSet<&Vec<u8>> = self.xattrs.keys().chain(now.xattrs.keys()).collect();
+        for name in names {
+            let what = match (self.xattrs.get(name), now.xattrs.get(name)) {
+                (None, Some(_)) => "set",
+                (Some(_), None) => "removed",
+                (before, after) if before != after => "changed",
+                _ => continue,
+            };
+            let name = String::from_utf8_lossy(name);
+            differences.push(format!("extended attribute {name} {what}"));
+        }
+        differences
+    }
+}
+
+/// The extended attributes of the entry at `path` (a symlink's own, not its target's), name to
+/// value; none where the file system keeps none.
+fn extended_attributes(path: &Path) -> std::io::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let path = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `path` is NUL-terminated and lives across the call; the buffer is `len` bytes.
+    let names =
+        match read_sized(|buf, len| unsafe { libc::llistxattr(path.as_ptr(), buf.cast(), len) }) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(BTreeMap::new()),
+            names => names?,
+        };
+    let mut xattrs = BTreeMap::new();
+    for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
+        let cname = CString::new(name)?;
+        // SAFETY: as above, with the NUL-terminated `cname`.
+        let value = read_sized(|buf, len| unsafe {
+            libc::lgetxattr(path.as_ptr(), cname.as_ptr(), buf.cast(), len)
+        })?;
+        xattrs.insert(name.to_vec(), value);
+    }
+    Ok(xattrs)
+}
+
+/// The bytes an `*xattr` call `read(buffer, length)` gives: asked for their size first, then
+/// read, and asked again if they grew in between.
+fn read_sized(read: impl Fn(*mut u8, usize) -> isize) -> std::io::Result<Vec<u8>> {
+    loop {
+        let size = read(std::ptr::null_mut(), 0);
+        if size < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buffer = vec![0u8; size as usize];
+        let got = read(buffer.as_mut_ptr(), buffer.len());
+        if got >= 0 {
+            buffer.truncate(got as usize);
+            return Ok(buffer);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) {
+            return Err(e);
+        }
     }
 }
 
@@ -293,7 +446,7 @@ mod tests {
     }
 
     /// A rewrite at once after the batch was protected, same size, is caught; so are a file
-    /// replaced by a directory and a special file added.
+    /// replaced by a directory, a special file added and the write bits put back.
     #[test]
     fn rewrites_replacements_and_special_files_are_changes() {
         let dir = tempfile::tempdir().unwrap();
@@ -327,8 +480,62 @@ mod tests {
             changes,
             [
                 "added a special file s/b/pipe",
+                "changed s/b (mode 755, 555 while its tasks ran)",
                 "changed s/b/one (its bytes differ from the verified SHA-256)",
+                "changed s/b/one (mode 644, 444 while its tasks ran)",
                 "replaced s/b/two with a directory",
+            ],
+            "{changes:?}"
+        );
+    }
+
+    /// A file linked to a name outside the batch, a directory's mode put back while the tasks
+    /// run, and extended attributes set or removed are changes, each named with its path.
+    #[test]
+    fn links_modes_and_extended_attributes_are_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            placed(dir.path(), "s/b/one", b"1"),
+            placed(dir.path(), "s/b/two", b"22"),
+        ];
+        let set = |path: &str, value: Option<&[u8]>| {
+            let path =
+                std::ffi::CString::new(dir.path().join(path).into_os_string().into_encoded_bytes())
+                    .unwrap();
+            // SAFETY: NUL-terminated strings and a buffer of the length given.
+            let done = unsafe {
+                match value {
+                    Some(v) => libc::lsetxattr(
+                        path.as_ptr(),
+                        c"user.note".as_ptr(),
+                        v.as_ptr().cast(),
+                        v.len(),
+                        0,
+                    ),
+                    None => libc::lremovexattr(path.as_ptr(), c"user.note".as_ptr()),
+                }
+            };
+            assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+        };
+        set("s/b/two", Some(b"as landed"));
+        let landed = Landed::protect(dir.path(), &files).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::hard_link(dir.path().join("s/b/one"), elsewhere.path().join("link")).unwrap();
+        std::fs::set_permissions(
+            dir.path().join("s/b"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        set("s/b/one", Some(b"new"));
+        set("s/b/two", None);
+        let changes = landed.changes(dir.path()).unwrap();
+        assert_eq!(
+            changes,
+            [
+                "changed s/b (mode 777, 555 while its tasks ran)",
+                "changed s/b/one (extended attribute user.note set)",
+                "changed s/b/one (hard-linked: 2 links, landed with 1)",
+                "changed s/b/two (extended attribute user.note removed)",
             ],
             "{changes:?}"
         );

@@ -4,8 +4,13 @@
 //! place whole, so with the default layout the batch appears at once), and one a task refused
 //! goes to quarantine, with the reason and each refusing try's output beside it. The relay is
 //! acknowledged only after either, both durable: a puller killed before that finds the batch
-//! at the relay again, lands it afresh (what a killed run left in its landing directory is
-//! cleared first) and runs its tasks again.
+//! at the relay again, lands it afresh and runs its tasks again.
+//!
+//! Each pull process keeps what it lands in a part of the landing zone named for it,
+//! `pull-HOST-PID` (its batches' landing directories `SITE/BATCH` and their file lists), so that
+//! the next start removes whatever a killed or cut-off puller of this machine left there
+//! ([`remove_stale`]), even when that batch is delivered without landing again (its tasks taken
+//! out of the configuration, or another worker delivered it).
 
 use std::path::{Path, PathBuf};
 
@@ -21,7 +26,8 @@ use crate::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
 /// quarantine.
 pub struct Landing {
     pub tasks: Tasks,
-    root: PathBuf,
+    /// This process's part of the landing zone (created when a batch lands).
+    area: PathBuf,
     quarantine: PathBuf,
 }
 
@@ -29,32 +35,77 @@ pub struct Landing {
 pub const REASON_FILE: &str = "forte-reason.txt";
 /// The directory beside a quarantined batch with each refusing try's output.
 pub const OUTPUT_DIR: &str = "forte-output";
+/// How a pull process's part of the landing zone begins; `HOST-PID` follows.
+const AREA_PREFIX: &str = "pull-";
+
+/// The landing zone: `configured` (`--landing`, `pull.landing`), or a hidden directory of
+/// `dest`, on its filesystem, so that promotion is a rename.
+pub fn root(dest: &Path, configured: Option<PathBuf>) -> PathBuf {
+    configured.unwrap_or_else(|| dest.join(".forte-landing"))
+}
+
+/// Removes the parts of the landing zone `root` left by pull processes of this machine that
+/// are gone (killed, or ended by `--shutdown-grace` while a batch was landing or tasks ran);
+/// how many. Other processes' parts (running, or on other machines sharing the zone) stay.
+pub fn remove_stale(root: &Path) -> Result<usize> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Ok(0);
+    };
+    let host = forte_usage::host_name();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some((owner, pid)) = name
+            .strip_prefix(AREA_PREFIX)
+            .and_then(|owner| owner.rsplit_once('-'))
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if owner != host || forte_usage::process_alive(pid) {
+            continue;
+        }
+        std::fs::remove_dir_all(entry.path()).with_context(|| {
+            format!(
+                "cannot remove {}, left in the landing zone by an interrupted pull",
+                entry.path().display()
+            )
+        })?;
+        removed += 1;
+    }
+    Ok(removed)
+}
 
 impl Landing {
-    /// The landing zone and quarantine (by default hidden directories of `dest`, on its
-    /// filesystem, so that promotion is a rename), created now so a bad path fails at start.
+    /// The landing zone ([`root`]) and quarantine (by default hidden directories of `dest`,
+    /// on its filesystem, so that promotion is a rename), created now so a bad path fails at
+    /// start.
     pub fn new(
         tasks: Tasks,
         dest: &Path,
         root: Option<PathBuf>,
         quarantine: Option<PathBuf>,
     ) -> Result<Self> {
-        let root = root.unwrap_or_else(|| dest.join(".forte-landing"));
+        let root = self::root(dest, root);
         let quarantine = quarantine.unwrap_or_else(|| dest.join(".forte-quarantine"));
         for dir in [&root, &quarantine] {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
+        let owner = format!("{}-{}", forte_usage::host_name(), std::process::id());
         Ok(Self {
             tasks,
-            root,
+            area: root.join(format!("{AREA_PREFIX}{owner}")),
             quarantine,
         })
     }
 
-    /// The landing directory of a batch, emptied of what a killed run left there.
+    /// The landing directory of a batch, emptied of what an earlier try of this process left
+    /// there.
     pub fn clear(&self, site: &str, batch: &str) -> Result<PathBuf> {
-        let dir = self.root.join(site).join(batch);
+        let dir = self.area.join(site).join(batch);
         if dir.exists() {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("cannot clear the landing directory {}", dir.display()))?;
@@ -93,8 +144,8 @@ impl Landing {
         if files.is_empty() {
             return Vec::new();
         }
-        // One list per batch, which one worker holds at a time: a killed run's is overwritten.
-        let list = self.root.join(format!(".{site}-{}.files", key.batch()));
+        // Outside the batch's directory: the list is not part of the batch.
+        let list = self.area.join(format!(".{site}-{}.files", key.batch()));
         let subject = Subject {
             key,
             site,
@@ -105,7 +156,9 @@ impl Landing {
             list,
         };
         if at != Point::Core {
-            return tasks::check(&run, &subject, catalog);
+            let refusals = tasks::check(&run, &subject, catalog);
+            remove_if_empty(&self.area);
+            return refusals;
         }
         // What is promoted must be what was verified: the batch is read-only while its tasks
         // run, and checked against the verified files after.
@@ -159,7 +212,7 @@ impl Landing {
         forte_fs::syncfs(dest)?;
         std::fs::remove_dir_all(dir)
             .with_context(|| format!("cannot remove the landing directory {}", dir.display()))?;
-        remove_if_empty(dir.parent());
+        remove_emptied_parents(dir);
         Ok(())
     }
 
@@ -181,7 +234,7 @@ impl Landing {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
         rename(dir, &kept)?;
-        remove_if_empty(dir.parent());
+        remove_emptied_parents(dir);
         let reasons: String = refusals.iter().map(|r| format!("{r}\n")).collect();
         write(&kept.join(REASON_FILE), reasons.as_bytes())?;
         let outputs = kept.join(OUTPUT_DIR);
@@ -234,12 +287,17 @@ fn move_into(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Removes a site's landing directory once its last batch left it (another worker may just
-/// have created a batch in it: then it is not empty, and stays).
-fn remove_if_empty(dir: Option<&Path>) {
-    if let Some(dir) = dir {
-        let _ = std::fs::remove_dir(dir);
+/// Removes the site's directory and this process's part of the landing zone above the landing
+/// directory `dir` that left them, where it was the last thing in them.
+fn remove_emptied_parents(dir: &Path) {
+    for parent in dir.ancestors().skip(1).take(2) {
+        remove_if_empty(parent);
     }
+}
+
+/// Removes `dir` if nothing is in it.
+fn remove_if_empty(dir: &Path) {
+    let _ = std::fs::remove_dir(dir);
 }
 
 fn rename(from: &Path, to: &Path) -> Result<()> {
@@ -254,4 +312,35 @@ fn rename(from: &Path, to: &Path) -> Result<()> {
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
     std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the parts of gone processes of this machine are removed: a live process's part,
+    /// another machine's and anything else in the zone (an older layout's site) stay.
+    #[test]
+    fn only_what_gone_pulls_of_this_machine_left_is_stale() {
+        let root = tempfile::tempdir().unwrap();
+        let host = forte_usage::host_name();
+        let names = [
+            format!("{AREA_PREFIX}{host}-{}", std::process::id()),
+            format!("{AREA_PREFIX}{host}-4000000"),
+            format!("{AREA_PREFIX}other-host-4000000"),
+            "site-a".to_string(),
+        ];
+        for name in &names {
+            std::fs::create_dir_all(root.path().join(name).join("s/b")).unwrap();
+        }
+        assert_eq!(remove_stale(root.path()).unwrap(), 1);
+        let mut left: Vec<String> = std::fs::read_dir(root.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut kept = vec![names[0].clone(), names[2].clone(), names[3].clone()];
+        kept.sort();
+        assert_eq!(left, kept);
+    }
 }

@@ -15,7 +15,7 @@ mod copy;
 mod custody;
 mod deliver;
 mod landed;
-mod landing;
+pub mod landing;
 mod lease;
 
 pub use copy::SecondCopy;

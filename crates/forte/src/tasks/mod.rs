@@ -23,7 +23,7 @@
 //! | `FORTE_SITE` | the edge site that sent the batch (empty at the edge) |
 //! | `FORTE_BATCH` | the batch's name |
 //! | `FORTE_BATCH_DIR` | where the batch's files are now (every path here is absolute): its inbox directory at the edge, its landing directory for `core`, the destination for `delivered` |
-//! | `FORTE_FILES` | a file listing the batch's files: each path under `FORTE_BATCH_DIR` ended by a NUL byte (`xargs -0 < "$FORTE_FILES"`) |
+//! | `FORTE_FILES` | a file listing the batch's files: each one's absolute path ended by a NUL byte (`xargs -0 < "$FORTE_FILES"`) |
 //! | `FORTE_FILE` | per file: the file's full path |
 //! | `FORTE_PATH` | per file: its path in the batch, as the edge had it |
 //! | `FORTE_SHA256` | per file: its SHA-256, verified at the core (empty at the edge, where it is not known yet) |

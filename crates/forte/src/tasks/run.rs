@@ -2,6 +2,7 @@
 //! once, each try timed, killed at its timeout, tried again when it crashed, and recorded.
 
 use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -77,7 +78,10 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
                 task: tasks.first().map_or_else(String::new, |t| t.name.clone()),
                 file: None,
                 outcome: TaskOutcome::Crashed,
-                reason: format!("cannot list the batch's files for its tasks: {e}"),
+                reason: format!(
+                    "cannot list the batch's files for its tasks in {}: {e}",
+                    subject.list.display()
+                ),
                 output: Vec::new(),
             }]
         }
@@ -100,15 +104,24 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
 }
 
 /// The list of the subject's files for `FORTE_FILES` (outside its directory: the list is not
-/// part of the batch): each path under the batch's directory ended by a NUL byte, the one byte
-/// no path holds (a name may hold a newline).
+/// part of the batch): each file's absolute path ended by a NUL byte, the one byte no path
+/// holds (a name may hold a newline).
 fn write_list(subject: &Subject<'_>) -> std::io::Result<()> {
-    let text: String = subject
-        .files
-        .iter()
-        .map(|f| format!("{}\0", f.under_dir))
-        .collect();
+    let dir = absolute(subject.dir);
+    let mut text = Vec::new();
+    for f in subject.files {
+        text.extend_from_slice(dir.join(&f.under_dir).as_os_str().as_bytes());
+        text.push(0);
+    }
+    if let Some(dir) = subject.list.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
     std::fs::write(&subject.list, text)
+}
+
+/// `path` made absolute, whatever directory the daemon started in: a task runs in its workdir.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// A per-file task on every file, `concurrency` at once; the files it refused.
@@ -196,9 +209,7 @@ fn environment(
     file: Option<&SubjectFile>,
     try_number: u32,
 ) -> Vec<(&'static str, String)> {
-    // Absolute, whatever directory `pull` was started in: the task runs in its workdir.
-    let dir = std::path::absolute(subject.dir).unwrap_or_else(|_| subject.dir.to_path_buf());
-    let list = std::path::absolute(&subject.list).unwrap_or_else(|_| subject.list.clone());
+    let (dir, list) = (absolute(subject.dir), absolute(&subject.list));
     let mut env = vec![
         ("FORTE_TASK", task.name.clone()),
         ("FORTE_AT", subject.at.as_str().to_owned()),

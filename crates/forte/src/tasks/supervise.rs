@@ -12,7 +12,13 @@
 //! signals as any process does (process 1 ignores those it has no handler for, even its own
 //! `kill -SEGV $$`).
 //!
-//! Creating a PID namespace needs CAP_SYS_ADMIN (root) or an unprivileged user namespace (then
+//! Each try also gets a mount namespace of its own, every mount in it private: a mount the
+//! task makes (a bind mount over a landed file, a tmpfs over its batch) is seen by its own
+//! processes only, never by the puller or the host, and goes with the namespace when the try's
+//! last process ends. Without it a mount made by a task running as root outlived the task and
+//! was promoted with the batch, so whoever owned what it showed could rewrite a delivered file.
+//!
+//! Creating these namespaces needs CAP_SYS_ADMIN (root) or an unprivileged user namespace (then
 //! the try's own uid and gid are mapped to themselves). Where neither is allowed, a try runs in
 //! a process group of its own, killed whole when its first process ends or times out: a
 //! process that left the group (`setsid`) can then outlive it, which `pull` warns about at start.
@@ -25,9 +31,9 @@ use std::sync::OnceLock;
 /// How tries are held on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Supervision {
-    /// A PID namespace per try (as root).
+    /// A PID and a mount namespace per try (as root).
     Namespace,
-    /// A PID namespace inside a user namespace per try (as another user).
+    /// A PID and a mount namespace inside a user namespace per try (as another user).
     UserNamespace,
     /// A process group per try: what leaves the group can outlive the try.
     ProcessGroup,
@@ -55,12 +61,12 @@ impl Supervision {
     /// What an operator should know about it, if anything.
     pub fn warning(self) -> Option<&'static str> {
         (self == Supervision::ProcessGroup).then_some(
-            "tasks run in a process group of their own, not a PID namespace (which needs root or unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1): a process a task starts with setsid can outlive its try and its puller",
+            "tasks run in a process group of their own, not PID and mount namespaces (which need root or unprivileged user namespaces: sysctl kernel.unprivileged_userns_clone=1): a process a task starts with setsid can outlive its try and its puller, and a mount it makes stays",
         )
     }
 
     /// Sets `command` up to run held this way: in a process group of its own (which a timeout
-    /// kills whole), killed with its puller, and in a PID namespace of its own.
+    /// kills whole), killed with its puller, and in a PID and a mount namespace of its own.
     pub fn hold(self, command: &mut Command) {
         command.process_group(0);
         let parent = std::process::id() as libc::pid_t;
@@ -74,16 +80,18 @@ impl Supervision {
         ];
         let self_ = self;
         // SAFETY: the closure runs in the forked child before exec and calls only
-        // async-signal-safe functions (prctl, getppid, unshare, open, read, write, close,
-        // close_range, pipe2, fcntl, fork, waitpid, signal, kill, _exit) on data made before
-        // the fork.
+        // async-signal-safe functions (prctl, getppid, unshare, mount, open, read, write,
+        // close, close_range, pipe2, fcntl, fork, waitpid, signal, kill, _exit) on data made
+        // before the fork.
         unsafe {
             command.pre_exec(move || {
                 die_with_parent(parent);
                 let flags = match self_ {
                     Supervision::ProcessGroup => return Ok(()),
-                    Supervision::Namespace => libc::CLONE_NEWPID,
-                    Supervision::UserNamespace => libc::CLONE_NEWPID | libc::CLONE_NEWUSER,
+                    Supervision::Namespace => libc::CLONE_NEWPID | libc::CLONE_NEWNS,
+                    Supervision::UserNamespace => {
+                        libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUSER
+                    }
                 };
                 if libc::unshare(flags) != 0 {
                     return Err(std::io::Error::last_os_error());
@@ -92,6 +100,20 @@ impl Supervision {
                     for (path, text) in &id_maps {
                         write_file(path, text)?;
                     }
+                }
+                // The new mount namespace is a copy of the puller's, and shared mounts (the
+                // default under systemd) would still pass the task's mounts back to it: made
+                // private, none of them leaves the namespace.
+                let private = libc::MS_REC | libc::MS_PRIVATE;
+                if libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    private,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
                 // The waiter holds the writing end of `alive` until it ends: process 1 asks for
                 // its parent-death signal, then sees whether the waiter already ended (in the

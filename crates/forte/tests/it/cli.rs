@@ -425,6 +425,39 @@ fn counts_and_timeouts_of_zero_are_refused_by_name() {
     );
 }
 
+/// A SQLite catalogue made immutable (`chattr +i`) is refused at open with one line naming it
+/// and the fix, not answered read-only until the first write.
+#[test]
+fn an_immutable_catalogue_fails_at_once_with_one_clear_line() {
+    if !crate::common::machine::may_use_the_machine("chattr +i") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("catalog.sqlite");
+    ok(&args!["--catalog", &catalog, "status"]);
+    let chattr = |flag: &str| {
+        let done = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(&catalog)
+            .status()
+            .unwrap();
+        assert!(done.success(), "chattr {flag}");
+    };
+    chattr("+i");
+    let out = run(&args!["--catalog", &catalog, "status"]);
+    chattr("-i");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    let says = format!(
+        "cannot open the catalogue sqlite://{}?mode=rwc: {} cannot be written (Operation not permitted",
+        catalog.display(),
+        catalog.display()
+    );
+    assert!(stderr.contains(&says), "{stderr}");
+    assert!(stderr.contains("chattr -i"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
 /// An address nothing listens on.
 fn free_port_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use crate::common::site::{
-    assert_described, free_addr, kill, sample, scrape, signal_and_wait, spawn_logged, visible,
-    wait_for, Site,
+    assert_described, assert_no_staging, free_addr, kill, sample, scrape, signal_and_wait,
+    spawn_logged, visible, wait_for, Site,
 };
 use crate::common::*;
 
@@ -484,6 +484,51 @@ exit 0"#;
     assert!(status.contains("task tamper changed the batch"), "{status}");
 }
 
+/// A core task running as root that gives a landed file to another owner, hard-links it to a
+/// name outside the batch (through which it could be rewritten once promoted) or sets an
+/// extended attribute on it gets its batch quarantined, the reason naming the task and the
+/// file; none is promoted.
+#[test]
+fn a_root_task_that_chowns_hard_links_or_sets_an_xattr_on_a_landed_file_gets_it_quarantined() {
+    if !crate::common::machine::may_use_the_machine("a task that chowns a landed file") {
+        return;
+    }
+    let site = Site::new();
+    three_batches(&site);
+    let outside = site.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let script = format!(
+        r#"f0=$(find "$FORTE_BATCH_DIR" -name f0.dat)
+case "$FORTE_BATCH" in
+  b0) chown 65534:65534 "$f0" ;;
+  b1) ln "$f0" {outside}/link ;;
+  b2) python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.note", b"x")' "$f0" ;;
+esac"#,
+        outside = outside.display()
+    );
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"root\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let printed = fails(&pull_with(&site, &config));
+    assert!(batches_in(&site.root.join("dest")).is_empty(), "{printed}");
+    assert_eq!(
+        batches_in(&site.root.join("quarantine")).len(),
+        3,
+        "{printed}"
+    );
+    for change in [
+        "task root changed the batch: changed site-a/b0/f0.dat (owner 65534:65534, landed 0:0)",
+        "task root changed the batch: changed site-a/b1/f0.dat (hard-linked: 2 links, landed with 1)",
+        "task root changed the batch: changed site-a/b2/f0.dat (extended attribute user.note set)",
+    ] {
+        assert!(printed.contains(change), "{change:?} not in:\n{printed}");
+    }
+}
+
 /// Processes whose command line holds `marker` (a number no other process uses).
 fn processes_with(marker: &str) -> Vec<String> {
     std::fs::read_dir("/proc")
@@ -550,9 +595,66 @@ fn a_task_dies_with_its_puller_whatever_kills_it() {
     );
 }
 
+/// Mount points under `dir` in this process's mount namespace, as /proc/self/mountinfo lists
+/// them (its fifth field).
+fn mounts_under(dir: &Path) -> Vec<String> {
+    let under = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .filter(|point| point.starts_with(&under))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A core task running as root bind-mounts a copy of a landed file it controls (same bytes,
+/// owner and mode) over it and exits 0: the mount goes with the task's try, so what is promoted
+/// is the verified file, and a later rewrite of the task's copy does not reach the delivered
+/// one; no mount is left under the site's directory.
+#[test]
+fn a_mount_a_task_makes_over_its_batch_goes_with_its_try() {
+    if !crate::common::machine::may_use_the_machine("a task that mounts") {
+        return;
+    }
+    let site = Site::new();
+    let batch = site.root.join("inbox/b0");
+    write(&batch.join("f0.dat"), &sample_bytes(20_000, 3));
+    write(&batch.join(".ready"), b"");
+    let copy = site.root.join("copy.dat");
+    let script = format!(
+        r#"cp -p "$FORTE_FILE" {copy} && mount --bind {copy} "$FORTE_FILE""#,
+        copy = copy.display()
+    );
+    let config = config_with(
+        &site,
+        &format!("[[task]]\nname = \"mounts\"\nat = \"core\"\ncommand = {script:?}\n"),
+    );
+    ok(&site.send(&["-q"]));
+    let pulled = run(&pull_with(&site, &config));
+    // The task's copy rewritten after the pull, as its owner could do at any time.
+    std::fs::set_permissions(&copy, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    write(&copy, &vec![b'X'; 20_000]);
+    let delivered = std::fs::read(site.root.join("dest/site-a/b0/f0.dat"));
+    let mounts = mounts_under(&site.root);
+    // Whatever the outcome, nothing of the test stays mounted on the machine.
+    for point in mounts.iter().rev() {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", point])
+            .status();
+    }
+    assert!(
+        pulled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&pulled.stderr)
+    );
+    assert!(mounts.is_empty(), "left mounted: {mounts:?}");
+    assert_eq!(delivered.unwrap(), sample_bytes(20_000, 3));
+}
+
 /// A task's paths are absolute whatever directory `pull` started in (here: `--to dest`, from
-/// the site's directory, with the task running in another), and its file list holds each name
-/// whole, a newline inside one included.
+/// the site's directory, with the task running in `/`), those in its file list too, and the
+/// list holds each name whole, a newline inside one included.
 #[test]
 fn a_task_gets_absolute_paths_and_a_nul_separated_file_list() {
     let site = Site::new();
@@ -563,7 +665,7 @@ fn a_task_gets_absolute_paths_and_a_nul_separated_file_list() {
     let seen = site.root.join("seen");
     let script = format!(
         r#"case "$FORTE_BATCH_DIR$FORTE_FILES" in /*) ;; *) exit 1 ;; esac
-cd "$FORTE_BATCH_DIR" && xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"' < "$FORTE_FILES" > {seen}"#,
+xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"' < "$FORTE_FILES" > {seen}"#,
         seen = seen.display()
     );
     let config = config_with(
@@ -587,7 +689,15 @@ cd "$FORTE_BATCH_DIR" && xargs -0 -n1 sh -c 'test -f "$0" && printf "%s\\0" "$0"
     let listed = std::fs::read_to_string(&seen).unwrap();
     let mut names: Vec<&str> = listed.split_terminator('\0').collect();
     names.sort();
-    assert_eq!(names, ["site-a/odd/a\n/etc/passwd", "site-a/odd/plain.dat"]);
+    // Each in the batch's landing directory, in the landing zone `landing` of the site's root.
+    let landing = format!("{}/", site.root.join("landing").display());
+    let in_batch: Vec<&str> = names
+        .iter()
+        .filter(|n| n.starts_with(&landing))
+        .filter_map(|n| n.split_once("/site-a/odd/"))
+        .map(|(_, name)| name)
+        .collect();
+    assert_eq!(in_batch, ["a\n/etc/passwd", "plain.dat"], "{names:?}");
     assert_eq!(batches_in(&site.root.join("dest")), ["odd"]);
 }
 
@@ -642,5 +752,90 @@ fn a_puller_stopped_while_its_task_runs_ends_after_its_grace_with_its_task() {
     assert!(
         visible(&site.root.join("dest")).is_empty(),
         "nothing promoted half-checked"
+    );
+}
+
+/// A puller stopped by SIGTERM while its core task hangs, its grace running out with the
+/// batch in the landing zone, and started again without that task (what an operator does
+/// about a hanging task): the batch is delivered, and nothing of the cut-off landing copy, its
+/// file list or any staging directory is left in the destination.
+#[test]
+fn a_landing_copy_cut_off_by_the_shutdown_grace_is_removed_at_the_next_start() {
+    let site = Site::new();
+    let batch = site.root.join("inbox/b0");
+    write(&batch.join("f0.dat"), &sample_bytes(20_000, 7));
+    write(&batch.join(".ready"), b"");
+    // The default landing zone and quarantine: hidden directories of the destination.
+    let config = site.root.join("forte.toml");
+    write(
+        &config,
+        b"[[task]]\nname = \"hangs\"\nat = \"core\"\nper = \"batch\"\ncommand = \"sleep 1006.5\"\n",
+    );
+    ok(&site.send(&["-q"]));
+    let mut watching = pull_with(&site, &config);
+    watching.extend(args![
+        "--watch",
+        "--interval",
+        "1",
+        "--shutdown-grace",
+        "1s"
+    ]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&watching, &log);
+    assert!(
+        wait_for(60, || !processes_with("1006.5").is_empty()),
+        "the task never started"
+    );
+    let status = signal_and_wait(&mut puller, libc::SIGTERM, 30);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{said}");
+    assert!(said.contains("shutdown grace of 1 s ran out"), "{said}");
+    let dest = site.root.join("dest");
+    let landing = dest.join(".forte-landing");
+    assert!(!tree(&landing).is_empty(), "the batch was landing");
+    let out = run(&site.pull());
+    let printed = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{printed}");
+    assert_eq!(
+        std::fs::read(dest.join("site-a/b0/f0.dat")).unwrap(),
+        sample_bytes(20_000, 7)
+    );
+    let left = tree(&landing);
+    assert!(left.is_empty(), "left in the landing zone: {left:?}");
+    assert!(
+        printed.contains("removed what 1 interrupted pulls left in the landing zone"),
+        "{printed}"
+    );
+    assert_no_staging(&dest, "the pull after the cut-off one");
+}
+
+/// A second signal (SIGINT after SIGTERM: two of one kind may merge while pending) to a
+/// watching puller waiting for its task ends it at once with status 1, and one line says so
+/// and what the next start takes up.
+#[test]
+fn a_second_signal_stops_a_puller_at_once_and_says_what_is_left() {
+    let site = Site::new();
+    three_batches(&site);
+    let config = config_with(
+        &site,
+        "[[task]]\nname = \"long\"\nat = \"core\"\nper = \"batch\"\ncommand = \"sleep 1007.5\"\n",
+    );
+    ok(&site.send(&["-q"]));
+    let mut pull = pull_with(&site, &config);
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&pull, &log);
+    assert!(
+        wait_for(60, || !processes_with("1007.5").is_empty()),
+        "the task never started"
+    );
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(puller.0.id() as i32, libc::SIGTERM) };
+    let status = signal_and_wait(&mut puller, libc::SIGINT, 30);
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(status.and_then(|s| s.code()), Some(1), "{said}");
+    assert!(
+        said.contains("second signal: stopping at once; a batch not yet acknowledged is taken again at the next start (which removes what it staged)\n"),
+        "{said}"
     );
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Whether the test can have the machine's resources; panics in CI when it cannot.
-fn may_use_the_machine(what: &str) -> bool {
+pub fn may_use_the_machine(what: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
