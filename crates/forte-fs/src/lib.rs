@@ -6,6 +6,8 @@
 //! ([`FileIdentity`]).
 
 mod identity;
+mod tree;
+pub use tree::remove_tree;
 
 pub use identity::FileIdentity;
 

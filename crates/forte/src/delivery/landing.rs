@@ -67,7 +67,7 @@ pub fn remove_stale(root: &Path) -> Result<usize> {
         if owner != host || forte_usage::process_alive(pid) {
             continue;
         }
-        std::fs::remove_dir_all(entry.path()).with_context(|| {
+        forte_fs::remove_tree(&entry.path()).with_context(|| {
             format!(
                 "cannot remove {}, left in the landing zone by an interrupted pull",
                 entry.path().display()
@@ -107,7 +107,7 @@ impl Landing {
     pub fn clear(&self, site: &str, batch: &str) -> Result<PathBuf> {
         let dir = self.area.join(site).join(batch);
         if dir.exists() {
-            std::fs::remove_dir_all(&dir)
+            forte_fs::remove_tree(&dir)
                 .with_context(|| format!("cannot clear the landing directory {}", dir.display()))?;
         }
         std::fs::create_dir_all(&dir)
@@ -210,7 +210,7 @@ impl Landing {
     pub fn promote(&self, dir: &Path, dest: &Path) -> Result<()> {
         move_into(dir, dest)?;
         forte_fs::syncfs(dest)?;
-        std::fs::remove_dir_all(dir)
+        forte_fs::remove_tree(dir)
             .with_context(|| format!("cannot remove the landing directory {}", dir.display()))?;
         remove_emptied_parents(dir);
         Ok(())
@@ -227,7 +227,7 @@ impl Landing {
     ) -> Result<PathBuf> {
         let kept = self.quarantine.join(site).join(batch);
         if kept.exists() {
-            std::fs::remove_dir_all(&kept)
+            forte_fs::remove_tree(&kept)
                 .with_context(|| format!("cannot replace {}", kept.display()))?;
         }
         let parent = kept.parent().expect("under the quarantine");
