@@ -23,7 +23,23 @@ fault proxy, and so does the puller. Meanwhile:
   batch replayed from a copy of the store taken before delivery, its tombstones removed; a
   sealed batch dropped whole, for good; an acknowledgement forged with the core's token
   (no receipt). The sender deletes sources (`--delete-after-ack`) only under receipts it
-  verifies.
+  verifies;
+- a core task (`[[task]] at = "core"`, per batch) on every batch at the core: it reads the
+  landed files, starts a background `sleep 300` and a `setsid` one, and sleeps 1–4.5 s in a loop;
+  its processes carry a marker in their command line. At random, while a try runs (found with
+  `pgrep -f` of the marker), the puller is killed with -9: within 5 s no process holding the
+  marker may be left (the try's background jobs included);
+- about one batch in eight is named `…-tamper`: its task appends to one landed file, deletes
+  another, adds a file and a symlink, and exits 0. Verified promotion must quarantine it: such
+  a batch is expected in the quarantine (catalogue state `quarantined`,
+  `DEST/.forte-quarantine/soak/ID/` with a `forte-reason.txt` saying the task changed the
+  batch), never delivered, and none of its files may ever be in the destination;
+- SIGHUP and SIGTERM to each daemon (the watching sender, the watching puller, the relay), in
+  a shuffled round of every pair: after SIGHUP the daemon must still run (the relay reloads
+  tokens.toml, the puller its trusted keys; each logs it); after SIGTERM it must exit with
+  status 0 within its grace (`--shutdown-grace`, --grace s, 10 by default), timed from the
+  signal to the exit, and is started again after a pause, as after a kill. A daemon that ends
+  by itself otherwise is a failure (and is restarted).
 
 With --hostile it also checks: nothing delivered under the other site, no replay delivered
 again (each file delivered once in the core's lineage), every receipt the core signed verifies
@@ -35,9 +51,21 @@ Then the generator stops, the faults stop, and the soak waits until everything i
 It checks every file of every batch: arrived exactly once, byte-identical (SHA-256), no file
 outside the expected set, every delivered batch complete, no staging directory left behind,
 the relay empty after acknowledgement, and the core's catalogue counting as many acknowledged
-files as there are on disk. It prints a summary with the counts.
+files as there are on disk. The tampered batches are left out of those counts: each must be
+quarantined, and none of their files in the destination, let alone differing from the source;
+the summary also says how many of their files the quarantine keeps as verified (a tampering
+task changes the quarantined copy too), and, with --hostile, how many the edge deleted at its
+source (under the quarantined batch's receipt) that the quarantine does not keep as verified:
+lost. Then the daemons get their last SIGTERM, and it checks: no process of the core task left
+(/proc), no landing directory left (nor staging), every SIGTERM answered with status 0 within
+the grace (per daemon: how many, the slowest, how many ran the grace out), no daemon stopped
+by SIGHUP or ended by itself. It prints a summary with the counts and exits 1 on any failure.
 
-Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB] [--hostile]
+The forte binary: --binary PATH, else FORTE_BINARY, else this tree's release build (built
+first with cargo; a binary given either way is run as it is). Work directory:
+$FORTE_BENCH_DIR/soak (default /tmp/forte-bench/soak).
+
+Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB] [--hostile] [--binary PATH] [--grace 10]
 """
 
 import argparse
@@ -56,7 +84,9 @@ import time
 from pathlib import Path
 
 from site_setup import add_edge_site, make_site, start_relay
-from binary import FORTE
+import binary
+
+FORTE = binary.FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "soak"
@@ -346,16 +376,85 @@ def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, cou
     return None
 
 
+TASK_SCRIPT = r"""#!/bin/bash
+# The soak's core task ({marker}): reads the landed batch, leaves two background processes
+# behind (a plain one and a setsid one, which must die with the try), tampers with a batch
+# whose name says so, and sleeps in a loop for a few seconds.
+(exec -a {marker}-grandchild sleep 300) &
+setsid bash -c 'exec -a {marker}-setsid sleep 300' &
+cd "$FORTE_BATCH_DIR" || exit 2
+mapfile -d '' files < "$FORTE_FILES"
+for f in "${{files[@]}}"; do cat -- "$f" > /dev/null || exit 2; done
+case "$FORTE_BATCH" in
+  *{tamper}*)
+    # Change the landed batch and say nothing: append to one file, delete another, add a
+    # file and a symlink (as root the read-only modes do not stop it; as another user they
+    # are put back first).
+    first=${{files[0]}}
+    dir=$(dirname -- "$first")
+    chmod u+w -- "$first" "$dir" 2>/dev/null
+    printf 'tampered by the task\n' >> "$first"
+    if [ ${{#files[@]}} -gt 1 ]; then rm -f -- "${{files[-1]}}"; fi
+    printf 'added by the task\n' > "$dir/added-by-task.txt"
+    ln -s /etc/passwd "$dir/passwd"
+    ;;
+esac
+for i in $(seq $((RANDOM % 8 + 2))); do sleep 0.5; done
+exit 0
+"""
+
+TAMPER = "-tamper"
+
+
+def marked_processes(marker):
+    """Processes whose command line holds `marker`, read from /proc: (pid, command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append((int(entry.name), cmdline.strip()))
+    return found
+
+
+def task_running(marker):
+    """Whether a try of the soak's core task runs now (`pgrep -f` of its marker)."""
+    return subprocess.run(["pgrep", "-f", marker], stdout=subprocess.DEVNULL).returncode == 0
+
+
+def wait_gone(marker, within):
+    """Waits up to `within` s for every process holding `marker` to end: (seconds it took,
+    those left)."""
+    start = time.monotonic()
+    while True:
+        left = marked_processes(marker)
+        if not left or time.monotonic() - start > within:
+            return time.monotonic() - start, left
+        time.sleep(0.05)
+
+
 def main():
+    global FORTE
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--hostile", action="store_true", help="the relay operator's attacks on custody")
     ap.add_argument("--seed", type=int, default=int(time.time()))
     ap.add_argument("--quota", default="96MiB", help="the relay's --quota-per-site")
+    ap.add_argument("--binary", type=Path,
+                    help="the forte binary to run (default: FORTE_BINARY, else this tree's release build, "
+                         "built first); a binary given either way is run as it is, never built")
+    ap.add_argument("--grace", type=float, default=10, help="--shutdown-grace of every daemon, seconds")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
-    subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
+    if args.binary:
+        FORTE = args.binary.resolve()
+    elif not os.environ.get("FORTE_BINARY"):
+        subprocess.run(["cargo", "build", "--release", "-q"], cwd=ROOT, check=True)
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
     inbox, dest = WORK / "inbox", WORK / "dest"
@@ -365,8 +464,18 @@ def main():
     # the key for both sites), so only the signed site tells them apart.
     add_edge_site(FORTE, WORK, "other", "keys-other", "other.token")
 
+    # The core task: a marker in its command line (the script's name) finds its processes.
+    marker = f"forte-soak-task-{os.getpid()}"
+    script = WORK / f"{marker}.sh"
+    script.write_text(TASK_SCRIPT.format(marker=marker, tamper=TAMPER))
+    (WORK / "core.toml").write_text(
+        f'[[task]]\nname = "soak-check"\nat = "core"\nper = "batch"\n'
+        f'command = ["bash", "{script}"]\ntimeout = "60s"\n')
+    grace = f"{args.grace:g}s"
+
     relay_port = free_port()
     procs = {}
+    started = {}  # daemon → when its current process started
     logs = {name: open(WORK / f"{name}.log", "ab") for name in ("relay", "send", "pull")}
     fingerprint = None
 
@@ -374,7 +483,9 @@ def main():
         nonlocal fingerprint
         procs["relay"], _, fingerprint = start_relay(FORTE, WORK / "relay", WORK / "tokens.toml",
                                                      f"127.0.0.1:{relay_port}", stderr=logs["relay"],
-                                                     flags=["--quota-per-site", args.quota])
+                                                     flags=["--quota-per-site", args.quota,
+                                                            "--shutdown-grace", grace])
+        started["relay"] = time.monotonic()
 
     restart_relay()
     edge_proxy, core_proxy = FaultProxy(relay_port), FaultProxy(relay_port)
@@ -391,8 +502,10 @@ def main():
 
     def start_send():
         deleting = ["--delete-after-ack"] if args.hostile else []
-        procs["send"] = subprocess.Popen(send_args("--watch", "--interval", "1", *deleting),
-                                         stdout=subprocess.DEVNULL, stderr=logs["send"])
+        procs["send"] = subprocess.Popen(send_args("--watch", "--interval", "1", "--shutdown-grace", grace,
+                                                   *deleting),
+                                         stdout=logs["send"], stderr=logs["send"])
+        started["send"] = time.monotonic()
 
     def one_shot_send(*extra, timeout=180):
         try:
@@ -403,11 +516,13 @@ def main():
 
     def start_pull():
         procs["pull"] = subprocess.Popen(
-            [FORTE, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
+            [FORTE, "--config", WORK / "core.toml", "--catalog", WORK / "core.sqlite", "pull", "--watch",
+             "--interval", "1", "--to", dest, "--shutdown-grace", grace,
              "--identity", WORK / "keys/core.key", "--trust", f"soak={WORK / 'keys/edge.pub'}",
              "--trust", f"other={WORK / 'keys/edge.pub'}", "--receipt-key", WORK / "keys/receipt.key",
              "--gap-alert-after", "60s",
-             *conn(core_proxy, "core.token")], stdout=subprocess.DEVNULL, stderr=logs["pull"])
+             *conn(core_proxy, "core.token")], stdout=logs["pull"], stderr=logs["pull"])
+        started["pull"] = time.monotonic()
 
     starters = {"relay": restart_relay, "send": start_send, "pull": start_pull}
     start_send()
@@ -417,8 +532,17 @@ def main():
     counts = {"batches": 0, "files": 0, "bytes": 0, "resets": 0, "throttles": 0, "stalls": 0, "outages": 0,
               "kills": {"send": 0, "pull": 0, "relay": 0}, "reruns": 0, "omissions": 0, "injections": 0,
               "too_large": 0, "relabelled": 0, "replayed": 0, "dropped": 0, "forged": 0,
-              "forged_batches": [], "replayed_names": []}
+              "forged_batches": [], "replayed_names": [], "task_kills": 0, "task_kill_misses": 0,
+              "hups": {"send": 0, "pull": 0, "relay": 0}}
     batch_files = {}  # batch name → its expected relative paths
+    tampered = {}  # name of a batch its task tampers with → {relative path: sha256}
+    left_after_kill = []  # (seconds, processes) of task processes alive 5 s after their puller died
+    vanish = []  # seconds the task processes took to end after their puller died
+    terms = []  # (daemon, exit status, seconds from SIGTERM to exit, the final stop?)
+    hup_deaths = []  # (daemon, exit status, its age when signalled)
+    unexpected = []  # (daemon, exit status, its age): a daemon that ended by itself
+    hunting = None  # until when a kill -9 of the puller waits for a task to run
+    deck = []  # (daemon, signal) still to send in this round: every pair once per round
     store = WORK / "relay" / "sites" / "soak"
     aside = WORK / "aside"
     undo = []  # (when, function) of store tampering to undo
@@ -428,11 +552,35 @@ def main():
     next_batch = next_fault = next_kill = time.monotonic()
     next_tamper, next_rerun = next_batch + 30, next_batch + 45
     next_hostile = next_batch + 20
+    next_task_kill, next_signal = next_batch + 15, next_batch + 10
+
+    def stop_term(victim, final=False):
+        """SIGTERM to a daemon: it must exit 0 within its grace. Records the exit and the time."""
+        proc = procs[victim]
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            status = proc.wait(timeout=args.grace + 20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            status = "still running"
+        terms.append((victim, status, time.monotonic() - sent, final))
+
+    def task_check_after(victim):
+        """After the puller died: its task processes must all end with it."""
+        took, left = wait_gone(marker, 5)
+        if left:
+            left_after_kill.append((victim, left))
+        else:
+            vanish.append(took)
     print(f"soak for {args.minutes:g} min, seed {args.seed}, work in {WORK}", file=sys.stderr)
     while time.monotonic() < end:
         now = time.monotonic()
         if now >= next_batch:
-            name = f"batch-{counts['batches']:05d}"
+            # Some batches are marked for the core task to tamper with: quarantined, never
+            # delivered.
+            name = f"batch-{counts['batches']:05d}" + (TAMPER if rng.random() < 0.12 else "")
             staged = WORK / f"staging-{name}"
             for i in range(rng.randint(1, 8)):
                 size = rng.choice([4_000, 60_000, 700_000, 2_500_000, 6_000_000])
@@ -444,6 +592,8 @@ def main():
                 counts["files"] += 1
                 counts["bytes"] += size
             batch_files[name] = {p for p in expected if p.startswith(f"soak/{name}/")}
+            if TAMPER in name:
+                tampered[name] = {p: expected.pop(p) for p in batch_files[name]}
             os.rename(staged, inbox / name)
             (inbox / name / ".ready").touch()
             counts["batches"] += 1
@@ -505,11 +655,55 @@ def main():
                 hold = rng.uniform(2, 25 if fault == "stall" else 10)
                 threading.Timer(hold, lambda p=proxy: p.set("none")).start()
             next_fault = now + rng.uniform(5, 30)
+        if now >= next_task_kill and hunting is None:
+            hunting = now + 20
+        if hunting is not None and task_running(marker):
+            # kill -9 of the puller while its core task runs: every process of the try (the
+            # task, its background job, its setsid job) must die with it.
+            procs["pull"].send_signal(signal.SIGKILL)
+            procs["pull"].wait()
+            counts["task_kills"] += 1
+            task_check_after("pull (kill -9)")
+            time.sleep(rng.uniform(0.5, 5))
+            start_pull()
+            hunting, next_task_kill = None, now + rng.uniform(20, 60)
+        elif hunting is not None and now >= hunting:
+            counts["task_kill_misses"] += 1
+            hunting, next_task_kill = None, now + rng.uniform(10, 30)
+        if now >= next_signal:
+            if not deck:
+                deck = [(d, s) for d in ("send", "pull", "relay") for s in ("HUP", "TERM")]
+                rng.shuffle(deck)
+            victim, sig = deck.pop()
+            if sig == "HUP":
+                # SIGHUP reloads (the relay its tokens, the puller its trusted keys) and stops
+                # nothing.
+                age = now - started[victim]
+                procs[victim].send_signal(signal.SIGHUP)
+                counts["hups"][victim] += 1
+                time.sleep(1)
+                if procs[victim].poll() is not None:
+                    hup_deaths.append((victim, procs[victim].returncode, age))
+                    starters[victim]()
+            else:
+                stop_term(victim)
+                if victim == "pull":
+                    task_check_after("pull (SIGTERM)")
+                time.sleep(rng.uniform(0.5, 5))
+                starters[victim]()
+            next_signal = time.monotonic() + rng.uniform(10, 30)
+        for victim, proc in list(procs.items()):
+            if proc.poll() is not None:
+                # Nothing stops a daemon but the soak: one that ended by itself is a failure.
+                unexpected.append((victim, proc.returncode, time.monotonic() - started[victim]))
+                starters[victim]()
         if now >= next_kill:
             victim = rng.choice(["send", "pull", "relay"])
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
             counts["kills"][victim] += 1
+            if victim == "pull":
+                task_check_after("pull (kill -9)")
             time.sleep(rng.uniform(0.5, 5))
             starters[victim]()
             next_kill = now + rng.uniform(20, 90)
@@ -533,7 +727,8 @@ def main():
             if not root.exists():
                 continue
             for dirpath, dirnames, files in os.walk(root):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".forte-staging-")]
+                # Staging, the landing zone and the quarantine are not delivered.
+                dirnames[:] = [d for d in dirnames if not d.startswith(".forte-")]
                 for f in files:
                     p = Path(dirpath) / f
                     rel = str(p.relative_to(root))
@@ -543,9 +738,28 @@ def main():
                     found[rel] = p
         return found
 
+    def quarantined_names():
+        try:
+            with sqlite3.connect(WORK / "core.sqlite") as db:
+                return {r[0] for r in db.execute("SELECT name FROM batches WHERE state = 'quarantined'")}
+        except sqlite3.Error:
+            return set()
+
+    def daemons_alive():
+        for victim, proc in list(procs.items()):
+            if proc.poll() is not None:
+                unexpected.append((victim, proc.returncode, time.monotonic() - started[victim]))
+                starters[victim]()
+
+    # A tampered batch is done once quarantined (unless its acknowledgement was forged).
+    awaited_quarantine = set(tampered) - forged_names
     deadline = time.monotonic() + 1800
-    while set(delivered()) != set(expected) - withheld and time.monotonic() < deadline:
+    # Waits for what must arrive; a batch whose acknowledgement was forged may have arrived
+    # anyway (the forgery raced its delivery), and anything else extra is counted below.
+    while ((not set(expected) - withheld <= set(delivered()) or not awaited_quarantine <= quarantined_names())
+           and time.monotonic() < deadline):
         time.sleep(2)
+        daemons_alive()
         # An object the store lost for good (removed while the relay was restarted) comes
         # back only from the edge: a one-shot send finds what the relay lacks and seals again.
         if time.monotonic() > deadline - 1500 and int(time.monotonic()) % 60 < 2:
@@ -572,12 +786,64 @@ def main():
     while relay_objects.exists() and any(relay_objects.iterdir()) and time.monotonic() < deadline:
         time.sleep(2)
     left_at_relay = len(list(relay_objects.iterdir())) if relay_objects.exists() else 0
-    for p in procs.values():
-        p.send_signal(signal.SIGTERM)
-        p.wait()
-    staging = [d for d in dest.iterdir() if d.name.startswith(".forte-staging-")] if dest.exists() else []
+    daemons_alive()
+    tasks_before_stop = marked_processes(marker)
+    for victim in ("send", "pull", "relay"):
+        stop_term(victim, final=True)
+    # No task process outlives its try or its puller: none holds the marker now.
+    tasks_left = tasks_before_stop + marked_processes(marker)
+    staging = sorted(str(d) for d in dest.rglob(".forte-staging-*") if d.is_dir()) if dest.exists() else []
+    landing = dest / ".forte-landing"
+    # A landing directory left: its batch id, the batches in it, whether its acknowledgement was forged.
+    landing_left = sorted(f"{d} ({', '.join(b.name for b in d.glob('*/*'))}"
+                          f"{'; acknowledgement forged' if d.name in counts['forged_batches'] else ''})"
+                          for d in landing.glob("*/*") if d.is_dir()) if landing.exists() else []
+    lists_left = sorted(str(f) for f in landing.glob(".*.files")) if landing.exists() else []
+
+    # Tampered batches: each quarantined (catalogue, directory with the reason), none of their
+    # files ever in the destination (let alone changed), and what the quarantine keeps of
+    # them compared with their sources.
+    quarantined = quarantined_names()
+    quarantine_root = dest / ".forte-quarantine" / "soak"
+    in_quarantine, reasons = {}, {}
+    for kept in (quarantine_root.iterdir() if quarantine_root.exists() else []):
+        reason = kept / "forte-reason.txt"
+        text = reason.read_text(errors="replace") if reason.exists() else ""
+        for f in kept.rglob("*"):
+            parts = f.relative_to(kept).parts
+            if not (f.is_file() or f.is_symlink()) or parts[0] in ("forte-output", "forte-reason.txt"):
+                continue
+            for i, part in enumerate(parts[:-1]):
+                if part in tampered:
+                    in_quarantine[f"soak/{part}/{'/'.join(parts[i + 1:])}"] = f
+                    reasons[part] = text
+                    break
+    tampered_promoted = sorted(p for p in found if p.split("/")[1] in tampered)
+    tampered_changed = sorted(p for p in tampered_promoted
+                              if p not in tampered[p.split("/")[1]] or found[p].is_symlink()
+                              or sha256(found[p]) != tampered[p.split("/")[1]][p])
+    not_quarantined = sorted(awaited_quarantine - quarantined)
+    no_reason = sorted(n for n in awaited_quarantine & quarantined if "changed the batch" not in reasons.get(n, ""))
+    tampered_sources = {p: h for files in tampered.values() for p, h in files.items()}
+    kept_intact = {p for p, h in tampered_sources.items()
+                   if p in in_quarantine and not in_quarantine[p].is_symlink() and sha256(in_quarantine[p]) == h}
+    source_gone = {p for p in tampered_sources if not (inbox / p.split("/", 1)[1]).exists()}
+    # A tampered file whose source the edge deleted (under the receipt for the quarantined
+    # batch) and whose verified bytes the quarantine does not hold: lost.
+    tampered_lost = sorted(source_gone - kept_intact - set(found))
     with sqlite3.connect(WORK / "core.sqlite") as db:
         catalogued = db.execute("SELECT COUNT(*) FROM files WHERE state = 'acknowledged'").fetchone()[0]
+        tries = dict(db.execute("SELECT outcome, COUNT(*) FROM task_runs GROUP BY outcome").fetchall())
+        # A batch the core still records as being checked by its tasks, though all stopped.
+        checking = [r[0] for r in db.execute("SELECT name FROM batches WHERE state = 'checking'")]
+    reloads = {name: (WORK / f"{name}.log").read_text(errors="replace").count(needle)
+               for name, needle in (("relay", "tokens file reloaded (SIGHUP)"),
+                                    ("pull", "trusted edge keys read again (SIGHUP)"),
+                                    ("send", "SIGHUP: send reads its settings"))}
+    # A daemon whose work outlasted the grace ends with status 0 saying so.
+    ran_out = {name: (WORK / f"{name}.log").read_text(errors="replace").count("shutdown grace of")
+               for name in ("send", "pull")}
+    term_bad = [t for t in terms if t[1] != 0 or t[2] > args.grace + 2]
     refused = {kind: sum(log.read_text(errors="replace").count(needle)
                          for log in [WORK / "pull.log"])
                for kind, needle in (("missing", "missing: dropped on the way"),
@@ -598,6 +864,30 @@ def main():
           f"incomplete batches delivered {len(incomplete)}, left at the relay {left_at_relay}, "
           f"staging directories left {len(staging)}")
     print(f"catalogue: {catalogued} files acknowledged at the core, {len(found)} files on disk")
+    print(f"core task: tries {', '.join(f'{n} {o}' for o, n in sorted(tries.items())) or 'none'}; kill -9 of the "
+          f"puller while a try ran {counts['task_kills']} ({counts['task_kill_misses']} times no try ran within "
+          f"20 s); task processes alive 5 s after their puller died {len(left_after_kill)} "
+          f"(slowest to end {max(vanish, default=0):.2f} s), left at the end {len(tasks_left)}")
+    print(f"tampering task: {len(tampered)} batches, {len(tampered_sources)} files; quarantined "
+          f"{len(awaited_quarantine & quarantined)} of {len(awaited_quarantine)} "
+          f"({len(no_reason)} without 'changed the batch' in forte-reason.txt); files in the destination "
+          f"{len(tampered_promoted)} ({len(tampered_changed)} differing from the source); quarantine keeps "
+          f"{len(kept_intact)} of {len(tampered_sources)} files as verified, sources deleted at the edge "
+          f"{len(source_gone)}, lost (source deleted, not kept as verified) {len(tampered_lost)}")
+    print(f"SIGHUP: {counts['hups']['send']} sender, {counts['hups']['pull']} puller, {counts['hups']['relay']} relay; "
+          f"daemons it stopped {len(hup_deaths)}; reloads logged: relay {reloads['relay']}, puller {reloads['pull']}, "
+          f"sender {reloads['send']}")
+    term_text = []
+    for victim in ("send", "pull", "relay"):
+        mine = [t for t in terms if t[0] == victim]
+        good = [t for t in mine if t not in term_bad]
+        term_text.append(f"{victim} {len(good)} of {len(mine)} exited 0 within {args.grace:g} s "
+                         f"(slowest {max((t[2] for t in mine), default=0):.2f} s)")
+    print(f"SIGTERM (the last of each at the end): {'; '.join(term_text)}; of which ended by the grace running "
+          f"out: sender {ran_out['send']}, puller {ran_out['pull']}; daemons that ended by themselves "
+          f"{len(unexpected)}")
+    print(f"landing directories left {len(landing_left)}, file lists left in the landing zone {len(lists_left)}, "
+          f"batches the core's catalogue still says are being checked {len(checking)}")
     if args.hostile:
         print(f"custody: {counts['relabelled']} batches relabelled into another site, {counts['replayed']} "
               f"replayed after delivery, {counts['dropped']} dropped whole, {counts['forged']} acknowledgements "
@@ -607,10 +897,21 @@ def main():
               f"sources deleted but not delivered {len(deleted_unsent)}, receipts {len(receipt_lines)} "
               f"({'all verify' if receipts_ok else 'NOT ALL VERIFY'})")
     ok = not (missing or extra or corrupt or incomplete or left_at_relay or cancelled_arrived
-              or catalogued != len(found))
+              or catalogued != len(found) or staging or landing_left or left_after_kill or tasks_left
+              or tampered_promoted or not_quarantined or no_reason or tampered_lost or hup_deaths
+              or term_bad or unexpected or checking)
     if args.hostile:
         ok = ok and not (other_site or replayed_again or deleted_unsent) and receipts_ok
-    for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt)):
+    for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt),
+                        ("task left after its puller", left_after_kill), ("task left at the end", tasks_left),
+                        ("tampered file in the destination", tampered_promoted),
+                        ("tampered batch not quarantined", not_quarantined),
+                        ("quarantined without the change named", no_reason),
+                        ("tampered file lost", tampered_lost), ("stopped by SIGHUP", hup_deaths),
+                        ("SIGTERM not exited 0 within the grace", term_bad),
+                        ("ended by itself", unexpected), ("landing directory left", landing_left),
+                        ("still 'checking' in the core's catalogue", checking),
+                        ("staging left", staging)):
         for item in items[:10]:
             print(f"  {name}: {item}")
     sys.exit(0 if ok else 1)
