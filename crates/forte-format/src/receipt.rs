@@ -25,7 +25,9 @@ pub const RECEIPT_FORMAT: &str = "forte-receipt/1";
 const SIGNING_CONTEXT: &[u8] = b"forte-receipt/1\n";
 
 /// How the core keeps the batch: promoted to its destination, or quarantined by a site task
-/// (kept with the reason). Either way it holds every byte durably.
+/// (kept with the reason). Either way it holds durably every file the receipt lists; a
+/// quarantined batch's receipt lists only the files the quarantine holds as verified (a task
+/// may have changed others).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {

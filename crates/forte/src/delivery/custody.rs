@@ -187,11 +187,10 @@ impl Delivery<'_> {
         (key, held): (&BatchKey, &Held),
         instance: &Instance,
         outcome: Outcome,
-        delivered: &forte_restore::Delivered,
+        kept: &[forte_restore::Placed],
     ) -> Result<Option<Vec<u8>>> {
         let custody = self.custody.as_ref().expect("an instance implies custody");
-        let files = delivered
-            .placed
+        let files = kept
             .iter()
             .map(|p| ReceiptFile {
                 id: p.id,

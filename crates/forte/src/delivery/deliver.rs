@@ -122,7 +122,12 @@ impl Delivery<'_> {
                 self.record_delivered(&batch.key, &delivered, &held.signature());
                 self.record_batch(&batch, &report.batch, BatchState::Delivered, None);
                 let outcome = forte_format::Outcome::Delivered;
-                let kept = self.keep((&batch, &held), instance.as_ref(), outcome, &delivered);
+                let kept = self.keep(
+                    (&batch, &held),
+                    instance.as_ref(),
+                    outcome,
+                    &delivered.placed,
+                );
                 report.error = match kept {
                     Ok(receipt) => self
                         .acknowledge(&batch, &report.batch, &delivered, receipt.as_deref())
@@ -239,12 +244,17 @@ impl Delivery<'_> {
             };
             note("a quarantined file", self.catalog.file_state(&file));
         }
+        // A task that changed the batch left other bytes than those verified in the
+        // quarantine: the receipt lists only the files it still holds as verified, so the
+        // edge keeps the sources of the others (they exist nowhere else once the relay forgets
+        // the batch).
+        let still_verified = held_as_verified(&kept, &delivered.placed);
         report.quarantined = Some(kept);
         // Recorded before the relay may forget the batch, as a delivered one is.
         let state = BatchState::Quarantined;
         self.record_batch(batch, &report.batch, state, Some(&error));
         let outcome = forte_format::Outcome::Quarantined;
-        let acknowledged = match self.keep((batch, &held), instance, outcome, delivered) {
+        let acknowledged = match self.keep((batch, &held), instance, outcome, &still_verified) {
             Ok(receipt) => self
                 .acknowledge_at_relay(batch, &report.batch, receipt.as_deref())
                 .map_err(|e| format!("quarantined, but {e}")),
@@ -260,20 +270,20 @@ impl Delivery<'_> {
     }
 
     /// Makes what was delivered durable in the catalogue before the relay may forget the
-    /// batch: its files' records, and its instance with the signed receipt, which is returned
-    /// for the acknowledgement. The error says what is missing.
+    /// batch: its files' records, and its instance with the signed receipt (over the files
+    /// `kept`), which is returned for the acknowledgement. The error says what is missing.
     fn keep(
         &self,
         (batch, held): (&Sealed<'_>, &Held),
         instance: Option<&Instance>,
         outcome: forte_format::Outcome,
-        delivered: &forte_restore::Delivered,
+        kept: &[forte_restore::Placed],
     ) -> Result<Option<Vec<u8>>> {
         self.catalog
             .flush()
             .map_err(|e| e.context("the catalogue must record it first"))?;
         match instance {
-            Some(instance) => self.keep_instance((&batch.key, held), instance, outcome, delivered),
+            Some(instance) => self.keep_instance((&batch.key, held), instance, outcome, kept),
             None => Ok(None),
         }
     }
@@ -476,4 +486,28 @@ impl Delivery<'_> {
             }
         }
     }
+}
+
+/// The files of `placed` that the quarantined batch at `kept` still holds as verified (size
+/// and SHA-256; a directory as a directory), or held in place before.
+fn held_as_verified(kept: &Path, placed: &[forte_restore::Placed]) -> Vec<forte_restore::Placed> {
+    let holds = |p: &forte_restore::Placed| {
+        let path = kept.join(&p.target);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            return false;
+        };
+        match p.kind {
+            forte_format::Kind::Dir => meta.is_dir(),
+            _ => {
+                meta.is_file()
+                    && meta.len() == p.size
+                    && forte_format::seal::sha256_file(&path).is_ok_and(|h| h == p.sha256)
+            }
+        }
+    };
+    placed
+        .iter()
+        .filter(|p| p.already || holds(p))
+        .cloned()
+        .collect()
 }

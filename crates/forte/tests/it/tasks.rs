@@ -484,6 +484,70 @@ exit 0"#;
     assert!(status.contains("task tamper changed the batch"), "{status}");
 }
 
+/// A quarantined batch is acknowledged with a receipt, under which the edge deletes its
+/// sources: only those of files the quarantine still holds as verified. A file a task changed
+/// or removed is kept at the edge (the quarantine has other bytes, and the relay forgets the
+/// batch), the others are deleted.
+#[test]
+fn the_sources_of_files_a_task_changed_are_kept_at_the_edge() {
+    let site = Site::new();
+    three_batches(&site);
+    let script = r#"cd "$FORTE_BATCH_DIR" || exit 3
+f0=$(find . -name f0.dat); f1=$(find . -name f1.dat); d=$(dirname "$f0")
+if [ "$FORTE_BATCH" = b0 ]; then chmod u+w "$f0" "$d"; echo extra >> "$f0"; rm -f "$f1"; fi
+if [ "$FORTE_BATCH" = b2 ]; then chmod u+w "$d"; echo new > "$d/new.txt"; fi
+exit 0"#;
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"tamper\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    fails(&pull_with(&site, &config));
+    assert_eq!(batches_in(&site.root.join("dest")), ["b1"]);
+    let inbox = site.root.join("inbox");
+    let log = site.root.join("send.log");
+    let mut sender = spawn_logged(
+        &site.send(&["--watch", "--interval", "1", "--delete-after-ack"]),
+        &log,
+    );
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    // A pass goes through the sent batches in the order they were sent: once b2 is gone, b0
+    // was looked at.
+    assert!(
+        wait_for(30, || !inbox.join("b1").exists()
+            && !inbox.join("b2").exists()),
+        "the delivered batch and the unchanged quarantined one are deleted: {}",
+        said()
+    );
+    kill(&mut sender);
+    let left = |b: &str| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(inbox.join(b))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n != ".ready")
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        left("b0"),
+        ["f0.dat", "f1.dat"],
+        "changed and removed: kept"
+    );
+    assert!(left("b1").is_empty(), "delivered: deleted");
+    assert!(
+        left("b2").is_empty(),
+        "quarantined unchanged (a file added): deleted"
+    );
+    let b0 = sample_bytes(20_000, 0);
+    assert!(std::fs::read(inbox.join("b0/f0.dat")).unwrap() == b0);
+}
+
 /// A core task running as root that gives a landed file to another owner, hard-links it to a
 /// name outside the batch (through which it could be rewritten once promoted) or sets an
 /// extended attribute on it gets its batch quarantined, the reason naming the task and the
