@@ -1153,3 +1153,26 @@ fn a_part_larger_than_a_bucket_upload_piece_is_kept_and_given_back_whole() {
     let back = core.part("site-a", id, 0, body.len() as u64).unwrap();
     assert!(back == body, "the part came back changed");
 }
+
+#[test]
+fn a_large_part_over_the_quota_is_told_413_while_it_is_being_sent() {
+    // The relay answers from the declared length, before the body: the client must get that
+    // answer whole, not a connection reset under it (which it would retry for ever).
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), Some(10 << 20));
+    let big = vec![3u8; 12_000_000];
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let edge = client(&relay, EDGE_A);
+                for _ in 0..3 {
+                    let err = edge
+                        .put_part(ObjectId::random(), 0, &big, &sha(&big))
+                        .unwrap_err();
+                    assert_eq!(err.status, Some(413), "{err}");
+                    assert!(err.message.contains("quota"), "{err}");
+                }
+            });
+        }
+    });
+}

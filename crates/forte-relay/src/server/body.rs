@@ -40,7 +40,9 @@ impl Iterator for Chunks {
 }
 
 /// Runs `work` off the async workers with `body` as it arrives. A body that breaks off (the
-/// client went away) ends the chunks early: the work sees a short body.
+/// client went away) ends the chunks early: the work sees a short body. What the work did not
+/// read (it refused the request first: a quota) is read and thrown away after the answer
+/// ([`discard`]).
 pub async fn with_body<T: Send + 'static>(
     body: Body,
     work: impl FnOnce(Chunks) -> Result<T, StoreError> + Send + 'static,
@@ -52,28 +54,49 @@ pub async fn with_body<T: Send + 'static>(
         wanted: Some(wanted),
     };
     let worker = tokio::task::spawn_blocking(move || work(chunks));
+    let mut stream = body.into_data_stream();
+    let mut ended = false;
     // Dropped unsent when the work ends without reading the body.
     if read_it.await.is_ok() {
-        let mut stream = body.into_data_stream();
-        while let Some(chunk) = stream.next().await {
-            match chunk {
-                Ok(chunk) => {
+        loop {
+            match stream.next().await {
+                Some(Ok(chunk)) => {
                     if arriving.send(chunk).await.is_err() {
                         break;
                     }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     tracing::debug!("request body broke off: {e}");
+                    ended = true;
+                    break;
+                }
+                None => {
+                    ended = true;
                     break;
                 }
             }
         }
     }
     drop(arriving);
+    if !ended {
+        tokio::spawn(discard(stream));
+    }
     worker
         .await
         .map_err(|e| super::internal_error(&format!("worker failed: {e}")))?
         .map_err(Failure::from)
+}
+
+/// How long the rest of a refused body may pause before the connection is dropped.
+const DISCARD_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Reads and throws away the rest of a body the relay answered without reading. HTTP/1.1
+/// clients send a body whole before they read the answer: a connection closed under it is a
+/// reset they would retry, where the answer (413: over the quota) says not to. It costs the
+/// link the refused body once, and the relay nothing it keeps; its length was bounded by the
+/// gate ([`super::MAX_BODY`]).
+async fn discard(mut stream: axum::body::BodyDataStream) {
+    while let Ok(Some(Ok(_))) = tokio::time::timeout(DISCARD_STALL, stream.next()).await {}
 }
 
 /// The length a request declares (`Content-Length`): a part's bytes are charged before they are
