@@ -828,6 +828,7 @@ mod tests {
             fair_shares: true,
             shutdown_grace: std::time::Duration::from_secs(1),
             connections: Default::default(),
+            body_memory: crate::server::DEFAULT_BODY_MEMORY,
         })
         .unwrap()
     }

@@ -56,6 +56,14 @@ fn store_in(dir: &Path) -> (Location, Option<S3Server>) {
 }
 
 fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
+    relay_configured(dir, quota, forte_relay::server::DEFAULT_BODY_MEMORY)
+}
+
+fn relay_with_body_memory(dir: &Path, body_memory: u64) -> TestRelay {
+    relay_configured(dir, None, body_memory)
+}
+
+fn relay_configured(dir: &Path, quota: Option<u64>, body_memory: u64) -> TestRelay {
     let tokens = dir.join("tokens.toml");
     std::fs::write(
         &tokens,
@@ -80,6 +88,7 @@ fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
         fair_shares: true,
         shutdown_grace: std::time::Duration::from_secs(1),
         connections: Default::default(),
+        body_memory,
     })
     .unwrap();
     TestRelay { relay, s3 }
@@ -1175,4 +1184,25 @@ fn a_large_part_over_the_quota_is_told_413_while_it_is_being_sent() {
             });
         }
     });
+}
+
+#[test]
+fn a_body_held_whole_takes_its_length_from_the_relays_memory_budget_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_with_body_memory(tmp.path(), 1 << 20);
+    // A batch's seal announced at 2 MiB, not a byte of it sent: refused from its length.
+    let head = format!(
+        "PUT /v1/batches/b HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_A}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        2 << 20
+    );
+    let status = raw_exchange(&relay, head.as_bytes());
+    let status = status.expect("no answer before the body: the relay waited for it");
+    assert!(status.contains(" 413 "), "{status}");
+    // Within the budget, the same request is read and answered on its merits.
+    let edge = client(&relay, EDGE_A);
+    let err = edge
+        .seal_batch("b", &[ObjectId::random()], &vec![b'x'; 100_000], None)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
 }

@@ -62,6 +62,14 @@ pub fn parse_period(text: &str) -> Result<std::time::Duration, String> {
     }
 }
 
+/// A size that must not be zero (a quota, a memory budget): 0 would refuse everything.
+pub fn parse_nonzero_size(text: &str) -> Result<u64, String> {
+    match parse_size(text)? {
+        0 => Err(format!("{text:?} is zero: give a size such as 512MiB")),
+        n => Ok(n),
+    }
+}
+
 /// A count that must be 1 or more (connections, writers, rows): 0 silently meant 1, or
 /// nothing at all, before.
 pub fn parse_count(text: &str) -> Result<usize, String> {

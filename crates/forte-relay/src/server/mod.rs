@@ -3,7 +3,9 @@
 mod auth;
 mod body;
 pub mod connections;
+mod memory;
 mod metrics;
+pub use memory::DEFAULT_BUDGET as DEFAULT_BODY_MEMORY;
 /// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
 pub use metrics::render as metrics_text;
 mod share;
@@ -58,6 +60,9 @@ pub struct RelayConfig {
     pub shutdown_grace: std::time::Duration,
     /// How many connections it holds, and for how long.
     pub connections: connections::Limits,
+    /// Bytes of request bodies held whole in memory at once, all requests together
+    /// ([`memory`]).
+    pub body_memory: u64,
 }
 
 struct Relay {
@@ -68,6 +73,8 @@ struct Relay {
     seals: tokio::sync::watch::Sender<u64>,
     /// Each sending site's share of the ingress, paced as its uploads' bodies are read.
     shares: Arc<Shares>,
+    /// The memory request bodies held whole may take together.
+    bodies: memory::BodyMemory,
 }
 
 impl Relay {
@@ -270,6 +277,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
         tokens,
         seals: tokio::sync::watch::channel(0).0,
         shares: Arc::new(Shares::new(config.fair_shares)),
+        bodies: memory::BodyMemory::new(config.body_memory),
     });
     if let Some(age) = config.expire_open_after {
         let weak = Arc::downgrade(&relay);
@@ -357,17 +365,17 @@ fn limit(bytes: usize) -> DefaultBodyLimit {
 /// Runs before any handler reads a body: a request without a known token gets 401, and one
 /// announcing a body over [`MAX_BODY`] gets 413, without a byte of the body being read. Only
 /// authenticated sites can make the relay read a part (which it writes to disk as it arrives,
-/// [`body`]). An upload's body is read at its
-/// site's share ([`share`]), and the answer says the share when one is in force.
+/// [`body`]); a body held whole (JSON, a manifest) takes its length from the relay's memory
+/// budget first ([`memory`]). An upload's body is read at its site's share ([`share`]), and
+/// the answer says the share when one is in force.
 async fn gate(
     State(relay): State<Arc<Relay>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let site = match principal(&relay, request.headers()) {
+    let principal = match principal(&relay, request.headers()) {
         Err(refused) => return refused.into_response(),
-        Ok(Principal::Edge { site }) if request.method() == axum::http::Method::PUT => Some(site),
-        Ok(_) => None,
+        Ok(principal) => principal,
     };
     let announced = request
         .headers()
@@ -381,8 +389,25 @@ async fn gate(
         )
         .into_response();
     }
-    let Some(site) = site else {
-        return next.run(request).await;
+    let holder = match &principal {
+        Principal::Edge { site } => format!("site {site}"),
+        Principal::Core { .. } => "the core".to_string(),
+    };
+    let _held = match held_in_memory(&request, announced) {
+        Ok(bytes) => match relay.bodies.hold(&holder, bytes).await {
+            Ok(held) => held,
+            Err(memory::NoRoom::TooLarge(why)) => {
+                return Failure::new(StatusCode::PAYLOAD_TOO_LARGE, why).into_response()
+            }
+            Err(memory::NoRoom::Busy(why)) => {
+                return Failure::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+            }
+        },
+        Err(refused) => return refused.into_response(),
+    };
+    let site = match principal {
+        Principal::Edge { site } if request.method() == axum::http::Method::PUT => site,
+        _ => return next.run(request).await,
     };
     let shares = relay.shares.clone();
     let request = request
@@ -394,6 +419,39 @@ async fn gate(
             .insert(SHARE_HEADER, axum::http::HeaderValue::from(cap as u64));
     }
     response
+}
+
+/// How much of `request`'s body its handler holds whole in memory: a part's nothing (it goes
+/// to disk as it arrives), a one-part object's its manifest, any other its whole body, whose
+/// length it must declare if it has one.
+fn held_in_memory(request: &axum::extract::Request, announced: Option<u64>) -> Answer<u64> {
+    let path = request.uri().path();
+    let is_put = request.method() == axum::http::Method::PUT;
+    if is_put && path.starts_with("/v1/objects/") && path.contains("/parts/") {
+        return Ok(0);
+    }
+    if is_put && path.starts_with("/v1/objects/") && path.ends_with("/whole") {
+        let manifest = request
+            .headers()
+            .get(MANIFEST_LENGTH_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        // The handler refuses a missing or impossible length.
+        return Ok(manifest.unwrap_or(0).min(MAX_SEAL_JSON as u64));
+    }
+    match announced {
+        Some(length) => Ok(length),
+        None if request
+            .headers()
+            .contains_key(axum::http::header::TRANSFER_ENCODING) =>
+        {
+            Err(Failure::new(
+                StatusCode::LENGTH_REQUIRED,
+                "a request body must declare its Content-Length".to_string(),
+            ))
+        }
+        None => Ok(0),
+    }
 }
 
 /// An error answer: a status and a JSON body that says what and why, and for an upload or

@@ -7,7 +7,7 @@ use forte_relay::server::{run as serve, RelayConfig};
 
 use crate::settings::{self, Config, HttpFlags};
 
-use crate::units::{parse_duration, parse_size};
+use crate::units::parse_duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -39,7 +39,7 @@ pub struct Args {
     /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls
     /// (413 at once if nothing held is waiting for the core, so no pull can free space). A
     /// part is charged from its declared length before a byte of it is read.
-    #[arg(long, value_parser = parse_quota, value_name = "SIZE")]
+    #[arg(long, value_parser = crate::units::parse_nonzero_size, value_name = "SIZE")]
     quota_per_site: Option<u64>,
     /// Delete uploads never sealed and unchanged for this long (abandoned by their edge);
     /// `off` keeps them forever.
@@ -71,6 +71,12 @@ pub struct Args {
     /// on a kept-alive connection) before it is closed.
     #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "30s")]
     idle_timeout: std::time::Duration,
+    /// Memory that request bodies held whole (seals, inventories, acknowledgements: JSON
+    /// while it is parsed) may take, all requests together; one token's at most 400 MiB. A
+    /// request over it waits up to 30 s for room, then is told to retry (503). Part bodies are
+    /// written to disk as they arrive and take none of it.
+    #[arg(long, value_parser = crate::units::parse_nonzero_size, value_name = "SIZE", default_value = "512MiB")]
+    body_memory: u64,
     #[command(flatten)]
     http: HttpFlags,
 }
@@ -95,16 +101,6 @@ impl forte_view::Live for RelayView {
 /// How long abandoned uploads are kept.
 #[derive(Clone, Copy)]
 struct Expiry(Option<std::time::Duration>);
-
-/// A quota of 0 would refuse every upload: a typo, not a wish.
-fn parse_quota(text: &str) -> Result<u64, String> {
-    match parse_size(text)? {
-        0 => Err(format!(
-            "{text:?} is zero: give a size such as 500GB, or leave it out for no quota"
-        )),
-        n => Ok(n),
-    }
-}
 
 fn parse_expiry(text: &str) -> Result<Expiry, String> {
     if text == "off" {
@@ -144,6 +140,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             handshake: args.handshake_timeout,
             idle: args.idle_timeout,
         },
+        body_memory: args.body_memory,
     })?;
     Ok(true)
 }
