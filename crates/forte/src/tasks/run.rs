@@ -71,11 +71,13 @@ impl std::fmt::Display for Refusal {
 /// Runs `tasks` on `subject` in order, each only if those before it passed; what they refused
 /// (every file a per-file task refused), empty when all passed. Every try is recorded.
 pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<Refusal> {
-    match write_list(subject) {
-        Ok(()) => {}
-        Err(e) => {
-            return vec![Refusal {
-                task: tasks.first().map_or_else(String::new, |t| t.name.clone()),
+    let mut refusals = Vec::new();
+    for task in tasks {
+        // Written again for each task: a task that rewrites the list (tasks share the
+        // daemon's rights) misleads only itself, never the tasks after it.
+        if let Err(e) = write_list(subject) {
+            refusals = vec![Refusal {
+                task: task.name.clone(),
                 file: None,
                 outcome: TaskOutcome::Crashed,
                 reason: format!(
@@ -83,11 +85,9 @@ pub fn check(tasks: &[&Task], subject: &Subject<'_>, catalog: &Catalog) -> Vec<R
                     subject.list.display()
                 ),
                 output: Vec::new(),
-            }]
+            }];
+            break;
         }
-    }
-    let mut refusals = Vec::new();
-    for task in tasks {
         refusals = match task.per {
             Per::Batch => run_task(task, subject, None, catalog, now_us())
                 .err()
@@ -116,7 +116,12 @@ fn write_list(subject: &Subject<'_>) -> std::io::Result<()> {
     if let Some(dir) = subject.list.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&subject.list, text)
+    // A fresh file: never written through whatever a task left at its name (a symlink).
+    match std::fs::remove_file(&subject.list) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::io::Write::write_all(&mut std::fs::File::create_new(&subject.list)?, &text)
 }
 
 /// `path` made absolute, whatever directory the daemon started in: a task runs in its workdir.

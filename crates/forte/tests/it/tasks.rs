@@ -484,6 +484,36 @@ exit 0"#;
     assert!(status.contains("task tamper changed the batch"), "{status}");
 }
 
+/// A task that rewrites `FORTE_FILES` misleads only itself: each task gets the list afresh,
+/// so a later task still checks every file.
+#[test]
+fn a_task_cannot_hide_files_from_the_tasks_after_it() {
+    let site = Site::new();
+    write(&site.root.join("inbox/b0/f0.dat"), b"BAD data");
+    write(&site.root.join("inbox/b0/f1.dat"), b"good data");
+    write(&site.root.join("inbox/b0/.ready"), b"");
+    let tasks = r#"[[task]]
+name = "blind"
+at = "core"
+per = "batch"
+command = ": > \"$FORTE_FILES\""
+
+[[task]]
+name = "check"
+at = "core"
+per = "batch"
+command = "if xargs -0 -r grep -l '^BAD' < \"$FORTE_FILES\" | grep -q .; then echo bad; exit 1; fi"
+"#;
+    let config = config_with(&site, tasks);
+    ok(&site.send(&["-q"]));
+    let printed = fails(&pull_with(&site, &config));
+    assert!(batches_in(&site.root.join("dest")).is_empty(), "{printed}");
+    assert!(
+        printed.contains("task check refused the batch"),
+        "{printed}"
+    );
+}
+
 /// A quarantined batch is acknowledged with a receipt, under which the edge deletes its
 /// sources: only those of files the quarantine still holds as verified. A file a task changed
 /// or removed is kept at the edge (the quarantine has other bytes, and the relay forgets the
