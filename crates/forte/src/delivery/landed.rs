@@ -49,6 +49,9 @@ struct Attributes {
     uid: u32,
     gid: u32,
     mode: u32,
+    /// A regular file's modification time (seconds, nanoseconds), as delivered (the edge's);
+    /// a directory's moves with any entry added and removed again, and is not compared.
+    mtime: Option<(i64, i64)>,
     /// Extended attributes (ACLs, capabilities, SELinux labels, user ones), name to value.
     xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
@@ -295,6 +298,7 @@ impl Attributes {
             uid: meta.uid(),
             gid: meta.gid(),
             mode: meta.mode() & 0o7777,
+            mtime: meta.is_file().then(|| (meta.mtime(), meta.mtime_nsec())),
             xattrs: extended_attributes(path).with_context(|| {
                 format!("cannot read the extended attributes of {}", path.display())
             })?,
@@ -315,6 +319,9 @@ impl Attributes {
                 "mode {:o}, {:o} while its tasks ran",
                 now.mode, self.mode
             ));
+        }
+        if now.mtime != self.mtime {
+            differences.push("modification time changed".to_string());
         }
         let names: BTreeSet<&Vec<u8>> = self.xattrs.keys().chain(now.xattrs.keys()).collect();
         for name in names {
@@ -457,7 +464,11 @@ mod tests {
         let landed = Landed::protect(dir.path(), &files).unwrap();
         let one = dir.path().join("s/b/one");
         std::fs::set_permissions(&one, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mtime = std::fs::metadata(&one).unwrap().modified().unwrap();
         std::fs::write(&one, b"X").unwrap();
+        // Its modification time put back, as `cp -p` or `touch -d` would: the bytes tell.
+        let rewritten = std::fs::File::options().write(true).open(&one).unwrap();
+        rewritten.set_modified(mtime).unwrap();
         let two = dir.path().join("s/b/two");
         std::fs::set_permissions(
             dir.path().join("s/b"),
@@ -537,6 +548,22 @@ mod tests {
                 "changed s/b/one (hard-linked: 2 links, landed with 1)",
                 "changed s/b/two (extended attribute user.note removed)",
             ],
+            "{changes:?}"
+        );
+    }
+
+    #[test]
+    fn a_file_given_another_modification_time_is_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [placed(dir.path(), "s/b/one", b"1")];
+        let landed = Landed::protect(dir.path(), &files).unwrap();
+        let file = std::fs::File::open(dir.path().join("s/b/one")).unwrap();
+        file.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(978_307_200))
+            .unwrap();
+        let changes = landed.changes(dir.path()).unwrap();
+        assert_eq!(
+            changes,
+            ["changed s/b/one (modification time changed)"],
             "{changes:?}"
         );
     }
