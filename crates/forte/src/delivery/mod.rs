@@ -198,11 +198,24 @@ impl<'a> Delivery<'a> {
         let Some(generation) = *self.generation.lock() else {
             return false;
         };
-        // Well within the client's own timeout, so a quiet relay is not taken for a dead one.
-        let wait = wait.min(self.client.timeout() / 2);
-        self.client
-            .ready_after(false, Some((generation, wait)))
-            .is_ok()
+        let until = Instant::now() + wait;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || crate::signals::stop_requested() {
+                return true;
+            }
+            // A second at most each time, so a stop asked for meanwhile is seen within one;
+            // well within the client's own timeout, so a quiet relay is not taken for a dead
+            // one.
+            let slice = left
+                .min(Duration::from_secs(1))
+                .min(self.client.timeout() / 2);
+            match self.client.ready_after(false, Some((generation, slice))) {
+                Ok((_, now)) if now != Some(generation) => return true,
+                Ok(_) => {}
+                Err(_) => return false,
+            }
+        }
     }
 
     pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {

@@ -1100,6 +1100,26 @@ fn two_sites_sending_at_once_lose_nothing_when_the_relay_is_killed() {
     );
 }
 
+/// An idle watching puller stops within a second or two of SIGTERM, not at the end of its
+/// interval (it waits on the relay's long poll a second at a time).
+#[test]
+fn an_idle_watching_puller_stops_at_once_on_sigterm() {
+    let site = Site::new();
+    let log = site.root.join("pull.log");
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "60"]);
+    let mut puller = spawn_logged(&pull, &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(30, || said().contains("pulling from")),
+        "{}",
+        said()
+    );
+    // Its interval is 60 s: ended within 5 s or not at all.
+    let status = signal_and_wait(&mut puller, libc::SIGTERM, 5);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", said());
+}
+
 /// SIGTERM stops a watching sender and puller cleanly: each says so and ends with status 0,
 /// and what they had delivered stays delivered.
 #[test]
