@@ -230,8 +230,9 @@ pub fn run(config: RelayConfig) -> Result<()> {
                 let mut term = signal(SignalKind::terminate())?;
                 let mut interrupt = signal(SignalKind::interrupt())?;
                 tokio::select! { _ = term.recv() => {}, _ = interrupt.recv() => {} }
-                tracing::warn!("relay ended at once (second signal)");
-                std::process::exit(0);
+                tracing::warn!("second signal: the relay ends at once; uploads cut off are sent again by their edges, and their partial files are removed at the next start");
+                // Not a clean stop: what was in flight was cut off.
+                std::process::exit(1);
                 #[allow(unreachable_code)]
                 anyhow::Ok(())
             });

@@ -969,6 +969,69 @@ fn the_relay_reloads_its_tokens_on_sighup_and_ends_cleanly_on_sigterm() {
     );
 }
 
+/// A second SIGTERM while an upload keeps the relay in its shutdown grace ends it at once,
+/// with status 1 and a line saying what the next start takes up.
+#[test]
+fn a_second_signal_ends_the_relay_at_once_saying_what_is_left() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("relay.log");
+    let mut relay = start_relay_logging_to(dir.path(), &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let addr = relay.url.trim_start_matches("https://").to_string();
+    // An upload half sent: the relay waits for it through its grace (30 s by default).
+    let mut upload = tool("openssl")
+        .args(["s_client", "-connect", &addr, "-quiet"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let head = format!(
+        "PUT /v1/objects/{}/parts/0 HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_TOKEN}\r\n\
+         x-forte-sha256: {}\r\nContent-Length: 1000000\r\n\r\n",
+        "ab".repeat(16),
+        "0".repeat(64)
+    );
+    let stdin = upload.stdin.as_mut().unwrap();
+    stdin.write_all(head.as_bytes()).unwrap();
+    stdin.write_all(&[7u8; 1000]).unwrap();
+    stdin.flush().unwrap();
+    let spool = relay.store.join("sites/site-a/tmp");
+    assert!(
+        wait_for(20, || std::fs::read_dir(&spool)
+            .is_ok_and(|mut d| d.next().is_some())),
+        "the upload never began: {}",
+        said()
+    );
+    let signal = |sig| unsafe { libc::kill(relay.child.id() as i32, sig) };
+    signal(libc::SIGTERM);
+    assert!(
+        wait_for(10, || said().contains("relay shutting down")),
+        "{}",
+        said()
+    );
+    signal(libc::SIGTERM);
+    let mut status = None;
+    assert!(
+        wait_for(5, || {
+            status = relay.child.try_wait().unwrap();
+            status.is_some()
+        }),
+        "still running after a second SIGTERM: {}",
+        said()
+    );
+    assert_eq!(status.unwrap().code(), Some(1), "{}", said());
+    assert!(
+        said().contains("second signal: the relay ends at once"),
+        "{}",
+        said()
+    );
+    assert!(said().contains("removed at the next start"), "{}", said());
+    let _ = upload.kill();
+    let _ = upload.wait();
+}
+
 /// Connections that send nothing cannot hold the relay: one over the per-address cap is closed
 /// as soon as it is accepted, one that never finishes its TLS handshake is closed at the
 /// handshake timeout, and one that finished it but sends no request at the idle timeout; a
