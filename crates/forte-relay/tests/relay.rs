@@ -56,14 +56,11 @@ fn store_in(dir: &Path) -> (Location, Option<S3Server>) {
 }
 
 fn relay(dir: &Path, quota: Option<u64>) -> TestRelay {
-    relay_configured(dir, quota, forte_relay::server::DEFAULT_BODY_MEMORY)
+    relay_configured(dir, |c| c.quota_per_site = quota)
 }
 
-fn relay_with_body_memory(dir: &Path, body_memory: u64) -> TestRelay {
-    relay_configured(dir, None, body_memory)
-}
-
-fn relay_configured(dir: &Path, quota: Option<u64>, body_memory: u64) -> TestRelay {
+/// A relay on `dir` configured as the tests' usual one, then changed by `change`.
+fn relay_configured(dir: &Path, change: impl FnOnce(&mut RelayConfig)) -> TestRelay {
     let tokens = dir.join("tokens.toml");
     std::fs::write(
         &tokens,
@@ -76,21 +73,22 @@ fn relay_configured(dir: &Path, quota: Option<u64>, body_memory: u64) -> TestRel
     )
     .unwrap();
     let (store, s3) = store_in(dir);
-    let relay = start(RelayConfig {
+    let mut config = RelayConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         store,
         tokens,
         tls_cert: None,
         tls_key: None,
         tls_names: vec!["localhost".into(), "127.0.0.1".into()],
-        quota_per_site: quota,
+        quota_per_site: None,
         expire_open_after: None,
         fair_shares: true,
         shutdown_grace: std::time::Duration::from_secs(1),
         connections: Default::default(),
-        body_memory,
-    })
-    .unwrap();
+        body_memory: forte_relay::server::DEFAULT_BODY_MEMORY,
+    };
+    change(&mut config);
+    let relay = start(config).unwrap();
     TestRelay { relay, s3 }
 }
 
@@ -1189,7 +1187,7 @@ fn a_large_part_over_the_quota_is_told_413_while_it_is_being_sent() {
 #[test]
 fn a_body_held_whole_takes_its_length_from_the_relays_memory_budget_first() {
     let tmp = tempfile::tempdir().unwrap();
-    let relay = relay_with_body_memory(tmp.path(), 1 << 20);
+    let relay = relay_configured(tmp.path(), |c| c.body_memory = 1 << 20);
     // A batch's seal announced at 2 MiB, not a byte of it sent: refused from its length.
     let head = format!(
         "PUT /v1/batches/b HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_A}\r\n\
@@ -1205,4 +1203,21 @@ fn a_body_held_whole_takes_its_length_from_the_relays_memory_budget_first() {
         .seal_batch("b", &[ObjectId::random()], &vec![b'x'; 100_000], None)
         .unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
+}
+
+#[test]
+fn an_upload_whose_body_pauses_past_the_idle_timeout_is_given_up() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_configured(tmp.path(), |c| c.connections.idle = Duration::from_secs(1));
+    let head = part_upload_head(ObjectId::random(), EDGE_A, 2000);
+    let mut tls = raw_connection(&relay, head.as_bytes(), Duration::from_secs(20)).unwrap();
+    tls.write_all(&[5u8; 1000]).unwrap();
+    tls.flush().unwrap();
+    // Then nothing: the relay answers that the body ended short, instead of waiting for ever.
+    let status = status_line(&mut std::io::BufReader::new(tls));
+    let status = status.expect("no answer within 20 s: the relay still waits for the body");
+    assert!(status.contains(" 422 "), "{status}");
+    let spool = tmp.path().join("store/sites/site-a/tmp");
+    assert_eq!(files_under(&spool), 0, "a spooled body was left behind");
 }

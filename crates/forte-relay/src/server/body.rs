@@ -40,11 +40,12 @@ impl Iterator for Chunks {
 }
 
 /// Runs `work` off the async workers with `body` as it arrives. A body that breaks off (the
-/// client went away) ends the chunks early: the work sees a short body. What the work did not
-/// read (it refused the request first: a quota) is read and thrown away after the answer
-/// ([`discard`]).
+/// client went away) or pauses longer than `stall` ends the chunks early: the work sees a short
+/// body. What the work did not read (it refused the request first: a quota) is read and thrown
+/// away after the answer ([`discard`]).
 pub async fn with_body<T: Send + 'static>(
     body: Body,
+    stall: std::time::Duration,
     work: impl FnOnce(Chunks) -> Result<T, StoreError> + Send + 'static,
 ) -> Answer<T> {
     let (arriving, arrived) = mpsc::channel(CHUNKS_IN_FLIGHT);
@@ -59,7 +60,13 @@ pub async fn with_body<T: Send + 'static>(
     // Dropped unsent when the work ends without reading the body.
     if read_it.await.is_ok() {
         loop {
-            match stream.next().await {
+            let Ok(next) = tokio::time::timeout(stall, stream.next()).await else {
+                tracing::warn!("a request body paused for {} s: given up", stall.as_secs());
+                // Not read further: the connection goes with the answer.
+                ended = true;
+                break;
+            };
+            match next {
                 Some(Ok(chunk)) => {
                     if arriving.send(chunk).await.is_err() {
                         break;

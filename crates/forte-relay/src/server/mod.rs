@@ -75,6 +75,8 @@ struct Relay {
     shares: Arc<Shares>,
     /// The memory request bodies held whole may take together.
     bodies: memory::BodyMemory,
+    /// How long an upload's body may pause before it is given up (the idle timeout).
+    body_stall: std::time::Duration,
 }
 
 impl Relay {
@@ -279,6 +281,7 @@ fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdenti
         seals: tokio::sync::watch::channel(0).0,
         shares: Arc::new(Shares::new(config.fair_shares)),
         bodies: memory::BodyMemory::new(config.body_memory),
+        body_stall: config.connections.idle,
     });
     if let Some(age) = config.expire_open_after {
         let weak = Arc::downgrade(&relay);
@@ -631,7 +634,7 @@ async fn put_part(
     let sha256 = required_header(&headers, SHA256_HEADER)?;
     let length = body::declared_length(&headers)?;
     let r = relay.clone();
-    let stored = body::with_body(body, move |chunks| {
+    let stored = body::with_body(body, relay.body_stall, move |chunks| {
         let mut upload = r.store.begin_part(&site, id, index, &sha256, length)?;
         for chunk in chunks {
             upload.write(&chunk)?;
@@ -700,7 +703,7 @@ async fn put_whole(
         })?;
     let part_len = length - manifest_len;
     let r = relay.clone();
-    let stored = body::with_body(body, move |chunks| {
+    let stored = body::with_body(body, relay.body_stall, move |chunks| {
         let mut upload = r.store.begin_part(&site, id, 0, &sha256, part_len)?;
         let mut manifest = Vec::with_capacity(manifest_len as usize);
         let mut to_part = part_len;
