@@ -70,6 +70,20 @@ pub fn parse_nonzero_size(text: &str) -> Result<u64, String> {
     }
 }
 
+/// The most threads (connections, writers, a CPU budget) a setting may ask for: far above any
+/// machine's use, far below what makes the process fail to start them.
+pub const MOST_THREADS: usize = 1024;
+
+/// A number of threads: 1 to [`MOST_THREADS`].
+pub fn parse_threads(text: &str) -> Result<usize, String> {
+    match parse_count(text)? {
+        n if n > MOST_THREADS => Err(format!(
+            "{n} is more than the {MOST_THREADS} threads a setting may ask for"
+        )),
+        n => Ok(n),
+    }
+}
+
 /// A count that must be 1 or more (connections, writers, rows): 0 silently meant 1, or
 /// nothing at all, before.
 pub fn parse_count(text: &str) -> Result<usize, String> {

@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     quarantine: Option<PathBuf>,
     /// Concurrent downloads from the relay.
-    #[arg(long, default_value_t = 4, value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 4, value_parser = crate::units::parse_threads)]
     connections: usize,
     /// The core's key that signs a custody receipt for every delivered batch (receipt.key from
     /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].

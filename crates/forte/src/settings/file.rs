@@ -292,7 +292,7 @@ impl std::str::FromStr for Connections {
         match text.trim() {
             "auto" => Ok(Connections::Auto),
             t => match t.parse::<usize>() {
-                Ok(n) if n > 0 => Ok(Connections::Fixed(n)),
+                Ok(n) if n > 0 && n <= crate::units::MOST_THREADS => Ok(Connections::Fixed(n)),
                 _ => Err(format!(
                     "{text:?} is not a number of connections (a number such as 16, or auto)"
                 )),

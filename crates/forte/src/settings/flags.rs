@@ -169,7 +169,7 @@ pub struct IngestFlags {
     pub(super) flush_after: Option<std::time::Duration>,
     /// Writers of row groups at once (the write stage's CPU budget) [config: ingest.writers]
     /// [default: one per core].
-    #[arg(long, value_name = "N", value_parser = crate::units::parse_count)]
+    #[arg(long, value_name = "N", value_parser = crate::units::parse_threads)]
     pub(super) writers: Option<usize>,
     /// Who runs the writers: ordo, threads or rayon (see pack --help)
     /// [config: prepare.scheduler] [default: ordo].

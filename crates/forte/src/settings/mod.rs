@@ -34,7 +34,10 @@ pub use flags::{
 use crate::delivery::Worker;
 use crate::schedule::{Policy, PolicyName};
 use crate::transfer::tune::MAX_UPLOADS;
-use crate::units::{parse_bwlimit, parse_duration, parse_rate};
+use crate::units::{parse_bwlimit, parse_duration, parse_rate, MOST_THREADS};
+
+/// The most parts a prepare pass may hold in flight (each up to a part's size in memory).
+const MOST_PARTS_IN_FLIGHT: usize = 4096;
 
 /// The edge's: the keys that seal objects and how they are prepared.
 pub struct EdgeSettings {
@@ -211,12 +214,16 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
         None => {}
     }
     if let Some(cpu) = flags.cpu.or(c.cpu) {
-        p.cpu = at_least_one("--cpu (prepare.cpu)", cpu)?;
+        p.cpu = count_within("--cpu (prepare.cpu)", cpu, MOST_THREADS)?;
         p.parts_in_flight = p.cpu + 4;
         p.sink = Gate::fixed(p.cpu.max(2));
     }
     if let Some(n) = flags.parts_in_flight.or(c.parts_in_flight) {
-        p.parts_in_flight = at_least_one("--parts-in-flight (prepare.parts_in_flight)", n)?;
+        p.parts_in_flight = count_within(
+            "--parts-in-flight (prepare.parts_in_flight)",
+            n,
+            MOST_PARTS_IN_FLIGHT,
+        )?;
     }
     p.scheduling = scheduling(flags.scheduler, config)?;
     let mut bundle = BundleLimits::DEFAULT;
@@ -234,10 +241,14 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
 }
 
 /// `n`, refused when 0 (which silently meant 1 before): a setting of 0 is a typo or a
-/// misunderstanding, not a wish.
-fn at_least_one(setting: &str, n: usize) -> Result<usize> {
+/// misunderstanding, not a wish; so is one over `most` (a hundred million threads crashed the
+/// process that tried to start them).
+fn count_within(setting: &str, n: usize, most: usize) -> Result<usize> {
     if n == 0 {
         bail!("{setting} is 0: give 1 or more, or leave it out for the default");
+    }
+    if n > most {
+        bail!("{setting} is {n}: give at most {most}, or leave it out for the default");
     }
     Ok(n)
 }
@@ -260,11 +271,11 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     }
     let mut restore = RestoreConfig::for_this_machine();
     if let Some(cpu) = flags.cpu.or(config.prepare.cpu) {
-        restore.cpu = at_least_one("--cpu (prepare.cpu)", cpu)?;
+        restore.cpu = count_within("--cpu (prepare.cpu)", cpu, MOST_THREADS)?;
         restore.parts_in_flight = restore.cpu + 4;
     }
     if let Some(writers) = flags.writers {
-        restore.writers = at_least_one("--writers", writers)?;
+        restore.writers = count_within("--writers", writers, MOST_THREADS)?;
     }
     restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {
@@ -609,9 +620,9 @@ pub fn ingest(flags: &IngestFlags, config: &Config) -> Result<IngestSettings> {
     };
     // The flags are checked as they are parsed; the file's values here.
     let count =
-        |flag: Option<usize>, file: Option<usize>, key: &str, default: usize| match (flag, file) {
+        |flag: Option<usize>, file: Option<usize>, key: &str, (default, most)| match (flag, file) {
             (Some(n), _) => Ok(n),
-            (None, Some(n)) => at_least_one(&format!("{key} in [ingest] of the config"), n),
+            (None, Some(n)) => count_within(&format!("{key} in [ingest] of the config"), n, most),
             (None, None) => Ok(default),
         };
     let options = IngestOptions {
@@ -619,16 +630,21 @@ pub fn ingest(flags: &IngestFlags, config: &Config) -> Result<IngestSettings> {
             flags.rows_per_group,
             c.rows_per_group,
             "rows_per_group",
-            defaults.rows_per_group,
+            (defaults.rows_per_group, usize::MAX),
         )?,
         row_groups_per_file: count(
             flags.row_groups_per_file,
             c.row_groups_per_file,
             "row_groups_per_file",
-            defaults.row_groups_per_file,
+            (defaults.row_groups_per_file, usize::MAX),
         )?,
         flush_after,
-        writers: count(flags.writers, c.writers, "writers", defaults.writers)?,
+        writers: count(
+            flags.writers,
+            c.writers,
+            "writers",
+            (defaults.writers, MOST_THREADS),
+        )?,
         scheduling: scheduling(flags.scheduler, config)?,
         file: FileOptions {
             codec,

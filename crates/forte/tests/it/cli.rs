@@ -458,6 +458,40 @@ fn an_immutable_catalogue_fails_at_once_with_one_clear_line() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
+/// Absurd thread counts are refused by name when read, not tried (a hundred million download
+/// threads aborted the process).
+#[test]
+fn absurd_thread_counts_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = forte()
+        .args(["pull", "--connections", "100000000"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--connections") && stderr.contains("more than the 1024"),
+        "{stderr}"
+    );
+    let stderr = fails(&args![
+        "pack",
+        dir.path(),
+        "--to",
+        dir.path().join("out"),
+        "--recipient",
+        "core.pub",
+        "--sign",
+        "edge.key",
+        "--cpu",
+        "100000000"
+    ]);
+    assert!(
+        stderr.contains("--cpu (prepare.cpu) is 100000000: give at most 1024"),
+        "{stderr}"
+    );
+}
+
 /// An address nothing listens on.
 fn free_port_addr() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
