@@ -7,13 +7,17 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 pub use forte_catalog::Catalog;
 use forte_catalog::{BatchKey, Role, Task};
 
 /// Opens the catalogue the user named, or the default SQLite file.
 pub fn open(url: Option<String>) -> Result<Catalog> {
     let url = match url {
+        Some(url) if url.trim().is_empty() => bail!(
+            "--catalog is empty: give a file (catalog.sqlite) or a postgres:// URL, or leave it out for {}",
+            default_path().display()
+        ),
         Some(url) => url,
         // The default location is made on first use; a path the user gave must exist.
         None => {

@@ -306,6 +306,7 @@ fn an_unusable_catalogue_fails_at_once_with_one_clear_line() {
         ),
         (missing.display().to_string(), "does not exist; create it"),
         (refused, "nothing answers there"),
+        (String::new(), "--catalog is empty"),
     ];
     match std::env::var("FORTE_TEST_POSTGRES") {
         Ok(url) => {
