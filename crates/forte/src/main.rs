@@ -75,9 +75,14 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if matches!(cli.command, Command::Status(_) | Command::Report(_)) {
+    // The commands that only print what they read (not `relay-store`, which may delete).
+    let only_prints = matches!(
+        cli.command,
+        Command::Status(_) | Command::Report(_) | Command::Receipts(_)
+    );
+    if only_prints {
         // Like other Unix tools, end quietly when the reader of our output goes away
-        // (`forte status | head`). Only here: a relay or a transfer must never die because
+        // (`forte status | head`, `forte receipts --json | head`). Only here: a relay or a transfer must never die because
         // whoever read its log went away.
         // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
         unsafe {

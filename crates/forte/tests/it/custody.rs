@@ -464,6 +464,24 @@ fn receipts_are_kept_printed_verified_and_exported() {
         file.as_os_str(),
     ]));
     assert!(err.contains("do not verify"), "{err}");
+
+    // Printed into a pipe nobody reads any more (`forte receipts --json | head -c 10`): it ends
+    // quietly, as other Unix tools do, without a panic.
+    let mut ends = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors; the read end is closed at once.
+    assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+    unsafe { libc::close(ends[0]) };
+    // SAFETY: the write end is open and owned by nothing else.
+    let write_end =
+        unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(ends[1]) };
+    let out = forte()
+        .args(receipts(&["--json".as_ref()]))
+        .stdout(std::process::Stdio::from(write_end))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_ne!(out.status.code(), Some(101), "{stderr}");
 }
 
 /// A manifest damaged at the relay: the core refuses the batch, reports the manifest, and the
