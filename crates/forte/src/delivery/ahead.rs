@@ -34,12 +34,24 @@ pub(super) struct Ahead {
     /// This worker's lease on the batch, released with the staging directory unless the
     /// delivery takes it over.
     pub(super) held: Option<Held>,
+    /// Every object fetching ahead was given, staged or not: each is fetched ahead once.
+    /// Some stage under other ids (a bundle's files) or not at all (refused); asking for them
+    /// again at every look kept a watching puller busy for as long as the batch stayed open.
+    asked: HashSet<ObjectId>,
 }
 
 impl Ahead {
     /// Whether another worker took the batch over (this one stalled past its lease).
     fn lost(&self) -> bool {
         self.held.as_ref().is_none_or(Held::lost)
+    }
+
+    /// Those of `objects` not fetched ahead before, now counted as fetched.
+    fn not_asked(&mut self, objects: Vec<ReadyObject>) -> Vec<ReadyObject> {
+        let new = self.not_staged(objects);
+        new.into_iter()
+            .filter(|o| self.asked.insert(o.id))
+            .collect()
     }
 
     /// Those of `objects` not staged yet.
@@ -133,7 +145,7 @@ impl Delivery<'_> {
             all.insert(batch_key.clone(), ahead);
         }
         let ahead = all.get_mut(&batch_key).expect("inserted above");
-        let new = ahead.not_staged(objects);
+        let new = ahead.not_asked(objects);
         if new.is_empty() {
             return false;
         }
@@ -163,6 +175,7 @@ impl Delivery<'_> {
             name: None,
             failed: false,
             held: Some(held),
+            asked: HashSet::new(),
         })
     }
 
@@ -223,4 +236,45 @@ impl Delivery<'_> {
 /// past its lease).
 fn taken_over(key: &BatchKey) -> String {
     format!("batch {key}: another worker took it over while this one fetched it ahead; left to it")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(id: ObjectId) -> ReadyObject {
+        ReadyObject {
+            site: "s".into(),
+            id,
+            batch: "b".into(),
+            parts: Vec::new(),
+            sealed_at: 0,
+            batch_sealed: false,
+        }
+    }
+
+    /// An object fetched ahead that staged nothing under its own id (a bundle's files, or one
+    /// refused) is not fetched again at the next look: it was, at every look, and a watching
+    /// puller spun for as long as its batch stayed open. The pull after the seal still
+    /// fetches it.
+    #[test]
+    fn each_object_is_fetched_ahead_once_and_the_sealed_pull_takes_the_rest() {
+        let staging = tempfile::tempdir().unwrap();
+        let mut ahead = Ahead {
+            staging: staging.path().join("staging"),
+            staged: Staged::default(),
+            started_at: 0,
+            started: Instant::now(),
+            batch_time: 0,
+            name: None,
+            failed: false,
+            held: None,
+            asked: HashSet::new(),
+        };
+        let (a, b) = (ObjectId::random(), ObjectId::random());
+        let first = ahead.not_asked(vec![object(a), object(b)]);
+        assert_eq!(first.len(), 2);
+        assert!(ahead.not_asked(vec![object(a), object(b)]).is_empty());
+        assert_eq!(ahead.not_staged(vec![object(a), object(b)]).len(), 2);
+    }
 }
