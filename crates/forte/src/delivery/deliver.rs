@@ -84,7 +84,7 @@ impl Delivery<'_> {
             Ok((delivered, held, Some((kept, refusals)))) => {
                 let quarantined = (kept, refusals, instance.as_ref());
                 self.keep_quarantined(&batch, &mut report, (&delivered, held), quarantined);
-                return Some(self.end(&batch, report, started, started_at));
+                return Some(self.end(&batch, report, (started, started_at), true));
             }
             Ok((delivered, held, None)) => Ok((delivered, held)),
             Err(e) => Err(e),
@@ -160,7 +160,11 @@ impl Delivery<'_> {
                     report.batch,
                     batch.site()
                 );
-                return Some(self.end(&batch, report, started, started_at));
+                // This very batch, kept before (its acknowledgement did not reach the relay):
+                // its row already says how it was kept, under its name. Recorded again it
+                // turned a quarantined batch into a delivered one, named by its key.
+                let record = replayed.0.batch_key != batch.key;
+                return Some(self.end(&batch, report, (started, started_at), record));
             }
             Err(e) => {
                 if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
@@ -176,21 +180,23 @@ impl Delivery<'_> {
                 report.error = Some(format!("{e:#}"));
             }
         }
-        Some(self.end(&batch, report, started, started_at))
+        Some(self.end(&batch, report, (started, started_at), true))
     }
 
-    /// Records how the batch ended, and its pull stage.
+    /// Records how the batch ended (its row only if `record`), and its pull stage.
     fn end(
         &self,
         batch: &Sealed<'_>,
         mut report: DeliveryReport,
-        started: std::time::Instant,
-        started_at: i64,
+        (started, started_at): (std::time::Instant, i64),
+        record: bool,
     ) -> DeliveryReport {
         report.seconds = started.elapsed().as_secs_f64();
         let state = report.outcome();
         self.backoff.after(&batch.key, state == BatchState::Failed);
-        self.record_batch(batch, &report.batch, state, report.error.as_deref());
+        if record {
+            self.record_batch(batch, &report.batch, state, report.error.as_deref());
+        }
         let ended = Some(now_us());
         let stage = self
             .catalog

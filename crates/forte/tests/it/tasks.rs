@@ -514,6 +514,37 @@ command = "if xargs -0 -r grep -l '^BAD' < \"$FORTE_FILES\" | grep -q .; then ec
     );
 }
 
+/// A quarantined batch whose acknowledgement did not reach the relay is acknowledged again by
+/// the next pull, and stays recorded as quarantined under its name (it was recorded as a
+/// delivered batch named by its key: found by the soak).
+#[test]
+fn a_quarantined_batch_acknowledged_again_stays_quarantined_in_the_catalogue() {
+    let site = Site::new();
+    write(&site.root.join("inbox/b0/f0.dat"), b"data");
+    write(&site.root.join("inbox/b0/.ready"), b"");
+    let script = r#"d=$(dirname "$(find "$FORTE_BATCH_DIR" -name f0.dat)"); chmod u+w "$d"; echo new > "$d/new.txt""#;
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"tamper\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    // The relay cannot keep the batch's receipt, so refuses its acknowledgement before it
+    // changes anything: a file where the receipts' directory goes.
+    let acked = site.relay.store.join("sites/site-a/receipts");
+    write(&acked, b"in the way");
+    let printed = fails(&pull_with(&site, &config));
+    assert!(printed.contains("quarantined, but"), "{printed}");
+    std::fs::remove_file(&acked).unwrap();
+    let again = ok(&pull_with(&site, &config));
+    assert!(again.contains("acknowledged"), "{again}");
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(status.contains("b0"), "{status}");
+    assert!(status.contains("quarantined"), "{status}");
+    assert!(!status.contains("delivered"), "{status}");
+}
+
 /// A quarantined batch is acknowledged with a receipt, under which the edge deletes its
 /// sources: only those of files the quarantine still holds as verified. A file a task changed
 /// or removed is kept at the edge (the quarantine has other bytes, and the relay forgets the
