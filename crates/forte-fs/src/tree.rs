@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 /// Removes the tree at `path` (nothing there is fine), giving its directories their owner's
-/// write and search bits back first if it has to. Symbolic links are removed, never followed.
+/// read, write and search bits back first if it has to (a task may have left one at 000). Symbolic links are removed, never followed.
 pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
@@ -21,15 +21,15 @@ pub fn remove_tree(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Gives every directory under `dir` (and `dir`) its owner's write and search bits.
+/// Gives every directory under `dir` (and `dir`) its owner's read, write and search bits.
 fn make_writable(dir: &Path) -> std::io::Result<()> {
     let meta = std::fs::symlink_metadata(dir)?;
     if !meta.is_dir() {
         return Ok(());
     }
     let mode = meta.permissions().mode();
-    if mode & 0o300 != 0o300 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o300))?;
+    if mode & 0o700 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o700))?;
     }
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -63,8 +63,13 @@ mod tests {
         std::fs::create_dir_all(batch.join("sub")).unwrap();
         std::fs::write(batch.join("sub/f.dat"), b"data").unwrap();
         std::os::unix::fs::symlink("/etc", batch.join("link")).unwrap();
-        for dir in [batch.join("sub"), batch.clone()] {
-            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o555)).unwrap();
+        std::fs::create_dir(batch.join("closed")).unwrap();
+        for (dir, mode) in [
+            (batch.join("sub"), 0o555),
+            (batch.join("closed"), 0o000),
+            (batch.clone(), 0o555),
+        ] {
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
         }
         assert!(
             std::fs::remove_dir_all(&batch).is_err(),
