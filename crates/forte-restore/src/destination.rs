@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -49,6 +50,14 @@ pub(crate) fn check_destination(
             (Err(_), _) => {}
             (Ok(meta), _) if is_dir && meta.is_dir() => {}
             (Ok(meta), Existing::Overwrite) if meta.is_file() && !is_dir => {}
+            // Another name for the same bytes (a hard link) could change the delivered file
+            // later: not kept as delivered, whatever it holds.
+            (Ok(meta), Existing::KeepIdentical) if meta.is_file() && meta.nlink() > 1 => bail!(
+                "{} already exists with {} hard links (it could be changed through another name); \
+                 nothing of this batch was delivered (move it away and pull again)",
+                target.display(),
+                meta.nlink()
+            ),
             (Ok(meta), Existing::KeepIdentical)
                 if meta.is_file() && meta.len() == m.size && file_sha256(&target)? == m.sha256 =>
             {

@@ -206,6 +206,14 @@ fn a_file_in_the_way_is_refused_kept_when_identical_and_replaced_when_told() {
     assert!(std::fs::read(packed.dest.join("f.bin")).unwrap() == files[0].1);
 
     // Now identical: kept, not written again.
-    let delivered = packed.restore(keep).unwrap();
+    let delivered = packed.restore(keep.clone()).unwrap();
     assert_eq!((delivered.files, delivered.already), (0, 2));
+
+    // Identical but with another name for its bytes (a hard link elsewhere): not kept as
+    // delivered, since it could be changed through that name.
+    let elsewhere = packed.dest.parent().unwrap().join("another-name");
+    std::fs::hard_link(packed.dest.join("f.bin"), &elsewhere).unwrap();
+    let e = packed.restore(keep).unwrap_err().to_string();
+    assert!(e.contains("f.bin") && e.contains("2 hard links"), "{e}");
+    std::fs::remove_file(&elsewhere).unwrap();
 }

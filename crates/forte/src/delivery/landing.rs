@@ -19,6 +19,7 @@ use forte_restore::Placed;
 
 use forte_catalog::TaskOutcome;
 
+use super::destination::WhereItGoes;
 use super::landed::Landed;
 use crate::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
 
@@ -29,6 +30,8 @@ pub struct Landing {
     /// This process's part of the landing zone (created when a batch lands).
     area: PathBuf,
     quarantine: PathBuf,
+    /// Where batches are promoted, watched while core tasks run ([`WhereItGoes`]).
+    dest: PathBuf,
 }
 
 /// The file beside a quarantined batch that says why it is there.
@@ -99,6 +102,7 @@ impl Landing {
             tasks,
             area: root.join(format!("{AREA_PREFIX}{owner}")),
             quarantine,
+            dest: dest.to_path_buf(),
         })
     }
 
@@ -179,9 +183,13 @@ impl Landing {
             }
         };
         let protected = checking.elapsed();
+        let destination = WhereItGoes::of(&self.dest, placed);
         let mut refusals = tasks::check(&run, &subject, catalog);
         let after_tasks = std::time::Instant::now();
-        let changes = landed.changes(dir);
+        let changes = landed.changes(dir).map(|mut changes| {
+            changes.extend(destination.changes(&self.dest));
+            changes
+        });
         tracing::debug!(
             batch = name,
             files = files.len(),

@@ -14,6 +14,7 @@ mod ahead;
 mod copy;
 mod custody;
 mod deliver;
+mod destination;
 mod landed;
 pub mod landing;
 mod lease;

@@ -545,6 +545,55 @@ fn a_quarantined_batch_acknowledged_again_stays_quarantined_in_the_catalogue() {
     assert!(!status.contains("delivered"), "{status}");
 }
 
+/// A task that puts files where its batch will be promoted (beside it, or a hard link to bytes
+/// it can change later, which promotion would take as already in place) gets the batch
+/// quarantined; nothing it put there is delivered.
+#[test]
+fn what_a_task_puts_where_its_batch_goes_is_not_delivered_with_it() {
+    let site = Site::new();
+    three_batches(&site);
+    let dest = site.root.join("dest");
+    let outside = site.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let script = format!(
+        r#"d="{dest}/site-a/$FORTE_BATCH"
+case "$FORTE_BATCH" in
+  b0) mkdir -p "$d"; echo EVIL > "$d/extra.txt"; ln -s /etc/passwd "$d/passwd" ;;
+  b1) mkdir -p "$d"; f=$(find "$FORTE_BATCH_DIR" -name f0.dat); cp "$f" "{outside}/f0.dat"
+      ln "{outside}/f0.dat" "$d/f0.dat" ;;
+esac
+exit 0"#,
+        dest = dest.display(),
+        outside = outside.display()
+    );
+    let config = config_with(
+        &site,
+        &format!(
+            "[[task]]\nname = \"plant\"\nat = \"core\"\nper = \"batch\"\ncommand = {script:?}\n"
+        ),
+    );
+    ok(&site.send(&["-q"]));
+    let printed = fails(&pull_with(&site, &config));
+    assert!(
+        printed.contains("put site-a/b0 at the destination"),
+        "{printed}"
+    );
+    assert!(
+        printed.contains("put site-a/b1/f0.dat at the destination"),
+        "{printed}"
+    );
+    let status = site.status(&site.core_catalog, &[]);
+    assert!(
+        status.contains("b2") && status.contains("delivered"),
+        "{status}"
+    );
+    assert_eq!(
+        batches_in(&site.root.join("quarantine")).len(),
+        2,
+        "{printed}"
+    );
+}
+
 /// A quarantined batch is acknowledged with a receipt, under which the edge deletes its
 /// sources: only those of files the quarantine still holds as verified. A file a task changed
 /// or removed is kept at the edge (the quarantine has other bytes, and the relay forgets the
