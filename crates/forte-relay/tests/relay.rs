@@ -1221,3 +1221,32 @@ fn an_upload_whose_body_pauses_past_the_idle_timeout_is_given_up() {
     let spool = tmp.path().join("store/sites/site-a/tmp");
     assert_eq!(files_under(&spool), 0, "a spooled body was left behind");
 }
+
+#[test]
+fn a_held_body_that_pauses_past_the_idle_timeout_is_given_up_and_frees_the_memory_budget() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_configured(tmp.path(), |c| {
+        c.connections.idle = Duration::from_secs(1);
+        c.body_memory = 1 << 20;
+    });
+    // A batch's seal declared at 900 kB, 10 bytes sent, then nothing: it holds most of the
+    // budget until it is given up.
+    let head = format!(
+        "PUT /v1/batches/held HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_B}\r\n\
+         Content-Type: application/json\r\nContent-Length: 900000\r\n\r\n"
+    );
+    let mut tls = raw_connection(&relay, head.as_bytes(), Duration::from_secs(20)).unwrap();
+    tls.write_all(b"{\"objects\"").unwrap();
+    tls.flush().unwrap();
+    let status = status_line(&mut std::io::BufReader::new(tls));
+    let status = status.expect("no answer within 20 s: the relay still waits for the body");
+    assert!(status.contains(" 400 "), "{status}");
+    // Its part of the budget is back: another site's 200 kB seal is read and answered on its
+    // merits (409: its object is unknown), not told to wait (503).
+    let edge = client(&relay, EDGE_A);
+    let err = edge
+        .seal_batch("b", &[ObjectId::random()], &vec![b'x'; 200_000], None)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+}

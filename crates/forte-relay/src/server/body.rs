@@ -9,7 +9,12 @@ use std::io::Read;
 use axum::body::{Body, Bytes};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures_util::StreamExt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+
+use futures_util::{Future, StreamExt};
+use http_body::{Frame, SizeHint};
 use tokio::sync::{mpsc, oneshot};
 
 use super::store::{Reader, StoreError};
@@ -40,12 +45,11 @@ impl Iterator for Chunks {
 }
 
 /// Runs `work` off the async workers with `body` as it arrives. A body that breaks off (the
-/// client went away) or pauses longer than `stall` ends the chunks early: the work sees a short
-/// body. What the work did not read (it refused the request first: a quota) is read and thrown
-/// away after the answer ([`discard`]).
+/// client went away, or it paused too long: [`Stalling`]) ends the chunks early: the work sees
+/// a short body. What the work did not read (it refused the request first: a quota) is read
+/// and thrown away after the answer ([`discard`]).
 pub async fn with_body<T: Send + 'static>(
     body: Body,
-    stall: std::time::Duration,
     work: impl FnOnce(Chunks) -> Result<T, StoreError> + Send + 'static,
 ) -> Answer<T> {
     let (arriving, arrived) = mpsc::channel(CHUNKS_IN_FLIGHT);
@@ -60,13 +64,7 @@ pub async fn with_body<T: Send + 'static>(
     // Dropped unsent when the work ends without reading the body.
     if read_it.await.is_ok() {
         loop {
-            let Ok(next) = tokio::time::timeout(stall, stream.next()).await else {
-                tracing::warn!("a request body paused for {} s: given up", stall.as_secs());
-                // Not read further: the connection goes with the answer.
-                ended = true;
-                break;
-            };
-            match next {
+            match stream.next().await {
                 Some(Ok(chunk)) => {
                     if arriving.send(chunk).await.is_err() {
                         break;
@@ -152,4 +150,58 @@ pub fn stream_out((mut reader, length): Reader, what: String) -> Response {
         Body::from_stream(stream),
     )
         .into_response()
+}
+
+/// A request body that fails once no byte of it arrived for `stall` (the idle timeout): a
+/// client that declares a body and then pauses holds its connection, its spool file or its
+/// part of the memory budget ([`super::memory`]) no longer than that.
+pub struct Stalling {
+    inner: Body,
+    stall: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Stalling {
+    pub fn new(inner: Body, stall: Duration) -> Self {
+        Self {
+            inner,
+            stall,
+            timer: Box::pin(tokio::time::sleep(stall)),
+        }
+    }
+}
+
+impl http_body::Body for Stalling {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            let next = tokio::time::Instant::now() + this.stall;
+            this.timer.as_mut().reset(next);
+            return Poll::Ready(frame);
+        }
+        ready!(this.timer.as_mut().poll(cx));
+        tracing::warn!(
+            "a request body paused for {} s: given up",
+            this.stall.as_secs()
+        );
+        let paused = std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the body paused for {} s", this.stall.as_secs()),
+        );
+        Poll::Ready(Some(Err(axum::Error::new(paused))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
 }

@@ -75,7 +75,7 @@ struct Relay {
     shares: Arc<Shares>,
     /// The memory request bodies held whole may take together.
     bodies: memory::BodyMemory,
-    /// How long an upload's body may pause before it is given up (the idle timeout).
+    /// How long a request's body may pause before it is given up (the idle timeout).
     body_stall: std::time::Duration,
 }
 
@@ -409,6 +409,8 @@ async fn gate(
         },
         Err(refused) => return refused.into_response(),
     };
+    let stall = relay.body_stall;
+    let request = request.map(|b| axum::body::Body::new(body::Stalling::new(b, stall)));
     let site = match principal {
         Principal::Edge { site } if request.method() == axum::http::Method::PUT => site,
         _ => return next.run(request).await,
@@ -634,7 +636,7 @@ async fn put_part(
     let sha256 = required_header(&headers, SHA256_HEADER)?;
     let length = body::declared_length(&headers)?;
     let r = relay.clone();
-    let stored = body::with_body(body, relay.body_stall, move |chunks| {
+    let stored = body::with_body(body, move |chunks| {
         let mut upload = r.store.begin_part(&site, id, index, &sha256, length)?;
         for chunk in chunks {
             upload.write(&chunk)?;
@@ -703,7 +705,7 @@ async fn put_whole(
         })?;
     let part_len = length - manifest_len;
     let r = relay.clone();
-    let stored = body::with_body(body, relay.body_stall, move |chunks| {
+    let stored = body::with_body(body, move |chunks| {
         let mut upload = r.store.begin_part(&site, id, 0, &sha256, part_len)?;
         let mut manifest = Vec::with_capacity(manifest_len as usize);
         let mut to_part = part_len;
