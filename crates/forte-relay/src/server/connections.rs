@@ -51,6 +51,57 @@ impl Default for Limits {
     }
 }
 
+/// Descriptors the relay needs beside its connections: the listener, the store's files being
+/// written and read, the catalogue, the logs.
+const DESCRIPTORS_BESIDE_CONNECTIONS: u64 = 256;
+
+impl Limits {
+    /// Makes sure the process may open as many descriptors as `total` connections need,
+    /// raising its soft limit up to the hard one if it must; an error that says what to change
+    /// if it cannot (connections beyond the limit would fail to be accepted, unannounced, and
+    /// the sites' requests wait behind them).
+    pub fn fit_descriptors(&self) -> anyhow::Result<()> {
+        let needed = self.total as u64 + DESCRIPTORS_BESIDE_CONNECTIONS;
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit fills the struct it is given.
+        if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+            return Ok(());
+        }
+        if limit.rlim_cur >= needed {
+            return Ok(());
+        }
+        if limit.rlim_max >= needed {
+            let raised = libc::rlimit {
+                rlim_cur: needed,
+                rlim_max: limit.rlim_max,
+            };
+            // SAFETY: setrlimit reads the struct it is given.
+            if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+                tracing::info!(
+                    "descriptor limit raised from {} to {needed} for {} connections",
+                    limit.rlim_cur,
+                    self.total
+                );
+                return Ok(());
+            }
+        }
+        let most = limit.rlim_max.max(limit.rlim_cur);
+        let lower = match most.checked_sub(DESCRIPTORS_BESIDE_CONNECTIONS) {
+            Some(fits) if fits > 0 => format!("lower --max-connections to {fits} or less, or "),
+            _ => String::new(),
+        };
+        anyhow::bail!(
+            "--max-connections {} needs about {needed} file descriptors, but this process may open {} (ulimit -n; hard limit {}): {lower}raise the limit (LimitNOFILE= in a systemd unit)",
+            self.total,
+            limit.rlim_cur,
+            limit.rlim_max,
+        )
+    }
+}
+
 /// Counts open connections and refuses those over [`Limits`].
 #[derive(Clone)]
 pub struct CappedAcceptor {

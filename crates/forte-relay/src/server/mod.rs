@@ -246,6 +246,7 @@ pub fn run(config: RelayConfig) -> Result<()> {
 }
 
 fn prepare(config: &RelayConfig) -> Result<(Arc<Relay>, crate::tls::ServerIdentity)> {
+    config.connections.fit_descriptors()?;
     metrics::install();
     if matches!(config.store, Location::Bucket { .. }) {
         metrics::bucket_store();

@@ -969,6 +969,52 @@ fn the_relay_reloads_its_tokens_on_sighup_and_ends_cleanly_on_sigterm() {
     );
 }
 
+/// A relay whose connection cap does not fit in its descriptor limit says so at start, and
+/// what to change, instead of failing to accept connections later without a word.
+#[test]
+fn a_connection_cap_beyond_the_descriptor_limit_is_refused_at_start() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("tokens.toml"),
+        format!("[[token]]\ntoken = \"{EDGE_TOKEN}\"\nrole = \"edge\"\nsite = \"site-a\"\n")
+            .as_bytes(),
+    );
+    let mut relay = forte();
+    relay
+        .args([
+            "relay",
+            "--store",
+            "store",
+            "--tokens",
+            "tokens.toml",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(dir.path());
+    // SAFETY: setrlimit only, between fork and exec.
+    unsafe {
+        relay.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 600,
+                rlim_max: 600,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = relay.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--max-connections 768 needs about 1024 file descriptors")
+            && stderr.contains("lower --max-connections to 344 or less"),
+        "{stderr}"
+    );
+}
+
 /// A second SIGTERM while an upload keeps the relay in its shutdown grace ends it at once,
 /// with status 1 and a line saying what the next start takes up.
 #[test]
