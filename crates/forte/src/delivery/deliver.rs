@@ -495,7 +495,8 @@ impl Delivery<'_> {
 }
 
 /// The files of `placed` that the quarantined batch at `kept` still holds as verified (size
-/// and SHA-256; a directory as a directory), or held in place before.
+/// and SHA-256, and no other name for its bytes; a directory as a directory), or held in place
+/// before.
 fn held_as_verified(kept: &Path, placed: &[forte_restore::Placed]) -> Vec<forte_restore::Placed> {
     let holds = |p: &forte_restore::Placed| {
         let path = kept.join(&p.target);
@@ -505,7 +506,9 @@ fn held_as_verified(kept: &Path, placed: &[forte_restore::Placed]) -> Vec<forte_
         match p.kind {
             forte_format::Kind::Dir => meta.is_dir(),
             _ => {
+                // Another name for its bytes (a task's hard link) could change them later.
                 meta.is_file()
+                    && std::os::unix::fs::MetadataExt::nlink(&meta) == 1
                     && meta.len() == p.size
                     && forte_format::seal::sha256_file(&path).is_ok_and(|h| h == p.sha256)
             }

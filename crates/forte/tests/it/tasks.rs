@@ -602,11 +602,16 @@ exit 0"#,
 fn the_sources_of_files_a_task_changed_are_kept_at_the_edge() {
     let site = Site::new();
     three_batches(&site);
-    let script = r#"cd "$FORTE_BATCH_DIR" || exit 3
+    let outside = site.root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    let script = format!(
+        r#"cd "$FORTE_BATCH_DIR" || exit 3
 f0=$(find . -name f0.dat); f1=$(find . -name f1.dat); d=$(dirname "$f0")
 if [ "$FORTE_BATCH" = b0 ]; then chmod u+w "$f0" "$d"; echo extra >> "$f0"; rm -f "$f1"; fi
-if [ "$FORTE_BATCH" = b2 ]; then chmod u+w "$d"; echo new > "$d/new.txt"; fi
-exit 0"#;
+if [ "$FORTE_BATCH" = b2 ]; then chmod u+w "$d"; echo new > "$d/new.txt"; ln "$f1" "{}/f1.dat"; fi
+exit 0"#,
+        outside.display()
+    );
     let config = config_with(
         &site,
         &format!(
@@ -623,11 +628,11 @@ exit 0"#;
         &log,
     );
     let said = || std::fs::read_to_string(&log).unwrap_or_default();
-    // A pass goes through the sent batches in the order they were sent: once b2 is gone, b0
-    // was looked at.
+    // A pass goes through the sent batches in the order they were sent: once b2's f0 is
+    // gone, b0 was looked at.
     assert!(
         wait_for(30, || !inbox.join("b1").exists()
-            && !inbox.join("b2").exists()),
+            && !inbox.join("b2/f0.dat").exists()),
         "the delivered batch and the unchanged quarantined one are deleted: {}",
         said()
     );
@@ -650,9 +655,10 @@ exit 0"#;
         "changed and removed: kept"
     );
     assert!(left("b1").is_empty(), "delivered: deleted");
-    assert!(
-        left("b2").is_empty(),
-        "quarantined unchanged (a file added): deleted"
+    assert_eq!(
+        left("b2"),
+        ["f1.dat"],
+        "quarantined: f0 unchanged, deleted; f1 linked to another name by the task, kept"
     );
     let b0 = sample_bytes(20_000, 0);
     assert!(std::fs::read(inbox.join("b0/f0.dat")).unwrap() == b0);
