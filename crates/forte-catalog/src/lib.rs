@@ -772,6 +772,39 @@ mod tests {
         catalog.batch_state(&record).unwrap();
     }
 
+    /// The core knows a batch by its id until it opens its manifests: a later record that
+    /// names it only by its id (a pull that ends as a replay of the same batch) keeps the name
+    /// learned before.
+    #[test]
+    fn a_batch_named_before_keeps_its_name_when_recorded_by_its_id() {
+        let (_dir, catalog) = one_shot();
+        let key = BatchKey::core("site-a", "5bd2b8447dc5eb118330901b33b80091");
+        let record = |name, state| BatchRecord {
+            key: &key,
+            name,
+            files: 1,
+            bytes: 10,
+            state,
+            arrived: None,
+            detail: None,
+        };
+        catalog
+            .batch_state(&record("batch-00001", BatchState::Quarantined))
+            .unwrap();
+        catalog
+            .batch_state(&record(
+                "5bd2b8447dc5eb118330901b33b80091",
+                BatchState::Pulling,
+            ))
+            .unwrap();
+        catalog.flush().unwrap();
+        let row = catalog.batch(&key).unwrap().unwrap();
+        assert_eq!(
+            (row.name.as_str(), row.state),
+            ("batch-00001", BatchState::Quarantined)
+        );
+    }
+
     /// A re-run that discovers again a file the core acknowledged, or fails on it, does not
     /// move it backwards, in its row or its lineage; a failure before delivery is recorded,
     /// and a retry's states follow it.

@@ -177,8 +177,12 @@ async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<
     } else {
         (was.as_str(), false)
     };
+    // The core knows a batch by its id until its manifests are opened: a name that is only
+    // the id never replaces the name a pull learned before (a pull that ends as a replay of the
+    // same batch never opens them).
     sqlx::query(
-        "UPDATE batches SET state = $2, files = $3, bytes = $4, name = $5, updated_at = $6
+        "UPDATE batches SET state = $2, files = $3, bytes = $4,
+             name = CASE WHEN $5 = $7 THEN name ELSE $5 END, updated_at = $6
          WHERE batch_key = $1",
     )
     .bind(&stored_key)
@@ -187,6 +191,7 @@ async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<
     .bind(bytes)
     .bind(&b.name)
     .bind(if moved { b.at } else { was_at })
+    .bind(b.key.batch())
     .execute(&mut *conn)
     .await?;
     // The same state again is an event only when it says something (a detail).

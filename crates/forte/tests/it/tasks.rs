@@ -540,7 +540,7 @@ fn a_quarantined_batch_acknowledged_again_stays_quarantined_in_the_catalogue() {
     let again = ok(&pull_with(&site, &config));
     assert!(again.contains("acknowledged"), "{again}");
     let status = site.status(&site.core_catalog, &[]);
-    assert!(status.contains("b0"), "{status}");
+    assert!(status.contains("site-a/b0 "), "recorded under its name: {status}");
     assert!(status.contains("quarantined"), "{status}");
     assert!(!status.contains("delivered"), "{status}");
 }
