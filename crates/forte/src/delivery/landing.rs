@@ -97,6 +97,29 @@ impl Landing {
             std::fs::create_dir_all(dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
         }
+        // Promotion and quarantine are renames: on another file system every batch would land,
+        // be checked, and then fail.
+        if let Ok(on) = std::fs::metadata(dest).map(|m| std::os::unix::fs::MetadataExt::dev(&m)) {
+            let settings = [
+                (&root, "--landing (pull.landing)", ".forte-landing"),
+                (
+                    &quarantine,
+                    "--quarantine (pull.quarantine)",
+                    ".forte-quarantine",
+                ),
+            ];
+            for (dir, setting, default) in settings {
+                let there = std::fs::metadata(dir).map(|m| std::os::unix::fs::MetadataExt::dev(&m));
+                if there.is_ok_and(|d| d != on) {
+                    anyhow::bail!(
+                        "{setting} {} is on another file system than the destination {}: batches are moved from there by renaming; give a directory on the destination's file system (the default is {})",
+                        dir.display(),
+                        dest.display(),
+                        dest.join(default).display()
+                    );
+                }
+            }
+        }
         let owner = format!("{}-{}", forte_usage::host_name(), std::process::id());
         Ok(Self {
             tasks,

@@ -540,7 +540,10 @@ fn a_quarantined_batch_acknowledged_again_stays_quarantined_in_the_catalogue() {
     let again = ok(&pull_with(&site, &config));
     assert!(again.contains("acknowledged"), "{again}");
     let status = site.status(&site.core_catalog, &[]);
-    assert!(status.contains("site-a/b0 "), "recorded under its name: {status}");
+    assert!(
+        status.contains("site-a/b0 "),
+        "recorded under its name: {status}"
+    );
     assert!(status.contains("quarantined"), "{status}");
     assert!(!status.contains("delivered"), "{status}");
 }
@@ -591,6 +594,38 @@ exit 0"#,
         batches_in(&site.root.join("quarantine")).len(),
         2,
         "{printed}"
+    );
+}
+
+/// A landing zone on another file system than the destination is refused at start (batches
+/// are moved from it by renaming): it used to let every batch land and then fail.
+#[test]
+fn a_landing_zone_on_another_file_system_is_refused_at_start() {
+    let site = Site::new();
+    let elsewhere = std::path::Path::new("/dev/shm");
+    let dev =
+        |p: &std::path::Path| std::os::unix::fs::MetadataExt::dev(&std::fs::metadata(p).unwrap());
+    std::fs::create_dir_all(site.root.join("dest")).unwrap();
+    assert_ne!(
+        dev(elsewhere),
+        dev(&site.root.join("dest")),
+        "this test needs /dev/shm on another file system than the temporary directory"
+    );
+    let landing = elsewhere.join(format!("forte-landing-{}", std::process::id()));
+    let config = site.root.join("forte.toml");
+    write(
+        &config,
+        format!(
+            "[pull]\nlanding = \"{}\"\n\n[[task]]\nname = \"check\"\nat = \"core\"\ncommand = [\"true\"]\n",
+            landing.display()
+        )
+        .as_bytes(),
+    );
+    let stderr = fails(&pull_with(&site, &config));
+    let _ = std::fs::remove_dir_all(&landing);
+    assert!(
+        stderr.contains("--landing (pull.landing)") && stderr.contains("another file system"),
+        "{stderr}"
     );
 }
 
