@@ -1250,3 +1250,34 @@ fn a_held_body_that_pauses_past_the_idle_timeout_is_given_up_and_frees_the_memor
         .unwrap_err();
     assert_eq!(err.status, Some(409), "{err}");
 }
+
+#[test]
+fn a_slow_body_holds_only_what_it_sent_of_the_memory_budget() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_configured(tmp.path(), |c| {
+        c.connections.idle = Duration::from_secs(120);
+        c.body_memory = 1 << 20;
+    });
+    // Another token's seal declared at 900 kB, sending a byte now and then: it holds what it
+    // sent, not what it declared.
+    let head = format!(
+        "PUT /v1/batches/slow HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {EDGE_B}\r\n\
+         Content-Type: application/json\r\nContent-Length: 900000\r\n\r\n"
+    );
+    let mut slow = raw_connection(&relay, head.as_bytes(), Duration::from_secs(20)).unwrap();
+    slow.write_all(b"{").unwrap();
+    slow.flush().unwrap();
+    let edge = client(&relay, EDGE_A);
+    let started = std::time::Instant::now();
+    let err = edge
+        .seal_batch("b", &[ObjectId::random()], &vec![b'x'; 200_000], None)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "waited {:?} for room the slow body did not use",
+        started.elapsed()
+    );
+    drop(slow);
+}

@@ -398,28 +398,38 @@ async fn gate(
         Principal::Edge { site } => format!("site {site}"),
         Principal::Core { .. } => "the core".to_string(),
     };
-    let _held = match held_in_memory(&request, announced) {
-        Ok(bytes) => match relay.bodies.hold(&holder, bytes).await {
-            Ok(held) => held,
-            Err(memory::NoRoom::TooLarge(why)) => {
+    let stall = relay.body_stall;
+    let meter = match held_in_memory(&request, announced) {
+        Ok(None) => None,
+        Ok(Some((declared, free))) => match relay.bodies.meter(&holder, declared, free) {
+            Ok(meter) => Some(meter),
+            Err(memory::TooLarge(why)) => {
                 return Failure::new(StatusCode::PAYLOAD_TOO_LARGE, why).into_response()
-            }
-            Err(memory::NoRoom::Busy(why)) => {
-                return Failure::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response()
             }
         },
         Err(refused) => return refused.into_response(),
     };
-    let stall = relay.body_stall;
-    let request = request.map(|b| axum::body::Body::new(body::Stalling::new(b, stall)));
+    let out_of_room = meter.as_ref().map(memory::Meter::refused);
+    let request = request.map(|b| {
+        let b = axum::body::Body::new(body::Stalling::new(b, stall));
+        match meter {
+            Some(meter) => axum::body::Body::new(memory::MeteredBody::new(b, meter)),
+            None => b,
+        }
+    });
+    // A body that found no room in time failed its handler's read: the answer says why.
+    let answer = |response: Response| match out_of_room.and_then(|why| why.lock().take()) {
+        Some(why) => Failure::new(StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+        None => response,
+    };
     let site = match principal {
         Principal::Edge { site } if request.method() == axum::http::Method::PUT => site,
-        _ => return next.run(request).await,
+        _ => return answer(next.run(request).await),
     };
     let shares = relay.shares.clone();
     let request = request
         .map(|body| axum::body::Body::new(SharedBody::new(body, site.clone(), shares.clone())));
-    let mut response = next.run(request).await;
+    let mut response = answer(next.run(request).await);
     if let Some(cap) = shares.cap_for(&site) {
         response
             .headers_mut()
@@ -428,15 +438,32 @@ async fn gate(
     response
 }
 
-/// How much of `request`'s body its handler holds whole in memory: a part's nothing (it goes
-/// to disk as it arrives), a one-part object's its manifest, any other its whole body, whose
+/// How much of `request`'s body its handler holds whole in memory, as its declared length and
+/// the bytes in front that it does not hold: `None` for a part (it goes to disk as it
+/// arrives); a one-part object's part in front of its manifest; any other body whole, whose
 /// length it must declare if it has one.
-fn held_in_memory(request: &axum::extract::Request, announced: Option<u64>) -> Answer<u64> {
+fn held_in_memory(
+    request: &axum::extract::Request,
+    announced: Option<u64>,
+) -> Answer<Option<(u64, u64)>> {
     let path = request.uri().path();
     let is_put = request.method() == axum::http::Method::PUT;
     if is_put && path.starts_with("/v1/objects/") && path.contains("/parts/") {
-        return Ok(0);
+        return Ok(None);
     }
+    let declared = match announced {
+        Some(length) => length,
+        None if request
+            .headers()
+            .contains_key(axum::http::header::TRANSFER_ENCODING) =>
+        {
+            return Err(Failure::new(
+                StatusCode::LENGTH_REQUIRED,
+                "a request body must declare its Content-Length".to_string(),
+            ))
+        }
+        None => 0,
+    };
     if is_put && path.starts_with("/v1/objects/") && path.ends_with("/whole") {
         let manifest = request
             .headers()
@@ -444,21 +471,10 @@ fn held_in_memory(request: &axum::extract::Request, announced: Option<u64>) -> A
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         // The handler refuses a missing or impossible length.
-        return Ok(manifest.unwrap_or(0).min(MAX_SEAL_JSON as u64));
+        let manifest = manifest.unwrap_or(0).min(declared);
+        return Ok(Some((declared, declared - manifest)));
     }
-    match announced {
-        Some(length) => Ok(length),
-        None if request
-            .headers()
-            .contains_key(axum::http::header::TRANSFER_ENCODING) =>
-        {
-            Err(Failure::new(
-                StatusCode::LENGTH_REQUIRED,
-                "a request body must declare its Content-Length".to_string(),
-            ))
-        }
-        None => Ok(0),
-    }
+    Ok(Some((declared, 0)))
 }
 
 /// An error answer: a status and a JSON body that says what and why, and for an upload or

@@ -72,9 +72,9 @@ pub struct Args {
     #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "30s")]
     idle_timeout: std::time::Duration,
     /// Memory that request bodies held whole (seals, inventories, acknowledgements: JSON
-    /// while it is parsed) may take, all requests together; one token's at most 400 MiB. A
-    /// request over it waits up to 30 s for room, then is told to retry (503). Part bodies are
-    /// written to disk as they arrive and take none of it.
+    /// while it is parsed) may take, all requests together, taken as their bytes arrive; one
+    /// token's at most 400 MiB. A body that finds no room waits up to 30 s, then is told to
+    /// retry (503). Part bodies are written to disk as they arrive and take none of it.
     #[arg(long, value_parser = crate::units::parse_nonzero_size, value_name = "SIZE", default_value = "512MiB")]
     body_memory: u64,
     #[command(flatten)]
