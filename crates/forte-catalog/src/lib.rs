@@ -772,6 +772,15 @@ mod tests {
         catalog.batch_state(&record).unwrap();
     }
 
+    #[test]
+    fn catalogue_times_read_as_utc_to_the_millisecond() {
+        assert_eq!(
+            format_utc(1_795_305_600_123_456),
+            "2026-11-22 00:00:00.123 UTC"
+        );
+        assert_eq!(format_utc(-5), "1970-01-01 00:00:00.000 UTC");
+    }
+
     /// The core knows a batch by its id until it opens its manifests: a later record that
     /// names it only by its id (a pull that ends as a replay of the same batch) keeps the name
     /// learned before.

@@ -85,8 +85,6 @@ impl Layout {
     }
 }
 
-pub use forte_catalog::format_utc;
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,15 +116,6 @@ mod tests {
             Layout::parse("{date}/{path}").unwrap().render(&leap_day),
             "2000-02-29/a/b.bag"
         );
-    }
-
-    #[test]
-    fn catalogue_times_read_as_utc_to_the_millisecond() {
-        assert_eq!(
-            format_utc(1_795_305_600_123_456),
-            "2026-11-22 00:00:00.123 UTC"
-        );
-        assert_eq!(format_utc(-5), "1970-01-01 00:00:00.000 UTC");
     }
 
     #[test]

@@ -4,7 +4,7 @@ mod archive;
 mod commands;
 mod delivery;
 mod edge;
-mod hook;
+mod failures;
 mod layout;
 mod monitor;
 mod progress;

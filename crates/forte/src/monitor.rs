@@ -67,7 +67,7 @@ pub fn serve(
     }
     counter!("forte_failures_total", "role" => role.as_str()).absolute(0);
     for operation in Operation::ALL.into_iter().filter(|o| o.role() == role) {
-        retries(operation).absolute(0);
+        operation.retries().absolute(0);
     }
     queue(role, 0, 0, 0);
     println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
@@ -694,15 +694,4 @@ fn task_families() -> String {
 
 pub fn failure(role: Role) {
     counter!("forte_failures_total", "role" => role.as_str()).increment(1);
-}
-
-/// A request of `operation` is tried again.
-pub fn retry(operation: Operation) {
-    retries(operation).increment(1);
-}
-
-fn retries(operation: Operation) -> metrics::Counter {
-    let role = operation.role().as_str();
-    let labels = [("role", role), ("operation", operation.as_str())];
-    counter!("forte_retries_total", &labels)
 }

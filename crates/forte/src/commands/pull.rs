@@ -13,7 +13,7 @@ use super::{Daemon, Output};
 use crate::delivery::{
     check_name_free, landing, CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy,
 };
-use crate::hook::Failures;
+use crate::failures::Failures;
 use crate::layout::Layout;
 use crate::record::Catalog;
 use crate::schedule::Policy;

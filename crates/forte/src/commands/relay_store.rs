@@ -6,9 +6,9 @@ use anyhow::Result;
 use forte_relay::server::store::{Location, Store};
 
 use super::Output;
-use crate::layout::format_utc;
 use crate::settings::{self, Config};
 use crate::units::human;
+use forte_catalog::format_utc;
 
 #[derive(clap::Args)]
 pub struct Args {

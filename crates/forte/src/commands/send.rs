@@ -14,7 +14,7 @@ use super::{Daemon, Output};
 use crate::edge::{
     ready_batches, Batch, Edge, EdgeSetup, Inbox, InboxLock, SendReport, READY_MARKER,
 };
-use crate::hook::Failures;
+use crate::failures::Failures;
 use crate::record::Catalog;
 use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
 use crate::signals;

@@ -6,8 +6,8 @@ use forte_catalog::{
 };
 use serde::Serialize;
 
-use crate::layout::format_utc;
 use crate::units::human;
+use forte_catalog::format_utc;
 
 #[derive(clap::Args)]
 pub struct Args {

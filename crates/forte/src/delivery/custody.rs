@@ -24,7 +24,7 @@ pub struct CustodySettings<'a> {
     /// Where delivered batches are kept, as receipts name it (`--to`).
     pub destination: String,
     /// Where gap alerts go besides standard error.
-    pub failures: crate::hook::Failures,
+    pub failures: crate::failures::Failures,
     /// Gaps alerted on already, each once (site, first and last missing number).
     pub(super) alerted: Mutex<HashSet<(String, i64, i64)>>,
     /// When the delivered instances may next be read for gaps: a watching puller looks after
@@ -65,7 +65,7 @@ impl<'a> CustodySettings<'a> {
         trusted: &'a crate::settings::TrustedKeys,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
         gap_after: Duration,
-        (destination, failures): (String, crate::hook::Failures),
+        (destination, failures): (String, crate::failures::Failures),
     ) -> Self {
         Self {
             trusted,

@@ -29,7 +29,7 @@ use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::hook::Failures;
+use crate::failures::Failures;
 use crate::record::{note, Catalog};
 use crate::schedule::{BatchQueue, Policy};
 use crate::settings::EdgeSettings;

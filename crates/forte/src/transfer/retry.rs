@@ -41,6 +41,13 @@ impl Operation {
         Self::Acknowledge,
     ];
 
+    /// The counter of its requests tried again (`forte_retries_total`), which the monitor
+    /// shows from 0 at start.
+    pub fn retries(self) -> metrics::Counter {
+        let labels = [("role", self.role().as_str()), ("operation", self.as_str())];
+        metrics::counter!("forte_retries_total", &labels)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Status => "status",
@@ -138,7 +145,7 @@ impl Retry {
                 Err(e) if self.attempts.is_some_and(|n| attempt >= n) => return Err(e),
                 Err(e) => {
                     let wait = jitter(delay);
-                    crate::monitor::retry(operation);
+                    operation.retries().increment(1);
                     RETRIES.fetch_add(1, Ordering::Relaxed);
                     eprintln!(
                         "retrying {what} in {:.1} s (attempt {attempt}): {e}",

@@ -6,7 +6,7 @@ use std::process::Command;
 use forte_catalog::Role;
 use serde::Serialize;
 
-use crate::layout::format_utc;
+use forte_catalog::format_utc;
 
 /// Where failures are reported.
 #[derive(Clone)]
