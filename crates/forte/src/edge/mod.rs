@@ -9,6 +9,7 @@
 //! `inbox` finds the batches that are ready.
 
 mod admit;
+mod asked;
 mod checks;
 mod deletion;
 pub mod inbox;
@@ -35,7 +36,7 @@ use crate::schedule::{BatchQueue, Policy};
 use crate::settings::EdgeSettings;
 use crate::transfer::retry::Retry;
 
-use admit::Asked;
+use asked::Asked;
 pub use inbox::{ready_batches, Batch, Inbox, InboxLock, READY_MARKER};
 
 /// What sending one batch did.

@@ -10,7 +10,7 @@ use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, S
 use forte_format::{Instance, Inventory, InventoryEntry, Manifest, ObjectId};
 use forte_prepare::{FileOutcome, Prepare};
 
-use super::admit::HeldBefore;
+use super::asked::HeldBefore;
 use super::tuning::Tuning;
 use super::{EarlySeal, Edge, InFlight};
 use crate::progress::prepare_with_progress;
