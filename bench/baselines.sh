@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# forte against the papers' baselines and today's tools, every number of docs/benchmarks.md's
+# forte against the papers' baselines and today's tools, every number of docs/benchmarks/log/2026-11.md's
 # issue-#7 sections in one invocation, on the same corpus and machine:
 #   1. forte bench compress on the corpus: every codec and level, the Pareto front, a level
 #   2. bench/prepare.py: forte pack against zstd alone and the papers' CB and CB-IM chains

@@ -393,7 +393,7 @@ class Contenders:
         sh(["cp", "-a", f"{dmz}/.", store])
         done = time.monotonic()
         # The legs apart: the rsync is bound by the link; the copy's time moves with the machine's
-        # memory state (0.3 s to 4 s on one machine, see docs/benchmarks.md).
+        # memory state (0.3 s to 4 s on one machine, see docs/benchmarks/log/2026-11.md).
         print(f"  rsync {rsynced - start:.1f} s, then copy {done - rsynced:.1f} s", file=sys.stderr)
         return done - start, store
 

@@ -300,8 +300,8 @@ fn per_raw_left(mine: &BatchWire, wire: &WireView) -> f64 {
 /// scale is worked out from its parts prepared so far. A batch's first two or three parts are
 /// a poor guide to the rest: the test set's N sealed its first 32 MB to 1.37 × the estimate
 /// and the rest to 1.02 ×, and scaled by its first parts alone its ETA read 22 % long 3.5 s
-/// in (docs/benchmarks.md). Drawn towards the node's scale by a few parts' worth, its own
-/// takes over as it prepares more.
+/// in (docs/benchmarks/log/2026-11.md). Drawn towards the node's scale by a few parts' worth,
+/// its own takes over as it prepares more.
 const SCALE_PRIOR: f64 = 8e6;
 
 /// The edge's parts waiting for the link at a look, in the order the uploads take them: those
@@ -364,7 +364,7 @@ fn sealed_before(key: &str, uploads: &Uploads, (preparing, ahead, all): (bool, f
 /// each left on average (they began at random moments of their own sending). So a part sent
 /// beside seven others takes the link for 3.5 parts' worth beyond its own and those before it:
 /// counted alone, the last parts of a batch still being prepared read 20-28 % short at 8
-/// uploads at once (docs/benchmarks.md).
+/// uploads at once (docs/benchmarks/log/2026-11.md).
 fn beside_a_part(slots: usize, size: f64) -> f64 {
     slots.saturating_sub(1) as f64 / 2.0 * size
 }

@@ -419,7 +419,7 @@ fn files_of(
 /// size and mtime when it was read; the hash is what catches a file rewritten with its size and
 /// mtime kept (`cp -p`, `rsync -t`, `tar x`). Hashing always, not only when the metadata moved:
 /// mtime can be set back by any writer, and ctime's granularity (a kernel tick) lets a rewrite
-/// within one tick keep it; it costs about a second per GB (docs/benchmarks.md).
+/// within one tick keep it; it costs about a second per GB (docs/benchmarks/log/2026-11.md).
 fn remove_if_as_delivered(source: &SourceFile, listed: &ReceiptFile) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = &source.local;

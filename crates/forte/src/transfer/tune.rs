@@ -52,7 +52,7 @@ const BUSY: f64 = 0.75;
 /// sender's own limit paces the uploads, the bytes through it are what is compared: goodput
 /// is counted as requests finish, a part at a time, and through a limit of 5 MB/s binding all
 /// along it read 3.6 to 6.5 MB/s in 3-to-5-s intervals, so the climb took the low ones for a
-/// link with room and probed (docs/benchmarks.md, the dashboard's ETA).
+/// link with room and probed (docs/benchmarks/log/2026-11.md, the dashboard's ETA).
 const LIMIT_BINDS: f64 = 0.9;
 /// A change of goodput at a settled setting, as a share of it, that means the link changed.
 const MOVED: f64 = 0.2;
