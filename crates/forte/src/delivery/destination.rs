@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
+use forte_fs::FileIdentity;
 use forte_restore::Placed;
 
 /// What one path of the destination was: nothing, or an entry of a kind with an identity.
@@ -21,15 +22,12 @@ enum Entry {
         dev: u64,
         ino: u64,
     },
-    /// Anything else, with what changes when it is changed or replaced.
+    /// Anything else: its identity (which moves when it is written or replaced), and its
+    /// mode and link count.
     Other {
-        dev: u64,
-        ino: u64,
+        identity: FileIdentity,
         mode: u32,
-        size: u64,
         nlink: u64,
-        mtime: (i64, i64),
-        ctime: (i64, i64),
     },
 }
 
@@ -42,13 +40,9 @@ impl Entry {
                 ino: m.ino(),
             },
             Ok(m) => Entry::Other {
-                dev: m.dev(),
-                ino: m.ino(),
+                identity: FileIdentity::of(&m),
                 mode: m.mode(),
-                size: m.size(),
                 nlink: m.nlink(),
-                mtime: (m.mtime(), m.mtime_nsec()),
-                ctime: (m.ctime(), m.ctime_nsec()),
             },
         }
     }
