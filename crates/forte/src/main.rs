@@ -1,26 +1,12 @@
 //! `forte`: one binary for the whole path, edge → relay → core. See ARCHITECTURE.md.
 
-mod archive;
 mod commands;
-mod delivery;
-mod edge;
-mod failures;
-mod layout;
-mod monitor;
-mod progress;
-mod record;
-mod s3;
-mod schedule;
-mod settings;
-mod signals;
-mod tasks;
-mod transfer;
-mod units;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use forte_daemon::{record, settings};
 
 #[derive(Parser)]
 #[command(name = "forte", version, about, long_about = None)]

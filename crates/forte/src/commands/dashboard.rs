@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 
 use anyhow::Result;
 
-use crate::record::{self, Catalog};
-use crate::settings::{self, Config, HttpFlags};
+use forte_daemon::record::{self, Catalog};
+use forte_daemon::settings::{self, Config, HttpFlags};
 
 #[derive(clap::Args)]
 #[command(
@@ -50,8 +50,8 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let bound = forte_view::start(addr, access, view)?;
     println!("dashboard: http://{bound}/ over {}", shown.join(", "));
     // It only reads: nothing to finish or record on a stop.
-    crate::signals::install("nothing: the dashboard only reads");
-    crate::signals::wait_for_stop(std::time::Duration::from_millis(100));
-    eprintln!("dashboard stopped ({})", crate::signals::which());
+    forte_daemon::signals::install("nothing: the dashboard only reads");
+    forte_daemon::signals::wait_for_stop(std::time::Duration::from_millis(100));
+    eprintln!("dashboard stopped ({})", forte_daemon::signals::which());
     Ok(true)
 }

@@ -14,9 +14,10 @@ use forte_prepare::{BundleLimits, PrepareConfig};
 use forte_restore::RestoreConfig;
 use sha2::{Digest, Sha256};
 
-use crate::archive;
-use crate::settings::{CoreSettings, EdgeSettings};
-use crate::units::human;
+use forte_core::unpack::unpack;
+use forte_daemon::settings::{CoreSettings, EdgeSettings};
+use forte_daemon::units::human;
+use forte_edge::pack::pack;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -77,7 +78,7 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
         prepare: PrepareConfig::for_this_machine(),
         bundle: BundleLimits::DEFAULT,
     };
-    let summary = archive::pack(&sample, &packed, "sample", edge, true)?;
+    let summary = pack(&sample, &packed, "sample", edge, true)?;
     println!(
         "3. pack: {} files and {} empty directories in one pass (hash, zstd -{}, age, hash) into {} objects ({} bundles of small files) in {}: {:.1} MB/s, ratio {:.2}",
         summary.files,
@@ -95,12 +96,12 @@ fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
 
     let core = CoreSettings {
         identities: Identities::load(&paths.core_key)?,
-        trusted: crate::settings::TrustedKeys::load(vec![forte_format::TrustSpec::any_site(
-            &paths.edge_pub,
-        )])?,
+        trusted: forte_daemon::settings::TrustedKeys::load(vec![
+            forte_format::TrustSpec::any_site(&paths.edge_pub),
+        ])?,
         restore: RestoreConfig::for_this_machine(),
     };
-    let (delivered, _) = archive::unpack(&packed, &restored, core, true)?;
+    let (delivered, _) = unpack(&packed, &restored, core, true)?;
     println!(
         "4. unpack: verified ciphertext hashes, signatures, AEAD and raw hashes; restored {} files and {} empty directories into {}",
         delivered.files,

@@ -11,13 +11,13 @@ use anyhow::{bail, Context, Result};
 use forte_ingest::wire::{self, MAGIC};
 use forte_ingest::{Ingest, Schema, StreamStats};
 
-use crate::settings::{self, Config, IngestFlags, IngestSettings};
-use crate::signals;
+use forte_daemon::settings::{self, Config, IngestFlags, IngestSettings};
+use forte_daemon::signals;
 
 /// What an ingest ended at once by a second signal leaves to its next start.
 const INGEST_LEFT: &str =
     "rows not yet in a published file are lost, and its next start removes the unfinished files";
-use crate::units::human;
+use forte_daemon::units::human;
 
 #[derive(clap::Args, Debug)]
 #[command(

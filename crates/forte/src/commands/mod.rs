@@ -38,12 +38,12 @@ pub struct Daemon {
     pub interval: u64,
     /// With --watch, SIGTERM or SIGINT stops taking new batches and lets those under way
     /// finish for this long, then ends with status 0 (a second signal ends it at once).
-    #[arg(long, value_parser = crate::units::parse_duration, value_name = "DURATION", default_value = "60s")]
+    #[arg(long, value_parser = forte_daemon::units::parse_duration, value_name = "DURATION", default_value = "60s")]
     pub shutdown_grace: std::time::Duration,
     /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
     /// and FORTE_ERROR describe the failure.
     #[arg(long, value_name = "CMD")]
     pub on_failure: Option<String>,
     #[command(flatten)]
-    pub http: crate::settings::HttpFlags,
+    pub http: forte_daemon::settings::HttpFlags,
 }

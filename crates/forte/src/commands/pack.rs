@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use super::Output;
-use crate::archive::{self, Summary};
-use crate::settings::{self, Config, EdgeFlags};
-use crate::units::human;
+use forte_daemon::settings::{self, Config, EdgeFlags};
+use forte_daemon::units::human;
+use forte_edge::pack::{pack, Summary};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -27,7 +27,7 @@ pub struct Args {
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
     let edge = settings::edge(&args.edge, config)?;
-    let summary = archive::pack(&args.src, &args.to, &args.batch, edge, args.output.quiet)?;
+    let summary = pack(&args.src, &args.to, &args.batch, edge, args.output.quiet)?;
     report(&summary, &args.to, args.output.json)?;
     Ok(summary.failed == 0)
 }

@@ -1,5 +1,5 @@
 //! `forte pull`: whole batches from the relay, verified and delivered all or nothing, then
-//! acknowledged so the relay may delete them. The delivery itself is `crate::delivery`.
+//! acknowledged so the relay may delete them. The delivery itself is `forte_core`.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -10,20 +10,20 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Existing, Restore};
 
 use super::{Daemon, Output};
-use crate::delivery::{
+use forte_core::layout::Layout;
+use forte_core::{
     check_name_free, landing, CustodySettings, Delivery, DeliveryReport, Landing, SecondCopy,
 };
-use crate::failures::Failures;
-use crate::layout::Layout;
-use crate::record::Catalog;
-use crate::schedule::Policy;
-use crate::settings::{
+use forte_daemon::failures::Failures;
+use forte_daemon::record::Catalog;
+use forte_daemon::retry::Retry;
+use forte_daemon::schedule::Policy;
+use forte_daemon::settings::{
     self, Config, CoreFlags, CoreSettings, RelayFlags, ScheduleFlags, WorkerFlags,
 };
-use crate::signals;
-use crate::tasks::Point;
-use crate::transfer::retry::Retry;
-use crate::units::{human, mb_per_s};
+use forte_daemon::signals;
+use forte_daemon::tasks::Point;
+use forte_daemon::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,7 +61,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     quarantine: Option<PathBuf>,
     /// Concurrent downloads from the relay.
-    #[arg(long, default_value_t = 4, value_parser = crate::units::parse_threads)]
+    #[arg(long, default_value_t = 4, value_parser = forte_daemon::units::parse_threads)]
     connections: usize,
     /// The core's key that signs a custody receipt for every delivered batch (receipt.key from
     /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].
@@ -92,7 +92,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if receipt_key.is_none() {
         eprintln!("warning: no receipt key (--receipt-key keys/receipt.key): batches are delivered and acknowledged, but no edge deletes a source without the core's signed receipt");
     }
-    let gap_after = crate::units::parse_duration(&args.gap_alert_after)
+    let gap_after = forte_daemon::units::parse_duration(&args.gap_alert_after)
         .map_err(|e| anyhow::anyhow!("--gap-alert-after: {e}"))?;
     core.restore.existing = Existing::KeepIdentical;
     core.restore.readers = args.connections.max(1);
@@ -104,7 +104,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         role: Role::Core,
         command: args.daemon.on_failure.clone(),
     };
-    let _usage = crate::record::sample_usage(catalog, Role::Core);
+    let _usage = forte_daemon::record::sample_usage(catalog, Role::Core);
     let client = link.connect()?;
     let credentials = settings::s3(config);
     let to = args.to.to_string_lossy().into_owned();
@@ -179,7 +179,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     if let Some(http) = settings::http(&args.daemon.http, config, None)? {
         // The core counts progress in files, not parts: the part size is the default one.
         let part_size = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
-        crate::monitor::serve(http, Role::Core, catalog, (part_size, order))?;
+        forte_daemon::monitor::serve(http, Role::Core, catalog, (part_size, order))?;
     }
     // A puller killed after the relay took a batch's acknowledgement but before recording it
     // left files `delivered` that the relay no longer lists: ask the relay again.
@@ -228,13 +228,13 @@ impl Puller<'_> {
     fn pull(&self, batch: Vec<ReadyObject>) -> Option<DeliveryReport> {
         let trusted = self.core.trusted.current();
         let restore = self.restore(&trusted);
-        let report = crate::monitor::while_running(
+        let report = forte_daemon::monitor::while_running(
             Role::Core,
             &restore.pipeline,
             || {},
             || self.delivery.pull_batch(&restore, batch),
         )?;
-        crate::monitor::batch_done(Role::Core, report.outcome());
+        forte_daemon::monitor::batch_done(Role::Core, report.outcome());
         if !self.json {
             print_report(&report);
         }
@@ -298,7 +298,7 @@ impl Puller<'_> {
                         pause = busy_poll;
                         let trusted = self.core.trusted.current();
                         let restore = self.restore(&trusted);
-                        let fetched = crate::monitor::while_running(
+                        let fetched = forte_daemon::monitor::while_running(
                             Role::Core,
                             &restore.pipeline,
                             || {},

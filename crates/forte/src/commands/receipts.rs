@@ -9,8 +9,8 @@ use forte_catalog::format_utc;
 use forte_format::Receipt;
 use serde::Serialize;
 
-use crate::record::Catalog;
-use crate::settings::{self, Config};
+use forte_daemon::record::Catalog;
+use forte_daemon::settings::{self, Config};
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -5,9 +5,9 @@ use anyhow::Result;
 use forte_relay::server::store::Location;
 use forte_relay::server::{run as serve, RelayConfig};
 
-use crate::settings::{self, Config, HttpFlags};
+use forte_daemon::settings::{self, Config, HttpFlags};
 
-use crate::units::parse_duration;
+use forte_daemon::units::parse_duration;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -39,7 +39,7 @@ pub struct Args {
     /// Most bytes one site may hold at the relay; uploads beyond get 507 until the core pulls
     /// (413 at once if nothing held is waiting for the core, so no pull can free space). A
     /// part is charged from its declared length before a byte of it is read.
-    #[arg(long, value_parser = crate::units::parse_nonzero_size, value_name = "SIZE")]
+    #[arg(long, value_parser = forte_daemon::units::parse_nonzero_size, value_name = "SIZE")]
     quota_per_site: Option<u64>,
     /// Delete uploads never sealed and unchanged for this long (abandoned by their edge);
     /// `off` keeps them forever.
@@ -59,23 +59,23 @@ pub struct Args {
     shutdown_grace: std::time::Duration,
     /// Connections open at once; one more is closed as soon as it is accepted. The default
     /// holds under a limit of 1 024 descriptors (ulimit -n): keep it some 250 below it.
-    #[arg(long, default_value_t = 768, value_name = "N", value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 768, value_name = "N", value_parser = forte_daemon::units::parse_count)]
     max_connections: usize,
     /// Connections open at once from one address (raise it for sites behind one NAT).
-    #[arg(long, default_value_t = 64, value_name = "N", value_parser = crate::units::parse_count)]
+    #[arg(long, default_value_t = 64, value_name = "N", value_parser = forte_daemon::units::parse_count)]
     max_connections_per_address: usize,
     /// How long a TLS handshake may take.
-    #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "10s")]
+    #[arg(long, value_parser = forte_daemon::units::parse_period, value_name = "DURATION", default_value = "10s")]
     handshake_timeout: std::time::Duration,
     /// How long a connection may wait to send a request's headers (its first, or its next
     /// on a kept-alive connection) before it is closed.
-    #[arg(long, value_parser = crate::units::parse_period, value_name = "DURATION", default_value = "30s")]
+    #[arg(long, value_parser = forte_daemon::units::parse_period, value_name = "DURATION", default_value = "30s")]
     idle_timeout: std::time::Duration,
     /// Memory that request bodies held whole (seals, inventories, acknowledgements: JSON
     /// while it is parsed) may take, all requests together, taken as their bytes arrive; one
     /// token's at most 400 MiB. A body that finds no room waits up to 30 s, then is told to
     /// retry (503). Part bodies are written to disk as they arrive and take none of it.
-    #[arg(long, value_parser = crate::units::parse_nonzero_size, value_name = "SIZE", default_value = "512MiB")]
+    #[arg(long, value_parser = forte_daemon::units::parse_nonzero_size, value_name = "SIZE", default_value = "512MiB")]
     body_memory: u64,
     #[command(flatten)]
     http: HttpFlags,
@@ -106,7 +106,7 @@ fn parse_expiry(text: &str) -> Result<Expiry, String> {
     if text == "off" {
         return Ok(Expiry(None));
     }
-    crate::units::parse_period(text).map(|d| Expiry(Some(d)))
+    forte_daemon::units::parse_period(text).map(|d| Expiry(Some(d)))
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {

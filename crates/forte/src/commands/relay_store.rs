@@ -6,9 +6,9 @@ use anyhow::Result;
 use forte_relay::server::store::{Location, Store};
 
 use super::Output;
-use crate::settings::{self, Config};
-use crate::units::human;
 use forte_catalog::format_utc;
+use forte_daemon::settings::{self, Config};
+use forte_daemon::units::human;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -9,9 +9,9 @@ use forte_report::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_a
 use forte_report::kpi::{self, BatchKpi, LinkUse, NodeLatency, RunKpi};
 use serde::Serialize;
 
-use crate::record::{self, Catalog};
-use crate::transfer::tune::PROBE;
-use crate::units::{human, parse_rate};
+use forte_daemon::record::{self, Catalog};
+use forte_daemon::units::{human, parse_rate};
+use forte_edge::tuner::climb::PROBE;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Format {

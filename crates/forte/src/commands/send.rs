@@ -11,16 +11,16 @@ use forte_catalog::{BatchState, Role};
 use serde::Serialize;
 
 use super::{Daemon, Output};
-use crate::edge::{
+use forte_daemon::failures::Failures;
+use forte_daemon::record::Catalog;
+use forte_daemon::retry::Retry;
+use forte_daemon::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
+use forte_daemon::signals;
+use forte_daemon::tasks::Point;
+use forte_daemon::units::{human, mb_per_s};
+use forte_edge::{
     ready_batches, Batch, Edge, EdgeSetup, Inbox, InboxLock, SendReport, READY_MARKER,
 };
-use crate::failures::Failures;
-use crate::record::Catalog;
-use crate::settings::{self, Config, Connections, EdgeFlags, RelayFlags, ScheduleFlags};
-use crate::signals;
-use crate::tasks::Point;
-use crate::transfer::retry::Retry;
-use crate::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -101,7 +101,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     edge_settings.prepare.sink = uploads;
     let policy = settings::policy(&args.schedule, config)?;
     let order = policy.eta_order();
-    let _usage = crate::record::sample_usage(catalog, Role::Edge);
+    let _usage = forte_daemon::record::sample_usage(catalog, Role::Edge);
     let pacer =
         settings::upload_pacer(args.bwlimit.as_deref(), args.target_rate.as_deref(), config)?;
     let http = settings::http(&args.daemon.http, config, None)?;
@@ -110,7 +110,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         .uploading(edge_settings.prepare.sink.max(), pacer);
     if http.is_some() {
         // The dashboard follows each upload as it goes, for its rate and ETA.
-        client = client.telling_sent(Arc::new(crate::monitor::part_sending_bytes));
+        client = client.telling_sent(Arc::new(forte_daemon::monitor::part_sending_bytes));
     }
     let receipts = settings::receipt_pub(&args.receipt_pub, config)?;
     if args.delete_after_ack && receipts.is_none() {
@@ -142,7 +142,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     }
     if let Some(http) = http {
         let part_size = edge_settings.prepare.part_size;
-        crate::monitor::serve(http, Role::Edge, catalog, (part_size, order))?;
+        forte_daemon::monitor::serve(http, Role::Edge, catalog, (part_size, order))?;
     }
     let pass = Pass {
         edge: &edge,

@@ -6,8 +6,8 @@ use forte_catalog::{
 };
 use serde::Serialize;
 
-use crate::units::human;
 use forte_catalog::format_utc;
+use forte_daemon::units::human;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -9,9 +9,9 @@ use forte_restore::{Delivered, Existing};
 use serde::Serialize;
 
 use super::Output;
-use crate::archive;
-use crate::settings::{self, Config, CoreFlags};
-use crate::units::{human, mb_per_s};
+use forte_core::unpack::unpack;
+use forte_daemon::settings::{self, Config, CoreFlags};
+use forte_daemon::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,7 +45,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         core.restore.existing = Existing::Overwrite;
     }
     let started = Instant::now();
-    let (delivered, pipeline) = archive::unpack(&args.dir, &args.to, core, args.output.quiet)?;
+    let (delivered, pipeline) = unpack(&args.dir, &args.to, core, args.output.quiet)?;
     let seconds = started.elapsed().as_secs_f64();
     if !delivered.inventory {
         eprintln!(

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use forte_report::chart::{tradeoff_svg, write_svg_and_png, TradeoffPoint};
 
-use crate::units::{parse_rate, parse_size};
+use forte_daemon::units::{parse_rate, parse_size};
 
 #[derive(clap::Args)]
 pub struct CompressBench {

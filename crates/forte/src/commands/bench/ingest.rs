@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use forte_ingest::{Codec, FileOptions, IngestOptions, Schema};
 
 use super::ingest_contenders::{self as bench, Run};
-use crate::units::{parse_duration, parse_rate};
+use forte_daemon::units::{parse_duration, parse_rate};
 
 #[derive(clap::Args)]
 pub struct IngestBench {
@@ -26,10 +26,10 @@ pub struct IngestBench {
     #[arg(long, default_value_t = 32)]
     columns: usize,
     /// Codec of the throughput and stream runs.
-    #[arg(long, default_value = "zstd", value_parser = crate::settings::parse_codec)]
+    #[arg(long, default_value = "zstd", value_parser = forte_daemon::settings::parse_codec)]
     codec: Codec,
     /// Codecs whose compression ratio is compared with and without BYTE_STREAM_SPLIT.
-    #[arg(long, value_delimiter = ',', default_value = "zstd:1,zstd:3,lz4,snappy", value_parser = crate::settings::parse_codec)]
+    #[arg(long, value_delimiter = ',', default_value = "zstd:1,zstd:3,lz4,snappy", value_parser = forte_daemon::settings::parse_codec)]
     ratio_codecs: Vec<Codec>,
     /// Rows per row group.
     #[arg(long, default_value_t = 65_536)]

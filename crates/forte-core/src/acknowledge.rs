@@ -8,7 +8,7 @@ use forte_catalog::{BatchState, FileRecord, Role};
 use forte_format::ObjectId;
 
 use super::Delivery;
-use crate::record::note;
+use forte_daemon::record::note;
 
 impl Delivery<'_> {
     /// Acknowledges again, at the relay, the batches this core's catalogue has delivered but

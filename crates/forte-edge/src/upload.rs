@@ -11,8 +11,8 @@ use forte_relay::api::{ObjectState, PartRef};
 use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 
-use super::retry::{Operation, Retry};
-use crate::record::note;
+use forte_daemon::record::note;
+use forte_daemon::retry::{Operation, Retry};
 
 pub struct UploadSink<'a> {
     pub client: &'a RelayClient,
@@ -57,7 +57,7 @@ impl UploadSink<'_> {
         part: Option<u32>,
         op: impl FnOnce() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        crate::record::attempt(self.catalog, task, &self.batch(id), id, part, op)
+        forte_daemon::record::attempt(self.catalog, task, &self.batch(id), id, part, op)
     }
 
     /// A request about object `id` (`what`), retried and each attempt recorded; a refusal
@@ -88,7 +88,7 @@ impl UploadSink<'_> {
         };
         let object = id.to_string();
         self.count(id, sealed.len());
-        crate::monitor::part_sent(id, index);
+        forte_daemon::monitor::part_sent(id, index);
         note(
             "an uploaded part",
             self.catalog.part_state(
@@ -130,14 +130,14 @@ impl UploadSink<'_> {
 
 impl Sink for UploadSink<'_> {
     fn prepared(&self, id: ObjectId, index: u32, raw_len: u64, sealed_len: u64) {
-        crate::monitor::part_prepared(&self.batch(id), id, index, raw_len, sealed_len);
+        forte_daemon::monitor::part_prepared(&self.batch(id), id, index, raw_len, sealed_len);
     }
 
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(index)), || {
-            crate::monitor::part_sending(id, index);
+            forte_daemon::monitor::part_sending(id, index);
             self.client.put_part(id, index, sealed, sha256)
         })?;
         self.record_uploaded(id, index, sealed, sha256);
@@ -156,7 +156,7 @@ impl Sink for UploadSink<'_> {
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
         (self.on_sending)(id, sha256);
         self.request(&what, (Task::Upload, id, Some(0)), || {
-            crate::monitor::part_sending(id, 0);
+            forte_daemon::monitor::part_sending(id, 0);
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
         })?;

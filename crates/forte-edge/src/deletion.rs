@@ -12,9 +12,9 @@ use forte_prepare::{discover, SourceFile};
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
 use super::{batch_id, object_id, Edge};
-use crate::record::note;
-use crate::transfer::retry::Operation;
-use crate::units::human;
+use forte_daemon::record::note;
+use forte_daemon::retry::Operation;
+use forte_daemon::units::human;
 
 impl Edge<'_> {
     /// Whether a ready batch has anything to send: it was never sent, its last send failed, or

@@ -18,13 +18,13 @@ use super::Delivery;
 /// What the core needs for custody: whose keys may sign for which site, the key receipts are
 /// signed with, and how long a sequence gap may stay open before it is alerted on.
 pub struct CustodySettings<'a> {
-    pub trusted: &'a crate::settings::TrustedKeys,
+    pub trusted: &'a forte_daemon::settings::TrustedKeys,
     pub receipt_key: Option<&'a forte_format::ReceiptKey>,
     pub gap_after: Duration,
     /// Where delivered batches are kept, as receipts name it (`--to`).
     pub destination: String,
     /// Where gap alerts go besides standard error.
-    pub failures: crate::failures::Failures,
+    pub failures: forte_daemon::failures::Failures,
     /// Gaps alerted on already, each once (site, first and last missing number).
     pub(super) alerted: Mutex<HashSet<(String, i64, i64)>>,
     /// When the delivered instances may next be read for gaps: a watching puller looks after
@@ -62,10 +62,10 @@ impl Looks {
 
 impl<'a> CustodySettings<'a> {
     pub fn new(
-        trusted: &'a crate::settings::TrustedKeys,
+        trusted: &'a forte_daemon::settings::TrustedKeys,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
         gap_after: Duration,
-        (destination, failures): (String, crate::failures::Failures),
+        (destination, failures): (String, forte_daemon::failures::Failures),
     ) -> Self {
         Self {
             trusted,

@@ -1,4 +1,4 @@
-//! `--connections auto`: the tuner ([`crate::transfer::tune`]) run beside a send pass. It
+//! `--connections auto`: the tuner ([`crate::tuner::climb`]) run beside a send pass. It
 //! picks the starting point (this relay's history for the queue's size cluster and the hour,
 //! else FStream's heuristic from a measured round trip), turns the uploads in flight every
 //! [`PROBE`] or more, and says so: a log line per change with its reason, the gauges
@@ -7,6 +7,8 @@
 //! history for the next run as soon as it is found: a daemon's pass lasts as long as the
 //! daemon, which may end with SIGKILL or a power cut, and a pass's end was the only time
 //! history was written.
+
+pub mod climb;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -17,11 +19,9 @@ use forte_pipeline::Gate;
 use forte_prepare::Prepare;
 use forte_relay::client::RelayClient;
 
-use crate::record::{node, note, Catalog};
-use crate::transfer::retry::retries_so_far;
-use crate::transfer::tune::{
-    starting_point, Climb, Sample, GUESSED_LINK, LONGEST_INTERVAL, MIN_REQUESTS, PROBE,
-};
+use climb::{starting_point, Climb, Sample, GUESSED_LINK, LONGEST_INTERVAL, MIN_REQUESTS, PROBE};
+use forte_daemon::record::{node, note, Catalog};
+use forte_daemon::retry::retries_so_far;
 
 /// Requests smaller than this on average make a queue of small files (bundles and small
 /// objects); larger, of large ones. The two want very different settings.
@@ -218,7 +218,7 @@ fn nearest_hour<'a>(
 
 /// The hour of the day in local time, as the history is kept.
 fn local_hour() -> u32 {
-    crate::settings::local_minute_of_week() % (24 * 60) / 60
+    forte_daemon::settings::local_minute_of_week() % (24 * 60) / 60
 }
 
 #[cfg(test)]

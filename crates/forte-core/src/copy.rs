@@ -9,7 +9,7 @@ use forte_restore::{replicate, Placed};
 
 use forte_bucket::{Bucket, Credentials};
 
-use crate::s3::BucketCopy;
+use crate::bucket_writer::BucketCopy;
 
 pub enum SecondCopy {
     Dir(PathBuf),

@@ -31,13 +31,30 @@ pub use flags::{
     WorkerFlags,
 };
 
-use crate::delivery::Worker;
 use crate::schedule::{Policy, PolicyName};
-use crate::transfer::tune::MAX_UPLOADS;
 use crate::units::{parse_bwlimit, parse_duration, parse_rate, MOST_THREADS};
 
 /// The most parts a prepare pass may hold in flight (each up to a part's size in memory).
 const MOST_PARTS_IN_FLIGHT: usize = 4096;
+
+/// Which core worker this is, and how long its claims last without a renewal.
+#[derive(Debug, Clone)]
+pub struct Worker {
+    pub name: String,
+    pub lease: Duration,
+}
+
+impl Worker {
+    /// `HOST:PID`: unique among the workers of a catalogue, and telling a worker on this
+    /// machine whether the holder of a batch is still running.
+    pub fn default_name() -> String {
+        format!("{}:{}", forte_usage::host_name(), std::process::id())
+    }
+}
+
+/// The most uploads in flight a send may have, set or tuned (each holds a connection and up
+/// to a part's bytes).
+pub const MAX_UPLOADS: usize = 64;
 
 /// The edge's: the keys that seal objects and how they are prepared.
 pub struct EdgeSettings {
@@ -556,7 +573,7 @@ pub fn upload_pacer(
 }
 
 /// The local time as minutes since Monday 00:00, the clock a bandwidth timetable is read by.
-pub(crate) fn local_minute_of_week() -> u32 {
+pub fn local_minute_of_week() -> u32 {
     // SAFETY: time with a null pointer only returns the time.
     let now = unsafe { libc::time(std::ptr::null_mut()) };
     let mut tm = std::mem::MaybeUninit::<libc::tm>::zeroed();

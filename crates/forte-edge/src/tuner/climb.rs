@@ -29,7 +29,7 @@ pub const LONGEST_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Bounds of the uploads in flight under `--connections auto`.
 pub const MIN_UPLOADS: usize = 2;
-pub const MAX_UPLOADS: usize = 64;
+pub use forte_daemon::settings::MAX_UPLOADS;
 
 /// The link rate assumed for the starting point when no run to this relay has measured one:
 /// more than the site links forte is built for, so the first guess errs towards enough

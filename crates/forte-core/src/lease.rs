@@ -13,21 +13,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use forte_catalog::{BatchKey, Claim, Heartbeat, Holder, Lease, Leases};
-
-/// Which core worker this is, and how long its claims last without a renewal.
-#[derive(Debug, Clone)]
-pub struct Worker {
-    pub name: String,
-    pub lease: Duration,
-}
-
-impl Worker {
-    /// `HOST:PID`: unique among the workers of a catalogue, and telling a worker on this
-    /// machine whether the holder of a batch is still running.
-    pub fn default_name() -> String {
-        format!("{}:{}", forte_usage::host_name(), std::process::id())
-    }
-}
+use forte_daemon::settings::Worker;
 
 /// A batch this worker holds: its lease, renewed in the background until dropped. Dropping it
 /// releases the lease, so that another worker may take the batch at once, unless the batch was

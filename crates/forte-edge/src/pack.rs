@@ -1,21 +1,19 @@
-//! Archives: a tree packed into a directory of sealed objects with a signed inventory, and
-//! restored from one, all or nothing. The offline path that `pack`, `unpack` and `demo` share;
-//! the network path streams the same objects through the relay instead.
+//! `pack`: a tree packed into a directory of sealed objects with a signed inventory, offline.
+//! The network path (`send`) streams the same objects through the relay instead; `unpack`
+//! (forte-core) restores such a directory.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use forte_daemon::progress::prepare_with_progress;
+use forte_daemon::settings::EdgeSettings;
+use forte_daemon::units::{mb_per_s, ratio};
 use forte_format::{Inventory, Kind, ObjectId};
 use forte_pipeline::Reading;
 use forte_prepare::{bundle_small, discover, DirSink, FileOutcome, Prepare, PrepareJob};
-use forte_restore::{Delivered, DirSource, Restore};
 use serde::Serialize;
-
-use crate::progress::{prepare_with_progress, with_progress};
-use crate::settings::{CoreSettings, EdgeSettings};
-use crate::units::{human, mb_per_s, ratio};
 
 /// What a pack did; `pack --json` prints it.
 #[derive(Serialize)]
@@ -169,51 +167,4 @@ fn refuse_output_inside_source(src: &Path, to: &Path) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Restores the archive `dir` into `to`, all or nothing, with the pipeline's reading.
-pub fn unpack(
-    dir: &Path,
-    to: &Path,
-    core: CoreSettings,
-    quiet: bool,
-) -> Result<(Delivered, Reading)> {
-    let trusted = core.trusted.current();
-    let restore = Restore::new(core.restore, &core.identities, &trusted);
-    let total = dir_size(dir);
-    let delivered = with_progress(
-        total,
-        quiet,
-        || {
-            let t = &restore.totals;
-            (
-                t.sealed_bytes.load(Ordering::Relaxed),
-                format!("restored {}", human(t.raw_bytes.load(Ordering::Relaxed))),
-            )
-        },
-        || {
-            restore.run(
-                &DirSource {
-                    root: dir.to_path_buf(),
-                },
-                to,
-                &|m| Ok(m.path.clone()),
-            )
-        },
-    )?;
-    Ok((delivered, restore.pipeline.reading()))
-}
-
-/// Bytes under `dir`, one level of object directories deep: the progress bar's total.
-fn dir_size(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter_map(|e| std::fs::read_dir(e.path()).ok())
-        .flat_map(|files| files.flatten())
-        .filter_map(|f| f.metadata().ok())
-        .map(|m| m.len())
-        .sum()
 }

@@ -8,7 +8,7 @@ use forte_catalog::{BatchKey, BatchState};
 use forte_prepare::SourceFile;
 
 use super::Edge;
-use crate::tasks::{self, Point, Subject, SubjectFile};
+use forte_daemon::tasks::{self, Point, Subject, SubjectFile};
 
 impl Edge<'_> {
     /// Runs the edge tasks on the batch `name` in `dir` (its files `files`), unless an earlier

@@ -16,10 +16,10 @@ use super::copy::clear_scratch;
 use super::custody::{Instance, Replayed};
 use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
-use crate::record::note;
-use crate::tasks::{Point, Refusal};
-use crate::transfer::download::RelaySource;
-use crate::transfer::retry::Operation;
+use crate::download::RelaySource;
+use forte_daemon::record::note;
+use forte_daemon::retry::Operation;
+use forte_daemon::tasks::{Point, Refusal};
 
 /// One sealed batch being delivered: its key, where the relay keeps it, what it is.
 struct Sealed<'o> {

@@ -6,8 +6,8 @@ use forte_relay::api::ReadyObject;
 use forte_relay::client::RelayClient;
 use forte_restore::{ObjectRef, ObjectSource, PartError};
 
-use super::retry::{Operation, Retry};
-use crate::record::{attempt, Catalog};
+use forte_daemon::record::{attempt, Catalog};
+use forte_daemon::retry::{Operation, Retry};
 
 pub struct RelaySource<'a> {
     pub client: &'a RelayClient,

@@ -23,8 +23,8 @@ use super::deletion::drop_emptied_dirs;
 use super::inbox::{arrival_us, Batch, READY_MARKER};
 use super::seal::seal_beside;
 use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
-use crate::transfer::retry::Operation;
-use crate::transfer::upload::{at_relay, AtRelay};
+use crate::upload::{at_relay, AtRelay};
+use forte_daemon::retry::Operation;
 
 /// What the relay already has of the batches' files, and what this catalogue knows of a
 /// batch's files from earlier runs, so that what a re-run learns is recorded once.
@@ -311,7 +311,7 @@ impl Edge<'_> {
         }
         let sending: HashSet<ObjectId> = jobs.iter().map(|(job, _)| job.id).collect();
         probed.retain(|object| sending.contains(&object.id));
-        crate::monitor::batch_probed(&batch_key, &probed);
+        forte_daemon::monitor::batch_probed(&batch_key, &probed);
         let ready = batch.dir.join(READY_MARKER);
         let priority = self.setup.policy.priority_of(&batch.name, Some(&ready));
         self.in_flight.lock().insert(batch_key, flight);

@@ -21,7 +21,7 @@ use forte_catalog::TaskOutcome;
 
 use super::destination::WhereItGoes;
 use super::landed::Landed;
-use crate::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
+use forte_daemon::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
 
 /// Where batches land and are quarantined, and the tasks that decide between promotion and
 /// quarantine.
@@ -150,7 +150,7 @@ impl Landing {
         batch: (&forte_catalog::BatchKey, &str, &str),
         dir: &Path,
         placed: &[Placed],
-        catalog: &crate::record::Catalog,
+        catalog: &forte_daemon::record::Catalog,
     ) -> Vec<Refusal> {
         let run = self.tasks.at(at);
         if run.is_empty() {

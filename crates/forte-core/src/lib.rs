@@ -11,18 +11,22 @@
 
 mod acknowledge;
 mod ahead;
+mod bucket_writer;
 mod copy;
 mod custody;
 mod deliver;
 mod destination;
+mod download;
 mod landed;
 pub mod landing;
+pub mod layout;
 mod lease;
+pub mod unpack;
 
 pub use copy::SecondCopy;
 pub use custody::CustodySettings;
 pub use landing::Landing;
-pub use lease::{check_name_free, Worker};
+pub use lease::check_name_free;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -36,9 +40,10 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::layout::Layout;
-use crate::record::Catalog;
-use crate::schedule::{Policy, Waiting};
-use crate::transfer::retry::{Operation, Retry};
+use forte_daemon::record::Catalog;
+use forte_daemon::retry::{Operation, Retry};
+use forte_daemon::schedule::{Policy, Waiting};
+use forte_daemon::settings::Worker;
 
 use ahead::Ahead;
 
@@ -202,7 +207,7 @@ impl<'a> Delivery<'a> {
         let until = Instant::now() + wait;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() || crate::signals::stop_requested() {
+            if left.is_zero() || forte_daemon::signals::stop_requested() {
                 return true;
             }
             // A second at most each time, so a stop asked for meanwhile is seen within one;
@@ -261,7 +266,7 @@ impl<'a> Delivery<'a> {
         ordered.retain(|objects| self.backoff.due(&batch_key_of(objects), now));
         let bytes = ordered.iter().map(|b| sealed_bytes(b)).sum();
         let files = ordered.iter().map(Vec::len).sum();
-        crate::monitor::queue(Role::Core, ordered.len(), files, bytes);
+        forte_daemon::monitor::queue(Role::Core, ordered.len(), files, bytes);
         Ok(ordered)
     }
 }

@@ -13,8 +13,10 @@ mod asked;
 mod checks;
 mod deletion;
 pub mod inbox;
+pub mod pack;
 mod seal;
-mod tuning;
+pub mod tuner;
+mod upload;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::Receiver;
@@ -30,11 +32,11 @@ use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::failures::Failures;
-use crate::record::{note, Catalog};
-use crate::schedule::{BatchQueue, Policy};
-use crate::settings::EdgeSettings;
-use crate::transfer::retry::Retry;
+use forte_daemon::failures::Failures;
+use forte_daemon::record::{note, Catalog};
+use forte_daemon::retry::Retry;
+use forte_daemon::schedule::{BatchQueue, Policy};
+use forte_daemon::settings::EdgeSettings;
 
 use asked::Asked;
 pub use inbox::{ready_batches, Batch, Inbox, InboxLock, READY_MARKER};
@@ -178,7 +180,7 @@ impl InFlight {
 pub struct EdgeSetup<'a> {
     pub client: &'a RelayClient,
     /// This edge's site, signed into every inventory.
-    pub site: crate::settings::EdgeSite,
+    pub site: forte_daemon::settings::EdgeSite,
     /// The core keys whose custody receipts allow deleting sources (`--receipt-pub`); without
     /// them nothing is deleted.
     pub receipts: Option<forte_format::TrustedCores>,
@@ -194,7 +196,7 @@ pub struct EdgeSetup<'a> {
     /// prepare settings' sink gate; otherwise they stay at its limit.
     pub tune: bool,
     /// The site's tasks that check a batch before it is prepared (`at = "edge"`).
-    pub tasks: crate::tasks::Tasks,
+    pub tasks: forte_daemon::tasks::Tasks,
 }
 
 /// What every batch of a `send` run shares: the relay, the queue and the batches in flight.

@@ -11,12 +11,12 @@ use forte_format::{Instance, Inventory, InventoryEntry, Manifest, ObjectId};
 use forte_prepare::{FileOutcome, Prepare};
 
 use super::asked::HeldBefore;
-use super::tuning::Tuning;
 use super::{EarlySeal, Edge, InFlight};
-use crate::progress::prepare_with_progress;
-use crate::record::note;
-use crate::transfer::retry::Operation;
-use crate::transfer::upload::UploadSink;
+use crate::tuner::Tuning;
+use crate::upload::UploadSink;
+use forte_daemon::progress::prepare_with_progress;
+use forte_daemon::record::note;
+use forte_daemon::retry::Operation;
 
 /// How long the relay may wait for a batch's last objects when it is sealed beside them: a
 /// link that takes longer has the batch sealed again once they are all there.
@@ -253,8 +253,8 @@ impl Edge<'_> {
         } else {
             BatchState::Failed
         };
-        crate::monitor::batch_done(Role::Edge, state);
-        crate::monitor::batch_ended(batch_key);
+        forte_daemon::monitor::batch_done(Role::Edge, state);
+        forte_daemon::monitor::batch_ended(batch_key);
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
         let totals = (report.files as u64, bytes);
@@ -325,8 +325,8 @@ impl Edge<'_> {
                     .values()
                     .flat_map(|f| f.pending_bytes.values())
                     .sum();
-                crate::monitor::queue(Role::Edge, flights.len(), files, bytes);
-                crate::monitor::zstd_level(prepare.totals.level.load(Ordering::Relaxed));
+                forte_daemon::monitor::queue(Role::Edge, flights.len(), files, bytes);
+                forte_daemon::monitor::zstd_level(prepare.totals.level.load(Ordering::Relaxed));
             };
             let tuning = self.setup.tune.then(|| Tuning {
                 client: self.setup.client,
@@ -341,11 +341,16 @@ impl Edge<'_> {
                 if let Some(tuning) = &tuning {
                     tuner.spawn(move || tuning.run(tuning_stopped));
                 }
-                crate::monitor::while_running(Role::Edge, &prepare.pipeline, publish, || {
-                    prepare_with_progress(&prepare, files, bytes, quiet, || {
-                        prepare.run_from(self, &sink)
-                    })
-                });
+                forte_daemon::monitor::while_running(
+                    Role::Edge,
+                    &prepare.pipeline,
+                    publish,
+                    || {
+                        prepare_with_progress(&prepare, files, bytes, quiet, || {
+                            prepare.run_from(self, &sink)
+                        })
+                    },
+                );
                 drop(stop_tuning);
             });
             self.abandon_unfinished();

@@ -26,7 +26,7 @@ use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
 
-use crate::transfer::retry::Operation;
+use crate::retry::Operation;
 
 /// Starts `role`'s daemon's dashboard, JSON API and metrics on `addr` (a thread of its own),
 /// reading `catalog` through a handle of its own, with every metric family described and every

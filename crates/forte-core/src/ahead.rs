@@ -15,9 +15,9 @@ use parking_lot::Mutex;
 use super::lease::Held;
 use super::DOWNLOAD_RETRY;
 use super::{batch_key_of, Delivery};
+use crate::download::RelaySource;
 use crate::layout::Fields;
-use crate::record::note;
-use crate::transfer::download::RelaySource;
+use forte_daemon::record::note;
 
 /// A batch fetched ahead of its seal: objects verified and staged, nothing visible yet.
 pub(super) struct Ahead {
