@@ -1,0 +1,227 @@
+//! The ETAs of a node's running batches: its rate, and the bytes that leave it before each
+//! batch is done, in the order it serves them. At the edge those are sealed bytes (`sealed`:
+//! what a batch's bytes not prepared yet will seal to; `link`: how the uploads share the link).
+
+mod link;
+mod sealed;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use forte_catalog::{BatchState, Role};
+use parking_lot::Mutex;
+
+use super::Batch;
+use crate::live::WireView;
+use link::{sealed_before, Uploads};
+use sealed::unprepared_sealed;
+
+/// How far running batches have come, as this server saw them lately: their rates and ETAs.
+///
+/// A node works its running batches through one pipeline whose uploads (or downloads) leave in
+/// the order their parts were prepared, which its queue policy decides file by file ([`Order`]),
+/// so a batch is done when the bytes left of it, and of the batches served before it, have gone
+/// at the node's rate: its ETA is that sum over the node's rate (the slope, over the last
+/// [`RATE_WINDOW_US`], of its running batches' done bytes plus the bytes of every batch that
+/// ended done: read from the catalogue at each look, so that batches that came and went between
+/// two looks count). Each batch's own rate is the slope of its
+/// done bytes over that window from the last moment it had not moved yet (its stage starts
+/// when its first file is read, which may be long before its bytes go out). Until a slope can
+/// be told (a server just started) the rate is the mean over the stage so far and the ETA the
+/// batch's own rest at it.
+pub struct Progress {
+    /// Raw bytes per part at the edge: an upload's progress is counted in parts.
+    pub part_size: u64,
+    /// The order the node serves its running batches in.
+    pub order: Order,
+    seen: Mutex<Seen>,
+}
+
+/// The order in which a node's running batches get its link, as its queue policy decides: the
+/// batches "ahead" of one in its ETA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Smallest remaining bytes first (`sjf`, `sjf-aging`: the default policy).
+    LeastRemaining,
+    /// In the order they began (`fifo`, and the policies that mix sizes).
+    AsBegun,
+}
+
+#[derive(Default)]
+struct Seen {
+    /// Each running batch's done bytes over time.
+    batches: HashMap<String, Series>,
+    /// Per role: its done total (running batches' done bytes, and the bytes of every batch
+    /// that ended done) over time.
+    nodes: HashMap<Role, NodeTotal>,
+    /// The last ETA worked out per running batch, and when (for answers about one batch).
+    etas: HashMap<String, (i64, f64)>,
+}
+
+#[derive(Default)]
+struct NodeTotal {
+    /// What the done total lost when batches failed after they had moved.
+    failed: i64,
+    /// The done total last seen, with `failed`.
+    last: i64,
+    series: Series,
+}
+
+/// Per role: the bytes of the batches that ended with their work done, however long ago. A
+/// node's done total is these and its running batches' done bytes, so a batch that began and
+/// ended between two looks counts too.
+pub(super) type EndedBytes = HashMap<Role, i64>;
+
+/// A quantity that only grows, sampled over time; its slope over the last window.
+#[derive(Default)]
+struct Series(VecDeque<(i64, i64)>);
+
+impl Series {
+    /// Notes `value` at `at`, a moment after the last look known from elsewhere.
+    fn note(&mut self, at: i64, value: i64) {
+        if self.0.back().is_none_or(|(t, _)| *t < at) {
+            self.0.push_back((at, value));
+        }
+    }
+
+    /// Notes `value` at `now`; the slope per second over the window, from the last moment the
+    /// value had not moved from where the window begins, if it spans long enough to tell.
+    fn observe(&mut self, now: i64, value: i64) -> Option<f64> {
+        let samples = &mut self.0;
+        if samples.back().is_some_and(|(t, _)| *t >= now) {
+            samples.pop_back();
+        }
+        samples.push_back((now, value));
+        // Keep one sample older than the window, so that the window is spanned whole.
+        while samples.len() > 2 && samples[1].0 <= now - RATE_WINDOW_US {
+            samples.pop_front();
+        }
+        let first = samples.front()?.1;
+        let (t0, v0) = samples
+            .iter()
+            .take_while(|(_, v)| *v == first)
+            .last()
+            .copied()?;
+        (now - t0 >= RATE_MIN_SPAN_US && value > v0)
+            .then(|| (value - v0) as f64 / ((now - t0) as f64 / 1e6))
+    }
+}
+
+/// How far back a running batch's rate looks.
+pub const RATE_WINDOW_US: i64 = 30_000_000;
+/// The shortest span a windowed rate is taken over.
+const RATE_MIN_SPAN_US: i64 = 2_000_000;
+/// How long an ETA worked out over all running batches stands for answers about one.
+const ETA_FRESH_US: i64 = 10_000_000;
+
+impl Progress {
+    pub fn new(part_size: u64, order: Order) -> Self {
+        Self {
+            part_size,
+            order,
+            seen: Mutex::default(),
+        }
+    }
+
+    /// Notes that the running batch `key` had `done` bytes at `now`; its rate over the window,
+    /// if one can be told yet.
+    pub(super) fn windowed_rate(&self, key: &str, now: i64, done: i64) -> Option<f64> {
+        let mut seen = self.seen.lock();
+        seen.batches
+            .entry(key.to_owned())
+            .or_default()
+            .observe(now, done)
+    }
+
+    /// The ETA last worked out for the running batch `key`, counted down to `now`.
+    pub(super) fn recent_eta(&self, key: &str, now: i64) -> Option<f64> {
+        let seen = self.seen.lock();
+        let (at, eta) = *seen.etas.get(key)?;
+        (now - at <= ETA_FRESH_US).then(|| (eta - (now - at) as f64 / 1e6).max(0.0))
+    }
+
+    /// Works out the ETAs of every running batch (`in_flight`: all of them, of every role) at
+    /// `now` from its node's rate and the batches ahead of it; forgets batches that ended.
+    /// With the edge's `wire` (its daemon's), the edge's work is counted in sealed bytes.
+    pub(super) fn queue_etas(
+        &self,
+        in_flight: &mut [Batch],
+        ended: &EndedBytes,
+        wire: Option<&WireView>,
+        now: i64,
+    ) {
+        let mut seen = self.seen.lock();
+        let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
+        seen.batches.retain(|key, _| running.contains(key));
+        seen.etas.clear();
+        // What each edge batch has still to prepare, queued ones too, and all of it: parts
+        // that will join the uploads as slots free up.
+        let unprepared: HashMap<String, f64> = wire.map_or_else(HashMap::new, |wire| {
+            let edge = in_flight.iter().filter(|b| b.role == Role::Edge);
+            edge.map(|b| (b.key.clone(), unprepared_sealed(b, wire)))
+                .collect()
+        });
+        let to_prepare: f64 = unprepared.values().sum();
+        for role in [Role::Edge, Role::Core] {
+            let mut mine: Vec<&mut Batch> = in_flight
+                .iter_mut()
+                .filter(|b| b.role == role && b.state != BatchState::Queued)
+                .collect();
+            let node = seen.nodes.entry(role).or_default();
+            let wire = wire.filter(|_| role == Role::Edge);
+            let total = match wire {
+                Some(wire) => wire.sent as i64,
+                None => {
+                    ended.get(&role).copied().unwrap_or(0)
+                        + mine.iter().map(|b| b.done_bytes).sum::<i64>()
+                }
+            };
+            // A batch that failed takes its done bytes out of the sum; the sum is kept from
+            // shrinking (so a failure costs at most an underestimated rate for a window).
+            node.failed = node.failed.max(node.last - total);
+            node.last = total + node.failed;
+            if let Some((at, sent)) = wire.and_then(|w| w.resumed) {
+                node.series.note(at, sent as i64);
+            }
+            let Some(rate) = node.series.observe(now, node.last) else {
+                continue;
+            };
+            // Their parts leave in the order the policy serves the batches.
+            match self.order {
+                Order::LeastRemaining => {
+                    mine.sort_by_key(|b| (b.bytes - b.done_bytes, b.started_us))
+                }
+                Order::AsBegun => mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
+            }
+            // What leaves before each batch is done: in raw bytes, what is left of it and of
+            // the batches served before it; at the edge, in sealed bytes (`sealed_before`).
+            let edge = wire.map(|wire| (wire, Uploads::of(wire)));
+            let mut ahead = 0.0;
+            let mut etas = vec![];
+            for b in mine {
+                let before_done = match &edge {
+                    Some((wire, uploads)) => {
+                        let own = unprepared.get(&b.key).copied().unwrap_or(0.0);
+                        ahead += own;
+                        let prepared_none =
+                            wire.batches.get(&b.key).is_none_or(|w| w.prepared_raw == 0);
+                        sealed_before(
+                            &b.key,
+                            uploads,
+                            (own > 0.0 || prepared_none, ahead, to_prepare),
+                        )
+                    }
+                    None => {
+                        ahead += (b.bytes - b.done_bytes).max(0) as f64;
+                        ahead
+                    }
+                };
+                let eta = before_done / rate;
+                b.eta_s = Some(eta);
+                etas.push((b.key.clone(), (now, eta)));
+            }
+            seen.etas.extend(etas);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Files, stages, failures, parts, events and usage as the API shows them; one batch whole and
+//! one file's lineage over every catalogue.
+
+use std::collections::HashMap;
+
+use anyhow::Result;
+use forte_catalog::{
+    BatchKey, Catalog, Event, Failure, FileRow, FileState, PartRow, Stage, UsageRow,
+};
+use serde::Serialize;
+
+use super::{Batch, Progress};
+
+/// A file as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct File {
+    pub object_id: String,
+    pub batch_key: String,
+    pub path: String,
+    pub size: i64,
+    pub state: FileState,
+    pub sha256: Option<String>,
+    pub delivered_to: Option<String>,
+    pub carrier: Option<String>,
+    pub updated_us: i64,
+    /// Its parts done on its node so far (uploaded at the edge, verified at the core); counted
+    /// in a batch's files only.
+    pub parts_done: i64,
+}
+
+impl From<FileRow> for File {
+    fn from(f: FileRow) -> Self {
+        Self {
+            object_id: f.object_id,
+            batch_key: f.batch_key.to_string(),
+            path: f.path,
+            size: f.size,
+            state: f.state,
+            sha256: f.raw_sha256,
+            delivered_to: f.delivered_to,
+            carrier: f.carrier,
+            updated_us: f.updated_at,
+            parts_done: 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StageSpan {
+    pub stage: Stage,
+    pub started_us: i64,
+    pub ended_us: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FailureView {
+    pub at_us: i64,
+    pub task: String,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub error: String,
+}
+
+impl From<Failure> for FailureView {
+    fn from(f: Failure) -> Self {
+        Self {
+            at_us: f.at,
+            task: f.task,
+            batch_key: f.batch_key.to_string(),
+            object_id: f.object_id,
+            part: f.part,
+            error: f.error,
+        }
+    }
+}
+
+/// A batch's files, each with its parts done.
+fn files_with_progress(catalog: &Catalog, key: &BatchKey) -> Result<Vec<File>> {
+    let done: HashMap<String, i64> = catalog
+        .progress(key)?
+        .into_iter()
+        .map(|p| (p.object_id, p.parts_done))
+        .collect();
+    let files = catalog.files(key)?.into_iter().map(File::from);
+    Ok(files
+        .map(|f| File {
+            parts_done: done.get(&f.object_id).copied().unwrap_or(0),
+            ..f
+        })
+        .collect())
+}
+
+/// One batch, whole: `GET /api/v1/batches/{key}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchDetail {
+    pub batch: Batch,
+    pub stages: Vec<StageSpan>,
+    pub files: Vec<File>,
+    pub failures: Vec<FailureView>,
+}
+
+impl BatchDetail {
+    pub fn read(catalog: &Catalog, key: &BatchKey, progress: &Progress) -> Result<Option<Self>> {
+        let Some(row) = catalog.batch(key)? else {
+            return Ok(None);
+        };
+        let stages = catalog.stages(key)?;
+        let batch = Batch::with_stages(catalog, row, &stages, progress, forte_catalog::now_us())?;
+        Ok(Some(Self {
+            batch,
+            stages: stages
+                .into_iter()
+                .map(|s| StageSpan {
+                    stage: s.stage,
+                    started_us: s.started_at,
+                    ended_us: s.ended_at,
+                })
+                .collect(),
+            files: files_with_progress(catalog, key)?,
+            failures: catalog
+                .failures(Some(key), 100)?
+                .into_iter()
+                .map(FailureView::from)
+                .collect(),
+        }))
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartView {
+    pub index: i64,
+    pub state: forte_catalog::PartState,
+    pub raw_sha256: Option<String>,
+    pub ciphertext_sha256: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct EventView {
+    pub at_us: i64,
+    pub batch_key: String,
+    pub object_id: Option<String>,
+    pub part: Option<i64>,
+    pub state: String,
+    pub detail: Option<String>,
+}
+
+impl From<Event> for EventView {
+    fn from(e: Event) -> Self {
+        Self {
+            at_us: e.at,
+            batch_key: e.batch_key.to_string(),
+            object_id: e.object_id,
+            part: e.part,
+            state: e.state,
+            detail: e.detail,
+        }
+    }
+}
+
+impl From<PartRow> for PartView {
+    fn from(p: PartRow) -> Self {
+        Self {
+            index: p.index,
+            state: p.state,
+            raw_sha256: p.raw_sha256,
+            ciphertext_sha256: p.ciphertext_sha256,
+        }
+    }
+}
+
+/// A file's lineage over every catalogue: `GET /api/v1/files/{object_id}`.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Lineage {
+    pub files: Vec<File>,
+    pub parts: Vec<PartView>,
+    pub events: Vec<EventView>,
+    /// The name of each batch the rows and events name, by batch key (keys are opaque ids).
+    pub batch_names: std::collections::BTreeMap<String, String>,
+}
+
+impl Lineage {
+    pub fn read(catalogs: &[Catalog], object_id: &str) -> Result<Self> {
+        let mut lineage = Self::default();
+        for catalog in catalogs {
+            let rows = catalog.files_of_object(object_id)?;
+            lineage.files.extend(rows.into_iter().map(File::from));
+            lineage
+                .parts
+                .extend(catalog.parts(object_id)?.into_iter().map(PartView::from));
+            lineage
+                .events
+                .extend(catalog.lineage(object_id)?.into_iter().map(EventView::from));
+        }
+        lineage.events.sort_by_key(|e| e.at_us);
+        let keys: std::collections::BTreeSet<&String> = lineage
+            .files
+            .iter()
+            .map(|f| &f.batch_key)
+            .chain(lineage.events.iter().map(|e| &e.batch_key))
+            .collect();
+        for key in keys {
+            let parsed = BatchKey::parse(key);
+            for catalog in catalogs {
+                if let Some(row) = catalog.batch(&parsed)?.filter(|r| !r.name.is_empty()) {
+                    lineage.batch_names.insert(key.clone(), row.name);
+                    break;
+                }
+            }
+        }
+        Ok(lineage)
+    }
+
+    /// The batch `key`'s name, where a catalogue knows it, else the key.
+    pub fn batch_name<'a>(&'a self, key: &'a str) -> &'a str {
+        self.batch_names.get(key).map_or(key, String::as_str)
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageView {
+    pub node: String,
+    pub at_us: i64,
+    pub seconds: f64,
+    pub cpu_percent: f64,
+    pub memory_used: i64,
+    pub own_cpu_percent: f64,
+    pub own_memory: i64,
+    pub disk_read_bps: f64,
+    pub disk_write_bps: f64,
+    pub net_rx_bps: f64,
+    pub net_tx_bps: f64,
+}
+
+impl From<UsageRow> for UsageView {
+    fn from(u: UsageRow) -> Self {
+        Self {
+            node: u.node,
+            at_us: u.at,
+            seconds: u.seconds,
+            cpu_percent: u.cpu_percent,
+            memory_used: u.memory_used,
+            own_cpu_percent: u.own_cpu_percent,
+            own_memory: u.own_memory,
+            disk_read_bps: u.disk_read_bps,
+            disk_write_bps: u.disk_write_bps,
+            net_rx_bps: u.net_rx_bps,
+            net_tx_bps: u.net_tx_bps,
+        }
+    }
+}
