@@ -1,7 +1,9 @@
 //! What needs a look: batches stalled or held back, and the stage that holds back its pipeline.
 
+use forte_catalog::BatchState;
 use serde::Serialize;
 
+use super::{Batch, HOUR_US};
 use crate::live::StageView;
 
 /// Something that needs a look.
@@ -23,7 +25,36 @@ pub enum AlertLevel {
 pub const FILL_CRITICAL: f64 = 0.85;
 pub const FILL_WARNING: f64 = 0.6;
 /// A running batch that has not changed for this long is stalled.
-pub(super) const STALLED_US: i64 = 5 * 60 * 1_000_000;
+const STALLED_US: i64 = 5 * 60 * 1_000_000;
+
+/// A warning if the running `batch`, idle for `idle` µs, is stalled; a queued one waits its
+/// turn.
+pub(super) fn stalled(batch: &Batch, idle: i64) -> Option<Alert> {
+    (batch.state != BatchState::Queued && idle > STALLED_US).then(|| Alert {
+        level: AlertLevel::Warning,
+        text: format!(
+            "batch {} ({}) has not moved for {} minutes",
+            batch.name,
+            batch.role,
+            idle / 60_000_000
+        ),
+    })
+}
+
+/// A critical alert if the batch `b` failed or was quarantined within the hour before `now`.
+pub(super) fn held_back(b: &Batch, now: i64) -> Option<Alert> {
+    let held_back = matches!(b.state, BatchState::Failed | BatchState::Quarantined);
+    (held_back && now - b.updated_us < HOUR_US).then(|| Alert {
+        level: AlertLevel::Critical,
+        text: format!(
+            "batch {} ({}) {}: {}",
+            b.name,
+            b.role,
+            b.state,
+            b.error.as_deref().unwrap_or("see its failures")
+        ),
+    })
+}
 
 /// The stage that holds back its pipeline, if any. Back-pressure fills every queue upstream of
 /// the slowest stage, so it is the last stage (in pipeline order) whose queue is nearly full. A

@@ -2,13 +2,13 @@
 //! alerts and totals, over every catalogue.
 
 use anyhow::Result;
-use forte_catalog::{BatchState, Catalog};
+use forte_catalog::{BatchRow, BatchState, Catalog};
 use serde::Serialize;
 
-use super::alerts::{bottleneck, STALLED_US};
+use super::alerts::{bottleneck, held_back, stalled};
 use super::batch::finished;
 use super::eta::EndedBytes;
-use super::{running, Alert, AlertLevel, Batch, FailureView, Progress, HOUR_US};
+use super::{running, Alert, Batch, FailureView, Progress};
 use crate::live::{QueueView, StageView, WireView};
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -43,86 +43,21 @@ impl Overview {
         progress: &Progress,
     ) -> Result<Self> {
         let now = forte_catalog::now_us();
-        let mut in_flight = vec![];
-        let mut recent = vec![];
-        let mut failures = vec![];
-        let mut totals = Totals::default();
-        let mut alerts = vec![];
-        let mut newest_rows = vec![];
-        let mut ended = EndedBytes::new();
+        let mut look = Look::default();
         for catalog in catalogs {
-            let rows = catalog.batches()?;
-            totals.batches += rows.len();
-            for row in &rows {
-                if finished(row.state) {
-                    *ended.entry(row.role).or_default() += row.bytes.max(0);
-                }
-                totals.delivered += usize::from(row.state == BatchState::Delivered);
-                totals.sent += usize::from(matches!(
-                    row.state,
-                    BatchState::Sent | BatchState::SourceDeleted | BatchState::SourceKept
-                ));
-                totals.failed += usize::from(matches!(
-                    row.state,
-                    BatchState::Failed | BatchState::Quarantined
-                ));
-                totals.bytes += row.bytes.max(0);
-            }
-            let mut newest = rows.clone();
-            newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
-            newest.truncate(20);
-            newest_rows.push((catalog, newest));
-            for row in rows.into_iter().filter(|r| running(r.state)) {
-                let last_moved = catalog.last_event(&row.batch_key)?;
-                let batch = Batch::of(catalog, row, progress, now)?;
-                let idle = now - last_moved.unwrap_or(batch.updated_us);
-                if batch.state != BatchState::Queued && idle > STALLED_US {
-                    alerts.push(Alert {
-                        level: AlertLevel::Warning,
-                        text: format!(
-                            "batch {} ({}) has not moved for {} minutes",
-                            batch.name,
-                            batch.role,
-                            idle / 60_000_000
-                        ),
-                    });
-                }
-                in_flight.push(batch);
-            }
-            failures.extend(
-                catalog
-                    .failures(None, 10)?
-                    .into_iter()
-                    .map(FailureView::from),
-            );
+            look.read(catalog, progress, now)?;
         }
+        let Look {
+            totals,
+            ended,
+            newest,
+            mut in_flight,
+            stalled: mut alerts,
+            mut failures,
+        } = look;
         progress.queue_etas(&mut in_flight, &ended, wire.as_ref(), now);
-        // A running batch among the newest is the one just read, with its ETA; the others are
-        // read now.
-        for (catalog, rows) in newest_rows {
-            for row in rows {
-                let key = row.batch_key.to_string();
-                match in_flight.iter().find(|b| b.key == key) {
-                    Some(batch) => recent.push(batch.clone()),
-                    None => recent.push(Batch::of(catalog, row, progress, now)?),
-                }
-            }
-        }
-        for b in &recent {
-            let held_back = matches!(b.state, BatchState::Failed | BatchState::Quarantined);
-            if held_back && now - b.updated_us < HOUR_US {
-                alerts.push(Alert {
-                    level: AlertLevel::Critical,
-                    text: format!(
-                        "batch {} ({}) {}: {}",
-                        b.name,
-                        b.role,
-                        b.state,
-                        b.error.as_deref().unwrap_or("see its failures")
-                    ),
-                });
-            }
-        }
+        let mut recent = recent(newest, &in_flight, progress, now)?;
+        alerts.extend(recent.iter().filter_map(|b| held_back(b, now)));
         alerts.extend(bottleneck(&stages));
         // Those under way first, in the order they began; then the queued, as they arrived.
         in_flight.sort_by_key(|b| (b.state == BatchState::Queued, b.started_us, b.arrived_us));
@@ -141,4 +76,97 @@ impl Overview {
             totals,
         })
     }
+}
+
+impl Totals {
+    /// Counts the batch `row` in.
+    fn count(&mut self, row: &BatchRow) {
+        self.delivered += usize::from(row.state == BatchState::Delivered);
+        self.sent += usize::from(matches!(
+            row.state,
+            BatchState::Sent | BatchState::SourceDeleted | BatchState::SourceKept
+        ));
+        self.failed += usize::from(matches!(
+            row.state,
+            BatchState::Failed | BatchState::Quarantined
+        ));
+        self.bytes += row.bytes.max(0);
+    }
+}
+
+/// What one look over the catalogues gathers before the running batches' ETAs can be worked
+/// out: those take every catalogue's running batches at once.
+#[derive(Default)]
+struct Look<'c> {
+    totals: Totals,
+    ended: EndedBytes,
+    newest: Vec<NewestRows<'c>>,
+    /// The running batches, each read at the look.
+    in_flight: Vec<Batch>,
+    /// Of those, the ones that have not moved for a while.
+    stalled: Vec<Alert>,
+    failures: Vec<FailureView>,
+}
+
+/// A catalogue's most lately changed batch rows, read as batches once the ETAs are known.
+struct NewestRows<'c> {
+    catalog: &'c Catalog,
+    rows: Vec<BatchRow>,
+}
+
+impl<'c> Look<'c> {
+    /// Adds `catalog`'s batches at `now`: its totals, its running batches, its newest rows and
+    /// its newest failures.
+    fn read(&mut self, catalog: &'c Catalog, progress: &Progress, now: i64) -> Result<()> {
+        let rows = catalog.batches()?;
+        self.totals.batches += rows.len();
+        for row in &rows {
+            if finished(row.state) {
+                *self.ended.entry(row.role).or_default() += row.bytes.max(0);
+            }
+            self.totals.count(row);
+        }
+        let mut newest = rows.clone();
+        newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
+        newest.truncate(20);
+        self.newest.push(NewestRows {
+            catalog,
+            rows: newest,
+        });
+        for row in rows.into_iter().filter(|r| running(r.state)) {
+            let last_moved = catalog.last_event(&row.batch_key)?;
+            let batch = Batch::of(catalog, row, progress, now)?;
+            let idle = now - last_moved.unwrap_or(batch.updated_us);
+            self.stalled.extend(stalled(&batch, idle));
+            self.in_flight.push(batch);
+        }
+        self.failures.extend(
+            catalog
+                .failures(None, 10)?
+                .into_iter()
+                .map(FailureView::from),
+        );
+        Ok(())
+    }
+}
+
+/// The `newest` rows of every catalogue as batches: a running one is the one just read, with
+/// its ETA; the others are read now.
+fn recent(
+    newest: Vec<NewestRows>,
+    in_flight: &[Batch],
+    progress: &Progress,
+    now: i64,
+) -> Result<Vec<Batch>> {
+    let mut recent = vec![];
+    for NewestRows { catalog, rows } in newest {
+        for row in rows {
+            let key = row.batch_key.to_string();
+            match in_flight.iter().find(|b| b.key == key) {
+                Some(batch) => recent.push(batch.clone()),
+                None => recent.push(Batch::of(catalog, row, progress, now)?),
+            }
+        }
+    }
+    Ok(recent)
 }
