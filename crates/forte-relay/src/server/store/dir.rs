@@ -9,6 +9,12 @@ use std::time::UNIX_EPOCH;
 use super::backend::{Backend, Entry, Reader};
 use super::{Result, StoreError};
 
+/// A body written to a temporary file, and where it is to go.
+struct Written {
+    tmp: PathBuf,
+    target: PathBuf,
+}
+
 pub struct DirBackend {
     root: PathBuf,
     group_sync: forte_fs::GroupSync,
@@ -37,7 +43,7 @@ impl DirBackend {
     }
 
     /// Writes `bytes` to a fresh temporary file next to where `key` goes.
-    fn write_tmp(&self, key: &str, bytes: &[u8], what: &str) -> Result<(PathBuf, PathBuf)> {
+    fn write_tmp(&self, key: &str, bytes: &[u8], what: &str) -> Result<Written> {
         let (tmp_dir, target) = (self.tmp_dir(key), self.path(key));
         let dir = target
             .parent()
@@ -53,7 +59,7 @@ impl DirBackend {
             let _ = std::fs::remove_file(&tmp);
             return Err(StoreError::io(what, &tmp, e));
         }
-        Ok((tmp, target))
+        Ok(Written { tmp, target })
     }
 
     /// Removes the temporary directories a stopped relay left.
@@ -89,7 +95,7 @@ fn walk(dir: &Path, key: &str, out: &mut Vec<Entry>) {
 
 impl Backend for DirBackend {
     fn put(&self, key: &str, bytes: &[u8], what: &str) -> Result<()> {
-        let (tmp, target) = self.write_tmp(key, bytes, what)?;
+        let Written { tmp, target } = self.write_tmp(key, bytes, what)?;
         std::fs::rename(&tmp, &target).map_err(|e| StoreError::io(what, &target, e))?;
         // One flush of the file system covers the data and both directory entries, shared
         // with every other upload waiting at the same moment.
@@ -116,7 +122,7 @@ impl Backend for DirBackend {
     }
 
     fn put_new(&self, key: &str, bytes: &[u8], what: &str) -> Result<bool> {
-        let (tmp, target) = self.write_tmp(key, bytes, what)?;
+        let Written { tmp, target } = self.write_tmp(key, bytes, what)?;
         // A link, unlike a rename, fails when the name is taken.
         let linked = std::fs::hard_link(&tmp, &target);
         let _ = std::fs::remove_file(&tmp);

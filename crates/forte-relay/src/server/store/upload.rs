@@ -13,9 +13,9 @@ use std::path::PathBuf;
 use forte_format::ObjectId;
 use sha2::{Digest, Sha256};
 
-use super::{
-    part_key, part_record, record_key, ObjectState, PartRef, Result, Store, StoreError, Stored,
-};
+use super::keys::{part_key, part_record, record_key};
+use super::{Result, Store, StoreError, Stored};
+use crate::api::{ObjectState, PartRef};
 
 /// Bytes a site has been charged for an upload not kept yet: given back when dropped unkept.
 struct Charge<'s> {
@@ -34,7 +34,7 @@ impl Charge<'_> {
 impl Drop for Charge<'_> {
     fn drop(&mut self) {
         if self.bytes != 0 {
-            self.store.add_usage(&self.site, -self.bytes);
+            self.store.quota.add(&self.site, -self.bytes);
         }
     }
 }
@@ -51,6 +51,12 @@ impl Drop for Spooled {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// A part the relay holds, as its record says, and whether the part's bytes hash to it.
+struct HeldPart {
+    part: PartRef,
+    intact: bool,
 }
 
 /// One part being received; see the module's documentation.
@@ -97,7 +103,7 @@ impl Store {
                 if self.charge(site, difference).is_err() {
                     return Err(full);
                 }
-                self.add_usage(site, -difference);
+                self.quota.add(site, -difference);
                 None
             }
             Err(e) => return Err(e),
@@ -160,7 +166,7 @@ impl Store {
         id: ObjectId,
         index: u32,
         what: &str,
-    ) -> Result<Option<(PartRef, bool)>> {
+    ) -> Result<Option<HeldPart>> {
         let Some(part) = self.recorded(site, id, index, what)? else {
             return Ok(None);
         };
@@ -178,7 +184,21 @@ impl Store {
             }
         }
         let intact = length == part.length && hex::encode(hasher.finalize()) == part.sha256;
-        Ok(Some((part, intact)))
+        Ok(Some(HeldPart { part, intact }))
+    }
+
+    /// After a part was written: if the object was delivered (its tombstone written before,
+    /// or meanwhile by another relay on the same bucket, whose deletion may have run before
+    /// the part was written), what was written goes and the upload is refused.
+    fn refuse_if_delivered(&self, site: &str, id: ObjectId, what: &str) -> Result<()> {
+        if self.is_acked(site, id)? {
+            self.remove_object(site, id, what)?;
+            return Err(StoreError::Held(
+                ObjectState::Delivered,
+                format!("object {id} was already delivered"),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -205,9 +225,14 @@ impl<'s> PartUpload<'s> {
         Ok(())
     }
 
-    /// The site the part is for, and its object.
-    pub fn object(&self) -> (&str, ObjectId) {
-        (&self.site, self.id)
+    /// The site the part is for.
+    pub fn site(&self) -> &str {
+        &self.site
+    }
+
+    /// The object the part is of.
+    pub fn id(&self) -> ObjectId {
+        self.id
     }
 
     /// The part as the seal lists it once kept.
@@ -222,7 +247,7 @@ impl<'s> PartUpload<'s> {
     /// Keeps the part, if complete and as the edge said, holding the object's lock.
     pub fn finish(self) -> Result<Stored> {
         let (store, site, id) = (self.store, self.site.clone(), self.id);
-        store.lock_object(&site, id).hold(|| self.finish_held())
+        store.object_locks.of(&site, id).hold(|| self.finish_held())
     }
 
     /// [`PartUpload::finish`], the object's lock held: its record written create-only (which
@@ -266,7 +291,7 @@ impl<'s> PartUpload<'s> {
     fn finish_again(self, what: &str) -> Result<Stored> {
         let (store, site, id, index) = (self.store, self.site.as_str(), self.id, self.index);
         let previous = store.held_part(site, id, index, what)?;
-        if let Some((p, intact)) = &previous {
+        if let Some(HeldPart { part: p, intact }) = &previous {
             // A crash between rename and flush can leave a record whose part is not what it
             // says: trust a held part only after hashing it again (this happens on retries).
             if p.sha256 == self.sha256 && p.length == self.declared && *intact {
@@ -285,7 +310,8 @@ impl<'s> PartUpload<'s> {
         }
         // A part that replaces a held one (a torn part, or new bytes) counts only the
         // difference, in the check as in the charge.
-        let bytes = self.declared as i64 - previous.as_ref().map_or(0, |(p, _)| p.length as i64);
+        let bytes =
+            self.declared as i64 - previous.as_ref().map_or(0, |held| held.part.length as i64);
         store.charge(site, bytes)?;
         let charge = Charge {
             store,
