@@ -26,17 +26,18 @@
 
 //!
 //! The modules: `vocabulary` (roles, states, stages, tasks, batch keys as types), `schema`
-//! (the migrations), `writes` (what callers record), `writer` (the thread that commits it),
-//! `reads` (rows back), `claims` (core workers' leases on batches, read and written at once,
-//! not through the writer).
+//! (the migrations), `recording` (what callers record, queued), `writer_thread` (the thread
+//! that commits it, and the statements each record is written with), `reads` (rows back),
+//! `claims` (core workers' leases on batches, read and written at once, not through the
+//! writer thread).
 
 mod claims;
 mod custody;
 mod reads;
+mod recording;
 mod schema;
 mod vocabulary;
-mod writer;
-mod writes;
+mod writer_thread;
 
 use std::path::Path;
 use std::sync::mpsc::SyncSender;
@@ -53,10 +54,10 @@ pub use reads::{
     BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
     TaskRunRow, TunedRow, TuningSample, UsageRow,
 };
+pub use recording::{Attempt, BatchRecord, FileRecord, PartHashes, TaskRun, UsageRecorder};
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task, TaskOutcome};
-pub use writes::{Attempt, BatchRecord, FileRecord, PartHashes, TaskRun, UsageRecorder};
 
-use writer::{Msg, Record};
+use writer_thread::{Msg, Record};
 
 /// Microseconds since the Unix epoch: the catalogue's clock.
 pub fn now_us() -> i64 {
@@ -163,12 +164,12 @@ impl Catalog {
             last_at: Default::default(),
         };
         catalog.migrate()?;
-        let (queue, inbox) = std::sync::mpsc::sync_channel(writer::QUEUE_CAPACITY);
+        let (queue, inbox) = std::sync::mpsc::sync_channel(writer_thread::QUEUE_CAPACITY);
         let (runtime, pool) = (catalog.runtime.clone(), catalog.pool.clone());
         let url = catalog.url.clone();
         let thread = std::thread::Builder::new()
             .name("forte-catalog".into())
-            .spawn(move || writer::writer(runtime, pool, url, inbox))
+            .spawn(move || writer_thread::run(runtime, pool, url, inbox))
             .context("starting the catalogue writer")?;
         catalog.writer = Some((queue, thread));
         Ok(catalog)

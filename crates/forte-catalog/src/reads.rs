@@ -185,9 +185,16 @@ struct FilterColumns {
     updated: &'static str,
 }
 
+/// A `WHERE` clause (empty when nothing is filtered) and the values of its numbered
+/// placeholders, from 1.
+struct WhereClause {
+    sql: String,
+    values: Vec<FilterValue>,
+}
+
 impl Filter {
     /// The WHERE clause and its values (numbered placeholders, from 1).
-    fn clause(&self, columns: &FilterColumns) -> (String, Vec<FilterValue>) {
+    fn clause(&self, columns: &FilterColumns) -> WhereClause {
         let mut terms: Vec<String> = vec![];
         let mut values = vec![];
         let mut term = |sql: &str, value: Option<FilterValue>| {
@@ -225,17 +232,20 @@ impl Filter {
         if let Some(until) = self.until {
             term(&updated_until, Some(FilterValue::Int(until)));
         }
-        let clause = if terms.is_empty() {
+        let sql = if terms.is_empty() {
             String::new()
         } else {
             format!(" WHERE {}", terms.join(" AND "))
         };
-        (clause, values)
+        WhereClause { sql, values }
     }
 
     /// The query `select` with this filter, newest change first.
     fn query<'q>(&self, select: &str, columns: &FilterColumns, sql: &'q mut String) -> Query<'q> {
-        let (clause, values) = self.clause(columns);
+        let WhereClause {
+            sql: clause,
+            values,
+        } = self.clause(columns);
         let limit = self.limit.unwrap_or(i64::MAX).max(0);
         *sql = format!(
             "{select}{clause} ORDER BY {} DESC LIMIT {limit}",

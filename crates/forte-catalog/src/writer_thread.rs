@@ -1,6 +1,8 @@
 //! The writer thread: records queued by any thread are committed in batches, one transaction
-//! for whatever accumulated, and held and retried while the database is unavailable.
+//! for whatever accumulated, and held and retried while the database is unavailable. Here too
+//! the statements each record is written with.
 
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 
@@ -152,14 +154,18 @@ async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<
     // core's bytes are what went over the wire, which its file rows do not say: there
     // only the callers' figures count. Either way a total is never lowered, so a run
     // that saw part of a batch cannot shrink it.
-    let (rows_files, rows_bytes) = totals_from_files(conn, &stored_key).await?;
+    let from_files = totals_from_files(conn, &stored_key).await?;
+    let (rows_files, rows_bytes) = (from_files.files, from_files.bytes);
     let rows_bytes = if b.key.role() == Role::Edge {
         rows_bytes
     } else {
         0
     };
     let Some(current) = current else {
-        let totals = (b.files.max(rows_files), b.bytes.max(rows_bytes));
+        let totals = Totals {
+            files: b.files.max(rows_files),
+            bytes: b.bytes.max(rows_bytes),
+        };
         return insert_batch(conn, b, &stored_key, totals).await;
     };
     let (was, was_files, was_bytes, was_at): (String, i64, i64, i64) = (
@@ -201,9 +207,15 @@ async fn apply_batch(conn: &mut AnyConnection, b: &BatchChange) -> sqlx::Result<
     Ok(())
 }
 
+/// A batch's totals: its files and their bytes.
+struct Totals {
+    files: i64,
+    bytes: i64,
+}
+
 /// How many distinct paths the batch's file rows hold, and their bytes at each path's
 /// largest recorded size.
-async fn totals_from_files(conn: &mut AnyConnection, stored_key: &str) -> sqlx::Result<(i64, i64)> {
+async fn totals_from_files(conn: &mut AnyConnection, stored_key: &str) -> sqlx::Result<Totals> {
     let from_files = sqlx::query(
         "SELECT COUNT(*), CAST(COALESCE(SUM(s), 0) AS BIGINT)
          FROM (SELECT path, MAX(size) AS s FROM files WHERE batch_key = $1 GROUP BY path) t",
@@ -211,16 +223,19 @@ async fn totals_from_files(conn: &mut AnyConnection, stored_key: &str) -> sqlx::
     .bind(stored_key)
     .fetch_one(&mut *conn)
     .await?;
-    Ok((from_files.try_get(0)?, from_files.try_get(1)?))
+    Ok(Totals {
+        files: from_files.try_get(0)?,
+        bytes: from_files.try_get(1)?,
+    })
 }
 
-/// Creates the row of a batch seen for the first time, with `(files, bytes)` as its totals,
-/// and records its state as an event.
+/// Creates the row of a batch seen for the first time, with `totals`, and records its state as
+/// an event.
 async fn insert_batch(
     conn: &mut AnyConnection,
     b: &BatchChange,
     stored_key: &str,
-    (files, bytes): (i64, i64),
+    totals: Totals,
 ) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO batches (batch_key, role, site, name, state, files, bytes, created_at, updated_at)
@@ -231,8 +246,8 @@ async fn insert_batch(
     .bind(b.key.site())
     .bind(&b.name)
     .bind(b.state.as_str())
-    .bind(files)
-    .bind(bytes)
+    .bind(totals.files)
+    .bind(totals.bytes)
     .bind(b.arrived.map_or(b.at, |arrived| arrived.min(b.at)))
     .bind(b.at)
     .execute(&mut *conn)
@@ -285,6 +300,17 @@ impl Placeholders {
         let cells: Vec<String> = (0..width).map(|_| self.next()).collect();
         format!("({})", cells.join(", "))
     }
+
+    /// `count` of [`Placeholders::tuple`] with `width` placeholders each, numbered on from 1: a
+    /// statement's `VALUES` list.
+    fn values(numbered: bool, count: usize, width: usize) -> String {
+        let mut p = Placeholders::new(numbered);
+        vec![(); count]
+            .iter()
+            .map(|()| p.tuple(width))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// File changes written together: each statement binds this many rows at most (9 values each,
@@ -296,17 +322,48 @@ const FILES_PER_STATEMENT: usize = 500;
 /// their events inserted together. At 10 000 small files a batch, one statement per change
 /// took half the sender's CPU.
 async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx::Result<()> {
-    use std::collections::HashMap;
-    type Key = (String, String); // stored batch key, object id
-    let key = |f: &FileChange| (f.batch.to_string(), f.object_id.clone());
     let numbered = Placeholders::numbered(conn);
+    let current = current_file_states(conn, changes, numbered).await?;
+    let writes = merge_file_changes(changes, current);
+    if writes.rows.is_empty() {
+        return Ok(());
+    }
+    upsert_file_rows(conn, &writes.rows, numbered).await?;
+    if writes.events.is_empty() {
+        return Ok(());
+    }
+    insert_file_events(conn, &writes.events, numbered).await
+}
 
-    // The current states, read per batch key (almost always one).
-    let mut current: HashMap<Key, Option<String>> = HashMap::new();
+/// A file's row: its stored batch key and its object id.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct FileKey {
+    batch_key: String,
+    object_id: String,
+}
+
+impl FileKey {
+    fn of(f: &FileChange) -> Self {
+        Self {
+            batch_key: f.batch.to_string(),
+            object_id: f.object_id.clone(),
+        }
+    }
+}
+
+/// The current state of each file `changes` are about (`None`: no row yet), read per batch key
+/// (almost always one).
+async fn current_file_states(
+    conn: &mut AnyConnection,
+    changes: &[&FileChange],
+    numbered: bool,
+) -> sqlx::Result<HashMap<FileKey, Option<String>>> {
+    let mut current: HashMap<FileKey, Option<String>> = HashMap::new();
     let mut by_batch: HashMap<String, Vec<&str>> = HashMap::new();
     for f in changes {
-        let (batch, object) = key(f);
-        if current.insert((batch.clone(), object), None).is_none() {
+        let key = FileKey::of(f);
+        let batch = key.batch_key.clone();
+        if current.insert(key, None).is_none() {
             by_batch.entry(batch).or_default().push(&f.object_id);
         }
     }
@@ -323,26 +380,47 @@ async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx:
         }
         for row in query.fetch_all(&mut *conn).await? {
             let (object, state): (String, String) = (row.try_get(0)?, row.try_get(1)?);
-            current.insert((batch.clone(), object), Some(state));
+            let key = FileKey {
+                batch_key: batch.clone(),
+                object_id: object,
+            };
+            current.insert(key, Some(state));
         }
     }
+    Ok(current)
+}
 
+/// A file's row as all its changes in one statement leave it: the first change's path and
+/// size, the last one's state and time, and the last known hash, destination and carrier.
+struct MergedRow<'a> {
+    first: &'a FileChange,
+    last: &'a FileChange,
+    raw_sha256: Option<&'a str>,
+    delivered_to: Option<&'a str>,
+    carrier: Option<&'a str>,
+}
+
+/// What a run of file changes writes: one row per file, and the changes that go into the
+/// files' lineages.
+struct FileWrites<'a> {
+    rows: Vec<MergedRow<'a>>,
+    events: Vec<&'a FileChange>,
+}
+
+/// Folds `changes` in order over the files' `current` states into the rows and events to
+/// write.
+fn merge_file_changes<'a>(
+    changes: &[&'a FileChange],
+    mut current: HashMap<FileKey, Option<String>>,
+) -> FileWrites<'a> {
     // A state that would move the file backwards (a re-run discovering a file the core
     // already acknowledged, a failed attempt after a delivery) is not recorded, neither on
-    // the row nor in its lineage. The row keeps the first change's path and
-    // size, the last one's state and time, and the last known hash, destination and carrier.
-    struct Row<'a> {
-        first: &'a FileChange,
-        last: &'a FileChange,
-        raw_sha256: Option<&'a str>,
-        delivered_to: Option<&'a str>,
-        carrier: Option<&'a str>,
-    }
-    let mut rows: Vec<Row> = Vec::new();
-    let mut row_of: HashMap<Key, usize> = HashMap::new();
+    // the row nor in its lineage.
+    let mut rows: Vec<MergedRow> = Vec::new();
+    let mut row_of: HashMap<FileKey, usize> = HashMap::new();
     let mut events: Vec<&FileChange> = Vec::new();
     for &f in changes {
-        let k = key(f);
+        let k = FileKey::of(f);
         let was = current.get(&k).cloned().flatten();
         if let Some(was) = was.as_deref().and_then(FileState::parse) {
             if !was.may_become(f.state) {
@@ -359,7 +437,7 @@ async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx:
             }
             None => {
                 row_of.insert(k.clone(), rows.len());
-                rows.push(Row {
+                rows.push(MergedRow {
                     first: f,
                     last: f,
                     raw_sha256: f.raw_sha256.as_deref(),
@@ -374,18 +452,15 @@ async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx:
         }
         current.insert(k, Some(f.state.as_str().to_owned()));
     }
-    if rows.is_empty() {
-        return Ok(());
-    }
+    FileWrites { rows, events }
+}
 
-    let values = |count: usize, width: usize| {
-        let mut p = Placeholders::new(numbered);
-        vec![(); count]
-            .iter()
-            .map(|()| p.tuple(width))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+/// Creates or updates the files' `rows` in one statement.
+async fn upsert_file_rows(
+    conn: &mut AnyConnection,
+    rows: &[MergedRow<'_>],
+    numbered: bool,
+) -> sqlx::Result<()> {
     let sql = format!(
         "INSERT INTO files (object_id, batch_key, path, size, raw_sha256, delivered_to, state, updated_at, carrier)
          VALUES {}
@@ -394,10 +469,10 @@ async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx:
              delivered_to = COALESCE(excluded.delivered_to, files.delivered_to),
              carrier = COALESCE(excluded.carrier, files.carrier),
              updated_at = excluded.updated_at",
-        values(rows.len(), 9)
+        Placeholders::values(numbered, rows.len(), 9)
     );
     let mut query = sqlx::query(&sql);
-    for row in &rows {
+    for row in rows {
         query = query
             .bind(&row.first.object_id)
             .bind(row.first.batch.to_string())
@@ -409,14 +484,18 @@ async fn apply_files(conn: &mut AnyConnection, changes: &[&FileChange]) -> sqlx:
             .bind(row.last.at)
             .bind(row.carrier);
     }
-    query.execute(&mut *conn).await?;
+    query.execute(&mut *conn).await.map(drop)
+}
 
-    if events.is_empty() {
-        return Ok(());
-    }
+/// Inserts the files' `events` in one statement.
+async fn insert_file_events(
+    conn: &mut AnyConnection,
+    events: &[&FileChange],
+    numbered: bool,
+) -> sqlx::Result<()> {
     let sql = format!(
         "INSERT INTO events (id, at, batch_key, object_id, part, state, detail) VALUES {}",
-        values(events.len(), 7)
+        Placeholders::values(numbered, events.len(), 7)
     );
     let mut query = sqlx::query(&sql);
     for f in events {
@@ -612,6 +691,14 @@ fn unavailable(e: &sqlx::Error) -> bool {
     }
 }
 
+/// Why records were not all committed: the database is unavailable ([`unavailable`]), after
+/// the first `committed` of them were.
+#[derive(Debug)]
+struct Interrupted {
+    committed: usize,
+    error: sqlx::Error,
+}
+
 /// Commits `records` in one transaction; if the database refuses that, record by record, so
 /// one bad record costs only itself (reported on stderr: the transfer goes on). Fails only when
 /// the database is unavailable, with how many leading records are already committed.
@@ -619,7 +706,7 @@ async fn commit(
     pool: &AnyPool,
     records: &[Record],
     sqlite: bool,
-) -> std::result::Result<(), (usize, sqlx::Error)> {
+) -> std::result::Result<(), Interrupted> {
     let together = async {
         // SQLite: take the write lock at the start. A deferred transaction that read first
         // fails at its first write, without waiting, once another connection (a lease
@@ -657,14 +744,24 @@ async fn commit(
     };
     match together.await {
         Ok(()) => return Ok(()),
-        Err(e) if unavailable(&e) => return Err((0, e)),
+        Err(error) if unavailable(&error) => {
+            return Err(Interrupted {
+                committed: 0,
+                error,
+            })
+        }
         Err(_) => {}
     }
     for (done, r) in records.iter().enumerate() {
         let result = async { apply(&mut *pool.acquire().await?, r).await }.await;
         match result {
             Ok(()) => {}
-            Err(e) if unavailable(&e) => return Err((done, e)),
+            Err(error) if unavailable(&error) => {
+                return Err(Interrupted {
+                    committed: done,
+                    error,
+                })
+            }
             Err(e) => eprintln!("warning: catalogue: a record was not written: {e}"),
         }
     }
@@ -679,7 +776,8 @@ pub(crate) const QUEUE_CAPACITY: usize = 20_000;
 /// Most records in one transaction.
 const RECORDS_PER_COMMIT: usize = 5_000;
 
-pub(crate) fn writer(
+/// The writer thread's loop: commits what `inbox` brings until every sender is gone.
+pub(crate) fn run(
     runtime: Arc<tokio::runtime::Runtime>,
     pool: AnyPool,
     url: String,
@@ -707,7 +805,11 @@ pub(crate) fn writer(
             return; // every sender is gone
         }
         if !records.is_empty() {
-            if let Err((done, e)) = runtime.block_on(commit(&pool, &records, sqlite)) {
+            if let Err(Interrupted {
+                committed: done,
+                error: e,
+            }) = runtime.block_on(commit(&pool, &records, sqlite))
+            {
                 records.drain(..done);
                 let (since, delay) = outage.get_or_insert((
                     std::time::Instant::now(),

@@ -6,7 +6,7 @@ use anyhow::Result;
 
 use crate::reads::{TunedRow, TuningSample, UsageRow};
 use crate::vocabulary::{BatchKey, BatchState, FileState, PartState, Stage, Task, TaskOutcome};
-use crate::writer::{
+use crate::writer_thread::{
     AttemptDone, BatchChange, FileChange, Msg, PartChange, Record, StageSpan, TaskRunDone,
 };
 use crate::Catalog;
