@@ -121,9 +121,15 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// The token a request shows, and how: its bearer token, its cookie, or its `token` query
-/// parameter (then `true`: to be exchanged for the cookie).
-fn shown(request: &Request) -> Option<(String, bool)> {
+/// The token a request shows: its bearer token, its cookie, or its `token` query parameter.
+struct Shown {
+    token: String,
+    /// Whether it came as the query parameter: to be exchanged for the cookie.
+    in_query: bool,
+}
+
+/// The token a request shows, if any.
+fn shown(request: &Request) -> Option<Shown> {
     let headers = request.headers();
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -140,8 +146,17 @@ fn shown(request: &Request) -> Option<(String, bool)> {
             .find(|(k, _)| *k == COOKIE)
             .map(|(_, v)| crate::pages::unescape_query(v))
     };
-    let query = || query_token(request).map(|t| (t, true));
-    bearer.or_else(cookie).map(|t| (t, false)).or_else(query)
+    let query = || {
+        query_token(request).map(|token| Shown {
+            token,
+            in_query: true,
+        })
+    };
+    let sent = |token| Shown {
+        token,
+        in_query: false,
+    };
+    bearer.or_else(cookie).map(sent).or_else(query)
 }
 
 /// The `token` query parameter of a request.
@@ -190,10 +205,13 @@ pub async fn check(
     let shown = shown(&request);
     let allowed = access
         .answers_to(host)
-        .and_then(|()| access.allows(&peer, shown.as_ref().map(|(t, _)| t.as_str())));
+        .and_then(|()| access.allows(&peer, shown.as_ref().map(|s| s.token.as_str())));
     match allowed {
         Ok(()) => match shown {
-            Some((token, true)) if request.method() == axum::http::Method::GET => {
+            Some(Shown {
+                token,
+                in_query: true,
+            }) if request.method() == axum::http::Method::GET => {
                 let cookie = format!(
                     "{COOKIE}={}; HttpOnly; SameSite=Strict; Path=/",
                     crate::pages::escape_query(&token)

@@ -456,22 +456,35 @@ fn state_text(f: &File) -> String {
     }
 }
 
-/// The overview's sections by element id: the page renders them, and so does each event.
-fn overview_sections(o: &Overview, links: &Links) -> Vec<(&'static str, String)> {
+/// A part of a live page: the page renders it, and so does each event.
+struct Section {
+    /// Its element's id.
+    id: &'static str,
+    html: String,
+}
+
+impl Section {
+    fn new(id: &'static str, html: String) -> Self {
+        Self { id, html }
+    }
+}
+
+/// The overview's sections.
+fn overview_sections(o: &Overview, links: &Links) -> Vec<Section> {
     vec![
-        ("totals", totals(&o.totals)),
-        ("alerts", alerts(&o.alerts)),
-        ("in-flight", in_flight(&o.in_flight, links)),
-        ("stages", stages(&o.stages, o.queue.as_ref())),
-        ("failures", failures(&o.failures, links)),
-        ("recent", batch_table(&o.recent, links)),
+        Section::new("totals", totals(&o.totals)),
+        Section::new("alerts", alerts(&o.alerts)),
+        Section::new("in-flight", in_flight(&o.in_flight, links)),
+        Section::new("stages", stages(&o.stages, o.queue.as_ref())),
+        Section::new("failures", failures(&o.failures, links)),
+        Section::new("recent", batch_table(&o.recent, links)),
     ]
 }
 
 /// `sections` as `{"id": html, …, "updated": time}`: one event of a live page.
-fn section_event(sections: Vec<(&'static str, String)>) -> String {
+fn section_event(sections: Vec<Section>) -> String {
     let mut map = serde_json::Map::new();
-    for (id, html) in sections {
+    for Section { id, html } in sections {
         map.insert(id.into(), json!(html));
     }
     map.insert("updated".into(), json!(format_utc(forte_catalog::now_us())));
@@ -519,7 +532,7 @@ async fn overview(State(view): State<Shared>) -> Result<Html<String>, ApiError> 
         ("recent", "Recent batches"),
     ];
     let sections = overview_sections(&o, &links);
-    for ((id, html), (_, title)) in sections.iter().zip(titles) {
+    for (Section { id, html }, (_, title)) in sections.iter().zip(titles) {
         if *id == "recent" {
             let _ = write!(
                 body,
@@ -605,7 +618,8 @@ async fn history(
     Ok(page("History", &links, None, &body))
 }
 
-fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<(&'static str, String)> {
+/// A batch's sections.
+fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<Section> {
     let b = &d.batch;
     let mut summary = format!(
         "<dl class=\"facts\"><dt>state</dt><dd class=\"state {state}\">{state}</dd>\
@@ -645,10 +659,10 @@ fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<(&'static str, String)>
     }
     stages.push_str("</tbody></table>");
     vec![
-        ("summary", summary),
-        ("batch-stages", stages),
-        ("batch-files", file_table(&d.files, links)),
-        ("batch-failures", failures(&d.failures, links)),
+        Section::new("summary", summary),
+        Section::new("batch-stages", stages),
+        Section::new("batch-files", file_table(&d.files, links)),
+        Section::new("batch-failures", failures(&d.failures, links)),
     ]
 }
 
@@ -669,7 +683,7 @@ async fn batch(
     let d = read_batch(&view, &key).await?;
     let mut body = String::new();
     let titles = ["", "Stages", "Files", "Failures"];
-    for ((id, html), title) in batch_sections(&d, &links).into_iter().zip(titles) {
+    for (Section { id, html }, title) in batch_sections(&d, &links).into_iter().zip(titles) {
         if !title.is_empty() {
             let _ = write!(body, "<h2>{title}</h2>");
         }

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::Batch;
 use crate::live::WireView;
-use link::{sealed_before, Uploads};
+use link::{sealed_before, StillToPrepare, Uploads};
 use sealed::unprepared_sealed;
 
 /// How far running batches have come, as this server saw them lately: their rates and ETAs.
@@ -55,8 +55,14 @@ struct Seen {
     /// Per role: its done total (running batches' done bytes, and the bytes of every batch
     /// that ended done) over time.
     nodes: HashMap<Role, NodeTotal>,
-    /// The last ETA worked out per running batch, and when (for answers about one batch).
-    etas: HashMap<String, (i64, f64)>,
+    /// The last ETA worked out per running batch (for answers about one batch).
+    etas: HashMap<String, NotedEta>,
+}
+
+/// An ETA worked out over all running batches, and when.
+struct NotedEta {
+    at: i64,
+    eta_s: f64,
 }
 
 #[derive(Default)]
@@ -137,7 +143,7 @@ impl Progress {
     /// The ETA last worked out for the running batch `key`, counted down to `now`.
     pub(super) fn recent_eta(&self, key: &str, now: i64) -> Option<f64> {
         let seen = self.seen.lock();
-        let (at, eta) = *seen.etas.get(key)?;
+        let &NotedEta { at, eta_s: eta } = seen.etas.get(key)?;
         (now - at <= ETA_FRESH_US).then(|| (eta - (now - at) as f64 / 1e6).max(0.0))
     }
 
@@ -155,14 +161,7 @@ impl Progress {
         let running: HashSet<String> = in_flight.iter().map(|b| b.key.clone()).collect();
         seen.batches.retain(|key, _| running.contains(key));
         seen.etas.clear();
-        // What each edge batch has still to prepare, queued ones too, and all of it: parts
-        // that will join the uploads as slots free up.
-        let unprepared: HashMap<String, f64> = wire.map_or_else(HashMap::new, |wire| {
-            let edge = in_flight.iter().filter(|b| b.role == Role::Edge);
-            edge.map(|b| (b.key.clone(), unprepared_sealed(b, wire)))
-                .collect()
-        });
-        let to_prepare: f64 = unprepared.values().sum();
+        let unprepared = wire.map(|wire| Unprepared::of(in_flight, wire));
         for role in [Role::Edge, Role::Core] {
             let mut mine: Vec<&mut Batch> = in_flight
                 .iter_mut()
@@ -170,58 +169,140 @@ impl Progress {
                 .collect();
             let node = seen.nodes.entry(role).or_default();
             let wire = wire.filter(|_| role == Role::Edge);
-            let total = match wire {
-                Some(wire) => wire.sent as i64,
-                None => {
-                    ended.get(&role).copied().unwrap_or(0)
-                        + mine.iter().map(|b| b.done_bytes).sum::<i64>()
-                }
-            };
-            // A batch that failed takes its done bytes out of the sum; the sum is kept from
-            // shrinking (so a failure costs at most an underestimated rate for a window).
-            node.failed = node.failed.max(node.last - total);
-            node.last = total + node.failed;
-            if let Some((at, sent)) = wire.and_then(|w| w.resumed) {
-                node.series.note(at, sent as i64);
-            }
-            let Some(rate) = node.series.observe(now, node.last) else {
+            let total = done_total(role, &mine, ended, wire);
+            let Some(rate) = node.rate(total, wire, now) else {
                 continue;
             };
             // Their parts leave in the order the policy serves the batches.
-            match self.order {
-                Order::LeastRemaining => {
-                    mine.sort_by_key(|b| (b.bytes - b.done_bytes, b.started_us))
-                }
-                Order::AsBegun => mine.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
-            }
-            // What leaves before each batch is done: in raw bytes, what is left of it and of
-            // the batches served before it; at the edge, in sealed bytes (`sealed_before`).
-            let edge = wire.map(|wire| (wire, Uploads::of(wire)));
-            let mut ahead = 0.0;
-            let mut etas = vec![];
+            self.order.sort(&mut mine);
+            let mut ahead = Ahead::of(wire, unprepared.as_ref());
             for b in mine {
-                let before_done = match &edge {
-                    Some((wire, uploads)) => {
-                        let own = unprepared.get(&b.key).copied().unwrap_or(0.0);
-                        ahead += own;
-                        let prepared_none =
-                            wire.batches.get(&b.key).is_none_or(|w| w.prepared_raw == 0);
-                        sealed_before(
-                            &b.key,
-                            uploads,
-                            (own > 0.0 || prepared_none, ahead, to_prepare),
-                        )
-                    }
-                    None => {
-                        ahead += (b.bytes - b.done_bytes).max(0) as f64;
-                        ahead
-                    }
-                };
-                let eta = before_done / rate;
+                let eta = ahead.before_done(b) / rate;
                 b.eta_s = Some(eta);
-                etas.push((b.key.clone(), (now, eta)));
+                seen.etas.insert(
+                    b.key.clone(),
+                    NotedEta {
+                        at: now,
+                        eta_s: eta,
+                    },
+                );
             }
-            seen.etas.extend(etas);
+        }
+    }
+}
+
+impl Order {
+    /// Puts `batches` in the order the node serves them.
+    fn sort(self, batches: &mut [&mut Batch]) {
+        match self {
+            Order::LeastRemaining => {
+                batches.sort_by_key(|b| (b.bytes - b.done_bytes, b.started_us))
+            }
+            Order::AsBegun => batches.sort_by_key(|b| b.started_us.unwrap_or(i64::MAX)),
+        }
+    }
+}
+
+/// A node's done total: at the edge (with its daemon's `wire`), the sealed bytes its uploads
+/// have sent; elsewhere, the bytes of the batches of `role` that ended done and the done bytes
+/// of its running ones, `mine`.
+fn done_total(role: Role, mine: &[&mut Batch], ended: &EndedBytes, wire: Option<&WireView>) -> i64 {
+    match wire {
+        Some(wire) => wire.sent as i64,
+        None => {
+            ended.get(&role).copied().unwrap_or(0) + mine.iter().map(|b| b.done_bytes).sum::<i64>()
+        }
+    }
+}
+
+impl NodeTotal {
+    /// Notes the node's done `total` at `now` (and, at the edge, when its link last got busy);
+    /// its rate, if one can be told yet.
+    fn rate(&mut self, total: i64, wire: Option<&WireView>, now: i64) -> Option<f64> {
+        // A batch that failed takes its done bytes out of the sum; the sum is kept from
+        // shrinking (so a failure costs at most an underestimated rate for a window).
+        self.failed = self.failed.max(self.last - total);
+        self.last = total + self.failed;
+        if let Some((at, sent)) = wire.and_then(|w| w.resumed) {
+            self.series.note(at, sent as i64);
+        }
+        self.series.observe(now, self.last)
+    }
+}
+
+/// What the edge's running batches have still to prepare, queued ones too, in sealed bytes:
+/// parts that will join the uploads as slots free up.
+struct Unprepared {
+    /// Per batch (its key).
+    by_batch: HashMap<String, f64>,
+    /// All of it.
+    all: f64,
+}
+
+impl Unprepared {
+    fn of(in_flight: &[Batch], wire: &WireView) -> Self {
+        let edge = in_flight.iter().filter(|b| b.role == Role::Edge);
+        let by_batch: HashMap<String, f64> = edge
+            .map(|b| (b.key.clone(), unprepared_sealed(b, wire)))
+            .collect();
+        let all = by_batch.values().sum();
+        Self { by_batch, all }
+    }
+}
+
+/// What leaves a node before each of its batches is done, the batches taken in the order it
+/// serves them.
+enum Ahead<'w> {
+    /// In raw bytes: what is left of the batches taken so far.
+    Raw(f64),
+    /// At the edge, in sealed bytes ([`sealed_before`]): its uploads now, what its batches
+    /// have still to prepare, and of that, what the batches taken so far have (`taken`).
+    Sealed {
+        wire: &'w WireView,
+        uploads: Uploads<'w>,
+        unprepared: &'w Unprepared,
+        taken: f64,
+    },
+}
+
+impl<'w> Ahead<'w> {
+    /// In sealed bytes given the edge's `wire` and what its batches have still to prepare;
+    /// else in raw bytes.
+    fn of(wire: Option<&'w WireView>, unprepared: Option<&'w Unprepared>) -> Self {
+        match (wire, unprepared) {
+            (Some(wire), Some(unprepared)) => Self::Sealed {
+                wire,
+                uploads: Uploads::of(wire),
+                unprepared,
+                taken: 0.0,
+            },
+            _ => Self::Raw(0.0),
+        }
+    }
+
+    /// The bytes that leave before `b`, the batch served next, is done.
+    fn before_done(&mut self, b: &Batch) -> f64 {
+        match self {
+            Self::Raw(ahead) => {
+                *ahead += (b.bytes - b.done_bytes).max(0) as f64;
+                *ahead
+            }
+            Self::Sealed {
+                wire,
+                uploads,
+                unprepared,
+                taken,
+            } => {
+                let own = unprepared.by_batch.get(&b.key).copied().unwrap_or(0.0);
+                *taken += own;
+                let prepared_none = wire.batches.get(&b.key).is_none_or(|w| w.prepared_raw == 0);
+                let still = StillToPrepare {
+                    preparing: own > 0.0 || prepared_none,
+                    ahead: *taken,
+                    all: unprepared.all,
+                };
+                sealed_before(&b.key, uploads, still)
+            }
         }
     }
 }
