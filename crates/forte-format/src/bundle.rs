@@ -64,7 +64,7 @@ pub fn member_len(path: &str, size: u64) -> u64 {
 pub fn header(path: &str, size: u64, mode: u32, mtime_s: i64) -> Vec<u8> {
     let mtime = mtime_s.max(0) as u64;
     match split_ustar(path) {
-        Some((prefix, name)) => ustar(prefix, name, size, mode, mtime, b'0').to_vec(),
+        Some(UstarPath { prefix, name }) => ustar(prefix, name, size, mode, mtime, b'0').to_vec(),
         None => {
             let record = pax_record(path);
             let mut out = ustar("", "PaxHeader", record.len() as u64, 0o644, mtime, b'x').to_vec();
@@ -155,15 +155,27 @@ pub fn check_stream(members: &[Member], stream: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// A path as a ustar header's two fields hold it: `prefix`, then `/`, then `name`.
+struct UstarPath<'a> {
+    prefix: &'a str,
+    name: &'a str,
+}
+
 /// `path` as ustar's `prefix` and `name`, when it fits them.
-fn split_ustar(path: &str) -> Option<(&str, &str)> {
+fn split_ustar(path: &str) -> Option<UstarPath<'_>> {
     if path.len() <= 100 {
-        return Some(("", path));
+        return Some(UstarPath {
+            prefix: "",
+            name: path,
+        });
     }
     // The split is at a '/': prefix at most 155 bytes, name at most 100 and not empty.
     path.match_indices('/')
-        .map(|(i, _)| (&path[..i], &path[i + 1..]))
-        .find(|(prefix, name)| prefix.len() <= 155 && name.len() <= 100 && !name.is_empty())
+        .map(|(i, _)| UstarPath {
+            prefix: &path[..i],
+            name: &path[i + 1..],
+        })
+        .find(|p| p.prefix.len() <= 155 && p.name.len() <= 100 && !p.name.is_empty())
 }
 
 /// The PAX record `"<len> path=<path>\n"`, whose length counts its own digits.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys::{check_site_name, EdgeKey, Recipients, TrustedEdges};
 use crate::manifest::ManifestError;
-use crate::manifest::{check_hex, open_document, sign_canonical, validate_path, Manifest};
+use crate::manifest::{check_hex, open_document, sign_canonical, validate_path, Manifest, Opened};
 use crate::object::ObjectId;
 
 /// The `format` member of the inventories this forte writes: version 2, which names the site,
@@ -226,7 +226,7 @@ impl Inventory {
     /// ([`TrustedEdges::may_sign_for`] with [`Inventory::signer`]): an archive has no site.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
         let formats = [INVENTORY_FORMAT, INVENTORY_FORMAT_V1];
-        let (value, signer) = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
+        let Opened { value, signer } = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let mut inventory: Inventory =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         inventory.signer = Some(signer);

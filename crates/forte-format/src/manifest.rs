@@ -198,6 +198,13 @@ pub(crate) fn sign_canonical(
     message
 }
 
+/// A signed document whose signature checked out: its members without the signature, and the
+/// key that signed it.
+pub(crate) struct Opened {
+    pub(crate) value: Value,
+    pub(crate) signer: VerifyingKey,
+}
+
 /// Parses a document signed by [`sign_document`] whose `format` is one of `formats`, checks
 /// its signature against the trusted edge keys, and returns it without the signature, with the
 /// key that signed it. Nothing of an unverified document is ever returned.
@@ -206,7 +213,7 @@ pub(crate) fn open_document(
     formats: &[&str],
     context: &[u8],
     trusted: &TrustedEdges,
-) -> Result<(Value, VerifyingKey), ManifestError> {
+) -> Result<Opened, ManifestError> {
     open_signed(document, formats, context, |key| trusted.trusts(key))
 }
 
@@ -217,7 +224,7 @@ pub(crate) fn open_signed(
     formats: &[&str],
     context: &[u8],
     trusted: impl Fn(&VerifyingKey) -> bool,
-) -> Result<(Value, VerifyingKey), ManifestError> {
+) -> Result<Opened, ManifestError> {
     let mut value: Value =
         serde_json::from_slice(document).map_err(|e| ManifestError::NotJson(e.to_string()))?;
     let object = value
@@ -250,7 +257,7 @@ pub(crate) fn open_signed(
     if !trusted(&key) {
         return Err(ManifestError::UntrustedSigner(member.key));
     }
-    Ok((value, key))
+    Ok(Opened { value, signer: key })
 }
 
 impl Manifest {
@@ -275,7 +282,7 @@ impl Manifest {
     /// validates its structure. Nothing of an unverified manifest is ever returned.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
         let formats = [FORMAT, FORMAT_V1, FORMAT_V2, FORMAT_V3];
-        let (value, _) = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
+        let Opened { value, .. } = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let manifest: Manifest =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         manifest.validate().map_err(ManifestError::Invalid)?;
@@ -293,6 +300,30 @@ impl Manifest {
                 self.mtime_ns
             ));
         }
+        self.validate_format_and_origin()?;
+        if self.kind != Kind::Bundle && !self.members.is_empty() {
+            return Err("only a bundle has members".into());
+        }
+        if self.kind == Kind::Dir {
+            return if self.size == 0 && self.parts.is_empty() {
+                Ok(())
+            } else {
+                Err("a directory has size 0 and no parts".into())
+            };
+        }
+        self.validate_parts()?;
+        if self.kind == Kind::Bundle {
+            if self.parts.len() != 1 {
+                return Err("a bundle is one part".into());
+            }
+            validate_members(&self.members, self.size)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the format version allows this kind of object, and the site and batch time it
+    /// names (only format 4 names them).
+    fn validate_format_and_origin(&self) -> Result<(), String> {
         // Before version 4, a bundle was version 3 and nothing else was.
         let kinds_of_format = match self.format.as_str() {
             FORMAT_V3 => self.kind == Kind::Bundle,
@@ -317,16 +348,11 @@ impl Manifest {
         if self.batch_time < 0 {
             return Err(format!("batch_time {} is before 1970", self.batch_time));
         }
-        if self.kind != Kind::Bundle && !self.members.is_empty() {
-            return Err("only a bundle has members".into());
-        }
-        if self.kind == Kind::Dir {
-            return if self.size == 0 && self.parts.is_empty() {
-                Ok(())
-            } else {
-                Err("a directory has size 0 and no parts".into())
-            };
-        }
+        Ok(())
+    }
+
+    /// Whether the parts of a file or bundle tile it exactly in order, each with its hashes.
+    fn validate_parts(&self) -> Result<(), String> {
         if self.part_size == 0 {
             return Err("part_size is 0".into());
         }
@@ -365,12 +391,6 @@ impl Manifest {
             }
             check_hex(&part.ciphertext_sha256, "ciphertext_sha256")?;
             offset += expected_len;
-        }
-        if self.kind == Kind::Bundle {
-            if self.parts.len() != 1 {
-                return Err("a bundle is one part".into());
-            }
-            validate_members(&self.members, self.size)?;
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use ed25519_dalek::VerifyingKey;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::{check_site_name, EdgeKey, TrustedCores};
-use crate::manifest::{check_hex, open_signed, sign_document, ManifestError};
+use crate::manifest::{check_hex, open_signed, sign_document, ManifestError, Opened};
 use crate::object::ObjectId;
 
 /// The value of every receipt's `format` member.
@@ -104,7 +104,7 @@ impl Receipt {
     /// validates it. Nothing of an unverified receipt is returned.
     /// Whoever reads a receipt from the relay bounds it first (the client's JSON answers).
     pub fn open(document: &[u8], trusted: &TrustedCores) -> Result<Self, ManifestError> {
-        let (value, signer) = open_signed(document, &[RECEIPT_FORMAT], SIGNING_CONTEXT, |k| {
+        let opened = open_signed(document, &[RECEIPT_FORMAT], SIGNING_CONTEXT, |k| {
             trusted.trusts(k)
         })
         .map_err(|e| match e {
@@ -113,6 +113,7 @@ impl Receipt {
             )),
             e => e,
         })?;
+        let Opened { value, signer } = opened;
         let mut receipt: Receipt =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
         receipt.signer = Some(signer);
