@@ -7,10 +7,10 @@ use forte_catalog::FileState::{Acknowledged, Delivered};
 use forte_catalog::{BatchState, FileRecord, Role};
 use forte_format::ObjectId;
 
-use super::Delivery;
+use super::Core;
 use forte_daemon::record::note;
 
-impl Delivery<'_> {
+impl Core<'_> {
     /// Acknowledges again, at the relay, the batches this core's catalogue has delivered but
     /// not acknowledged and the relay no longer lists (the relay took the acknowledgement, and
     /// the puller was killed before recording it), and records the answer. A batch the relay

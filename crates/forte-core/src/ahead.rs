@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use super::lease::Held;
 use super::DOWNLOAD_RETRY;
-use super::{batch_key_of, Delivery};
+use super::{batch_key_of, Core};
 use crate::download::RelaySource;
 use crate::layout::Fields;
 use forte_daemon::record::note;
@@ -70,7 +70,7 @@ impl Drop for Ahead {
     }
 }
 
-impl Delivery<'_> {
+impl Core<'_> {
     /// What was fetched ahead of a sealed batch, kept only if it all verified; else a fresh
     /// start, whose pull stage begins now. With when the batch's pull started. `None` when
     /// another worker holds the batch.

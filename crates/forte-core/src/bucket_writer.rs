@@ -29,11 +29,11 @@ const PARTS_AT_ONCE: usize = 4;
 const SHA256_METADATA: &str = "sha256";
 
 /// A bucket that receives the second copy of every delivered file.
-pub struct BucketCopy {
+pub struct BucketWriter {
     bucket: Bucket,
 }
 
-impl BucketCopy {
+impl BucketWriter {
     /// Opens `s3://BUCKET/PREFIX`, its credentials checked now.
     pub fn open(url: &str, credentials: &Credentials) -> Result<Self> {
         Bucket::open(url, credentials).map(|bucket| Self { bucket })
@@ -146,7 +146,7 @@ mod tests {
         let Some(s3) = S3Server::start(&dir.path().join("s3"), &["bkt"]) else {
             return;
         };
-        let copy = BucketCopy::open("s3://bkt/pre", &s3.credentials()).unwrap();
+        let copy = BucketWriter::open("s3://bkt/pre", &s3.credentials()).unwrap();
         let file = dir.path().join("f.bin");
         let bytes: Vec<u8> = (0..(20u32 << 20)).map(|i| (i % 251) as u8).collect();
         std::fs::write(&file, &bytes).unwrap();

@@ -9,18 +9,18 @@ use forte_restore::{replicate, Placed};
 
 use forte_bucket::{Bucket, Credentials};
 
-use crate::bucket_writer::BucketCopy;
+use crate::bucket_writer::BucketWriter;
 
-pub enum SecondCopy {
+pub enum Replica {
     Dir(PathBuf),
-    Bucket(BucketCopy),
+    Bucket(BucketWriter),
 }
 
-impl SecondCopy {
+impl Replica {
     /// `DIR`, or `s3://BUCKET/PREFIX` (opened, and its credentials checked, now).
     pub fn open(text: &str, credentials: &Credentials) -> Result<Self> {
         if Bucket::is_url(text) {
-            BucketCopy::open(text, credentials).map(Self::Bucket)
+            BucketWriter::open(text, credentials).map(Self::Bucket)
         } else {
             Ok(Self::Dir(PathBuf::from(text)))
         }

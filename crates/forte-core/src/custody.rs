@@ -13,7 +13,14 @@ use forte_format::{Inventory, Outcome, Receipt, ReceiptFile, TrustedEdges};
 use parking_lot::Mutex;
 
 use super::lease::{Held, LeaseLost};
-use super::Delivery;
+use super::Core;
+
+/// Where gap alerts name the destination and go.
+pub struct GapAlerts {
+    /// Where delivered batches are kept, as receipts name it (`--to`).
+    pub destination: String,
+    pub failures: forte_daemon::failures::Failures,
+}
 
 /// What the core needs for custody: whose keys may sign for which site, the key receipts are
 /// signed with, and how long a sequence gap may stay open before it is alerted on.
@@ -65,8 +72,12 @@ impl<'a> CustodySettings<'a> {
         trusted: &'a forte_daemon::settings::TrustedKeys,
         receipt_key: Option<&'a forte_format::ReceiptKey>,
         gap_after: Duration,
-        (destination, failures): (String, forte_daemon::failures::Failures),
+        alerts: GapAlerts,
     ) -> Self {
+        let GapAlerts {
+            destination,
+            failures,
+        } = alerts;
         Self {
             trusted,
             receipt_key,
@@ -113,7 +124,7 @@ impl std::fmt::Display for Replayed {
 
 impl std::error::Error for Replayed {}
 
-impl Delivery<'_> {
+impl Core<'_> {
     /// Checks who may file the batch where, from what the edge signed: the site named in its
     /// inventory must be the one the relay lists it under, its signer must be trusted for that
     /// site, and its instance must not have been delivered before ([`Replayed`]). `None` for a

@@ -15,7 +15,7 @@ use super::ahead::Ahead;
 use super::copy::clear_scratch;
 use super::custody::{Instance, Replayed};
 use super::lease::{Held, LeaseLost};
-use super::{batch_key_of, sealed_bytes, Delivery, DeliveryReport};
+use super::{batch_key_of, sealed_bytes, Core, DeliveryReport};
 use crate::download::RelaySource;
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
@@ -38,7 +38,7 @@ impl Sealed<'_> {
     }
 }
 
-impl Delivery<'_> {
+impl Core<'_> {
     /// Delivers one sealed batch, all or nothing, and acknowledges it at the relay. `None` when
     /// another worker holds the batch, or took it over from this one: it delivers it.
     pub fn pull_batch(

@@ -21,10 +21,11 @@ mod landed;
 pub mod landing;
 pub mod layout;
 mod lease;
+pub mod pull;
 pub mod unpack;
 
-pub use copy::SecondCopy;
-pub use custody::CustodySettings;
+pub use copy::Replica;
+pub use custody::{CustodySettings, GapAlerts};
 pub use landing::Landing;
 pub use lease::check_name_free;
 
@@ -124,7 +125,7 @@ impl Backoff {
 
 /// What every batch of one `pull` run shares: the relay, the destination and its layout, the
 /// second copy, the catalogue, and the batches fetched ahead of their seal.
-pub struct Delivery<'a> {
+pub struct Core<'a> {
     pub client: &'a RelayClient,
     pub retry: Retry,
     pub layout: &'a Layout,
@@ -132,8 +133,8 @@ pub struct Delivery<'a> {
     /// leave once the bucket holds them.
     pub dest: &'a Path,
     /// The destination when it is a bucket (`--to s3://…`).
-    pub into_bucket: Option<&'a SecondCopy>,
-    pub copy_to: Option<&'a SecondCopy>,
+    pub into_bucket: Option<&'a Replica>,
+    pub copy_to: Option<&'a Replica>,
     pub catalog: &'a Catalog,
     /// The landing zone and the site's tasks, where tasks are configured.
     landing: Option<&'a Landing>,
@@ -145,22 +146,39 @@ pub struct Delivery<'a> {
     /// Batches still being sent whose sealed objects are already verified and staged, by
     /// batch key.
     ahead: Mutex<HashMap<BatchKey, Ahead>>,
-    /// The relay's seal generation at the last listing, for [`Delivery::wait_for_seal`].
+    /// The relay's seal generation at the last listing, for [`Core::wait_for_seal`].
     generation: Mutex<Option<u64>>,
     /// When each failing batch is due to be tried again.
     backoff: Backoff,
 }
 
-impl<'a> Delivery<'a> {
-    pub fn new(
-        client: &'a RelayClient,
-        retry: Retry,
-        layout: &'a Layout,
-        (dest, into_bucket): (&'a Path, Option<&'a SecondCopy>),
-        copy_to: Option<&'a SecondCopy>,
-        catalog: &'a Catalog,
-        worker: Worker,
-    ) -> Self {
+/// What a core delivers with: the relay, the destination and its layout, the copies, the
+/// catalogue and this worker.
+pub struct CoreSetup<'a> {
+    pub client: &'a RelayClient,
+    pub retry: Retry,
+    pub layout: &'a Layout,
+    /// Where files are placed: the destination, or with `into_bucket` a scratch directory.
+    pub dest: &'a Path,
+    /// The destination when it is a bucket (`--to s3://…`).
+    pub into_bucket: Option<&'a Replica>,
+    pub copy_to: Option<&'a Replica>,
+    pub catalog: &'a Catalog,
+    pub worker: Worker,
+}
+
+impl<'a> Core<'a> {
+    pub fn new(setup: CoreSetup<'a>) -> Self {
+        let CoreSetup {
+            client,
+            retry,
+            layout,
+            dest,
+            into_bucket,
+            copy_to,
+            catalog,
+            worker,
+        } = setup;
         Self {
             client,
             retry,
@@ -198,7 +216,7 @@ impl<'a> Delivery<'a> {
     /// `policy` serves them now. The relay knows batches only by opaque ids, so the name rules
     /// of the priority policy cannot apply here.
     /// Waits up to `wait` for the relay to seal anything after the last listing of
-    /// [`Delivery::waiting`] (a long poll: one request, answered at the seal). Returns `false`
+    /// [`Core::waiting`] (a long poll: one request, answered at the seal). Returns `false`
     /// at once if it cannot (a relay that predates long polls, or an error): then sleep.
     pub fn wait_for_seal(&self, wait: Duration) -> bool {
         let Some(generation) = *self.generation.lock() else {

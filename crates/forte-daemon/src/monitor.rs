@@ -13,7 +13,6 @@
 //! none; set by `forte_relay::pace`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -27,18 +26,21 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use parking_lot::Mutex;
 
 use crate::retry::Operation;
+use crate::settings::HttpServe;
+
+/// How the dashboard counts a daemon's progress: in parts of this size (files, at the core),
+/// with batches in the order the queue's policy serves them.
+pub struct Progress {
+    pub part_size: u64,
+    pub order: forte_view::model::Order,
+}
 
 /// Starts `role`'s daemon's dashboard, JSON API and metrics on `addr` (a thread of its own),
 /// reading `catalog` through a handle of its own, with every metric family described and every
 /// counter whose labels are known in advance present from the start, at 0: an alert on a
 /// counter's rate needs the series before the first event. The pipeline stages' families are
 /// read at each scrape (see [`stage_families`]).
-pub fn serve(
-    (addr, access): (SocketAddr, forte_view::Access),
-    role: Role,
-    catalog: &Catalog,
-    (part_size, order): (u64, forte_view::model::Order),
-) -> Result<()> {
+pub fn serve(http: HttpServe, role: Role, catalog: &Catalog, progress: Progress) -> Result<()> {
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .context("cannot record metrics")?;
@@ -49,9 +51,9 @@ pub fn serve(
         },
         catalogs: vec![catalog.reader()],
         live: Some(Box::new(Daemon { handle })),
-        progress: forte_view::model::Progress::new(part_size, order),
+        progress: forte_view::model::Progress::new(progress.part_size, progress.order),
     };
-    let bound = forte_view::start(addr, access, view)?;
+    let bound = forte_view::start(http.addr, http.access, view)?;
     describe();
     let outcomes: &[BatchState] = match role {
         Role::Edge => &[BatchState::Sent, BatchState::Failed],

@@ -15,6 +15,7 @@ mod deletion;
 pub mod inbox;
 pub mod pack;
 mod seal;
+pub mod send;
 pub mod tuner;
 mod upload;
 

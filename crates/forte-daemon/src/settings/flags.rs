@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use forte_ingest::Codec;
 use forte_pipeline::Scheduler;
 
-use super::file::Level;
+use super::file::{Connections, Level};
 use crate::schedule::{PolicyName, PriorityRule};
 use crate::units::parse_size;
 
@@ -180,4 +180,116 @@ pub struct IngestFlags {
 /// A Parquet page codec as a flag value.
 pub fn parse_codec(text: &str) -> Result<Codec, String> {
     text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
+}
+
+/// Running as a daemon, and telling people about failures; `send` and `pull`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DaemonFlags {
+    /// Keep running: handle batches as they become ready, retrying network failures forever.
+    #[arg(long)]
+    pub watch: bool,
+    /// Seconds between looks for new work with --watch.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(super) interval: u64,
+    /// With --watch, SIGTERM or SIGINT stops taking new batches and lets those under way
+    /// finish for this long, then ends with status 0 (a second signal ends it at once).
+    #[arg(long, value_parser = crate::units::parse_duration, value_name = "DURATION", default_value = "60s")]
+    pub(super) shutdown_grace: std::time::Duration,
+    /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
+    /// and FORTE_ERROR describe the failure.
+    #[arg(long, value_name = "CMD")]
+    pub(super) on_failure: Option<String>,
+    #[command(flatten)]
+    pub(super) http: HttpFlags,
+}
+
+/// `send`'s own flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SendFlags {
+    /// Seconds without any change after which a batch without a .ready marker is complete.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub(super) settle: u64,
+    /// Uploads in flight to the relay. auto starts from this relay's history (per size of
+    /// request and hour of day), else from the measured round trip, and is tuned on the
+    /// goodput while the transfer runs (every 2 s, or longer until 8 requests went out), each
+    /// change logged with its reason; a number fixes it [config: send.connections]
+    /// [default: auto].
+    #[arg(long, value_name = "N|auto")]
+    pub(super) connections: Option<Connections>,
+    /// Hold the upload at this rate (30MB, 240mbit) by pacing every upload, never by letting
+    /// requests time out; under a --bwlimit timetable, the lower of the two holds
+    /// [config: send.target_rate].
+    #[arg(long, value_name = "RATE")]
+    pub(super) target_rate: Option<String>,
+    /// Upload bandwidth limit, held by pacing every upload (never by letting requests time
+    /// out): a rate (20MB, 160mbit), off, or a weekly timetable in local time,
+    /// "08:00,2MB 19:00,off" or "Mon-08:00,2MB Sat-00:00,off" [config: send.bwlimit] [default: off].
+    #[arg(long, value_name = "RATE|TIMETABLE")]
+    pub(super) bwlimit: Option<String>,
+    /// With --watch: delete a batch's source files once the core's signed custody receipt
+    /// (checked with --receipt-pub) lists every one with the SHA-256 its bytes still have.
+    #[arg(long, requires = "watch")]
+    pub(super) delete_after_ack: bool,
+    /// The core's receipt key (receipt.pub from `forte keygen`); repeat for several cores.
+    /// --delete-after-ack deletes only under receipts signed by one of them
+    /// [config: keys.receipt_pub].
+    #[arg(long, value_name = "FILE")]
+    pub(super) receipt_pub: Vec<PathBuf>,
+    /// This edge's site, signed into every batch so the core files it under no other site
+    /// [config: send.site] [default: the relay's name for this token, asked before the first
+    /// batch is prepared]. Give it when several sites share an edge key: then a relay that
+    /// lies about it is refused at the core.
+    #[arg(long, value_name = "NAME")]
+    pub(super) site: Option<String>,
+    /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
+    /// relay deletes what it holds of it that the core has not taken, so the core never gets
+    /// it, and later runs skip it. The source is untouched; touch its .ready marker to send it
+    /// again. For a batch too large for the relay, or sent by mistake.
+    #[arg(long, value_name = "BATCH", conflicts_with_all = ["watch", "delete_after_ack"])]
+    pub(super) cancel: Vec<String>,
+}
+
+/// `pull`'s own flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PullFlags {
+    /// Destination: a directory, or an S3-compatible bucket, s3://BUCKET/PREFIX (endpoint and
+    /// keys as for --copy-to), each object completed only once its bytes matched the file's
+    /// SHA-256, which it carries as metadata `sha256`.
+    #[arg(long, value_name = "DEST|s3://BUCKET/PREFIX")]
+    pub(super) to: PathBuf,
+    /// With --to s3://…: where files are assembled and verified before they go to the bucket,
+    /// and removed from once it holds them.
+    #[arg(long, value_name = "DIR")]
+    pub(super) scratch: Option<PathBuf>,
+    /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date} (the
+    /// date and hour, UTC, the batch arrived at its edge, as the edge signed it).
+    #[arg(long, default_value = "{site}/{batch}/{path}")]
+    pub(super) layout: String,
+    /// A second destination (analysts' copy): every delivered file is copied there too,
+    /// atomically, before the relay is told it may delete. A directory, or an S3-compatible
+    /// bucket, s3://BUCKET/PREFIX, with the endpoint and keys in [s3] of the configuration
+    /// file or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION: each object is completed only
+    /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256`.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
+    pub(super) copy_to: Option<String>,
+    /// Where verified batches wait while the site's core tasks ([[task]] at = "core") check
+    /// them, before they are promoted to DEST [config: pull.landing]
+    /// [default: DEST/.forte-landing]. On DEST's filesystem: promotion is a rename.
+    #[arg(long, value_name = "DIR")]
+    pub(super) landing: Option<PathBuf>,
+    /// Where batches a task refused are kept, with the reason and the task's output
+    /// [config: pull.quarantine] [default: DEST/.forte-quarantine].
+    #[arg(long, value_name = "DIR")]
+    pub(super) quarantine: Option<PathBuf>,
+    /// Concurrent downloads from the relay.
+    #[arg(long, default_value_t = 4, value_parser = crate::units::parse_threads)]
+    pub(super) connections: usize,
+    /// The core's key that signs a custody receipt for every delivered batch (receipt.key from
+    /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].
+    #[arg(long, value_name = "FILE")]
+    pub(super) receipt_key: Option<PathBuf>,
+    /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
+    /// after a later one did: a batch dropped or held back at the relay.
+    #[arg(long, value_name = "DURATION", default_value = "10m")]
+    pub(super) gap_alert_after: String,
 }

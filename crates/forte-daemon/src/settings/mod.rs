@@ -3,12 +3,16 @@
 //!
 //! - [`file`]: the configuration file, every section in one place.
 //! - [`flags`]: the flag groups commands share, as clap parses them.
+//! - [`daemon`], [`send`], [`pull`]: everything one daemon command runs with, as one value.
 //! - here: one resolved type per role and the one function that builds each. A command calls
 //!   them first and never reads a flag group or a configuration section again, so a setting's
 //!   precedence and its error message live in one place.
 
+mod daemon;
 mod file;
 mod flags;
+mod pull;
+mod send;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -25,11 +29,14 @@ use forte_relay::pace::{Pacer, Timetable};
 use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
+pub use daemon::Daemon;
 pub use file::{check_level, Config, Connections, Level};
 pub use flags::{
-    parse_codec, CoreFlags, EdgeFlags, HttpFlags, IngestFlags, RelayFlags, ScheduleFlags,
-    WorkerFlags,
+    parse_codec, CoreFlags, DaemonFlags, EdgeFlags, HttpFlags, IngestFlags, PullFlags, RelayFlags,
+    ScheduleFlags, SendFlags, WorkerFlags,
 };
+pub use pull::{pull, Destination, PullCommand, PullSettings};
+pub use send::{send, SendCommand, SendSettings};
 
 use crate::schedule::{Policy, PolicyName};
 use crate::units::{parse_bwlimit, parse_duration, parse_rate, MOST_THREADS};
@@ -488,6 +495,13 @@ pub fn part_size(config: &Config) -> u64 {
         .map_or(PrepareConfig::DEFAULT_PART_SIZE, |s| s.0)
 }
 
+/// Where the dashboard, JSON API and metrics are served, and who may read them.
+#[derive(Clone)]
+pub struct HttpServe {
+    pub addr: SocketAddr,
+    pub access: forte_view::Access,
+}
+
 /// Where to serve the dashboard, JSON API and metrics (`--http`, else `http.listen`, else
 /// `default`), and who may read them: other hosts with the token of `--http-token-file` (else
 /// `http.token_file`); none if nothing says where.
@@ -495,7 +509,7 @@ pub fn http(
     flags: &HttpFlags,
     config: &Config,
     default: Option<SocketAddr>,
-) -> Result<Option<(SocketAddr, forte_view::Access)>> {
+) -> Result<Option<HttpServe>> {
     let Some(addr) = flags.http.or(config.http.listen).or(default) else {
         return Ok(None);
     };
@@ -524,7 +538,10 @@ pub fn http(
     } else {
         flags.http_name.clone()
     };
-    Ok(Some((addr, forte_view::Access::new(token, names))))
+    Ok(Some(HttpServe {
+        addr,
+        access: forte_view::Access::new(token, names),
+    }))
 }
 
 /// `send`'s uploads in flight: the `--connections` flag if given, else `send.connections`,

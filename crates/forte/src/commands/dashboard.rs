@@ -31,8 +31,7 @@ const DEFAULT_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
 
 pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
-    let (addr, access) =
-        settings::http(&args.http, config, Some(DEFAULT_ADDR))?.expect("a default address");
+    let http = settings::http(&args.http, config, Some(DEFAULT_ADDR))?.expect("a default address");
     let mut catalogs = vec![catalog.reader()];
     for url in &args.with {
         catalogs.push(record::open(Some(url.clone()))?.reader());
@@ -47,7 +46,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
             settings::policy(&Default::default(), config)?.eta_order(),
         ),
     };
-    let bound = forte_view::start(addr, access, view)?;
+    let bound = forte_view::start(http.addr, http.access, view)?;
     println!("dashboard: http://{bound}/ over {}", shown.join(", "));
     // It only reads: nothing to finish or record on a stop.
     forte_daemon::signals::install("nothing: the dashboard only reads");

@@ -110,7 +110,7 @@ fn parse_expiry(text: &str) -> Result<Expiry, String> {
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    if let Some((addr, access)) = settings::http(&args.http, config, None)? {
+    if let Some(http) = settings::http(&args.http, config, None)? {
         let view = forte_view::View {
             server: forte_view::Server::Relay,
             catalogs: vec![],
@@ -120,7 +120,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
                 forte_view::model::Order::LeastRemaining,
             ),
         };
-        let bound = forte_view::start(addr, access, view)?;
+        let bound = forte_view::start(http.addr, http.access, view)?;
         println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
     }
     serve(RelayConfig {
