@@ -33,6 +33,7 @@ use forte_format::{Identities, Inventory, Manifest, TrustedEdges};
 use forte_pipeline::{Budget, Pipeline};
 
 use destination::{check_destination, commit};
+use stages::{PlannedFile, PlannedObject};
 
 pub use config::{Existing, RestoreConfig};
 pub use destination::{new_staging, remove_stale_staging, replicate};
@@ -118,26 +119,30 @@ impl<'k> Restore<'k> {
                 validate_path(&target).map_err(|e| {
                     anyhow::anyhow!("the layout puts {} at an unsafe path: {e}", file.path)
                 })?;
-                files.push((file, target));
+                files.push(PlannedFile {
+                    manifest: file,
+                    target,
+                });
             }
-            placed.push((object, files));
+            placed.push(PlannedObject { object, files });
         }
-        let all: Vec<&(Manifest, String)> = placed.iter().flat_map(|(_, f)| f).collect();
+        let all: Vec<&PlannedFile> = placed.iter().flat_map(|p| &p.files).collect();
         let already = check_destination(&all, dest, self.config.existing)?;
         let found: Vec<Placed> = placed
             .iter()
-            .flat_map(|(object, files)| {
-                let carrier = object.manifest.id;
-                files
+            .flat_map(|planned| {
+                let carrier = planned.object.manifest.id;
+                planned
+                    .files
                     .iter()
-                    .filter(|(file, _)| already.contains(&file.id))
-                    .map(move |(file, target)| Placed::new(file, carrier, target, true))
+                    .filter(|f| already.contains(&f.manifest.id))
+                    .map(move |f| Placed::new(&f.manifest, carrier, &f.target, true))
             })
             .collect();
-        for (_, files) in &mut placed {
-            files.retain(|(file, _)| !already.contains(&file.id));
+        for planned in &mut placed {
+            planned.files.retain(|f| !already.contains(&f.manifest.id));
         }
-        placed.retain(|(_, files)| !files.is_empty());
+        placed.retain(|p| !p.files.is_empty());
         let jobs = self.stage_all(source, placed, staging)?;
         Ok(Staged { jobs, found })
     }

@@ -34,6 +34,19 @@ pub(crate) struct Job {
     assembly: Mutex<Assembly>,
 }
 
+/// A file or directory of an object (see [`Manifest::files`]), and where the layout puts it.
+pub(crate) struct PlannedFile {
+    pub(crate) manifest: Manifest,
+    /// Relative path at the destination.
+    pub(crate) target: String,
+}
+
+/// An object and those of its files to deliver.
+pub(crate) struct PlannedObject {
+    pub(crate) object: Object,
+    pub(crate) files: Vec<PlannedFile>,
+}
+
 /// One file or directory of a job, on its way into place.
 pub(crate) struct StagedFile {
     /// Its own manifest, or for a bundle's member the one [`Manifest::files`] gives it.
@@ -92,20 +105,29 @@ impl Weigh for Step {
     }
 }
 
+/// Which part of which object a piece is.
+struct WhichPart {
+    job: Arc<Job>,
+    index: u32,
+}
+
 /// A piece whose worker died goes on as a problem of its object and part.
 impl Salvage for Step {
-    type Remains = Result<(Arc<Job>, u32), Problem>;
+    type Remains = Result<WhichPart, Problem>;
 
     fn remains(&self) -> Self::Remains {
         match &self.0 {
-            Ok(piece) => Ok((piece.job.clone(), piece.index)),
+            Ok(piece) => Ok(WhichPart {
+                job: piece.job.clone(),
+                index: piece.index,
+            }),
             Err(problem) => Err(problem.clone()),
         }
     }
 
     fn lost(remains: Self::Remains, error: String) -> Self {
         Self(Err(match remains {
-            Ok((job, index)) => job.problem(index, false, error),
+            Ok(WhichPart { job, index }) => job.problem(index, false, error),
             Err(problem) => problem,
         }))
     }
@@ -118,11 +140,12 @@ impl Piece {
 }
 
 impl Job {
-    /// `files` are the object's files (see [`Manifest::files`]) to deliver, with their targets.
-    fn new(object: Object, files: Vec<(Manifest, String)>, staging: &Path) -> Self {
+    /// A job that delivers the `planned` object's files, staged in `staging`.
+    fn new(planned: PlannedObject, staging: &Path) -> Self {
+        let PlannedObject { object, files } = planned;
         let files = files
             .into_iter()
-            .map(|(manifest, target)| StagedFile {
+            .map(|PlannedFile { manifest, target }| StagedFile {
                 staged: staging.join(manifest.id.to_string()),
                 carrier: object.manifest.id,
                 manifest,
@@ -187,12 +210,12 @@ impl Restore<'_> {
     pub(crate) fn stage_all(
         &self,
         source: &dyn ObjectSource,
-        objects: Vec<(Object, Vec<(Manifest, String)>)>,
+        objects: Vec<PlannedObject>,
         staging: &Path,
     ) -> Result<Vec<Arc<Job>>> {
         let jobs: Vec<Arc<Job>> = objects
             .into_iter()
-            .map(|(object, files)| Arc::new(Job::new(object, files, staging)))
+            .map(|planned| Arc::new(Job::new(planned, staging)))
             .collect();
         let problems = Problems::default();
         let in_flight = self.config.parts_in_flight.max(1);
