@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # forte against the papers' baselines and today's tools, every number of docs/benchmarks/log/2026-11.md's
 # issue-#7 sections in one invocation, on the same corpus and machine:
-#   1. forte bench compress on the corpus: every codec and level, the Pareto front, a level
+#   1. forte-bench compress on the corpus: every codec and level, the Pareto front, a level
 #   2. bench/prepare.py: forte pack against zstd alone and the papers' CB and CB-IM chains
 #   3. bench/wan.py: end to end over 65 MB/s + 20 ms against rsync + copy, CB-IM + rsync,
 #      rsync -z zstd (rsync's default level 3, and level 1) and rclone copy
@@ -39,9 +39,9 @@ python3 bench/corpus.py --corpus "$corpus" | tee "$out/machine.txt"
 
 step() { echo; echo "== $1 ($(date -u +%T))"; }
 
-step "forte bench compress on the corpus"
+step "forte-bench compress on the corpus"
 start=$(date +%s)
-target/release/forte bench compress "$corpus" --plot "$out" | tee "$out/compress.md"
+target/release/forte-bench compress "$corpus" --plot "$out" | tee "$out/compress.md"
 echo "took $(( $(date +%s) - start )) s" | tee -a "$out/compress.md"
 
 step "prepare pass (bench/prepare.py --runs $runs)"

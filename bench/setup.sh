@@ -3,10 +3,10 @@
 # the project's kind, after the README's first command (which builds forte):
 #   Debian: rsync, rclone, gpg, zstd, age, iproute2 (tc, ip netns), linux-perf
 #   Go module proxy: Toxiproxy's server (20 ms of added latency for bench/wan.py)
-#   PyPI, in target/bench-python: pyarrow, numpy, DuckDB (forte bench ingest's baseline a) and
+#   PyPI, in target/bench-python: pyarrow, numpy, DuckDB (forte-bench ingest's baseline a) and
 #   ObsPy (bench/obspy_recording.py)
 # Run as root (or through sudo). Then, for example: bench/wan.py --level 1 (as root); bench/prepare.py --runs 3;
-#   target/release/forte bench ingest --python target/bench-python/bin/python
+#   target/release/forte-bench ingest --python target/bench-python/bin/python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""

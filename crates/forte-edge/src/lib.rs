@@ -13,6 +13,7 @@ mod asked;
 mod checks;
 mod deletion;
 pub mod inbox;
+pub mod level_sweep;
 pub mod pack;
 mod seal;
 pub mod send;

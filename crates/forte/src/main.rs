@@ -52,8 +52,8 @@ enum Command {
     /// Capture row streams from sensors into Parquet files (BYTE_STREAM_SPLIT + zstd) that
     /// become batches for `send`.
     Ingest(commands::ingest::Args),
-    /// Measure forte against its baselines in one run (ingest: BYTE_STREAM_SPLIT, pyarrow,
-    /// ArrowWriter, streams without a gap).
+    /// Measure on your own data (compress: every zstd level's speed, ratio and end-to-end rate
+    /// over your link, and the level to use).
     Bench(commands::bench::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),

@@ -1,4 +1,4 @@
-//! `forte bench ingest`: compression with and without BYTE_STREAM_SPLIT, throughput on one
+//! `forte-bench ingest`: compression with and without BYTE_STREAM_SPLIT, throughput on one
 //! core against pyarrow and ArrowWriter, and the largest paper-rate stream count without a gap.
 
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! `forte bench claims`: how many batches a catalogue hands out per second to core workers
+//! `forte-bench claims`: how many batches a catalogue hands out per second to core workers
 //! competing for them, the figure that bounds how many small batches a fleet of `pull` workers
 //! on one PostgreSQL can deliver (docs/scale.md).
 //!

@@ -1,4 +1,4 @@
-//! What `forte bench ingest` measures: synthetic sensor rows, forte's ingest of them from
+//! What `forte-bench ingest` measures: synthetic sensor rows, forte's ingest of them from
 //! memory, and the buffered-writer baseline of the paper (arrow-rs `ArrowWriter` fed by
 //! appending each row to array builders), on the same row bytes with the same encodings and
 //! codec.

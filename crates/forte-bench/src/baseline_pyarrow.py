@@ -1,4 +1,4 @@
-"""Baseline (a) of `forte bench ingest`: pyarrow done well, on the same row bytes.
+"""Baseline (a) of `forte-bench ingest`: pyarrow done well, on the same row bytes.
 
 numpy reads the rows in place (frombuffer with the row layout), each column is made contiguous
 and handed to pyarrow, and one write_table writes them with the same row-group size, encodings,
