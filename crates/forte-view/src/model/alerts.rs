@@ -13,6 +13,7 @@ pub struct Alert {
     pub text: String,
 }
 
+/// How soon an alert needs a look.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum AlertLevel {
@@ -43,8 +44,8 @@ pub(super) fn stalled(batch: &Batch, idle: i64) -> Option<Alert> {
 
 /// A critical alert if the batch `b` failed or was quarantined within the hour before `now`.
 pub(super) fn held_back(b: &Batch, now: i64) -> Option<Alert> {
-    let held_back = matches!(b.state, BatchState::Failed | BatchState::Quarantined);
-    (held_back && now - b.updated_us < HOUR_US).then(|| Alert {
+    let failed = matches!(b.state, BatchState::Failed | BatchState::Quarantined);
+    (failed && now - b.updated_us < HOUR_US).then(|| Alert {
         level: AlertLevel::Critical,
         text: format!(
             "batch {} ({}) {}: {}",

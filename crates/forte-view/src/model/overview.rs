@@ -11,6 +11,7 @@ use super::eta::EndedBytes;
 use super::{running, Alert, Batch, FailureView, Progress};
 use crate::live::{QueueView, StageView, WireView};
 
+/// The batches every catalogue holds, counted by how they ended, and their bytes.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Totals {
     pub batches: usize,
@@ -35,6 +36,7 @@ pub struct Overview {
 }
 
 impl Overview {
+    /// Reads every catalogue now, beside the daemon's live `stages`, `queue` and `wire`.
     pub fn read(
         catalogs: &[Catalog],
         stages: Vec<StageView>,
@@ -103,7 +105,7 @@ struct Look<'c> {
     newest: Vec<NewestRows<'c>>,
     /// The running batches, each read at the look.
     in_flight: Vec<Batch>,
-    /// Of those, the ones that have not moved for a while.
+    /// Alerts for those that have not moved for a while.
     stalled: Vec<Alert>,
     failures: Vec<FailureView>,
 }

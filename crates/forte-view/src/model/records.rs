@@ -45,6 +45,7 @@ impl From<FileRow> for File {
     }
 }
 
+/// A stage of a batch on its node, from its start to its end.
 #[derive(Debug, Clone, Serialize)]
 pub struct StageSpan {
     pub stage: Stage,
@@ -52,6 +53,7 @@ pub struct StageSpan {
     pub ended_us: Option<i64>,
 }
 
+/// A failure as the API shows it: `GET /api/v1/failures`.
 #[derive(Debug, Clone, Serialize)]
 pub struct FailureView {
     pub at_us: i64,
@@ -127,6 +129,7 @@ impl BatchDetail {
     }
 }
 
+/// A part of a file as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct PartView {
     pub index: i64,
@@ -135,6 +138,7 @@ pub struct PartView {
     pub ciphertext_sha256: Option<String>,
 }
 
+/// A change of state a catalogue recorded, as the API shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct EventView {
     pub at_us: i64,
@@ -217,6 +221,7 @@ impl Lineage {
     }
 }
 
+/// A utilisation sample as the API shows it: `GET /api/v1/usage`.
 #[derive(Debug, Clone, Serialize)]
 pub struct UsageView {
     pub node: String,

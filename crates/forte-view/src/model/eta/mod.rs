@@ -48,6 +48,7 @@ pub enum Order {
     AsBegun,
 }
 
+/// What this server saw at its earlier looks, which rates are slopes over.
 #[derive(Default)]
 struct Seen {
     /// Each running batch's done bytes over time.
@@ -65,6 +66,7 @@ struct NotedEta {
     eta_s: f64,
 }
 
+/// A node's done total over time.
 #[derive(Default)]
 struct NodeTotal {
     /// What the done total lost when batches failed after they had moved.
