@@ -38,9 +38,15 @@ pub struct Pressure {
     pub cpu_busy_seconds: f64,
 }
 
-/// At a decision: the time, the computing stages' busy seconds and the machine's CPU ticks
-/// (busy, total), if readable.
-type Reading = (Instant, f64, Option<(u64, u64)>);
+/// What was read at a decision.
+#[derive(Debug)]
+struct Reading {
+    at: Instant,
+    /// The computing stages' busy seconds so far.
+    cpu_busy_seconds: f64,
+    /// The machine's CPU ticks (busy, total), if readable.
+    machine: Option<(u64, u64)>,
+}
 
 #[derive(Debug)]
 pub struct LevelControl {
@@ -88,12 +94,18 @@ impl LevelControl {
     /// One decision at `now`, from the pipeline's state and the machine's CPU ticks.
     fn decide(&self, now: Instant, pressure: Pressure, machine: Option<(u64, u64)>) {
         let Some((lo, hi)) = self.bounds else { return };
-        let before = self
-            .last
-            .lock()
-            .replace((now, pressure.cpu_busy_seconds, machine));
+        let before = self.last.lock().replace(Reading {
+            at: now,
+            cpu_busy_seconds: pressure.cpu_busy_seconds,
+            machine,
+        });
         // The first decision only starts the clock of the CPU's share.
-        let Some((then, busy_then, machine_then)) = before else {
+        let Some(Reading {
+            at: then,
+            cpu_busy_seconds: busy_then,
+            machine: machine_then,
+        }) = before
+        else {
             return;
         };
         let wall = (now - then).as_secs_f64() * self.cpu as f64;

@@ -238,7 +238,7 @@ struct FileState {
     hashed: u32,
     /// Pieces that reached the sink, counted in units of [`FileJob::units`].
     accounted: u32,
-    manifest: Option<(Manifest, Vec<u8>)>,
+    manifest: Option<SealedManifest>,
     /// The manifest went to the sink with the only part ([`Sink::put_object`]).
     manifest_stored: bool,
     error: Option<String>,
@@ -323,11 +323,24 @@ enum Body {
     Failed { covers: u32, error: String },
 }
 
+/// A file's manifest, and the same signed and sealed for the core: what the sink stores.
+struct SealedManifest {
+    manifest: Manifest,
+    sealed: Vec<u8>,
+}
+
+/// A part's length before compression and after it (before the seal).
+#[derive(Clone, Copy)]
+struct PartLengths {
+    raw: u64,
+    compressed: u64,
+}
+
 struct Piece {
     file: Arc<FileJob>,
     body: Body,
     /// Set by `seal` on the piece that completed the file.
-    manifest: Option<(Manifest, Vec<u8>)>,
+    manifest: Option<SealedManifest>,
     /// This piece's share of the memory budget, held until the sink is done with it.
     charge: Option<Charge>,
     /// When its bytes were read (a part's), for its latency to the sink.
@@ -652,7 +665,7 @@ impl<'k> Prepare<'k> {
         let document = manifest.sign(self.key);
         let mut sealed = Vec::with_capacity(document.len() + 512);
         encrypt(&self.recipients.0, &document, &mut sealed);
-        piece.manifest = Some((manifest, sealed));
+        piece.manifest = Some(SealedManifest { manifest, sealed });
     }
 
     /// Hands a piece to the sink and settles its file once every unit arrived. Returns the
@@ -681,7 +694,10 @@ impl<'k> Prepare<'k> {
                 compressed_len,
                 ..
             } => {
-                let lengths = (raw_len, compressed_len);
+                let lengths = PartLengths {
+                    raw: raw_len,
+                    compressed: compressed_len,
+                };
                 let stored = match manifest.take() {
                     // A one-part file's only piece carries its manifest: both go together.
                     Some(whole) if file.parts == 1 => {
@@ -716,10 +732,14 @@ impl<'k> Prepare<'k> {
         &self,
         file: &FileJob,
         data: Vec<u8>,
-        lengths: (u64, u64),
-        (manifest, sealed_manifest): (Manifest, Vec<u8>),
+        lengths: PartLengths,
+        whole: SealedManifest,
         pass: &Pass,
     ) -> Result<(), String> {
+        let SealedManifest {
+            manifest,
+            sealed: sealed_manifest,
+        } = whole;
         let sha256 = manifest.parts[0].ciphertext_sha256.clone();
         let stored = pass
             .sink
@@ -734,11 +754,11 @@ impl<'k> Prepare<'k> {
         Ok(())
     }
 
-    fn count_stored(&self, (raw_len, compressed_len): (u64, u64), sealed_len: u64) {
+    fn count_stored(&self, lengths: PartLengths, sealed_len: u64) {
         let t = &self.totals;
-        t.raw_bytes.fetch_add(raw_len, Ordering::Relaxed);
+        t.raw_bytes.fetch_add(lengths.raw, Ordering::Relaxed);
         t.compressed_bytes
-            .fetch_add(compressed_len, Ordering::Relaxed);
+            .fetch_add(lengths.compressed, Ordering::Relaxed);
         t.sealed_bytes.fetch_add(sealed_len, Ordering::Relaxed);
     }
 
@@ -749,7 +769,7 @@ impl<'k> Prepare<'k> {
         file: &FileJob,
         index: u32,
         data: Vec<u8>,
-        (raw_len, compressed_len): (u64, u64),
+        lengths: PartLengths,
         pass: &Pass,
     ) -> Result<(), String> {
         let sha256 = file.lock().entries[index as usize]
@@ -762,7 +782,7 @@ impl<'k> Prepare<'k> {
         if let Err(e) = stored {
             return Err(pass.stop_at(file, format!("part {index}: {e:#}")));
         }
-        self.count_stored((raw_len, compressed_len), sealed_len);
+        self.count_stored(lengths, sealed_len);
         Ok(())
     }
 
@@ -773,7 +793,7 @@ impl<'k> Prepare<'k> {
         if state.error.is_none() && state.manifest_stored {
             sha256 = state.sha256.clone();
         } else if state.error.is_none() {
-            let (manifest, sealed) = state
+            let SealedManifest { manifest, sealed } = state
                 .manifest
                 .take()
                 .expect("the last hashed piece carries it");
