@@ -53,7 +53,7 @@ def pull(forte, config, log=None):
                         "--relay-fingerprint", fingerprint, "--token-file", WORK / "core.token"],
                        check=True, stdout=subprocess.DEVNULL,
                        stderr=open(log, "w") if log else None,
-                       env={**os.environ, "FORTE_LOG": "info,forte::delivery=debug"} if log else None)
+                       env={**os.environ, "FORTE_LOG": "info,forte_core=debug"} if log else None)
         return time.perf_counter() - start
     finally:
         relay.terminate()
