@@ -99,7 +99,7 @@ const DISCARD_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 /// clients send a body whole before they read the answer: a connection closed under it is a
 /// reset they would retry, where the answer (413: over the quota) says not to. It costs the
 /// link the refused body once, and the relay nothing it keeps; its length was bounded by the
-/// gate ([`super::MAX_BODY`]).
+/// gate ([`crate::api::MAX_BODY`]).
 async fn discard(mut stream: axum::body::BodyDataStream) {
     while let Ok(Some(Ok(_))) = tokio::time::timeout(DISCARD_STALL, stream.next()).await {}
 }
