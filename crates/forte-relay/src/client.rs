@@ -36,7 +36,7 @@ pub type OnSent = Arc<dyn Fn(ObjectId, u32, u64) + Send + Sync>;
 /// telling costs nothing beside sending.
 struct Told {
     body: Box<dyn Read + Send>,
-    part: (ObjectId, u32),
+    part: PartOf,
     /// Bytes not read yet.
     left: u64,
     /// Bytes read and not told yet.
@@ -46,13 +46,20 @@ struct Told {
 
 const TOLD_EVERY: u64 = 64 << 10;
 
+/// Which part an upload's body is: part `index` of object `id`.
+#[derive(Clone, Copy)]
+struct PartOf {
+    id: ObjectId,
+    index: u32,
+}
+
 impl Read for Told {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.body.read(buf)?;
         self.untold += n as u64;
         self.left = self.left.saturating_sub(n as u64);
         if self.untold >= TOLD_EVERY || (self.left == 0 && self.untold > 0) {
-            (self.on_sent)(self.part.0, self.part.1, self.untold);
+            (self.on_sent)(self.part.id, self.part.index, self.untold);
             self.untold = 0;
         }
         Ok(n)
@@ -270,12 +277,7 @@ impl RelayClient {
     /// told as it goes when asked, with the time the slowest limit it may go at makes it take
     /// added to the request's timeout: pacing, its own or the relay's reading at this site's
     /// share, never turns into a timeout.
-    fn upload(
-        &self,
-        request: RequestBuilder,
-        body: Vec<u8>,
-        part: (ObjectId, u32),
-    ) -> RequestBuilder {
+    fn upload(&self, request: RequestBuilder, body: Vec<u8>, part: PartOf) -> RequestBuilder {
         let own = self.pacer.as_ref().and_then(|p| p.timetable().lowest());
         let paced_for = paced_for(body.len(), self.uploads_at_once, own, self.relay_share());
         let request = request.timeout(self.timeout + paced_for);
@@ -339,7 +341,8 @@ impl RelayClient {
         &self,
         url: String,
         request: RequestBuilder,
-        (body, part): (Vec<u8>, (ObjectId, u32)),
+        body: Vec<u8>,
+        part: PartOf,
     ) -> Result<()> {
         self.wait_for_connections();
         if let Some(refused) = self.refused.lock().clone() {
@@ -415,7 +418,8 @@ impl RelayClient {
         self.send_upload(
             url.clone(),
             self.http.put(&url).header(SHA256_HEADER, sha256),
-            (sealed.to_vec(), (id, index)),
+            sealed.to_vec(),
+            PartOf { id, index },
         )
     }
 
@@ -437,7 +441,8 @@ impl RelayClient {
                 .put(&url)
                 .header(SHA256_HEADER, sha256)
                 .header(MANIFEST_LENGTH_HEADER, manifest.len()),
-            (body, (id, 0)),
+            body,
+            PartOf { id, index: 0 },
         )
     }
 

@@ -69,7 +69,7 @@ pub fn server_identity(
     let key = PrivateKeyDer::from_pem_file(&key_path)
         .with_context(|| format!("cannot read the private key in {}", key_path.display()))?;
     let shown = format!("{} and {}", cert_path.display(), key_path.display());
-    identity(chain, key, (fingerprint, cert_path), &shown)
+    identity(chain, key, fingerprint, cert_path, &shown)
 }
 
 /// A self-signed certificate for `names` and its key, as one PEM text.
@@ -114,17 +114,19 @@ pub fn identity_from_pem(pem: &[u8]) -> Result<ServerIdentity> {
     identity(
         chain,
         key,
-        (fingerprint, cert_path),
+        fingerprint,
+        cert_path,
         "the identity kept in the store",
     )
 }
 
-/// The server configuration for `chain` (its leaf's fingerprint given) and `key`; `shown`
-/// names where they came from, for the error.
+/// The server configuration for `chain` (its leaf's `fingerprint` given, the certificate at
+/// `cert_path`) and `key`; `shown` names where they came from, for the error.
 fn identity(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-    (fingerprint, cert_path): (String, PathBuf),
+    fingerprint: String,
+    cert_path: PathBuf,
     shown: &str,
 ) -> Result<ServerIdentity> {
     let config = rustls::ServerConfig::builder_with_provider(provider())

@@ -66,9 +66,15 @@ enum TokenRole {
     Core,
 }
 
+/// One token of the table: its SHA-256 (the token itself is not kept), and whom it is for.
+struct Known {
+    digest: [u8; 32],
+    principal: Principal,
+}
+
 /// The relay's token table.
 pub struct Tokens {
-    entries: Vec<([u8; 32], Principal)>,
+    entries: Vec<Known>,
 }
 
 impl Tokens {
@@ -77,7 +83,7 @@ impl Tokens {
             .with_context(|| format!("cannot read tokens file {}", path.display()))?;
         let file: TokensFile = toml::from_str(&text)
             .map_err(|e| anyhow::anyhow!("tokens file {} is not valid: {e}", path.display()))?;
-        let mut entries: Vec<([u8; 32], Principal)> = Vec::new();
+        let mut entries: Vec<Known> = Vec::new();
         for (n, e) in file.token.into_iter().enumerate() {
             let at = format!("{}: token #{}", path.display(), n + 1);
             if e.token.len() < 16 {
@@ -94,15 +100,18 @@ impl Tokens {
             };
             let token = digest(&e.token);
             // One token for two entries would make its holder whichever entry comes last.
-            if let Some(first) = entries.iter().position(|(known, _)| *known == token) {
+            if let Some(first) = entries.iter().position(|known| known.digest == token) {
                 bail!(
                     "{at} ({}) has the same token as token #{} ({}); give every [[token]] its own token",
                     describe(&principal),
                     first + 1,
-                    describe(&entries[first].1)
+                    describe(&entries[first].principal)
                 );
             }
-            entries.push((token, principal));
+            entries.push(Known {
+                digest: token,
+                principal,
+            });
         }
         if entries.is_empty() {
             bail!("tokens file {} defines no [[token]]", path.display());
@@ -119,9 +128,9 @@ impl Tokens {
     pub fn lookup(&self, presented: &str) -> Option<Principal> {
         let presented = digest(presented);
         let mut found = None;
-        for (known, principal) in &self.entries {
-            if bool::from(known.ct_eq(&presented)) {
-                found = Some(principal.clone());
+        for known in &self.entries {
+            if bool::from(known.digest.ct_eq(&presented)) {
+                found = Some(known.principal.clone());
             }
         }
         found
