@@ -9,8 +9,16 @@ pub struct FileIdentity {
     device: u64,
     inode: u64,
     size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
+    mtime: Timestamp,
+    ctime: Timestamp,
+}
+
+/// A time as the kernel keeps it: seconds since the epoch, then nanoseconds within the second
+/// (ordered so).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Timestamp {
+    seconds: i64,
+    nanoseconds: i64,
 }
 
 impl FileIdentity {
@@ -20,8 +28,14 @@ impl FileIdentity {
             device: m.dev(),
             inode: m.ino(),
             size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
+            mtime: Timestamp {
+                seconds: m.mtime(),
+                nanoseconds: m.mtime_nsec(),
+            },
+            ctime: Timestamp {
+                seconds: m.ctime(),
+                nanoseconds: m.ctime_nsec(),
+            },
         }
     }
 
@@ -30,7 +44,7 @@ impl FileIdentity {
     /// precision (a file system that keeps whole seconds, or coarser, could stamp a change
     /// within the same second alike).
     pub fn settled(&self) -> bool {
-        self.ctime.1 != 0 && coarse_now() > self.ctime
+        self.ctime.nanoseconds != 0 && coarse_now() > self.ctime
     }
 
     /// Waits until [`FileIdentity::settled`] holds for every file of `identities`, for at
@@ -51,14 +65,17 @@ impl FileIdentity {
 }
 
 /// The kernel's coarse real-time clock, the one it stamps file times with.
-fn coarse_now() -> (i64, i64) {
+fn coarse_now() -> Timestamp {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec we own.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut now) };
-    (now.tv_sec, now.tv_nsec)
+    Timestamp {
+        seconds: now.tv_sec,
+        nanoseconds: now.tv_nsec,
+    }
 }
 
 #[cfg(test)]
