@@ -108,6 +108,14 @@ struct Op<I, O, F> {
     state: Mutex<OpState<I, O>>,
 }
 
+/// What a worker takes to run a stage's job once: an item, its worker slot, and the output to
+/// emit to.
+struct Taken<I, O> {
+    item: I,
+    slot: usize,
+    output: Sender<O>,
+}
+
 struct OpState<I, O> {
     /// `None` once the stage ended.
     output: Option<Sender<O>>,
@@ -134,7 +142,7 @@ where
     }
 
     /// Takes an item and a worker slot, with the output to emit to.
-    fn take(&self) -> Option<(I, usize, Sender<O>)> {
+    fn take(&self) -> Option<Taken<I, O>> {
         let mut state = self.state.lock();
         if state.free.is_empty() || !self.room(&state) {
             return None;
@@ -145,7 +153,7 @@ where
             None => self.input.try_recv().ok()?,
         };
         let slot = state.free.pop().expect("checked above");
-        Some((item, slot, output))
+        Some(Taken { item, slot, output })
     }
 }
 
@@ -194,7 +202,7 @@ where
     }
 
     fn activate(&self, die: bool) -> Activation {
-        let Some((item, slot, output)) = self.take() else {
+        let Some(Taken { item, slot, output }) = self.take() else {
             return Activation::Idle;
         };
         self.wake.poke();
