@@ -5,8 +5,9 @@ use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use forte_catalog::{now_us, BatchKey, TaskOutcome, TaskRun};
@@ -257,8 +258,47 @@ const REASON_TAIL: usize = 1000;
 /// Runs the task's command once with `env`, its stdout and stderr read together, and kills its
 /// process group at the timeout.
 fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
-    let cannot_start = |e: std::io::Error| {
-        Tried {
+    let (reader, writer) = match std::io::pipe() {
+        Ok(pipe) => pipe,
+        Err(e) => return cannot_start(task, e),
+    };
+    let mut child = match spawn_held(task, env, writer) {
+        Ok(child) => child,
+        Err(e) => return cannot_start(task, e),
+    };
+    let output = read_in_background(reader);
+    let timed_out = wait_until_ended_or(&child, task.timeout);
+    // Whatever the try left in its group goes with it (with a PID namespace, all of it went
+    // when its process 1 ended): killed before the first process is reaped, while its pid
+    // still names the group.
+    // SAFETY: kill(2) on the process group the child leads; no memory involved.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
+    let status = child.wait().ok();
+    // Only a process that left the group can still hold the pipe: its output is not waited for.
+    let output = output.recv_timeout(OUTPUT_AFTER_END).unwrap_or_default();
+    let Judged { outcome, exit } = match status {
+        _ if timed_out => Judged {
+            outcome: TaskOutcome::TimedOut,
+            exit: format!("killed at its timeout of {} s", task.timeout.as_secs_f64()),
+        },
+        Some(status) => judge(status),
+        None => Judged {
+            outcome: TaskOutcome::Crashed,
+            exit: "its end could not be read".to_owned(),
+        },
+    };
+    let reason = (outcome != TaskOutcome::Passed).then(|| with_tail(&exit, &output));
+    Tried {
+        outcome,
+        started: true,
+        reason,
+        output,
+    }
+}
+
+/// The end of a try whose command could not start (`e`): a crash, not tried again.
+fn cannot_start(task: &Task, e: std::io::Error) -> Tried {
+    Tried {
         outcome: TaskOutcome::Crashed,
         started: false,
         reason: Some(format!(
@@ -269,11 +309,15 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
         )),
         output: Vec::new(),
     }
-    };
-    let (mut reader, writer) = match std::io::pipe() {
-        Ok(pipe) => pipe,
-        Err(e) => return cannot_start(e),
-    };
+}
+
+/// Starts the task's command with `env`, held as [`Supervision::here`] holds tries, its stdout
+/// and stderr both to `writer`.
+fn spawn_held(
+    task: &Task,
+    env: &[(&'static str, String)],
+    writer: std::io::PipeWriter,
+) -> std::io::Result<Child> {
     let mut command = Command::new(&task.argv[0]);
     command
         .args(&task.argv[1..])
@@ -288,23 +332,30 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
     // The parent's copies of the pipe's writing end are gone with `command`: the reader ends
     // when the task and its children have closed theirs.
     drop(command);
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => return cannot_start(e),
-    };
+    spawned
+}
+
+/// Reads everything from `reader` on a thread of its own; the output comes once it ends.
+fn read_in_background(mut reader: std::io::PipeReader) -> Receiver<Vec<u8>> {
     let (output_to, output) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut output = Vec::new();
         let _ = reader.read_to_end(&mut output);
         let _ = output_to.send(output);
     });
+    output
+}
+
+/// Waits until the child ends (or cannot be looked at), or `timeout` has passed: whether it
+/// timed out.
+fn wait_until_ended_or(child: &Child, timeout: Duration) -> bool {
     let started = Instant::now();
     let mut timed_out = false;
     let mut poll = Duration::from_millis(1);
     loop {
-        match ended(&child) {
+        match ended(child) {
             Ok(true) => break,
-            Ok(false) if started.elapsed() >= task.timeout => {
+            Ok(false) if started.elapsed() >= timeout => {
                 timed_out = true;
                 break;
             }
@@ -315,29 +366,7 @@ fn try_once(task: &Task, env: &[(&'static str, String)]) -> Tried {
             Err(_) => break,
         }
     }
-    // Whatever the try left in its group goes with it (with a PID namespace, all of it went
-    // when its process 1 ended): killed before the first process is reaped, while its pid
-    // still names the group.
-    // SAFETY: kill(2) on the process group the child leads; no memory involved.
-    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-    let status = child.wait().ok();
-    // Only a process that left the group can still hold the pipe: its output is not waited for.
-    let output = output.recv_timeout(OUTPUT_AFTER_END).unwrap_or_default();
-    let (outcome, exit) = match status {
-        _ if timed_out => (
-            TaskOutcome::TimedOut,
-            format!("killed at its timeout of {} s", task.timeout.as_secs_f64()),
-        ),
-        Some(status) => judge(status),
-        None => (TaskOutcome::Crashed, "its end could not be read".to_owned()),
-    };
-    let reason = (outcome != TaskOutcome::Passed).then(|| with_tail(&exit, &output));
-    Tried {
-        outcome,
-        started: true,
-        reason,
-        output,
-    }
+    timed_out
 }
 
 /// Whether the child has ended, without reaping it: its pid, and so its process group's id,
@@ -353,17 +382,26 @@ fn ended(child: &std::process::Child) -> std::io::Result<bool> {
     Ok(unsafe { info.si_pid() } != 0)
 }
 
+/// How a try ended: its outcome, and its exit in words.
+struct Judged {
+    outcome: TaskOutcome,
+    /// The exit in words ("exit 1", "crashed: killed by signal 9"), which the reason begins
+    /// with.
+    exit: String,
+}
+
 /// A finished try's outcome and its exit in words.
-fn judge(status: ExitStatus) -> (TaskOutcome, String) {
+fn judge(status: ExitStatus) -> Judged {
+    let judged = |outcome, exit| Judged { outcome, exit };
     match (status.code(), status.signal()) {
-        (Some(0), _) => (TaskOutcome::Passed, "exit 0".to_owned()),
-        (Some(1), _) => (TaskOutcome::Refused, "exit 1".to_owned()),
-        (Some(code), _) => (TaskOutcome::Crashed, format!("crashed with exit {code}")),
-        (None, Some(signal)) => (
+        (Some(0), _) => judged(TaskOutcome::Passed, "exit 0".to_owned()),
+        (Some(1), _) => judged(TaskOutcome::Refused, "exit 1".to_owned()),
+        (Some(code), _) => judged(TaskOutcome::Crashed, format!("crashed with exit {code}")),
+        (None, Some(signal)) => judged(
             TaskOutcome::Crashed,
             format!("crashed: killed by signal {signal}"),
         ),
-        (None, None) => (TaskOutcome::Crashed, format!("crashed: {status}")),
+        (None, None) => judged(TaskOutcome::Crashed, format!("crashed: {status}")),
     }
 }
 

@@ -93,78 +93,106 @@ impl Supervision {
                         libc::CLONE_NEWPID | libc::CLONE_NEWNS | libc::CLONE_NEWUSER
                     }
                 };
-                if libc::unshare(flags) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if self_ == Supervision::UserNamespace {
-                    for (path, text) in &id_maps {
-                        write_file(path, text)?;
-                    }
-                }
-                // The new mount namespace is a copy of the puller's, and shared mounts (the
-                // default under systemd) would still pass the task's mounts back to it: made
-                // private, none of them leaves the namespace.
-                let private = libc::MS_REC | libc::MS_PRIVATE;
-                if libc::mount(
-                    std::ptr::null(),
-                    c"/".as_ptr(),
-                    std::ptr::null(),
-                    private,
-                    std::ptr::null(),
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The waiter holds the writing end of `alive` until it ends: process 1 asks for
-                // its parent-death signal, then sees whether the waiter already ended (in the
-                // new namespace its parent has no pid it could ask about). Process 1 hands the
-                // task's end to the waiter through `status`: process 1 cannot end by a signal
-                // of its own, the waiter can.
-                let (mut alive, mut status) = ([0; 2], [0; 2]);
-                if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0
-                    || libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                match libc::fork() {
-                    -1 => Err(std::io::Error::last_os_error()),
-                    0 => {
-                        // Process 1 of the new namespace.
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
-                        libc::close(alive[1]);
-                        let mut byte = 0u8;
-                        libc::fcntl(alive[0], libc::F_SETFL, libc::O_NONBLOCK);
-                        if libc::read(alive[0], (&mut byte as *mut u8).cast(), 1) == 0 {
-                            libc::_exit(137);
-                        }
-                        libc::close(alive[0]);
-                        libc::close(status[0]);
-                        match libc::fork() {
-                            -1 => libc::_exit(127),
-                            // Process 2: the task, once exec'd.
-                            0 => {
-                                libc::close(status[1]);
-                                Ok(())
-                            }
-                            task => {
-                                only_keep(status[1]);
-                                let ended = wait_for(task);
-                                libc::write(status[1], (&ended as *const i32).cast(), 4);
-                                libc::_exit(0)
-                            }
-                        }
-                    }
-                    init => {
-                        only_keep_both(alive[1], status[0]);
-                        let init_ended = wait_for(init);
-                        let mut ended = 0i32;
-                        let got = libc::read(status[0], (&mut ended as *mut i32).cast(), 4);
-                        end_as(if got == 4 { ended } else { init_ended })
-                    }
-                }
+                enter_namespaces(flags, self_ == Supervision::UserNamespace, &id_maps)?;
+                start_keepers()
             });
         }
     }
+}
+
+/// Moves this (forked, not yet exec'd) process into new namespaces (`flags`, for `unshare`):
+/// with a user namespace (`map_ids`) its uid and gid mapped to themselves (`id_maps`), and
+/// every mount made private.
+unsafe fn enter_namespaces(
+    flags: libc::c_int,
+    map_ids: bool,
+    id_maps: &[(&CStr, Vec<u8>)],
+) -> std::io::Result<()> {
+    if libc::unshare(flags) != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if map_ids {
+        for (path, text) in id_maps {
+            write_file(path, text)?;
+        }
+    }
+    // The new mount namespace is a copy of the puller's, and shared mounts (the
+    // default under systemd) would still pass the task's mounts back to it: made
+    // private, none of them leaves the namespace.
+    let private = libc::MS_REC | libc::MS_PRIVATE;
+    if libc::mount(
+        std::ptr::null(),
+        c"/".as_ptr(),
+        std::ptr::null(),
+        private,
+        std::ptr::null(),
+    ) != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Forks the chain that holds the try: this process stays as the waiter, its child is process
+/// 1 of the new PID namespace, and that one's child, process 2, returns here to exec the task.
+unsafe fn start_keepers() -> std::io::Result<()> {
+    // The waiter holds the writing end of `alive` until it ends: process 1 asks for
+    // its parent-death signal, then sees whether the waiter already ended (in the
+    // new namespace its parent has no pid it could ask about). Process 1 hands the
+    // task's end to the waiter through `status`: process 1 cannot end by a signal
+    // of its own, the waiter can.
+    let (mut alive, mut status) = ([0; 2], [0; 2]);
+    if libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0
+        || libc::pipe2(status.as_mut_ptr(), libc::O_CLOEXEC) != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    match libc::fork() {
+        -1 => Err(std::io::Error::last_os_error()),
+        0 => keep_as_process_1(alive, status),
+        init => wait_as_waiter(init, alive[1], status[0]),
+    }
+}
+
+/// Process 1 of the new namespace: ends at once if the waiter already has, then forks the task
+/// (process 2, which returns to be exec'd) and hands its end to the waiter through `status`.
+unsafe fn keep_as_process_1(
+    alive: [libc::c_int; 2],
+    status: [libc::c_int; 2],
+) -> std::io::Result<()> {
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
+    libc::close(alive[1]);
+    let mut byte = 0u8;
+    libc::fcntl(alive[0], libc::F_SETFL, libc::O_NONBLOCK);
+    if libc::read(alive[0], (&mut byte as *mut u8).cast(), 1) == 0 {
+        libc::_exit(137);
+    }
+    libc::close(alive[0]);
+    libc::close(status[0]);
+    match libc::fork() {
+        -1 => libc::_exit(127),
+        // Process 2: the task, once exec'd.
+        0 => {
+            libc::close(status[1]);
+            Ok(())
+        }
+        task => {
+            only_keep(status[1]);
+            let ended = wait_for(task);
+            libc::write(status[1], (&ended as *const i32).cast(), 4);
+            libc::_exit(0)
+        }
+    }
+}
+
+/// The waiter, holding `alive` open until it ends: waits for process 1 (`init`) and ends as
+/// the task ended, as process 1 told through `status` (else as process 1 ended).
+unsafe fn wait_as_waiter(init: libc::pid_t, alive: libc::c_int, status: libc::c_int) -> ! {
+    only_keep_both(alive, status);
+    let init_ended = wait_for(init);
+    let mut ended = 0i32;
+    let got = libc::read(status, (&mut ended as *mut i32).cast(), 4);
+    end_as(if got == 4 { ended } else { init_ended })
 }
 
 /// Asks for SIGKILL when the parent dies, and dies now if it already has.
