@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use anyhow::Result;
-use forte_daemon::progress::with_progress;
+use forte_daemon::progress::{with_progress, Shown};
 use forte_daemon::settings::CoreSettings;
 use forte_daemon::units::human;
 use forte_pipeline::Reading;
@@ -26,10 +26,10 @@ pub fn unpack(
         quiet,
         || {
             let t = &restore.totals;
-            (
-                t.sealed_bytes.load(Ordering::Relaxed),
-                format!("restored {}", human(t.raw_bytes.load(Ordering::Relaxed))),
-            )
+            Shown {
+                bytes: t.sealed_bytes.load(Ordering::Relaxed),
+                message: format!("restored {}", human(t.raw_bytes.load(Ordering::Relaxed))),
+            }
         },
         || {
             restore.run(

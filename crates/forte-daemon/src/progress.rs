@@ -10,12 +10,20 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::units::ratio;
 
+/// What a progress bar shows at one look.
+pub struct Shown {
+    /// Bytes done, of the bar's total.
+    pub bytes: u64,
+    /// The message beside the bar.
+    pub message: String,
+}
+
 /// Runs `work` while a byte progress bar on stderr shows what `poll` reports: bytes done and a
 /// message. The bar is drawn only when stderr is a terminal and `quiet` is off.
 pub fn with_progress<R>(
     total: u64,
     quiet: bool,
-    poll: impl Fn() -> (u64, String) + Sync,
+    poll: impl Fn() -> Shown + Sync,
     work: impl FnOnce() -> R,
 ) -> R {
     let target = if quiet {
@@ -36,9 +44,9 @@ pub fn with_progress<R>(
     std::thread::scope(|s| {
         let (poll, bar) = (&poll, &bar);
         s.spawn(move || loop {
-            let (pos, msg) = poll();
-            bar.set_position(pos);
-            bar.set_message(msg);
+            let Shown { bytes, message } = poll();
+            bar.set_position(bytes);
+            bar.set_message(message);
             if finished.recv_timeout(Duration::from_millis(200)) != Err(RecvTimeoutError::Timeout) {
                 break;
             }
@@ -67,7 +75,10 @@ pub fn prepare_with_progress<R>(
             let files =
                 t.files_done.load(Ordering::Relaxed) + t.files_failed.load(Ordering::Relaxed);
             let r = ratio(raw, t.compressed_bytes.load(Ordering::Relaxed));
-            (raw, format!("ratio {r:.2} · files {files}/{file_count}"))
+            Shown {
+                bytes: raw,
+                message: format!("ratio {r:.2} · files {files}/{file_count}"),
+            }
         },
         run,
     )
