@@ -544,13 +544,27 @@ pub fn http(
     }))
 }
 
+/// `send`'s uploads in flight, as resolved.
+pub struct Uploads {
+    /// The upload sink's gate: how many uploads may be in flight.
+    pub gate: Arc<Gate>,
+    /// Whether the tuner turns the gate (`--connections auto`).
+    pub tuned: bool,
+}
+
 /// `send`'s uploads in flight: the `--connections` flag if given, else `send.connections`,
 /// else auto. Returns the sink's gate and whether the tuner turns it.
-pub fn uploads(flag: Option<Connections>, config: &Config) -> (Arc<Gate>, bool) {
+pub fn uploads(flag: Option<Connections>, config: &Config) -> Uploads {
     match flag.or(config.send.connections) {
-        Some(Connections::Fixed(n)) => (Gate::fixed(n), false),
+        Some(Connections::Fixed(n)) => Uploads {
+            gate: Gate::fixed(n),
+            tuned: false,
+        },
         // Until the tuner has measured the round trip: the setting that was the default.
-        _ => (Gate::new(16, MAX_UPLOADS), true),
+        _ => Uploads {
+            gate: Gate::new(16, MAX_UPLOADS),
+            tuned: true,
+        },
     }
 }
 

@@ -14,7 +14,7 @@ use forte_relay::pace::Pacer;
 use super::daemon::{daemon, Daemon};
 use super::{
     edge, policy, receipt_pub, relay, tasks, upload_pacer, uploads, Config, DaemonFlags, EdgeFlags,
-    EdgeSettings, EdgeSite, RelayFlags, RelayLink, ScheduleFlags, SendFlags,
+    EdgeSettings, EdgeSite, RelayFlags, RelayLink, ScheduleFlags, SendFlags, Uploads,
 };
 use crate::schedule::Policy;
 use crate::tasks::{Point, Tasks};
@@ -58,7 +58,7 @@ pub fn send(flags: SendCommand, config: &Config) -> Result<SendSettings> {
     // Resolved in this order so that the first mistake reported is the same as it always was.
     let relay = relay(flags.relay, config)?;
     let mut edge = edge(flags.edge, config)?;
-    let (gate, tune) = uploads(f.connections, config);
+    let Uploads { gate, tuned: tune } = uploads(f.connections, config);
     edge.prepare.sink = gate;
     let policy = policy(flags.schedule, config)?;
     let pacer = upload_pacer(f.bwlimit.as_deref(), f.target_rate.as_deref(), config)?;
