@@ -213,6 +213,15 @@ fn glob_match(pattern: &str, name: &str) -> bool {
     }
 }
 
+/// What a [`BatchQueue`] holds at one moment.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueTotals {
+    /// Items queued, of every batch.
+    pub items: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// Work items of many batches, handed out one at a time in the order of a [`Policy`].
 /// `next` blocks while the queue is empty until more work is admitted or the queue is closed.
 pub struct BatchQueue<T> {
@@ -278,11 +287,11 @@ impl<T> BatchQueue<T> {
     }
 
     /// Items and bytes queued.
-    pub fn totals(&self) -> (usize, u64) {
+    pub fn totals(&self) -> QueueTotals {
         let state = self.lock();
         let items = state.batches.iter().map(|b| b.items.len()).sum();
         let bytes = state.batches.iter().map(|b| b.waiting.remaining).sum();
-        (items, bytes)
+        QueueTotals { items, bytes }
     }
 
     /// Removes and returns any queued item, without waiting (for draining).

@@ -13,16 +13,18 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use forte_catalog::{now_us, BatchKey, BatchState, FileRow, FileState};
+use forte_catalog::{now_us, BatchKey, BatchRow, BatchState, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
-use forte_prepare::{discover, Compressibility, HeldPart, Origin, PrepareJob, SourceFile};
+use forte_prepare::{
+    discover, Compressibility, Discovery, HeldPart, Origin, PrepareJob, SourceFile,
+};
 use forte_relay::client::OpeningConnections;
 
 use super::asked::{Asked, HeldBefore};
 use super::deletion::drop_emptied_dirs;
 use super::inbox::{arrival_us, Batch, READY_MARKER};
 use super::seal::seal_beside;
-use super::{batch_id, Edge, InFlight, SEALED_EARLIER};
+use super::{batch_id, Edge, InFlight, Totals, SEALED_EARLIER};
 use crate::upload::{at_relay, AtRelay};
 use forte_daemon::retry::Operation;
 
@@ -49,6 +51,14 @@ struct Discovered {
     probed: Vec<Compressibility>,
 }
 
+/// The objects that carry a discovered batch's files (its jobs), and its files' rows in the
+/// catalogue.
+#[derive(Default)]
+struct Objects {
+    jobs: Vec<PrepareJob>,
+    rows: Vec<FileRow>,
+}
+
 /// A batch planned: its flight, and the jobs that send what the relay lacks of it.
 struct Planned {
     batch_key: BatchKey,
@@ -61,12 +71,23 @@ struct Planned {
 /// objects while they are sent. Dropped unasked, their seals learn that they were not.
 #[must_use = "the batches' seals wait until the relay was asked about them"]
 #[derive(Default)]
-pub struct Unasked(Vec<(BatchKey, Arc<Asked>, Vec<ObjectId>)>);
+pub struct Unasked(Vec<NotAsked>);
+
+/// A new batch admitted without asking the relay about its objects.
+struct NotAsked {
+    batch_key: BatchKey,
+    /// Where the relay's answer goes, which the batch's seal waits for.
+    asked: Arc<Asked>,
+    /// The batch's objects, to ask about.
+    ids: Vec<ObjectId>,
+}
 
 impl Drop for Unasked {
     fn drop(&mut self) {
-        for (_, asked, _) in &self.0 {
-            asked.set(HeldBefore::Unknown("the relay was not asked".into()));
+        for batch in &self.0 {
+            batch
+                .asked
+                .set(HeldBefore::Unknown("the relay was not asked".into()));
         }
     }
 }
@@ -99,7 +120,7 @@ impl Edge<'_> {
         if batches.is_empty() {
             return;
         }
-        let ids: Vec<ObjectId> = batches.iter().flat_map(|(_, _, ids)| ids.clone()).collect();
+        let ids: Vec<ObjectId> = batches.iter().flat_map(|b| b.ids.clone()).collect();
         let (client, what) = (
             self.setup.client,
             format!("status of {} objects", ids.len()),
@@ -108,7 +129,12 @@ impl Edge<'_> {
             .setup
             .retry
             .run(Operation::Status, &what, || client.statuses(&ids));
-        for (batch_key, asked, ids) in batches {
+        for NotAsked {
+            batch_key,
+            asked,
+            ids,
+        } in batches
+        {
             let held = match &found {
                 Ok(found) => {
                     let held = |id| found.get(id).is_some_and(|s| asked.held_before(s));
@@ -189,7 +215,11 @@ impl Edge<'_> {
             let mut nothing = ids.iter().map(|&id| (id, AtRelay::Nothing)).collect();
             let asked = Arc::new(Asked::default());
             found.flight.asked = Some(asked.clone());
-            unasked.0.push((found.batch_key.clone(), asked, ids));
+            unasked.0.push(NotAsked {
+                batch_key: found.batch_key.clone(),
+                asked,
+                ids,
+            });
             planned.push((batch, self.plan(found, Ok(&mut nothing))));
         }
         for (batch, plan) in planned {
@@ -199,7 +229,8 @@ impl Edge<'_> {
     }
 
     /// Discovers the files of a batch not in flight and the objects that carry them.
-    fn discover_batch(&self, Batch { name, dir }: &Batch) -> Option<Discovered> {
+    fn discover_batch(&self, batch: &Batch) -> Option<Discovered> {
+        let Batch { name, dir } = batch;
         let batch_key = batch_id(&self.setup.settings.key, name);
         if self.in_flight.lock().contains_key(&batch_key) {
             return None;
@@ -208,80 +239,18 @@ impl Edge<'_> {
         // Unless the catalogue says for sure that it never recorded the batch, it is known.
         let catalogued = self.setup.catalog.batch(&batch_key);
         let known = !matches!(catalogued, Ok(None));
-        let (jobs, rows) = match discover(dir) {
-            Ok(mut found) => {
-                found.files.retain(|f| f.path != READY_MARKER);
-                let state = catalogued
-                    .as_ref()
-                    .ok()
-                    .and_then(|row| row.as_ref().map(|r| r.state));
-                if let Some(why) =
-                    self.refused_at_edge((&batch_key, name, dir), &found.files, state)
-                {
-                    let totals = (found.files.len() as u64, found.total_bytes());
-                    let arrived = (arrival_us(dir), Some(why.as_str()));
-                    self.record_batch_as(&batch_key, name, totals, BatchState::Refused, arrived);
-                    self.setup.failures.report(name, None, &why);
-                    return None;
-                }
-                let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
-                drop_emptied_dirs(&mut found.files, &rows);
-                let report = &mut flight.report;
-                report.files = found.files.len();
-                let (files, bytes) = (found.files.len() as u64, found.total_bytes());
-                flight.bytes = bytes;
-                let arrived = arrival_us(dir);
-                let totals = (files, bytes);
-                self.record_batch_as(
-                    &batch_key,
-                    name,
-                    totals,
-                    BatchState::Queued,
-                    (arrived, None),
-                );
-                report.errors.extend(
-                    found
-                        .rejected
-                        .iter()
-                        .map(|(p, why)| format!("skipped {}: {why}", p.display())),
-                );
-                // What the writer records as the batch's arrival, once, for every run to sign.
-                let created = catalogued
-                    .as_ref()
-                    .ok()
-                    .and_then(Option::as_ref)
-                    .map(|row| row.created_at);
-                let arrived_us =
-                    created.unwrap_or_else(|| arrived.map_or(now_us(), |a| a.min(now_us())));
-                match self.setup.site.get(self.setup.client, self.setup.catalog) {
-                    Ok(site) => {
-                        let origin = Origin {
-                            site: site.to_string(),
-                            batch_time: arrived_us.div_euclid(1_000_000),
-                        };
-                        let objects = self.objects(name, found.files, &rows);
-                        let jobs = objects
-                            .into_iter()
-                            .map(|job| job.from_origin(origin.clone()));
-                        (jobs.collect(), rows)
-                    }
-                    Err(e) => {
-                        let error = format!("{e:#}");
-                        self.setup.failures.report(name, None, &error);
-                        flight.report.errors.push(error);
-                        flight.report.failed += flight.report.files;
-                        (Vec::new(), rows)
-                    }
-                }
-            }
+        let catalogued = catalogued.as_ref().ok().and_then(Option::as_ref);
+        let objects = match discover(dir) {
+            Ok(found) => self.admit_found(&batch_key, batch, found, catalogued, &mut flight)?,
             Err(e) => {
                 let error = format!("{e:#}");
                 self.setup.failures.report(name, None, &error);
                 flight.report.errors.push(error);
                 flight.report.failed += 1;
-                Default::default()
+                Objects::default()
             }
         };
+        let Objects { jobs, rows } = objects;
         // Read here, in the discovering threads, not in the queue's: some 10 ms a batch.
         let probed = forte_prepare::probe(&jobs);
         Some(Discovered {
@@ -292,6 +261,118 @@ impl Edge<'_> {
             rows,
             probed,
         })
+    }
+
+    /// The objects of a batch whose files were `found`, the batch recorded queued (`catalogued`:
+    /// its row from an earlier run); `None` when its edge tasks refused it.
+    fn admit_found(
+        &self,
+        batch_key: &BatchKey,
+        batch: &Batch,
+        mut found: Discovery,
+        catalogued: Option<&BatchRow>,
+        flight: &mut InFlight,
+    ) -> Option<Objects> {
+        found.files.retain(|f| f.path != READY_MARKER);
+        let state = catalogued.map(|r| r.state);
+        if self.refused_by_tasks(batch_key, batch, &found, state) {
+            return None;
+        }
+        let rows = self.setup.catalog.files(batch_key).unwrap_or_default();
+        drop_emptied_dirs(&mut found.files, &rows);
+        let arrived = self.record_queued(batch_key, batch, &found, flight);
+        // What the writer records as the batch's arrival, once, for every run to sign.
+        let created = catalogued.map(|row| row.created_at);
+        let arrived_us = created.unwrap_or_else(|| arrived.map_or(now_us(), |a| a.min(now_us())));
+        let jobs = self.jobs_signed(&batch.name, found.files, &rows, arrived_us, flight);
+        Some(Objects { jobs, rows })
+    }
+
+    /// Whether the site's edge tasks refused the batch (`state`: as the catalogue has it): then
+    /// it is recorded refused, with why, and reported.
+    fn refused_by_tasks(
+        &self,
+        batch_key: &BatchKey,
+        batch: &Batch,
+        found: &Discovery,
+        state: Option<BatchState>,
+    ) -> bool {
+        let Some(why) = self.refused_at_edge(batch_key, batch, &found.files, state) else {
+            return false;
+        };
+        let Batch { name, dir } = batch;
+        let totals = Totals {
+            files: found.files.len() as u64,
+            bytes: found.total_bytes(),
+        };
+        let (arrived, refused) = (arrival_us(dir), Some(why.as_str()));
+        self.record_batch_as(
+            batch_key,
+            name,
+            totals,
+            BatchState::Refused,
+            arrived,
+            refused,
+        );
+        self.setup.failures.report(name, None, &why);
+        true
+    }
+
+    /// Records the batch queued, with its totals and when it arrived (returned, if known);
+    /// its totals and the files discovery skipped go to the flight.
+    fn record_queued(
+        &self,
+        batch_key: &BatchKey,
+        Batch { name, dir }: &Batch,
+        found: &Discovery,
+        flight: &mut InFlight,
+    ) -> Option<i64> {
+        let report = &mut flight.report;
+        report.files = found.files.len();
+        let (files, bytes) = (found.files.len() as u64, found.total_bytes());
+        flight.bytes = bytes;
+        let arrived = arrival_us(dir);
+        let totals = Totals { files, bytes };
+        self.record_batch_as(batch_key, name, totals, BatchState::Queued, arrived, None);
+        report.errors.extend(
+            found
+                .rejected
+                .iter()
+                .map(|(p, why)| format!("skipped {}: {why}", p.display())),
+        );
+        arrived
+    }
+
+    /// The jobs that send the batch's `files`, each signed with this site and the batch's
+    /// arrival (`arrived_us`); none when this site is not known (the batch fails).
+    fn jobs_signed(
+        &self,
+        name: &str,
+        files: Vec<SourceFile>,
+        rows: &[FileRow],
+        arrived_us: i64,
+        flight: &mut InFlight,
+    ) -> Vec<PrepareJob> {
+        match self.setup.site.get(self.setup.client, self.setup.catalog) {
+            Ok(site) => {
+                let origin = Origin {
+                    site: site.to_string(),
+                    batch_time: arrived_us.div_euclid(1_000_000),
+                };
+                let objects = self.objects(name, files, rows);
+                let jobs = objects
+                    .into_iter()
+                    .map(|job| job.from_origin(origin.clone()));
+                jobs.collect()
+            }
+            Err(e) => {
+                let error = format!("{e:#}");
+                self.setup.failures.report(name, None, &error);
+                flight.report.errors.push(error);
+                flight.report.failed += flight.report.files;
+                Vec::new()
+            }
+        }
     }
 
     /// Queues a planned batch, or finishes it at once if nothing is left to send.

@@ -2,20 +2,19 @@
 //! prepared: a batch they refuse is recorded `refused` with the reason, reported, and left in
 //! the inbox until its ready marker is touched (the data fixed, or the check changed).
 
-use std::path::Path;
-
 use forte_catalog::{BatchKey, BatchState};
 use forte_prepare::SourceFile;
 
-use super::Edge;
+use super::{Batch, Edge};
 use forte_daemon::tasks::{self, Point, Subject, SubjectFile};
 
 impl Edge<'_> {
-    /// Runs the edge tasks on the batch `name` in `dir` (its files `files`), unless an earlier
+    /// Runs the edge tasks on the batch `key`, `batch` (its files `files`), unless an earlier
     /// run already sent it (`state`); the refusals in words, `None` when it may go.
     pub(super) fn refused_at_edge(
         &self,
-        (key, name, dir): (&BatchKey, &str, &Path),
+        key: &BatchKey,
+        Batch { name, dir }: &Batch,
         files: &[SourceFile],
         state: Option<BatchState>,
     ) -> Option<String> {

@@ -9,9 +9,10 @@ use forte_catalog::{BatchRow, BatchState, FileRow, Role};
 use forte_format::{Kind, ObjectId, Receipt, ReceiptFile, TrustedCores};
 use forte_fs::FileIdentity;
 use forte_prepare::{discover, SourceFile};
+use forte_relay::api::ObjectStatus;
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
-use super::{batch_id, object_id, Edge};
+use super::{batch_id, object_id, Edge, Totals};
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 use forte_daemon::units::human;
@@ -135,14 +136,39 @@ impl Edge<'_> {
         let Ok(batches) = self.setup.catalog.batches() else {
             return;
         };
-        let sent: Vec<BatchRow> = batches
+        let sent = self.sent_not_settled(batches);
+        let carriers = self.carriers_not_acknowledged(&sent);
+        if carriers.is_empty() {
+            return;
+        }
+        let ids: Vec<ObjectId> = carriers.keys().copied().collect();
+        let Ok(known) = self.setup.client.statuses(&ids) else {
+            return;
+        };
+        let Whereabouts {
+            lost,
+            not_delivered,
+        } = whereabouts(&carriers, &known);
+        self.settle_delivered(&sent, &not_delivered);
+        self.send_lost_again(&sent, lost);
+        note("a lost batch", self.setup.catalog.flush());
+    }
+
+    /// The batches this edge sent that are not in flight now, nor settled in this run.
+    fn sent_not_settled(&self, batches: Vec<BatchRow>) -> Vec<BatchRow> {
+        batches
             .into_iter()
             .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
             .filter(|b| !self.in_flight.lock().contains_key(&b.batch_key))
             // Delivered, as far as the relay can tell: asked about once per run, not at every
             // pass for as long as the catalogue keeps it.
             .filter(|b| !self.settled.lock().contains(&b.batch_key))
-            .collect();
+            .collect()
+    }
+
+    /// The objects that carry the files of `sent` not recorded acknowledged, each with the
+    /// batches (indices into `sent`) whose files it carries.
+    fn carriers_not_acknowledged(&self, sent: &[BatchRow]) -> HashMap<ObjectId, Vec<usize>> {
         let mut carriers: HashMap<ObjectId, Vec<usize>> = HashMap::new();
         for (i, b) in sent.iter().enumerate() {
             let Ok(rows) = self.setup.catalog.files(&b.batch_key) else {
@@ -155,42 +181,13 @@ impl Edge<'_> {
                 }
             }
         }
-        if carriers.is_empty() {
-            return;
-        }
-        let ids: Vec<ObjectId> = carriers.keys().copied().collect();
-        let Ok(known) = self.setup.client.statuses(&ids) else {
-            return;
-        };
-        // Sealed or delivered is where a sent batch's objects belong; unknown (dropped) or
-        // open again (a part or manifest the core found damaged, dropped by the relay) is lost.
-        let held = |id: &ObjectId| {
-            known.get(id).is_some_and(|s| {
-                matches!(
-                    s.state,
-                    forte_relay::api::ObjectState::Complete
-                        | forte_relay::api::ObjectState::Delivered
-                )
-            })
-        };
-        let mut lost: HashMap<usize, usize> = HashMap::new();
-        let mut not_delivered: HashSet<usize> = HashSet::new();
-        for (id, batches) in &carriers {
-            let delivered = known
-                .get(id)
-                .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered);
-            if !delivered {
-                not_delivered.extend(batches);
-            }
-            if !held(id) {
-                for i in batches {
-                    *lost.entry(*i).or_default() += 1;
-                }
-            }
-        }
-        // Every object delivered, says the relay: the core's receipt must say so too, or the
-        // acknowledgement was not the core's (forged, or a core without a receipt key). Then
-        // the batch is settled for this run.
+        carriers
+    }
+
+    /// Every object delivered, says the relay: the core's receipt must say so too, or the
+    /// acknowledgement was not the core's (forged, or a core without a receipt key). Then
+    /// the batch is settled for this run.
+    fn settle_delivered(&self, sent: &[BatchRow], not_delivered: &HashSet<usize>) {
         for (i, b) in sent.iter().enumerate() {
             if not_delivered.contains(&i) {
                 continue;
@@ -209,22 +206,24 @@ impl Edge<'_> {
                 self.setup.failures.report(&b.name, None, error);
             }
         }
+    }
+
+    /// Reports each batch of `sent` the relay `lost` objects of and records it failed, so that
+    /// the next scan admits it again.
+    fn send_lost_again(&self, sent: &[BatchRow], lost: HashMap<usize, usize>) {
         for (i, objects) in lost {
             let b = &sent[i];
             let error = format!(
                 "the relay no longer holds {objects} object(s) of this batch, sealed and not yet received by the core: sending them again"
             );
             self.setup.failures.report(&b.name, None, &error);
-            let (files, bytes) = (b.files as u64, b.bytes as u64);
-            self.record_batch_as(
-                &b.batch_key,
-                &b.name,
-                (files, bytes),
-                BatchState::Failed,
-                (None, Some(&error)),
-            );
+            let totals = Totals {
+                files: b.files as u64,
+                bytes: b.bytes as u64,
+            };
+            let failed = BatchState::Failed;
+            self.record_batch_as(&b.batch_key, &b.name, totals, failed, None, Some(&error));
         }
-        note("a lost batch", self.setup.catalog.flush());
     }
 
     /// Deletes, in every sent batch, each source file that a custody receipt of the core lists
@@ -260,20 +259,7 @@ impl Edge<'_> {
         };
         let recorded: HashMap<&str, &FileRow> =
             rows.iter().map(|r| (r.object_id.as_str(), r)).collect();
-        // Each file with its own id and the object that carries it at the relay: the one the
-        // catalogue recorded (its bundle as sent, though some members may be deleted since),
-        // else the one it would travel in now. A bundle is delivered whole or not at all.
-        let carried: Vec<(SourceFile, ObjectId, ObjectId)> = self
-            .objects(&b.name, sources, &rows)
-            .iter()
-            .flat_map(|j| {
-                j.files().into_iter().map(|(f, id)| {
-                    let row = recorded.get(id.to_string().as_str());
-                    let carrier = row.and_then(|r| r.at_relay().parse().ok());
-                    (f.clone(), id, carrier.unwrap_or(j.id))
-                })
-            })
-            .collect();
+        let mut carried = self.carried(b, sources, &rows, &recorded);
         // Only the core's signed receipts say what it keeps: the relay's word (its tombstones,
         // its answers) never deletes a source.
         let Some(receipted) = self.verified_receipts(b) else {
@@ -282,32 +268,77 @@ impl Edge<'_> {
         // The acknowledgement is kept before the source goes: a sender killed after deleting
         // a file could never record it again. Whether the file is still what the core keeps is
         // checked as it is removed (`remove_if_as_delivered`).
-        let carried: Vec<(SourceFile, ObjectId, ObjectId, Option<ReceiptFile>)> = carried
-            .into_iter()
-            .map(|(source, id, carrier)| {
-                let listed = receipted.get(&id).cloned();
-                (source, id, carrier, listed)
-            })
-            .collect();
-        for (source, id, carrier, _) in carried.iter().filter(|c| c.3.is_some()) {
-            let was = recorded.get(id.to_string().as_str()).map(|r| r.state);
-            self.record_acknowledged_file(&b.batch_key, *carrier, (source, *id), was);
+        for c in &mut carried {
+            c.listed = receipted.get(&c.id).cloned();
         }
-        if let Err(e) = self.setup.catalog.flush() {
-            eprintln!("warning: batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
+        if !self.record_acknowledged(b, &carried, &recorded) {
             return;
         }
         let never_sent = found
             .rejected
             .iter()
             .map(|(p, why)| format!("{}: never sent ({why})", p.display()));
+        let mut done = delete_delivered(&files_of(carried));
+        done.kept.extend(never_sent);
+        prune_empty_dirs(dir);
+        self.after_deletion(dir, b, done);
+    }
+
+    /// Each file of batch `b` (`sources`) with its own id and the object that carries it at the
+    /// relay: the one the catalogue recorded (its bundle as sent, though some members may be
+    /// deleted since), else the one it would travel in now. A bundle is delivered whole or not
+    /// at all.
+    fn carried(
+        &self,
+        b: &BatchRow,
+        sources: Vec<SourceFile>,
+        rows: &[FileRow],
+        recorded: &HashMap<&str, &FileRow>,
+    ) -> Vec<Carried> {
+        self.objects(&b.name, sources, rows)
+            .iter()
+            .flat_map(|j| {
+                j.files().into_iter().map(|(f, id)| {
+                    let row = recorded.get(id.to_string().as_str());
+                    let carrier = row.and_then(|r| r.at_relay().parse().ok());
+                    Carried {
+                        source: f.clone(),
+                        id,
+                        carrier: carrier.unwrap_or(j.id),
+                        listed: None,
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Records acknowledged every file of `carried` a receipt lists, and makes it durable:
+    /// whether the files may be deleted now.
+    fn record_acknowledged(
+        &self,
+        b: &BatchRow,
+        carried: &[Carried],
+        recorded: &HashMap<&str, &FileRow>,
+    ) -> bool {
+        for c in carried.iter().filter(|c| c.listed.is_some()) {
+            let was = recorded.get(c.id.to_string().as_str()).map(|r| r.state);
+            self.record_acknowledged_file(&b.batch_key, c.carrier, (&c.source, c.id), was);
+        }
+        if let Err(e) = self.setup.catalog.flush() {
+            eprintln!("warning: batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
+            return false;
+        }
+        true
+    }
+
+    /// After deleting what was acknowledged of batch `b` (`done`): removes its directory if only
+    /// the ready marker is left, or records and reports what is kept for good.
+    fn after_deletion(&self, dir: &Path, b: &BatchRow, done: Deletion) {
         let Deletion {
             deleted,
-            mut kept,
+            kept,
             waiting,
-        } = delete_delivered(&files_of(carried));
-        kept.extend(never_sent);
-        prune_empty_dirs(dir);
+        } = done;
         let only_marker = std::fs::read_dir(dir)
             .map(|mut d| d.all(|e| e.is_ok_and(|e| e.file_name() == READY_MARKER)))
             .unwrap_or(false);
@@ -398,14 +429,64 @@ fn receipt_for(document: &[u8], trusted: &TrustedCores, site: &str) -> Result<Re
     }
 }
 
+/// A source file of a sent batch, and what deleting it depends on.
+struct Carried {
+    source: SourceFile,
+    /// The file's own object id, which the core's receipt lists it by.
+    id: ObjectId,
+    /// The object that carries it at the relay: its own, or its bundle.
+    carrier: ObjectId,
+    /// What the core's receipt lists for it, if it lists it.
+    listed: Option<ReceiptFile>,
+}
+
 /// Each file with what the core's receipt lists for it, if it lists it.
-fn files_of(
-    carried: Vec<(SourceFile, ObjectId, ObjectId, Option<ReceiptFile>)>,
-) -> Vec<(SourceFile, Option<ReceiptFile>)> {
-    carried
-        .into_iter()
-        .map(|(f, _, _, listed)| (f, listed))
-        .collect()
+fn files_of(carried: Vec<Carried>) -> Vec<(SourceFile, Option<ReceiptFile>)> {
+    carried.into_iter().map(|c| (c.source, c.listed)).collect()
+}
+
+/// Where the relay says the objects of sent batches are.
+struct Whereabouts {
+    /// By batch (its index), how many of its objects the relay no longer holds.
+    lost: HashMap<usize, usize>,
+    /// The batches (their indices) with an object the relay has not delivered.
+    not_delivered: HashSet<usize>,
+}
+
+/// Where the `carriers` of sent batches are, by what the relay `known` of them.
+fn whereabouts(
+    carriers: &HashMap<ObjectId, Vec<usize>>,
+    known: &HashMap<ObjectId, ObjectStatus>,
+) -> Whereabouts {
+    // Sealed or delivered is where a sent batch's objects belong; unknown (dropped) or
+    // open again (a part or manifest the core found damaged, dropped by the relay) is lost.
+    let held = |id: &ObjectId| {
+        known.get(id).is_some_and(|s| {
+            matches!(
+                s.state,
+                forte_relay::api::ObjectState::Complete | forte_relay::api::ObjectState::Delivered
+            )
+        })
+    };
+    let mut lost: HashMap<usize, usize> = HashMap::new();
+    let mut not_delivered: HashSet<usize> = HashSet::new();
+    for (id, batches) in carriers {
+        let delivered = known
+            .get(id)
+            .is_some_and(|s| s.state == forte_relay::api::ObjectState::Delivered);
+        if !delivered {
+            not_delivered.extend(batches);
+        }
+        if !held(id) {
+            for i in batches {
+                *lost.entry(*i).or_default() += 1;
+            }
+        }
+    }
+    Whereabouts {
+        lost,
+        not_delivered,
+    }
 }
 
 /// Removes `source` only if it is still the file the core's receipt lists. It is first renamed

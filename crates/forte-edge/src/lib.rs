@@ -108,6 +108,13 @@ enum EarlySeal {
     NoInventory(String),
 }
 
+/// A batch's totals as recorded: all its files and their raw bytes, not only what a run sent.
+#[derive(Debug, Clone, Copy)]
+struct Totals {
+    files: u64,
+    bytes: u64,
+}
+
 /// A batch between its admission to the queue and its seal at the relay.
 struct InFlight {
     report: SendReport,
@@ -347,19 +354,21 @@ impl<'a> Edge<'a> {
 
     /// Records a batch's state and totals (the batch's, not this run's).
     fn record_batch(&self, key: &BatchKey, name: &str, files: u64, bytes: u64, state: BatchState) {
-        self.record_batch_as(key, name, (files, bytes), state, (None, None));
+        let totals = Totals { files, bytes };
+        self.record_batch_as(key, name, totals, state, None, None);
     }
 
-    /// [`Edge::record_batch`], with when the batch arrived if known (a batch recorded for the
+    /// [`Edge::record_batch`], with when the batch `arrived` if known (a batch recorded for the
     /// first time gets that as its creation time, which its latency counts from) and what the
-    /// change was about (a failed batch's error, in its lineage).
+    /// change was about (`detail`: a failed batch's error, in its lineage).
     fn record_batch_as(
         &self,
         key: &BatchKey,
         name: &str,
-        (files, bytes): (u64, u64),
+        Totals { files, bytes }: Totals,
         state: BatchState,
-        (arrived, detail): (Option<i64>, Option<&str>),
+        arrived: Option<i64>,
+        detail: Option<&str>,
     ) {
         let record = BatchRecord {
             key,

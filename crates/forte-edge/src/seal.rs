@@ -2,7 +2,8 @@
 //! signed inventory, beside its last uploads (or once they are all there).
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::Sender;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 use std::thread::Scope;
 use std::time::Duration;
 
@@ -10,8 +11,8 @@ use forte_catalog::{now_us, BatchKey, BatchState, FileRecord, FileState, Role, S
 use forte_format::{Instance, Inventory, InventoryEntry, Manifest, ObjectId};
 use forte_prepare::{FileOutcome, Prepare};
 
-use super::asked::HeldBefore;
-use super::{EarlySeal, Edge, InFlight};
+use super::asked::{Asked, HeldBefore};
+use super::{EarlySeal, Edge, InFlight, SendReport, Totals};
 use crate::tuner::Tuning;
 use crate::upload::UploadSink;
 use forte_daemon::progress::prepare_with_progress;
@@ -193,6 +194,35 @@ impl Edge<'_> {
             ..
         } = flight;
         report.seconds = admitted.elapsed().as_secs_f64();
+        self.take_relays_answer(&mut report, asked, held_before);
+        if report.send_again {
+            // Queued again, so that a later scan sends it if this run does not.
+            let files = report.files as u64;
+            self.record_batch(batch_key, &report.batch, files, bytes, BatchState::Queued);
+            self.finished.lock().push(report);
+            return;
+        }
+        // A batch whose every object was delivered before has nothing left to offer.
+        if report.failed == 0 && !members.is_empty() {
+            let seal = Seal {
+                members: &members,
+                entries,
+                early_seal,
+            };
+            self.seal_at_relay(batch_key, &mut report, seal);
+        }
+        self.record_ended(batch_key, report, bytes, started_at);
+    }
+
+    /// Books the relay's answer about a batch sent before it was asked (`asked`), or that it
+    /// refused an object as held before (`held_before`): the batch is sent again if the relay
+    /// held some of it; a relay that could not be asked fails it.
+    fn take_relays_answer(
+        &self,
+        report: &mut SendReport,
+        asked: Option<Arc<Asked>>,
+        held_before: bool,
+    ) {
         match asked.map(|a| a.wait()) {
             _ if held_before => report.send_again = true,
             Some(HeldBefore::Some) => report.send_again = true,
@@ -204,50 +234,61 @@ impl Edge<'_> {
             }
             Some(HeldBefore::Nothing | HeldBefore::Unknown(_)) | None => {}
         }
-        if report.send_again {
-            // Queued again, so that a later scan sends it if this run does not.
-            let files = report.files as u64;
-            self.record_batch(batch_key, &report.batch, files, bytes, BatchState::Queued);
-            self.finished.lock().push(report);
-            return;
+    }
+
+    /// Seals the batch at the relay, unless it was sealed beside its last uploads; a seal that
+    /// fails fails the batch.
+    fn seal_at_relay(&self, batch_key: &BatchKey, report: &mut SendReport, seal: Seal<'_>) {
+        let Seal {
+            members,
+            entries,
+            early_seal,
+        } = seal;
+        let inventory = match early_seal.map(|answer| answer.recv()) {
+            Some(Ok(EarlySeal::Sent { answer: Ok(()), .. })) => Ok(None),
+            // Not sealed beside the last uploads (a relay that does not wait, or one of
+            // them retried for longer than the relay waited): sealed now, as they are all
+            // there.
+            Some(Ok(EarlySeal::Sent { inventory, .. })) => Ok(Some(inventory)),
+            Some(Ok(EarlySeal::NoInventory(e))) => Err(e),
+            // Its entries went with it; the next run seals the batch.
+            Some(Err(_)) => Err("the thread sealing it stopped without an answer".to_string()),
+            // The entries go as soon as they are sealed: at 100 000 files they are tens of
+            // MB.
+            None => self
+                .sealed_inventory(batch_key, &report.batch, entries)
+                .map(Some),
+        };
+        let what = format!("seal of batch {}", report.batch);
+        let sealed = inventory.and_then(|inventory| {
+            inventory.map_or(Ok(()), |sealed| {
+                self.setup
+                    .retry
+                    .run(Operation::Seal, &what, || {
+                        self.setup
+                            .client
+                            .seal_batch(batch_key.batch(), members, &sealed, None)
+                    })
+                    .map_err(|e| e.to_string())
+            })
+        });
+        if let Err(e) = sealed {
+            let error = format!("cannot seal the batch at the relay: {e}");
+            self.setup.failures.report(&report.batch, None, &error);
+            report.errors.push(error);
+            report.failed += 1;
         }
-        // A batch whose every object was delivered before has nothing left to offer.
-        if report.failed == 0 && !members.is_empty() {
-            let inventory = match early_seal.map(|answer| answer.recv()) {
-                Some(Ok(EarlySeal::Sent { answer: Ok(()), .. })) => Ok(None),
-                // Not sealed beside the last uploads (a relay that does not wait, or one of
-                // them retried for longer than the relay waited): sealed now, as they are all
-                // there.
-                Some(Ok(EarlySeal::Sent { inventory, .. })) => Ok(Some(inventory)),
-                Some(Ok(EarlySeal::NoInventory(e))) => Err(e),
-                // Its entries went with it; the next run seals the batch.
-                Some(Err(_)) => Err("the thread sealing it stopped without an answer".to_string()),
-                // The entries go as soon as they are sealed: at 100 000 files they are tens of
-                // MB.
-                None => self
-                    .sealed_inventory(batch_key, &report.batch, entries)
-                    .map(Some),
-            };
-            let what = format!("seal of batch {}", report.batch);
-            let sealed = inventory.and_then(|inventory| {
-                inventory.map_or(Ok(()), |sealed| {
-                    self.setup
-                        .retry
-                        .run(Operation::Seal, &what, || {
-                            self.setup
-                                .client
-                                .seal_batch(batch_key.batch(), &members, &sealed, None)
-                        })
-                        .map_err(|e| e.to_string())
-                })
-            });
-            if let Err(e) = sealed {
-                let error = format!("cannot seal the batch at the relay: {e}");
-                self.setup.failures.report(&report.batch, None, &error);
-                report.errors.push(error);
-                report.failed += 1;
-            }
-        }
+    }
+
+    /// Records how the batch ended (its totals, `bytes` the raw bytes of all its files) and,
+    /// for a run that sent files since `started_at`, its send stage; tells and keeps `report`.
+    fn record_ended(
+        &self,
+        batch_key: &BatchKey,
+        report: SendReport,
+        bytes: u64,
+        started_at: Option<i64>,
+    ) {
         let state = if report.failed == 0 {
             BatchState::Sent
         } else {
@@ -257,9 +298,12 @@ impl Edge<'_> {
         forte_daemon::monitor::batch_ended(batch_key);
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
-        let totals = (report.files as u64, bytes);
+        let totals = Totals {
+            files: report.files as u64,
+            bytes,
+        };
         let error = report.errors.first().map(String::as_str);
-        self.record_batch_as(batch_key, &report.batch, totals, state, (None, error));
+        self.record_batch_as(batch_key, &report.batch, totals, state, None, error);
         // Only a run that sent files did the send stage: one that found them all at the relay
         // leaves the stage as the run that sent them recorded it.
         if let Some(started_at) = started_at {
@@ -315,7 +359,8 @@ impl Edge<'_> {
                 },
                 on_sending: &|id, sha256| self.sending(id, sha256),
             };
-            let (files, bytes) = self.queue.totals();
+            let queued = self.queue.totals();
+            let (files, bytes) = (queued.items, queued.bytes);
             let publish = || {
                 // Everything admitted and not finished: queued, being prepared, or uploading
                 // (and waiting for a relay that does not answer).
@@ -333,7 +378,7 @@ impl Edge<'_> {
                 catalog: self.setup.catalog,
                 prepare: &prepare,
                 gate: &edge.prepare.sink,
-                queued: (files, bytes),
+                queued,
                 part_size: edge.prepare.part_size,
             });
             std::thread::scope(|tuner| {
@@ -356,6 +401,17 @@ impl Edge<'_> {
             self.abandon_unfinished();
         });
     }
+}
+
+/// What sealing a finished batch at the relay needs of its flight.
+struct Seal<'m> {
+    /// Every object of the batch not yet delivered.
+    members: &'m [ObjectId],
+    /// The inventory entries of its files, unless they went with a seal beside the last
+    /// uploads.
+    entries: Vec<InventoryEntry>,
+    /// The answer to the seal sent beside the last uploads, if one was.
+    early_seal: Option<Receiver<EarlySeal>>,
 }
 
 /// A batch seal to send beside the batch's last uploads.

@@ -124,7 +124,17 @@ pub struct Climb {
     /// changed, probed at once rather than at the next scheduled probe.
     settled_goodput: Option<f64>,
     /// The best utility measured and its setting: what history keeps.
-    best: Option<(usize, f64, f64)>,
+    best: Option<Best>,
+}
+
+/// The setting of the best utility measured so far.
+#[derive(Debug, Clone, Copy)]
+struct Best {
+    uploads: usize,
+    /// Falcon's utility measured at it.
+    utility: f64,
+    /// The goodput measured with it, in bytes per second.
+    goodput: f64,
 }
 
 impl Climb {
@@ -146,7 +156,7 @@ impl Climb {
 
     /// The setting of the best utility measured, with its goodput.
     pub fn best(&self) -> Option<(usize, f64)> {
-        self.best.map(|(n, _, goodput)| (n, goodput))
+        self.best.map(|best| (best.uploads, best.goodput))
     }
 
     /// Takes one interval's measurement of the current setting; returns the next setting if
@@ -160,26 +170,9 @@ impl Climb {
             return None;
         }
         if s.busy < BUSY * n as f64 && s.retries == 0 {
-            // Uploads waited for work: more of them cannot help. Forget the comparison, which
-            // was not of the link, and come down to one more than were busy, so that the
-            // setting says what is used (a limit of 11 where the memory budget let 6 work
-            // kept a second sender on the same link at a third of the share) and the next
-            // probe starts from there.
-            self.previous = None;
-            self.settled_for = Some(0);
-            let used = (s.busy.ceil() as usize + 1).max(MIN_UPLOADS);
-            return (used < n)
-                .then(|| {
-                    self.direction = 1;
-                    self.set(used, format!("{:.1} of {n} uploads were busy", s.busy))
-                })
-                .flatten();
+            return self.come_down_to_busy(s);
         }
-        let loss = s.retries as f64 / s.requests.max(1) as f64;
-        let utility = s.goodput / K.powi(n as i32) - s.goodput * B * loss;
-        if self.best.is_none_or(|(_, u, _)| utility > u) {
-            self.best = Some((n, utility, s.goodput));
-        }
+        let utility = self.utility(s);
         let carried = s.paced.unwrap_or(s.goodput);
         if s.limit.is_some_and(|limit| carried >= LIMIT_BINDS * limit) {
             // The limit, not the uploads, sets the rate: these uploads are enough for it.
@@ -192,48 +185,97 @@ impl Climb {
         };
         let gain = (utility - before_utility) / before_utility.abs().max(1.0);
         if gain > NOISE {
-            // The move paid: go on the same way, further (Falcon's accelerating step).
-            self.step = (self.step * 1.5).min(3.0);
-            self.settled_for = None;
-            self.move_by(
-                utility,
-                format!(
-                    "{before} → {n} uploads raised goodput to {:.1} MB/s",
-                    s.goodput / 1e6
-                ),
-            )
+            self.go_further(utility, before, s.goodput)
         } else if gain < -NOISE {
-            // It cost: back to where it was, and the next probe goes the other way.
-            self.direction = -self.direction;
-            self.step = 1.25;
-            self.previous = None;
-            self.settled_for = Some(0);
+            self.go_back(before, s.goodput)
+        } else {
+            self.keep_the_cheaper(before, s.goodput)
+        }
+    }
+
+    /// Uploads waited for work: more of them cannot help. Forget the comparison, which
+    /// was not of the link, and come down to one more than were busy, so that the
+    /// setting says what is used (a limit of 11 where the memory budget let 6 work
+    /// kept a second sender on the same link at a third of the share) and the next
+    /// probe starts from there.
+    fn come_down_to_busy(&mut self, s: Sample) -> Option<Change> {
+        let n = self.uploads;
+        self.previous = None;
+        self.settled_for = Some(0);
+        let used = (s.busy.ceil() as usize + 1).max(MIN_UPLOADS);
+        (used < n)
+            .then(|| {
+                self.direction = 1;
+                self.set(used, format!("{:.1} of {n} uploads were busy", s.busy))
+            })
+            .flatten()
+    }
+
+    /// Falcon's utility of the current setting measured as `s`, kept as the best if it is.
+    fn utility(&mut self, s: Sample) -> f64 {
+        let n = self.uploads;
+        let loss = s.retries as f64 / s.requests.max(1) as f64;
+        let utility = s.goodput / K.powi(n as i32) - s.goodput * B * loss;
+        if self.best.is_none_or(|best| utility > best.utility) {
+            self.best = Some(Best {
+                uploads: n,
+                utility,
+                goodput: s.goodput,
+            });
+        }
+        utility
+    }
+
+    /// The move from `before` paid: go on the same way, further (Falcon's accelerating step).
+    fn go_further(&mut self, utility: f64, before: usize, goodput: f64) -> Option<Change> {
+        let n = self.uploads;
+        self.step = (self.step * 1.5).min(3.0);
+        self.settled_for = None;
+        self.move_by(
+            utility,
+            format!(
+                "{before} → {n} uploads raised goodput to {:.1} MB/s",
+                goodput / 1e6
+            ),
+        )
+    }
+
+    /// The move from `before` cost: back to where it was, and the next probe goes the other
+    /// way.
+    fn go_back(&mut self, before: usize, goodput: f64) -> Option<Change> {
+        let n = self.uploads;
+        self.direction = -self.direction;
+        self.step = 1.25;
+        self.previous = None;
+        self.settled_for = Some(0);
+        self.set(
+            before,
+            format!(
+                "{before} → {n} uploads lowered goodput to {:.1} MB/s; back",
+                goodput / 1e6
+            ),
+        )
+    }
+
+    /// No difference: the move from `before` was not worth its cost; keep the cheaper of the
+    /// two and settle there.
+    fn keep_the_cheaper(&mut self, before: usize, goodput: f64) -> Option<Change> {
+        let n = self.uploads;
+        self.previous = None;
+        self.settled_for = Some(0);
+        self.step = 1.25;
+        if n > before {
+            self.direction = -1;
             self.set(
                 before,
                 format!(
-                    "{before} → {n} uploads lowered goodput to {:.1} MB/s; back",
-                    s.goodput / 1e6
+                    "{before} → {n} uploads did not raise goodput ({:.1} MB/s); back",
+                    goodput / 1e6
                 ),
             )
         } else {
-            // No difference: the move was not worth its cost; keep the cheaper of the two and
-            // settle there.
-            self.previous = None;
-            self.settled_for = Some(0);
-            self.step = 1.25;
-            if n > before {
-                self.direction = -1;
-                self.set(
-                    before,
-                    format!(
-                        "{before} → {n} uploads did not raise goodput ({:.1} MB/s); back",
-                        s.goodput / 1e6
-                    ),
-                )
-            } else {
-                self.direction = 1;
-                None
-            }
+            self.direction = 1;
+            None
         }
     }
 

@@ -22,6 +22,7 @@ use forte_relay::client::RelayClient;
 use climb::{starting_point, Climb, Sample, GUESSED_LINK, LONGEST_INTERVAL, MIN_REQUESTS, PROBE};
 use forte_daemon::record::{node, note, Catalog};
 use forte_daemon::retry::retries_so_far;
+use forte_daemon::schedule::QueueTotals;
 
 /// Requests smaller than this on average make a queue of small files (bundles and small
 /// objects); larger, of large ones. The two want very different settings.
@@ -34,21 +35,14 @@ pub(super) struct Tuning<'a> {
     pub prepare: &'a Prepare<'a>,
     pub gate: &'a Gate,
     /// The queue at the start of the pass: objects and their bytes.
-    pub queued: (usize, u64),
+    pub queued: QueueTotals,
     pub part_size: u64,
 }
 
 impl Tuning<'_> {
     /// Tunes until `stop` is dropped.
     pub fn run(&self, stop: Receiver<()>) {
-        let (objects, bytes) = self.queued;
-        // A daemon's pass may start with nothing queued: then its requests are taken to be
-        // parts, the largest there are, which asks for the fewest uploads.
-        let request = if objects == 0 {
-            self.part_size as f64
-        } else {
-            (bytes as f64 / objects as f64).min(self.part_size as f64)
-        };
+        let request = self.mean_request();
         let cluster = if request < SMALL_REQUEST {
             "small"
         } else {
@@ -61,40 +55,64 @@ impl Tuning<'_> {
             Vec::new()
         });
         let of_cluster = history.iter().filter(|r| r.cluster == cluster);
-        let (start, why) = match nearest_hour(of_cluster, hour) {
-            Some(row) => (
-                row.uploads as usize,
-                format!(
-                    "history of {relay} for {cluster} requests at {:02}:00: {:.1} MB/s",
-                    row.hour,
-                    row.goodput / 1e6
-                ),
-            ),
-            None => {
-                let round_trip = match self.client.round_trip() {
-                    Ok(t) => t,
-                    // The pass's own requests will say what is wrong; start from the guess.
-                    Err(_) => PROBE / 10,
-                };
-                // The fastest this relay was ever seen to go (with the other cluster) is a
-                // better guess at its link than none.
-                let link = history
-                    .iter()
-                    .map(|r| r.goodput)
-                    .fold(GUESSED_LINK, f64::max);
-                (
-                    starting_point(round_trip, link, request),
-                    format!(
-                        "round trip {:.0} ms, link {:.0} MB/s, {:.0} kB per request",
-                        round_trip.as_secs_f64() * 1e3,
-                        link / 1e6,
-                        request / 1e3
-                    ),
-                )
-            }
+        let start = match nearest_hour(of_cluster, hour) {
+            Some(row) => Start::from_history(row, &relay, cluster),
+            None => self.measured_start(&history, request),
         };
-        let mut climb = Climb::new(start);
-        self.set(climb.uploads(), &format!("start: {why}"));
+        let mut climb = Climb::new(start.uploads);
+        self.set(climb.uploads(), &format!("start: {}", start.why));
+        self.climb_until_stopped(&mut climb, stop, &relay, cluster);
+    }
+
+    /// The mean bytes of one request of the queue at the start of the pass.
+    fn mean_request(&self) -> f64 {
+        let QueueTotals {
+            items: objects,
+            bytes,
+        } = self.queued;
+        // A daemon's pass may start with nothing queued: then its requests are taken to be
+        // parts, the largest there are, which asks for the fewest uploads.
+        if objects == 0 {
+            self.part_size as f64
+        } else {
+            (bytes as f64 / objects as f64).min(self.part_size as f64)
+        }
+    }
+
+    /// Where the climb starts without history for the cluster: FStream's heuristic from a
+    /// measured round trip, the fastest link in this relay's `history` and the mean `request`.
+    fn measured_start(&self, history: &[TunedRow], request: f64) -> Start {
+        let round_trip = match self.client.round_trip() {
+            Ok(t) => t,
+            // The pass's own requests will say what is wrong; start from the guess.
+            Err(_) => PROBE / 10,
+        };
+        // The fastest this relay was ever seen to go (with the other cluster) is a
+        // better guess at its link than none.
+        let link = history
+            .iter()
+            .map(|r| r.goodput)
+            .fold(GUESSED_LINK, f64::max);
+        Start {
+            uploads: starting_point(round_trip, link, request),
+            why: format!(
+                "round trip {:.0} ms, link {:.0} MB/s, {:.0} kB per request",
+                round_trip.as_secs_f64() * 1e3,
+                link / 1e6,
+                request / 1e3
+            ),
+        }
+    }
+
+    /// Measures an interval at a time until `stop` is dropped, turns the uploads as `climb`
+    /// says, and keeps its best setting as this relay's history for `cluster`.
+    fn climb_until_stopped(
+        &self,
+        climb: &mut Climb,
+        stop: Receiver<()>,
+        relay: &str,
+        cluster: &str,
+    ) {
         let node = node(Role::Edge);
         let mut last = self.reading();
         // The first interval holds the pass's start (connections opening, the pipeline
@@ -104,10 +122,7 @@ impl Tuning<'_> {
         let mut kept = None;
         while let Err(RecvTimeoutError::Timeout) = stop.recv_timeout(PROBE / 4) {
             let now = self.reading();
-            let long_enough = now.at - last.at >= PROBE
-                && (now.requests - last.requests >= MIN_REQUESTS
-                    || now.at - last.at >= LONGEST_INTERVAL);
-            if !long_enough {
+            if !now.long_enough_after(&last) {
                 continue;
             }
             let sample = now.since(&last, self.client.upload_limit());
@@ -116,46 +131,53 @@ impl Tuning<'_> {
                 // Not judged, and an idle daemon's intervals are not worth a row each.
                 continue;
             }
-            let uploads = climb.uploads();
-            let change = climb.observe(sample);
-            metrics::gauge!("forte_upload_goodput_bytes_per_second", "role" => "edge")
-                .set(sample.goodput);
-            if let Some(change) = &change {
-                self.set(change.uploads, &change.reason);
-            }
-            note(
-                "a tuning sample",
-                self.catalog.record_tuning_sample(TuningSample {
-                    node: node.clone(),
-                    at: now_us(),
-                    uploads: uploads as i64,
-                    level: i64::from(self.prepare.totals.level.load(Ordering::Relaxed)),
-                    goodput: sample.goodput,
-                    reason: change.map(|c| c.reason),
-                }),
-            );
+            self.judge_interval(climb, sample, &node);
             if climb.best() != kept {
                 kept = climb.best();
-                self.keep_history(&relay, cluster, kept);
+                if let Some((uploads, goodput)) = kept {
+                    self.keep_history(relay, cluster, uploads, goodput);
+                }
             }
         }
     }
 
-    /// Keeps `best` (uploads, goodput) as this relay's history for `cluster` at this hour.
-    fn keep_history(&self, relay: &str, cluster: &str, best: Option<(usize, f64)>) {
-        if let Some((uploads, goodput)) = best {
-            note(
-                "the tuning history",
-                self.catalog.record_tuned(TunedRow {
-                    relay: relay.to_string(),
-                    cluster: cluster.into(),
-                    hour: i64::from(local_hour()),
-                    uploads: uploads as i64,
-                    goodput,
-                    at: now_us(),
-                }),
-            );
+    /// Has `climb` judge one interval's `sample`, sets the uploads if it changes them, and
+    /// says so: the goodput gauge and a catalogue row for the interval.
+    fn judge_interval(&self, climb: &mut Climb, sample: Sample, node: &str) {
+        let uploads = climb.uploads();
+        let change = climb.observe(sample);
+        metrics::gauge!("forte_upload_goodput_bytes_per_second", "role" => "edge")
+            .set(sample.goodput);
+        if let Some(change) = &change {
+            self.set(change.uploads, &change.reason);
         }
+        note(
+            "a tuning sample",
+            self.catalog.record_tuning_sample(TuningSample {
+                node: node.to_owned(),
+                at: now_us(),
+                uploads: uploads as i64,
+                level: i64::from(self.prepare.totals.level.load(Ordering::Relaxed)),
+                goodput: sample.goodput,
+                reason: change.map(|c| c.reason),
+            }),
+        );
+    }
+
+    /// Keeps the best setting, `uploads` with its `goodput`, as this relay's history for
+    /// `cluster` at this hour.
+    fn keep_history(&self, relay: &str, cluster: &str, uploads: usize, goodput: f64) {
+        note(
+            "the tuning history",
+            self.catalog.record_tuned(TunedRow {
+                relay: relay.to_string(),
+                cluster: cluster.into(),
+                hour: i64::from(local_hour()),
+                uploads: uploads as i64,
+                goodput,
+                at: now_us(),
+            }),
+        );
     }
 
     fn set(&self, uploads: usize, reason: &str) {
@@ -176,6 +198,26 @@ impl Tuning<'_> {
     }
 }
 
+/// Where the climb starts: the uploads in flight, and why.
+struct Start {
+    uploads: usize,
+    why: String,
+}
+
+impl Start {
+    /// Where the run at the hour of `row` ended, with `relay` and requests of `cluster`.
+    fn from_history(row: &TunedRow, relay: &str, cluster: &str) -> Start {
+        Start {
+            uploads: row.uploads as usize,
+            why: format!(
+                "history of {relay} for {cluster} requests at {:02}:00: {:.1} MB/s",
+                row.hour,
+                row.goodput / 1e6
+            ),
+        }
+    }
+}
+
 /// Counters at one moment, whose differences make a [`Sample`].
 struct Reading {
     at: Instant,
@@ -188,6 +230,14 @@ struct Reading {
 }
 
 impl Reading {
+    /// Whether the interval from `before` to this reading may be judged: [`PROBE`] long and
+    /// [`MIN_REQUESTS`] requests, or [`LONGEST_INTERVAL`] long.
+    fn long_enough_after(&self, before: &Reading) -> bool {
+        self.at - before.at >= PROBE
+            && (self.requests - before.requests >= MIN_REQUESTS
+                || self.at - before.at >= LONGEST_INTERVAL)
+    }
+
     fn since(&self, before: &Reading, limit: Option<f64>) -> Sample {
         let seconds = (self.at - before.at).as_secs_f64().max(1e-3);
         Sample {
