@@ -65,7 +65,7 @@ impl UploadSink<'_> {
     fn request<T>(
         &self,
         what: &str,
-        (task, id, part): (Task, ObjectId, Option<u32>),
+        About { task, id, part }: About,
         op: impl Fn() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
         let done = self
@@ -136,7 +136,12 @@ impl Sink for UploadSink<'_> {
     fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         (self.on_sending)(id, sha256);
-        self.request(&what, (Task::Upload, id, Some(index)), || {
+        let about = About {
+            task: Task::Upload,
+            id,
+            part: Some(index),
+        };
+        self.request(&what, about, || {
             forte_daemon::monitor::part_sending(id, index);
             self.client.put_part(id, index, sealed, sha256)
         })?;
@@ -155,7 +160,12 @@ impl Sink for UploadSink<'_> {
         (self.on_final)(manifest);
         let what = format!("upload and seal of object {id} ({})", manifest.describe());
         (self.on_sending)(id, sha256);
-        self.request(&what, (Task::Upload, id, Some(0)), || {
+        let about = About {
+            task: Task::Upload,
+            id,
+            part: Some(0),
+        };
+        self.request(&what, about, || {
             forte_daemon::monitor::part_sending(id, 0);
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
@@ -178,7 +188,12 @@ impl Sink for UploadSink<'_> {
         let what = format!("seal of object {} ({})", manifest.id, manifest.path);
         let batch = self.batch(manifest.id);
         (self.on_final)(manifest);
-        self.request(&what, (Task::Seal, manifest.id, None), || {
+        let about = About {
+            task: Task::Seal,
+            id: manifest.id,
+            part: None,
+        };
+        self.request(&what, about, || {
             self.client
                 .seal(manifest.id, batch.batch(), parts.clone(), sealed)
         })?;
@@ -193,6 +208,15 @@ impl Sink for UploadSink<'_> {
         let bytes = object.and_then(|id| self.sealed.lock().remove(&id));
         (self.on_done)(outcomes, bytes.unwrap_or(0));
     }
+}
+
+/// What a request to the relay is, as its attempts are recorded: the task, the object, and
+/// the part if it carries one.
+#[derive(Clone, Copy)]
+struct About {
+    task: Task,
+    id: ObjectId,
+    part: Option<u32>,
 }
 
 /// What the relay already has of an object, for resuming.
