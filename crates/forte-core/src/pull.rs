@@ -2,7 +2,7 @@
 //! core built from the resolved settings, then one pass over the batches waiting at the
 //! relay, or a daemon that takes batches as they are sealed until stopped.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -61,21 +61,11 @@ pub fn pull(
     check_name_free(&catalog.leases(), &s.worker)?;
     let _usage = sample_usage(catalog, Role::Core);
     let client = s.relay.connect()?;
-    let (dest, into_bucket) = match &s.to {
-        Destination::Bucket { url, scratch } => {
-            std::fs::create_dir_all(scratch).with_context(|| {
-                format!("cannot create the scratch directory {}", scratch.display())
-            })?;
-            (scratch.clone(), Some(Replica::open(url, &s.credentials)?))
-        }
-        Destination::Dir(dir) => (dir.clone(), None),
-    };
-    remove_what_was_left(&dest, s.landing.clone())?;
-    let copy_to = s
-        .copy_to
-        .as_deref()
-        .map(|to| Replica::open(to, &s.credentials))
-        .transpose()?;
+    let Destinations {
+        dest,
+        into_bucket,
+        copy_to,
+    } = destinations(&s)?;
     let landing = if s.tasks.0.is_empty() {
         None
     } else {
@@ -125,17 +115,45 @@ pub fn pull(
     if !s.daemon.watch {
         return puller.once().map(Pulled::Pass);
     }
-    println!(
-        "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
-        s.relay.endpoint.url,
-        s.daemon.interval.as_secs()
-    );
-    signals::install(
-        "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
-    );
-    signals::end_after_grace(s.daemon.shutdown_grace);
-    puller.watch(s.daemon.interval);
+    let url = &s.relay.endpoint.url;
+    puller.watch_until_stopped(url, s.daemon.interval, s.daemon.shutdown_grace);
     Ok(Pulled::Stopped)
+}
+
+/// Where a pull's batches go.
+struct Destinations {
+    /// The directory batches are delivered into (a bucket's scratch directory when the
+    /// destination is a bucket).
+    dest: PathBuf,
+    /// The bucket that is the destination, if it is one.
+    into_bucket: Option<Replica>,
+    /// The second copy (`--copy-to`), if any.
+    copy_to: Option<Replica>,
+}
+
+/// Opens where `pull`'s batches go (`s.to`, `s.copy_to`), the scratch directory of a bucket
+/// destination created, and removes what an interrupted pull left under the destination.
+fn destinations(s: &PullSettings) -> Result<Destinations> {
+    let (dest, into_bucket) = match &s.to {
+        Destination::Bucket { url, scratch } => {
+            std::fs::create_dir_all(scratch).with_context(|| {
+                format!("cannot create the scratch directory {}", scratch.display())
+            })?;
+            (scratch.clone(), Some(Replica::open(url, &s.credentials)?))
+        }
+        Destination::Dir(dir) => (dir.clone(), None),
+    };
+    remove_what_was_left(&dest, s.landing.clone())?;
+    let copy_to = s
+        .copy_to
+        .as_deref()
+        .map(|to| Replica::open(to, &s.credentials))
+        .transpose()?;
+    Ok(Destinations {
+        dest,
+        into_bucket,
+        copy_to,
+    })
 }
 
 /// Removes what a killed puller of this machine left half-staged under `dest` (other workers'
@@ -199,6 +217,22 @@ impl Puller<'_> {
         let listed = waiting.len();
         let reports = waiting.into_iter().filter_map(|b| self.pull(b)).collect();
         Ok(PullPass { reports, listed })
+    }
+
+    /// Says that it watches `relay_url`, installs the handlers of the signals that stop it
+    /// (the second at once, or after `shutdown_grace`), and delivers batches as they are
+    /// sealed until stopped.
+    fn watch_until_stopped(&self, relay_url: &str, interval: Duration, shutdown_grace: Duration) {
+        println!(
+            "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
+            relay_url,
+            interval.as_secs()
+        );
+        signals::install(
+            "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
+        );
+        signals::end_after_grace(shutdown_grace);
+        self.watch(interval);
     }
 
     /// Delivers batches as they are sealed, until stopped.
