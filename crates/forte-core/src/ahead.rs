@@ -64,6 +64,21 @@ impl Ahead {
     }
 }
 
+/// When a batch's pull began: the clock its duration is measured on, and the catalogue's
+/// time (µs) its pull stage starts at.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PullStart {
+    pub(super) started: Instant,
+    pub(super) started_at: i64,
+}
+
+/// A sealed batch taken for delivery: when its pull began, and what was fetched ahead of it
+/// (or a fresh start), or why it cannot start.
+pub(super) struct Taken {
+    pub(super) start: PullStart,
+    pub(super) ahead: Result<Ahead>,
+}
+
 impl Drop for Ahead {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.staging);
@@ -74,14 +89,17 @@ impl Core<'_> {
     /// What was fetched ahead of a sealed batch, kept only if it all verified; else a fresh
     /// start, whose pull stage begins now. With when the batch's pull started. `None` when
     /// another worker holds the batch.
-    pub(super) fn take_ahead(
-        &self,
-        key: &BatchKey,
-        objects: &[ReadyObject],
-    ) -> Option<(Instant, i64, Result<Ahead>)> {
+    pub(super) fn take_ahead(&self, key: &BatchKey, objects: &[ReadyObject]) -> Option<Taken> {
         let held = match self.ahead.lock().remove(key) {
             Some(ahead) if !ahead.lost() && !ahead.failed => {
-                return Some((ahead.started, ahead.started_at, Ok(ahead)))
+                let start = PullStart {
+                    started: ahead.started,
+                    started_at: ahead.started_at,
+                };
+                return Some(Taken {
+                    start,
+                    ahead: Ok(ahead),
+                });
             }
             // Fetching ahead failed: start afresh, under the same lease.
             Some(mut ahead) if !ahead.lost() => ahead.held.take(),
@@ -92,17 +110,26 @@ impl Core<'_> {
             None => None,
         };
         let (started, started_at) = (Instant::now(), now_us());
+        let start = PullStart {
+            started,
+            started_at,
+        };
         let held = match held.map_or_else(|| self.claim(key), |h| Ok(Some(h))) {
             Ok(Some(held)) => held,
             Ok(None) => return None,
-            Err(e) => return Some((started, started_at, Err(e))),
+            Err(e) => {
+                return Some(Taken {
+                    start,
+                    ahead: Err(e),
+                })
+            }
         };
         note(
             "a stage",
             self.catalog.stage(key, Stage::Pull, started_at, None),
         );
         let ahead = self.fresh_ahead(objects, held, started, started_at);
-        Some((started, started_at, ahead))
+        Some(Taken { start, ahead })
     }
 
     /// Claims `key` for this worker: `None` while another worker holds it.

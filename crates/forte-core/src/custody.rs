@@ -132,7 +132,8 @@ impl Core<'_> {
     /// for any site).
     pub(super) fn check_custody(
         &self,
-        (key, listed_site): (&BatchKey, &str),
+        key: &BatchKey,
+        listed_site: &str,
         inventory: Option<&Inventory>,
     ) -> Result<Option<Instance>> {
         let Some(custody) = &self.custody else {
@@ -195,7 +196,8 @@ impl Core<'_> {
     /// recorded the same instance first, its receipt is the one returned.
     pub(super) fn keep_instance(
         &self,
-        (key, held): (&BatchKey, &Held),
+        key: &BatchKey,
+        held: &Held,
         instance: &Instance,
         outcome: Outcome,
         kept: &[forte_restore::Placed],

@@ -11,9 +11,10 @@ use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartH
 use forte_relay::api::ReadyObject;
 use forte_restore::{Restore, RestoreFailure, UntrustedObjects};
 
-use super::ahead::Ahead;
+use super::ahead::{Ahead, PullStart, Taken};
 use super::copy::clear_scratch;
 use super::custody::{Instance, Replayed};
+use super::landing::BatchNamed;
 use super::lease::{Held, LeaseLost};
 use super::{batch_key_of, sealed_bytes, Core, DeliveryReport};
 use crate::download::RelaySource;
@@ -36,6 +37,75 @@ impl Sealed<'_> {
     fn id(&self) -> &str {
         &self.objects[0].batch
     }
+
+    /// The batch as its tasks are told of it, by its `name`.
+    fn named<'a>(&'a self, name: &'a str) -> BatchNamed<'a> {
+        BatchNamed {
+            key: &self.key,
+            site: self.site(),
+            name,
+        }
+    }
+
+    /// The report of the batch before anything of it is delivered.
+    fn new_report(&self) -> DeliveryReport {
+        DeliveryReport {
+            site: self.site().to_owned(),
+            batch: self.id().to_owned(),
+            objects: self.objects.len(),
+            delivered_files: 0,
+            already_delivered: 0,
+            bytes: 0,
+            seconds: 0.0,
+            error: None,
+            rejected_parts: Vec::new(),
+            quarantined: None,
+            after_delivery: Vec::new(),
+            replay: None,
+        }
+    }
+}
+
+/// What committing a batch learned of it, kept whether or not the commit succeeded.
+#[derive(Default)]
+struct Learned {
+    /// The batch's name, found in its verified manifests.
+    name: Option<String>,
+    /// Its instance, from its signed inventory once custody was checked (`None` for a batch
+    /// sealed before inventories named their instance).
+    instance: Option<Instance>,
+}
+
+/// A batch committed: what was delivered, the lease (which the acknowledgement needs), and the
+/// landing directory if it landed for its core tasks.
+struct Committed {
+    delivered: forte_restore::Delivered,
+    held: Held,
+    landed: Option<PathBuf>,
+}
+
+/// A committed batch's verified files, and the lease that must still hold when they are
+/// recorded and acknowledged.
+struct Verified {
+    delivered: forte_restore::Delivered,
+    held: Held,
+}
+
+/// A landed batch that a core task refused: where the quarantine keeps it, and why.
+struct Quarantine {
+    kept: PathBuf,
+    refusals: Vec<Refusal>,
+}
+
+/// A committed batch after the site's core tasks.
+enum Checked {
+    /// In the destination: it did not land, or its tasks passed and it was promoted.
+    InPlace(Verified),
+    /// A task refused it: it is in the quarantine.
+    Quarantined {
+        verified: Verified,
+        quarantine: Quarantine,
+    },
 }
 
 impl Core<'_> {
@@ -50,137 +120,164 @@ impl Core<'_> {
             key: batch_key_of(&objects),
             objects: &objects,
         };
-        let (started, started_at, ahead) = self.take_ahead(&batch.key, &objects)?;
-        let mut report = DeliveryReport {
-            site: batch.site().to_owned(),
-            batch: batch.id().to_owned(),
-            objects: objects.len(),
-            delivered_files: 0,
-            already_delivered: 0,
-            bytes: 0,
-            seconds: 0.0,
-            error: None,
-            rejected_parts: Vec::new(),
-            quarantined: None,
-            after_delivery: Vec::new(),
-            replay: None,
-        };
+        let Taken { start, ahead } = self.take_ahead(&batch.key, &objects)?;
+        let mut report = batch.new_report();
         self.record_batch(&batch, &report.batch, BatchState::Pulling, None);
-        let (mut name, mut instance) = (None, None);
-        let result =
-            ahead.and_then(|ahead| self.commit(restore, &batch, ahead, (&mut name, &mut instance)));
-        if let Some(name) = name {
+        let mut learned = Learned::default();
+        let result = ahead.and_then(|ahead| self.commit(restore, &batch, ahead, &mut learned));
+        if let Some(name) = learned.name {
             report.batch = name;
         }
+        let instance = learned.instance;
         // Landed: the site's tasks decide between promotion and quarantine.
-        let result = result.and_then(|(delivered, held, landed)| {
-            let Some(dir) = landed else {
-                return Ok((delivered, held, None));
-            };
-            let refused = self.check_landed(&batch, &report.batch, &dir, &delivered, &held)?;
-            Ok((delivered, held, refused))
-        });
+        let result =
+            result.and_then(|committed| self.check_landed(&batch, &report.batch, committed));
         let result = match result {
-            Ok((delivered, held, Some((kept, refusals)))) => {
-                let quarantined = (kept, refusals, instance.as_ref());
-                self.keep_quarantined(&batch, &mut report, (&delivered, held), quarantined);
-                return Some(self.end(&batch, report, (started, started_at), true));
+            Ok(Checked::Quarantined {
+                verified,
+                quarantine,
+            }) => {
+                let instance = instance.as_ref();
+                self.keep_quarantined(&batch, &mut report, verified, quarantine, instance);
+                return Some(self.end(&batch, report, start, true));
             }
-            Ok((delivered, held, None)) => Ok((delivered, held)),
+            Ok(Checked::InPlace(verified)) => Ok(verified),
             Err(e) => Err(e),
         };
         // The second copy must exist before the relay may delete anything.
-        // The bucket that is the destination, then the second copy: each holds every file,
-        // verified, before anything is acknowledged.
-        let result = result.and_then(|(delivered, held)| {
-            for copy in self.into_bucket.iter().chain(&self.copy_to) {
-                copy.replicate(self.dest, &delivered.placed)?;
-            }
-            if self.into_bucket.is_some() {
-                clear_scratch(self.dest, &delivered.placed);
-            }
-            Ok((delivered, held))
+        let result = result.and_then(|verified| {
+            self.replicate(&verified.delivered)?;
+            Ok(verified)
         });
-        let result = result.and_then(|(delivered, held)| {
-            held.check("recording and acknowledging it")?;
-            Ok((delivered, held))
+        let result = result.and_then(|verified| {
+            verified.held.check("recording and acknowledging it")?;
+            Ok(verified)
         });
         match result {
-            Ok((delivered, held)) => {
-                if !delivered.inventory {
-                    eprintln!(
-                        "warning: batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
-                        report.batch,
-                        batch.site()
-                    );
-                }
-                report.delivered_files = delivered.files;
-                report.already_delivered = delivered.already;
-                report.bytes = delivered.bytes;
-                // What was delivered is in the catalogue before the relay may forget the batch:
-                // a puller killed after the acknowledgement could never record it again.
-                self.record_delivered(&batch.key, &delivered, &held.signature());
-                self.record_batch(&batch, &report.batch, BatchState::Delivered, None);
-                let outcome = forte_format::Outcome::Delivered;
-                let kept = self.keep(
-                    (&batch, &held),
-                    instance.as_ref(),
-                    outcome,
-                    &delivered.placed,
-                );
-                report.error = match kept {
-                    Ok(receipt) => self
-                        .acknowledge(&batch, &report.batch, &delivered, receipt.as_deref())
-                        .err(),
-                    Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
-                        eprintln!("{e}");
-                        return None;
-                    }
-                    Err(e) => Some(format!("delivered, but not acknowledged: {e:#}")),
-                };
-                if report.error.is_none() {
-                    held.delivered();
-                    report.after_delivery = self.check_delivered(&batch, &report.batch, &delivered);
-                }
+            Ok(verified) => {
+                self.record_and_acknowledge(&batch, &mut report, verified, instance.as_ref())?
             }
+            Err(e) => return self.not_delivered(&batch, report, start, e, instance.as_ref()),
+        }
+        Some(self.end(&batch, report, start, true))
+    }
+
+    /// The bucket that is the destination, then the second copy: each holds every file,
+    /// verified, before anything is acknowledged.
+    fn replicate(&self, delivered: &forte_restore::Delivered) -> Result<()> {
+        for copy in self.into_bucket.iter().chain(&self.copy_to) {
+            copy.replicate(self.dest, &delivered.placed)?;
+        }
+        if self.into_bucket.is_some() {
+            clear_scratch(self.dest, &delivered.placed);
+        }
+        Ok(())
+    }
+
+    /// Records a verified batch delivered, keeps its instance with the core's receipt, and
+    /// acknowledges it at the relay; then runs the tasks that follow delivery. `None` when the
+    /// lease was lost meanwhile (said on stderr): the worker that took the batch over delivers
+    /// it.
+    fn record_and_acknowledge(
+        &self,
+        batch: &Sealed<'_>,
+        report: &mut DeliveryReport,
+        verified: Verified,
+        instance: Option<&Instance>,
+    ) -> Option<()> {
+        let Verified { delivered, held } = verified;
+        if !delivered.inventory {
+            eprintln!(
+                "warning: batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
+                report.batch,
+                batch.site()
+            );
+        }
+        report.delivered_files = delivered.files;
+        report.already_delivered = delivered.already;
+        report.bytes = delivered.bytes;
+        // What was delivered is in the catalogue before the relay may forget the batch:
+        // a puller killed after the acknowledgement could never record it again.
+        self.record_delivered(&batch.key, &delivered, &held.signature());
+        self.record_batch(batch, &report.batch, BatchState::Delivered, None);
+        let outcome = forte_format::Outcome::Delivered;
+        let kept = self.keep(batch, &held, instance, outcome, &delivered.placed);
+        report.error = match kept {
+            Ok(receipt) => self
+                .acknowledge(batch, &report.batch, &delivered, receipt.as_deref())
+                .err(),
             Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
                 eprintln!("{e}");
                 return None;
             }
-            Err(e) if e.downcast_ref::<Replayed>().is_some() => {
-                let replayed = e.downcast::<Replayed>().expect("checked above");
-                let receipt = replayed.0.receipt.as_deref().map(str::as_bytes);
-                report.error = self
-                    .acknowledge_at_relay(&batch, &report.batch, receipt)
-                    .err()
-                    .map(|e| format!("{replayed}; but {e}"));
-                report.replay = Some(replayed.to_string());
-                eprintln!(
-                    "batch {} of site {}: {replayed}",
-                    report.batch,
-                    batch.site()
-                );
-                // This very batch, kept before (its acknowledgement did not reach the relay):
-                // its row already says how it was kept, under its name. Recorded again it
-                // turned a quarantined batch into a delivered one, named by its key.
-                let record = replayed.0.batch_key != batch.key;
-                return Some(self.end(&batch, report, (started, started_at), record));
-            }
-            Err(e) => {
-                if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
-                    self.record_failure(&batch, failure, &mut report);
-                }
-                // Manifests that do not open are the relay's copies gone bad only if the
-                // batch's inventory opened with the same keys (else the keys are wrong).
-                if let Some(untrusted) = e.downcast_ref::<UntrustedObjects>() {
-                    if instance.is_some() {
-                        self.record_failure(&batch, &untrusted.0, &mut report);
-                    }
-                }
-                report.error = Some(format!("{e:#}"));
+            Err(e) => Some(format!("delivered, but not acknowledged: {e:#}")),
+        };
+        if report.error.is_none() {
+            held.delivered();
+            report.after_delivery = self.check_delivered(batch, &report.batch, &delivered);
+        }
+        Some(())
+    }
+
+    /// Ends a batch that was not delivered, for `e`: `None` when the lease was lost (said on
+    /// stderr: the worker that took the batch over delivers it); a batch delivered before is
+    /// acknowledged ([`Core::acknowledge_replayed`]); any other failure is recorded, with the
+    /// damaged parts reported to the relay.
+    fn not_delivered(
+        &self,
+        batch: &Sealed<'_>,
+        mut report: DeliveryReport,
+        start: PullStart,
+        e: anyhow::Error,
+        instance: Option<&Instance>,
+    ) -> Option<DeliveryReport> {
+        if e.downcast_ref::<LeaseLost>().is_some() {
+            eprintln!("{e}");
+            return None;
+        }
+        if e.downcast_ref::<Replayed>().is_some() {
+            let replayed = e.downcast::<Replayed>().expect("checked above");
+            return Some(self.acknowledge_replayed(batch, report, start, replayed));
+        }
+        if let Some(failure) = e.downcast_ref::<RestoreFailure>() {
+            self.record_failure(batch, failure, &mut report);
+        }
+        // Manifests that do not open are the relay's copies gone bad only if the
+        // batch's inventory opened with the same keys (else the keys are wrong).
+        if let Some(untrusted) = e.downcast_ref::<UntrustedObjects>() {
+            if instance.is_some() {
+                self.record_failure(batch, &untrusted.0, &mut report);
             }
         }
-        Some(self.end(&batch, report, (started, started_at), true))
+        report.error = Some(format!("{e:#}"));
+        Some(self.end(batch, report, start, true))
+    }
+
+    /// Acknowledges at the relay a batch whose instance was delivered before (`replayed`), with
+    /// the receipt kept then, and ends it.
+    fn acknowledge_replayed(
+        &self,
+        batch: &Sealed<'_>,
+        mut report: DeliveryReport,
+        start: PullStart,
+        replayed: Replayed,
+    ) -> DeliveryReport {
+        let receipt = replayed.0.receipt.as_deref().map(str::as_bytes);
+        report.error = self
+            .acknowledge_at_relay(batch, &report.batch, receipt)
+            .err()
+            .map(|e| format!("{replayed}; but {e}"));
+        report.replay = Some(replayed.to_string());
+        eprintln!(
+            "batch {} of site {}: {replayed}",
+            report.batch,
+            batch.site()
+        );
+        // This very batch, kept before (its acknowledgement did not reach the relay):
+        // its row already says how it was kept, under its name. Recorded again it
+        // turned a quarantined batch into a delivered one, named by its key.
+        let record = replayed.0.batch_key != batch.key;
+        self.end(batch, report, start, record)
     }
 
     /// Records how the batch ended (its row only if `record`), and its pull stage.
@@ -188,10 +285,10 @@ impl Core<'_> {
         &self,
         batch: &Sealed<'_>,
         mut report: DeliveryReport,
-        (started, started_at): (std::time::Instant, i64),
+        start: PullStart,
         record: bool,
     ) -> DeliveryReport {
-        report.seconds = started.elapsed().as_secs_f64();
+        report.seconds = start.started.elapsed().as_secs_f64();
         let state = report.outcome();
         self.backoff.after(&batch.key, state == BatchState::Failed);
         if record {
@@ -200,34 +297,47 @@ impl Core<'_> {
         let ended = Some(now_us());
         let stage = self
             .catalog
-            .stage(&batch.key, Stage::Pull, started_at, ended);
+            .stage(&batch.key, Stage::Pull, start.started_at, ended);
         note("a stage", stage);
         report
     }
 
-    /// Runs the site's core tasks on the batch landed in `dir`; promotes it when they all
-    /// pass (`None`), or moves it to the quarantine: where it is and why.
+    /// Runs the site's core tasks on a batch that landed in its landing directory
+    /// (`committed.landed`, named `name`); promotes it when they all pass, or moves it to the
+    /// quarantine: where it is and why. A batch that did not land is in place already.
     fn check_landed(
         &self,
         batch: &Sealed<'_>,
         name: &str,
-        dir: &Path,
-        delivered: &forte_restore::Delivered,
-        held: &Held,
-    ) -> Result<Option<(PathBuf, Vec<Refusal>)>> {
+        committed: Committed,
+    ) -> Result<Checked> {
+        let Committed {
+            delivered,
+            held,
+            landed,
+        } = committed;
+        let verified = Verified { delivered, held };
+        let Some(dir) = landed else {
+            return Ok(Checked::InPlace(verified));
+        };
         let landing = self
             .landing
             .expect("a batch lands only with a landing zone");
         self.record_batch(batch, name, BatchState::Checking, None);
-        let who = (&batch.key, batch.site(), name);
-        let refusals = landing.check(Point::Core, who, dir, &delivered.placed, self.catalog);
+        let who = batch.named(name);
+        let placed = &verified.delivered.placed;
+        let refusals = landing.check(Point::Core, who, &dir, placed, self.catalog);
         if refusals.is_empty() {
-            held.check("promoting it")?;
-            landing.promote(dir, self.dest)?;
-            return Ok(None);
+            verified.held.check("promoting it")?;
+            landing.promote(&dir, self.dest)?;
+            return Ok(Checked::InPlace(verified));
         }
-        let kept = landing.quarantine(dir, (batch.site(), batch.id()), &refusals)?;
-        Ok(Some((kept, refusals)))
+        let kept = landing.quarantine(&dir, batch.site(), batch.id(), &refusals)?;
+        let quarantine = Quarantine { kept, refusals };
+        Ok(Checked::Quarantined {
+            verified,
+            quarantine,
+        })
     }
 
     /// A batch a task refused is kept in quarantine, durably: its files are recorded failed
@@ -236,9 +346,12 @@ impl Core<'_> {
         &self,
         batch: &Sealed<'_>,
         report: &mut DeliveryReport,
-        (delivered, held): (&forte_restore::Delivered, Held),
-        (kept, refusals, instance): (PathBuf, Vec<Refusal>, Option<&Instance>),
+        verified: Verified,
+        quarantine: Quarantine,
+        instance: Option<&Instance>,
     ) {
+        let Verified { delivered, held } = verified;
+        let Quarantine { kept, refusals } = quarantine;
         let reasons: Vec<String> = refusals.iter().map(ToString::to_string).collect();
         let error = format!("quarantined in {}: {}", kept.display(), reasons.join("; "));
         for p in delivered.placed.iter().filter(|p| !p.already) {
@@ -260,7 +373,7 @@ impl Core<'_> {
         let state = BatchState::Quarantined;
         self.record_batch(batch, &report.batch, state, Some(&error));
         let outcome = forte_format::Outcome::Quarantined;
-        let acknowledged = match self.keep((batch, &held), instance, outcome, &still_verified) {
+        let acknowledged = match self.keep(batch, &held, instance, outcome, &still_verified) {
             Ok(receipt) => self
                 .acknowledge_at_relay(batch, &report.batch, receipt.as_deref())
                 .map_err(|e| format!("quarantined, but {e}")),
@@ -280,7 +393,8 @@ impl Core<'_> {
     /// `kept`), which is returned for the acknowledgement. The error says what is missing.
     fn keep(
         &self,
-        (batch, held): (&Sealed<'_>, &Held),
+        batch: &Sealed<'_>,
+        held: &Held,
         instance: Option<&Instance>,
         outcome: forte_format::Outcome,
         kept: &[forte_restore::Placed],
@@ -289,7 +403,7 @@ impl Core<'_> {
             .flush()
             .map_err(|e| e.context("the catalogue must record it first"))?;
         match instance {
-            Some(instance) => self.keep_instance((&batch.key, held), instance, outcome, kept),
+            Some(instance) => self.keep_instance(&batch.key, held, instance, outcome, kept),
             None => Ok(None),
         }
     }
@@ -304,7 +418,7 @@ impl Core<'_> {
         let Some(landing) = self.landing else {
             return Vec::new();
         };
-        let who = (&batch.key, batch.site(), name);
+        let who = batch.named(name);
         landing
             .check(
                 Point::Delivered,
@@ -321,15 +435,16 @@ impl Core<'_> {
     /// Stages what was not fetched ahead and commits the whole batch, provided the relay
     /// listed exactly the objects of the edge's signed inventory and this worker still holds
     /// the batch: into the destination, or with core tasks into its landing directory. Sets
-    /// `name` to the batch's name, found in its verified manifests. Returns what was delivered,
-    /// the lease, which the acknowledgement needs, and the landing directory if it landed.
+    /// what it `learned`: the batch's name, found in its verified manifests, and its instance.
+    /// Returns what was delivered, the lease, which the acknowledgement needs, and the landing
+    /// directory if it landed.
     fn commit(
         &self,
         restore: &Restore,
         batch: &Sealed<'_>,
         mut ahead: Ahead,
-        (name, instance): (&mut Option<String>, &mut Option<Instance>),
-    ) -> Result<(forte_restore::Delivered, Held, Option<PathBuf>)> {
+        learned: &mut Learned,
+    ) -> Result<Committed> {
         let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
             client: self.client,
@@ -340,14 +455,14 @@ impl Core<'_> {
         })?;
         // Before anything is staged or placed: the site it goes under, and whether it is new,
         // come from what its edge signed.
-        *instance = self.check_custody((&batch.key, batch.site()), inventory.as_ref())?;
+        learned.instance = self.check_custody(&batch.key, batch.site(), inventory.as_ref())?;
         let rest = ahead.not_staged(batch.objects.to_vec());
         if !rest.is_empty() {
             let more = self.stage(restore, rest, &batch.key, &mut ahead);
-            name.clone_from(&ahead.name);
+            learned.name.clone_from(&ahead.name);
             ahead.staged.extend(more?);
         }
-        name.clone_from(&ahead.name);
+        learned.name.clone_from(&ahead.name);
         held.check("placing its files")?;
         let landed = match self.landing {
             Some(landing) if !landing.tasks.at(Point::Core).is_empty() => {
@@ -361,7 +476,11 @@ impl Core<'_> {
             landed.as_deref().unwrap_or(self.dest),
             inventory.as_ref(),
         )?;
-        Ok((delivered, held, landed))
+        Ok(Committed {
+            delivered,
+            held,
+            landed,
+        })
     }
 
     /// Records the batch's state, with its totals as the relay listed them, and what the

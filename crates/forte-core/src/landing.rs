@@ -21,7 +21,7 @@ use forte_catalog::TaskOutcome;
 
 use super::destination::WhereItGoes;
 use super::landed::Landed;
-use forte_daemon::tasks::{self, Point, Refusal, Subject, SubjectFile, Tasks};
+use forte_daemon::tasks::{self, Point, Refusal, Subject, SubjectFile, Task, Tasks};
 
 /// Where batches land and are quarantined, and the tasks that decide between promotion and
 /// quarantine.
@@ -32,6 +32,15 @@ pub struct Landing {
     quarantine: PathBuf,
     /// Where batches are promoted, watched while core tasks run ([`WhereItGoes`]).
     dest: PathBuf,
+}
+
+/// A batch as its tasks are told of it: its key, the site it came from, and its name.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchNamed<'a> {
+    pub key: &'a forte_catalog::BatchKey,
+    pub site: &'a str,
+    /// The batch's name (found in its verified manifests).
+    pub name: &'a str,
 }
 
 /// The file beside a quarantined batch that says why it is there.
@@ -147,7 +156,7 @@ impl Landing {
     pub fn check(
         &self,
         at: Point,
-        batch: (&forte_catalog::BatchKey, &str, &str),
+        batch: BatchNamed<'_>,
         dir: &Path,
         placed: &[Placed],
         catalog: &forte_daemon::record::Catalog,
@@ -156,18 +165,8 @@ impl Landing {
         if run.is_empty() {
             return Vec::new();
         }
-        let (key, site, name) = batch;
-        let files: Vec<SubjectFile> = placed
-            .iter()
-            .filter(|p| at == Point::Delivered || !p.already)
-            .map(|p| SubjectFile {
-                object_id: p.id.to_string(),
-                path: p.path.clone(),
-                under_dir: p.target.clone(),
-                sha256: p.sha256.clone(),
-                size: p.size,
-            })
-            .collect();
+        let BatchNamed { key, site, name } = batch;
+        let files = subject_files(at, placed);
         if files.is_empty() {
             return Vec::new();
         }
@@ -187,8 +186,21 @@ impl Landing {
             remove_if_empty(&self.area);
             return refusals;
         }
-        // What is promoted must be what was verified: the batch is read-only while its tasks
-        // run, and checked against the verified files after.
+        self.check_read_only(&run, &subject, placed, catalog)
+    }
+
+    /// Runs the core tasks `run` on the landed batch `subject`, read-only. What is promoted
+    /// must be what was verified: the batch is read-only while its tasks run, and checked
+    /// against the verified files (`placed`) after; a change, or a batch that cannot be
+    /// protected or checked, is a refusal.
+    fn check_read_only(
+        &self,
+        run: &[&Task],
+        subject: &Subject<'_>,
+        placed: &[Placed],
+        catalog: &forte_daemon::record::Catalog,
+    ) -> Vec<Refusal> {
+        let dir = subject.dir;
         let names: Vec<&str> = run.iter().map(|t| t.name.as_str()).collect();
         let landed_wrong = |outcome, reason: String| Refusal {
             task: names.join(", "),
@@ -207,15 +219,15 @@ impl Landing {
         };
         let protected = checking.elapsed();
         let destination = WhereItGoes::of(&self.dest, placed);
-        let mut refusals = tasks::check(&run, &subject, catalog);
+        let mut refusals = tasks::check(run, subject, catalog);
         let after_tasks = std::time::Instant::now();
         let changes = landed.changes(dir).map(|mut changes| {
             changes.extend(destination.changes(&self.dest));
             changes
         });
         tracing::debug!(
-            batch = name,
-            files = files.len(),
+            batch = subject.batch,
+            files = subject.files.len(),
             protect_ms = protected.as_secs_f64() * 1e3,
             check_ms = after_tasks.elapsed().as_secs_f64() * 1e3,
             "landed batch checked"
@@ -253,7 +265,8 @@ impl Landing {
     pub fn quarantine(
         &self,
         dir: &Path,
-        (site, batch): (&str, &str),
+        site: &str,
+        batch: &str,
         refusals: &[Refusal],
     ) -> Result<PathBuf> {
         let kept = self.quarantine.join(site).join(batch);
@@ -278,6 +291,22 @@ impl Landing {
         forte_fs::syncfs(&kept)?;
         Ok(kept)
     }
+}
+
+/// The files of `placed` the `at` tasks are run on: at [`Point::Delivered`] all, else those
+/// delivered now (files found in place passed before).
+fn subject_files(at: Point, placed: &[Placed]) -> Vec<SubjectFile> {
+    placed
+        .iter()
+        .filter(|p| at == Point::Delivered || !p.already)
+        .map(|p| SubjectFile {
+            object_id: p.id.to_string(),
+            path: p.path.clone(),
+            under_dir: p.target.clone(),
+            sha256: p.sha256.clone(),
+            size: p.size,
+        })
+        .collect()
 }
 
 /// The first of `changes` (a task adding 100 000 files gives as many lines), and how many more.
