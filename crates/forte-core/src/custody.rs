@@ -32,8 +32,8 @@ pub struct CustodySettings<'a> {
     pub destination: String,
     /// Where gap alerts go besides standard error.
     pub failures: forte_daemon::failures::Failures,
-    /// Gaps alerted on already, each once (site, first and last missing number).
-    pub(super) alerted: Mutex<HashSet<(String, i64, i64)>>,
+    /// Gaps alerted on already, each once.
+    pub(super) alerted: Mutex<HashSet<Alerted>>,
     /// When the delivered instances may next be read for gaps: a watching puller looks after
     /// every delivery and every idle second, and reading every instance each time grows with
     /// the catalogue.
@@ -282,11 +282,25 @@ impl Core<'_> {
     }
 }
 
+/// A sequence gap alerted on: its site, and the first and last missing number.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) struct Alerted {
+    site: String,
+    first: i64,
+    last: i64,
+}
+
 /// The alert (site, text) of each of `gaps` not in `alerted` yet, which then holds it: each
 /// gap is alerted on once, and again only if it grows.
-fn alerts(alerted: &mut HashSet<(String, i64, i64)>, gaps: Vec<Gap>) -> Vec<(String, String)> {
+fn alerts(alerted: &mut HashSet<Alerted>, gaps: Vec<Gap>) -> Vec<(String, String)> {
     gaps.into_iter()
-        .filter(|gap| alerted.insert((gap.site.clone(), gap.first, gap.last)))
+        .filter(|gap| {
+            alerted.insert(Alerted {
+                site: gap.site.clone(),
+                first: gap.first,
+                last: gap.last,
+            })
+        })
         .map(|gap| {
             let numbers = if gap.first == gap.last {
                 format!("batch sequence number {} is", gap.first)
