@@ -4,6 +4,8 @@
 
 pub mod chart;
 pub mod kpi;
+pub mod print;
+pub mod summary;
 
 /// A size for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {
