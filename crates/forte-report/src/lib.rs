@@ -5,6 +5,7 @@
 pub mod chart;
 pub mod kpi;
 pub mod print;
+pub mod status;
 pub mod summary;
 
 /// A size for people: `1.50 GiB`.

@@ -1,0 +1,248 @@
+//! `forte status`'s work: what a catalogue knows, printed as text or JSON. The overview of its
+//! batches (stages, site tasks, files, recent failures), its utilisation samples, or one
+//! file's lineage.
+
+use anyhow::Result;
+use forte_catalog::{
+    format_utc, BatchRow, BatchState, Catalog, Event, FileRow, PartRow, StageRow, TaskOutcome,
+    TaskRunRow,
+};
+use serde::Serialize;
+
+use crate::human;
+
+/// What `forte status` shows.
+pub enum View<'a> {
+    /// Every batch with its stages, tasks and files, then the recent failures.
+    Overview,
+    /// The resource utilisation samples.
+    Usage,
+    /// One file's lineage: a path in its batch, or its delivered path.
+    Lineage(&'a str),
+}
+
+/// Prints `view` of `catalog`, as JSON when `json`.
+pub fn show(catalog: &Catalog, view: View, json: bool) -> Result<()> {
+    match view {
+        View::Lineage(path) => lineage(catalog, path, json),
+        View::Usage => usage(catalog, json),
+        View::Overview if json => overview_json(catalog),
+        View::Overview => overview_text(catalog),
+    }
+}
+
+#[derive(Serialize)]
+struct Lineage {
+    file: FileRow,
+    parts: Vec<PartRow>,
+    events: Vec<Event>,
+}
+
+fn usage(catalog: &Catalog, json: bool) -> Result<()> {
+    let rows = catalog.usage_of(None)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "{:<28} {:<27} {:>6} {:>11} {:>12} {:>12} {:>12} {:>12}",
+        "node", "time", "cpu %", "memory", "disk read/s", "disk write/s", "net rx/s", "net tx/s"
+    );
+    for u in rows {
+        let b = |v: f64| human(v.max(0.0) as u64);
+        println!(
+            "{:<28} {:<27} {:>6.1} {:>11} {:>12} {:>12} {:>12} {:>12}",
+            u.node,
+            format_utc(u.at),
+            u.cpu_percent,
+            human(u.memory_used.max(0) as u64),
+            b(u.disk_read_bps),
+            b(u.disk_write_bps),
+            b(u.net_rx_bps),
+            b(u.net_tx_bps)
+        );
+    }
+    Ok(())
+}
+
+fn overview_json(catalog: &Catalog) -> Result<()> {
+    #[derive(Serialize)]
+    struct Batch {
+        #[serde(flatten)]
+        batch: BatchRow,
+        stages: Vec<StageRow>,
+        files: Vec<FileRow>,
+    }
+    let full: Vec<Batch> = catalog
+        .batches()?
+        .into_iter()
+        .map(|b| {
+            Ok(Batch {
+                stages: catalog.stages(&b.batch_key)?,
+                files: catalog.files(&b.batch_key)?,
+                batch: b,
+            })
+        })
+        .collect::<Result<_>>()?;
+    println!("{}", serde_json::to_string_pretty(&full)?);
+    Ok(())
+}
+
+fn overview_text(catalog: &Catalog) -> Result<()> {
+    let batches = catalog.batches()?;
+    println!("catalogue {}", catalog.url());
+    if batches.is_empty() {
+        println!("no batches yet");
+    }
+    for b in &batches {
+        print_batch(catalog, b)?;
+    }
+    let failures = catalog.failures(None, 10)?;
+    if !failures.is_empty() {
+        println!("recent failures:");
+        for a in failures {
+            let part = a.part.map(|p| format!(" part {p}")).unwrap_or_default();
+            let what = a
+                .object_id
+                .clone()
+                .unwrap_or_else(|| a.batch_key.to_string());
+            println!("  {} {}{}: {}", a.task, what, part, a.error);
+        }
+    }
+    Ok(())
+}
+
+/// One batch: its line, its stages, its site tasks, why it was refused or quarantined, and
+/// its files.
+fn print_batch(catalog: &Catalog, b: &BatchRow) -> Result<()> {
+    println!(
+        "{:<5} {:<24} {:<12} {:>5} files {:>11}  {}  {}",
+        b.role,
+        if b.site.is_empty() {
+            b.name.clone()
+        } else {
+            format!("{}/{}", b.site, b.name)
+        },
+        b.state,
+        b.files,
+        human(b.bytes.max(0) as u64),
+        format_utc(b.updated_at),
+        b.batch_key
+    );
+    for st in catalog.stages(&b.batch_key)? {
+        let end = st.ended_at.map_or("running".to_string(), format_utc);
+        let took = st
+            .ended_at
+            .map(|e| format!(" ({:.2} s)", (e - st.started_at) as f64 / 1e6))
+            .unwrap_or_default();
+        println!(
+            "        stage {:<8} {} → {end}{took}",
+            st.stage,
+            format_utc(st.started_at)
+        );
+    }
+    print_task_runs(&catalog.task_runs(Some(&b.batch_key))?);
+    if matches!(b.state, BatchState::Quarantined | BatchState::Refused) {
+        if let Some(why) = catalog.failures(Some(&b.batch_key), 1)?.first() {
+            println!("        why: {}", why.error);
+        }
+    }
+    for f in catalog.files(&b.batch_key)? {
+        println!(
+            "        {:<12} {:>11}  {}",
+            f.state,
+            human(f.size.max(0) as u64),
+            f.delivered_to.as_deref().unwrap_or(&f.path)
+        );
+    }
+    Ok(())
+}
+
+/// One line per site task that ran on a batch: its tries by outcome, and the time they waited
+/// for a slot and ran.
+fn print_task_runs(runs: &[TaskRunRow]) {
+    let mut tasks: Vec<&str> = Vec::new();
+    for run in runs {
+        if !tasks.contains(&run.task.as_str()) {
+            tasks.push(&run.task);
+        }
+    }
+    for task in tasks {
+        let mine: Vec<&TaskRunRow> = runs.iter().filter(|r| r.task == task).collect();
+        let mut outcomes: Vec<String> = Vec::new();
+        for outcome in [
+            TaskOutcome::Passed,
+            TaskOutcome::Refused,
+            TaskOutcome::Crashed,
+            TaskOutcome::TimedOut,
+            TaskOutcome::Changed,
+        ] {
+            let n = mine.iter().filter(|r| r.outcome == outcome).count();
+            if n > 0 {
+                outcomes.push(format!("{n} {outcome}"));
+            }
+        }
+        let seconds =
+            |f: fn(&TaskRunRow) -> i64| mine.iter().map(|r| f(r)).sum::<i64>() as f64 / 1e6;
+        println!(
+            "        task  {task:<14} {} tries ({}); waited {:.2} s, ran {:.2} s",
+            mine.len(),
+            outcomes.join(", "),
+            seconds(|r| r.started_at - r.queued_at),
+            seconds(|r| r.ended_at - r.started_at)
+        );
+    }
+}
+
+fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<()> {
+    let files = catalog.files_at(path)?;
+    if files.is_empty() {
+        anyhow::bail!("the catalogue {} knows no file at {path}", catalog.url());
+    }
+    let lineages: Vec<Lineage> = files
+        .into_iter()
+        .map(|file| {
+            Ok(Lineage {
+                parts: catalog.parts(&file.object_id)?,
+                events: catalog.lineage(&file.object_id)?,
+                file,
+            })
+        })
+        .collect::<Result<_>>()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&lineages)?);
+        return Ok(());
+    }
+    lineages.iter().for_each(print_lineage);
+    Ok(())
+}
+
+/// A file: its object, size, state, hash, bundle and delivered path, then its events.
+fn print_lineage(l: &Lineage) {
+    let f = &l.file;
+    println!(
+        "{} (object {}, {}), now {}",
+        f.path,
+        f.object_id,
+        human(f.size.max(0) as u64),
+        f.state
+    );
+    if let Some(sha) = &f.raw_sha256 {
+        println!("  sha256 {sha}");
+    }
+    if let Some(bundle) = &f.carrier {
+        println!("  travels in bundle {bundle}");
+    }
+    if let Some(to) = &f.delivered_to {
+        println!("  delivered to {to}");
+    }
+    for e in &l.events {
+        let part = e.part.map(|p| format!(" part {p}")).unwrap_or_default();
+        let detail = e
+            .detail
+            .as_deref()
+            .map(|d| format!(": {d}"))
+            .unwrap_or_default();
+        println!("  {}  {}{part}{detail}", format_utc(e.at), e.state);
+    }
+}
