@@ -12,6 +12,7 @@
 
 pub mod parquet_file;
 pub mod rowgroup;
+pub mod run;
 pub mod schema;
 pub mod stream;
 pub mod wire;
