@@ -73,12 +73,26 @@ impl TimeAxis {
     fn x(&self, t: i64) -> f64 {
         LEFT + (t - self.t0) as f64 / 1e6 / self.seconds() * (WIDTH - LEFT - RIGHT)
     }
+
+    /// Where the time from `from` to `to` is drawn.
+    fn span(&self, from: i64, to: i64) -> Span {
+        Span {
+            left: self.x(from),
+            right: self.x(to),
+        }
+    }
+}
+
+/// A stretch of a chart from `left` to `right`, in pixels from its left edge.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    left: f64,
+    right: f64,
 }
 
 /// A Gantt chart: one row per batch in arrival order; for each, the time queued before
 /// `send`, `send`, the time waiting at the relay, and `pull`, on the clock-time axis `time`.
 pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String {
-    let x = |t: i64| time.x(t);
     // The site's tasks, in the order they first appear.
     let mut tasks: Vec<&str> = Vec::new();
     for t in batches.iter().flat_map(|b| &b.tasks) {
@@ -106,15 +120,20 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
             } else {
                 (QUEUE_PULL, PULL)
             };
-            bar(&mut svg, x(s.queued_from), x(s.started), y + 3.0, queue);
-            bar(&mut svg, x(s.started), x(s.ended), y + 3.0, work);
+            bar(
+                &mut svg,
+                time.span(s.queued_from, s.started),
+                y + 3.0,
+                queue,
+            );
+            bar(&mut svg, time.span(s.started, s.ended), y + 3.0, work);
         }
         let half = y + 3.0 + (ROW - 6.0) / 2.0;
         for t in &b.tasks {
             let i = tasks.iter().position(|name| *name == t.task).unwrap_or(0);
             let (queued, running) = TASKS[i % TASKS.len()];
-            task_bar(&mut svg, x(t.queued_from), x(t.started), half, queued);
-            task_bar(&mut svg, x(t.started), x(t.ended), half, running);
+            task_bar(&mut svg, time.span(t.queued_from, t.started), half, queued);
+            task_bar(&mut svg, time.span(t.started, t.ended), half, running);
             let _ = writeln!(
                 svg,
                 r#"<title>task {}: {:.2} s queued, {:.2} s running, {} tries</title>"#,
@@ -126,6 +145,14 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
         }
     }
     let legend_y = TOP + ROW * batches.len() as f64 + 40.0;
+    timeline_legend(&mut svg, &tasks, legend_y);
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The timeline's legend from `legend_y` down: the stages' colours, then each of the site's
+/// `tasks` in its own.
+fn timeline_legend(svg: &mut String, tasks: &[&str], legend_y: f64) {
     let mut items: Vec<(&str, String)> = [
         (QUEUE_SEND, "queued at the edge"),
         (SEND, "send (prepare + upload)"),
@@ -152,8 +179,6 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
             legend_y
         );
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 const NETWORK_SEND: &str = "network send";
@@ -164,56 +189,86 @@ const NETWORK_RECEIVE: &str = "network receive";
 /// clock-time axis `time`.
 pub fn utilisation_svg(title: &str, rows: &[UsageRow], time: TimeAxis) -> String {
     let measures: [Measure<UsageRow>; 7] = [
-        ("CPU, the whole machine", |u| u.cpu_percent, "%"),
-        ("CPU, forte's own share", |u| u.own_cpu_percent, "%"),
-        (
+        Measure::new("CPU, the whole machine", |u| u.cpu_percent, "%"),
+        Measure::new("CPU, forte's own share", |u| u.own_cpu_percent, "%"),
+        Measure::new(
             "memory, the whole machine",
             |u| u.memory_used as f64 / 1e6,
             "MB",
         ),
-        ("memory, forte's own", |u| u.own_memory as f64 / 1e6, "MB"),
-        (
+        Measure::new("memory, forte's own", |u| u.own_memory as f64 / 1e6, "MB"),
+        Measure::new(
             "disk read + write",
             |u| (u.disk_read_bps + u.disk_write_bps) / 1e6,
             "MB/s",
         ),
-        (NETWORK_SEND, |u| u.net_tx_bps / 1e6, "MB/s"),
-        (NETWORK_RECEIVE, |u| u.net_rx_bps / 1e6, "MB/s"),
+        Measure::new(NETWORK_SEND, |u| u.net_tx_bps / 1e6, "MB/s"),
+        Measure::new(NETWORK_RECEIVE, |u| u.net_rx_bps / 1e6, "MB/s"),
     ];
-    panels(title, rows, |u| (u.at, &u.node), &measures, time)
+    panels(title, rows, &measures, time)
 }
 
 /// The send's tuning over time, one line per sending node: the goodput each interval
 /// measured, the uploads in flight it ran with, and the zstd level.
 pub fn tuning_svg(title: &str, rows: &[TuningSample], time: TimeAxis) -> String {
     let measures: [Measure<TuningSample>; 3] = [
-        ("goodput", |t| t.goodput / 1e6, "MB/s"),
-        ("uploads in flight", |t| t.uploads as f64, "uploads"),
-        ("zstd level", |t| t.level as f64, ""),
+        Measure::new("goodput", |t| t.goodput / 1e6, "MB/s"),
+        Measure::new("uploads in flight", |t| t.uploads as f64, "uploads"),
+        Measure::new("zstd level", |t| t.level as f64, ""),
     ];
-    panels(title, rows, |t| (t.at, &t.node), &measures, time)
+    panels(title, rows, &measures, time)
 }
 
 /// A measure drawn in a panel: its name, its value in a row, its unit.
-type Measure<R> = (&'static str, fn(&R) -> f64, &'static str);
+struct Measure<R> {
+    name: &'static str,
+    value: fn(&R) -> f64,
+    unit: &'static str,
+}
+
+impl<R> Measure<R> {
+    fn new(name: &'static str, value: fn(&R) -> f64, unit: &'static str) -> Self {
+        Self { name, value, unit }
+    }
+}
+
+/// A row of a series drawn in panels: when it was taken (µs), on which node.
+trait Sample {
+    fn at(&self) -> i64;
+    fn node(&self) -> &str;
+}
+
+impl Sample for UsageRow {
+    fn at(&self) -> i64 {
+        self.at
+    }
+
+    fn node(&self) -> &str {
+        &self.node
+    }
+}
+
+impl Sample for TuningSample {
+    fn at(&self) -> i64 {
+        self.at
+    }
+
+    fn node(&self) -> &str {
+        &self.node
+    }
+}
 
 /// Panels of lines over the time axis `time`, one panel per measure (its value axis ticked)
-/// and one line per node; `at_node` gives a row's time (µs) and node.
-fn panels<R>(
-    title: &str,
-    rows: &[R],
-    at_node: fn(&R) -> (i64, &str),
-    measures: &[Measure<R>],
-    time: TimeAxis,
-) -> String {
+/// and one line per node.
+fn panels<R: Sample>(title: &str, rows: &[R], measures: &[Measure<R>], time: TimeAxis) -> String {
     let colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
-    let mut nodes: Vec<&str> = rows.iter().map(|r| at_node(r).1).collect();
+    let mut nodes: Vec<&str> = rows.iter().map(|r| r.node()).collect();
     nodes.sort_unstable();
     nodes.dedup();
     let panel = 150.0;
     let height = TOP + panel * measures.len() as f64 + 40.0;
     let mut svg = header(WIDTH, height, title);
-    for (m, (name, value, unit)) in measures.iter().enumerate() {
+    for (m, Measure { name, value, unit }) in measures.iter().enumerate() {
         let top = TOP + panel * m as f64;
         let bottom = top + panel - 40.0;
         let max = rows.iter().map(value).fold(0.0, f64::max).max(1e-9);
@@ -236,9 +291,9 @@ fn panels<R>(
         for (n, node) in nodes.iter().enumerate() {
             let points: String = rows
                 .iter()
-                .filter(|r| at_node(r).1 == *node)
+                .filter(|r| r.node() == *node)
                 .map(|r| {
-                    let px = time.x(at_node(r).0);
+                    let px = time.x(r.at());
                     let py = bottom - value(r) / max * (bottom - top - 6.0);
                     format!("{px:.1},{py:.1} ")
                 })
@@ -302,15 +357,19 @@ fn header(width: f64, height: f64, title: &str) -> String {
 }
 
 /// A bar half a row's bar high (a site task, over the lower half of its pull).
-fn task_bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
-    rect(svg, (x0, x1), y, (ROW - 6.0) / 2.0, colour);
+fn task_bar(svg: &mut String, span: Span, y: f64, colour: &str) {
+    rect(svg, span, y, (ROW - 6.0) / 2.0, colour);
 }
 
-fn bar(svg: &mut String, x0: f64, x1: f64, y: f64, colour: &str) {
-    rect(svg, (x0, x1), y, ROW - 6.0, colour);
+fn bar(svg: &mut String, span: Span, y: f64, colour: &str) {
+    rect(svg, span, y, ROW - 6.0, colour);
 }
 
-fn rect(svg: &mut String, (x0, x1): (f64, f64), y: f64, height: f64, colour: &str) {
+fn rect(svg: &mut String, span: Span, y: f64, height: f64, colour: &str) {
+    let Span {
+        left: x0,
+        right: x1,
+    } = span;
     if x1 > x0 {
         let _ = writeln!(
             svg,

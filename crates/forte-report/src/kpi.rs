@@ -198,10 +198,12 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
             .find(|(b, _, _)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
     };
     let stage = |stages: &[StageRow], name: Stage| {
-        stages
-            .iter()
-            .find(|s| s.stage == name)
-            .and_then(|s| Some((s.started_at, s.ended_at?)))
+        stages.iter().find(|s| s.stage == name).and_then(|s| {
+            Some(Interval {
+                started: s.started_at,
+                ended: s.ended_at?,
+            })
+        })
     };
     let mut out: Vec<BatchKpi> = rows
         .iter()
@@ -209,15 +211,17 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
         .map(|(edge, edge_stages, edge_runs)| {
             let core = core(&edge.batch_key);
             let mut spans = Vec::new();
-            if let Some((started, ended)) = stage(edge_stages, Stage::Send) {
+            if let Some(Interval { started, ended }) = stage(edge_stages, Stage::Send) {
                 spans.push(StageSpan {
                     stage: Stage::Send,
                     queued_from: edge.created_at.min(started),
                     started,
                     ended,
                 });
-                if let Some((pull_started, pull_ended)) =
-                    core.and_then(|(row, stages, _)| pull_span(row, stages))
+                if let Some(Interval {
+                    started: pull_started,
+                    ended: pull_ended,
+                }) = core.and_then(|(row, stages, _)| pull_span(row, stages))
                 {
                     // The core fetches a batch's first files while the edge still sends the
                     // rest; that overlap counts as the edge's task, so the tasks stay in
@@ -261,14 +265,23 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
     out
 }
 
+/// When a stage of a batch started and ended (µs since the epoch).
+struct Interval {
+    started: i64,
+    ended: i64,
+}
+
 /// A core batch's pull stage: its start and end, or, for a batch recorded delivered (or
 /// quarantined) whose puller was stopped before it recorded the stage's end, that record's
 /// time: the stage ended no later.
-fn pull_span(core: &BatchRow, stages: &[StageRow]) -> Option<(i64, i64)> {
+fn pull_span(core: &BatchRow, stages: &[StageRow]) -> Option<Interval> {
     let pull = stages.iter().find(|s| s.stage == Stage::Pull)?;
     let kept = matches!(core.state, BatchState::Delivered | BatchState::Quarantined);
     let ended = pull.ended_at.or(kept.then_some(core.updated_at))?;
-    Some((pull.started_at, ended.max(pull.started_at)))
+    Some(Interval {
+        started: pull.started_at,
+        ended: ended.max(pull.started_at),
+    })
 }
 
 /// The run's KPIs over the delivered batches; `None` when none was delivered.
