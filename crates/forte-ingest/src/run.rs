@@ -48,7 +48,10 @@ pub struct Listening<'a> {
 /// What an ingest has to say, as it happens.
 pub enum Said<'a> {
     /// Unfinished files that an interrupted ingest left in the outbox were removed.
-    Removed { files: usize, out: &'a Path },
+    Removed {
+        files: usize,
+        out: &'a Path,
+    },
     Listening(Listening<'a>),
     /// A stream ended (or could not start, or was refused).
     Stream(Result<StreamStats>),
