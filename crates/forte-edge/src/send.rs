@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use forte_catalog::{BatchState, Role};
 use forte_daemon::record::{sample_usage, Catalog};
-use forte_daemon::settings::SendSettings;
+use forte_daemon::settings::{self, Config, SendCommand, SendSettings};
 use forte_daemon::{monitor, signals};
 
 use crate::{ready_batches, Batch, Edge, EdgeSetup, Inbox, InboxLock, SendReport};
@@ -54,15 +54,27 @@ pub struct SendOutput {
     pub on_finished: fn(&SendReport),
 }
 
-/// Runs `send` with `settings`: takes the inbox's lock (waiting for it while watching), then
-/// cancels, sends once, or watches until stopped.
-pub fn send(settings: SendSettings, catalog: &Catalog, output: SendOutput) -> Result<Sent> {
-    let s = settings;
-    let _inbox = if s.daemon.watch {
-        InboxLock::take_when_there(&s.inbox, s.daemon.interval.max(Duration::from_secs(1)))?
+/// Runs `send`: takes the inbox's lock (waiting for the inbox to exist while watching) before
+/// anything else, so that a second send on the same inbox names the first whatever else is
+/// wrong with it; then resolves the settings and cancels, sends once, or watches until stopped.
+pub fn send(
+    flags: SendCommand,
+    config: &Config,
+    catalog: &Catalog,
+    output: SendOutput,
+) -> Result<Sent> {
+    let _inbox = if flags.daemon.watch {
+        InboxLock::take_when_there(flags.inbox, flags.daemon.interval())?
     } else {
-        InboxLock::take(&s.inbox)?
+        InboxLock::take(flags.inbox)?
     };
+    let settings = settings::send(flags, config)?;
+    send_locked(settings, catalog, output)
+}
+
+/// `send` once the inbox is this process's.
+fn send_locked(settings: SendSettings, catalog: &Catalog, output: SendOutput) -> Result<Sent> {
+    let s = settings;
     let _usage = sample_usage(catalog, Role::Edge);
     let mut client = s
         .relay

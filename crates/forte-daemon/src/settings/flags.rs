@@ -203,6 +203,13 @@ pub struct DaemonFlags {
     pub(super) http: HttpFlags,
 }
 
+impl DaemonFlags {
+    /// Between looks for new work while watching.
+    pub fn interval(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.interval)
+    }
+}
+
 /// `send`'s own flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SendFlags {

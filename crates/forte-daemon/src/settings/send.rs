@@ -55,7 +55,8 @@ pub struct SendCommand<'a> {
 
 pub fn send(flags: SendCommand, config: &Config) -> Result<SendSettings> {
     let f = flags.send;
-    // Resolved in this order so that the first mistake reported is the same as it always was.
+    // Resolved in this order (after the inbox's lock, which `forte_edge::send::send` takes
+    // first) so that the first mistake reported is the same as it always was.
     let relay = relay(flags.relay, config)?;
     let mut edge = edge(flags.edge, config)?;
     let Uploads { gate, tuned: tune } = uploads(f.connections, config);

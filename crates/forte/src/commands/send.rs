@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use forte_daemon::record::Catalog;
 use forte_daemon::settings::{
-    self, Config, DaemonFlags, EdgeFlags, RelayFlags, ScheduleFlags, SendCommand, SendFlags,
+    Config, DaemonFlags, EdgeFlags, RelayFlags, ScheduleFlags, SendCommand, SendFlags,
 };
 use forte_daemon::units::{human, mb_per_s};
 use forte_edge::send::{send, PassReport, SendOutput, Sent};
@@ -50,12 +50,11 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
         schedule: &args.schedule,
         daemon: &args.daemon,
     };
-    let settings = settings::send(flags, config)?;
     let output = SendOutput {
         quiet: args.output.quiet || args.output.json,
         on_finished: print_report,
     };
-    match send(settings, catalog, output)? {
+    match send(flags, config, catalog, output)? {
         Sent::Pass(pass) => print_pass(&pass, args.output.json),
         Sent::Stopped => Ok(true),
         Sent::Cancelled(ok) => Ok(ok),

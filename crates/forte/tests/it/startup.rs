@@ -286,3 +286,29 @@ fn pack_json_reports_a_name_that_is_not_utf8_as_skipped_and_packs_the_rest() {
     ok(&unpack_args(&keys, &out, &dest));
     assert_eq!(tree(&dest).keys().collect::<Vec<_>>(), ["a.txt"]);
 }
+
+/// The inbox's lock is taken before anything else is read: a second send on an inbox another
+/// process holds names the holder, even when its own settings are wrong too (here: no relay
+/// and no keys). Settings were once resolved first, and this said "no relay URL" instead.
+#[test]
+fn a_send_on_a_held_inbox_names_the_holder_before_any_other_mistake() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let inbox = dir.path().join("inbox");
+    std::fs::create_dir_all(inbox.join("b1")).unwrap();
+    let mut holder = std::process::Command::new("flock")
+        .arg(&inbox)
+        .args(["-c", "echo held; exec sleep 60"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("flock (util-linux) runs");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "held");
+    let err = fails(&args!["send", &inbox]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(err.contains("another forte send (PID"), "{err}");
+}
