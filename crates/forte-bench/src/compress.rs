@@ -4,53 +4,21 @@
 //! the chart) over zstd's levels, lz4, gzip's levels and, with --bzip2, bzip2's.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::Result;
-use forte_daemon::units::{parse_rate, parse_size};
-use forte_edge::level_sweep::{self, Options, Setting, Sweep};
+use forte_edge::level_sweep::{self, Options, Setting};
 
 #[derive(clap::Args)]
 pub struct CompressBench {
-    /// Files or directories to sample (directories are walked; symlinks are not followed).
-    #[arg(required = true, value_name = "SAMPLE")]
-    samples: Vec<PathBuf>,
-    /// The link the data will cross, for the predicted end-to-end rate (e.g. 65MB, 520mbit).
-    #[arg(long, default_value = "65MB", value_parser = parse_rate)]
-    link: f64,
-    /// Bytes to measure on, taken in evenly spread 1 MiB slices of the files; `all` for all.
-    #[arg(long, default_value = "64MiB")]
-    sample_size: String,
-    /// Raw bytes per part, compressed independently as forte does.
-    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
-    part_size: u64,
-    /// Threads compressing parts (default: one per core).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    options: Options,
     /// Also bzip2 levels 1–9 (slow: minutes on a large sample).
     #[arg(long)]
     bzip2: bool,
-    /// Write the speed-vs-ratio chart as DIR/compress.svg and DIR/compress.png.
-    #[arg(long, value_name = "DIR")]
-    plot: Option<PathBuf>,
 }
 
 pub fn run(b: CompressBench) -> Result<bool> {
-    let options = Options {
-        samples: b.samples,
-        link: b.link,
-        sample_size: b.sample_size,
-        part_size: b.part_size,
-        threads: b.threads,
-    };
-    let sweep = Sweep::run(&options, settings(b.bzip2), |line| eprintln!("{line}"))?;
-    print!("{}", sweep.table());
-    println!("\n{}", sweep.recommendation());
-    if let Some(dir) = &b.plot {
-        let path = sweep.chart(dir)?;
-        println!("chart: {} and compress.png", path.display());
-    }
-    Ok(true)
+    level_sweep::run_and_print(&b.options, settings(b.bzip2))
 }
 
 /// zstd -5 to 22, lz4, gzip 1 to 9, and bzip2 1 to 9 if asked: FORTE's sweep.

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use forte_daemon::units::parse_size;
+use forte_daemon::units::{parse_rate, parse_size};
 use forte_report::chart::{tradeoff_svg, write_svg_and_png, TradeoffPoint};
 
 /// One codec at one level: its name and how to compress a part with it.
@@ -64,19 +64,41 @@ pub fn zstd_levels() -> Vec<Setting> {
     (-5..=22).filter(|l| *l != 0).map(zstd).collect()
 }
 
-/// What to measure on, and the link the data will cross.
+/// What to measure on, the link the data will cross, and where the chart goes: the flags
+/// `forte bench compress` and `forte-bench compress` share.
+#[derive(clap::Args)]
 pub struct Options {
-    /// Files or directories (walked; symlinks are not followed).
+    /// Files or directories to sample (directories are walked; symlinks are not followed).
+    #[arg(required = true, value_name = "SAMPLE")]
     pub samples: Vec<PathBuf>,
-    /// The link, in bytes per second.
+    /// The link the data will cross, for the predicted end-to-end rate (e.g. 65MB, 520mbit).
+    #[arg(long, default_value = "65MB", value_parser = parse_rate)]
     pub link: f64,
-    /// Bytes to measure on (a size such as `64MiB`, taken in evenly spread 1 MiB slices of the
-    /// files), or `all`.
+    /// Bytes to measure on, taken in evenly spread 1 MiB slices of the files; `all` for all.
+    #[arg(long, default_value = "64MiB")]
     pub sample_size: String,
     /// Raw bytes per part, compressed independently as forte does.
+    #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub part_size: u64,
     /// Threads compressing parts (default: one per core).
+    #[arg(long)]
     pub threads: Option<usize>,
+    /// Write the speed-vs-ratio chart as DIR/compress.svg and DIR/compress.png.
+    #[arg(long, value_name = "DIR")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Measures `settings` on `options`' sample (progress on standard error) and prints the
+/// table, the recommendation and, with `--plot`, where the chart went.
+pub fn run_and_print(options: &Options, settings: Vec<Setting>) -> Result<bool> {
+    let sweep = Sweep::run(options, settings, |line| eprintln!("{line}"))?;
+    print!("{}", sweep.table());
+    println!("\n{}", sweep.recommendation());
+    if let Some(dir) = &options.plot {
+        let path = sweep.chart(dir)?;
+        println!("chart: {} and compress.png", path.display());
+    }
+    Ok(true)
 }
 
 /// One setting's measurement.
