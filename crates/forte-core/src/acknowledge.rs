@@ -16,7 +16,7 @@ impl Core<'_> {
     /// the puller was killed before recording it), and records the answer. A batch the relay
     /// still lists is left to the pull, which finds its files in place and acknowledges them.
     pub fn confirm_acknowledgements(&self, listed: &HashSet<ObjectId>) {
-        let Ok(batches) = self.catalog.batches() else {
+        let Ok(batches) = self.setup.catalog.batches() else {
             return;
         };
         for b in batches
@@ -24,7 +24,7 @@ impl Core<'_> {
             .filter(|b| b.role == Role::Core && b.state == BatchState::Delivered)
         {
             let (site, batch) = (b.batch_key.site(), b.batch_key.batch());
-            let Ok(files) = self.catalog.files(&b.batch_key) else {
+            let Ok(files) = self.setup.catalog.files(&b.batch_key) else {
                 continue;
             };
             let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
@@ -39,6 +39,7 @@ impl Core<'_> {
             }
             let receipt = self.kept_receipt(&b.batch_key);
             if self
+                .setup
                 .client
                 .ack_batch(site, batch, &ids, receipt.as_deref())
                 .is_err()
@@ -51,7 +52,7 @@ impl Core<'_> {
                     detail: Some("acknowledged again after an interrupted pull"),
                     ..FileRecord::new(&b.batch_key, &f.object_id, path, size, Acknowledged)
                 };
-                note("an acknowledgement", self.catalog.file_state(&file));
+                note("an acknowledgement", self.setup.catalog.file_state(&file));
             }
         }
     }

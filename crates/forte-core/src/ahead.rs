@@ -126,7 +126,7 @@ impl Core<'_> {
         };
         note(
             "a stage",
-            self.catalog.stage(key, Stage::Pull, started_at, None),
+            self.setup.catalog.stage(key, Stage::Pull, started_at, None),
         );
         let ahead = self.fresh_ahead(objects, held, started, started_at);
         Some(Taken { start, ahead })
@@ -134,7 +134,7 @@ impl Core<'_> {
 
     /// Claims `key` for this worker: `None` while another worker holds it.
     fn claim(&self, key: &BatchKey) -> Result<Option<Held>> {
-        Held::claim(&self.leases, &self.worker, key)
+        Held::claim(&self.leases, &self.setup.worker, key)
     }
 
     /// Verifies and stages the sealed objects of a batch the edge is still sending, so that
@@ -166,7 +166,8 @@ impl Core<'_> {
             };
             note(
                 "a stage",
-                self.catalog
+                self.setup
+                    .catalog
                     .stage(&batch_key, Stage::Pull, ahead.started_at, None),
             );
             all.insert(batch_key.clone(), ahead);
@@ -194,7 +195,7 @@ impl Core<'_> {
         started_at: i64,
     ) -> Result<Ahead> {
         Ok(Ahead {
-            staging: new_staging(self.dest)?,
+            staging: new_staging(self.setup.dest)?,
             staged: Staged::default(),
             started_at,
             started,
@@ -217,9 +218,9 @@ impl Core<'_> {
         let site = objects[0].site.clone();
         let fallback = objects[0].batch.clone();
         let source = RelaySource {
-            client: self.client,
+            client: self.setup.client,
             retry: DOWNLOAD_RETRY,
-            catalog: self.catalog,
+            catalog: self.setup.catalog,
             batch_key,
             objects,
         };
@@ -246,14 +247,14 @@ impl Core<'_> {
                 m.batch.as_str()
             };
             name.lock().get_or_insert_with(|| batch.to_string());
-            Ok(self.layout.render(&Fields {
+            Ok(self.setup.layout.render(&Fields {
                 site: &site,
                 batch,
                 path: &m.path,
                 batch_time,
             }))
         };
-        let staged = restore.stage(&source, self.dest, &place, &ahead.staging);
+        let staged = restore.stage(&source, self.setup.dest, &place, &ahead.staging);
         ahead.name = name.into_inner();
         staged
     }

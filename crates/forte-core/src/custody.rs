@@ -147,6 +147,7 @@ impl Core<'_> {
             return Ok(None);
         }
         if let Some(row) = self
+            .setup
             .catalog
             .delivered_instance(&inventory.site, &inventory.instance)?
         {
@@ -159,7 +160,7 @@ impl Core<'_> {
         // late small file with members delivered before): those are placed again only where
         // they are missing.
         let listed: HashSet<String> = inventory.objects.iter().map(|o| o.id.to_string()).collect();
-        let earlier = self.catalog.instances_of(key)?;
+        let earlier = self.setup.catalog.instances_of(key)?;
         let delivered_before: HashSet<&String> = earlier
             .iter()
             .flat_map(|e| &e.objects)
@@ -217,7 +218,7 @@ impl Core<'_> {
                 (&instance.site, &instance.id, instance.sequence),
                 outcome,
                 files,
-                (&custody.destination, &self.worker.name),
+                (&custody.destination, &self.setup.worker.name),
                 now,
             )
             .sign(k)
@@ -241,6 +242,7 @@ impl Core<'_> {
             Fenced::AlreadyRecorded => {
                 // Delivered by another worker just now: its receipt is the one.
                 let first = self
+                    .setup
                     .catalog
                     .delivered_instance(&instance.site, &instance.id)?;
                 Ok(first.and_then(|r| r.receipt).map(String::into_bytes))
@@ -255,7 +257,7 @@ impl Core<'_> {
     /// The receipt the core keeps for a batch it delivered (the newest instance), to give
     /// again with an acknowledgement given again.
     pub(super) fn kept_receipt(&self, key: &BatchKey) -> Option<Vec<u8>> {
-        let rows = self.catalog.instances_of(key).ok()?;
+        let rows = self.setup.catalog.instances_of(key).ok()?;
         rows.into_iter()
             .filter_map(|r| r.receipt)
             .next_back()
@@ -273,7 +275,7 @@ impl Core<'_> {
             return;
         }
         let older_than = custody.gap_after.as_micros() as i64;
-        let Ok(gaps) = self.catalog.sequence_gaps(older_than) else {
+        let Ok(gaps) = self.setup.catalog.sequence_gaps(older_than) else {
             return;
         };
         for (site, error) in alerts(&mut custody.alerted.lock(), gaps) {

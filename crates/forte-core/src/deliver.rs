@@ -165,11 +165,11 @@ impl Core<'_> {
     /// The bucket that is the destination, then the second copy: each holds every file,
     /// verified, before anything is acknowledged.
     fn replicate(&self, delivered: &forte_restore::Delivered) -> Result<()> {
-        for copy in self.into_bucket.iter().chain(&self.copy_to) {
-            copy.replicate(self.dest, &delivered.placed)?;
+        for copy in self.setup.into_bucket.iter().chain(&self.setup.copy_to) {
+            copy.replicate(self.setup.dest, &delivered.placed)?;
         }
-        if self.into_bucket.is_some() {
-            clear_scratch(self.dest, &delivered.placed);
+        if self.setup.into_bucket.is_some() {
+            clear_scratch(self.setup.dest, &delivered.placed);
         }
         Ok(())
     }
@@ -296,6 +296,7 @@ impl Core<'_> {
         }
         let ended = Some(now_us());
         let stage = self
+            .setup
             .catalog
             .stage(&batch.key, Stage::Pull, start.started_at, ended);
         note("a stage", stage);
@@ -326,10 +327,10 @@ impl Core<'_> {
         self.record_batch(batch, name, BatchState::Checking, None);
         let who = batch.named(name);
         let placed = &verified.delivered.placed;
-        let refusals = landing.check(Point::Core, who, &dir, placed, self.catalog);
+        let refusals = landing.check(Point::Core, who, &dir, placed, self.setup.catalog);
         if refusals.is_empty() {
             verified.held.check("promoting it")?;
-            landing.promote(&dir, self.dest)?;
+            landing.promote(&dir, self.setup.dest)?;
             return Ok(Checked::InPlace(verified));
         }
         let kept = landing.quarantine(&dir, batch.site(), batch.id(), &refusals)?;
@@ -361,7 +362,7 @@ impl Core<'_> {
                 detail: Some(&error),
                 ..FileRecord::new(&batch.key, &object, &p.path, p.size, FileState::Failed)
             };
-            note("a quarantined file", self.catalog.file_state(&file));
+            note("a quarantined file", self.setup.catalog.file_state(&file));
         }
         // A task that changed the batch left other bytes than those verified in the
         // quarantine: the receipt lists only the files it still holds as verified, so the
@@ -399,7 +400,8 @@ impl Core<'_> {
         outcome: forte_format::Outcome,
         kept: &[forte_restore::Placed],
     ) -> Result<Option<Vec<u8>>> {
-        self.catalog
+        self.setup
+            .catalog
             .flush()
             .map_err(|e| e.context("the catalogue must record it first"))?;
         match instance {
@@ -423,9 +425,9 @@ impl Core<'_> {
             .check(
                 Point::Delivered,
                 who,
-                self.dest,
+                self.setup.dest,
                 &delivered.placed,
-                self.catalog,
+                self.setup.catalog,
             )
             .iter()
             .map(ToString::to_string)
@@ -447,9 +449,9 @@ impl Core<'_> {
     ) -> Result<Committed> {
         let held = ahead.held.take().expect("a batch being delivered is held");
         let inventory = restore.inventory(&RelaySource {
-            client: self.client,
+            client: self.setup.client,
             retry: super::DOWNLOAD_RETRY,
-            catalog: self.catalog,
+            catalog: self.setup.catalog,
             batch_key: &batch.key,
             objects: batch.objects.to_vec(),
         })?;
@@ -473,7 +475,7 @@ impl Core<'_> {
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
             &ahead.staging,
-            landed.as_deref().unwrap_or(self.dest),
+            landed.as_deref().unwrap_or(self.setup.dest),
             inventory.as_ref(),
         )?;
         Ok(Committed {
@@ -501,7 +503,7 @@ impl Core<'_> {
             arrived: None,
             detail,
         };
-        note("a batch", self.catalog.batch_state(&record));
+        note("a batch", self.setup.catalog.batch_state(&record));
     }
 
     /// Records every delivered file and its verified parts; `by` names the worker in each
@@ -516,9 +518,13 @@ impl Core<'_> {
                     ciphertext_sha256: Some(sealed),
                     ..Default::default()
                 };
-                let part =
-                    self.catalog
-                        .part_state(key, &object, *index, PartState::Verified, &hashes);
+                let part = self.setup.catalog.part_state(
+                    key,
+                    &object,
+                    *index,
+                    PartState::Verified,
+                    &hashes,
+                );
                 note("a verified part", part);
             }
             let carrier = (p.carrier != p.id).then(|| p.carrier.to_string());
@@ -529,7 +535,7 @@ impl Core<'_> {
                 detail: Some(if p.already { &again } else { by }),
                 ..FileRecord::new(key, &object, &p.path, p.size, Delivered)
             };
-            note("a delivered file", self.catalog.file_state(&file));
+            note("a delivered file", self.setup.catalog.file_state(&file));
         }
     }
 
@@ -548,7 +554,7 @@ impl Core<'_> {
         for p in &delivered.placed {
             let object = p.id.to_string();
             let file = FileRecord::new(&batch.key, &object, &p.path, p.size, Acknowledged);
-            note("an acknowledgement", self.catalog.file_state(&file));
+            note("an acknowledgement", self.setup.catalog.file_state(&file));
         }
         Ok(())
     }
@@ -562,8 +568,9 @@ impl Core<'_> {
         receipt: Option<&[u8]>,
     ) -> Result<(), String> {
         let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
-        let (client, site, id) = (self.client, batch.site(), batch.id());
-        self.retry
+        let (client, site, id) = (self.setup.client, batch.site(), batch.id());
+        self.setup
+            .retry
             .run(
                 Operation::Acknowledge,
                 &format!("acknowledgement of batch {name}"),
@@ -589,19 +596,23 @@ impl Core<'_> {
                 PartState::Failed
             };
             let object = p.object.to_string();
-            let recorded =
-                self.catalog
-                    .part_state(&batch.key, &object, part, state, &Default::default());
+            let recorded = self.setup.catalog.part_state(
+                &batch.key,
+                &object,
+                part,
+                state,
+                &Default::default(),
+            );
             note("a failed part", recorded);
         }
         for p in failure.problems.iter().filter(|p| p.damaged) {
             let (rejected, what) = match p.part {
                 Some(part) => (
-                    self.client.reject(batch.site(), p.object, part),
+                    self.setup.client.reject(batch.site(), p.object, part),
                     format!("object {} part {part}", p.object),
                 ),
                 None => (
-                    self.client.reject_manifest(batch.site(), p.object),
+                    self.setup.client.reject_manifest(batch.site(), p.object),
                     format!("object {} manifest", p.object),
                 ),
             };

@@ -123,9 +123,9 @@ impl Backoff {
     }
 }
 
-/// What every batch of one `pull` run shares: the relay, the destination and its layout, the
-/// second copy, the catalogue, and the batches fetched ahead of their seal.
-pub struct Core<'a> {
+/// What a core delivers with: the relay, the destination and its layout, the copies, the
+/// catalogue and this worker.
+pub struct CoreSetup<'a> {
     pub client: &'a RelayClient,
     pub retry: Retry,
     pub layout: &'a Layout,
@@ -136,12 +136,18 @@ pub struct Core<'a> {
     pub into_bucket: Option<&'a Replica>,
     pub copy_to: Option<&'a Replica>,
     pub catalog: &'a Catalog,
+    /// Which worker this is; its leases on batches are `Core::leases`.
+    pub worker: Worker,
+}
+
+/// What every batch of one `pull` run shares: what it delivers with (`setup`), the landing
+/// zone, custody, this worker's leases, and the batches fetched ahead of their seal.
+pub struct Core<'a> {
+    setup: CoreSetup<'a>,
     /// The landing zone and the site's tasks, where tasks are configured.
     landing: Option<&'a Landing>,
     /// Site binding, replays and receipts (`pull`; `None` in tests of delivery alone).
     custody: Option<CustodySettings<'a>>,
-    /// Which worker this is, and its leases on batches in the catalogue.
-    worker: Worker,
     leases: Leases,
     /// Batches still being sent whose sealed objects are already verified and staged, by
     /// batch key.
@@ -152,45 +158,13 @@ pub struct Core<'a> {
     backoff: Backoff,
 }
 
-/// What a core delivers with: the relay, the destination and its layout, the copies, the
-/// catalogue and this worker.
-pub struct CoreSetup<'a> {
-    pub client: &'a RelayClient,
-    pub retry: Retry,
-    pub layout: &'a Layout,
-    /// Where files are placed: the destination, or with `into_bucket` a scratch directory.
-    pub dest: &'a Path,
-    /// The destination when it is a bucket (`--to s3://…`).
-    pub into_bucket: Option<&'a Replica>,
-    pub copy_to: Option<&'a Replica>,
-    pub catalog: &'a Catalog,
-    pub worker: Worker,
-}
-
 impl<'a> Core<'a> {
     pub fn new(setup: CoreSetup<'a>) -> Self {
-        let CoreSetup {
-            client,
-            retry,
-            layout,
-            dest,
-            into_bucket,
-            copy_to,
-            catalog,
-            worker,
-        } = setup;
         Self {
-            client,
-            retry,
-            layout,
-            dest,
-            into_bucket,
-            copy_to,
-            catalog,
+            leases: setup.catalog.leases(),
+            setup,
             landing: None,
             custody: None,
-            worker,
-            leases: catalog.leases(),
             ahead: Mutex::default(),
             generation: Mutex::default(),
             backoff: Backoff::default(),
@@ -233,8 +207,12 @@ impl<'a> Core<'a> {
             // one.
             let slice = left
                 .min(Duration::from_secs(1))
-                .min(self.client.timeout() / 2);
-            match self.client.ready_after(false, Some((generation, slice))) {
+                .min(self.setup.client.timeout() / 2);
+            match self
+                .setup
+                .client
+                .ready_after(false, Some((generation, slice)))
+            {
                 Ok((_, now)) if now != Some(generation) => return true,
                 Ok(_) => {}
                 Err(_) => return false,
@@ -243,9 +221,10 @@ impl<'a> Core<'a> {
     }
 
     pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {
-        let client = self.client;
+        let client = self.setup.client;
         let (ready, generation) =
-            self.retry
+            self.setup
+                .retry
                 .run(Operation::Listing, "listing of ready objects", || {
                     client.ready_after(open, None)
                 })?;
