@@ -5,7 +5,7 @@ mod commands;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use forte_daemon::{record, settings};
 
 #[derive(Parser)]
@@ -57,6 +57,11 @@ enum Command {
     Bench(commands::bench::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
+    /// Print the shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(commands::completions::Args),
+    /// Write the manual pages (forte.1, forte-SUB.1) into a directory.
+    #[command(hide = true)]
+    Man(commands::man::Args),
 }
 
 fn main() -> ExitCode {
@@ -105,6 +110,8 @@ fn main() -> ExitCode {
             Command::Ingest(args) => commands::ingest::run(args, &config),
             Command::Bench(args) => commands::bench::run(args),
             Command::Demo(args) => commands::demo::run(args),
+            Command::Completions(args) => commands::completions::run(args, Cli::command()),
+            Command::Man(args) => commands::man::run(args, Cli::command()),
         });
     match result {
         Ok(true) => ExitCode::SUCCESS,

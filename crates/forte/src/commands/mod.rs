@@ -2,10 +2,12 @@
 //! it finished but some items failed (already reported), and `Err` when it could not run.
 
 pub mod bench;
+pub mod completions;
 pub mod dashboard;
 pub mod demo;
 pub mod ingest;
 pub mod keygen;
+pub mod man;
 pub mod pack;
 pub mod pull;
 pub mod receipts;
