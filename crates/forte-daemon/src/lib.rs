@@ -4,6 +4,7 @@
 //! The roles themselves are forte-edge and forte-core; the relay is forte-relay.
 
 pub mod failures;
+pub mod logging;
 pub mod monitor;
 pub mod progress;
 pub mod record;

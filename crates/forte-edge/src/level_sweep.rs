@@ -68,22 +68,22 @@ pub fn zstd_levels() -> Vec<Setting> {
 /// `forte bench compress` and `forte-bench compress` share.
 #[derive(clap::Args)]
 pub struct Options {
-    /// Files or directories to sample (directories are walked; symlinks are not followed).
+    /// Files or directories to sample (directories are walked; symlinks are not followed) [per run].
     #[arg(required = true, value_name = "SAMPLE")]
     pub samples: Vec<PathBuf>,
-    /// The link the data will cross, for the predicted end-to-end rate (e.g. 65MB, 520mbit).
+    /// The link the data will cross, for the predicted end-to-end rate (e.g. 65MB, 520mbit) [per run].
     #[arg(long, default_value = "65MB", value_parser = parse_rate)]
     pub link: f64,
-    /// Bytes to measure on, taken in evenly spread 1 MiB slices of the files; `all` for all.
+    /// Bytes to measure on, taken in evenly spread 1 MiB slices of the files; `all` for all [per run].
     #[arg(long, default_value = "64MiB")]
     pub sample_size: String,
-    /// Raw bytes per part, compressed independently as forte does.
+    /// Raw bytes per part, compressed independently as forte does [per run].
     #[arg(long, default_value = "16MiB", value_parser = parse_size)]
     pub part_size: u64,
-    /// Threads compressing parts (default: one per core).
+    /// Threads compressing parts (default: one per core) [per run].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Write the speed-vs-ratio chart as DIR/compress.svg and DIR/compress.png.
+    /// Write the speed-vs-ratio chart as DIR/compress.svg and DIR/compress.png [per run].
     #[arg(long, value_name = "DIR")]
     pub plot: Option<PathBuf>,
 }

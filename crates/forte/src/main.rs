@@ -5,18 +5,31 @@ mod commands;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use forte_daemon::logging::{self, LogFormat};
 use forte_daemon::{record, settings};
 
 #[derive(Parser)]
 #[command(name = "forte", version, about, long_about = None)]
 struct Cli {
-    /// Configuration file (TOML); flags override its values.
+    /// Configuration file (TOML): it gives every flag's default (each flag's help names its
+    /// key), and flags given override it; docs/config.md lists every key [per run].
     #[arg(long, global = true, env = "FORTE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Catalogue: a SQLite file, or postgres://user:pass@host/db [default: ~/.local/state/forte/catalog.sqlite].
+    /// Catalogue: a SQLite file, or postgres://user:pass@host/db [config: catalog]
+    /// [default: ~/.local/state/forte/catalog.sqlite].
     #[arg(long, global = true, env = "FORTE_CATALOG", value_name = "URL")]
     catalog: Option<String>,
+    /// Log level or filter on standard error: error, warn, info, debug, trace, or e.g.
+    /// info,forte_core=debug [config: log.level] [default: $FORTE_LOG, else $RUST_LOG, else
+    /// info].
+    #[arg(long, global = true, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Log format on standard error: text, or json (one object per line, for journald or a
+    /// collector) [config: log.format].
+    #[arg(long, global = true, value_enum, default_value_t)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -57,6 +70,9 @@ enum Command {
     Bench(commands::bench::Args),
     /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
     Demo(commands::demo::Args),
+    /// Check a configuration file and print the settings it resolves to (`config check`);
+    /// every key is in docs/config.md (`config reference` writes it).
+    Config(commands::config::Args),
     /// Print the shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
     Completions(commands::completions::Args),
     /// Write the manual pages (forte.1, forte-SUB.1) into a directory.
@@ -65,11 +81,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, config) = match parse() {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     // The commands that only print what they read (not `relay-store`, which may delete).
     let only_prints = matches!(
         cli.command,
-        Command::Status(_) | Command::Report(_) | Command::Receipts(_)
+        Command::Status(_) | Command::Report(_) | Command::Receipts(_) | Command::Config(_)
     );
     if only_prints {
         // Like other Unix tools, end quietly when the reader of our output goes away
@@ -80,45 +102,105 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    // Structured log lines on stderr; FORTE_LOG sets the level or filter (default: info).
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FORTE_LOG")
-                // sqlx logs what the catalogue's own errors say better, once (FORTE_LOG shows it).
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=off")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let result =
-        settings::Config::load(cli.config.as_deref()).and_then(|config| match cli.command {
-            Command::Keygen(args) => commands::keygen::run(args),
-            Command::Pack(args) => commands::pack::run(args, &config),
-            Command::Unpack(args) => commands::unpack::run(args, &config),
-            Command::Relay(args) => commands::relay::run(args, &config),
-            Command::RelayStore(args) => commands::relay_store::run(args, &config),
-            Command::Send(args) => commands::send::run(args, &config, &record::open(cli.catalog)?),
-            Command::Pull(args) => commands::pull::run(args, &config, &record::open(cli.catalog)?),
-            Command::Status(args) => commands::status::run(args, &record::open(cli.catalog)?),
-            Command::Receipts(args) => {
-                commands::receipts::run(args, &config, || record::open(cli.catalog))
-            }
-            Command::Report(args) => commands::report::run(args, &record::open(cli.catalog)?),
-            Command::Dashboard(args) => {
-                commands::dashboard::run(args, &config, &record::open(cli.catalog)?)
-            }
-            Command::Ingest(args) => commands::ingest::run(args, &config),
-            Command::Bench(args) => commands::bench::run(args),
-            Command::Demo(args) => commands::demo::run(args),
-            Command::Completions(args) => commands::completions::run(args, Cli::command()),
-            Command::Man(args) => commands::man::run(args, Cli::command()),
-        });
-    match result {
+    let json_log = cli.log_format == LogFormat::Json;
+    match run(cli, &config) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
+        Err(e) if json_log => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The command line over the configuration file's values (each flag's default is the file's
+/// value of its key, `settings::flag_keys`), and the log started as they say.
+fn parse() -> anyhow::Result<(Cli, settings::Config)> {
+    let command = Cli::command();
+    let path = config_path();
+    let claimed = settings::flag_keys::claimed_keys(&command);
+    let config = settings::Config::load(path.as_deref(), &claimed)?;
+    let command = settings::flag_keys::apply(command, &config.file.values, &config.file.base)
+        .map_err(|e| {
+            let file = path
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""))
+                .display();
+            anyhow::anyhow!("config file {file} is not valid: {e:#}")
+        })?;
+    let matches = command.get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let from_command_line = matches.value_source("log_level") == Some(ValueSource::CommandLine);
+    let flag = cli.log_level.as_deref().filter(|_| from_command_line);
+    let file = cli.log_level.as_deref().filter(|_| !from_command_line);
+    logging::init(&logging::filter(flag, file), cli.log_format)?;
+    Ok((cli, config))
+}
+
+/// The configuration file named by `--config FILE`, `--config=FILE` or `$FORTE_CONFIG`, found
+/// before the command line is parsed (its values are the flags' defaults).
+fn config_path() -> Option<PathBuf> {
+    let mut args = std::env::args_os().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--" {
+            break;
+        }
+        if arg == "--config" {
+            return args.next().map(PathBuf::from);
+        }
+        if let Some(path) = arg.to_str().and_then(|a| a.strip_prefix("--config=")) {
+            return Some(PathBuf::from(path));
+        }
+    }
+    std::env::var_os("FORTE_CONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn run(cli: Cli, config: &settings::Config) -> anyhow::Result<bool> {
+    let catalog = cli.catalog;
+    match cli.command {
+        Command::Keygen(args) => commands::keygen::run(args),
+        Command::Pack(args) => commands::pack::run(args, config),
+        Command::Unpack(args) => commands::unpack::run(args, config),
+        Command::Relay(args) => commands::relay::run(args, config),
+        Command::RelayStore(args) => commands::relay_store::run(args, config),
+        Command::Send(args) => commands::send::run(args, config, &record::open(catalog)?),
+        Command::Pull(args) => commands::pull::run(args, config, &record::open(catalog)?),
+        Command::Status(args) => commands::status::run(args, &record::open(catalog)?),
+        Command::Receipts(args) => commands::receipts::run(args, config, || record::open(catalog)),
+        Command::Report(args) => commands::report::run(args, &record::open(catalog)?),
+        Command::Dashboard(args) => commands::dashboard::run(args, config, &record::open(catalog)?),
+        Command::Ingest(args) => commands::ingest::run(args, config),
+        Command::Bench(args) => commands::bench::run(args),
+        Command::Demo(args) => commands::demo::run(args),
+        Command::Config(args) => commands::config::run(args, Cli::command(), config_path()),
+        Command::Completions(args) => commands::completions::run(args, Cli::command()),
+        Command::Man(args) => commands::man::run(args, Cli::command()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every flag has a key in the configuration file or says why not (`[per run]`), and
+    /// docs/config.md is what the flags say.
+    #[test]
+    fn every_flag_has_a_key_and_docs_config_md_is_current() {
+        let cli = Cli::command();
+        let unkeyed = settings::reference::unkeyed(&cli);
+        assert!(
+            unkeyed.is_empty(),
+            "flags with neither [config: KEY] nor [per run] in their help: {unkeyed:#?}"
+        );
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/config.md");
+        let written = std::fs::read_to_string(path).unwrap_or_default();
+        let current = settings::reference::markdown(&cli, commands::config::FILE_ONLY);
+        assert!(written == current, "docs/config.md is not current: run `cargo run -p forte -- config reference > docs/config.md`");
     }
 }

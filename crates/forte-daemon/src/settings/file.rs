@@ -76,6 +76,7 @@
 //!
 //! Relative paths are relative to the directory of the configuration file.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
@@ -86,7 +87,6 @@ use crate::schedule::PolicyName;
 use crate::units::parse_size;
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
     pub keys: KeysSection,
@@ -106,9 +106,21 @@ pub struct Config {
     pub s3: S3Section,
     #[serde(default)]
     pub http: HttpSection,
+    #[serde(default)]
+    pub filter: super::FilterSection,
     /// The site's own tasks, in order.
     #[serde(default)]
     pub task: Vec<TaskSection>,
+    /// Every value of the file by key, for the flags that take their defaults from it.
+    #[serde(skip)]
+    pub file: FileValues,
+}
+
+/// The file's values by key (`section.key`) and the directory relative paths are taken from.
+#[derive(Debug, Default)]
+pub struct FileValues {
+    pub values: std::collections::BTreeMap<String, toml::Value>,
+    pub base: PathBuf,
 }
 
 /// One `[[task]]`: a site's own step (see `crate::tasks`).
@@ -138,7 +150,6 @@ pub enum CommandLine {
 
 /// Where the dashboard, JSON API and metrics are served, and the token other hosts need.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct HttpSection {
     pub listen: Option<std::net::SocketAddr>,
     pub token_file: Option<PathBuf>,
@@ -148,7 +159,6 @@ pub struct HttpSection {
 
 /// Where the S3 server is and its keys; each unset one comes from the environment.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct S3Section {
     pub endpoint: Option<String>,
     pub access_key_id: Option<String>,
@@ -157,7 +167,6 @@ pub struct S3Section {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct SendSection {
     /// This edge's site, as the relay's tokens.toml names it.
     pub site: Option<String>,
@@ -170,7 +179,6 @@ pub struct SendSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PullSection {
     /// This core worker's name in leases and lineage.
     pub worker: Option<String>,
@@ -183,7 +191,6 @@ pub struct PullSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RelaySection {
     pub url: Option<String>,
     pub token_file: Option<PathBuf>,
@@ -192,7 +199,6 @@ pub struct RelaySection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct KeysSection {
     pub recipient: Option<PathBuf>,
     pub sign: Option<PathBuf>,
@@ -207,7 +213,6 @@ pub struct KeysSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct PrepareSection {
     pub part_size: Option<Size>,
     pub level: Option<Level>,
@@ -218,7 +223,6 @@ pub struct PrepareSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ScheduleSection {
     pub policy: Option<PolicyName>,
     pub max_wait: Option<String>,
@@ -228,7 +232,6 @@ pub struct ScheduleSection {
 }
 
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct IngestSection {
     pub schema: Option<PathBuf>,
     pub out: Option<PathBuf>,
@@ -335,16 +338,41 @@ impl TryFrom<NumberOrText> for Size {
 }
 
 impl Config {
-    /// Reads the file if one is given; no file means all defaults.
-    pub fn load(path: Option<&Path>) -> Result<Self> {
+    /// Reads the file if one is given; no file means all defaults. `claimed` are the keys
+    /// flags take their defaults from (`flag_keys`): a key that neither a flag nor a section
+    /// here knows is refused, with the keys of its section.
+    pub fn load(path: Option<&Path>, claimed: &BTreeSet<String>) -> Result<Self> {
         let Some(path) = path else {
             return Ok(Self::default());
         };
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        let mut config: Config = toml::from_str(&text)
-            .map_err(|e| anyhow::anyhow!("config file {} is not valid: {e}", path.display()))?;
+        let invalid = |e: &dyn std::fmt::Display| {
+            anyhow::anyhow!("config file {} is not valid: {e}", path.display())
+        };
+        let table: toml::Table = toml::from_str(&text).map_err(|e| invalid(&e))?;
+        let mut unknown = Vec::new();
+        let mut config: Config =
+            serde_ignored::deserialize(table.clone(), |key| unknown.push(key.to_string()))
+                .map_err(|e| invalid(&e))?;
+        // A section no typed field knows comes back whole: its keys are checked one by one.
+        let unknown: Vec<String> = unknown
+            .into_iter()
+            .flat_map(|key| match table.get(&key) {
+                Some(toml::Value::Table(section)) => {
+                    section.keys().map(|k| format!("{key}.{k}")).collect()
+                }
+                _ => vec![key],
+            })
+            .collect();
+        if let Some(key) = unknown.iter().find(|k| !claimed.contains(*k)) {
+            return Err(invalid(&unknown_key(key, claimed)));
+        }
         let base = path.parent().unwrap_or(Path::new("."));
+        config.file = FileValues {
+            values: super::flag_keys::flatten(&table),
+            base: base.to_owned(),
+        };
         let k = &mut config.keys;
         for p in [
             &mut k.recipient,
@@ -383,6 +411,7 @@ impl Config {
         {
             *p = base.join(&*p);
         }
+        config.filter.resolve_paths(base);
         for task in &mut config.task {
             task.workdir = Some(base.join(task.workdir.as_deref().unwrap_or(Path::new("."))));
         }
@@ -392,6 +421,35 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// The keys no flag takes: the S3 server's, the tasks', the priority rules'.
+const FILE_ONLY_KEYS: &[&str] = &[
+    "s3.endpoint",
+    "s3.access_key_id",
+    "s3.secret_access_key",
+    "s3.region",
+];
+
+/// What to say of a key nothing knows: the keys its section has.
+fn unknown_key(key: &str, claimed: &BTreeSet<String>) -> String {
+    let section = key.split_once('.').map_or("", |(s, _)| s);
+    let same: Vec<&str> = claimed
+        .iter()
+        .map(String::as_str)
+        .chain(FILE_ONLY_KEYS.iter().copied())
+        .filter(|k| k.split_once('.').map_or("", |(s, _)| s) == section)
+        .map(|k| k.split_once('.').map_or(k, |(_, key)| key))
+        .collect();
+    let place = if section.is_empty() {
+        "at the top".to_owned()
+    } else {
+        format!("in [{section}]")
+    };
+    format!(
+        "unknown key {key}; the keys {place} are: {} (docs/config.md lists every key)",
+        same.join(", ")
+    )
 }
 
 /// Levels zstd accepts; negative levels are its fast modes.
@@ -415,15 +473,16 @@ mod tests {
             "[keys]\nrecipient = \"k/core.pub\"\n[prepare]\npart_size = \"8MiB\"\n",
         )
         .unwrap();
-        let c = Config::load(Some(&file)).unwrap();
+        let claimed = BTreeSet::from(["send.settle".to_owned()]);
+        let c = Config::load(Some(&file), &claimed).unwrap();
         assert_eq!(c.keys.recipient.unwrap(), dir.path().join("k/core.pub"));
         assert_eq!(c.prepare.part_size.unwrap().0, 8 << 20);
 
         std::fs::write(&file, "[prepare]\npart_sise = 3\n").unwrap();
-        let e = Config::load(Some(&file)).unwrap_err().to_string();
+        let e = Config::load(Some(&file), &claimed).unwrap_err().to_string();
         assert!(e.contains("forte.toml") && e.contains("part_sise"), "{e}");
         std::fs::write(&file, "[prepare]\nlevel = 99\n").unwrap();
-        let e = Config::load(Some(&file)).unwrap_err().to_string();
+        let e = Config::load(Some(&file), &claimed).unwrap_err().to_string();
         assert!(e.contains("level 99"), "{e}");
     }
 }

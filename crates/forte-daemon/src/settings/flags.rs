@@ -43,6 +43,8 @@ pub struct EdgeFlags {
     /// [config: prepare.bundle_below] [default: 1MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub(super) bundle_below: Option<u64>,
+    #[command(flatten)]
+    pub(super) filter: super::FilterFlags,
 }
 
 /// The core's keys and its restore pass; `unpack` and `pull`.
@@ -63,7 +65,7 @@ pub struct CoreFlags {
     /// [config: prepare.scheduler] [default: ordo].
     #[arg(long, value_name = "ordo|threads|rayon")]
     pub(super) scheduler: Option<Scheduler>,
-    /// Files written to the destination at once [default: 2].
+    /// Files written to the destination at once [default: 2] [config: pull.writers].
     #[arg(long, value_name = "N")]
     pub(super) writers: Option<usize>,
 }
@@ -117,7 +119,7 @@ pub struct RelayFlags {
     #[arg(long, value_name = "FILE")]
     pub(super) relay_ca: Option<PathBuf>,
     /// Seconds a request to the relay may take before it is abandoned and retried: how long a
-    /// stalled link goes unnoticed. A whole part must cross the link within it.
+    /// stalled link goes unnoticed. A whole part must cross the link within it [config: relay.timeout].
     #[arg(long, value_name = "SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) timeout: u64,
 }
@@ -185,20 +187,30 @@ pub fn parse_codec(text: &str) -> Result<Codec, String> {
 /// Running as a daemon, and telling people about failures; `send` and `pull`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct DaemonFlags {
-    /// Keep running: handle batches as they become ready, retrying network failures forever.
+    /// Keep running: handle batches as they become ready, retrying network failures forever [config: daemon.watch].
     #[arg(long)]
     pub watch: bool,
-    /// Seconds between looks for new work with --watch.
+    /// Seconds between looks for new work with --watch [config: daemon.interval].
     #[arg(long, default_value_t = 10, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     pub(super) interval: u64,
     /// With --watch, SIGTERM or SIGINT stops taking new batches and lets those under way
-    /// finish for this long, then ends with status 0 (a second signal ends it at once).
+    /// finish for this long, then ends with status 0 (a second signal ends it at once) [config: daemon.shutdown_grace].
     #[arg(long, value_parser = crate::units::parse_duration, value_name = "DURATION", default_value = "60s")]
     pub(super) shutdown_grace: std::time::Duration,
-    /// Command run (sh -c) when a file or batch fails; FORTE_ROLE, FORTE_BATCH, FORTE_FILE
-    /// and FORTE_ERROR describe the failure.
+    /// Command run (sh -c) when a batch (or one file of it) starts failing, FORTE_EVENT=failed;
+    /// while it keeps failing, again after --on-failure-repeat, then twice that, doubling to
+    /// at most a day, FORTE_EVENT=failing; and once when it clears (delivered, sent or
+    /// cancelled), FORTE_EVENT=cleared. FORTE_ROLE, FORTE_SITE, FORTE_BATCH (the batch's
+    /// name), FORTE_BATCH_ID (its id at the relay), FORTE_FILE, FORTE_ERROR and
+    /// FORTE_FAILURES (failed attempts since it started) describe it. Hooks run one at a time
+    /// beside the transfer, each killed after 60 s. The state is kept in memory: a restarted
+    /// daemon says failed once more for what still fails [config: alerts.on_failure].
     #[arg(long, value_name = "CMD")]
     pub(super) on_failure: Option<String>,
+    /// While a failure persists, run --on-failure again after this long, then after twice
+    /// that, doubling to at most 24 h [config: alerts.repeat_after] [default: 1h].
+    #[arg(long, value_parser = crate::units::parse_duration, value_name = "DURATION", default_value = "1h")]
+    pub(super) on_failure_repeat: std::time::Duration,
     #[command(flatten)]
     pub(super) http: HttpFlags,
 }
@@ -213,7 +225,7 @@ impl DaemonFlags {
 /// `send`'s own flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SendFlags {
-    /// Seconds without any change after which a batch without a .ready marker is complete.
+    /// Seconds without any change after which a batch without a .ready marker is complete [config: send.settle].
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]
     pub(super) settle: u64,
     /// Uploads in flight to the relay. auto starts from this relay's history (per size of
@@ -234,7 +246,7 @@ pub struct SendFlags {
     #[arg(long, value_name = "RATE|TIMETABLE")]
     pub(super) bwlimit: Option<String>,
     /// With --watch: delete a batch's source files once the core's signed custody receipt
-    /// (checked with --receipt-pub) lists every one with the SHA-256 its bytes still have.
+    /// (checked with --receipt-pub) lists every one with the SHA-256 its bytes still have [config: send.delete_after_ack].
     #[arg(long, requires = "watch")]
     pub(super) delete_after_ack: bool,
     /// The core's receipt key (receipt.pub from `forte keygen`); repeat for several cores.
@@ -251,7 +263,7 @@ pub struct SendFlags {
     /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
     /// relay deletes what it holds of it that the core has not taken, so the core never gets
     /// it, and later runs skip it. The source is untouched; touch its .ready marker to send it
-    /// again. For a batch too large for the relay, or sent by mistake.
+    /// again. For a batch too large for the relay, or sent by mistake [per run].
     #[arg(long, value_name = "BATCH", conflicts_with_all = ["watch", "delete_after_ack"])]
     pub(super) cancel: Vec<String>,
 }
@@ -261,22 +273,22 @@ pub struct SendFlags {
 pub struct PullFlags {
     /// Destination: a directory, or an S3-compatible bucket, s3://BUCKET/PREFIX (endpoint and
     /// keys as for --copy-to), each object completed only once its bytes matched the file's
-    /// SHA-256, which it carries as metadata `sha256`.
+    /// SHA-256, which it carries as metadata `sha256` [config: pull.to].
     #[arg(long, value_name = "DEST|s3://BUCKET/PREFIX")]
     pub(super) to: PathBuf,
     /// With --to s3://…: where files are assembled and verified before they go to the bucket,
-    /// and removed from once it holds them.
+    /// and removed from once it holds them [config: pull.scratch].
     #[arg(long, value_name = "DIR")]
     pub(super) scratch: Option<PathBuf>,
     /// Where files go under DEST: fields {site} {batch} {path} {yyyy} {mm} {dd} {hh} {date} (the
-    /// date and hour, UTC, the batch arrived at its edge, as the edge signed it).
+    /// date and hour, UTC, the batch arrived at its edge, as the edge signed it) [config: pull.layout].
     #[arg(long, default_value = "{site}/{batch}/{path}")]
     pub(super) layout: String,
     /// A second destination (analysts' copy): every delivered file is copied there too,
     /// atomically, before the relay is told it may delete. A directory, or an S3-compatible
     /// bucket, s3://BUCKET/PREFIX, with the endpoint and keys in [s3] of the configuration
     /// file or AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION: each object is completed only
-    /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256`.
+    /// once its bytes matched the file's SHA-256, which it carries as metadata `sha256` [config: pull.copy_to].
     #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
     pub(super) copy_to: Option<String>,
     /// Where verified batches wait while the site's core tasks ([[task]] at = "core") check
@@ -288,7 +300,7 @@ pub struct PullFlags {
     /// [config: pull.quarantine] [default: DEST/.forte-quarantine].
     #[arg(long, value_name = "DIR")]
     pub(super) quarantine: Option<PathBuf>,
-    /// Concurrent downloads from the relay.
+    /// Concurrent downloads from the relay [config: pull.connections].
     #[arg(long, default_value_t = 4, value_parser = crate::units::parse_threads)]
     pub(super) connections: usize,
     /// The core's key that signs a custody receipt for every delivered batch (receipt.key from
@@ -296,7 +308,7 @@ pub struct PullFlags {
     #[arg(long, value_name = "FILE")]
     pub(super) receipt_key: Option<PathBuf>,
     /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
-    /// after a later one did: a batch dropped or held back at the relay.
+    /// after a later one did: a batch dropped or held back at the relay [config: pull.gap_alert_after].
     #[arg(long, value_name = "DURATION", default_value = "10m")]
     pub(super) gap_alert_after: String,
 }

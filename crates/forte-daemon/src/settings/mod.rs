@@ -3,6 +3,8 @@
 //!
 //! - [`file`]: the configuration file, every section in one place.
 //! - [`flags`]: the flag groups commands share, as clap parses them.
+//! - [`flag_keys`]: every flag's key in the file, and the file's values as flag defaults.
+//! - [`reference`]: docs/config.md and `forte config check`, from the same keys.
 //! - [`daemon`], [`send`], [`pull`]: everything one daemon command runs with, as one value.
 //! - here: one resolved type per role and the one function that builds each. A command calls
 //!   them first and never reads a flag group or a configuration section again, so a setting's
@@ -10,8 +12,11 @@
 
 mod daemon;
 mod file;
+mod filter;
+pub mod flag_keys;
 mod flags;
 mod pull;
+pub mod reference;
 mod send;
 
 use std::net::SocketAddr;
@@ -30,7 +35,8 @@ use forte_relay::tls::RelayTrust;
 use forte_restore::RestoreConfig;
 
 pub use daemon::Daemon;
-pub use file::{check_level, Config, Connections, Level};
+pub use file::{check_level, Config, Connections, FileValues, Level};
+pub use filter::{filter, FilterFlags, FilterSection};
 pub use flags::{
     parse_codec, CoreFlags, DaemonFlags, EdgeFlags, HttpFlags, IngestFlags, PullFlags, RelayFlags,
     ScheduleFlags, SendFlags, WorkerFlags,
@@ -70,6 +76,8 @@ pub struct EdgeSettings {
     pub prepare: PrepareConfig,
     /// Which files travel in bundles, and how large those grow.
     pub bundle: BundleLimits,
+    /// Which files are taken (`--include`, `--exclude`, …, `[filter]`).
+    pub filter: forte_prepare::Filter,
 }
 
 /// The core's: the keys that open objects and how they are restored.
@@ -183,6 +191,15 @@ impl EdgeSite {
         };
         Ok(self.known.get_or_init(|| site))
     }
+
+    /// The site if known without asking the relay: given, or learned before; else empty.
+    pub fn known(&self) -> &str {
+        self.known
+            .get()
+            .map(String::as_str)
+            .or(self.given.as_deref())
+            .unwrap_or("")
+    }
 }
 
 /// The relay as a client reaches it.
@@ -261,6 +278,7 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
         key: EdgeKey::load(&sign)?,
         prepare: p,
         bundle,
+        filter: filter(&flags.filter, &config.filter)?,
     })
 }
 
@@ -728,7 +746,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("forte.toml");
         std::fs::write(&file, text).unwrap();
-        Config::load(Some(&file)).unwrap()
+        Config::load(Some(&file), &Default::default()).unwrap()
     }
 
     #[test]

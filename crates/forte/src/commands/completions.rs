@@ -8,7 +8,7 @@ use clap_complete::Shell;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The shell to complete for.
+    /// The shell to complete for [per run].
     #[arg(value_enum)]
     shell: Shell,
 }

@@ -19,7 +19,7 @@ JavaScript. Programs read the same over the JSON API under /api/v1 (docs/api.md)
 )]
 pub struct Args {
     /// Further catalogues to show (repeatable): with separate SQLite files per node, the
-    /// edge's as --catalog and the core's here. One shared PostgreSQL catalogue needs none.
+    /// edge's as --catalog and the core's here. One shared PostgreSQL catalogue needs none [config: dashboard.with].
     #[arg(long = "with", value_name = "URL")]
     with: Vec<String>,
     #[command(flatten)]

@@ -8,7 +8,7 @@ use anyhow::Result;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Working directory for the demo; replaced if an earlier demo made it.
+    /// Working directory for the demo; replaced if an earlier demo made it [per run].
     #[arg(long, default_value = "demo-out")]
     dir: PathBuf,
 }

@@ -30,16 +30,16 @@ count = 32                     # s00 … s31\n  type = \"float32\"              
 # encoding = \"plain\"          # floats default to byte_stream_split"
 )]
 pub struct Args {
-    /// Accept streams on this address (e.g. 0.0.0.0:7000); runs until stopped.
+    /// Accept streams on this address (e.g. 0.0.0.0:7000); runs until stopped [config: ingest.listen].
     #[arg(long, value_name = "ADDR", required_unless_present = "from_file")]
     listen: Option<SocketAddr>,
-    /// Replay recordings (one stream each, all at once) instead of listening.
+    /// Replay recordings (one stream each, all at once) instead of listening [per run].
     #[arg(long, value_name = "FILE", num_args = 1..)]
     from_file: Vec<PathBuf>,
     #[command(flatten)]
     ingest: IngestFlags,
     /// Most streams at once; more connections are refused. Memory is at most this many times
-    /// two row groups.
+    /// two row groups [config: ingest.max_streams].
     #[arg(long, value_name = "N", default_value_t = 256)]
     max_streams: usize,
 }

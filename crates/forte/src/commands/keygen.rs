@@ -7,7 +7,7 @@ use forte_format::{EdgeKey, Recipients};
 #[derive(clap::Args)]
 pub struct Args {
     /// Directory to write core.key, core.pub (the core's age pair), edge.key, edge.pub (an
-    /// edge's signing pair) and receipt.key, receipt.pub (the core's receipt-signing pair) into.
+    /// edge's signing pair) and receipt.key, receipt.pub (the core's receipt-signing pair) into [per run].
     #[arg(long, value_name = "KEYS")]
     dir: PathBuf,
 }

@@ -9,7 +9,7 @@ use clap_mangen::Man;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Directory to write the pages into (created if missing).
+    /// Directory to write the pages into (created if missing) [per run].
     #[arg(value_name = "DIR")]
     dir: PathBuf,
 }

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod completions;
+pub mod config;
 pub mod dashboard;
 pub mod demo;
 pub mod ingest;
@@ -21,10 +22,10 @@ pub mod unpack;
 /// Output flags shared by the long-running commands.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct Output {
-    /// Print a JSON summary on stdout instead of text.
+    /// Print a JSON summary on stdout instead of text [per run].
     #[arg(long)]
     pub json: bool,
-    /// No progress bar.
+    /// No progress bar [per run].
     #[arg(long, short)]
     pub quiet: bool,
 }

@@ -11,14 +11,14 @@ use forte_edge::pack::{pack, Summary};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A file or a directory tree to pack.
+    /// A file or a directory tree to pack [per run].
     src: PathBuf,
-    /// Output directory: one `<object-id>/` directory per file.
+    /// Output directory: one `<object-id>/` directory per file [per run].
     #[arg(long, value_name = "DIR")]
     to: PathBuf,
     #[command(flatten)]
     edge: EdgeFlags,
-    /// Batch name recorded in every manifest.
+    /// Batch name recorded in every manifest [per run].
     #[arg(long, default_value = "")]
     batch: String,
     #[command(flatten)]

@@ -18,10 +18,10 @@ pub struct Args {
     /// [config: keys.receipt_pub]. Without it receipts are printed unverified, and said so.
     #[arg(long, value_name = "FILE")]
     receipt_pub: Vec<PathBuf>,
-    /// Verify these receipt files (JSON as signed) instead of the catalogue's.
+    /// Verify these receipt files (JSON as signed) instead of the catalogue's [per run].
     #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
-    /// Print each receipt as JSON (one document per line, the signed receipt under `receipt`).
+    /// Print each receipt as JSON (one document per line, the signed receipt under `receipt`) [per run].
     #[arg(long)]
     json: bool,
 }

@@ -21,7 +21,8 @@ enum Action {
     /// List what the store holds per site and batch: sealed batches waiting for the core,
     /// objects of batches still being sent, and uploads not sealed yet.
     List {
-        /// The relay's store, as given to `forte relay --store`: a directory or a bucket.
+        /// The relay's store, as given to `forte relay --store`: a directory or a bucket
+        /// [config: relay_server.store].
         #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
         store: String,
         #[command(flatten)]
@@ -32,13 +33,13 @@ enum Action {
     /// from its next start. Objects not sealed yet carry no batch; the edge cancels those
     /// (`forte send INBOX --cancel NAME`), or they expire (`forte relay --expire-open-after`).
     Cancel {
-        /// The relay's store: a directory or a bucket.
+        /// The relay's store: a directory or a bucket [config: relay_server.store].
         #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX")]
         store: String,
-        /// The site, as in the tokens file.
+        /// The site, as in the tokens file [per run].
         #[arg(long)]
         site: String,
-        /// The batch's id at the relay, as `forte relay-store list` prints it.
+        /// The batch's id at the relay, as `forte relay-store list` prints it [per run].
         #[arg(long)]
         batch: String,
     },

@@ -22,25 +22,25 @@ enum Format {
 #[derive(clap::Args)]
 pub struct Args {
     /// Further catalogues to join (repeatable): with separate SQLite files per node, give the
-    /// edge's as --catalog and the core's here. One shared PostgreSQL catalogue needs none.
+    /// edge's as --catalog and the core's here. One shared PostgreSQL catalogue needs none [config: report.with].
     #[arg(long = "with", value_name = "URL")]
     with: Vec<String>,
-    /// Output format of the numbers.
+    /// Output format of the numbers [per run].
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
     /// Write timeline.svg/.png and utilisation.svg/.png into this directory, and tuning.svg/.png
-    /// (goodput, uploads in flight and zstd level per interval) when a send tuned itself.
+    /// (goodput, uploads in flight and zstd level per interval) when a send tuned itself [per run].
     #[arg(long, value_name = "DIR")]
     charts: Option<PathBuf>,
-    /// Title of the charts.
+    /// Title of the charts [per run].
     #[arg(long, default_value = "forte")]
     title: String,
     /// The data rate the site must sustain, e.g. 3.36TB/day (the papers' use case): prints
-    /// whether the run's daily capacity does.
+    /// whether the run's daily capacity does [config: report.nominal_rate].
     #[arg(long, value_name = "RATE")]
     nominal_rate: Option<String>,
     /// The edge's link rate, e.g. 65MB (per second): reports how busy the link was while
-    /// batches waited for it.
+    /// batches waited for it [config: report.link_rate].
     #[arg(long, value_name = "RATE")]
     link_rate: Option<String>,
 }

@@ -18,7 +18,7 @@ use super::Output;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Inbox directory: each subdirectory is one batch.
+    /// Inbox directory: each subdirectory is one batch [config: send.inbox].
     inbox: PathBuf,
     #[command(flatten)]
     relay: RelayFlags,

@@ -8,13 +8,13 @@ use forte_report::status::{show, View};
 #[derive(clap::Args)]
 pub struct Args {
     /// Show one file's lineage, from discovery to delivery: a path in its batch, or its
-    /// delivered path under the destination.
+    /// delivered path under the destination [per run].
     #[arg(long, value_name = "PATH")]
     file: Option<String>,
-    /// Show the resource utilisation samples (1 Hz: CPU, memory, disk, network) instead.
+    /// Show the resource utilisation samples (1 Hz: CPU, memory, disk, network) instead [per run].
     #[arg(long, conflicts_with = "file")]
     usage: bool,
-    /// Print JSON instead of text.
+    /// Print JSON instead of text [per run].
     #[arg(long)]
     json: bool,
 }

@@ -15,14 +15,14 @@ use forte_daemon::units::{human, mb_per_s};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Directory of packed objects (the output of `forte pack`).
+    /// Directory of packed objects (the output of `forte pack`) [per run].
     dir: PathBuf,
-    /// Destination directory; files appear only after everything verified.
+    /// Destination directory; files appear only after everything verified [per run].
     #[arg(long, value_name = "DEST")]
     to: PathBuf,
     #[command(flatten)]
     core: CoreFlags,
-    /// Replace files that already exist at the destination.
+    /// Replace files that already exist at the destination [per run].
     #[arg(long)]
     overwrite: bool,
     #[command(flatten)]
