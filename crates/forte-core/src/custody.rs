@@ -279,7 +279,7 @@ impl Core<'_> {
             return;
         };
         for (site, error) in alerts(&mut custody.alerted.lock(), gaps) {
-            custody.failures.report(&site, None, &error);
+            custody.failures.alert(&site, &error);
         }
     }
 }

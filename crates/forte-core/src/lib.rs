@@ -243,13 +243,18 @@ impl<'a> Core<'a> {
                 (waiting, objects)
             })
             .collect();
+        let listed: std::collections::HashSet<BatchKey> = waiting
+            .iter()
+            .map(|(_, objects)| batch_key_of(objects))
+            .collect();
+        // A failing batch the relay no longer offers was cancelled or delivered elsewhere.
+        if let Some(custody) = &self.custody {
+            let offered = |site: &str, id: &str| listed.contains(&BatchKey::core(site, id));
+            custody.failures.clear_unlisted(offered);
+        }
         if open {
             // Batches fetched ahead that the relay no longer lists were delivered by another
             // worker (this one lost its lease): their staging and leases go.
-            let listed: std::collections::HashSet<BatchKey> = waiting
-                .iter()
-                .map(|(_, objects)| batch_key_of(objects))
-                .collect();
             self.ahead.lock().retain(|key, _| {
                 let keep = listed.contains(key);
                 if !keep {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use forte_catalog::Role;
-use forte_daemon::failures::Failures;
+use forte_daemon::failures::{Failure, Failures};
 use forte_daemon::record::{sample_usage, Catalog};
 use forte_daemon::schedule::Policy;
 use forte_daemon::settings::{CoreSettings, Destination, PullSettings};
@@ -192,6 +192,7 @@ impl Puller<'_> {
 
     /// Delivers one sealed batch and reports it; `None` when another worker holds it.
     fn pull(&self, batch: Vec<ReadyObject>) -> Option<DeliveryReport> {
+        let batch_id = batch[0].batch.clone();
         let trusted = self.settings.trusted.current();
         let restore = self.restore(&trusted);
         let report = monitor::while_running(
@@ -204,11 +205,32 @@ impl Puller<'_> {
         if let Some(tell) = self.on_report {
             tell(&report);
         }
-        for e in report.error.iter().chain(&report.after_delivery) {
-            self.failures.report(&report.batch, None, e);
-        }
+        self.tell_failures(&report, &batch_id);
         self.core.alert_gaps();
         Some(report)
+    }
+
+    /// Tells the failure hook how the batch ended: failed (its name is its id when it failed
+    /// before its signed inventory named it), or cleared once delivered or acknowledged as a
+    /// replay; what the tasks after delivery reported is a failure of its own, which nothing
+    /// retries. A quarantined batch stays failed: nothing retries it either.
+    fn tell_failures(&self, report: &DeliveryReport, batch_id: &str) {
+        let failure = |error| Failure {
+            site: &report.site,
+            batch: &report.batch,
+            batch_id,
+            file: None,
+            error,
+        };
+        match &report.error {
+            Some(e) => self.failures.report(&failure(e)),
+            None => self
+                .failures
+                .cleared(&report.site, batch_id, &report.batch),
+        }
+        for e in &report.after_delivery {
+            self.failures.report(&failure(e));
+        }
     }
 
     /// Delivers every sealed batch waiting now.
@@ -260,6 +282,7 @@ impl Puller<'_> {
             let mut pause = interval;
             match self.core.waiting(&self.policy, true) {
                 Ok(batches) => {
+                    self.failures.cleared("", "", "");
                     let (sealed, open): (Vec<_>, Vec<_>) =
                         batches.into_iter().partition(|b| b[0].batch_sealed);
                     let delivered = |b| self.pull(b).is_some_and(|r| r.error.is_none());
@@ -281,7 +304,10 @@ impl Puller<'_> {
                         }
                     }
                 }
-                Err(e) => self.failures.report("", None, &format!("{e:#}")),
+                Err(e) => self.failures.report(&Failure {
+                    error: &format!("{e:#}"),
+                    ..Failure::default()
+                }),
             }
             // Idle, or fetching ahead of a batch still being sent: the relay answers at its
             // next seal of an object or a batch, so the next object is fetched ahead and the

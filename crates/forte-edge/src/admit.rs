@@ -244,7 +244,7 @@ impl Edge<'_> {
             Ok(found) => self.admit_found(&batch_key, batch, found, catalogued, &mut flight)?,
             Err(e) => {
                 let error = format!("{e:#}");
-                self.setup.failures.report(name, None, &error);
+                self.fail(name, None, &error);
                 flight.report.errors.push(error);
                 flight.report.failed += 1;
                 Objects::default()
@@ -314,7 +314,7 @@ impl Edge<'_> {
             arrived,
             refused,
         );
-        self.setup.failures.report(name, None, &why);
+        self.fail(name, None, &why);
         true
     }
 
@@ -367,7 +367,7 @@ impl Edge<'_> {
             }
             Err(e) => {
                 let error = format!("{e:#}");
-                self.setup.failures.report(name, None, &error);
+                self.fail(name, None, &error);
                 flight.report.errors.push(error);
                 flight.report.failed += flight.report.files;
                 Vec::new()
@@ -419,7 +419,7 @@ impl Edge<'_> {
             Ok(at) => at,
             Err(error) => {
                 if !jobs.is_empty() {
-                    self.setup.failures.report(&flight.name, None, error);
+                    self.fail(&flight.name, None, error);
                     flight.report.errors.push(error.to_string());
                     flight.report.failed += flight.report.files;
                 }
@@ -499,7 +499,7 @@ impl Edge<'_> {
                         Err(e) => {
                             let error = format!("{e:#}");
                             let path = Some(source.path.as_str());
-                            self.setup.failures.report(&flight.name, path, &error);
+                            self.fail(&flight.name, path, &error);
                             flight.report.errors.push(error);
                             flight.report.failed += 1;
                         }

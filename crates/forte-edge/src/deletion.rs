@@ -109,6 +109,7 @@ impl Edge<'_> {
                 Ok(cancelled) => {
                     let (files, bytes) = (file_count, total);
                     self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
+                    self.clear(name);
                     println!(
                         "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
                         cancelled.objects,
@@ -118,7 +119,7 @@ impl Edge<'_> {
                 }
                 Err(e) => {
                     let error = format!("cannot cancel the batch at the relay: {e}");
-                    self.setup.failures.report(name, None, &error);
+                    self.fail(name, None, &error);
                     ok = false;
                 }
             }
@@ -203,7 +204,7 @@ impl Edge<'_> {
             self.settled.lock().insert(b.batch_key.clone());
             if receipted.is_some_and(|r| r.is_empty()) {
                 let error = "the relay says the core acknowledged this batch, but no receipt signed by the core (--receipt-pub) says so: its sources are kept; the relay may have lost it or forged the acknowledgement, or the core signs no receipts (pull --receipt-key)";
-                self.setup.failures.report(&b.name, None, error);
+                self.fail(&b.name, None, error);
             }
         }
     }
@@ -216,7 +217,7 @@ impl Edge<'_> {
             let error = format!(
                 "the relay no longer holds {objects} object(s) of this batch, sealed and not yet received by the core: sending them again"
             );
-            self.setup.failures.report(&b.name, None, &error);
+            self.fail(&b.name, None, &error);
             let totals = Totals {
                 files: b.files as u64,
                 bytes: b.bytes as u64,
@@ -357,11 +358,12 @@ impl Edge<'_> {
                 Ok(()) => {
                     let deleted = BatchState::SourceDeleted;
                     self.record_batch(&b.batch_key, &b.name, files_n, bytes, deleted);
+                    self.clear(&b.name);
                     println!("batch {}: acknowledged by the core; source deleted", b.name);
                 }
                 Err(e) => {
                     let error = format!("cannot delete {}: {e}", dir.display());
-                    self.setup.failures.report(&b.name, None, &error);
+                    self.fail(&b.name, None, &error);
                 }
             }
         } else if waiting == 0 && !kept.is_empty() {
@@ -374,7 +376,7 @@ impl Edge<'_> {
                 dir.display(),
                 kept.join("; ")
             );
-            self.setup.failures.report(&b.name, None, &error);
+            self.fail(&b.name, None, &error);
         }
     }
 }
@@ -396,7 +398,7 @@ impl Edge<'_> {
             let refused = |why: String| {
                 let digest = forte_format::seal::sha256_hex(&document);
                 if self.refused_receipts.lock().insert(digest) {
-                    self.setup.failures.report(&b.name, None, &why);
+                    self.fail(&b.name, None, &why);
                 }
             };
             let receipt = match receipt_for(&document, trusted, site) {

@@ -34,7 +34,7 @@ use forte_relay::client::{RelayClient, RelayError};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use forte_daemon::failures::Failures;
+use forte_daemon::failures::{Failure, Failures};
 use forte_daemon::record::{note, Catalog};
 use forte_daemon::retry::Retry;
 use forte_daemon::schedule::{BatchQueue, Policy};
@@ -306,9 +306,33 @@ impl<'a> Edge<'a> {
         objects
     }
 
-    /// Reports a failure through the failure hook.
-    pub fn report_failure(&self, batch: &str, error: &str) {
-        self.setup.failures.report(batch, None, error);
+    /// Reports a failure of the batch named `batch` (of its `file`, if only that file failed;
+    /// of the inbox's listing when `batch` is empty) through the failure hook.
+    pub fn fail(&self, batch: &str, file: Option<&str>, error: &str) {
+        let id = if batch.is_empty() {
+            String::new()
+        } else {
+            batch_id(&self.setup.settings.key, batch).batch().to_owned()
+        };
+        self.setup.failures.report(&Failure {
+            site: self.setup.site.known(),
+            batch,
+            batch_id: &id,
+            file,
+            error,
+        });
+    }
+
+    /// The batch named `batch` (the inbox's listing when empty) succeeded: sent, cancelled or
+    /// deleted under the core's receipt; the hook is told it cleared if it was failing.
+    pub fn clear(&self, batch: &str) {
+        let id = if batch.is_empty() {
+            String::new()
+        } else {
+            batch_id(&self.setup.settings.key, batch).batch().to_owned()
+        };
+        let site = self.setup.site.known();
+        self.setup.failures.cleared(site, &id, batch);
     }
 
     /// Records the state of one file of `carrier` (its own object, or its bundle), under the

@@ -161,9 +161,7 @@ impl Edge<'_> {
                 report.raw_bytes += outcome.size;
             }
             Some(e) => {
-                self.setup
-                    .failures
-                    .report(&report.batch, Some(&outcome.path), e);
+                self.fail(&report.batch, Some(&outcome.path), e);
                 let object = outcome.id.to_string();
                 let (path, size) = (&outcome.path, outcome.size);
                 let file = FileRecord::new(batch_key, &object, path, size, FileState::Failed);
@@ -228,7 +226,7 @@ impl Edge<'_> {
             Some(HeldBefore::Some) => report.send_again = true,
             // Only if nothing else failed: a relay that cannot be asked refused the uploads too.
             Some(HeldBefore::Unknown(error)) if report.failed == 0 => {
-                self.setup.failures.report(&report.batch, None, &error);
+                self.fail(&report.batch, None, &error);
                 report.errors.push(error);
                 report.failed += 1;
             }
@@ -274,7 +272,7 @@ impl Edge<'_> {
         });
         if let Err(e) = sealed {
             let error = format!("cannot seal the batch at the relay: {e}");
-            self.setup.failures.report(&report.batch, None, &error);
+            self.fail(&report.batch, None, &error);
             report.errors.push(error);
             report.failed += 1;
         }
@@ -296,6 +294,9 @@ impl Edge<'_> {
         };
         forte_daemon::monitor::batch_done(Role::Edge, state);
         forte_daemon::monitor::batch_ended(batch_key);
+        if state == BatchState::Sent {
+            self.clear(&report.batch);
+        }
         // The batch's totals, not this run's: a re-run that finds its files at the relay
         // sends none of them, and the batch is no smaller for it.
         let totals = Totals {
@@ -333,9 +334,7 @@ impl Edge<'_> {
                 flight.pending_files
             );
             flight.report.failed += flight.pending_files;
-            self.setup
-                .failures
-                .report(&flight.report.batch, None, &error);
+            self.fail(&flight.report.batch, None, &error);
             flight.report.errors.push(error);
             self.finish(&key, flight);
         }

@@ -250,6 +250,7 @@ impl Watch<'_> {
         edge.find_lost();
         match ready_batches(self.inbox, self.settle) {
             Ok(found) => {
+                edge.clear("");
                 let todo: Vec<Batch> = found
                     .ready
                     .into_iter()
@@ -264,7 +265,7 @@ impl Watch<'_> {
                 });
                 edge.ask_relay(unasked);
             }
-            Err(e) => edge.report_failure("", &format!("{e:#}")),
+            Err(e) => edge.fail("", None, &format!("{e:#}")),
         }
         if self.delete_after_ack {
             edge.delete_acknowledged(self.inbox);

@@ -40,10 +40,7 @@ pub fn daemon(flags: &DaemonFlags, role: Role, config: &Config) -> Result<Daemon
         watch: flags.watch,
         interval: Duration::from_secs(flags.interval),
         shutdown_grace: flags.shutdown_grace,
-        failures: Failures {
-            role,
-            command: flags.on_failure.clone(),
-        },
+        failures: Failures::new(role, flags.on_failure.clone(), flags.on_failure_repeat),
         http: http(&flags.http, config, None)?,
     })
 }

@@ -180,19 +180,25 @@ fn failures_run_the_hook_with_what_failed() {
     let hook_out = site.root.join("alert.txt");
     let mut pull = site.pull();
     let hook = format!(
-        "echo \"$FORTE_ROLE|$FORTE_BATCH|$FORTE_ERROR\" > '{}'",
+        "echo \"$FORTE_EVENT|$FORTE_ROLE|$FORTE_SITE|$FORTE_BATCH|$FORTE_BATCH_ID|$FORTE_ERROR\" > '{}'",
         hook_out.display()
     );
     pull.extend(args!["--on-failure", hook]);
     let err = fails(&pull);
+    // Logged through the log (target forte::failure), in the operator's log format.
     assert!(
-        err.contains("\"event\":\"failure\"") && err.contains("\"role\":\"core\""),
+        err.contains("forte::failure") && err.contains("core failure, batch "),
         "{err}"
     );
     assert_no_staging(&site.root.join("dest"), "after a failed one-shot pull");
     let alert = std::fs::read_to_string(&hook_out).expect("the hook ran");
+    // The batch failed before its signed inventory verified: its name is not known, so it is
+    // named by its id.
+    let fields: Vec<&str> = alert.splitn(6, '|').collect();
+    assert_eq!(fields[..3], ["failed", "core", "site-a"], "{alert}");
+    assert!(fields[3] == fields[4] && fields[4].len() == 32, "{alert}");
     assert!(
-        alert.starts_with("core|") && alert.contains("not among the trusted edge keys"),
+        fields[5].contains("not among the trusted edge keys"),
         "{alert}"
     );
 }

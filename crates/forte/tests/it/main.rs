@@ -6,6 +6,7 @@
 #[macro_use]
 mod common;
 
+mod alerts;
 mod artefacts;
 mod bundles;
 mod cli;
