@@ -589,8 +589,10 @@ fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
     let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes());
     let (from, to) = (c(from)?, c(to)?);
     // SAFETY: two NUL-terminated paths that live across the call; no memory is shared.
+    // The system call, not libc's wrapper: musl (the static builds) has none.
     let done = unsafe {
-        libc::renameat2(
+        libc::syscall(
+            libc::SYS_renameat2,
             libc::AT_FDCWD,
             from.as_ptr(),
             libc::AT_FDCWD,
