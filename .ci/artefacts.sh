@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# CI's check of the release artefacts (issue 44): builds them with dist/release.sh, then
+#   - the x86-64 binary is static (file, ldd) and runs `forte demo`;
+#   - the aarch64 binary is static, runs `forte --version` and `forte demo` under qemu-user;
+#   - the amd64 .deb installs with dpkg -i (user forte, /var/lib/forte, conffiles), every
+#     installed unit passes `systemd-analyze verify`, `man forte` renders, the bash completion
+#     loads, the example configs are TOML; then it is removed and purged;
+#   - the arm64 .deb holds the aarch64 binary and the same files.
+# Each check prints its result; any failure fails the script (after all have run).
+#
+# Profile: CI builds with FORTE_DIST_PROFILE=dist-check (Cargo.toml: release without LTO, 16
+# codegen units, opt-level 1), not `release`: the two static release builds take about
+# 2 x 10 minutes on CI's 2 cores, over the 45 minutes CI may take with the tests' 20; this
+# checks the packaging and the linking, which the profile does not change. Set
+# FORTE_DIST_PROFILE=release to check the real release build.
+# Installs what it needs from Debian first (qemu-user, file, man-db), as root.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+export FORTE_DIST_PROFILE=${FORTE_DIST_PROFILE:-dist-check}
+out=${FORTE_DIST_OUT:-$root/target/dist}
+export FORTE_DIST_OUT=$out
+
+need=()
+command -v qemu-aarch64 >/dev/null || need+=(qemu-user)
+command -v file >/dev/null || need+=(file)
+command -v man >/dev/null || need+=(man-db)
+command -v dpkg-deb >/dev/null || need+=(dpkg)
+command -v systemd-analyze >/dev/null || need+=(systemd)
+if [ ${#need[@]} -gt 0 ]; then
+    echo "installing ${need[*]}" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2 \
+        || { echo "FAIL: could not install ${need[*]}" >&2; exit 1; }
+fi
+
+started=$SECONDS
+dist/release.sh || { echo "FAIL: dist/release.sh" >&2; exit 1; }
+echo "release artefacts ($FORTE_DIST_PROFILE) built in $((SECONDS - started)) s"
+
+version=$(python3 -c 'import tomllib; print(tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"])')
+x86=$out/forte-$version-x86_64-linux-musl
+arm=$out/forte-$version-aarch64-linux-musl
+deb_amd64=$out/forte_${version}_amd64.deb
+deb_arm64=$out/forte_${version}_arm64.deb
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+passed=0
+failed=0
+# check NAME COMMAND...: runs it, its output in $tmp/NAME.log, shown when it fails.
+check() {
+    local name=$1 log
+    shift
+    log=$tmp/$(echo "$name" | tr -c 'A-Za-z0-9' _).log
+    local t=$SECONDS
+    if "$@" >"$log" 2>&1; then
+        echo "PASS  $name ($((SECONDS - t)) s)"
+        passed=$((passed + 1))
+    else
+        echo "FAIL  $name ($((SECONDS - t)) s):"
+        tail -n 30 "$log" | sed 's/^/      /'
+        failed=$((failed + 1))
+    fi
+}
+is_static() { # BINARY ARCH-WORD
+    file -L "$1" | tee /dev/stderr | grep -E "$2" | grep -Eq 'statically linked|static-pie linked'
+}
+ldd_static() {
+    local said
+    said=$(ldd "$1" 2>&1)
+    echo "$said"
+    echo "$said" | grep -Eq 'not a dynamic executable|statically linked'
+}
+says_version() { "$@" --version | tee /dev/stderr | grep -qx "forte $version"; }
+unit_files=(forte-relay.service forte-send@.service forte-pull@.service)
+verify_units() {
+    local said paths=()
+    for u in "${unit_files[@]}"; do paths+=("/lib/systemd/system/$u"); done
+    said=$(cd "$tmp" && systemd-analyze verify --man=no "${paths[@]}" 2>&1)
+    local rc=$?
+    echo "$said"
+    # Any word about our units (an unknown key, a bad value, a missing binary) is a failure.
+    [ $rc -eq 0 ] && ! echo "$said" | grep -q forte
+}
+installed() {
+    /usr/bin/forte --version && id forte && test -d /var/lib/forte \
+        && [ "$(stat -c %U /var/lib/forte)" = forte ] \
+        && dpkg-query -W -f='${Conffiles}\n' forte | tee /dev/stderr | grep -q /etc/forte/relay.toml
+}
+man_renders() {
+    MANPAGER=cat man forte | grep -q SYNOPSIS && MANPAGER=cat man forte-send | grep -q -- --watch
+}
+arm64_deb_holds() {
+    dpkg-deb -f "$deb_arm64" Architecture | grep -qx arm64 \
+        && dpkg-deb -c "$deb_arm64" | grep -q ' ./usr/share/bash-completion/completions/forte$' \
+        && dpkg-deb -c "$deb_arm64" | grep -q ' ./lib/systemd/system/forte-pull@.service$' \
+        && dpkg-deb --fsys-tarfile "$deb_arm64" | tar -xO ./usr/bin/forte >"$tmp/forte-arm64" \
+        && is_static "$tmp/forte-arm64" aarch64
+}
+
+check "x86-64 binary is static (file)" is_static "$x86" x86-64
+check "x86-64 binary is static (ldd)" ldd_static "$x86"
+check "x86-64 binary runs forte demo" "$x86" demo --dir "$tmp/demo-x86_64"
+check "aarch64 binary is static (file)" is_static "$arm" aarch64
+check "aarch64 binary runs forte --version (qemu-aarch64)" says_version qemu-aarch64 "$arm"
+check "aarch64 binary runs forte demo (qemu-aarch64)" qemu-aarch64 "$arm" demo --dir "$tmp/demo-aarch64"
+check "example configs are TOML" python3 -c 'import sys, tomllib; [tomllib.load(open(f, "rb")) for f in sys.argv[1:]]' dist/etc/*.toml
+check "arm64 .deb holds the aarch64 binary, units, completions" arm64_deb_holds
+if dpkg-query -W forte >/dev/null 2>&1; then dpkg -r forte >/dev/null 2>&1; fi
+check "dpkg -i the amd64 .deb" dpkg -i "$deb_amd64"
+check "installed: binary, user forte, /var/lib/forte, conffiles" installed
+check "systemd-analyze verify the installed units" verify_units
+check "man forte renders" man_renders
+check "bash completion loads" bash -c 'source /usr/share/bash-completion/completions/forte && complete -p forte'
+check "dpkg -r forte" dpkg -r forte
+check "removed: no /usr/bin/forte, units gone" bash -c '! test -e /usr/bin/forte && ! test -e /lib/systemd/system/forte-relay.service'
+check "dpkg --purge forte" dpkg --purge forte
+
+echo "artefacts: $passed passed, $failed failed (in $((SECONDS - started)) s)"
+[ "$failed" -eq 0 ]
