@@ -175,7 +175,7 @@ def main():
     status = json.loads(subprocess.run([FORTE, "--catalog", core_cat, "status", "--json"], check=True,
                                        capture_output=True, text=True).stdout)
     files = [f for b in status for f in b["files"]]
-    assert len(status) == 14 and all(b["state"] == "delivered" for b in status), [b["state"] for b in status]
+    assert len(status) == 14 and all(b["batch"]["state"] == "delivered" for b in status), [b["batch"]["state"] for b in status]
     assert len(files) == nfiles and all(f["state"] == "acknowledged" and len(f["raw_sha256"]) == 64 for f in files), \
         "every file acknowledged with its SHA-256"
     assert all(any(s["stage"] == "pull" and s["ended_at"] for s in b["stages"]) for b in status)

@@ -131,6 +131,9 @@ vocabulary! {
         Failed = "failed",
         /// A part of it arrived damaged at the core.
         Damaged = "damaged",
+        /// Left out by the edge's filter (`send --exclude` …), with the rule or bound that
+        /// did in its event's detail: never sent, never deleted.
+        Excluded = "excluded",
     }
 }
 
@@ -138,7 +141,9 @@ impl FileState {
     /// The state's step in the order; `None` for a set-back.
     fn step(self) -> Option<u8> {
         Some(match self {
-            Self::Discovered => 0,
+            // Beside discovered: a later run without the filter may send it, and a file sent
+            // before is not recorded excluded after it.
+            Self::Discovered | Self::Excluded => 0,
             Self::AtRelay => 1,
             Self::Sealed => 2,
             Self::Verified => 3,

@@ -762,7 +762,7 @@ async fn commit(
                     error,
                 })
             }
-            Err(e) => eprintln!("warning: catalogue: a record was not written: {e}"),
+            Err(e) => tracing::warn!("catalogue: a record was not written: {e}"),
         }
     }
     Ok(())
@@ -815,8 +815,7 @@ pub(crate) fn run(
                     std::time::Instant::now(),
                     std::time::Duration::from_millis(250),
                 ));
-                eprintln!(
-                    "warning: catalogue {url} unavailable for {:.0} s ({e}); holding {} records, retrying in {:.1} s",
+                tracing::warn!("catalogue {url} unavailable for {:.0} s ({e}); holding {} records, retrying in {:.1} s",
                     since.elapsed().as_secs_f64(),
                     records.len(),
                     delay.as_secs_f64()
@@ -826,8 +825,7 @@ pub(crate) fn run(
                 continue;
             }
             if let Some((since, _)) = outage.take() {
-                eprintln!(
-                    "catalogue {url} available again after {:.0} s; the held records are written",
+                tracing::warn!("catalogue {url} available again after {:.0} s; the held records are written",
                     since.elapsed().as_secs_f64()
                 );
             }

@@ -104,7 +104,7 @@ impl Core<'_> {
             // Fetching ahead failed: start afresh, under the same lease.
             Some(mut ahead) if !ahead.lost() => ahead.held.take(),
             Some(_) => {
-                eprintln!("{}", taken_over(key));
+                tracing::warn!("{}", taken_over(key));
                 None
             }
             None => None,
@@ -145,7 +145,7 @@ impl Core<'_> {
         let batch_key = batch_key_of(&objects);
         let mut all = self.ahead.lock();
         if all.get(&batch_key).is_some_and(Ahead::lost) {
-            eprintln!("{}", taken_over(&batch_key));
+            tracing::warn!("{}", taken_over(&batch_key));
             all.remove(&batch_key);
             return false;
         }
@@ -157,7 +157,7 @@ impl Core<'_> {
                 Ok(Some(held)) => held,
                 Ok(None) => return false,
                 Err(e) => {
-                    eprintln!("batch {batch_key}: not fetched ahead: {e:#}");
+                    tracing::warn!("batch {batch_key}: not fetched ahead: {e:#}");
                     return false;
                 }
             };
@@ -180,7 +180,7 @@ impl Core<'_> {
         match self.stage(restore, new, &batch_key, ahead) {
             Ok(more) => ahead.staged.extend(more),
             Err(e) => {
-                eprintln!("batch {batch_key}: fetching ahead failed, the batch will be pulled whole after its seal: {e:#}");
+                tracing::warn!("batch {batch_key}: fetching ahead failed, the batch will be pulled whole after its seal: {e:#}");
                 ahead.failed = true;
             }
         }

@@ -174,8 +174,7 @@ impl Core<'_> {
             return Err(Replayed(last).into());
         }
         if !delivered_before.is_empty() {
-            eprintln!(
-                "batch {key}: instance {} lists {} file(s) delivered before beside {} new: the new ones are delivered, the others placed again only where missing",
+            tracing::warn!("batch {key}: instance {} lists {} file(s) delivered before beside {} new: the new ones are delivered, the others placed again only where missing",
                 inventory.instance,
                 delivered_before.len(),
                 listed.len() - delivered_before.len()

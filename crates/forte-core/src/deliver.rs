@@ -187,8 +187,7 @@ impl Core<'_> {
     ) -> Option<()> {
         let Verified { delivered, held } = verified;
         if !delivered.inventory {
-            eprintln!(
-                "warning: batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
+            tracing::warn!("batch {} of {} carries no signed inventory (sealed by an edge before object format 2): every file was verified, but nothing proves that the relay offered all of them",
                 report.batch,
                 batch.site()
             );
@@ -207,7 +206,7 @@ impl Core<'_> {
                 .acknowledge(batch, &report.batch, &delivered, receipt.as_deref())
                 .err(),
             Err(e) if e.downcast_ref::<LeaseLost>().is_some() => {
-                eprintln!("{e}");
+                tracing::warn!("{e}");
                 return None;
             }
             Err(e) => Some(format!("delivered, but not acknowledged: {e:#}")),
@@ -232,7 +231,7 @@ impl Core<'_> {
         instance: Option<&Instance>,
     ) -> Option<DeliveryReport> {
         if e.downcast_ref::<LeaseLost>().is_some() {
-            eprintln!("{e}");
+            tracing::warn!("{e}");
             return None;
         }
         if e.downcast_ref::<Replayed>().is_some() {
@@ -268,8 +267,7 @@ impl Core<'_> {
             .err()
             .map(|e| format!("{replayed}; but {e}"));
         report.replay = Some(replayed.to_string());
-        eprintln!(
-            "batch {} of site {}: {replayed}",
+        tracing::warn!("batch {} of site {}: {replayed}",
             report.batch,
             batch.site()
         );
@@ -618,7 +616,7 @@ impl Core<'_> {
             };
             match rejected {
                 Ok(()) => report.rejected_parts.push(what),
-                Err(e) => eprintln!("could not report damaged {what}: {e}"),
+                Err(e) => tracing::warn!("could not report damaged {what}: {e}"),
             }
         }
     }

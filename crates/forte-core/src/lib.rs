@@ -16,6 +16,7 @@ mod copy;
 mod custody;
 mod deliver;
 mod destination;
+pub mod dry_run;
 mod download;
 mod landed;
 pub mod landing;
@@ -220,6 +221,29 @@ impl<'a> Core<'a> {
         }
     }
 
+    /// Records a batch that failed here and that the relay no longer offers as cancelled
+    /// (by its edge; a batch another worker delivered is recorded delivered, which stays), so
+    /// that the dashboard's alerts stop showing it failed.
+    fn record_gone(&self, key: &BatchKey) {
+        let catalog = self.setup.catalog;
+        let Ok(Some(row)) = catalog.batch(key) else {
+            return;
+        };
+        if row.state != BatchState::Failed {
+            return;
+        }
+        let record = forte_catalog::BatchRecord {
+            key,
+            name: &row.name,
+            files: row.files as u64,
+            bytes: row.bytes as u64,
+            state: BatchState::Cancelled,
+            arrived: None,
+            detail: Some("the relay no longer offers it: cancelled at its edge"),
+        };
+        forte_daemon::record::note("a batch", catalog.batch_state(&record));
+    }
+
     pub fn waiting(&self, policy: &Policy, open: bool) -> Result<Vec<Vec<ReadyObject>>> {
         let client = self.setup.client;
         let (ready, generation) =
@@ -250,7 +274,9 @@ impl<'a> Core<'a> {
         // A failing batch the relay no longer offers was cancelled or delivered elsewhere.
         if let Some(custody) = &self.custody {
             let offered = |site: &str, id: &str| listed.contains(&BatchKey::core(site, id));
-            custody.failures.clear_unlisted(offered);
+            for (site, id) in custody.failures.clear_unlisted(offered) {
+                self.record_gone(&BatchKey::core(&site, &id));
+            }
         }
         if open {
             // Batches fetched ahead that the relay no longer lists were delivered by another
@@ -258,7 +284,7 @@ impl<'a> Core<'a> {
             self.ahead.lock().retain(|key, _| {
                 let keep = listed.contains(key);
                 if !keep {
-                    eprintln!("batch {key}: the relay no longer offers it (another worker delivered it, or its site cancelled it); what this worker fetched ahead is dropped and the batch left to it");
+                    tracing::warn!("batch {key}: the relay no longer offers it (another worker delivered it, or its site cancelled it); what this worker fetched ahead is dropped and the batch left to it");
                 }
                 keep
             });

@@ -162,11 +162,11 @@ fn destinations(s: &PullSettings) -> Result<Destinations> {
 fn remove_what_was_left(dest: &Path, landing_root: Option<std::path::PathBuf>) -> Result<()> {
     let stale = remove_stale_staging(dest)?;
     if stale > 0 {
-        eprintln!("removed {stale} staging directories left by an interrupted pull");
+        tracing::warn!("removed {stale} staging directories left by an interrupted pull");
     }
     let stale = landing::remove_stale(&landing::root(dest, landing_root))?;
     if stale > 0 {
-        eprintln!("removed what {stale} interrupted pulls left in the landing zone");
+        tracing::warn!("removed what {stale} interrupted pulls left in the landing zone");
     }
     Ok(())
 }
@@ -245,8 +245,7 @@ impl Puller<'_> {
     /// (the second at once, or after `shutdown_grace`), and delivers batches as they are
     /// sealed until stopped.
     fn watch_until_stopped(&self, relay_url: &str, interval: Duration, shutdown_grace: Duration) {
-        println!(
-            "pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
+        tracing::info!("pulling from {} every {} s (Ctrl-C or SIGTERM stops after the batch under way; a restart resumes)",
             relay_url,
             interval.as_secs()
         );
@@ -266,13 +265,12 @@ impl Puller<'_> {
         loop {
             if signals::take_reload() {
                 match self.settings.trusted.reload() {
-                    Ok(n) => println!("trusted edge keys read again (SIGHUP): {n} in force for the batches from now on"),
-                    Err(e) => eprintln!("error: trusted edge keys not read again (SIGHUP); the keys in force stay: {e:#}"),
+                    Ok(n) => tracing::info!("trusted edge keys read again (SIGHUP): {n} in force for the batches from now on"),
+                    Err(e) => tracing::error!("trusted edge keys not read again (SIGHUP); the keys in force stay: {e:#}"),
                 }
             }
             if signals::stop_requested() {
-                println!(
-                    "stopped ({}): no batch taken since; the one under way was finished",
+                tracing::info!("stopped ({}): no batch taken since; the one under way was finished",
                     signals::which()
                 );
                 return;

@@ -199,16 +199,22 @@ impl Failures {
     }
 
     /// Clears every failing batch of which `listed(site, batch_id)` says the relay no longer
-    /// offers it: cancelled at its edge, or delivered by another worker.
-    pub fn clear_unlisted(&self, listed: impl Fn(&str, &str) -> bool) {
+    /// offers it: cancelled at its edge, or delivered by another worker. Returns the (site,
+    /// batch id) of each.
+    pub fn clear_unlisted(&self, listed: impl Fn(&str, &str) -> bool) -> Vec<(String, String)> {
         let ends =
             |s: &Subject, f: &Failing| !s.batch_id.is_empty() && !listed(&f.site, &s.batch_id);
-        self.clear_where(ends, "", "");
+        self.clear_where(ends, "", "")
     }
 
     /// Tells each failing subject that `ends` cleared, with `site` and named `batch` if given,
     /// else as it was last reported.
-    fn clear_where(&self, ends: impl Fn(&Subject, &Failing) -> bool, site: &str, batch: &str) {
+    fn clear_where(
+        &self,
+        ends: impl Fn(&Subject, &Failing) -> bool,
+        site: &str,
+        batch: &str,
+    ) -> Vec<(String, String)> {
         let ended: Vec<(Subject, Failing)> = {
             let mut failing = self.failing.lock();
             let gone: Vec<Subject> = failing
@@ -220,6 +226,10 @@ impl Failures {
                 .filter_map(|s| failing.remove_entry(&s))
                 .collect()
         };
+        let cleared = ended
+            .iter()
+            .map(|(subject, state)| (state.site.clone(), subject.batch_id.clone()))
+            .collect();
         for (subject, state) in ended {
             let name = if batch.is_empty() {
                 &state.batch
@@ -248,6 +258,7 @@ impl Failures {
             );
             self.run_hook(Event::Cleared, &failure, state.failures);
         }
+        cleared
     }
 
     /// A one-off alert about `site` that its caller tells once (a sequence gap): logged, and

@@ -5,45 +5,98 @@
 //! data's own safety never depends on the catalogue: the relay deletes only on acknowledgement,
 //! and every byte is verified against the signed manifest.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 pub use forte_catalog::Catalog;
 use forte_catalog::{BatchKey, Role, Task};
 
-/// Opens the catalogue the user named, or the default SQLite file.
-pub fn open(url: Option<String>) -> Result<Catalog> {
+/// What a command does with its catalogue: it decides the default file, and whether a file
+/// that is not there may be made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// `send`: writes the edge's records (default `edge.sqlite`).
+    Edge,
+    /// `pull`: writes the core's records (default `core.sqlite`).
+    Core,
+    /// `status`, `report`, `receipts`, `dashboard`: read what `send` or `pull` wrote, and so
+    /// never make a catalogue (a mistyped path would otherwise show an empty one).
+    Read,
+}
+
+/// Opens the catalogue the user named, or the default file of this use: each role on a host
+/// its own (`~/.local/state/forte/edge.sqlite`, `core.sqlite`), so an edge and a core on one
+/// machine do not share one by accident.
+pub fn open(url: Option<String>, usage: Use) -> Result<Catalog> {
     let url = match url {
         Some(url) if url.trim().is_empty() => bail!(
-            "--catalog is empty: give a file (catalog.sqlite) or a postgres:// URL, or leave it out for {}",
-            default_path().display()
+            "--catalog is empty: give a file (catalog.sqlite) or a postgres:// URL, or leave it out for the default in {}",
+            state_dir().display()
+        ),
+        Some(url) if usage == Use::Read && !url.contains("://") && !Path::new(&url).exists() => bail!(
+            "no catalogue at {url}: status, report, receipts and dashboard read the catalogue send or pull keeps (--catalog or `catalog` in the config file); check the path"
         ),
         Some(url) => url,
-        // The default location is made on first use; a path the user gave must exist.
-        None => {
-            let path = default_path();
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).with_context(|| {
-                    format!("cannot create the catalogue's directory {}", dir.display())
-                })?;
-            }
-            path.display().to_string()
-        }
+        None => default_path(usage)?.display().to_string(),
     };
     Catalog::open(&url)
 }
 
-fn default_path() -> PathBuf {
-    match std::env::var_os("HOME") {
-        Some(home) => PathBuf::from(home).join(".local/state/forte/catalog.sqlite"),
-        None => PathBuf::from("forte-catalog.sqlite"),
+/// The default catalogue of a use; for a reader, the one a writer on this host made.
+fn default_path(usage: Use) -> Result<PathBuf> {
+    let dir = state_dir();
+    // Before catalogues were per role every command shared this one: keep using it.
+    let shared = dir.join("catalog.sqlite");
+    let own = |name: &str| {
+        let path = dir.join(name);
+        if !path.exists() && shared.exists() {
+            return Ok(shared.clone());
+        }
+        std::fs::create_dir_all(&dir).with_context(|| {
+            format!("cannot create the catalogue's directory {}", dir.display())
+        })?;
+        Ok(path)
+    };
+    match usage {
+        Use::Edge => own("edge.sqlite"),
+        Use::Core => own("core.sqlite"),
+        Use::Read => {
+            let found: Vec<PathBuf> = ["edge.sqlite", "core.sqlite", "catalog.sqlite"]
+                .iter()
+                .map(|name| dir.join(name))
+                .filter(|p| p.exists())
+                .collect();
+            match found.as_slice() {
+                [one] => Ok(one.clone()),
+                [] => bail!(
+                    "no catalogue in {}: send and pull make theirs there on their first run; give --catalog for one elsewhere",
+                    dir.display()
+                ),
+                several => bail!(
+                    "{} catalogues in {}: give --catalog {} (or another)",
+                    several.len(),
+                    dir.display(),
+                    several[0].display()
+                ),
+            }
+        }
+    }
+}
+
+/// Where the default catalogues live: `$XDG_STATE_HOME/forte`, else `~/.local/state/forte`.
+fn state_dir() -> PathBuf {
+    let xdg = std::env::var_os("XDG_STATE_HOME").filter(|v| !v.is_empty());
+    match (xdg, std::env::var_os("HOME")) {
+        (Some(state), _) => PathBuf::from(state).join("forte"),
+        (None, Some(home)) => PathBuf::from(home).join(".local/state/forte"),
+        (None, None) => PathBuf::from("."),
     }
 }
 
 /// Reports a failed catalogue write and carries on.
 pub fn note(what: &str, result: Result<()>) {
     if let Err(e) = result {
-        eprintln!("warning: catalogue: cannot record {what}: {e:#}");
+        tracing::warn!("catalogue: cannot record {what}: {e:#}");
     }
 }
 
@@ -102,7 +155,7 @@ pub fn sample_usage(catalog: &Catalog, role: Role) -> Option<forte_usage::Sample
     match forte_usage::Sampler::start(std::time::Duration::from_secs(1), record) {
         Ok(sampler) => Some(sampler),
         Err(e) => {
-            eprintln!("warning: no utilisation samples: {e:#}");
+            tracing::warn!("no utilisation samples: {e:#}");
             None
         }
     }

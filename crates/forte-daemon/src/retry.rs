@@ -147,8 +147,7 @@ impl Retry {
                     let wait = jitter(delay);
                     operation.retries().increment(1);
                     RETRIES.fetch_add(1, Ordering::Relaxed);
-                    eprintln!(
-                        "retrying {what} in {:.1} s (attempt {attempt}): {e}",
+                    tracing::warn!("retrying {what} in {:.1} s (attempt {attempt}): {e}",
                         wait.as_secs_f64()
                     );
                     sleep(wait);

@@ -33,6 +33,7 @@ pub(crate) fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
         key: EdgeKey::load(&paths.edge_key)?,
         prepare: PrepareConfig::for_this_machine(),
         bundle: BundleLimits::DEFAULT,
+        filter: Default::default(),
     };
     let summary = pack(&sample, &packed, "sample", edge, true)?;
     println!(

@@ -10,13 +10,13 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use forte_catalog::{now_us, BatchKey, BatchRow, BatchState, FileRow, FileState};
+use forte_catalog::{now_us, BatchKey, BatchRow, BatchState, FileRecord, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{
-    discover, Compressibility, Discovery, HeldPart, Origin, PrepareJob, SourceFile,
+    discover, Compressibility, Discovery, Excluded, HeldPart, Origin, PrepareJob, SourceFile,
 };
 use forte_relay::client::OpeningConnections;
 
@@ -24,8 +24,9 @@ use super::asked::{Asked, HeldBefore};
 use super::deletion::drop_emptied_dirs;
 use super::inbox::{arrival_us, Batch, READY_MARKER};
 use super::seal::seal_beside;
-use super::{batch_id, Edge, InFlight, Totals, SEALED_EARLIER};
+use super::{object_id, Edge, InFlight, Totals, SEALED_EARLIER};
 use crate::upload::{at_relay, AtRelay};
+use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 
 /// What the relay already has of the batches' files, and what this catalogue knows of a
@@ -184,7 +185,7 @@ impl Edge<'_> {
         // them cost more than the round trip saved.)
         if discovered.iter().any(|(_, d)| !d.known) {
             if let Err(e) = self.setup.catalog.flush() {
-                eprintln!("warning: the catalogue did not record the batches before they were sent: {e:#}");
+                tracing::warn!("the catalogue did not record the batches before they were sent: {e:#}");
             }
         }
         // Asking the relay what it holds costs a round trip: every known batch's objects are
@@ -231,7 +232,7 @@ impl Edge<'_> {
     /// Discovers the files of a batch not in flight and the objects that carry them.
     fn discover_batch(&self, batch: &Batch) -> Option<Discovered> {
         let Batch { name, dir } = batch;
-        let batch_key = batch_id(&self.setup.settings.key, name);
+        let batch_key = self.batch_key(name);
         if self.in_flight.lock().contains_key(&batch_key) {
             return None;
         }
@@ -274,6 +275,8 @@ impl Edge<'_> {
         flight: &mut InFlight,
     ) -> Option<Objects> {
         found.files.retain(|f| f.path != READY_MARKER);
+        let filter = &self.setup.settings.filter;
+        let excluded = filter.apply(&mut found, &batch.name, SystemTime::now());
         let state = catalogued.map(|r| r.state);
         if self.refused_by_tasks(batch_key, batch, &found, state) {
             return None;
@@ -281,6 +284,7 @@ impl Edge<'_> {
         let rows = self.setup.catalog.files(batch_key).unwrap_or_default();
         drop_emptied_dirs(&mut found.files, &rows);
         let arrived = self.record_queued(batch_key, batch, &found, flight);
+        self.record_excluded(batch_key, &batch.name, &excluded);
         // What the writer records as the batch's arrival, once, for every run to sign.
         let created = catalogued.map(|row| row.created_at);
         let arrived_us = created.unwrap_or_else(|| arrived.map_or(now_us(), |a| a.min(now_us())));
@@ -316,6 +320,19 @@ impl Edge<'_> {
         );
         self.fail(name, None, &why);
         true
+    }
+
+    /// Records each file the filter left out as excluded, with the rule or bound that did: the
+    /// batch's record says what was not sent and why (`forte status`).
+    fn record_excluded(&self, batch_key: &BatchKey, name: &str, excluded: &[Excluded]) {
+        let key = &self.setup.settings.key;
+        for x in excluded {
+            let id = object_id(key, name, &x.file).to_string();
+            let state = FileState::Excluded;
+            let mut record = FileRecord::new(batch_key, &id, &x.file.path, x.size, state);
+            record.detail = Some(&x.reason);
+            note("an excluded file", self.setup.catalog.file_state(&record));
+        }
     }
 
     /// Records the batch queued, with its totals and when it arrived (returned, if known);

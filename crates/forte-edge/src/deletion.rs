@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
+use std::time::SystemTime;
 
 use anyhow::{Context, Result};
 use forte_catalog::{BatchRow, BatchState, FileRow, Role};
@@ -12,7 +13,7 @@ use forte_prepare::{discover, SourceFile};
 use forte_relay::api::ObjectStatus;
 
 use super::inbox::{marker_time_us, prune_empty_dirs, Batch, READY_MARKER};
-use super::{batch_id, object_id, Edge, Totals};
+use super::{object_id, Edge, Totals};
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 use forte_daemon::units::human;
@@ -22,7 +23,7 @@ impl Edge<'_> {
     /// files appeared in it after it was sent (they go as a follow-up, sealed into the same
     /// batch). Said once per batch and scan when it is a follow-up.
     pub fn needs_sending(&self, batch: &Batch) -> bool {
-        let batch_key = batch_id(&self.setup.settings.key, &batch.name);
+        let batch_key = self.batch_key(&batch.name);
         if self.held_back(batch).is_some() {
             return false;
         }
@@ -46,10 +47,12 @@ impl Edge<'_> {
         let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
         drop_emptied_dirs(&mut found.files, &rows);
         let known: HashSet<String> = rows.into_iter().map(|f| f.object_id).collect();
+        let (filter, now) = (&self.setup.settings.filter, SystemTime::now());
         let late: Vec<&str> = found
             .files
             .iter()
             .filter(|f| f.path != READY_MARKER)
+            .filter(|f| filter.excludes_file(f, &batch.name, now).is_none())
             .filter(|f| {
                 !known.contains(&object_id(&self.setup.settings.key, &batch.name, f).to_string())
             })
@@ -58,8 +61,7 @@ impl Edge<'_> {
         if late.is_empty() {
             return false;
         }
-        println!(
-            "batch {}: {} file(s) appeared or changed after it was sent ({}); sending them as a follow-up",
+        tracing::info!("batch {}: {} file(s) appeared or changed after it was sent ({}); sending them as a follow-up",
             batch.name,
             late.len(),
             late.join(", ")
@@ -73,7 +75,7 @@ impl Edge<'_> {
         let row = self
             .setup
             .catalog
-            .batch(&batch_id(&self.setup.settings.key, &batch.name))
+            .batch(&self.batch_key(&batch.name))
             .ok()
             .flatten();
         row.filter(|b| matches!(b.state, BatchState::Cancelled | BatchState::Refused))
@@ -98,7 +100,7 @@ impl Edge<'_> {
                 .filter(|f| f.path != READY_MARKER)
                 .collect();
             let file_count = files.len() as u64;
-            let batch_key = batch_id(&self.setup.settings.key, name);
+            let batch_key = self.batch_key(name);
             let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
             let objects = self.objects(name, files, &rows);
             let ids: Vec<ObjectId> = objects.iter().map(|j| j.id).collect();
@@ -110,8 +112,7 @@ impl Edge<'_> {
                     let (files, bytes) = (file_count, total);
                     self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
                     self.clear(name);
-                    println!(
-                        "batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
+                    tracing::info!("batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
                         cancelled.objects,
                         human(cancelled.bytes),
                         dir.display()
@@ -176,6 +177,9 @@ impl Edge<'_> {
                 continue;
             };
             let acknowledged = |r: &FileRow| r.state == forte_catalog::FileState::Acknowledged;
+            // An excluded file was never sent: the relay holding none of it is no loss.
+            let acknowledged =
+                |r: &FileRow| acknowledged(r) || r.state == forte_catalog::FileState::Excluded;
             for r in rows.iter().filter(|r| !acknowledged(r)) {
                 if let Ok(id) = r.at_relay().parse() {
                     carriers.entry(id).or_default().push(i);
@@ -272,6 +276,14 @@ impl Edge<'_> {
         for c in &mut carried {
             c.listed = receipted.get(&c.id).cloned();
         }
+        // What the filter leaves out was never sent: it waits for no receipt and stays. (A file
+        // sent before the filter changed is deleted under its receipt like any other.)
+        let (filter, now) = (&self.setup.settings.filter, SystemTime::now());
+        let before = carried.len();
+        carried.retain(|c| {
+            c.listed.is_some() || filter.excludes_file(&c.source, &b.name, now).is_none()
+        });
+        let excluded = before - carried.len();
         if !self.record_acknowledged(b, &carried, &recorded) {
             return;
         }
@@ -282,7 +294,7 @@ impl Edge<'_> {
         let mut done = delete_delivered(&files_of(carried));
         done.kept.extend(never_sent);
         prune_empty_dirs(dir);
-        self.after_deletion(dir, b, done);
+        self.after_deletion(dir, b, done, excluded);
     }
 
     /// Each file of batch `b` (`sources`) with its own id and the object that carries it at the
@@ -326,7 +338,7 @@ impl Edge<'_> {
             self.record_acknowledged_file(&b.batch_key, c.carrier, (&c.source, c.id), was);
         }
         if let Err(e) = self.setup.catalog.flush() {
-            eprintln!("warning: batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
+            tracing::warn!("batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
             return false;
         }
         true
@@ -334,7 +346,7 @@ impl Edge<'_> {
 
     /// After deleting what was acknowledged of batch `b` (`done`): removes its directory if only
     /// the ready marker is left, or records and reports what is kept for good.
-    fn after_deletion(&self, dir: &Path, b: &BatchRow, done: Deletion) {
+    fn after_deletion(&self, dir: &Path, b: &BatchRow, done: Deletion, excluded: usize) {
         let Deletion {
             deleted,
             kept,
@@ -359,13 +371,18 @@ impl Edge<'_> {
                     let deleted = BatchState::SourceDeleted;
                     self.record_batch(&b.batch_key, &b.name, files_n, bytes, deleted);
                     self.clear(&b.name);
-                    println!("batch {}: acknowledged by the core; source deleted", b.name);
+                    tracing::info!("batch {}: acknowledged by the core; source deleted", b.name);
                 }
                 Err(e) => {
                     let error = format!("cannot delete {}: {e}", dir.display());
                     self.fail(&b.name, None, &error);
                 }
             }
+        } else if waiting == 0 && kept.is_empty() && excluded > 0 {
+            // Everything sent is acknowledged and deleted; the excluded files stay, on purpose.
+            let kept_state = BatchState::SourceKept;
+            self.record_batch(&b.batch_key, &b.name, files_n, bytes, kept_state);
+            tracing::info!("batch {}: acknowledged by the core; {deleted} sent file(s) deleted, {excluded} excluded file(s) kept (forte status lists them)", b.name);
         } else if waiting == 0 && !kept.is_empty() {
             // Everything sendable is acknowledged and deleted; what is left never will be.
             let kept_state = BatchState::SourceKept;

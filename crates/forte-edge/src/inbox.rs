@@ -37,7 +37,7 @@ pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
             continue;
         }
         let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-            eprintln!("skipping {}: batch names must be UTF-8", dir.display());
+            tracing::warn!("skipping {}: batch names must be UTF-8", dir.display());
             continue;
         };
         // Hidden directories are where tools (forte ingest among them) write before they
@@ -119,8 +119,7 @@ impl InboxLock {
         let mut said = false;
         while !inbox.is_dir() {
             if !said {
-                eprintln!(
-                    "inbox {} does not exist yet: waiting for it (looked at every {} s)",
+                tracing::warn!("inbox {} does not exist yet: waiting for it (looked at every {} s)",
                     inbox.display(),
                     interval.as_secs()
                 );

@@ -12,6 +12,7 @@ mod admit;
 mod asked;
 mod checks;
 mod deletion;
+pub mod dry_run;
 pub mod inbox;
 pub mod level_sweep;
 pub mod pack;
@@ -225,12 +226,37 @@ pub struct Edge<'a> {
     settled: Mutex<HashSet<BatchKey>>,
     /// Receipts the relay offered that were refused (by SHA-256), each reported once.
     refused_receipts: Mutex<HashSet<String>>,
+    /// The keys of batches this catalogue recorded under an earlier signing key, by name: a
+    /// batch keeps its key (its id at the relay) when the edge's key changes.
+    earlier_keys: HashMap<String, BatchKey>,
+}
+
+/// The batches the catalogue recorded under a signing key other than `key` (none under
+/// `key`), by name: a batch sent or cancelled before a key rotation stays what it was,
+/// instead of being taken for a new batch under the new key's id and sent again.
+fn earlier_keys(catalog: &Catalog, key: &EdgeKey) -> HashMap<String, BatchKey> {
+    let rows = catalog.batches().unwrap_or_default();
+    let rows: Vec<_> = rows.into_iter().filter(|r| r.role == forte_catalog::Role::Edge).collect();
+    let current: HashSet<&str> = rows
+        .iter()
+        .filter(|r| r.batch_key == batch_id(key, &r.name))
+        .map(|r| r.name.as_str())
+        .collect();
+    let mut earlier = HashMap::new();
+    for row in &rows {
+        if !current.contains(row.name.as_str()) {
+            earlier
+                .entry(row.name.clone())
+                .or_insert_with(|| row.batch_key.clone());
+        }
+    }
+    earlier
 }
 
 impl JobQueue for Edge<'_> {
     fn next(&self) -> Option<PrepareJob> {
         let job = self.queue.next()?;
-        let key = batch_id(&self.setup.settings.key, &job.batch);
+        let key = self.batch_key(&job.batch);
         let mut flights = self.in_flight.lock();
         if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
             let now = now_us();
@@ -248,6 +274,7 @@ impl JobQueue for Edge<'_> {
 
 impl<'a> Edge<'a> {
     pub fn new(setup: EdgeSetup<'a>) -> Self {
+        let earlier_keys = earlier_keys(setup.catalog, &setup.settings.key);
         Self {
             queue: BatchQueue::new(setup.policy.clone()),
             setup,
@@ -257,6 +284,16 @@ impl<'a> Edge<'a> {
             refused_as_held: Mutex::default(),
             settled: Mutex::default(),
             refused_receipts: Mutex::default(),
+            earlier_keys,
+        }
+    }
+
+    /// The batch's key: the one the catalogue recorded it under, if that was with an earlier
+    /// signing key; else derived from this one.
+    fn batch_key(&self, name: &str) -> BatchKey {
+        match self.earlier_keys.get(name) {
+            Some(key) => key.clone(),
+            None => batch_id(&self.setup.settings.key, name),
         }
     }
 
@@ -312,7 +349,7 @@ impl<'a> Edge<'a> {
         let id = if batch.is_empty() {
             String::new()
         } else {
-            batch_id(&self.setup.settings.key, batch).batch().to_owned()
+            self.batch_key(batch).batch().to_owned()
         };
         self.setup.failures.report(&Failure {
             site: self.setup.site.known(),
@@ -329,7 +366,7 @@ impl<'a> Edge<'a> {
         let id = if batch.is_empty() {
             String::new()
         } else {
-            batch_id(&self.setup.settings.key, batch).batch().to_owned()
+            self.batch_key(batch).batch().to_owned()
         };
         let site = self.setup.site.known();
         self.setup.failures.cleared(site, &id, batch);

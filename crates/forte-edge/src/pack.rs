@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use forte_daemon::progress::prepare_with_progress;
@@ -12,7 +12,7 @@ use forte_daemon::settings::EdgeSettings;
 use forte_daemon::units::{mb_per_s, ratio};
 use forte_format::{Inventory, Kind, ObjectId};
 use forte_pipeline::Reading;
-use forte_prepare::{bundle_small, discover, DirSink, FileOutcome, Prepare, PrepareJob};
+use forte_prepare::{bundle_small, discover, DirSink, Excluded, FileOutcome, Prepare, PrepareJob};
 use serde::Serialize;
 
 /// What a pack did; `pack --json` prints it.
@@ -38,6 +38,8 @@ pub struct Summary {
     #[serde(flatten)]
     pub pipeline: Reading,
     pub rejected: Vec<Rejected>,
+    /// Files the filter left out, with the rule or bound that did.
+    pub excluded: Vec<Excluded>,
     pub objects: Vec<FileOutcome>,
 }
 
@@ -63,8 +65,10 @@ pub fn pack(
         key,
         prepare: settings,
         bundle,
+        filter,
     } = edge;
-    let found = discover(src)?;
+    let mut found = discover(src)?;
+    let excluded = filter.apply(&mut found, "", SystemTime::now());
     let total = found.total_bytes();
     let sink = DirSink::create(to)?;
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
@@ -124,6 +128,7 @@ pub fn pack(
             .into_iter()
             .map(|(path, reason)| Rejected { path, reason })
             .collect(),
+        excluded,
         objects: outcomes,
     })
 }

@@ -208,8 +208,7 @@ struct Watch<'a> {
 
 impl Watch<'_> {
     fn run(&self) {
-        println!(
-            "watching {} every {} s (Ctrl-C or SIGTERM stops after the batches under way; a restart resumes where this left off)",
+        tracing::info!("watching {} every {} s (Ctrl-C or SIGTERM stops after the batches under way; a restart resumes where this left off)",
             self.inbox.display(),
             self.interval.as_secs()
         );
@@ -229,8 +228,7 @@ impl Watch<'_> {
             loop {
                 edge.send_queued(true);
                 if signals::stop_requested() {
-                    println!(
-                        "stopped ({}): every batch admitted was sent and sealed; a restart resumes",
+                    tracing::info!("stopped ({}): every batch admitted was sent and sealed; a restart resumes",
                         signals::which()
                     );
                     return;
@@ -245,7 +243,7 @@ impl Watch<'_> {
     fn scan(&self) {
         let edge = self.edge;
         if signals::take_reload() {
-            println!("SIGHUP: send reads its settings when it starts; restart it to change them");
+            tracing::info!("SIGHUP: send reads its settings when it starts; restart it to change them");
         }
         edge.find_lost();
         match ready_batches(self.inbox, self.settle) {

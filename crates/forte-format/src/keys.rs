@@ -153,45 +153,79 @@ impl KeyPaths {
     }
 }
 
-/// Writes a fresh core key pair, edge key pair and core receipt-signing key pair into `dir`.
-/// Secret files get mode 0600. Refuses to overwrite any existing key file, and writes nothing
-/// if one exists.
+/// Writes a fresh core key pair, edge key pair and core receipt-signing key pair into `dir`
+/// (`KeySet::All`), as the demo and the tests use them.
 pub fn generate(dir: &Path) -> Result<KeyPaths> {
+    generate_set(dir, &KeySet::All)?;
+    Ok(KeyPaths::in_dir(dir))
+}
+
+/// Which keys `generate_set` makes: the core's (its age pair and its receipt-signing pair), one
+/// edge's signing pair (named after its site), or both sets for one machine (the demo's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySet {
+    Core,
+    Edge { site: String },
+    All,
+}
+
+/// The files `generate_set` wrote.
+#[derive(Debug, Default)]
+pub struct Generated {
+    /// The core's age identity and recipient files.
+    pub core: Option<(PathBuf, PathBuf)>,
+    /// The core's receipt-signing key and its public key.
+    pub receipt: Option<(PathBuf, PathBuf)>,
+    /// An edge's signing key and its public key.
+    pub edge: Option<(PathBuf, PathBuf)>,
+}
+
+/// Writes fresh key pairs of `set` into `dir`: core.key/core.pub and receipt.key/receipt.pub
+/// for the core, SITE.key/SITE.pub for an edge (edge.key/edge.pub with `All`). Secret files
+/// get mode 0600. Refuses to overwrite any existing key file, and writes nothing if one
+/// exists.
+pub fn generate_set(dir: &Path, set: &KeySet) -> Result<Generated> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating key directory {}", dir.display()))?;
-    let paths = KeyPaths::in_dir(dir);
-    for p in [
-        &paths.core_key,
-        &paths.core_pub,
-        &paths.edge_key,
-        &paths.edge_pub,
-        &paths.receipt_key,
-        &paths.receipt_pub,
-    ] {
-        if p.exists() {
+    let pair = |name: &str| (dir.join(format!("{name}.key")), dir.join(format!("{name}.pub")));
+    let core = matches!(set, KeySet::Core | KeySet::All);
+    let planned = Generated {
+        core: core.then(|| pair("core")),
+        receipt: core.then(|| pair("receipt")),
+        edge: match set {
+            KeySet::Core => None,
+            KeySet::Edge { site } => Some(pair(site)),
+            KeySet::All => Some(pair("edge")),
+        },
+    };
+    let files = [&planned.core, &planned.receipt, &planned.edge];
+    for (secret, public) in files.into_iter().flatten() {
+        if let Some(p) = [secret, public].into_iter().find(|p| p.exists()) {
             bail!(
                 "{} already exists; keygen never overwrites keys (move the old ones away or choose another --dir)",
                 p.display()
             );
         }
     }
-    let core = x25519::Identity::generate();
-    let core_pub = core.to_public().to_string();
     let line_ending = ed25519_dalek::pkcs8::spki::der::pem::LineEnding::LF;
-
-    write_new(
-        &paths.core_key,
-        0o600,
-        format!(
-            "# forte core identity (age X25519); keep secret\n# public key: {core_pub}\n{}\n",
-            core.to_string().expose_secret()
-        )
-        .as_bytes(),
-    )?;
-    write_new(&paths.core_pub, 0o644, format!("{core_pub}\n").as_bytes())?;
-    write_signing_pair(&paths.edge_key, &paths.edge_pub, line_ending)?;
-    write_signing_pair(&paths.receipt_key, &paths.receipt_pub, line_ending)?;
-    Ok(paths)
+    if let Some((key, public)) = &planned.core {
+        let core = x25519::Identity::generate();
+        let core_pub = core.to_public().to_string();
+        write_new(
+            key,
+            0o600,
+            format!(
+                "# forte core identity (age X25519); keep secret\n# public key: {core_pub}\n{}\n",
+                core.to_string().expose_secret()
+            )
+            .as_bytes(),
+        )?;
+        write_new(public, 0o644, format!("{core_pub}\n").as_bytes())?;
+    }
+    for (secret, public) in [&planned.edge, &planned.receipt].into_iter().flatten() {
+        write_signing_pair(secret, public, line_ending)?;
+    }
+    Ok(planned)
 }
 
 /// A fresh Ed25519 key pair: the secret in PKCS#8 v1 PEM (RFC 8410, no embedded public key:
@@ -292,6 +326,29 @@ impl Recipients {
             "a line starting with age1, as in core.pub from `forte keygen`",
         )
         .map(Self)
+    }
+}
+
+impl Recipients {
+    /// Every recipient of every file, in order: several files (or several lines of one) encrypt
+    /// to each key, as while a core's key is being rotated.
+    pub fn load_all(paths: &[PathBuf]) -> Result<Self> {
+        let mut all = Vec::new();
+        for path in paths {
+            all.extend(Self::load(path)?.0);
+        }
+        Ok(Self(all))
+    }
+}
+
+impl Identities {
+    /// Every identity of every file: a core decrypts with whichever one a batch was sealed to.
+    pub fn load_all(paths: &[PathBuf]) -> Result<Self> {
+        let mut all = Vec::new();
+        for path in paths {
+            all.extend(Self::load(path)?.0);
+        }
+        Ok(Self(all))
     }
 }
 

@@ -79,12 +79,15 @@ pub struct Filter {
 }
 
 /// A file the filter left out, and which rule or bound did.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Excluded {
     /// Its path relative to the root the filter matched against (`batch/sub/file` for send).
     pub path: String,
     pub size: u64,
     pub reason: String,
+    /// The file as the walk found it.
+    #[serde(skip)]
+    pub file: SourceFile,
 }
 
 impl Filter {
@@ -264,11 +267,7 @@ impl Filter {
         }
         let mut excluded = Vec::new();
         found.files.retain(|f| {
-            let path = if prefix.is_empty() {
-                f.path.clone()
-            } else {
-                format!("{prefix}/{}", f.path)
-            };
+            let path = prefixed(prefix, &f.path);
             match self.excludes(f, &path, now) {
                 None => true,
                 Some(reason) => {
@@ -276,12 +275,21 @@ impl Filter {
                         path,
                         size: f.size,
                         reason,
+                        file: f.clone(),
                     });
                     false
                 }
             }
         });
         excluded
+    }
+
+    /// Why the filter leaves out `f`, found in a walk whose paths it sees as `prefix/path`.
+    pub fn excludes_file(&self, f: &SourceFile, prefix: &str, now: SystemTime) -> Option<String> {
+        if !self.is_active() {
+            return None;
+        }
+        self.excludes(f, &prefixed(prefix, &f.path), now)
     }
 
     fn excludes(&self, f: &SourceFile, path: &str, now: SystemTime) -> Option<String> {
@@ -298,6 +306,14 @@ impl Filter {
             .checked_add(Duration::new(f.mtime_s.max(0) as u64, f.mtime_ns))
             .unwrap_or(UNIX_EPOCH);
         self.file_excluded(path, f.size, modified, now)
+    }
+}
+
+fn prefixed(prefix: &str, path: &str) -> String {
+    if prefix.is_empty() {
+        path.to_string()
+    } else {
+        format!("{prefix}/{path}")
     }
 }
 

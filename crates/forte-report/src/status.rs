@@ -4,8 +4,8 @@
 
 use anyhow::Result;
 use forte_catalog::{
-    format_utc, BatchRow, BatchState, Catalog, Event, FileRow, PartRow, StageRow, TaskOutcome,
-    TaskRunRow,
+    format_utc, BatchRow, BatchState, Catalog, Event, FileRow, FileState, PartRow, StageRow,
+    TaskOutcome, TaskRunRow,
 };
 use serde::Serialize;
 
@@ -67,8 +67,9 @@ fn usage(catalog: &Catalog, json: bool) -> Result<()> {
 
 fn overview_json(catalog: &Catalog) -> Result<()> {
     #[derive(Serialize)]
+    // The shape of the API's one batch (docs/api.md): the batch's row under `batch`, so that
+    // its count of files and the list of them are not both `files`.
     struct Batch {
-        #[serde(flatten)]
         batch: BatchRow,
         stages: Vec<StageRow>,
         files: Vec<FileRow>,
@@ -147,12 +148,43 @@ fn print_batch(catalog: &Catalog, b: &BatchRow) -> Result<()> {
             println!("        why: {}", why.error);
         }
     }
-    for f in catalog.files(&b.batch_key)? {
+    let files = catalog.files(&b.batch_key)?;
+    print_excluded(catalog, &files)?;
+    for f in files.iter().filter(|f| f.state != FileState::Excluded) {
         println!(
             "        {:<12} {:>11}  {}",
             f.state,
             human(f.size.max(0) as u64),
             f.delivered_to.as_deref().unwrap_or(&f.path)
+        );
+    }
+    Ok(())
+}
+
+/// The files of a batch the edge's filter left out, each with the rule or bound that did.
+fn print_excluded(catalog: &Catalog, files: &[FileRow]) -> Result<()> {
+    let excluded: Vec<&FileRow> = files
+        .iter()
+        .filter(|f| f.state == FileState::Excluded)
+        .collect();
+    if excluded.is_empty() {
+        return Ok(());
+    }
+    let bytes: i64 = excluded.iter().map(|f| f.size.max(0)).sum();
+    println!(
+        "        excluded: {} files ({}), left out by the filter: never sent, never deleted",
+        excluded.len(),
+        human(bytes as u64)
+    );
+    for f in excluded {
+        let lineage = catalog.lineage(&f.object_id)?;
+        let why = lineage.iter().rev().find_map(|e| e.detail.as_deref());
+        println!(
+            "        {:<12} {:>11}  {}  ({})",
+            f.state,
+            human(f.size.max(0) as u64),
+            f.path,
+            why.unwrap_or("filter")
         );
     }
     Ok(())

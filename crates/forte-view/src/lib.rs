@@ -100,7 +100,7 @@ pub fn start(addr: SocketAddr, access: Access, view: View) -> Result<SocketAddr>
         .name("forte-http".into())
         .spawn(move || {
             if let Err(e) = serve(listener, access, view) {
-                eprintln!("error: the dashboard and API on {bound} stopped: {e:#}");
+                tracing::error!("the dashboard and API on {bound} stopped: {e:#}");
             }
         })
         .context("cannot start the HTTP thread")?;
@@ -115,8 +115,7 @@ fn bound_to(mut access: Access, bound: SocketAddr) -> Access {
         } else {
             "no other host (no --http-token-file), but it listens there"
         };
-        eprintln!(
-            "warning: the dashboard, API and metrics are served on {bound}, reachable beyond this machine: readable by this machine and {who}"
+        tracing::warn!("the dashboard, API and metrics are served on {bound}, reachable beyond this machine: readable by this machine and {who}"
         );
     }
     access.bound = Some(bound);

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use forte_daemon::logging::{self, LogFormat};
-use forte_daemon::{record, settings};
+use forte_daemon::record::{self, Use};
+use forte_daemon::settings;
 
 #[derive(Parser)]
 #[command(name = "forte", version, about, long_about = None)]
@@ -18,7 +19,8 @@ struct Cli {
     #[arg(long, global = true, env = "FORTE_CONFIG", value_name = "FILE")]
     config: Option<PathBuf>,
     /// Catalogue: a SQLite file, or postgres://user:pass@host/db [config: catalog]
-    /// [default: ~/.local/state/forte/catalog.sqlite].
+    /// [default: ~/.local/state/forte/edge.sqlite for send, core.sqlite for pull; status,
+    /// report, receipts and dashboard read the one there, and never make one].
     #[arg(long, global = true, env = "FORTE_CATALOG", value_name = "URL")]
     catalog: Option<String>,
     /// Log level or filter on standard error: error, warn, info, debug, trace, or e.g.
@@ -36,9 +38,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the core's age key pair, the edge's Ed25519 signing key pair and the core's
-    /// receipt-signing key pair.
+    /// Create the key pairs of a role: --core (age and receipt keys), --edge SITE (a signing
+    /// key); without either, every pair, for a trial on one machine.
     Keygen(commands::keygen::Args),
+    /// Make a bearer token for an edge site or the core, printed as its tokens.toml entry.
+    Token(commands::token::Args),
     /// Prepare a file or directory tree into encrypted, signed objects in one pass.
     Pack(commands::pack::Args),
     /// Verify, decrypt and restore packed objects; all or nothing.
@@ -165,16 +169,17 @@ fn run(cli: Cli, config: &settings::Config) -> anyhow::Result<bool> {
     let catalog = cli.catalog;
     match cli.command {
         Command::Keygen(args) => commands::keygen::run(args),
+        Command::Token(args) => commands::token::run(args),
         Command::Pack(args) => commands::pack::run(args, config),
         Command::Unpack(args) => commands::unpack::run(args, config),
         Command::Relay(args) => commands::relay::run(args, config),
         Command::RelayStore(args) => commands::relay_store::run(args, config),
-        Command::Send(args) => commands::send::run(args, config, &record::open(catalog)?),
-        Command::Pull(args) => commands::pull::run(args, config, &record::open(catalog)?),
-        Command::Status(args) => commands::status::run(args, &record::open(catalog)?),
-        Command::Receipts(args) => commands::receipts::run(args, config, || record::open(catalog)),
-        Command::Report(args) => commands::report::run(args, &record::open(catalog)?),
-        Command::Dashboard(args) => commands::dashboard::run(args, config, &record::open(catalog)?),
+        Command::Send(args) => commands::send::run(args, config, || record::open(catalog, Use::Edge)),
+        Command::Pull(args) => commands::pull::run(args, config, || record::open(catalog, Use::Core)),
+        Command::Status(args) => commands::status::run(args, &record::open(catalog, Use::Read)?),
+        Command::Receipts(args) => commands::receipts::run(args, config, || record::open(catalog, Use::Read)),
+        Command::Report(args) => commands::report::run(args, &record::open(catalog, Use::Read)?),
+        Command::Dashboard(args) => commands::dashboard::run(args, config, &record::open(catalog, Use::Read)?),
         Command::Ingest(args) => commands::ingest::run(args, config),
         Command::Bench(args) => commands::bench::run(args),
         Command::Demo(args) => commands::demo::run(args),

@@ -77,7 +77,7 @@ pub fn serve(http: HttpServe, role: Role, catalog: &Catalog, progress: Progress)
         operation.retries().absolute(0);
     }
     queue(role, 0, 0, 0);
-    println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
+    tracing::info!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
     Ok(())
 }
 

@@ -200,9 +200,7 @@ pub struct RelaySection {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct KeysSection {
-    pub recipient: Option<PathBuf>,
     pub sign: Option<PathBuf>,
-    pub identity: Option<PathBuf>,
     #[serde(default)]
     pub trust: Vec<forte_format::TrustSpec>,
     /// The core's key that signs custody receipts (pull).
@@ -374,12 +372,7 @@ impl Config {
             base: base.to_owned(),
         };
         let k = &mut config.keys;
-        for p in [
-            &mut k.recipient,
-            &mut k.sign,
-            &mut k.identity,
-            &mut k.receipt_key,
-        ]
+        for p in [&mut k.sign, &mut k.receipt_key]
         .into_iter()
         .flatten()
         {
@@ -470,12 +463,12 @@ mod tests {
         let file = dir.path().join("forte.toml");
         std::fs::write(
             &file,
-            "[keys]\nrecipient = \"k/core.pub\"\n[prepare]\npart_size = \"8MiB\"\n",
+            "[keys]\nsign = \"k/edge.key\"\n[prepare]\npart_size = \"8MiB\"\n",
         )
         .unwrap();
         let claimed = BTreeSet::from(["send.settle".to_owned()]);
         let c = Config::load(Some(&file), &claimed).unwrap();
-        assert_eq!(c.keys.recipient.unwrap(), dir.path().join("k/core.pub"));
+        assert_eq!(c.keys.sign.unwrap(), dir.path().join("k/edge.key"));
         assert_eq!(c.prepare.part_size.unwrap().0, 8 << 20);
 
         std::fs::write(&file, "[prepare]\npart_sise = 3\n").unwrap();

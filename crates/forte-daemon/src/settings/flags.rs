@@ -14,9 +14,10 @@ use crate::units::parse_size;
 /// The edge's keys and its prepare pass; `pack` and `send`.
 #[derive(clap::Args)]
 pub struct EdgeFlags {
-    /// age recipient file of the core (core.pub) [config: keys.recipient].
+    /// age recipient file of the core (core.pub); repeat it (or list files in the config) to
+    /// encrypt to several, as while the core's key is rotated [config: keys.recipient].
     #[arg(long, value_name = "FILE")]
-    pub(super) recipient: Option<PathBuf>,
+    pub(super) recipient: Vec<PathBuf>,
     /// Ed25519 signing key of this edge (edge.key) [config: keys.sign].
     #[arg(long, value_name = "FILE")]
     pub(super) sign: Option<PathBuf>,
@@ -50,9 +51,10 @@ pub struct EdgeFlags {
 /// The core's keys and its restore pass; `unpack` and `pull`.
 #[derive(clap::Args)]
 pub struct CoreFlags {
-    /// age identity file of the core (core.key) [config: keys.identity].
+    /// age identity file of the core (core.key); repeat it (or list files in the config) to
+    /// decrypt with several, as while its key is rotated [config: keys.identity].
     #[arg(long, value_name = "FILE")]
-    pub(super) identity: Option<PathBuf>,
+    pub(super) identity: Vec<PathBuf>,
     /// Trusted edge public key (edge.pub), bound to the site it may sign for as SITE=FILE
     /// (FILE alone: any site; a relay could then file one site's batch under another site
     /// that shares the key); repeat for several edges or sites [config: keys.trust].

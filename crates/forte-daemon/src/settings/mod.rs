@@ -228,11 +228,9 @@ fn required<T>(flag: Option<T>, config: Option<T>, what: &str) -> Result<T> {
 }
 
 pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
-    let recipient = required(
-        flags.recipient.clone(),
-        config.keys.recipient.clone(),
-        "no recipient: pass --recipient core.pub or set keys.recipient in the config file",
-    )?;
+    if flags.recipient.is_empty() {
+        bail!("no recipient: pass --recipient core.pub or set keys.recipient in the config file");
+    }
     let sign = required(
         flags.sign.clone(),
         config.keys.sign.clone(),
@@ -274,7 +272,7 @@ pub fn edge(flags: &EdgeFlags, config: &Config) -> Result<EdgeSettings> {
     // A bundle is one part in memory: no larger than the parts of large files.
     bundle.bytes = bundle.bytes.min(p.part_size);
     Ok(EdgeSettings {
-        recipients: Recipients::load(&recipient)?,
+        recipients: Recipients::load_all(&flags.recipient)?,
         key: EdgeKey::load(&sign)?,
         prepare: p,
         bundle,
@@ -296,11 +294,9 @@ fn count_within(setting: &str, n: usize, most: usize) -> Result<usize> {
 }
 
 pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
-    let identity = required(
-        flags.identity.clone(),
-        config.keys.identity.clone(),
-        "no identity: pass --identity core.key or set keys.identity in the config file",
-    )?;
+    if flags.identity.is_empty() {
+        bail!("no identity: pass --identity core.key or set keys.identity in the config file");
+    }
     let trust = if flags.trust.is_empty() {
         config.keys.trust.clone()
     } else {
@@ -321,7 +317,7 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     }
     restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {
-        identities: Identities::load(&identity)?,
+        identities: Identities::load_all(&flags.identity)?,
         trusted: TrustedKeys::load(trust)?,
         restore,
     })
@@ -425,7 +421,7 @@ pub fn tasks(config: &Config, points: &[crate::tasks::Point]) -> Result<crate::t
     }
     if !tasks.is_empty() {
         if let Some(warning) = crate::tasks::Supervision::here().warning() {
-            eprintln!("warning: {warning}");
+            tracing::warn!("{warning}");
         }
     }
     Ok(crate::tasks::Tasks(tasks))

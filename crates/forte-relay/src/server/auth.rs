@@ -41,6 +41,24 @@ impl Principal {
     }
 }
 
+/// A fresh token for `principal` (32 random bytes, in hex) and its `[[token]]` entry for the
+/// tokens file, as `forte token` prints it.
+pub fn new_entry(principal: &Principal) -> Result<(String, String)> {
+    let mut bytes = [0u8; 32];
+    getrandom::getrandom(&mut bytes).context("reading the operating system's random source")?;
+    let token = hex::encode(bytes);
+    let quoted = |s: &str| toml::Value::String(s.to_owned()).to_string();
+    let who = match principal {
+        Principal::Edge { site } => format!("role = \"edge\"\nsite = {}", quoted(site)),
+        Principal::Core { sites } => {
+            let sites: Vec<String> = sites.iter().map(|s| quoted(s)).collect();
+            format!("role = \"core\"\nsites = [{}]", sites.join(", "))
+        }
+    };
+    let entry = format!("[[token]]\ntoken = {}\n{who}\n", quoted(&token));
+    Ok((token, entry))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokensFile {

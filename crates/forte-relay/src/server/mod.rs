@@ -47,7 +47,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use answer::{internal_error, Answer, Failure};
-pub use auth::{Principal, Tokens};
+pub use auth::{new_entry as new_token_entry, Principal, Tokens};
 use share::Shares;
 pub use signals::run;
 pub use start::{start, RunningRelay};

@@ -34,7 +34,7 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     let http = settings::http(&args.http, config, Some(DEFAULT_ADDR))?.expect("a default address");
     let mut catalogs = vec![catalog.reader()];
     for url in &args.with {
-        catalogs.push(record::open(Some(url.clone()))?.reader());
+        catalogs.push(record::open(Some(url.clone()), record::Use::Read)?.reader());
     }
     let shown: Vec<String> = catalogs.iter().map(|c| c.url().to_owned()).collect();
     let view = forte_view::View {
@@ -51,6 +51,6 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     // It only reads: nothing to finish or record on a stop.
     forte_daemon::signals::install("nothing: the dashboard only reads");
     forte_daemon::signals::wait_for_stop(std::time::Duration::from_millis(100));
-    eprintln!("dashboard stopped ({})", forte_daemon::signals::which());
+    tracing::info!("dashboard stopped ({})", forte_daemon::signals::which());
     Ok(true)
 }

@@ -77,8 +77,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
 
 fn say(said: Said) {
     match said {
-        Said::Removed { files, out } => eprintln!(
-            "removed {files} unfinished files left in {} by an interrupted ingest",
+        Said::Removed { files, out } => tracing::info!("removed {files} unfinished files left in {} by an interrupted ingest",
             out.display()
         ),
         Said::Listening(l) => println!(
@@ -91,8 +90,8 @@ fn say(said: Said) {
             l.codec
         ),
         Said::Stream(Ok(stats)) => println!("{}", summary(&stats)),
-        Said::Stream(Err(e)) => eprintln!("error: {e:#}"),
-        Said::Stopping => eprintln!("stopping: publishing what every stream has received"),
+        Said::Stream(Err(e)) => tracing::error!("{e:#}"),
+        Said::Stopping => tracing::info!("stopping: publishing what every stream has received"),
         Said::Stopped => println!("stopped: every row received is in a published file"),
         // The writers' run: who ran them, the row groups written, their latency from handed
         // over to written, and writers that died and were replaced.

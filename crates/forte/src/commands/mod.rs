@@ -17,6 +17,7 @@ pub mod relay_store;
 pub mod report;
 pub mod send;
 pub mod status;
+pub mod token;
 pub mod unpack;
 
 /// Output flags shared by the long-running commands.

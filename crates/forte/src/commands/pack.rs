@@ -21,11 +21,23 @@ pub struct Args {
     /// Batch name recorded in every manifest [per run].
     #[arg(long, default_value = "")]
     batch: String,
+    /// Print what would be packed (the files after the filters, and what they leave out and
+    /// why) and write nothing [per run].
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     output: Output,
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
+    if args.dry_run {
+        let plan = forte_edge::dry_run::plan(&args.src, "", &args.edge.filter(config)?)?;
+        match args.output.json {
+            true => println!("{}", serde_json::to_string_pretty(&plan)?),
+            false => print!("{}dry run: nothing was written\n", plan.text("")),
+        }
+        return Ok(true);
+    }
     let edge = settings::edge(&args.edge, config)?;
     let summary = pack(&args.src, &args.to, &args.batch, edge, args.output.quiet)?;
     report(&summary, &args.to, args.output.json)?;
@@ -34,11 +46,10 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
 
 fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {
     for r in &s.rejected {
-        eprintln!("skipped {}: {}", r.path.display(), r.reason);
+        tracing::warn!("skipped {}: {}", r.path.display(), r.reason);
     }
     for o in s.objects.iter().filter(|o| o.error.is_some()) {
-        eprintln!(
-            "failed {}: {}",
+        tracing::warn!("failed {}: {}",
             o.path,
             o.error.as_deref().unwrap_or_default()
         );
@@ -63,7 +74,7 @@ fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {
         human(s.sealed_bytes),
     );
     if s.failed > 0 {
-        eprintln!("{} file(s) failed; their objects were removed", s.failed);
+        tracing::warn!("{} file(s) failed; their objects were removed", s.failed);
     }
     Ok(())
 }

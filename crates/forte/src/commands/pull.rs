@@ -28,11 +28,16 @@ pub struct Args {
     worker: WorkerFlags,
     #[command(flatten)]
     daemon: DaemonFlags,
+    /// Print what would be delivered (per sealed batch at the relay, its files and their
+    /// destination paths, from its verified inventory) and change nothing: read-only requests
+    /// to the relay, no claim, no download, no acknowledgement, no catalogue [per run].
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     output: Output,
 }
 
-pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
+pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog>) -> Result<bool> {
     let flags = PullCommand {
         pull: &args.pull,
         relay: &args.relay,
@@ -43,9 +48,24 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     };
     let settings = settings::pull(flags, config)?;
     for warning in settings.warnings() {
-        eprintln!("warning: {warning}");
+        tracing::warn!("{warning}");
     }
-    let on_report = (!args.output.json).then_some(print_report as fn(&DeliveryReport));
+    if args.dry_run {
+        let planned = forte_core::dry_run::plan(&settings)?;
+        match args.output.json {
+            true => println!("{}", serde_json::to_string_pretty(&planned)?),
+            false => print!("{}", forte_core::dry_run::text(&planned)),
+        }
+        return Ok(planned.iter().all(|d| d.error.is_none()));
+    }
+    let catalog = &catalog()?;
+    // Each batch is printed as it is delivered; with --json only when watching (one JSON
+    // line each), since a single pass prints them all as one document at its end.
+    let on_report: Option<fn(&DeliveryReport)> = match (args.output.json, args.daemon.watch) {
+        (false, _) => Some(print_report),
+        (true, true) => Some(|r| println!("{}", serde_json::to_string(r).expect("serialises"))),
+        (true, false) => None,
+    };
     match pull(settings, catalog, on_report)? {
         Pulled::Pass(pass) => print_pass(&pass, args.output.json),
         Pulled::Stopped => Ok(true),
@@ -62,7 +82,7 @@ fn print_pass(pass: &PullPass, json: bool) -> Result<bool> {
     }
     let others = pass.left_to_others();
     if others > 0 {
-        eprintln!("{others} batches are being delivered by other workers; left to them");
+        tracing::info!("{others} batches are being delivered by other workers; left to them");
     }
     Ok(pass.ok())
 }
@@ -82,7 +102,7 @@ fn print_report(r: &DeliveryReport) {
         // The failure itself is logged once, by `Failures::report`.
         Some(_) => {
             for p in &r.rejected_parts {
-                eprintln!("  reported damaged to the relay, which dropped it for the sender to upload again: {p}");
+                tracing::warn!("  reported damaged to the relay, which dropped it for the sender to upload again: {p}");
             }
         }
     }

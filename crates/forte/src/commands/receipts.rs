@@ -75,7 +75,7 @@ pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog
             Ok(value) => value,
             Err(e) => {
                 all_verified = false;
-                eprintln!("{source}: not a receipt ({e})");
+                tracing::warn!("{source}: not a receipt ({e})");
                 continue;
             }
         };
@@ -92,8 +92,7 @@ pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog
         }
     }
     if trusted.is_none() && !args.json {
-        eprintln!(
-            "not verified: give --receipt-pub keys/receipt.pub to check the core's signatures"
+        tracing::warn!("not verified: give --receipt-pub keys/receipt.pub to check the core's signatures"
         );
     }
     if !all_verified && trusted.is_some() {

@@ -121,7 +121,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
             ),
         };
         let bound = forte_view::start(http.addr, http.access, view)?;
-        println!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
+        tracing::info!("dashboard: http://{bound}/  metrics: http://{bound}/metrics");
     }
     serve(RelayConfig {
         listen: args.listen,

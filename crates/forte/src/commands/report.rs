@@ -65,7 +65,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     let others = args
         .with
         .iter()
-        .map(|url| record::open(Some(url.clone())))
+        .map(|url| record::open(Some(url.clone()), record::Use::Read))
         .collect::<Result<Vec<_>>>()?;
     let catalogs: Vec<&Catalog> = std::iter::once(catalog).chain(&others).collect();
     let reported = report(&catalogs, &options)?;

@@ -30,6 +30,10 @@ pub struct Args {
     schedule: ScheduleFlags,
     #[command(flatten)]
     daemon: DaemonFlags,
+    /// Print what would be sent (per ready batch, its files after the filters, and what they
+    /// leave out and why) and change nothing: no upload, no catalogue, no deletion [per run].
+    #[arg(long)]
+    dry_run: bool,
     #[command(flatten)]
     output: Output,
 }
@@ -41,7 +45,17 @@ struct Summary<'a> {
     waiting: &'a [String],
 }
 
-pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
+pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog>) -> Result<bool> {
+    if args.dry_run {
+        let filter = args.edge.filter(config)?;
+        let plan = forte_edge::dry_run::send_plan(&args.inbox, args.send.settle(), &filter)?;
+        match args.output.json {
+            true => println!("{}", serde_json::to_string_pretty(&plan)?),
+            false => print!("{}", plan.text()),
+        }
+        return Ok(true);
+    }
+    let catalog = &catalog()?;
     let flags = SendCommand {
         inbox: &args.inbox,
         send: &args.send,
@@ -52,7 +66,12 @@ pub fn run(args: Args, config: &Config, catalog: &Catalog) -> Result<bool> {
     };
     let output = SendOutput {
         quiet: args.output.quiet || args.output.json,
-        on_finished: print_report,
+        // Watching, each batch is printed as it finishes: with --json, one JSON line each.
+        on_finished: if args.output.json {
+            print_report_json
+        } else {
+            print_report
+        },
     };
     match send(flags, config, catalog, output)? {
         Sent::Pass(pass) => print_pass(&pass, args.output.json),
@@ -98,6 +117,10 @@ fn print_pass(pass: &PassReport, json: bool) -> Result<bool> {
     Ok(pass.ok())
 }
 
+fn print_report_json(report: &SendReport) {
+    println!("{}", serde_json::to_string(report).expect("a report serialises"));
+}
+
 fn print_report(report: &SendReport) {
     println!(
         "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed",
@@ -112,6 +135,6 @@ fn print_report(report: &SendReport) {
     // Failures were logged as they happened (one JSON line each, `Failures::report`); only
     // the skipped files, which are not failures of the transfer, are listed here.
     for e in report.errors.iter().filter(|e| e.starts_with("skipped ")) {
-        eprintln!("batch {}: {e}", report.batch);
+        tracing::warn!("batch {}: {e}", report.batch);
     }
 }

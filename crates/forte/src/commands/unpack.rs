@@ -48,8 +48,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
     let (delivered, pipeline) = unpack(&args.dir, &args.to, core, args.output.quiet)?;
     let seconds = started.elapsed().as_secs_f64();
     if !delivered.inventory {
-        eprintln!(
-            "warning: {} carries no signed inventory (packed by a forte before object format 2): every file was verified, but nothing proves that no object was removed from or added to the archive",
+        tracing::warn!("{} carries no signed inventory (packed by a forte before object format 2): every file was verified, but nothing proves that no object was removed from or added to the archive",
             args.dir.display()
         );
     }

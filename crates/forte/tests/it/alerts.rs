@@ -4,8 +4,10 @@
 use std::path::Path;
 
 use crate::common::site::{
-    signal_and_wait, spawn_logged, start_relay_with, wait_for, write_batch, Site,
+    free_addr, http_get, kill, signal_and_wait, spawn_logged, start_relay_with, visible, wait_for,
+    write_batch, Site,
 };
+use crate::common::*;
 
 /// The hook's lines so far: `EVENT|ROLE|SITE|BATCH|FAILURES`, in the order it ran.
 fn hook_lines(log: &Path) -> Vec<String> {
@@ -93,4 +95,75 @@ fn the_hook_fires_once_per_stuck_batch_and_once_when_it_clears() {
     let names: Vec<&str> = cleared.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, batches);
     assert!(cleared.iter().all(|(_, n)| *n >= 3), "{told:?}");
+}
+
+/// `GET /api/v1/overview` at `addr`: its critical alerts' texts.
+fn critical_alerts(addr: &str) -> Vec<String> {
+    let Some((200, body)) = http_get(addr, "/api/v1/overview", &[]) else {
+        return vec!["(no answer)".into()];
+    };
+    let overview: serde_json::Value = serde_json::from_str(&body).expect(&body);
+    overview["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["level"] == "critical")
+        .map(|a| a["text"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Two batches signed by a key the core does not trust yet fail at the core: two critical
+/// alerts in its dashboard. One is cancelled at its edge: the relay stops offering it and its
+/// alert goes. The key is then trusted (SIGHUP): the other is delivered and its alert goes too.
+#[test]
+fn the_dashboards_alert_goes_when_a_failed_batch_is_cancelled_or_delivered() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "to-cancel", 1, 5_000);
+    write_batch(&inbox, "to-deliver", 1, 5_000);
+    let other = keygen(&site.root.join("other-keys"));
+    ok(&site.send_signed_by(&other));
+
+    let trusted = site.root.join("trusted.pub");
+    std::fs::copy(&site.keys.edge_pub, &trusted).unwrap();
+    let addr = free_addr();
+    let mut pull = site.pull();
+    let at = pull.iter().position(|a| a == "--trust").unwrap() + 1;
+    pull[at] = format!("site-a={}", trusted.display()).into();
+    pull.extend(args!["--watch", "--interval", "1", "--http", &addr]);
+    let log = site.root.join("pull.log");
+    let mut puller = spawn_logged(&pull, &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(30, || critical_alerts(&addr).len() == 2),
+        "{:?}\n{}",
+        critical_alerts(&addr),
+        said()
+    );
+
+    let mut cancel = site.send_signed_by(&other);
+    cancel.extend(args!["--cancel", "to-cancel"]);
+    ok(&cancel);
+    assert!(
+        wait_for(30, || critical_alerts(&addr).len() == 1),
+        "{:?}\n{}",
+        critical_alerts(&addr),
+        said()
+    );
+
+    let mut keys = std::fs::read(&trusted).unwrap();
+    keys.extend(std::fs::read(&other.edge_pub).unwrap());
+    write(&trusted, &keys);
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(puller.0.id() as i32, libc::SIGHUP) };
+    let dest = site.root.join("dest");
+    assert!(
+        wait_for(60, || critical_alerts(&addr).is_empty()),
+        "{:?}\n{}",
+        critical_alerts(&addr),
+        said()
+    );
+    let delivered: Vec<String> = visible(&dest).into_keys().collect();
+    assert_eq!(delivered, ["site-a/to-deliver/bags/000.bag"]);
+    kill(&mut puller);
 }

@@ -426,7 +426,7 @@ fn receipts_are_kept_printed_verified_and_exported() {
     ]));
     let lines: Vec<serde_json::Value> = json
         .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
+        .map(|l| crate::common::strict_json(l))
         .collect();
     assert_eq!(lines.len(), 1, "{json}");
     let r = &lines[0];

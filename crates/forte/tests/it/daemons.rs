@@ -231,7 +231,7 @@ fn killed_senders_resume_without_sending_parts_twice() {
     }
     let before = site.relay_object_lengths();
     let out: serde_json::Value =
-        serde_json::from_str(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"]))).unwrap();
+        crate::common::strict_json(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"])));
     let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
     // Parts and manifests already at the relay were not sent again: what was sent is exactly
     // what the relay holds now and did not hold before.
@@ -990,11 +990,11 @@ fn kills_during_a_small_file_batch_lose_nothing_and_deliver_nothing_twice() {
     // One row per file in each catalogue, each acknowledged, at both ends.
     let rows = |catalog: &str| -> BTreeMap<String, Vec<String>> {
         let batches: serde_json::Value =
-            serde_json::from_str(&site.status(catalog, &["--json"])).unwrap();
+            crate::common::strict_json(&site.status(catalog, &["--json"]));
         let mut rows = BTreeMap::<String, Vec<String>>::new();
         for batch in batches.as_array().unwrap() {
             for file in batch["files"].as_array().unwrap() {
-                let (name, path) = (&batch["name"], &file["path"]);
+                let (name, path) = (&batch["batch"]["name"], &file["path"]);
                 let path = format!(
                     "site-a/{}/{}",
                     name.as_str().unwrap(),

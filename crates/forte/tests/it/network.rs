@@ -24,7 +24,7 @@ fn make_batches(inbox: &Path) {
 }
 
 fn json(out: &str) -> serde_json::Value {
-    serde_json::from_str(out).unwrap()
+    crate::common::strict_json(out)
 }
 
 #[test]
@@ -84,15 +84,15 @@ fn end_to_end(site: Site) {
         v.as_array()
             .unwrap()
             .iter()
-            .filter(|b| b["role"] == role)
+            .filter(|b| b["batch"]["role"] == role)
             .cloned()
             .collect()
     };
     let (sent, delivered) = (of_role(&edge, "edge"), of_role(&core, "core"));
     assert_eq!(sent.len(), 3, "{edge:#}");
     assert_eq!(delivered.len(), 3, "{core:#}");
-    assert!(sent.iter().all(|b| b["state"] == "sent"));
-    assert!(delivered.iter().all(|b| b["state"] == "delivered"));
+    assert!(sent.iter().all(|b| b["batch"]["state"] == "sent"));
+    assert!(delivered.iter().all(|b| b["batch"]["state"] == "delivered"));
     for b in &delivered {
         for f in b["files"].as_array().unwrap() {
             assert_eq!(f["state"], "acknowledged", "{f:#}");

@@ -21,7 +21,7 @@ fn run_with(policy: &str) -> (Site, serde_json::Value) {
     ok(&site.send(&["--policy", policy, "--cpu", "1", "-q"]));
     ok(&site.pull());
     let report = ok(&site.report(args!["--format", "json"]));
-    (site, serde_json::from_str(&report).unwrap())
+    (site, crate::common::strict_json(&report))
 }
 
 fn batch<'a>(report: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
@@ -98,7 +98,7 @@ fn latency_counts_from_the_batchs_arrival_not_from_when_it_was_found() {
     ok(&site.send(&["-q"]));
     ok(&site.pull());
     let report: serde_json::Value =
-        serde_json::from_str(&ok(&site.report(args!["--format", "json"]))).unwrap();
+        crate::common::strict_json(&ok(&site.report(args!["--format", "json"])));
     let b = batch(&report, "late");
     let arrived_us = arrived
         .duration_since(std::time::UNIX_EPOCH)
@@ -195,12 +195,12 @@ fn sent_then_sent_again() -> (Site, serde_json::Value, serde_json::Value) {
     write(&inbox.join("run-1/.ready"), b"");
     let edge_batch = |site: &Site| {
         let status: serde_json::Value =
-            serde_json::from_str(&site.status(&site.edge_catalog, &["--json"])).unwrap();
+            crate::common::strict_json(&site.status(&site.edge_catalog, &["--json"]));
         status
             .as_array()
             .unwrap()
             .iter()
-            .find(|b| b["name"] == "run-1")
+            .find(|b| b["batch"]["name"] == "run-1")
             .cloned()
             .unwrap_or_else(|| panic!("no batch run-1 in {status:#}"))
     };
@@ -224,7 +224,7 @@ fn re_running_send_does_not_rewrite_the_batch() {
     let (site, first, again) = sent_then_sent_again();
     let raw = 5 * 600_000;
     assert_eq!(
-        (&again["bytes"], &again["state"]),
+        (&again["batch"]["bytes"], &again["batch"]["state"]),
         (&serde_json::json!(raw), &serde_json::json!("sent")),
         "{again:#}"
     );
@@ -244,7 +244,7 @@ fn re_running_send_does_not_rewrite_the_batch() {
     );
 
     let report: serde_json::Value =
-        serde_json::from_str(&ok(&site.report(args!["--format", "json"]))).unwrap();
+        crate::common::strict_json(&ok(&site.report(args!["--format", "json"])));
     let b = batch(&report, "run-1");
     assert_eq!(b["raw_bytes"].as_u64().unwrap(), raw, "{b:#}");
     let stages: Vec<&str> = b["stages"]

@@ -92,7 +92,7 @@ fn a_single_file_packs_under_its_own_name() {
         "1MiB",
         "--json",
     ]);
-    let summary: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let summary: serde_json::Value = crate::common::strict_json(&out);
     assert_eq!(summary["files"], 1);
     assert_eq!(summary["raw_bytes"], 3 * MIB);
     let stages: Vec<_> = summary["stages"]
@@ -116,7 +116,7 @@ fn a_single_file_packs_under_its_own_name() {
     let restored = tmp.path().join("restored");
     let mut unpack = unpack_args(&keys, &packed, &restored);
     unpack.push("--json".into());
-    let summary: serde_json::Value = serde_json::from_str(&ok(&unpack)).unwrap();
+    let summary: serde_json::Value = crate::common::strict_json(&ok(&unpack));
     assert_eq!(
         std::fs::read(restored.join("reading.csv")).unwrap(),
         std::fs::read(&file).unwrap()
@@ -211,7 +211,7 @@ fn a_directory_in_the_way_of_a_file_is_refused_up_front() {
     overwrite.push("--overwrite".into());
     let mut first = unpack_args(&keys, &packed, &dest);
     first.push("--json".into());
-    let summary: serde_json::Value = serde_json::from_str(&ok(&first)).unwrap();
+    let summary: serde_json::Value = crate::common::strict_json(&ok(&first));
     let delivered = &summary["delivered"];
     assert_eq!(
         (&delivered["files"], &delivered["directories"]),

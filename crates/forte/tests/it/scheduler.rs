@@ -46,7 +46,7 @@ fn pack_json(
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    crate::common::strict_json(std::str::from_utf8(&out.stdout).unwrap())
 }
 
 #[test]
@@ -109,7 +109,7 @@ fn pool_workers_killed_on_a_schedule_lose_and_fail_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let summary: serde_json::Value = crate::common::strict_json(std::str::from_utf8(&out.stdout).unwrap());
     assert!(summary["workers_replaced"].as_u64().unwrap() > 0);
     assert_eq!(tree(&src), tree(&restored));
 }

@@ -274,7 +274,7 @@ fn pack_json_reports_a_name_that_is_not_utf8_as_skipped_and_packs_the_rest() {
         "--json",
         "-q",
     ]);
-    let summary: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let summary: serde_json::Value = crate::common::strict_json(&json);
     let rejected = summary["rejected"].as_array().unwrap();
     assert_eq!(rejected.len(), 1, "{summary:#}");
     let skipped = rejected[0]["path"].as_str().unwrap();

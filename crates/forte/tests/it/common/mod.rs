@@ -371,3 +371,72 @@ pub fn python_with(modules: &str) -> Option<PathBuf> {
     eprintln!("SKIPPED: run ./test.sh, or set FORTE_TEST_PYTHON to a python with {modules}");
     None
 }
+
+/// Parses a command's JSON output, refusing what serde_json would quietly accept: a key
+/// twice in one object (the later value would win, hiding the first from scripts) and
+/// anything after the document other than whitespace.
+pub fn strict_json(text: &str) -> serde_json::Value {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = <Strict as serde::Deserialize>::deserialize(&mut de)
+        .unwrap_or_else(|e| panic!("not valid JSON ({e}):\n{text}"));
+    de.end()
+        .unwrap_or_else(|e| panic!("more than one JSON document ({e}):\n{text}"));
+    value.0
+}
+
+struct Strict(serde_json::Value);
+
+impl<'de> serde::Deserialize<'de> for Strict {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor).map(Strict)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> serde::de::Visitor<'de> for StrictVisitor {
+    type Value = serde_json::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("JSON")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(v.into())
+    }
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(serde_json::Value::Null)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(items.into())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut object = serde_json::Map::new();
+        while let Some((key, Strict(v))) = map.next_entry::<String, Strict>()? {
+            if object.insert(key.clone(), v).is_some() {
+                return Err(serde::de::Error::custom(format!("the key {key:?} twice in one object")));
+            }
+        }
+        Ok(object.into())
+    }
+}
+
+/// Each line of a command's JSON-lines output, parsed strictly.
+pub fn strict_json_lines(text: &str) -> Vec<serde_json::Value> {
+    text.lines().filter(|l| !l.trim().is_empty()).map(strict_json).collect()
+}
