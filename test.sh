@@ -3,7 +3,7 @@
 # is missing, then `cargo test --workspace` (extra arguments are passed to it).
 #
 # The tests use the real tools to prove our files are standard: age, zstd and openssl from
-# Debian; the report's PNG charts need a TrueType font (DejaVu); Parquet files from `forte
+# Debian (and rclone, whose filters `send --include …` must agree with); the report's PNG charts need a TrueType font (DejaVu); Parquet files from `forte
 # ingest` are read back by pyarrow and DuckDB from PyPI, in a virtualenv inside the clone
 # (Debian packages neither); the dashboard is driven in Debian's headless Chromium by selenium
 # (chromedriver from Debian, selenium from PyPI in that virtualenv); the catalogue tests run
@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"
 need=()
-for tool in age zstd openssl mkfifo; do
+for tool in age zstd openssl mkfifo rclone; do
     command -v "$tool" >/dev/null || need+=("$tool")
 done
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
@@ -26,7 +26,7 @@ if [ "${#need[@]}" -gt 0 ]; then
     echo "installing ${need[*]} from Debian" >&2
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq \
-        age zstd openssl coreutils fonts-dejavu-core python3-venv chromium chromium-driver
+        age zstd openssl coreutils rclone fonts-dejavu-core python3-venv chromium chromium-driver
 fi
 
 venv=target/test-python
