@@ -12,7 +12,9 @@ use forte_daemon::settings::EdgeSettings;
 use forte_daemon::units::{mb_per_s, ratio};
 use forte_format::{Inventory, Kind, ObjectId};
 use forte_pipeline::Reading;
-use forte_prepare::{bundle_small, discover, DirSink, Excluded, FileOutcome, Prepare, PrepareJob};
+use forte_prepare::{
+    bundle_small, discover, DirSink, Discovery, Excluded, FileOutcome, Filter, Prepare, PrepareJob,
+};
 use serde::Serialize;
 
 /// What a pack did; `pack --json` prints it.
@@ -67,8 +69,7 @@ pub fn pack(
         bundle,
         filter,
     } = edge;
-    let mut found = discover(src)?;
-    let excluded = filter.apply(&mut found, "", SystemTime::now());
+    let (found, excluded) = discover_filtered(src, &filter)?;
     let total = found.total_bytes();
     let sink = DirSink::create(to)?;
     let (cpu, part_size, level) = (settings.cpu, settings.part_size, settings.level);
@@ -131,6 +132,13 @@ pub fn pack(
         excluded,
         objects: outcomes,
     })
+}
+
+/// The files of `src` the filter takes, and those it leaves out (paths relative to `src`).
+fn discover_filtered(src: &Path, filter: &Filter) -> Result<(Discovery, Vec<Excluded>)> {
+    let mut found = discover(src)?;
+    let excluded = filter.apply(&mut found, "", SystemTime::now());
+    Ok((found, excluded))
 }
 
 /// An archive is one directory: its inventory lists exactly the objects in it, so objects of
