@@ -115,20 +115,26 @@ fn texts(arg: &Arg, key: &str, value: &toml::Value, base: &Path) -> Result<Vec<O
     }
 }
 
-/// A relative path in the file is relative to the file's directory; URLs stay as they are.
+/// A relative path in the file is relative to the file's directory; URLs stay as they are,
+/// and of a `NAME=FILE` value (`keys.trust`) only the file is a path.
 fn resolve_path(arg: &Arg, text: String, base: &Path) -> OsString {
+    let names: Vec<&str> = arg
+        .get_value_names()
+        .map(|names| names.iter().map(|n| n.as_str()).collect())
+        .unwrap_or_default();
     let path_like = arg.get_value_hint() == ValueHint::AnyPath
-        || arg.get_value_names().is_some_and(|names| {
-            names
-                .iter()
-                .any(|n| n.as_str().contains("DIR") || n.as_str().contains("FILE"))
-        });
-    let relative = Path::new(&text).is_relative() && !text.contains("://");
-    if path_like && relative && !text.is_empty() {
-        base.join(text).into_os_string()
-    } else {
-        text.into()
+        || names.iter().any(|n| n.contains("DIR") || n.contains("FILE"));
+    if !path_like {
+        return text.into();
     }
+    let (prefix, path) = match text.split_once('=') {
+        Some((name, path)) if names.iter().any(|n| n.contains('=')) => (format!("{name}="), path),
+        _ => (String::new(), text.as_str()),
+    };
+    if path.is_empty() || !Path::new(path).is_relative() || path.contains("://") {
+        return text.into();
+    }
+    format!("{prefix}{}", base.join(path).display()).into()
 }
 
 /// Runs the flag's own parser on a value of the file, so that a bad one is reported with
@@ -202,6 +208,7 @@ mod tests {
                 .arg(
                     Arg::new("trust")
                         .long("trust")
+                        .value_name("[SITE=]FILE")
                         .action(ArgAction::Append)
                         .help("Keys [config: keys.trust]."),
                 )
@@ -228,7 +235,7 @@ mod tests {
         assert_eq!(*m.get_one::<u64>("settle").unwrap(), 5);
         assert!(m.get_flag("watch"));
         let trust: Vec<&String> = m.get_many("trust").unwrap().collect();
-        assert_eq!(trust, ["a=k/a.pub", "k/b.pub"]);
+        assert_eq!(trust, ["a=/etc/forte/k/a.pub", "/etc/forte/k/b.pub"]);
         let m = cmd
             .try_get_matches_from(["t", "send", "/x", "--settle", "7", "--trust", "c"])
             .unwrap();

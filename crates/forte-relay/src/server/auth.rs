@@ -178,6 +178,22 @@ mod tests {
         Tokens::load(&path)
     }
 
+    /// What `forte token` prints is a tokens file the relay takes, and the token it made
+    /// is the principal's, no one else's.
+    #[test]
+    fn a_new_entry_is_a_tokens_file_entry_for_its_principal() {
+        let edge = Principal::Edge { site: "mine-7".into() };
+        let core = Principal::Core { sites: vec!["mine-7".into(), "*".into()] };
+        let (edge_token, edge_entry) = new_entry(&edge).unwrap();
+        let (core_token, core_entry) = new_entry(&core).unwrap();
+        assert_eq!(edge_token.len(), 64);
+        assert_ne!(edge_token, core_token);
+        let tokens = load(&format!("{edge_entry}\n{core_entry}")).unwrap();
+        assert_eq!(tokens.lookup(&edge_token), Some(edge));
+        assert_eq!(tokens.lookup(&core_token), Some(core));
+        assert_eq!(tokens.lookup(&edge_token[1..]), None);
+    }
+
     const EDGE: &str =
         "[[token]]\ntoken = \"edge-token-0123456789\"\nrole = \"edge\"\nsite = \"site-a\"\n";
     const CORE: &str =

@@ -20,6 +20,7 @@ mod ingest;
 mod interop;
 mod load;
 mod network;
+mod operate;
 mod report;
 mod rotation;
 mod resources;
