@@ -224,9 +224,7 @@ impl Puller<'_> {
         };
         match &report.error {
             Some(e) => self.failures.report(&failure(e)),
-            None => self
-                .failures
-                .cleared(&report.site, batch_id, &report.batch),
+            None => self.failures.cleared(&report.site, batch_id, &report.batch),
         }
         for e in &report.after_delivery {
             self.failures.report(&failure(e));
@@ -270,7 +268,8 @@ impl Puller<'_> {
                 }
             }
             if signals::stop_requested() {
-                tracing::info!("stopped ({}): no batch taken since; the one under way was finished",
+                tracing::info!(
+                    "stopped ({}): no batch taken since; the one under way was finished",
                     signals::which()
                 );
                 return;

@@ -185,7 +185,9 @@ impl Edge<'_> {
         // them cost more than the round trip saved.)
         if discovered.iter().any(|(_, d)| !d.known) {
             if let Err(e) = self.setup.catalog.flush() {
-                tracing::warn!("the catalogue did not record the batches before they were sent: {e:#}");
+                tracing::warn!(
+                    "the catalogue did not record the batches before they were sent: {e:#}"
+                );
             }
         }
         // Asking the relay what it holds costs a round trip: every known batch's objects are

@@ -46,6 +46,13 @@ impl Edge<'_> {
         };
         let rows = self.setup.catalog.files(&batch_key).unwrap_or_default();
         drop_emptied_dirs(&mut found.files, &rows);
+        // A batch sent under an earlier signing key: its files' ids cannot be derived again,
+        // so a file is known by its path and size.
+        let earlier = self.earlier_keys.contains_key(&batch.name);
+        let by_path: HashSet<(String, u64)> = rows
+            .iter()
+            .map(|f| (f.path.clone(), f.size as u64))
+            .collect();
         let known: HashSet<String> = rows.into_iter().map(|f| f.object_id).collect();
         let (filter, now) = (&self.setup.settings.filter, SystemTime::now());
         let late: Vec<&str> = found
@@ -53,8 +60,10 @@ impl Edge<'_> {
             .iter()
             .filter(|f| f.path != READY_MARKER)
             .filter(|f| filter.excludes_file(f, &batch.name, now).is_none())
-            .filter(|f| {
-                !known.contains(&object_id(&self.setup.settings.key, &batch.name, f).to_string())
+            .filter(|f| match earlier {
+                true => !by_path.contains(&(f.path.clone(), f.size)),
+                false => !known
+                    .contains(&object_id(&self.setup.settings.key, &batch.name, f).to_string()),
             })
             .map(|f| f.path.as_str())
             .collect();
@@ -338,7 +347,10 @@ impl Edge<'_> {
             self.record_acknowledged_file(&b.batch_key, c.carrier, (&c.source, c.id), was);
         }
         if let Err(e) = self.setup.catalog.flush() {
-            tracing::warn!("batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}", b.name);
+            tracing::warn!(
+                "batch {}: nothing deleted until the catalogue records the acknowledgements: {e:#}",
+                b.name
+            );
             return false;
         }
         true

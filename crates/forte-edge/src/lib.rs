@@ -236,7 +236,10 @@ pub struct Edge<'a> {
 /// instead of being taken for a new batch under the new key's id and sent again.
 fn earlier_keys(catalog: &Catalog, key: &EdgeKey) -> HashMap<String, BatchKey> {
     let rows = catalog.batches().unwrap_or_default();
-    let rows: Vec<_> = rows.into_iter().filter(|r| r.role == forte_catalog::Role::Edge).collect();
+    let rows: Vec<_> = rows
+        .into_iter()
+        .filter(|r| r.role == forte_catalog::Role::Edge)
+        .collect();
     let current: HashSet<&str> = rows
         .iter()
         .filter(|r| r.batch_key == batch_id(key, &r.name))
@@ -320,10 +323,23 @@ impl<'a> Edge<'a> {
     /// `rows` are the batch's files in the catalogue, read once by the caller.
     fn objects(&self, batch: &str, files: Vec<SourceFile>, rows: &[FileRow]) -> Vec<PrepareJob> {
         let settings = self.setup.settings;
+        // A batch recorded under an earlier signing key keeps its files' ids, found by path
+        // and size: ids derived with this key would be new objects, sent again.
+        let mut recorded: HashMap<(&str, u64), ObjectId> = HashMap::new();
+        if self.earlier_keys.contains_key(batch) {
+            for r in rows {
+                if let Ok(id) = r.object_id.parse() {
+                    recorded.insert((r.path.as_str(), r.size as u64), id);
+                }
+            }
+        }
         let jobs: Vec<PrepareJob> = files
             .into_iter()
             .map(|source| {
-                let id = object_id(&settings.key, batch, &source);
+                let id = match recorded.get(&(source.path.as_str(), source.size)) {
+                    Some(&id) => id,
+                    None => object_id(&settings.key, batch, &source),
+                };
                 PrepareJob::new(source, id, batch)
             })
             .collect();
@@ -336,7 +352,25 @@ impl<'a> Edge<'a> {
                 ))
             })
             .collect();
-        let bundle_id = |members: &[ObjectId]| bundle_id(&settings.key, batch, members);
+        // Its bundles too: the recorded bundle of exactly these members.
+        let mut recorded_bundles: HashMap<ObjectId, Vec<ObjectId>> = HashMap::new();
+        if !recorded.is_empty() {
+            for (member, bundle) in &carriers {
+                recorded_bundles.entry(*bundle).or_default().push(*member);
+            }
+        }
+        let recorded_bundle = |members: &[ObjectId]| {
+            let mut members = members.to_vec();
+            members.sort();
+            recorded_bundles.iter().find_map(|(bundle, held)| {
+                let mut held = held.clone();
+                held.sort();
+                (held == members).then_some(*bundle)
+            })
+        };
+        let bundle_id = |members: &[ObjectId]| {
+            recorded_bundle(members).unwrap_or_else(|| bundle_id(&settings.key, batch, members))
+        };
         let earlier = |id| carriers.get(&id).copied();
         let (mut objects, rest) = bundle_as_before(jobs, &earlier, &bundle_id);
         objects.extend(bundle_small(rest, settings.bundle, &bundle_id));

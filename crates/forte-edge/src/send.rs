@@ -228,7 +228,8 @@ impl Watch<'_> {
             loop {
                 edge.send_queued(true);
                 if signals::stop_requested() {
-                    tracing::info!("stopped ({}): every batch admitted was sent and sealed; a restart resumes",
+                    tracing::info!(
+                        "stopped ({}): every batch admitted was sent and sealed; a restart resumes",
                         signals::which()
                     );
                     return;
@@ -243,7 +244,9 @@ impl Watch<'_> {
     fn scan(&self) {
         let edge = self.edge;
         if signals::take_reload() {
-            tracing::info!("SIGHUP: send reads its settings when it starts; restart it to change them");
+            tracing::info!(
+                "SIGHUP: send reads its settings when it starts; restart it to change them"
+            );
         }
         edge.find_lost();
         match ready_batches(self.inbox, self.settle) {
