@@ -33,6 +33,8 @@ pub fn show(catalog: &Catalog, view: View, json: bool) -> Result<()> {
 
 #[derive(Serialize)]
 struct Lineage {
+    /// The name of the batch the file belongs to (a path may be in several).
+    batch: String,
     file: FileRow,
     parts: Vec<PartRow>,
     events: Vec<Event>,
@@ -227,14 +229,23 @@ fn print_task_runs(runs: &[TaskRunRow]) {
 }
 
 fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<()> {
-    let files = catalog.files_at(path)?;
+    let names: std::collections::HashMap<_, _> = catalog
+        .batches()?
+        .into_iter()
+        .map(|b| (b.batch_key, b.name))
+        .collect();
+    let files = files_named(catalog, path, &names)?;
     if files.is_empty() {
-        anyhow::bail!("the catalogue {} knows no file at {path}", catalog.url());
+        anyhow::bail!(
+            "the catalogue {} knows no file at {path}: give its path in its batch (logs/can.csv), BATCH/PATH, or the path it was delivered to",
+            catalog.url()
+        );
     }
     let lineages: Vec<Lineage> = files
         .into_iter()
         .map(|file| {
             Ok(Lineage {
+                batch: names.get(&file.batch_key).cloned().unwrap_or_default(),
                 parts: catalog.parts(&file.object_id)?,
                 events: catalog.lineage(&file.object_id)?,
                 file,
@@ -249,11 +260,42 @@ fn lineage(catalog: &Catalog, path: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// A file: its object, size, state, hash, bundle and delivered path, then its events.
+/// The files `path` names: a path in its batch, `BATCH/PATH`, or a delivered path (as
+/// recorded, or as given relative to here).
+fn files_named(
+    catalog: &Catalog,
+    path: &str,
+    names: &std::collections::HashMap<forte_catalog::BatchKey, String>,
+) -> Result<Vec<FileRow>> {
+    let files = catalog.files_at(path)?;
+    if !files.is_empty() {
+        return Ok(files);
+    }
+    if let Some(absolute) = std::fs::canonicalize(path)
+        .ok()
+        .and_then(|p| p.to_str().map(str::to_owned))
+    {
+        let files = catalog.files_at(&absolute)?;
+        if !files.is_empty() {
+            return Ok(files);
+        }
+    }
+    let Some((batch, in_batch)) = path.split_once('/') else {
+        return Ok(vec![]);
+    };
+    Ok(catalog
+        .files_at(in_batch)?
+        .into_iter()
+        .filter(|f| names.get(&f.batch_key).is_some_and(|n| n == batch))
+        .collect())
+}
+
+/// A file: its batch, object, size, state, hash, bundle and delivered path, then its events.
 fn print_lineage(l: &Lineage) {
     let f = &l.file;
     println!(
-        "{} (object {}, {}), now {}",
+        "batch {}: {} (object {}, {}), now {}",
+        l.batch,
         f.path,
         f.object_id,
         human(f.size.max(0) as u64),

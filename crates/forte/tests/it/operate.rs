@@ -75,6 +75,22 @@ fn a_site_runs_from_its_configuration_files_with_json_only_on_stdout() {
     ok(&args!["--config", &core, "pull", "--to", &other]);
     assert_eq!(tree(&other.join("site-a/b2")).len(), 1);
     assert!(!site.root.join("dest/site-a/b2").exists());
+
+    // A file is found by its path in its batch (each lineage naming its batch: b1 and b2
+    // both hold bags/000.bag), by BATCH/PATH, and by its delivered path, relative or not.
+    let both = ok(&args!["--config", &core, "status", "--file", "bags/000.bag"]);
+    assert!(both.contains("batch b1: bags/000.bag") && both.contains("batch b2: bags/000.bag"), "{both}");
+    let one = ok(&args!["--config", &core, "status", "--file", "b2/bags/000.bag"]);
+    assert!(one.contains("batch b2: bags/000.bag") && !one.contains("batch b1"), "{one}");
+    let out = forte()
+        .current_dir(site.root.join("dest"))
+        .args(["--config", edge.to_str().unwrap(), "--catalog", &site.core_catalog])
+        .args(["status", "--file", "site-a/b1/bags/001.bag", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let found = strict_json(std::str::from_utf8(&out.stdout).unwrap());
+    assert_eq!((&found[0]["batch"], &found[0]["file"]["path"]), (&serde_json::json!("b1"), &serde_json::json!("bags/001.bag")), "{found:#}");
 }
 
 /// `config check` says what a file resolves to; a mistyped key or a bad value fails at once,
