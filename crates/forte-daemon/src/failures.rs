@@ -298,10 +298,13 @@ impl Failures {
     }
 }
 
+/// One run's environment: `FORTE_EVENT`, `FORTE_ROLE`, … and their values.
+type HookEnv = Vec<(&'static str, String)>;
+
 /// The hook's runner: one thread that runs each queued run in turn, so that `cleared` never
 /// overtakes the `failed` before it, and the transfer never waits for a hook.
 struct Hooks {
-    send: Mutex<Option<Sender<Vec<(&'static str, String)>>>>,
+    send: Mutex<Option<Sender<HookEnv>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -318,7 +321,7 @@ impl Hooks {
         }
     }
 
-    fn queue(&self, env: Vec<(&'static str, String)>) {
+    fn queue(&self, env: HookEnv) {
         if let Some(send) = &*self.send.lock() {
             let _ = send.send(env);
         }
@@ -335,7 +338,7 @@ impl Drop for Hooks {
     }
 }
 
-fn run_hooks(command: &str, queued: &Receiver<Vec<(&'static str, String)>>) {
+fn run_hooks(command: &str, queued: &Receiver<HookEnv>) {
     for env in queued {
         run_hook(command, env, HOOK_TIMEOUT);
     }
@@ -343,7 +346,7 @@ fn run_hooks(command: &str, queued: &Receiver<Vec<(&'static str, String)>>) {
 
 /// Runs `command` once with `env`, in a process group of its own, killed with its group after
 /// `timeout`.
-fn run_hook(command: &str, env: Vec<(&'static str, String)>, timeout: Duration) {
+fn run_hook(command: &str, env: HookEnv, timeout: Duration) {
     let child = Command::new("sh")
         .arg("-c")
         .arg(command)
