@@ -53,7 +53,7 @@ pub(crate) fn offline(root: &Path, paths: &KeyPaths) -> Result<()> {
 
     let core = CoreSettings {
         identities: Identities::load(&paths.core_key)?,
-        trusted: TrustedKeys::load(vec![TrustSpec::any_site(&paths.edge_pub)])?,
+        trusted: TrustedKeys::load(vec![TrustSpec::any_site(&paths.edge_pub)], None)?,
         restore: RestoreConfig::for_this_machine(),
     };
     let (delivered, _) = unpack(&packed, &restored, core, true)?;

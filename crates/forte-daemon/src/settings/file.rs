@@ -121,6 +121,8 @@ pub struct Config {
 pub struct FileValues {
     pub values: std::collections::BTreeMap<String, toml::Value>,
     pub base: PathBuf,
+    /// The file itself, read again where a setting is reloaded (`keys.trust` on SIGHUP).
+    pub path: Option<PathBuf>,
 }
 
 /// One `[[task]]`: a site's own step (see `crate::tasks`).
@@ -370,6 +372,7 @@ impl Config {
         config.file = FileValues {
             values: super::flag_keys::flatten(&table),
             base: base.to_owned(),
+            path: Some(path.to_owned()),
         };
         let k = &mut config.keys;
         for p in [&mut k.sign, &mut k.receipt_key]
@@ -414,6 +417,27 @@ impl Config {
         }
         Ok(config)
     }
+}
+
+/// `keys.trust` of the configuration file at `path` as it is now, its files relative to
+/// the file's directory: what `pull --watch` puts in force on SIGHUP when its trust came from
+/// the file, so that a site is added or removed without a restart.
+pub fn trust_in(path: &Path) -> Result<Vec<forte_format::TrustSpec>> {
+    #[derive(Deserialize)]
+    struct KeysOnly {
+        #[serde(default)]
+        keys: KeysSection,
+    }
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let file: KeysOnly = toml::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("config file {} is not valid: {e}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut trust = file.keys.trust;
+    for spec in &mut trust {
+        spec.path = base.join(&spec.path);
+    }
+    Ok(trust)
 }
 
 /// The keys no flag takes: the S3 server's, the tasks', the priority rules'.

@@ -89,15 +89,24 @@ pub struct CoreSettings {
 
 /// The trusted edge keys, as `--trust` (or `keys.trust`) names them, read again on demand
 /// (`pull --watch` on SIGHUP): each batch is checked with the keys in force when it starts.
+/// When they came from the configuration file, the file's `keys.trust` is read again too,
+/// so that a site can be added or removed without a restart.
 pub struct TrustedKeys {
-    specs: Vec<forte_format::TrustSpec>,
+    specs: parking_lot::Mutex<Vec<forte_format::TrustSpec>>,
+    /// The configuration file the specs came from, if they did.
+    file: Option<PathBuf>,
     current: parking_lot::RwLock<std::sync::Arc<TrustedEdges>>,
 }
 
 impl TrustedKeys {
-    pub fn load(specs: Vec<forte_format::TrustSpec>) -> Result<Self> {
+    pub fn load(specs: Vec<forte_format::TrustSpec>, file: Option<PathBuf>) -> Result<Self> {
         let current = parking_lot::RwLock::new(std::sync::Arc::new(TrustedEdges::load(&specs)?));
-        Ok(Self { specs, current })
+        let specs = parking_lot::Mutex::new(specs);
+        Ok(Self {
+            specs,
+            file,
+            current,
+        })
     }
 
     /// The keys in force now.
@@ -108,9 +117,17 @@ impl TrustedKeys {
     /// Reads the key files again and puts them in force; one that does not read is refused,
     /// and the keys in force stay. How many keys are in force.
     pub fn reload(&self) -> Result<usize> {
-        let keys = TrustedEdges::load(&self.specs)?;
+        let specs = match &self.file {
+            Some(file) => file::trust_in(file)?,
+            None => self.specs.lock().clone(),
+        };
+        if specs.is_empty() {
+            bail!("keys.trust is empty: the core would refuse every batch");
+        }
+        let keys = TrustedEdges::load(&specs)?;
         let count = keys.count();
         *self.current.write() = std::sync::Arc::new(keys);
+        *self.specs.lock() = specs;
         Ok(count)
     }
 }
@@ -318,7 +335,16 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
     restore.scheduling = scheduling(flags.scheduler, config)?;
     Ok(CoreSettings {
         identities: Identities::load_all(&flags.identity)?,
-        trusted: TrustedKeys::load(trust)?,
+        // From the file if the flags hold exactly what its keys.trust says (the file's values
+        // are the flags' defaults): then SIGHUP reads the file's list again.
+        trusted: TrustedKeys::load(
+            trust.clone(),
+            config
+                .file
+                .path
+                .clone()
+                .filter(|_| !trust.is_empty() && trust == config.keys.trust),
+        )?,
         restore,
     })
 }

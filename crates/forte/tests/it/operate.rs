@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::common::site::{write_batch, Site};
+use crate::common::site::{spawn_logged, visible, wait_for, write_batch, Site};
 use crate::common::*;
 
 /// An edge's and a core's configuration files naming everything the flags would.
@@ -211,4 +211,28 @@ fn status_never_makes_a_catalogue() {
     let out = status(&state);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(strict_json(std::str::from_utf8(&out.stdout).unwrap()), serde_json::json!([]));
+}
+
+/// A watching core whose trusted keys come from its configuration file reads the file's
+/// `keys.trust` again on SIGHUP: a site's key added there is trusted without a restart.
+#[test]
+fn a_watching_core_reads_keys_trust_of_its_file_again_on_sighup() {
+    let site = Site::new();
+    let (_, core) = config_files(&site);
+    let other = site.root.join("other-keys");
+    ok(&args!["keygen", "--edge", "site-a", "--dir", &other]);
+    let text = std::fs::read_to_string(&core).unwrap();
+    let right = format!("site-a={}", site.keys.edge_pub.display());
+    let wrong = format!("site-a={}", other.join("site-a.pub").display());
+    write(&core, text.replace(&right, &wrong).as_bytes());
+    let log = site.root.join("pull.log");
+    let puller = spawn_logged(&args!["--config", &core, "pull", "--watch", "--interval", "1"], &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    write_batch(&site.root.join("inbox"), "first", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    assert!(wait_for(30, || said().contains("not among the trusted edge keys")), "{}", said());
+    write(&core, text.as_bytes());
+    unsafe { libc::kill(puller.0.id() as i32, libc::SIGHUP) };
+    let first = site.root.join("dest/site-a/first");
+    assert!(wait_for(30, || visible(&first).len() == 1), "{}", said());
 }
