@@ -27,6 +27,16 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is too large"))
 }
 
+/// A time left, as a person reads it: `45s`, `3m12s`, `2h05m`.
+pub fn duration_text(seconds: f64) -> String {
+    let s = seconds.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
 /// Parses a duration: a number with `ms`, `s`, `m`, `h` or `d` (`250ms`, `90s`, `30m`, `1h`);
 /// a bare number is seconds.
 pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {

@@ -83,7 +83,7 @@ pub fn pack(
         .collect();
     let jobs = bundle_small(jobs, bundle, &|_| ObjectId::random());
     let outcomes =
-        prepare_with_progress(&prepare, files, total, quiet, || prepare.run(jobs, &sink));
+        prepare_with_progress(&prepare, files, total, quiet, None, || prepare.run(jobs, &sink));
     // The inventory lists exactly the objects stored: those of failed files were removed.
     // An archive names no site: it is restored by whoever holds it, not filed by a relay.
     let instance = forte_format::Instance::new("", 0, forte_catalog::now_us());

@@ -15,7 +15,7 @@ use super::asked::{Asked, HeldBefore};
 use super::{EarlySeal, Edge, InFlight, SendReport, Totals};
 use crate::tuner::Tuning;
 use crate::upload::UploadSink;
-use forte_daemon::progress::prepare_with_progress;
+use forte_daemon::progress::{prepare_with_progress, DashboardEta};
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 
@@ -390,7 +390,13 @@ impl Edge<'_> {
                     &prepare.pipeline,
                     publish,
                     || {
-                        prepare_with_progress(&prepare, files, bytes, quiet, || {
+                        // The bar's ETA is the dashboard's, read from the catalogue.
+                        let eta = (!quiet).then(|| {
+                            let order = self.setup.policy.eta_order();
+                            let part_size = edge.prepare.part_size;
+                            DashboardEta::new(self.setup.catalog, Role::Edge, part_size, order)
+                        });
+                        prepare_with_progress(&prepare, files, bytes, quiet, eta.as_ref(), || {
                             prepare.run_from(self, &sink)
                         })
                     },

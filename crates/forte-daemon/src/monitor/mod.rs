@@ -81,6 +81,11 @@ pub fn serve(http: HttpServe, role: Role, catalog: &Catalog, progress: Progress)
     Ok(())
 }
 
+/// The edge's wire (its uploads as they go) for the dashboard's ETAs, or none.
+pub fn wire_view() -> Option<WireView> {
+    wire::view()
+}
+
 /// What a daemon shows of itself beside its catalogue: its stages and batch queue now, and
 /// its metrics.
 struct Daemon {

@@ -236,3 +236,34 @@ fn a_watching_core_reads_keys_trust_of_its_file_again_on_sighup() {
     let first = site.root.join("dest/site-a/first");
     assert!(wait_for(30, || visible(&first).len() == 1), "{}", said());
 }
+
+/// On a terminal, `send`'s progress bar shows the dashboard's ETA (its rate over the last
+/// seconds and the bytes still to leave), once a rate can be told. The terminal is `script`'s.
+#[test]
+fn the_progress_bar_shows_the_dashboards_eta() {
+    let site = Site::new();
+    let batch = site.root.join("inbox/slow");
+    for i in 0..3 {
+        write(&batch.join(format!("{i}.bin")), &random_bytes(3_000_000));
+    }
+    write(&batch.join(".ready"), b"");
+    let mut send = site.send(&["--bwlimit", "1MB", "--part-size", "1MiB"]);
+    let binary = std::env::var_os("FORTE_TEST_BINARY")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_forte").into());
+    send.insert(0, binary.into_os_string());
+    let line: Vec<String> = send
+        .iter()
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))
+        .collect();
+    let typescript = site.root.join("typescript");
+    let status = std::process::Command::new("script")
+        .args(["-qefc", &line.join(" ")])
+        .arg(&typescript)
+        .env("COLUMNS", "200")
+        .status()
+        .expect("script (util-linux) runs");
+    let shown = String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned();
+    assert!(status.success(), "{shown}");
+    assert!(shown.contains(" · ETA "), "no ETA on the terminal:\n{shown}");
+}
