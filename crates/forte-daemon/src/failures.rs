@@ -135,12 +135,11 @@ impl Failures {
             batch = f.batch,
             batch_id = f.batch_id,
             file = f.file.unwrap_or(""),
-            error = f.error,
-            "{} failure{}{}: {}",
+            error = %f.error,
+            "{} failure{}{}",
             self.role.as_str(),
             if f.batch.is_empty() { "" } else { ", batch " },
             f.batch,
-            f.error
         );
         let subject = Subject {
             batch_id: if f.batch_id.is_empty() {
@@ -269,8 +268,8 @@ impl Failures {
             target: "forte::failure",
             role = %self.role.as_str(),
             site,
-            error,
-            "{} alert, site {site}: {error}",
+            error = %error,
+            "{} alert, site {site}",
             self.role.as_str()
         );
         let failure = Failure {
