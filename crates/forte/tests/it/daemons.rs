@@ -138,6 +138,7 @@ fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
     let follow_ups: Vec<&str> = said
         .lines()
         .filter(|l| l.contains("appeared or changed after it was sent"))
+        .map(|l| l.split_once("forte_edge::deletion: ").map_or(l, |(_, text)| text))
         .collect();
     assert_eq!(
         follow_ups,
@@ -155,7 +156,8 @@ fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
     // The file kept for good (the link) is reported after each deletion, not at every scan.
     let kept: Vec<&str> = said
         .lines()
-        .filter_map(|l| l.split("\"error\":\"").nth(1))
+        .filter(|l| l.contains("forte::failure"))
+        .filter_map(|l| l.split(" error=").nth(1))
         .filter_map(|e| e.split(" in ").next())
         .filter(|e| e.contains("acknowledged file(s) deleted"))
         .collect();
