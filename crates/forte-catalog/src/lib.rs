@@ -89,6 +89,9 @@ pub struct Catalog {
     /// The last event time handed out: events of one process get strictly increasing times,
     /// so a lineage keeps its order even when changes come within the same microsecond.
     last_at: std::sync::atomic::AtomicI64,
+    /// A private copy read instead of the catalogue (`open_read_only` of a SQLite file with a
+    /// write-ahead log), removed with the handle.
+    snapshot: Option<std::path::PathBuf>,
 }
 
 impl Drop for Catalog {
@@ -96,6 +99,10 @@ impl Drop for Catalog {
         if let Some((queue, thread)) = self.writer.take() {
             drop(queue);
             let _ = thread.join();
+        }
+        if let Some(dir) = self.snapshot.take() {
+            self.runtime.block_on(self.pool.close());
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 }
@@ -162,6 +169,7 @@ impl Catalog {
             url: shown,
             writer: None,
             last_at: Default::default(),
+            snapshot: None,
         };
         catalog.migrate()?;
         let (queue, inbox) = std::sync::mpsc::sync_channel(writer_thread::QUEUE_CAPACITY);
@@ -175,6 +183,68 @@ impl Catalog {
         Ok(catalog)
     }
 
+    /// Opens the catalogue at `url` to read it and never write (a dry run): `None` if a SQLite
+    /// file is not there (nothing was recorded in it). PostgreSQL: read-only transactions. A
+    /// SQLite file is opened `mode=ro` and `immutable=1`, so SQLite creates, locks and
+    /// touches nothing beside it (no `-wal`, no `-shm`); but an immutable file is read
+    /// without its write-ahead log, and forte's writers leave theirs behind (records not yet
+    /// checkpointed into the file), so when a `-wal` is there the file and its log are
+    /// copied into a private directory and the copy is read ([`snapshot`]). No migration, no
+    /// writer thread.
+    pub fn open_read_only(url: &str) -> Result<Option<Self>> {
+        sqlx::any::install_default_drivers();
+        let shown = redact(url);
+        let file = sqlite_file(url).or_else(|| (!url.contains("://")).then(|| url.into()));
+        let mut snapshot = None;
+        let url = match file {
+            None => url.to_string(),
+            Some(path) if !path.exists() => return Ok(None),
+            Some(path) if with_suffix(&path, "-wal").metadata().is_ok_and(|m| m.len() > 0) => {
+                let copy = snapshot_of(&path)?;
+                // The copy is this handle's own: SQLite replays the log into it.
+                let url = format!("sqlite://{}?mode=rw", copy.join("catalog.sqlite").display());
+                snapshot = Some(copy);
+                url
+            }
+            Some(path) => format!("sqlite://{}?mode=ro&immutable=1", path.display()),
+        };
+        let runtime = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .enable_all()
+                .build()
+                .context("starting the catalogue's runtime")?,
+        );
+        let pool = runtime
+            .block_on(
+                AnyPoolOptions::new()
+                    .max_connections(1)
+                    .acquire_timeout(OPEN_WITHIN)
+                    .after_connect(|conn, _| {
+                        Box::pin(async move {
+                            if conn.backend_name() != "SQLite" {
+                                conn.execute("SET default_transaction_read_only = on")
+                                    .await?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .connect(&url),
+            )
+            .map_err(|e| anyhow::anyhow!("cannot open the catalogue {shown}: {}", explain(&e)));
+        let pool = pool.inspect_err(|_| {
+            snapshot.iter().for_each(|d| drop(std::fs::remove_dir_all(d)));
+        })?;
+        Ok(Some(Self {
+            runtime,
+            pool,
+            url: shown,
+            writer: None,
+            last_at: Default::default(),
+            snapshot,
+        }))
+    }
+
     /// Another handle on the same database, for reads only (a dashboard beside a daemon): it
     /// shares this one's connections, and its reads do not wait for this one's queued writes.
     pub fn reader(&self) -> Self {
@@ -184,6 +254,7 @@ impl Catalog {
             url: self.url.clone(),
             writer: None,
             last_at: Default::default(),
+            snapshot: None,
         }
     }
 
@@ -302,6 +373,46 @@ fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
     let rest = url.strip_prefix("sqlite://")?;
     let path = rest.split_once('?').map_or(rest, |(path, _)| path);
     Some(Path::new(path).to_path_buf())
+}
+
+/// `path` with `suffix` appended to its name (`-wal`, `-shm`).
+fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// Copies the SQLite catalogue at `path` and its write-ahead log into a new private directory
+/// (mode 0700 under the temporary directory), as `catalog.sqlite` and `catalog.sqlite-wal`,
+/// and returns the directory. Only reads the originals. The log is copied first, and the
+/// copy is taken again (up to five times) if either file changed meanwhile (a writer
+/// committing or checkpointing), so that the copy is one state of the catalogue.
+fn snapshot_of(path: &Path) -> Result<std::path::PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = std::env::temp_dir().join(format!("forte-catalogue-{}", new_id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("cannot make a directory for a copy of {}", path.display()))?;
+    let wal = with_suffix(path, "-wal");
+    let stamp = |p: &Path| p.metadata().ok().map(|m| (m.len(), m.modified().ok()));
+    for _ in 0..5 {
+        let before = (stamp(path), stamp(&wal));
+        let copied = std::fs::copy(&wal, dir.join("catalog.sqlite-wal"))
+            .and_then(|_| std::fs::copy(path, dir.join("catalog.sqlite")));
+        if let Err(e) = copied {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e).with_context(|| format!("cannot read the catalogue {}", path.display()));
+        }
+        if (stamp(path), stamp(&wal)) == before {
+            return Ok(dir);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    anyhow::bail!(
+        "the catalogue {} changed at every one of 5 reads (a busy writer): try again",
+        path.display()
+    )
 }
 
 /// Refuses a SQLite catalogue whose file (or its WAL or shared-memory file) exists but cannot

@@ -42,6 +42,31 @@ pub fn open(url: Option<String>, usage: Use) -> Result<Catalog> {
     Catalog::open(&url)
 }
 
+/// Opens, to read only, the catalogue a command of this use would write (a dry run): `None`
+/// when it does not exist, as nothing was recorded yet. Creates nothing, not even the default
+/// catalogue's directory ([`Catalog::open_read_only`]).
+pub fn open_read_only(url: Option<String>, usage: Use) -> Result<Option<Catalog>> {
+    let url = match url {
+        Some(url) if url.trim().is_empty() => bail!("--catalog is empty"),
+        Some(url) => url,
+        None => {
+            let dir = state_dir();
+            let name = match usage {
+                Use::Core => "core.sqlite",
+                Use::Edge | Use::Read => "edge.sqlite",
+            };
+            match [dir.join(name), dir.join("catalog.sqlite")]
+                .into_iter()
+                .find(|p| p.exists())
+            {
+                Some(path) => path.display().to_string(),
+                None => return Ok(None),
+            }
+        }
+    };
+    Catalog::open_read_only(&url)
+}
+
 /// The default catalogue of a use; for a reader, the one a writer on this host made.
 fn default_path(usage: Use) -> Result<PathBuf> {
     let dir = state_dir();

@@ -174,7 +174,7 @@ fn run(cli: Cli, config: &settings::Config) -> anyhow::Result<bool> {
         Command::Unpack(args) => commands::unpack::run(args, config),
         Command::Relay(args) => commands::relay::run(args, config),
         Command::RelayStore(args) => commands::relay_store::run(args, config),
-        Command::Send(args) => commands::send::run(args, config, || record::open(catalog, Use::Edge)),
+        Command::Send(args) => commands::send::run(args, config, catalog),
         Command::Pull(args) => commands::pull::run(args, config, || record::open(catalog, Use::Core)),
         Command::Status(args) => commands::status::run(args, &record::open(catalog, Use::Read)?),
         Command::Receipts(args) => commands::receipts::run(args, config, || record::open(catalog, Use::Read)),

@@ -108,10 +108,24 @@ impl super::EdgeFlags {
     }
 }
 
+impl super::EdgeFlags {
+    /// This edge's signing key, if one is given (`--sign` or keys.sign): with it a dry run
+    /// knows a file by its object id, as a send does.
+    pub fn signing_key(&self, config: &super::Config) -> Result<Option<forte_format::EdgeKey>> {
+        let path = self.sign.as_ref().or(config.keys.sign.as_ref());
+        path.map(|p| forte_format::EdgeKey::load(p)).transpose()
+    }
+}
+
 impl super::SendFlags {
     /// How long a batch without a marker must stay unchanged to be ready.
     pub fn settle(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.settle)
+    }
+
+    /// Whether sources are deleted under the core's receipts (`--delete-after-ack`).
+    pub fn delete_after_ack(&self) -> bool {
+        self.delete_after_ack
     }
 }
 

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use forte_daemon::record::Catalog;
+use forte_daemon::record::{self, Use};
 use forte_daemon::settings::{
     Config, DaemonFlags, EdgeFlags, RelayFlags, ScheduleFlags, SendCommand, SendFlags,
 };
@@ -30,8 +30,11 @@ pub struct Args {
     schedule: ScheduleFlags,
     #[command(flatten)]
     daemon: DaemonFlags,
-    /// Print what would be sent (per ready batch, its files after the filters, and what they
-    /// leave out and why) and change nothing: no upload, no catalogue, no deletion [per run].
+    /// Print what a send would do and change nothing: per ready batch its files after the
+    /// filters (what they leave out and why), each marked sent or acknowledged before as the
+    /// catalogue, opened read-only, says; with --delete-after-ack, the sources the core's
+    /// receipts (asked of the relay, read-only) would have deleted. No upload, no catalogue
+    /// write, no deletion [per run].
     #[arg(long)]
     dry_run: bool,
     #[command(flatten)]
@@ -45,17 +48,8 @@ struct Summary<'a> {
     waiting: &'a [String],
 }
 
-pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog>) -> Result<bool> {
-    if args.dry_run {
-        let filter = args.edge.filter(config)?;
-        let plan = forte_edge::dry_run::send_plan(&args.inbox, args.send.settle(), &filter)?;
-        match args.output.json {
-            true => println!("{}", serde_json::to_string_pretty(&plan)?),
-            false => print!("{}", plan.text()),
-        }
-        return Ok(true);
-    }
-    let catalog = &catalog()?;
+/// `catalog`: the --catalog flag (or the config's); send opens it to write, a dry run to read.
+pub fn run(args: Args, config: &Config, catalog: Option<String>) -> Result<bool> {
     let flags = SendCommand {
         inbox: &args.inbox,
         send: &args.send,
@@ -64,6 +58,16 @@ pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog
         schedule: &args.schedule,
         daemon: &args.daemon,
     };
+    if args.dry_run {
+        let catalog = record::open_read_only(catalog, Use::Edge)?;
+        let plan = forte_edge::dry_run::send(flags, config, catalog.as_ref())?;
+        match args.output.json {
+            true => println!("{}", serde_json::to_string_pretty(&plan)?),
+            false => print!("{}", plan.text()),
+        }
+        return Ok(true);
+    }
+    let catalog = &record::open(catalog, Use::Edge)?;
     let output = SendOutput {
         quiet: args.output.quiet || args.output.json,
         // Watching, each batch is printed as it finishes: with --json, one JSON line each.

@@ -241,26 +241,38 @@ fn tree_hash(dir: &Path) -> String {
     hex::encode(h.finalize())
 }
 
+/// A catalogue's files, each by name with its digest or "absent": the database and the
+/// `-wal`, `-shm` and `-journal` SQLite may keep beside it.
+fn catalogue_hash(path: &str) -> Vec<String> {
+    ["", "-wal", "-shm", "-journal"]
+        .iter()
+        .map(|suffix| {
+            let file = format!("{path}{suffix}");
+            let digest = std::fs::read(&file).map(|b| hex::encode(Sha256::digest(b)));
+            format!("{file}: {}", digest.unwrap_or("absent".into()))
+        })
+        .collect()
+}
+
+/// `first` sent and delivered (the core's receipt at the relay), `later` sent and waiting at
+/// the relay, `second` not sent: every dry run says so, and nothing changes, the catalogue
+/// files (with any `-wal`/`-shm`) included; then a real send deletes what its dry run said.
 #[test]
 fn dry_run_changes_nothing() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
     write_batch(&inbox, "first", 3, 20_000);
     ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    write_batch(&inbox, "later", 2, 10_000);
+    ok(&site.send(&["-q"]));
     write_batch(&inbox, "second", 2, 10_000);
     std::fs::write(inbox.join("second/skip.tmp"), b"temporary").unwrap();
-    std::fs::create_dir_all(site.root.join("dest")).unwrap();
-    let (edge, core) = (Path::new(&site.edge_catalog), Path::new(&site.core_catalog));
+    let dest = site.root.join("dest");
     let state = || {
-        [&inbox, &site.relay.store, &site.root.join("dest")]
-            .iter()
-            .map(|d| tree_hash(d))
-            .chain([edge, core].iter().map(|c| {
-                std::fs::read(c)
-                    .map(|b| hex::encode(Sha256::digest(b)))
-                    .unwrap_or("absent".into())
-            }))
-            .collect::<Vec<_>>()
+        let trees = [&inbox, &site.relay.store, &dest].map(|d| vec![tree_hash(d)]);
+        let catalogues = [&site.edge_catalog, &site.core_catalog].map(|c| catalogue_hash(c));
+        trees.into_iter().chain(catalogues).collect::<Vec<_>>()
     };
     let before = state();
     let sent = ok(&site.send(&["--dry-run", "--exclude", "*.tmp"]));
@@ -268,24 +280,69 @@ fn dry_run_changes_nothing() {
         sent.contains("second/skip.tmp (excluded by --exclude *.tmp)"),
         "{sent}"
     );
-    assert!(sent.contains("would send second/"), "{sent}");
+    assert!(
+        sent.contains("batch second: would send 2 files") && sent.contains("would send second/"),
+        "{sent}"
+    );
+    assert!(
+        sent.contains("batch first: sent before (sent): nothing new to send; 3 sent before (3 acknowledged)"),
+        "{sent}"
+    );
+    assert!(sent.contains("acknowledged first/bags/000.bag"), "{sent}");
+    assert!(
+        sent.contains("batch later: sent before (sent): nothing new to send; 2 sent before (0 acknowledged)"),
+        "{sent}"
+    );
+    assert!(!sent.contains("would send first/"), "{sent}");
+    assert!(!sent.contains("would delete"), "{sent}");
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&site.send(&["--dry-run", "--json"]))).unwrap();
+    let batch = |name: &str| {
+        let all = json["batches"].as_array().unwrap();
+        all.iter().find(|b| b["batch"] == name).unwrap().clone()
+    };
+    assert_eq!(batch("first")["action"], "follow_up", "{json}");
+    assert_eq!(batch("first")["files"][0]["action"], "acknowledged", "{json}");
+    assert_eq!(batch("later")["files"][0]["action"], "sent", "{json}");
+    assert_eq!(batch("second")["action"], "send", "{json}");
+    assert_eq!(batch("second")["files"][0]["action"], "would_send", "{json}");
+    // --delete-after-ack needs --watch; a dry run looks once.
+    let watching = ["--watch", "--delete-after-ack", "--exclude", "*.tmp"];
+    let deleting = ok(&site.send(&[&["--dry-run"], &watching[..]].concat()));
+    assert!(
+        deleting.contains(
+            "batch first: would delete 3 source files under 1 receipt(s) of the core; 0 kept, 0 waiting"
+        ),
+        "{deleting}"
+    );
+    assert!(
+        deleting.contains("batch later: would delete 0 source files under 0 receipt(s) of the core; 0 kept, 2 waiting"),
+        "{deleting}"
+    );
+    // No catalogue: nothing sent before, and none made.
+    let fresh = site.root.join("fresh/edge.sqlite");
+    std::fs::create_dir_all(fresh.parent().unwrap()).unwrap();
+    let mut none = site.send(&["--dry-run"]);
+    none[1] = fresh.clone().into();
+    let said = ok(&none);
+    assert!(said.contains("batch first: would send 3 files"), "{said}");
+    assert!(said.contains("no catalogue: nothing was sent before"), "{said}");
+    assert_eq!(std::fs::read_dir(fresh.parent().unwrap()).unwrap().count(), 0);
     let mut pull = site.pull();
     pull.push("--dry-run".into());
     let pulled = ok(&pull);
     assert!(
-        pulled.contains("batch first of site-a: would deliver 3 files"),
+        pulled.contains("batch later of site-a: would deliver 2 files"),
         "{pulled}"
     );
+    assert!(!pulled.contains("batch first"), "{pulled}");
     assert!(
-        pulled.contains(&format!(
-            "{}/site-a/first/",
-            site.root.join("dest").display()
-        )),
+        pulled.contains(&format!("{}/site-a/later/", dest.display())),
         "{pulled}"
     );
     pull.push("--json".into());
     let json: serde_json::Value = serde_json::from_str(&ok(&pull)).unwrap();
-    assert_eq!(json[0]["files"].as_array().unwrap().len(), 3, "{json}");
+    assert_eq!(json[0]["files"].as_array().unwrap().len(), 2, "{json}");
     let packed = ok(&args![
         "pack",
         inbox.join("second"),
@@ -299,9 +356,63 @@ fn dry_run_changes_nothing() {
     assert_eq!(
         state(),
         before,
-        "inbox, relay store, destination and both catalogues unchanged"
+        "inbox, relay store, destination and both catalogues (with -wal, -shm) unchanged"
     );
     assert!(!site.root.join("out").exists());
+    // What the dry run said would be deleted is what a real send deletes.
+    let mut sender = spawn_logged(&site.send(&watching), &site.root.join("send.log"));
+    let gone = wait_for(60, || !inbox.join("first").exists());
+    kill(&mut sender);
+    assert!(gone, "first's sources deleted");
+    assert_eq!(files_under(&inbox.join("later")).len(), 3, "later kept");
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            match e.file_type().unwrap().is_dir() {
+                true => stack.push(e.path()),
+                false => found.push(e.path().display().to_string()),
+            }
+        }
+    }
+    found
+}
+
+/// `pull --dry-run` files a batch by the time it arrived at its edge (its ready marker's
+/// time, signed in its manifests), as a real pull does, not by when it was sealed: the paths
+/// it prints are the paths the pull then writes.
+#[test]
+fn pull_dry_run_dates_batches_as_the_pull_does() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "old", 2, 5_000);
+    // 2024-03-05 12:00 UTC: the batch arrived then, and is sealed today.
+    let arrived = filetime::FileTime::from_unix_time(1_709_640_000, 0);
+    filetime::set_file_mtime(batch.join(".ready"), arrived).unwrap();
+    ok(&site.send(&["-q"]));
+    let layout = ["--layout", "{site}/{yyyy}/{mm}/{dd}/{batch}/{path}"];
+    let mut pull = site.pull();
+    pull.extend(layout.iter().map(Into::into));
+    let mut dry = pull.clone();
+    dry.extend(["--dry-run".into(), "--json".into()]);
+    let json: serde_json::Value = serde_json::from_str(&ok(&dry)).unwrap();
+    let dest = site.root.join("dest");
+    let planned: BTreeSet<String> = json[0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["to"].as_str().unwrap().to_string())
+        .collect();
+    let expected: BTreeSet<String> = ["000", "001"]
+        .iter()
+        .map(|i| format!("{}/site-a/2024/03/05/old/bags/{i}.bag", dest.display()))
+        .collect();
+    assert_eq!(planned, expected, "{json}");
+    ok(&pull);
+    let written: BTreeSet<String> = files_under(&dest).into_iter().collect();
+    assert_eq!(written, planned, "the dry run's paths are the pull's");
 }
 
 #[test]
