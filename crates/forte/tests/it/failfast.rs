@@ -140,12 +140,13 @@ fn a_refused_token_fails_at_once_and_names_the_token_file() {
     assert_says(&stderr, &["403", "core token"]);
 }
 
-/// Lines of a daemon's log that are failure events, and lines that announce a retry.
+/// Lines of a daemon's log that are failure events (target `forte::failure`), and lines that
+/// announce a retry.
 fn log_lines(log: &Path, what: &str) -> (usize, usize) {
     let text = std::fs::read_to_string(log).unwrap();
     let failures = text
         .lines()
-        .filter(|l| l.contains(what) && (l.starts_with('{') || l.starts_with("error")))
+        .filter(|l| l.contains(what) && (l.contains("forte::failure") || l.starts_with("error")))
         .count();
     let retries = text.lines().filter(|l| l.contains("retrying")).count();
     (failures, retries)
