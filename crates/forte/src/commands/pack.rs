@@ -34,7 +34,7 @@ pub fn run(args: Args, config: &Config) -> Result<bool> {
         let plan = forte_edge::dry_run::plan(&args.src, "", &args.edge.filter(config)?)?;
         match args.output.json {
             true => println!("{}", serde_json::to_string_pretty(&plan)?),
-            false => print!("{}dry run: nothing was written\n", plan.text("")),
+            false => println!("{}dry run: nothing was written", plan.text("")),
         }
         return Ok(true);
     }
