@@ -1,34 +1,41 @@
 //! `forte demo`: the whole path on generated sample data, narrated: offline pack/unpack, then
-//! the running binary as relay, sender and puller on loopback.
+//! the running binary as relay, sender and puller on loopback, then the catalogue and the KPIs.
+//! Every step is a `forte` command, printed as a user would type it and then run.
 //!
-//! The modules: `offline` (keys, sample data, pack, unpack, compare), `network` (the inbox, a
-//! relay started from the running binary, send, pull, compare), `data` (the generated sample
-//! data and the digest of a tree that compares it).
+//! The modules: `shell` (printing and running a command), `offline` (keys, sample data, pack,
+//! unpack, compare), `network` (tokens, a relay, send, pull, compare, status, report), `data`
+//! (the generated sample data and the digest of a tree that compares it).
 
 mod data;
 mod network;
 mod offline;
+mod shell;
 
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use forte_format::keys::generate;
 
 /// The file that marks a directory as made by the demo, so that a second run may replace it.
 const MARKER: &str = ".forte-demo";
 
+/// The demo's edge site.
+const SITE: &str = "demo-site";
+
 /// Runs the whole demo in `root` (replaced if an earlier demo made it), saying each step on
-/// stdout. The network steps run the current executable, which must be `forte`.
+/// stdout with the command that does it. The steps run the current executable, which must be
+/// `forte`.
 pub fn run(root: &Path) -> Result<bool> {
-    fresh_demo_dir(root)?;
-    let keys = root.join("keys");
+    let root = shell::from_here(root);
+    fresh_demo_dir(&root)?;
+    let forte = shell::Forte::new()?;
+    let keys = offline::offline(&forte, &root)?;
+    network::network(&forte, &root, &keys)?;
     println!(
-        "1. keygen: core age key pair and edge Ed25519 key pair in {}",
-        keys.display()
+        "what next: docs/install.md sets this up for real, one role per machine (edge, DMZ relay, core): \
+         which keys and tokens go where, the firewall, systemd units and configuration files; \
+         `forte <command> --help` documents every flag"
     );
-    let paths = generate(&keys)?;
-    offline::offline(root, &paths)?;
-    network::network(root, &paths)
+    Ok(true)
 }
 
 /// Makes `root` empty, refusing a directory that an earlier demo did not make.

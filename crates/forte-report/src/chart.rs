@@ -268,14 +268,27 @@ fn panels<R: Sample>(title: &str, rows: &[R], measures: &[Measure<R>], time: Tim
     let panel = 150.0;
     let height = TOP + panel * measures.len() as f64 + 40.0;
     let mut svg = header(WIDTH, height, title);
+    let most = nodes
+        .iter()
+        .map(|n| rows.iter().filter(|r| r.node() == *n).count())
+        .max();
+    if most == Some(1) {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="24" font-size="11" fill="#666" text-anchor="end">one sample per node (a run shorter than the sampling interval): dots, not lines</text>"##,
+            WIDTH - RIGHT
+        );
+    }
     for (m, Measure { name, value, unit }) in measures.iter().enumerate() {
         let top = TOP + panel * m as f64;
         let bottom = top + panel - 40.0;
-        let max = rows.iter().map(value).fold(0.0, f64::max).max(1e-9);
+        let seen = rows.iter().map(value).fold(0.0, f64::max);
+        // A measure that stayed at 0 keeps a readable axis (0 to 1 unit).
+        let max = if seen > 0.0 { seen } else { 1.0 };
         // The network is sampled on every interface but loopback: a run on one machine
         // shows none, which says so rather than reading as an idle link.
         let network = [NETWORK_SEND, NETWORK_RECEIVE].contains(name);
-        let note = if network && max < 1e-3 {
+        let note = if network && seen < 1e-3 {
             ": none measured (loopback is not counted)"
         } else {
             ""
@@ -284,25 +297,23 @@ fn panels<R: Sample>(title: &str, rows: &[R], measures: &[Measure<R>], time: Tim
             svg,
             r#"<text x="{LEFT}" y="{}" font-size="13">{name} (max {} {unit}){note}</text>"#,
             top - 4.0,
-            value_label(max, max)
+            value_label(seen, max)
         );
         axis(&mut svg, time, bottom);
         value_ticks(&mut svg, (top + 6.0, bottom), max, unit);
         for (n, node) in nodes.iter().enumerate() {
-            let points: String = rows
+            let points: Vec<(f64, f64)> = rows
                 .iter()
                 .filter(|r| r.node() == *node)
                 .map(|r| {
-                    let px = time.x(r.at());
-                    let py = bottom - value(r) / max * (bottom - top - 6.0);
-                    format!("{px:.1},{py:.1} ")
+                    (
+                        time.x(r.at()),
+                        bottom - value(r) / max * (bottom - top - 6.0),
+                    )
                 })
                 .collect();
             let colour = colours[n % colours.len()];
-            let _ = writeln!(
-                svg,
-                r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>"#
-            );
+            series(&mut svg, &points, colour);
             if m == 0 {
                 let _ = writeln!(
                     svg,
@@ -316,6 +327,30 @@ fn panels<R: Sample>(title: &str, rows: &[R], measures: &[Measure<R>], time: Tim
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// One node's series in a panel: a line through its points, or a dot where a run short for
+/// the sampling interval left it one sample (a line needs two), nothing for none.
+fn series(svg: &mut String, points: &[(f64, f64)], colour: &str) {
+    match points {
+        [] => {}
+        [(x, y)] => {
+            let _ = writeln!(
+                svg,
+                r#"<circle cx="{x:.1}" cy="{y:.1}" r="3" fill="{colour}"/>"#
+            );
+        }
+        _ => {
+            let points: String = points
+                .iter()
+                .map(|(x, y)| format!("{x:.1},{y:.1} "))
+                .collect();
+            let _ = writeln!(
+                svg,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{points}"/>"#
+            );
+        }
+    }
 }
 
 /// Writes `svg` to `path` and a PNG of it next to it (same name, `.png`).
@@ -810,6 +845,41 @@ mod tests {
         }
         assert_eq!(value_label(42.0, 84.0), "42.0");
         assert_eq!(value_label(0.5, 0.5), "0.50");
+    }
+
+    #[test]
+    fn a_node_with_one_sample_is_a_dot_and_no_line_has_fewer_than_two_points() {
+        // A 2 s demo run left the core's node one 1 Hz sample: its empty polylines made the
+        // renderer warn once per panel (seven warnings) and drew nothing for it.
+        let mut rows = vec![usage(0), usage(1_000_000), usage(2_000_000)];
+        rows.push(UsageRow {
+            node: "core".into(),
+            ..usage(1_500_000)
+        });
+        let svg = utilisation_svg("t", &rows, TimeAxis::spanning([0, 2_000_000]));
+        assert_eq!(
+            svg.matches("<circle").count(),
+            7,
+            "one dot per panel for core"
+        );
+        assert!(!svg.contains("one sample per node"), "edge has lines");
+        // Nothing on the network (loopback): the axis reads 0 to 1 MB/s, not 0.000000001.
+        assert!(
+            svg.contains(">1.0 MB/s<") && !svg.contains("0.0000"),
+            "{svg}"
+        );
+        let one = utilisation_svg("t", &rows[3..], TimeAxis::spanning([0, 2_000_000]));
+        assert!(one.contains("one sample per node"), "{one}");
+        for line in svg.lines().filter(|l| l.starts_with("<polyline")) {
+            let points = line
+                .split("points=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            assert!(points.split_whitespace().count() >= 2, "{line}");
+        }
     }
 
     /// The x of the tick labelled `label` in `svg`.

@@ -178,8 +178,83 @@ fn symlinks_and_special_files_are_skipped_and_reported() {
 fn demo_runs_and_verifies() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("demo");
-    let out = ok(&args!["demo", "--dir", &dir]);
-    assert!(out.contains("identical to the source"), "{out}");
+    // Run as a user would, from a directory with a relative --dir.
+    let out = forte()
+        .args(["demo", "--dir", "demo"])
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    let (text, errors) = (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    );
+    assert!(out.status.success(), "{text}\n{errors}");
+    assert!(text.contains("identical to the source"), "{text}");
+    assert!(
+        !errors.contains("WARN") && !text.contains("sustainable"),
+        "{text}\n{errors}"
+    );
+    assert!(text.contains("docs/install.md"), "{text}");
+    // Its sample data compresses like recordings (2-3x), offline and on the wire.
+    for ratio in [
+        ratio_after(&text, "ratio "),
+        ratio_after(&text, "compression ratio "),
+    ] {
+        assert!((2.0..3.0).contains(&ratio), "ratio {ratio}: {text}");
+    }
+    // Every step is printed as the command a user types, paths relative to here.
+    let commands: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("$ "))
+        .collect();
+    for step in [
+        "forte keygen --core --dir demo/keys",
+        "forte keygen --edge demo-site --dir demo/keys",
+        "forte pack demo/sample --to demo/packed --recipient demo/keys/core.pub",
+        "forte unpack demo/packed --to demo/restored --identity demo/keys/core.key",
+        "forte token --edge demo-site --out demo/demo-site.token >> demo/tokens.toml",
+        "forte relay --listen 127.0.0.1:0 --store demo/relay --tokens demo/tokens.toml",
+        "forte --catalog demo/edge.sqlite send demo/inbox --relay https://127.0.0.1:",
+        "forte --catalog demo/core.sqlite pull --to demo/dest --relay https://127.0.0.1:",
+        "forte --catalog demo/core.sqlite status",
+        "forte --catalog demo/edge.sqlite report --with demo/core.sqlite --charts demo/charts",
+    ] {
+        assert!(
+            commands.iter().any(|c| c.starts_with(step)),
+            "{step} in {commands:#?}"
+        );
+    }
+    // The catalogue's and the report's commands work when pasted into a shell here.
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::os::unix::fs::symlink(forte().get_program(), bin.join("forte")).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (step, says) in [
+        (" status --file ", "delivered to demo-site/batch-A/can.log"),
+        (" report ", "14 of 14 batches delivered"),
+    ] {
+        let line = commands.iter().find(|c| c.contains(step)).unwrap();
+        let pasted = std::process::Command::new("sh")
+            .args(["-c", line])
+            .env("PATH", &path)
+            .current_dir(tmp.path())
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&pasted.stdout),
+            String::from_utf8_lossy(&pasted.stderr),
+        );
+        assert!(pasted.status.success(), "{line}: {stdout}{stderr}");
+        assert!(
+            stdout.contains(says) && !stderr.contains("WARN"),
+            "{line}: {stdout}{stderr}"
+        );
+    }
+    assert!(dir.join("charts/utilisation.png").exists());
     // A second run replaces its own directory.
     ok(&args!["demo", "--dir", &dir]);
     // It never clears a directory it did not make.
@@ -188,6 +263,19 @@ fn demo_runs_and_verifies() {
     let err = fails(&args!["demo", "--dir", &other]);
     assert!(err.contains("not made by `forte demo`"), "{err}");
     assert!(other.join("keep.txt").exists());
+}
+
+/// The number after the first `label` in `text` (a compression ratio the demo printed).
+fn ratio_after(text: &str, label: &str) -> f64 {
+    let at = text
+        .find(label)
+        .unwrap_or_else(|| panic!("{label:?} in {text}"))
+        + label.len();
+    let number: String = text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    number.parse().unwrap()
 }
 
 #[test]
