@@ -1,6 +1,7 @@
-//! `forte demo`: the whole path on generated sample data, narrated: offline pack/unpack, then
-//! this binary as relay, sender and puller on loopback. The work is `forte_demo::run`; this
-//! parses and calls it.
+//! `forte demo`: the whole path on generated sample data, narrated: keys, offline pack/unpack,
+//! then this binary as relay, sender and puller on loopback, then status and report; each step
+//! printed as the `forte` command a user would type, then run. The work is `forte_demo::run`;
+//! this parses and calls it.
 
 use std::path::PathBuf;
 
