@@ -46,6 +46,7 @@ struct Summary<'a> {
     command: &'static str,
     batches: &'a [SendReport],
     waiting: &'a [String],
+    cancelled: &'a [String],
 }
 
 /// `catalog`: the --catalog flag (or the config's); send opens it to write, a dry run to read.
@@ -86,17 +87,18 @@ pub fn run(args: Args, config: &Config, catalog: Option<String>) -> Result<bool>
 
 /// Prints one pass, as text or JSON; true when every file of every batch went.
 fn print_pass(pass: &PassReport, json: bool) -> Result<bool> {
-    for name in &pass.cancelled {
-        println!("batch {name}: cancelled; touch its {READY_MARKER} marker to send it again");
-    }
     if json {
         let summary = Summary {
             command: "send",
             batches: &pass.batches,
             waiting: &pass.waiting,
+            cancelled: &pass.cancelled,
         };
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(pass.ok());
+    }
+    for name in &pass.cancelled {
+        println!("batch {name}: cancelled; touch its {READY_MARKER} marker to send it again");
     }
     pass.batches.iter().for_each(print_report);
     let raw: u64 = pass.batches.iter().map(|b| b.raw_bytes).sum();

@@ -426,7 +426,7 @@ fn receipts_are_kept_printed_verified_and_exported() {
     ]));
     let lines: Vec<serde_json::Value> = json
         .lines()
-        .map(|l| crate::common::strict_json(l))
+        .map(crate::common::strict_json)
         .collect();
     assert_eq!(lines.len(), 1, "{json}");
     let r = &lines[0];

@@ -17,10 +17,7 @@ fn with_value(mut args: Args, flag: &str, value: &Path) -> Args {
 
 /// The batches a `send --json` run sent files of.
 fn sent_batches(out: &str) -> Vec<String> {
-    // (`send` says on stdout, before the JSON, that it skips a cancelled batch: issue 44's
-    // stdout work, not this test's.)
-    let json = &out[out.find("{\n").expect(out)..];
-    let out: serde_json::Value = serde_json::from_str(json).expect(out);
+    let out = crate::common::strict_json(out);
     let mut sent: Vec<String> = out["batches"]
         .as_array()
         .unwrap()
