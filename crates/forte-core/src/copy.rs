@@ -44,7 +44,8 @@ pub fn clear_scratch(dest: &Path, placed: &[Placed]) {
         let file = dest.join(&p.target);
         if let Err(e) = std::fs::remove_file(&file) {
             if e.kind() != std::io::ErrorKind::NotFound {
-                tracing::warn!("cannot remove {} from the scratch directory: {e}",
+                tracing::warn!(
+                    "cannot remove {} from the scratch directory: {e}",
                     file.display()
                 );
             }

@@ -267,7 +267,8 @@ impl Core<'_> {
             .err()
             .map(|e| format!("{replayed}; but {e}"));
         report.replay = Some(replayed.to_string());
-        tracing::warn!("batch {} of site {}: {replayed}",
+        tracing::warn!(
+            "batch {} of site {}: {replayed}",
             report.batch,
             batch.site()
         );

@@ -119,7 +119,8 @@ impl InboxLock {
         let mut said = false;
         while !inbox.is_dir() {
             if !said {
-                tracing::warn!("inbox {} does not exist yet: waiting for it (looked at every {} s)",
+                tracing::warn!(
+                    "inbox {} does not exist yet: waiting for it (looked at every {} s)",
                     inbox.display(),
                     interval.as_secs()
                 );

@@ -72,7 +72,8 @@ enum Command {
     /// Measure on your own data (compress: every zstd level's speed, ratio and end-to-end rate
     /// over your link, and the level to use).
     Bench(commands::bench::Args),
-    /// Generate sample data, then keygen, pack, unpack and verify it, saying what happens.
+    /// Generate sample recordings and run the whole path on them, offline then through a
+    /// relay on loopback, printing every command as you would type it.
     Demo(commands::demo::Args),
     /// Check a configuration file and print the settings it resolves to (`config check`);
     /// every key is in docs/config.md (`config reference` writes it).
