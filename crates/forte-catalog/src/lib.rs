@@ -199,7 +199,11 @@ impl Catalog {
         let url = match file {
             None => url.to_string(),
             Some(path) if !path.exists() => return Ok(None),
-            Some(path) if with_suffix(&path, "-wal").metadata().is_ok_and(|m| m.len() > 0) => {
+            Some(path)
+                if with_suffix(&path, "-wal")
+                    .metadata()
+                    .is_ok_and(|m| m.len() > 0) =>
+            {
                 let copy = snapshot_of(&path)?;
                 // The copy is this handle's own: SQLite replays the log into it.
                 let url = format!("sqlite://{}?mode=rw", copy.join("catalog.sqlite").display());
@@ -233,7 +237,9 @@ impl Catalog {
             )
             .map_err(|e| anyhow::anyhow!("cannot open the catalogue {shown}: {}", explain(&e)));
         let pool = pool.inspect_err(|_| {
-            snapshot.iter().for_each(|d| drop(std::fs::remove_dir_all(d)));
+            snapshot
+                .iter()
+                .for_each(|d| drop(std::fs::remove_dir_all(d)));
         })?;
         Ok(Some(Self {
             runtime,

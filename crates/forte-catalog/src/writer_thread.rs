@@ -825,7 +825,8 @@ pub(crate) fn run(
                 continue;
             }
             if let Some((since, _)) = outage.take() {
-                tracing::warn!("catalogue {url} available again after {:.0} s; the held records are written",
+                tracing::warn!(
+                    "catalogue {url} available again after {:.0} s; the held records are written",
                     since.elapsed().as_secs_f64()
                 );
             }

@@ -61,7 +61,11 @@ pub fn plan(settings: &PullSettings) -> Result<Vec<PlannedDelivery>> {
     };
     let mut planned = Vec::new();
     for ((site, id), objects) in batches {
-        let bytes = objects.iter().flat_map(|o| &o.parts).map(|p| p.length).sum();
+        let bytes = objects
+            .iter()
+            .flat_map(|o| &o.parts)
+            .map(|p| p.length)
+            .sum();
         let opened = client
             .inventory(&site, &id, MAX_INVENTORY_BYTES)
             .map_err(anyhow::Error::from)

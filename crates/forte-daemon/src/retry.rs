@@ -147,7 +147,8 @@ impl Retry {
                     let wait = jitter(delay);
                     operation.retries().increment(1);
                     RETRIES.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!("retrying {what} in {:.1} s (attempt {attempt}): {e}",
+                    tracing::warn!(
+                        "retrying {what} in {:.1} s (attempt {attempt}): {e}",
                         wait.as_secs_f64()
                     );
                     sleep(wait);

@@ -91,7 +91,8 @@ pub fn end_after_grace(grace: Duration) {
     std::thread::spawn(move || {
         wait_for_stop(Duration::from_millis(100));
         std::thread::sleep(grace);
-        tracing::warn!("the shutdown grace of {} s ran out: ending now; {left}",
+        tracing::warn!(
+            "the shutdown grace of {} s ran out: ending now; {left}",
             grace.as_secs_f64()
         );
         std::process::exit(0);

@@ -161,7 +161,9 @@ pub fn send_plan(
             mark_files(&mut plan, &files, &batch.name, history.key);
         }
         if action == BatchAction::HeldBack {
-            plan.files.iter_mut().for_each(|f| f.action = FileAction::HeldBack);
+            plan.files
+                .iter_mut()
+                .for_each(|f| f.action = FileAction::HeldBack);
         }
         batches.push(PlannedBatch {
             batch: batch.name,
@@ -194,7 +196,8 @@ pub fn send(flags: SendCommand, config: &Config, catalog: Option<&Catalog>) -> R
     if flags.send.delete_after_ack() {
         let inbox = flags.inbox;
         let settings = forte_daemon::settings::send(flags, config)?;
-        let trusted = (settings.receipts.as_ref()).context("--delete-after-ack needs --receipt-pub")?;
+        let trusted =
+            (settings.receipts.as_ref()).context("--delete-after-ack needs --receipt-pub")?;
         plan.deletions = Some(match catalog {
             Some(catalog) => {
                 let client = settings.relay.connect()?;
@@ -216,7 +219,10 @@ pub fn send(flags: SendCommand, config: &Config, catalog: Option<&Catalog>) -> R
 /// earlier signing key has a row of its own).
 fn edge_batches(catalog: &Catalog) -> Result<HashMap<String, BatchRow>> {
     let mut rows = HashMap::new();
-    for row in catalog.batches().context("reading the catalogue's batches")? {
+    for row in catalog
+        .batches()
+        .context("reading the catalogue's batches")?
+    {
         if row.role == Role::Edge {
             // Ordered by creation: the later row wins.
             rows.insert(row.name.clone(), row);
@@ -332,7 +338,10 @@ pub fn deletion_plan(
 ) -> Result<Vec<PlannedDeletion>> {
     let site = check.site.get(check.client, catalog)?;
     let mut planned = Vec::new();
-    for b in catalog.batches().context("reading the catalogue's batches")? {
+    for b in catalog
+        .batches()
+        .context("reading the catalogue's batches")?
+    {
         if b.role != Role::Edge || b.state != BatchState::Sent {
             continue;
         }
@@ -358,7 +367,9 @@ pub fn deletion_plan(
                     listed.extend(r.files.into_iter().map(|f| (f.id, f)));
                 }
                 Ok(r) => d.kept.push(format!("a receipt of site {} ignored", r.site)),
-                Err(e) => d.kept.push(format!("a receipt that does not verify ({e}) ignored")),
+                Err(e) => d
+                    .kept
+                    .push(format!("a receipt that does not verify ({e}) ignored")),
             }
         }
         let files = found.files.iter().filter(|f| f.path != READY_MARKER);
@@ -388,7 +399,9 @@ fn as_listed(f: &SourceFile, listed: &ReceiptFile) -> bool {
     let Ok(mut file) = std::fs::File::open(&f.local) else {
         return false;
     };
-    let same_size = file.metadata().is_ok_and(|m| m.is_file() && m.len() == listed.size);
+    let same_size = file
+        .metadata()
+        .is_ok_and(|m| m.is_file() && m.len() == listed.size);
     same_size && forte_format::seal::sha256_of(&mut file).is_ok_and(|h| h == listed.sha256)
 }
 
@@ -397,7 +410,12 @@ impl Plan {
     pub fn text(&self, indent: &str) -> String {
         let mut out = String::new();
         for f in &self.files {
-            out += &format!("{indent}{} {} ({} bytes)\n", f.action.text(), f.path, f.size);
+            out += &format!(
+                "{indent}{} {} ({} bytes)\n",
+                f.action.text(),
+                f.path,
+                f.size
+            );
         }
         for x in &self.excluded {
             out += &format!("{indent}excluded   {} ({})\n", x.path, x.reason);
@@ -469,16 +487,21 @@ impl SendPlan {
                 d.kept.len(),
                 d.waiting
             );
-            d.delete.iter().for_each(|p| out += &format!("  would delete {p}\n"));
-            d.kept.iter().for_each(|k| out += &format!("  would keep   {k}\n"));
+            d.delete
+                .iter()
+                .for_each(|p| out += &format!("  would delete {p}\n"));
+            d.kept
+                .iter()
+                .for_each(|k| out += &format!("  would keep   {k}\n"));
         }
         match &self.catalogue {
             Some(c) => out += &format!("catalogue {c} read, not written\n"),
             None => out += "no catalogue: nothing was sent before\n",
         }
-        self.notes.iter().for_each(|n| out += &format!("note: {n}\n"));
+        self.notes
+            .iter()
+            .for_each(|n| out += &format!("note: {n}\n"));
         out += "dry run: nothing was sent, recorded or deleted\n";
         out
     }
 }
-

@@ -82,19 +82,17 @@ pub fn pack(
         .map(|source| PrepareJob::new(source, ObjectId::random(), batch))
         .collect();
     let jobs = bundle_small(jobs, bundle, &|_| ObjectId::random());
-    let outcomes =
-        prepare_with_progress(&prepare, files, total, quiet, None, || prepare.run(jobs, &sink));
+    let outcomes = prepare_with_progress(&prepare, files, total, quiet, None, || {
+        prepare.run(jobs, &sink)
+    });
     // The inventory lists exactly the objects stored: those of failed files were removed.
     // An archive names no site: it is restored by whoever holds it, not filed by a relay.
     let instance = forte_format::Instance::new("", 0, forte_catalog::now_us());
-    let inventory = Inventory::new(
-        batch,
-        instance,
-        outcomes
-            .iter()
-            .filter_map(|o| o.inventory_entry())
-            .collect(),
-    );
+    let entries = outcomes
+        .iter()
+        .filter_map(|o| o.inventory_entry())
+        .collect();
+    let inventory = Inventory::new(batch, instance, entries);
     sink.put_inventory(&inventory.seal(&key, &recipients))?;
     sink.finish()?;
     let seconds = started.elapsed().as_secs_f64();

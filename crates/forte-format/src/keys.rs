@@ -187,7 +187,12 @@ pub struct Generated {
 pub fn generate_set(dir: &Path, set: &KeySet) -> Result<Generated> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("creating key directory {}", dir.display()))?;
-    let pair = |name: &str| (dir.join(format!("{name}.key")), dir.join(format!("{name}.pub")));
+    let pair = |name: &str| {
+        (
+            dir.join(format!("{name}.key")),
+            dir.join(format!("{name}.pub")),
+        )
+    };
     let core = matches!(set, KeySet::Core | KeySet::All);
     let planned = Generated {
         core: core.then(|| pair("core")),

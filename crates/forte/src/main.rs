@@ -176,11 +176,17 @@ fn run(cli: Cli, config: &settings::Config) -> anyhow::Result<bool> {
         Command::Relay(args) => commands::relay::run(args, config),
         Command::RelayStore(args) => commands::relay_store::run(args, config),
         Command::Send(args) => commands::send::run(args, config, catalog),
-        Command::Pull(args) => commands::pull::run(args, config, || record::open(catalog, Use::Core)),
+        Command::Pull(args) => {
+            commands::pull::run(args, config, || record::open(catalog, Use::Core))
+        }
         Command::Status(args) => commands::status::run(args, &record::open(catalog, Use::Read)?),
-        Command::Receipts(args) => commands::receipts::run(args, config, || record::open(catalog, Use::Read)),
+        Command::Receipts(args) => {
+            commands::receipts::run(args, config, || record::open(catalog, Use::Read))
+        }
         Command::Report(args) => commands::report::run(args, &record::open(catalog, Use::Read)?),
-        Command::Dashboard(args) => commands::dashboard::run(args, config, &record::open(catalog, Use::Read)?),
+        Command::Dashboard(args) => {
+            commands::dashboard::run(args, config, &record::open(catalog, Use::Read)?)
+        }
         Command::Ingest(args) => commands::ingest::run(args, config),
         Command::Bench(args) => commands::bench::run(args),
         Command::Demo(args) => commands::demo::run(args),

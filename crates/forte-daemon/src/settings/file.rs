@@ -375,10 +375,7 @@ impl Config {
             path: Some(path.to_owned()),
         };
         let k = &mut config.keys;
-        for p in [&mut k.sign, &mut k.receipt_key]
-        .into_iter()
-        .flatten()
-        {
+        for p in [&mut k.sign, &mut k.receipt_key].into_iter().flatten() {
             *p = base.join(&*p);
         }
         for p in k

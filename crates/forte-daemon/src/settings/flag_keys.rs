@@ -123,7 +123,9 @@ fn resolve_path(arg: &Arg, text: String, base: &Path) -> OsString {
         .map(|names| names.iter().map(|n| n.as_str()).collect())
         .unwrap_or_default();
     let path_like = arg.get_value_hint() == ValueHint::AnyPath
-        || names.iter().any(|n| n.contains("DIR") || n.contains("FILE"));
+        || names
+            .iter()
+            .any(|n| n.contains("DIR") || n.contains("FILE"));
     if !path_like {
         return text.into();
     }

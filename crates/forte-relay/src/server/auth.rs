@@ -182,8 +182,12 @@ mod tests {
     /// is the principal's, no one else's.
     #[test]
     fn a_new_entry_is_a_tokens_file_entry_for_its_principal() {
-        let edge = Principal::Edge { site: "mine-7".into() };
-        let core = Principal::Core { sites: vec!["mine-7".into(), "*".into()] };
+        let edge = Principal::Edge {
+            site: "mine-7".into(),
+        };
+        let core = Principal::Core {
+            sites: vec!["mine-7".into(), "*".into()],
+        };
         let (edge_token, edge_entry) = new_entry(&edge).unwrap();
         let (core_token, core_entry) = new_entry(&core).unwrap();
         assert_eq!(edge_token.len(), 64);

@@ -46,11 +46,21 @@ pub fn run(args: Args) -> Result<bool> {
 fn print_made(made: &Generated, set: &KeySet) -> Result<()> {
     if let Some((key, public)) = &made.core {
         let recipient = Recipients::load(public)?;
-        println!("core identity  {}  (secret: the core's only; pull --identity)", key.display());
-        println!("core recipient {}  {}  (every edge: send --recipient)", public.display(), recipient.0[0]);
+        println!(
+            "core identity  {}  (secret: the core's only; pull --identity)",
+            key.display()
+        );
+        println!(
+            "core recipient {}  {}  (every edge: send --recipient)",
+            public.display(),
+            recipient.0[0]
+        );
     }
     if let Some((key, public)) = &made.receipt {
-        println!("receipt key    {}  (secret: the core's only; pull --receipt-key)", key.display());
+        println!(
+            "receipt key    {}  (secret: the core's only; pull --receipt-key)",
+            key.display()
+        );
         println!("receipt public {}  {}  (every edge: send --receipt-pub, to delete only under the core's receipts)", public.display(), key_id(key)?);
     }
     if let Some((key, public)) = &made.edge {
@@ -58,8 +68,16 @@ fn print_made(made: &Generated, set: &KeySet) -> Result<()> {
             KeySet::Edge { site } => site.as_str(),
             _ => "SITE",
         };
-        println!("edge key       {}  (secret: this edge's only; send --sign)", key.display());
-        println!("edge public    {}  {}  (the core: --trust {site}={})", public.display(), key_id(key)?, public.display());
+        println!(
+            "edge key       {}  (secret: this edge's only; send --sign)",
+            key.display()
+        );
+        println!(
+            "edge public    {}  {}  (the core: --trust {site}={})",
+            public.display(),
+            key_id(key)?,
+            public.display()
+        );
     }
     Ok(())
 }

@@ -49,7 +49,8 @@ fn report(s: &Summary, to: &Path, json: bool) -> Result<()> {
         tracing::warn!("skipped {}: {}", r.path.display(), r.reason);
     }
     for o in s.objects.iter().filter(|o| o.error.is_some()) {
-        tracing::warn!("failed {}: {}",
+        tracing::warn!(
+            "failed {}: {}",
             o.path,
             o.error.as_deref().unwrap_or_default()
         );

@@ -92,7 +92,8 @@ pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog
         }
     }
     if trusted.is_none() && !args.json {
-        tracing::warn!("not verified: give --receipt-pub keys/receipt.pub to check the core's signatures"
+        tracing::warn!(
+            "not verified: give --receipt-pub keys/receipt.pub to check the core's signatures"
         );
     }
     if !all_verified && trusted.is_some() {

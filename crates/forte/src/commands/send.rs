@@ -124,7 +124,10 @@ fn print_pass(pass: &PassReport, json: bool) -> Result<bool> {
 }
 
 fn print_report_json(report: &SendReport) {
-    println!("{}", serde_json::to_string(report).expect("a report serialises"));
+    println!(
+        "{}",
+        serde_json::to_string(report).expect("a report serialises")
+    );
 }
 
 fn print_report(report: &SendReport) {

@@ -43,12 +43,17 @@ pub fn run(args: Args) -> Result<bool> {
             .mode(0o600)
             .open(path)
             .with_context(|| {
-                format!("cannot create the token file {} (an existing one is never overwritten)", path.display())
+                format!(
+                    "cannot create the token file {} (an existing one is never overwritten)",
+                    path.display()
+                )
             })?;
         writeln!(file, "{token}").with_context(|| format!("cannot write {}", path.display()))?;
         tracing::info!("token written to {} (mode 0600)", path.display());
     }
-    println!("# append to the relay's tokens file, then: systemctl reload forte-relay (or kill -HUP)");
+    println!(
+        "# append to the relay's tokens file, then: systemctl reload forte-relay (or kill -HUP)"
+    );
     print!("{entry}");
     Ok(true)
 }

@@ -424,10 +424,7 @@ fn receipts_are_kept_printed_verified_and_exported() {
         pubkey,
         "--json".as_ref(),
     ]));
-    let lines: Vec<serde_json::Value> = json
-        .lines()
-        .map(crate::common::strict_json)
-        .collect();
+    let lines: Vec<serde_json::Value> = json.lines().map(crate::common::strict_json).collect();
     assert_eq!(lines.len(), 1, "{json}");
     let r = &lines[0];
     assert_eq!(r["verified"], true, "{r}");

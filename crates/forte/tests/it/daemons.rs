@@ -138,7 +138,10 @@ fn only_acknowledged_files_are_deleted_and_late_files_follow_their_batch() {
     let follow_ups: Vec<&str> = said
         .lines()
         .filter(|l| l.contains("appeared or changed after it was sent"))
-        .map(|l| l.split_once("forte_edge::deletion: ").map_or(l, |(_, text)| text))
+        .map(|l| {
+            l.split_once("forte_edge::deletion: ")
+                .map_or(l, |(_, text)| text)
+        })
         .collect();
     assert_eq!(
         follow_ups,

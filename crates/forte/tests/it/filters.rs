@@ -285,12 +285,16 @@ fn dry_run_changes_nothing() {
         "{sent}"
     );
     assert!(
-        sent.contains("batch first: sent before (sent): nothing new to send; 3 sent before (3 acknowledged)"),
+        sent.contains(
+            "batch first: sent before (sent): nothing new to send; 3 sent before (3 acknowledged)"
+        ),
         "{sent}"
     );
     assert!(sent.contains("acknowledged first/bags/000.bag"), "{sent}");
     assert!(
-        sent.contains("batch later: sent before (sent): nothing new to send; 2 sent before (0 acknowledged)"),
+        sent.contains(
+            "batch later: sent before (sent): nothing new to send; 2 sent before (0 acknowledged)"
+        ),
         "{sent}"
     );
     assert!(!sent.contains("would send first/"), "{sent}");
@@ -302,10 +306,18 @@ fn dry_run_changes_nothing() {
         all.iter().find(|b| b["batch"] == name).unwrap().clone()
     };
     assert_eq!(batch("first")["action"], "follow_up", "{json}");
-    assert_eq!(batch("first")["files"][0]["action"], "acknowledged", "{json}");
+    assert_eq!(
+        batch("first")["files"][0]["action"],
+        "acknowledged",
+        "{json}"
+    );
     assert_eq!(batch("later")["files"][0]["action"], "sent", "{json}");
     assert_eq!(batch("second")["action"], "send", "{json}");
-    assert_eq!(batch("second")["files"][0]["action"], "would_send", "{json}");
+    assert_eq!(
+        batch("second")["files"][0]["action"],
+        "would_send",
+        "{json}"
+    );
     // --delete-after-ack needs --watch; a dry run looks once.
     let watching = ["--watch", "--delete-after-ack", "--exclude", "*.tmp"];
     let deleting = ok(&site.send(&[&["--dry-run"], &watching[..]].concat()));
@@ -326,8 +338,14 @@ fn dry_run_changes_nothing() {
     none[1] = fresh.clone().into();
     let said = ok(&none);
     assert!(said.contains("batch first: would send 3 files"), "{said}");
-    assert!(said.contains("no catalogue: nothing was sent before"), "{said}");
-    assert_eq!(std::fs::read_dir(fresh.parent().unwrap()).unwrap().count(), 0);
+    assert!(
+        said.contains("no catalogue: nothing was sent before"),
+        "{said}"
+    );
+    assert_eq!(
+        std::fs::read_dir(fresh.parent().unwrap()).unwrap().count(),
+        0
+    );
     let mut pull = site.pull();
     pull.push("--dry-run".into());
     let pulled = ok(&pull);

@@ -78,19 +78,50 @@ fn a_site_runs_from_its_configuration_files_with_json_only_on_stdout() {
 
     // A file is found by its path in its batch (each lineage naming its batch: b1 and b2
     // both hold bags/000.bag), by BATCH/PATH, and by its delivered path, relative or not.
-    let both = ok(&args!["--config", &core, "status", "--file", "bags/000.bag"]);
-    assert!(both.contains("batch b1: bags/000.bag") && both.contains("batch b2: bags/000.bag"), "{both}");
-    let one = ok(&args!["--config", &core, "status", "--file", "b2/bags/000.bag"]);
-    assert!(one.contains("batch b2: bags/000.bag") && !one.contains("batch b1"), "{one}");
+    let both = ok(&args![
+        "--config",
+        &core,
+        "status",
+        "--file",
+        "bags/000.bag"
+    ]);
+    assert!(
+        both.contains("batch b1: bags/000.bag") && both.contains("batch b2: bags/000.bag"),
+        "{both}"
+    );
+    let one = ok(&args![
+        "--config",
+        &core,
+        "status",
+        "--file",
+        "b2/bags/000.bag"
+    ]);
+    assert!(
+        one.contains("batch b2: bags/000.bag") && !one.contains("batch b1"),
+        "{one}"
+    );
     let out = forte()
         .current_dir(site.root.join("dest"))
-        .args(["--config", edge.to_str().unwrap(), "--catalog", &site.core_catalog])
+        .args([
+            "--config",
+            edge.to_str().unwrap(),
+            "--catalog",
+            &site.core_catalog,
+        ])
         .args(["status", "--file", "site-a/b1/bags/001.bag", "--json"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let found = strict_json(std::str::from_utf8(&out.stdout).unwrap());
-    assert_eq!((&found[0]["batch"], &found[0]["file"]["path"]), (&serde_json::json!("b1"), &serde_json::json!("bags/001.bag")), "{found:#}");
+    assert_eq!(
+        (&found[0]["batch"], &found[0]["file"]["path"]),
+        (&serde_json::json!("b1"), &serde_json::json!("bags/001.bag")),
+        "{found:#}"
+    );
 }
 
 /// `config check` says what a file resolves to; a mistyped key or a bad value fails at once,
@@ -106,18 +137,33 @@ fn config_check_names_the_bad_key_and_value() {
     let out = ok(&args!["config", "check", &file]);
     assert!(out.contains("valid"), "{out}");
     let store = format!("\"{}\"", "store");
-    assert!(out.lines().any(|l| l.contains("store") && l.contains(&store) && l.ends_with("(file)")), "{out}");
-    assert!(out.lines().any(|l| l.contains("max_connections") && l.contains("768") && l.ends_with("(default)")), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains("store") && l.contains(&store) && l.ends_with("(file)")),
+        "{out}"
+    );
+    assert!(
+        out.lines().any(|l| l.contains("max_connections")
+            && l.contains("768")
+            && l.ends_with("(default)")),
+        "{out}"
+    );
 
     write(&file, b"[relay_server]\nmax_conections = 5\n");
     let e = fails(&args!["config", "check", &file]);
-    assert!(e.contains("unknown key relay_server.max_conections") && e.contains("max_connections,"), "{e}");
+    assert!(
+        e.contains("unknown key relay_server.max_conections") && e.contains("max_connections,"),
+        "{e}"
+    );
     let e = fails(&args!["--config", &file, "relay"]);
     assert!(e.contains("relay.toml is not valid: unknown key"), "{e}");
 
     write(&file, b"[relay_server]\nmax_connections = \"many\"\n");
     let e = fails(&args!["config", "check", &file]);
-    assert!(e.contains("relay_server.max_connections = \"many\": invalid value"), "{e}");
+    assert!(
+        e.contains("relay_server.max_connections = \"many\": invalid value"),
+        "{e}"
+    );
     write(&file, b"[daemon]\nwatch = \"yes\"\n");
     let e = fails(&args!["config", "check", &file]);
     assert!(e.contains("true or false"), "{e}");
@@ -151,16 +197,27 @@ fn the_log_level_and_format_are_the_operators() {
         let mut cmd = forte();
         cmd.env_remove("FORTE_LOG").env_remove("RUST_LOG");
         cmd.envs(env.iter().copied()).args(args);
-        cmd.args(["token", "--edge", "site-a", "--out"]).arg(&out_file);
+        cmd.args(["token", "--edge", "site-a", "--out"])
+            .arg(&out_file);
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8(out.stderr).unwrap()
     };
     let info = stderr_of(&[], &[]);
-    assert!(info.contains("INFO") && info.contains("token written"), "{info}");
+    assert!(
+        info.contains("INFO") && info.contains("token written"),
+        "{info}"
+    );
     assert_eq!(stderr_of(&[], &[("RUST_LOG", "error")]), "");
     assert!(stderr_of(&[], &[("RUST_LOG", "info")]).contains("token written"));
-    assert_eq!(stderr_of(&["--log-level", "warn"], &[("RUST_LOG", "info")]), "");
+    assert_eq!(
+        stderr_of(&["--log-level", "warn"], &[("RUST_LOG", "info")]),
+        ""
+    );
     let file = dir.path().join("quiet.toml");
     write(&file, b"[log]\nlevel = \"error\"\n");
     let config = file.display().to_string();
@@ -170,7 +227,10 @@ fn the_log_level_and_format_are_the_operators() {
     let lines = strict_json_lines(&json);
     assert_eq!(lines.len(), 1, "{json}");
     assert_eq!(lines[0]["level"], "INFO");
-    assert!(lines[0]["fields"]["message"].as_str().unwrap().contains("token written"));
+    assert!(lines[0]["fields"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("token written"));
     // A failure is a JSON line too.
     let out = forte()
         .args(["--log-format", "json", "--catalog"])
@@ -191,7 +251,10 @@ fn status_never_makes_a_catalogue() {
     let dir = tempfile::tempdir().unwrap();
     let typo = dir.path().join("edeg.sqlite");
     let e = fails(&args!["--catalog", &typo, "status"]);
-    assert!(e.contains(&format!("no catalogue at {}", typo.display())), "{e}");
+    assert!(
+        e.contains(&format!("no catalogue at {}", typo.display())),
+        "{e}"
+    );
     assert!(!typo.exists());
     let state = dir.path().join("state");
     let status = |dir: &Path| {
@@ -203,14 +266,24 @@ fn status_never_makes_a_catalogue() {
     };
     let out = status(&state);
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && e.contains("no catalogue in"), "{e}");
+    assert!(
+        !out.status.success() && e.contains("no catalogue in"),
+        "{e}"
+    );
     assert!(!state.exists(), "a lookup made {}", state.display());
     // The edge's default catalogue, made by the edge's first run, is the one status reads.
     std::fs::create_dir_all(state.join("forte")).unwrap();
     write(&state.join("forte/edge.sqlite"), b"");
     let out = status(&state);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(strict_json(std::str::from_utf8(&out.stdout).unwrap()), serde_json::json!([]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        strict_json(std::str::from_utf8(&out.stdout).unwrap()),
+        serde_json::json!([])
+    );
 }
 
 /// A watching core whose trusted keys come from its configuration file reads the file's
@@ -226,11 +299,18 @@ fn a_watching_core_reads_keys_trust_of_its_file_again_on_sighup() {
     let wrong = format!("site-a={}", other.join("site-a.pub").display());
     write(&core, text.replace(&right, &wrong).as_bytes());
     let log = site.root.join("pull.log");
-    let puller = spawn_logged(&args!["--config", &core, "pull", "--watch", "--interval", "1"], &log);
+    let puller = spawn_logged(
+        &args!["--config", &core, "pull", "--watch", "--interval", "1"],
+        &log,
+    );
     let said = || std::fs::read_to_string(&log).unwrap_or_default();
     write_batch(&site.root.join("inbox"), "first", 1, 10_000);
     ok(&site.send(&["-q"]));
-    assert!(wait_for(30, || said().contains("not among the trusted edge keys")), "{}", said());
+    assert!(
+        wait_for(30, || said().contains("not among the trusted edge keys")),
+        "{}",
+        said()
+    );
     write(&core, text.as_bytes());
     unsafe { libc::kill(puller.0.id() as i32, libc::SIGHUP) };
     let first = site.root.join("dest/site-a/first");
@@ -265,5 +345,8 @@ fn the_progress_bar_shows_the_dashboards_eta() {
         .expect("script (util-linux) runs");
     let shown = String::from_utf8_lossy(&std::fs::read(&typescript).unwrap()).into_owned();
     assert!(status.success(), "{shown}");
-    assert!(shown.contains(" · ETA "), "no ETA on the terminal:\n{shown}");
+    assert!(
+        shown.contains(" · ETA "),
+        "no ETA on the terminal:\n{shown}"
+    );
 }

@@ -109,7 +109,8 @@ fn pool_workers_killed_on_a_schedule_lose_and_fail_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let summary: serde_json::Value = crate::common::strict_json(std::str::from_utf8(&out.stdout).unwrap());
+    let summary: serde_json::Value =
+        crate::common::strict_json(std::str::from_utf8(&out.stdout).unwrap());
     assert!(summary["workers_replaced"].as_u64().unwrap() > 0);
     assert_eq!(tree(&src), tree(&restored));
 }

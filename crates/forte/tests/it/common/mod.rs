@@ -429,7 +429,9 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
         let mut object = serde_json::Map::new();
         while let Some((key, Strict(v))) = map.next_entry::<String, Strict>()? {
             if object.insert(key.clone(), v).is_some() {
-                return Err(serde::de::Error::custom(format!("the key {key:?} twice in one object")));
+                return Err(serde::de::Error::custom(format!(
+                    "the key {key:?} twice in one object"
+                )));
             }
         }
         Ok(object.into())
@@ -438,5 +440,8 @@ impl<'de> serde::de::Visitor<'de> for StrictVisitor {
 
 /// Each line of a command's JSON-lines output, parsed strictly.
 pub fn strict_json_lines(text: &str) -> Vec<serde_json::Value> {
-    text.lines().filter(|l| !l.trim().is_empty()).map(strict_json).collect()
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(strict_json)
+        .collect()
 }
