@@ -98,6 +98,24 @@ arm64_deb_holds() {
         && is_static "$tmp/forte-arm64" aarch64
 }
 
+# The demo starts its relay, sender and puller as child processes of the same binary: under
+# qemu-user those execs need the kernel to hand aarch64 binaries to qemu (binfmt_misc). CI's
+# machine is a VM of its own, as root: register qemu-aarch64 for the check, and remove it after.
+binfmt=/proc/sys/fs/binfmt_misc
+registered=
+mounted=
+if [ ! -e $binfmt/qemu-aarch64 ]; then
+    if [ ! -e $binfmt/register ]; then mount -t binfmt_misc binfmt_misc $binfmt && mounted=yes; fi
+    echo ':qemu-aarch64:M::\x7fELF\x02\x01\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\xb7\x00:\xff\xff\xff\xff\xff\xff\xff\x00\xff\xff\xff\xff\xff\xff\xff\xff\xfe\xff\xff\xff:'"$(command -v qemu-aarch64)"':F' \
+        >$binfmt/register && registered=yes
+fi
+cleanup() {
+    rm -rf "$tmp"
+    [ -z "$registered" ] || echo -1 >$binfmt/qemu-aarch64
+    [ -z "$mounted" ] || umount $binfmt
+}
+trap cleanup EXIT
+
 check "x86-64 binary is static (file)" is_static "$x86" x86-64
 check "x86-64 binary is static (ldd)" ldd_static "$x86"
 check "x86-64 binary runs forte demo" "$x86" demo --dir "$tmp/demo-x86_64"

@@ -49,10 +49,7 @@ tools() {
 build() {
     local arch=$1 target=$1-unknown-linux-musl started=$SECONDS
     say "cargo zigbuild --profile $profile -p forte --target $target"
-    # Symbols stripped as Debian does (the profile itself is left as it is).
-    local strip_var="CARGO_PROFILE_$(echo "$profile" | tr 'a-z-' 'A-Z_')_STRIP"
-    env "$strip_var=symbols" cargo zigbuild --locked --profile "$profile" -p forte \
-        --target "$target" >&2
+    cargo zigbuild --locked --profile "$profile" -p forte --target "$target" >&2
     say "built $target in $((SECONDS - started)) s"
     local dir=$profile
     [ "$profile" = dev ] && dir=debug
