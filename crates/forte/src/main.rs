@@ -2,6 +2,12 @@
 
 mod commands;
 
+// musl's own malloc is slow under forte's threads (the static x86-64 build packed 1.19x slower
+// than the glibc one; with mimalloc 1.01x, docs/benchmarks.md): the musl builds use mimalloc.
+#[cfg(target_env = "musl")]
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
