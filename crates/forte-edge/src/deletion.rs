@@ -18,6 +18,35 @@ use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 use forte_daemon::units::human;
 
+/// What `send --cancel` did to one batch.
+#[derive(Debug, serde::Serialize)]
+pub struct Cancelled {
+    pub batch: String,
+    /// Objects and bytes the relay deleted of it.
+    pub objects: usize,
+    pub bytes: u64,
+    /// Its directory in the inbox, untouched.
+    pub source: std::path::PathBuf,
+    /// Why the relay did not cancel it (already reported through the failure hook).
+    pub error: Option<String>,
+}
+
+impl Cancelled {
+    /// One line for people.
+    pub fn text(&self) -> String {
+        match &self.error {
+            None => format!(
+                "batch {}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)\n",
+                self.batch,
+                self.objects,
+                human(self.bytes),
+                self.source.display()
+            ),
+            Some(e) => format!("batch {}: not cancelled: {e}\n", self.batch),
+        }
+    }
+}
+
 impl Edge<'_> {
     /// Whether a ready batch has anything to send: it was never sent, its last send failed, or
     /// files appeared in it after it was sent (they go as a follow-up, sealed into the same
@@ -95,8 +124,8 @@ impl Edge<'_> {
     /// Cancels batches of the inbox at the relay (`send --cancel`): deletes what the relay holds
     /// of each that the core has not taken, and records them as cancelled so that later runs
     /// skip them. The source files are not touched.
-    pub fn cancel(&self, inbox: &Path, names: &[String]) -> Result<bool> {
-        let mut ok = true;
+    pub fn cancel(&self, inbox: &Path, names: &[String]) -> Result<Vec<Cancelled>> {
+        let mut done = Vec::new();
         for name in names {
             let dir = inbox.join(name);
             let found = discover(&dir).with_context(|| {
@@ -121,20 +150,28 @@ impl Edge<'_> {
                     let (files, bytes) = (file_count, total);
                     self.record_batch(&batch_key, name, files, bytes, BatchState::Cancelled);
                     self.clear(name);
-                    tracing::info!("batch {name}: cancelled; the relay deleted {} objects ({}); the source is untouched (touch {}/{READY_MARKER} to send it again)",
-                        cancelled.objects,
-                        human(cancelled.bytes),
-                        dir.display()
-                    );
+                    done.push(Cancelled {
+                        batch: name.clone(),
+                        objects: cancelled.objects,
+                        bytes: cancelled.bytes,
+                        source: dir,
+                        error: None,
+                    });
                 }
                 Err(e) => {
                     let error = format!("cannot cancel the batch at the relay: {e}");
                     self.fail(name, None, &error);
-                    ok = false;
+                    done.push(Cancelled {
+                        batch: name.clone(),
+                        objects: 0,
+                        bytes: 0,
+                        source: dir,
+                        error: Some(error),
+                    });
                 }
             }
         }
-        Ok(ok)
+        Ok(done)
     }
 
     /// Asks the relay about every batch this edge sent that the core has not given a receipt

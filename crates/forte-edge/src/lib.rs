@@ -42,6 +42,7 @@ use forte_daemon::schedule::{BatchQueue, Policy};
 use forte_daemon::settings::EdgeSettings;
 
 use asked::Asked;
+pub use deletion::Cancelled;
 pub use inbox::{ready_batches, Batch, Inbox, InboxLock, READY_MARKER};
 
 /// What sending one batch did.

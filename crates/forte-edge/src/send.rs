@@ -20,8 +20,8 @@ pub enum Sent {
     Pass(PassReport),
     /// Watching ended on a stop, every batch admitted sent and sealed.
     Stopped,
-    /// `--cancel`: whether every batch named was cancelled.
-    Cancelled(bool),
+    /// `--cancel`: what became of each batch named.
+    Cancelled(Vec<crate::Cancelled>),
 }
 
 /// One pass's outcome, for the command to print.

@@ -30,3 +30,16 @@ pub struct Output {
     #[arg(long, short)]
     pub quiet: bool,
 }
+
+/// Prints `value` as JSON with `--json`, else `text`.
+pub fn print_as(
+    json: bool,
+    value: &impl serde::Serialize,
+    text: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    match json {
+        true => println!("{}", serde_json::to_string_pretty(value)?),
+        false => print!("{}", text()),
+    }
+    Ok(())
+}

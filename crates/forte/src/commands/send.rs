@@ -14,7 +14,7 @@ use forte_edge::send::{send, PassReport, SendOutput, Sent};
 use forte_edge::{SendReport, READY_MARKER};
 use serde::Serialize;
 
-use super::Output;
+use super::{print_as, Output};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -62,10 +62,7 @@ pub fn run(args: Args, config: &Config, catalog: Option<String>) -> Result<bool>
     if args.dry_run {
         let catalog = record::open_read_only(catalog, Use::Edge)?;
         let plan = forte_edge::dry_run::send(flags, config, catalog.as_ref())?;
-        match args.output.json {
-            true => println!("{}", serde_json::to_string_pretty(&plan)?),
-            false => print!("{}", plan.text()),
-        }
+        print_as(args.output.json, &plan, || plan.text())?;
         return Ok(true);
     }
     let catalog = &record::open(catalog, Use::Edge)?;
@@ -81,7 +78,12 @@ pub fn run(args: Args, config: &Config, catalog: Option<String>) -> Result<bool>
     match send(flags, config, catalog, output)? {
         Sent::Pass(pass) => print_pass(&pass, args.output.json),
         Sent::Stopped => Ok(true),
-        Sent::Cancelled(ok) => Ok(ok),
+        Sent::Cancelled(done) => {
+            print_as(args.output.json, &done, || {
+                done.iter().map(|c| c.text()).collect()
+            })?;
+            Ok(done.iter().all(|c| c.error.is_none()))
+        }
     }
 }
 
@@ -124,10 +126,7 @@ fn print_pass(pass: &PassReport, json: bool) -> Result<bool> {
 }
 
 fn print_report_json(report: &SendReport) {
-    println!(
-        "{}",
-        serde_json::to_string(report).expect("a report serialises")
-    );
+    println!("{}", serde_json::json!(report));
 }
 
 fn print_report(report: &SendReport) {
@@ -141,7 +140,7 @@ fn print_report(report: &SendReport) {
         human(report.raw_bytes),
         human(report.sealed_bytes),
     );
-    // Failures were logged as they happened (one JSON line each, `Failures::report`); only
+    // Failures were logged as they happened (`forte_daemon::failures`); only
     // the skipped files, which are not failures of the transfer, are listed here.
     for e in report.errors.iter().filter(|e| e.starts_with("skipped ")) {
         tracing::warn!("batch {}: {e}", report.batch);

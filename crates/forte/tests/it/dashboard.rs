@@ -213,6 +213,7 @@ fn another_host_is_refused_without_the_token_and_served_with_it() {
     };
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    write(std::path::Path::new(&catalog), b""); // the dashboard reads catalogues, never makes one
     let port = free_addr().rsplit_once(':').unwrap().1.to_owned();
     let open = format!("0.0.0.0:{port}");
     let (from_here, from_there) = (format!("127.0.0.1:{port}"), format!("{ip}:{port}"));
@@ -548,6 +549,7 @@ fn the_relay_serves_its_metrics_and_the_api_on_http() {
 fn the_dashboard_answers_only_to_its_own_names() {
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    write(std::path::Path::new(&catalog), b""); // the dashboard reads catalogues, never makes one
     let port = free_addr().rsplit_once(':').unwrap().1.to_owned();
     let log = dir.path().join("dashboard.log");
     let _dashboard = spawn_logged(
@@ -588,6 +590,7 @@ fn the_dashboard_answers_only_to_its_own_names() {
 fn the_dashboard_ends_cleanly_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
     let catalog = dir.path().join("catalog.sqlite").display().to_string();
+    write(std::path::Path::new(&catalog), b""); // the dashboard reads catalogues, never makes one
     let addr = free_addr();
     let log = dir.path().join("dashboard.log");
     let mut dashboard = spawn_logged(
