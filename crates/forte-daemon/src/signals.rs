@@ -35,8 +35,16 @@ pub fn install(left: &'static str) {
         RELOAD.store(true, Ordering::SeqCst);
     }
     LEFT.get_or_init(|| left);
-    SECOND_SIGNAL_LINE
-        .get_or_init(|| format!("second signal: stopping at once; {left}\n").into_bytes());
+    // Written from the signal handler, so made now, in the log's format (a JSON log's line
+    // carries no time: the handler cannot read the clock safely; journald adds its own).
+    SECOND_SIGNAL_LINE.get_or_init(|| {
+        let said = format!("second signal: stopping at once; {left}");
+        let line = match crate::logging::is_json() {
+            true => serde_json::json!({"level": "WARN", "fields": {"message": said}, "target": "forte_daemon::signals"}).to_string(),
+            false => said,
+        };
+        format!("{line}\n").into_bytes()
+    });
     // SAFETY: the handlers only touch atomics (a set OnceLock's get is one), call write and
     // _exit, all async-signal-safe.
     unsafe {

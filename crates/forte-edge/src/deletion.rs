@@ -322,17 +322,16 @@ impl Edge<'_> {
         for c in &mut carried {
             c.listed = receipted.get(&c.id).cloned();
         }
-        // What the filter leaves out was never sent: it waits for no receipt and stays. (A file
-        // sent before the filter changed is deleted under its receipt like any other.)
-        let (filter, now) = (&self.setup.settings.filter, SystemTime::now());
-        let before = carried.len();
-        carried.retain(|c| {
-            c.listed.is_some() || filter.excludes_file(&c.source, &b.name, now).is_none()
-        });
-        let excluded = before - carried.len();
         if !self.record_acknowledged(b, &carried, &recorded) {
             return;
         }
+        // What the filter leaves out now stays: it waits for no receipt and is never deleted,
+        // even a file sent before the filter changed (its receipt is recorded above; the
+        // operator excluding it says: leave it alone).
+        let (filter, now) = (&self.setup.settings.filter, SystemTime::now());
+        let before = carried.len();
+        carried.retain(|c| filter.excludes_file(&c.source, &b.name, now).is_none());
+        let excluded = before - carried.len();
         let never_sent = found
             .rejected
             .iter()

@@ -376,13 +376,15 @@ pub fn deletion_plan(
         let now = SystemTime::now();
         for f in files {
             let at = format!("{}/{}", b.name, f.path);
+            // As deletion does: what the filter leaves out now stays, receipt or not.
+            if let Some(why) = filter.excludes_file(f, &b.name, now) {
+                d.kept.push(format!("{at}: {why}"));
+                continue;
+            }
             match listed.get(&object_id(check.key, &b.name, f)) {
                 Some(l) if as_listed(f, l) => d.delete.push(at),
                 Some(_) => d.kept.push(format!("{at}: changed after it was sent")),
-                None => match filter.excludes_file(f, &b.name, now) {
-                    Some(why) => d.kept.push(format!("{at}: {why}")),
-                    None => d.waiting += 1,
-                },
+                None => d.waiting += 1,
             }
         }
         planned.push(d);

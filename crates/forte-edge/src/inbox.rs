@@ -45,6 +45,21 @@ pub fn ready_batches(inbox: &Path, settle: Duration) -> Result<Inbox> {
         if name.starts_with('.') {
             continue;
         }
+        // A name with a line break or an escape would forge lines in logs and on terminals
+        // wherever it is shown (found by the outside review of issue 44).
+        if name.chars().any(char::is_control) {
+            tracing::warn!("skipping batch {name:?}: a batch name must not hold control characters (line breaks, escapes); rename the directory");
+            continue;
+        }
+        // Nothing but a marker is nothing to send, and nothing the core could acknowledge: an
+        // empty batch was said "acknowledged; source deleted" without reaching the core
+        // (found by the outside review of issue 44). It is taken once something is in it.
+        let mut entries = std::fs::read_dir(&dir)
+            .with_context(|| format!("cannot list batch {}", dir.display()))?;
+        if entries.all(|e| e.is_ok_and(|e| e.file_name() == READY_MARKER)) {
+            tracing::debug!("batch {name}: empty, nothing to send");
+            continue;
+        }
         let quiet_since = newest_change(&dir)?
             .and_then(|t| SystemTime::now().duration_since(t).ok())
             .unwrap_or(Duration::MAX);

@@ -271,11 +271,26 @@ fn files_named(
     if !files.is_empty() {
         return Ok(files);
     }
-    if let Some(absolute) = std::fs::canonicalize(path)
+    let absolute = std::fs::canonicalize(path)
         .ok()
-        .and_then(|p| p.to_str().map(str::to_owned))
-    {
-        let files = catalog.files_at(&absolute)?;
+        .and_then(|p| p.to_str().map(str::to_owned));
+    if let Some(absolute) = &absolute {
+        let files = catalog.files_at(absolute)?;
+        if !files.is_empty() {
+            return Ok(files);
+        }
+    }
+    // A delivered path is recorded under its destination (site/batch/path): the path as the
+    // user copied it (dest/site/batch/path, or absolute) ends with it.
+    let whole = absolute.as_deref().unwrap_or(path);
+    let parts: Vec<&str> = whole.split('/').collect();
+    for start in 1..parts.len() {
+        let tail = parts[start..].join("/");
+        let files: Vec<FileRow> = catalog
+            .files_at(&tail)?
+            .into_iter()
+            .filter(|f| f.delivered_to.as_deref() == Some(tail.as_str()))
+            .collect();
         if !files.is_empty() {
             return Ok(files);
         }

@@ -122,10 +122,11 @@ fn resolve_path(arg: &Arg, text: String, base: &Path) -> OsString {
         .get_value_names()
         .map(|names| names.iter().map(|n| n.as_str()).collect())
         .unwrap_or_default();
+    // A catalogue (`URL`) is a path unless it has a scheme: sqlite://… or postgres://….
     let path_like = arg.get_value_hint() == ValueHint::AnyPath
         || names
             .iter()
-            .any(|n| n.contains("DIR") || n.contains("FILE"));
+            .any(|n| n.contains("DIR") || n.contains("FILE") || n.contains("URL"));
     if !path_like {
         return text.into();
     }

@@ -125,6 +125,9 @@ impl TrustedKeys {
             bail!("keys.trust is empty: the core would refuse every batch");
         }
         let keys = TrustedEdges::load(&specs)?;
+        for key in keys.unbound() {
+            tracing::warn!("edge key {key} is trusted for every site: a relay could file one site's batch under another site signed with it; bind it with SITE=FILE in keys.trust");
+        }
         let count = keys.count();
         *self.current.write() = std::sync::Arc::new(keys);
         *self.specs.lock() = specs;

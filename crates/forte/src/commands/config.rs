@@ -16,9 +16,10 @@ pub struct Args {
 
 #[derive(clap::Subcommand)]
 enum Action {
-    /// Validate a configuration file (every key known, every value accepted by its flag) and
-    /// print each key with the value it resolves to, from the file or the default. Exits 1,
-    /// naming the key and the fix, when the file is not valid.
+    /// Validate a configuration file (every key known, every value accepted by its flag, the
+    /// filter's rules and the log level) and print each key with the value it resolves to,
+    /// from the file or the default. Exits 1, naming the key and the fix, when the file is
+    /// not valid. Files it names (keys, tokens) are read when a command starts, not here.
     Check {
         /// The file [default: --config's, $FORTE_CONFIG's] [per run].
         file: Option<PathBuf>,
@@ -45,6 +46,13 @@ pub fn run(args: Args, cli: clap::Command, file: Option<PathBuf>) -> Result<bool
             let config = Config::load(Some(&path), &flag_keys::claimed_keys(&cli))?;
             let cli = flag_keys::apply(cli, &config.file.values, &config.file.base)
                 .with_context(|| format!("config file {} is not valid", path.display()))?;
+            // Values whose checks need more than one key or than the flag's parser.
+            forte_daemon::settings::filter(&Default::default(), &config.filter)
+                .with_context(|| format!("config file {}: [filter]", path.display()))?;
+            if let Some(level) = config.file.values.get("log.level").and_then(|v| v.as_str()) {
+                forte_daemon::logging::parse(level)
+                    .with_context(|| format!("config file {}: log.level", path.display()))?;
+            }
             println!("config file {}: valid", path.display());
             print_resolved(&cli, &config);
             Ok(true)
@@ -69,10 +77,15 @@ fn print_resolved(cli: &clap::Command, config: &Config) {
             );
             section = Some(name.to_owned());
         }
-        let (value, from) = match (config.file.values.get(&key), doc.default.as_slice()) {
-            (Some(v), _) => (v.to_string(), "file"),
-            (None, []) => ("(unset)".to_owned(), "default"),
-            (None, d) => (d.join(", "), "default"),
+        // The flag's default after the file was applied: the file's value as the run takes
+        // it (relative paths resolved), or the default.
+        let from = match config.file.values.contains_key(&key) {
+            true => "file",
+            false => "default",
+        };
+        let value = match doc.default.as_slice() {
+            [] => "(unset)".to_owned(),
+            d => d.join(", "),
         };
         println!("  {short:<28} {value:<40} ({from})");
     }

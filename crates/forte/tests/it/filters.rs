@@ -482,3 +482,40 @@ fn excluded_files_survive_delete_after_ack_and_status_names_them() {
         "{status}"
     );
 }
+
+/// A file sent before the operator excluded it is not deleted either: excluding it says
+/// "leave it alone" (found by the outside review: it was deleted under its receipt).
+#[test]
+fn a_file_excluded_after_it_was_sent_is_kept() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run", 2, 30_000);
+    std::fs::write(batch.join("keep.raw"), b"the operator wants this one kept").unwrap();
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    assert!(site.root.join("dest/site-a/run/keep.raw").exists());
+    let log = site.root.join("send.log");
+    let args = [
+        "--watch",
+        "--interval",
+        "1",
+        "--delete-after-ack",
+        "--exclude",
+        "*.raw",
+    ];
+    let mut sender = spawn_logged(&site.send(&args), &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(60, || said().contains("1 excluded file(s) kept")),
+        "{}",
+        said()
+    );
+    kill(&mut sender);
+    assert_eq!(
+        std::fs::read(batch.join("keep.raw")).unwrap(),
+        b"the operator wants this one kept"
+    );
+    assert!(
+        !batch.join("bags/000.bag").exists(),
+        "the sent files not excluded go"
+    );
+}

@@ -117,6 +117,9 @@ fn a_site_runs_from_its_configuration_files_with_json_only_on_stdout() {
         String::from_utf8_lossy(&out.stderr)
     );
     let found = strict_json(std::str::from_utf8(&out.stdout).unwrap());
+    let copied = site.root.join("dest/site-a/b1/bags/001.bag");
+    let again = ok(&args!["--config", &core, "status", "--file", &copied]);
+    assert!(again.contains("batch b1: bags/001.bag"), "{again}");
     assert_eq!(
         (&found[0]["batch"], &found[0]["file"]["path"]),
         (&serde_json::json!("b1"), &serde_json::json!("bags/001.bag")),
@@ -136,7 +139,8 @@ fn config_check_names_the_bad_key_and_value() {
     );
     let out = ok(&args!["config", "check", &file]);
     assert!(out.contains("valid"), "{out}");
-    let store = format!("\"{}\"", "store");
+    // Relative paths as the run takes them: from the file's directory.
+    let store = dir.path().join("store").display().to_string();
     assert!(
         out.lines()
             .any(|l| l.contains("store") && l.contains(&store) && l.ends_with("(file)")),
@@ -147,6 +151,23 @@ fn config_check_names_the_bad_key_and_value() {
             && l.contains("768")
             && l.ends_with("(default)")),
         "{out}"
+    );
+
+    // The catalogue too is relative to the file, wherever the command runs (found by the
+    // outside review: it was taken from the working directory, a second empty catalogue).
+    write(&dir.path().join("cat.sqlite"), b"");
+    write(&file, b"catalog = \"cat.sqlite\"\n");
+    let out = forte()
+        .current_dir("/")
+        .args(["--config", file.to_str().unwrap(), "status"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && said.contains(&format!("{}", dir.path().join("cat.sqlite").display())),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 
     write(&file, b"[relay_server]\nmax_conections = 5\n");
@@ -349,4 +370,39 @@ fn the_progress_bar_shows_the_dashboards_eta() {
         shown.contains(" · ETA "),
         "no ETA on the terminal:\n{shown}"
     );
+}
+
+/// What the outside review of issue 44 found at the inbox: a batch named to forge a log line
+/// is skipped and shown escaped (never as a line of its own), an empty batch (only its
+/// marker) is not said delivered and deleted, and the batch beside them goes.
+#[test]
+fn an_inbox_cannot_forge_log_lines_and_empty_batches_wait() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "good", 1, 1_000);
+    let forged =
+        "evil\n2026-01-01T00:00:00Z  INFO forte_edge: batch run-7: acknowledged\u{1b}]0;owned\u{7}";
+    write_batch(&inbox, forged, 1, 1_000);
+    write(&inbox.join("empty/.ready"), b"");
+    let out = run(&site.send(&["--json"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let sent = strict_json(std::str::from_utf8(&out.stdout).unwrap());
+    let names: Vec<&str> = sent["batches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["batch"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["good"], "{sent:#}");
+    assert!(stderr.contains(r#"skipping batch "evil\n2026"#), "{stderr}");
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("2026-01-01")),
+        "a forged line: {stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "an escape reached the terminal: {stderr:?}"
+    );
+    assert!(inbox.join("empty/.ready").exists());
 }
