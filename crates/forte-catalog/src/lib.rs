@@ -107,6 +107,16 @@ impl Drop for Catalog {
     }
 }
 
+/// The one-thread runtime a catalogue's queries run on.
+fn catalogue_runtime() -> Result<Arc<tokio::runtime::Runtime>> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the catalogue's runtime")?;
+    Ok(Arc::new(runtime))
+}
+
 impl Catalog {
     /// Opens the catalogue at `url`: `postgres://…`, `sqlite://PATH`, or a plain file path for
     /// SQLite (the file is created, its directory must exist: a mistyped one is an error, not a
@@ -130,13 +140,7 @@ impl Catalog {
             }
             format!("sqlite://{}?mode=rwc", path.display())
         };
-        let runtime = Arc::new(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .context("starting the catalogue's runtime")?,
-        );
+        let runtime = catalogue_runtime()?;
         let shown = redact(&url);
         if let Some(path) = sqlite_file(&url) {
             writable(&path, &shown)?;
@@ -212,13 +216,7 @@ impl Catalog {
             }
             Some(path) => format!("sqlite://{}?mode=ro&immutable=1", path.display()),
         };
-        let runtime = Arc::new(
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .context("starting the catalogue's runtime")?,
-        );
+        let runtime = catalogue_runtime()?;
         let pool = runtime
             .block_on(
                 AnyPoolOptions::new()

@@ -334,26 +334,27 @@ impl Recipients {
     }
 }
 
+/// Every key of every file of `paths`, in order.
+fn keys_of_all<K>(paths: &[PathBuf], load: impl Fn(&Path) -> Result<Vec<K>>) -> Result<Vec<K>> {
+    let mut all = Vec::new();
+    for path in paths {
+        all.extend(load(path)?);
+    }
+    Ok(all)
+}
+
 impl Recipients {
     /// Every recipient of every file, in order: several files (or several lines of one) encrypt
     /// to each key, as while a core's key is being rotated.
     pub fn load_all(paths: &[PathBuf]) -> Result<Self> {
-        let mut all = Vec::new();
-        for path in paths {
-            all.extend(Self::load(path)?.0);
-        }
-        Ok(Self(all))
+        keys_of_all(paths, |path| Ok(Self::load(path)?.0)).map(Self)
     }
 }
 
 impl Identities {
     /// Every identity of every file: a core decrypts with whichever one a batch was sealed to.
     pub fn load_all(paths: &[PathBuf]) -> Result<Self> {
-        let mut all = Vec::new();
-        for path in paths {
-            all.extend(Self::load(path)?.0);
-        }
-        Ok(Self(all))
+        keys_of_all(paths, |path| Ok(Self::load(path)?.0)).map(Self)
     }
 }
 
