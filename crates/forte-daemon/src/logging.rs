@@ -106,8 +106,7 @@ impl std::io::Write for Escaping {
 fn escape_event(event: &str, ansi: bool) -> String {
     let body = event.strip_suffix('\n').unwrap_or(event);
     let mut out = String::with_capacity(event.len());
-    let mut chars = body.char_indices().peekable();
-    while let Some((at, c)) = chars.next() {
+    for (at, c) in body.char_indices() {
         match c {
             '\u{1b}' if ansi && is_colour(&body[at..]) => out.push(c),
             '\n' => out.push_str("\\n"),
