@@ -285,9 +285,15 @@ impl Edge<'_> {
         let Ok(batches) = self.setup.catalog.batches() else {
             return;
         };
+        // A batch whose sources were kept (a file could not be deleted, say) is tried again
+        // once its ready marker is newer than that record: the operator fixed it and said so.
+        let again = |b: &BatchRow| {
+            b.state == BatchState::SourceKept
+                && marker_time_us(&inbox.join(&b.name)).is_some_and(|t| t > b.updated_at)
+        };
         for b in batches
             .into_iter()
-            .filter(|b| b.role == Role::Edge && b.state == BatchState::Sent)
+            .filter(|b| b.role == Role::Edge && (b.state == BatchState::Sent || again(b)))
         {
             if !self.in_flight.lock().contains_key(&b.batch_key) {
                 self.delete_batch(&inbox.join(&b.name), &b);

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::common::site::{spawn_logged, visible, wait_for, write_batch, Site};
+use crate::common::site::{kill, spawn_logged, visible, wait_for, write_batch, Site};
 use crate::common::*;
 
 /// An edge's and a core's configuration files naming everything the flags would.
@@ -405,4 +405,40 @@ fn an_inbox_cannot_forge_log_lines_and_empty_batches_wait() {
         "an escape reached the terminal: {stderr:?}"
     );
     assert!(inbox.join("empty/.ready").exists());
+}
+
+/// A batch whose sources could not be deleted (here: its directory immutable, as a directory
+/// the edge may not write) is kept; once the operator fixed it and touched its ready marker,
+/// the next look deletes what the core's receipt lists (found by the fresh-eyes walkthrough:
+/// the batch stayed kept for good).
+#[test]
+fn a_kept_batch_is_deleted_after_its_marker_is_touched() {
+    if !crate::common::machine::may_use_the_machine("chattr +i") {
+        return;
+    }
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let chattr = |flag: &str| {
+        let done = std::process::Command::new("chattr")
+            .arg(flag)
+            .arg(batch.join("bags"))
+            .status();
+        assert!(done.unwrap().success(), "chattr {flag}");
+    };
+    chattr("+i");
+    let log = site.root.join("send.log");
+    let mut sender = spawn_logged(
+        &site.send(&["--watch", "--interval", "1", "--delete-after-ack"]),
+        &log,
+    );
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    let kept = wait_for(60, || said().contains("cannot delete"));
+    chattr("-i");
+    assert!(kept, "{}", said());
+    assert!(batch.join("bags/000.bag").exists());
+    write(&batch.join(".ready"), b"");
+    assert!(wait_for(60, || !batch.exists()), "{}", said());
+    kill(&mut sender);
 }
