@@ -8,6 +8,7 @@ mod claims;
 mod compress;
 mod ingest;
 mod ingest_contenders;
+mod wanem;
 
 use std::process::ExitCode;
 
@@ -37,6 +38,9 @@ enum What {
     /// Leases: how many batches a catalogue (PostgreSQL, or SQLite) grants per second to core
     /// workers competing for the same batches, each granted exactly once.
     Claims(claims::ClaimsBench),
+    /// A packet-level WAN between two network namespaces over TUN devices: round trip, loss
+    /// (independent or in bursts), link rate and queue, for TCP to meet (root).
+    Wanem(wanem::WanEm),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
         What::Compress(b) => compress::run(b),
         What::Ingest(b) => ingest::run(b),
         What::Claims(b) => claims::run(b),
+        What::Wanem(b) => wanem::run(b),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
