@@ -198,7 +198,7 @@ impl Catalog {
     pub fn open_read_only(url: &str) -> Result<Option<Self>> {
         sqlx::any::install_default_drivers();
         let shown = redact(url);
-        let file = sqlite_file(url).or_else(|| (!url.contains("://")).then(|| url.into()));
+        let file = sqlite_path(url);
         let mut snapshot = None;
         let url = match file {
             None => url.to_string(),
@@ -373,6 +373,12 @@ async fn probe(url: &str, shown: &str) -> Result<()> {
 }
 
 /// The database file of a SQLite catalogue's `url`.
+/// The file of a SQLite catalogue given as `--catalog` takes it: a plain path or a
+/// `sqlite://` URL; none for a server (`postgres://`).
+pub fn sqlite_path(url: &str) -> Option<std::path::PathBuf> {
+    sqlite_file(url).or_else(|| (!url.contains("://")).then(|| url.into()))
+}
+
 fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
     let rest = url.strip_prefix("sqlite://")?;
     let path = rest.split_once('?').map_or(rest, |(path, _)| path);

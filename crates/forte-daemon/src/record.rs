@@ -5,7 +5,7 @@
 //! data's own safety never depends on the catalogue: the relay deletes only on acknowledgement,
 //! and every byte is verified against the signed manifest.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 pub use forte_catalog::Catalog;
@@ -33,7 +33,7 @@ pub fn open(url: Option<String>, usage: Use) -> Result<Catalog> {
             "--catalog is empty: give a file (catalog.sqlite) or a postgres:// URL, or leave it out for the default in {}",
             state_dir().display()
         ),
-        Some(url) if usage == Use::Read && sqlite_path(&url).is_some_and(|p| !p.exists()) => bail!(
+        Some(url) if usage == Use::Read && forte_catalog::sqlite_path(&url).is_some_and(|p| !p.exists()) => bail!(
             "no catalogue at {url}: status, report, receipts and dashboard read the catalogue send or pull keeps (--catalog or `catalog` in the config file); check the path"
         ),
         Some(url) => url,
@@ -65,15 +65,6 @@ pub fn open_read_only(url: Option<String>, usage: Use) -> Result<Option<Catalog>
         }
     };
     Catalog::open_read_only(&url)
-}
-
-/// The file of a SQLite catalogue, given as a path or a `sqlite:` URL; none for a server.
-fn sqlite_path(url: &str) -> Option<&Path> {
-    if !url.contains("://") {
-        return Some(Path::new(url));
-    }
-    let rest = url.strip_prefix("sqlite://")?;
-    Some(Path::new(rest.split('?').next().unwrap_or(rest)))
 }
 
 /// The default catalogue of a use; for a reader, the one a writer on this host made.
