@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """End to end over an emulated WAN: forte against what people use today, same data, same link.
 
-The site (edge) runs in a network namespace behind a veth pair whose egress is shaped by tbf
-to --link-rate (default the papers' 65 MB/s); Toxiproxy, on the data-centre side, adds
---latency-ms (default 20) to every byte the site sends, so each contender crosses the same
-link with the same added round-trip time. The data is the FORTE test set's 14 batches A–N
-(bench/network.py's builder, --scale of the papers' 337 GB).
+The site (edge) runs in a network namespace; the data centre is this one. By default
+(`--via emulator`) they are joined by `forte-bench wanem`, a packet-level WAN over TUN devices:
+--link-rate each way (default the papers' 65 MB/s), half of --rtt-ms each way, --loss of the
+packets dropped at random (in bursts of --burst), so TCP meets the real round trip and real
+loss. `--rtt-ms 20,100,300,600 --loss 0,0.001,0.01` runs the grid of every pair, each
+setting's rounds interleaved. `--via toxiproxy` is the older link kept for comparison: a veth
+pair shaped by tbf, with Toxiproxy adding --rtt-ms to every byte the site sends (its TCP
+connections are local, so no round trip or loss reaches TCP). The data is the FORTE test set's
+14 batches A–N (bench/network.py's builder, --scale of the papers' 337 GB).
 
 Contenders, each timed from start to the moment the last file is in its final place:
   forte            send (edge) → relay → pull --watch (core): encrypted, signed, verified,
@@ -14,12 +18,16 @@ Contenders, each timed from start to the moment the last file is in its final pl
                    a second copy step into storage
   CB-IM + rsync    the papers' pipe chain at the edge (sha256sum | zstd -3 | gpg -e | sha256sum,
                    two files at a time), rsync of the results, then gpg -d | zstd -d at the core
+  rsync            `rsync -a` straight to storage (no compression)
   rsync -z zstd N  `rsync -z --compress-choice=zstd --compress-level=N` straight to storage
                    (what a careful admin would do; no encryption, no end-to-end check); N is
                    rsync's default 3, and --rsync-levels adds others (the first is the one the
                    issue's target is measured against); N/T also passes --compress-threads=T
                    (rsync's default is one compressing thread)
   rclone copy      `rclone copy --transfers 4` to `rclone serve webdav` at the data centre
+
+Each role's CPU-seconds are counted (forte's edge, relay and core; rsync's and rclone's sender
+and receiver) and given per GB of raw data.
 
 Every contender's result is compared with the source (sizes and SHA-256 of every file). Runs
 are interleaved (each round runs every contender once); medians are reported, with the bytes
@@ -30,7 +38,8 @@ link-bound, and only a better compression ratio makes it faster.
 Needs root, rsync, rclone, gpg, zstd and Toxiproxy's server (found on PATH or in ~/go/bin);
 `bench/setup.sh` installs them all. Run as root: it creates network namespaces.
 
-Usage (as root): bench/wan.py [--link-rate 65MB] [--latency-ms 20] [--scale 0.003 | --small 3000] [--runs 3]
+Usage (as root): bench/wan.py [--link-rate 65MB] [--rtt-ms 20[,100..]] [--loss 0[,0.001..]] [--burst 1]
+                 [--via emulator|toxiproxy] [--json FILE] [--scale 0.003 | --small 3000] [--runs 3]
                  [--level 3,auto] [--rsync-levels 3,1,3/2] [--pin] [--window 30] [--chart FILE]
                  [--compare NAME=PATH]
 """
@@ -43,12 +52,12 @@ import json
 import os
 import shlex
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -59,8 +68,9 @@ from site_setup import add_edge_site, make_site, start_relay
 from binary import FORTE
 
 ROOT = Path(__file__).resolve().parent.parent
+WANEM = ROOT / "target/release/forte-bench"
 WORK = Path(os.environ.get("FORTE_BENCH_DIR", "/tmp/forte-bench")) / "wan"
-DC = "10.77.0.2"  # the data-centre end of the veth pair
+DC = "10.77.0.2"  # the data-centre end of the link
 API = "http://127.0.0.1:8474"
 # The data centre's storage (every contender's destination, the relay's directory and the rsync
 # daemon's modules): a journaled ext4 made afresh before each run, see Storage.
@@ -96,12 +106,140 @@ def api(method, path, body=None):
         return r.read()
 
 
-def delayed(name, listen_port, upstream, latency_ms):
-    """A Toxiproxy proxy on the data-centre address adding latency to what the site sends."""
-    api("POST", "/proxies", {"name": name, "listen": f"{DC}:{listen_port}", "upstream": upstream})
-    api("POST", f"/proxies/{name}/toxics",
-        {"type": "latency", "stream": "upstream", "attributes": {"latency": latency_ms}})
-    return f"{DC}:{listen_port}"
+# Where each contender's server listens on the data-centre side (every address, so that the
+# emulator's device, made later, and Toxiproxy on loopback both reach it).
+PORTS = {"forte": 7443, "rsync": 7873, "rclone": 7080}
+
+
+class Emulated:
+    """The site's namespace joined to this one by `forte-bench wanem`: the round trip and the
+    loss are met by TCP itself. `set` (re)starts the emulator with a round trip and a loss."""
+
+    device = "wanem0"  # its TUN device on each side; this side's counts what the site sent
+
+    def __init__(self, rate: str):
+        self.rate, self.proc = rate, None
+
+    def setup(self):
+        teardown_link()
+        sh(["ip", "netns", "add", NS])
+
+    def set(self, rtt_ms: float, loss: float, burst: float):
+        self.stop()
+        self.proc = subprocess.Popen(
+            [WANEM, "wanem", "--namespaces", NS, ".", "--device", self.device, "--rtt", f"{rtt_ms:g}ms",
+             "--loss", str(loss), "--burst", str(burst), "--rate", self.rate],
+            stderr=subprocess.PIPE, text=True)
+        line = self.proc.stderr.readline()
+        if not line.startswith("wanem:"):
+            sys.exit(f"the WAN emulator did not start: {line}{self.proc.stderr.read()}")
+        print(f"  {line.strip()}", file=sys.stderr)
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
+
+    def address(self, name: str) -> str:
+        return f"{DC}:{PORTS[name]}"
+
+    def cpu(self) -> float:
+        """CPU-seconds the emulator has used (it shares the machine with the contenders)."""
+        return proc_cpu(self.proc.pid)
+
+    def stop(self):
+        if self.proc:
+            self.proc.terminate()
+            self.proc.wait()
+            self.proc = None
+
+    def teardown(self):
+        self.stop()
+        teardown_link()
+
+
+class Proxied:
+    """The older link: a veth pair shaped by tbf, Toxiproxy adding the round trip to what the
+    site sends (two local TCP connections: no round trip or loss reaches TCP)."""
+
+    device = "veth-dc"
+
+    def __init__(self, rate: str):
+        self.rate, self.server = parse_rate(rate), None
+
+    def setup(self):
+        setup_link(self.rate)
+        self.server = subprocess.Popen([toxiproxy_server(), "-host", "127.0.0.1", "-port", "8474"],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: api("GET", "/version"), "Toxiproxy's API")
+
+    def set(self, rtt_ms: float, loss: float, burst: float):
+        if loss:
+            sys.exit("Toxiproxy cannot lose packets: use --via emulator for --loss")
+        for name, port in PORTS.items():
+            with contextlib.suppress(urllib.error.HTTPError):
+                api("DELETE", f"/proxies/{name}")
+            api("POST", "/proxies", {"name": name, "listen": f"{DC}:1{port}", "upstream": f"127.0.0.1:{port}"})
+            api("POST", f"/proxies/{name}/toxics",
+                {"type": "latency", "stream": "upstream", "attributes": {"latency": int(rtt_ms)}})
+
+    def address(self, name: str) -> str:
+        return f"{DC}:1{PORTS[name]}"
+
+    def cpu(self) -> float:
+        return proc_cpu(self.server.pid)
+
+    def teardown(self):
+        if self.server:
+            self.server.terminate()
+            self.server.wait()
+        teardown_link()
+
+
+def wait_for(ready, what: str, within: float = 10.0):
+    """Calls `ready` until it returns without an OSError, for `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return ready()
+        except OSError:
+            if time.monotonic() > deadline:
+                sys.exit(f"{what} did not come up within {within:g} s")
+            time.sleep(0.05)
+
+
+LINK = None  # the Emulated or Proxied link of this run
+
+
+def proc_cpu(pid: int, children: bool = False) -> float:
+    """User + system CPU-seconds of a running process (its threads; with `children`, also its
+    children that have exited and been waited for), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def wait_cpu(proc: subprocess.Popen) -> float:
+    """Waits for `proc` and returns its CPU-seconds (and its waited-for children's); fails the
+    bench if it failed."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        sys.exit(f"{proc.args[:8]}… exited with {proc.returncode}")
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_at_site(cmd, **kw) -> float:
+    """Runs `cmd` at the site; its CPU-seconds."""
+    return wait_cpu(subprocess.Popen(at_site(cmd), **kw))
+
+
+def daemon_cpu(pid: int) -> float:
+    """A forking daemon's CPU-seconds with its exited children's, once no child is left (the
+    rsync daemon reaps a connection's processes just after the client has gone)."""
+    wait_for(lambda: _no_children(pid), "the rsync daemon's children's exit")
+    return proc_cpu(pid, children=True)
+
+
+def _no_children(pid: int):
+    if any(Path(f"/proc/{pid}/task/{t}/children").read_text().split() for t in os.listdir(f"/proc/{pid}/task")):
+        raise OSError("children left")
 
 
 def digest_tree(root: Path):
@@ -113,8 +251,8 @@ def digest_tree(root: Path):
 
 
 def link_bytes() -> int:
-    """Bytes the site has sent over the shaped link so far (frames received at the data centre)."""
-    return int(Path("/sys/class/net/veth-dc/statistics/rx_bytes").read_text())
+    """Bytes the site has sent over the link so far (received at the data centre)."""
+    return int(Path(f"/sys/class/net/{LINK.device}/statistics/rx_bytes").read_text())
 
 
 def cpu_busy() -> list:
@@ -302,11 +440,15 @@ def fresh(path: Path) -> Path:
 
 
 class Contenders:
-    def __init__(self, inbox: Path, proxies: dict, gpg_home: Path, level: str, pull_cpu, send_args=(),
-                 relay_log=None, history=False, senders=1):
-        self.inbox, self.proxies, self.gpg_home, self.level = inbox, proxies, gpg_home, level
+    """Each contender's run returns (seconds, where the result is) and leaves in `roles` the
+    CPU-seconds of each of its roles (none for the two-step baselines)."""
+
+    def __init__(self, inbox: Path, gpg_home: Path, level: str, pull_cpu, send_args=(),
+                 relay_log=None, history=False, senders=1, rsyncd=None):
+        self.inbox, self.gpg_home, self.level = inbox, gpg_home, level
         self.pull_cpu, self.send_args, self.relay_log = pull_cpu, list(send_args), relay_log
-        self.history, self.senders = history, senders
+        self.history, self.senders, self.rsyncd = history, senders, rsyncd
+        self.roles = {}
 
     def forte(self, out: Path, binary: Path = FORTE, level: str = None, more_args=(), catalog="edge",
               relay_args=()):
@@ -324,8 +466,8 @@ class Contenders:
             if self.relay_log:
                 log.write(f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%S.%fZ} HARNESS {what}\n")
 
-        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml", "127.0.0.1:7443", log,
-                                              relay_args)
+        relay, url, fingerprint = start_relay(binary, relay_dir, WORK / "tokens.toml",
+                                              f"0.0.0.0:{PORTS['forte']}", log, relay_args)
         try:
             conn = ["--relay-fingerprint", fingerprint, "--token-file"]
             edge_catalog = WORK / f"{catalog}.sqlite"
@@ -347,7 +489,7 @@ class Contenders:
                     [binary, "--catalog", catalog_path, "send", self.inbox, "-q",
                      "--recipient", WORK / "keys/core.pub", "--sign", WORK / keys / "edge.key",
                      "--level", level or self.level, *self.send_args, *more_args,
-                     "--relay", f"https://{self.proxies['forte']}", *conn, WORK / token]),
+                     "--relay", f"https://{LINK.address('forte')}", *conn, WORK / token]),
                     stdout=subprocess.DEVNULL)
 
             # A second sender is a second site (its own edge key, token and catalogue) sending
@@ -359,9 +501,7 @@ class Contenders:
             with shares or contextlib.nullcontext():
                 sends = [send(edge_catalog, "keys", "edge.token")] + (
                     [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
-                for p in sends:
-                    if p.wait() != 0:
-                        sys.exit(f"forte send exited with {p.returncode}")
+                edge = sum(wait_cpu(p) for p in sends)
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")
             sites = ["wan", "wan2"][:self.senders]
@@ -375,6 +515,7 @@ class Contenders:
                 shares.report()
             elapsed = time.monotonic() - start
             mark("last file delivered")
+            self.roles = {"edge": edge, "relay": proc_cpu(relay.pid), "core": proc_cpu(puller.pid)}
             puller.terminate()
             puller.wait()
         finally:
@@ -386,9 +527,10 @@ class Contenders:
 
     def rsync_copy(self, out: Path):
         dmz, store = fresh(VOLUME / "rsync-dmz"), fresh(out)
+        self.roles = {}
         start = time.monotonic()
         sh(at_site(["rsync", "-a", "--exclude", ".ready", f"{self.inbox}/",
-                    f"rsync://{self.proxies['rsync']}/dmz/"]))
+                    f"rsync://{LINK.address('rsync')}/dmz/"]))
         rsynced = time.monotonic()
         sh(["cp", "-a", f"{dmz}/.", store])
         done = time.monotonic()
@@ -397,26 +539,34 @@ class Contenders:
         print(f"  rsync {rsynced - start:.1f} s, then copy {done - rsynced:.1f} s", file=sys.stderr)
         return done - start, store
 
-    def rsync_zstd(self, setting: str):
-        """`setting` is a zstd level, or LEVEL/THREADS."""
-        level, _, threads = setting.partition("/")
+    def rsync_zstd(self, setting: str = None):
+        """`setting` is a zstd level, or LEVEL/THREADS; none is plain rsync (no compression)."""
+        level, _, threads = (setting or "").partition("/")
+        compress = (["-z", "--compress-choice=zstd", f"--compress-level={level}",
+                     *([f"--compress-threads={threads}"] if threads else [])] if setting else [])
         store = fresh(RSYNC_STORE)
+        receiver = daemon_cpu(self.rsyncd.pid)
         start = time.monotonic()
-        sh(at_site(["rsync", "-a", "-z", "--compress-choice=zstd", f"--compress-level={level}",
-                    *([f"--compress-threads={threads}"] if threads else []), "--exclude", ".ready",
-                    f"{self.inbox}/", f"rsync://{self.proxies['rsync']}/store/"]))
-        return time.monotonic() - start, store
+        sender = run_at_site(["rsync", "-a", *compress, "--exclude", ".ready",
+                              f"{self.inbox}/", f"rsync://{LINK.address('rsync')}/store/"])
+        elapsed = time.monotonic() - start
+        self.roles = {"sender": sender, "receiver": daemon_cpu(self.rsyncd.pid) - receiver}
+        return elapsed, store
 
     def rclone(self, out: Path):
         store = fresh(out)
-        server = subprocess.Popen(["rclone", "serve", "webdav", store, "--addr", "127.0.0.1:7080"],
+        server = subprocess.Popen(["rclone", "serve", "webdav", store, "--addr", f"0.0.0.0:{PORTS['rclone']}"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            time.sleep(1)
+            wait_for(lambda: urllib.request.urlopen(f"http://127.0.0.1:{PORTS['rclone']}/", timeout=1),
+                     "rclone serve webdav")
             start = time.monotonic()
-            sh(at_site(["rclone", "copy", self.inbox, ":webdav:", "--webdav-url", f"http://{self.proxies['rclone']}",
-                        "--transfers", "4", "--exclude", ".ready"]), stdout=subprocess.DEVNULL)
-            return time.monotonic() - start, store
+            sender = run_at_site(["rclone", "copy", self.inbox, ":webdav:", "--webdav-url",
+                                  f"http://{LINK.address('rclone')}", "--transfers", "4", "--exclude", ".ready"],
+                                 stdout=subprocess.DEVNULL)
+            elapsed = time.monotonic() - start
+            self.roles = {"sender": sender, "receiver": proc_cpu(server.pid)}
+            return elapsed, store
         finally:
             server.terminate()
             server.wait()
@@ -424,6 +574,7 @@ class Contenders:
     def cb_im_rsync(self, out: Path):
         staged, dmz, store = fresh(VOLUME / "cbim-staged"), fresh(VOLUME / "rsync-dmz"), fresh(out)
         env = f"export GNUPGHOME='{self.gpg_home}';"
+        self.roles = {}
         start = time.monotonic()
         # Edge: the pipe chain per file, two at a time; the sums go beside the results.
         sh(at_site(["bash", "-c", env + f" cd '{self.inbox}' && find . -type f ! -name .ready -print0 | "
@@ -431,7 +582,7 @@ class Contenders:
                     "tee < {} >(sha256sum > /dev/null) | zstd -3 -q -c | gpg -q --batch --trust-model always "
                     "-e -r forte-bench | tee \"" + str(staged) + "/{}.zst.gpg\" | sha256sum > \"" + str(staged) +
                     "/{}.sha256\"'"]))
-        sh(at_site(["rsync", "-a", f"{staged}/", f"rsync://{self.proxies['rsync']}/dmz/"]))
+        sh(at_site(["rsync", "-a", f"{staged}/", f"rsync://{LINK.address('rsync')}/dmz/"]))
         # Core: decrypt and decompress each file, two at a time, into storage.
         sh(["bash", "-c", env + f" cd '{dmz}' && find . -name '*.zst.gpg' -print0 | xargs -0 -P2 -I{{}} "
             f"bash -c 'f={{}}; mkdir -p \"{store}/$(dirname $f)\" && gpg -q --batch -d \"$f\" | zstd -d -q -c "
@@ -459,7 +610,14 @@ def gpg_key(home: Path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--link-rate", default="65MB")
-    ap.add_argument("--latency-ms", type=int, default=20)
+    ap.add_argument("--rtt-ms", "--latency-ms", default="20",
+                    help="round trip(s) added, comma-separated: a grid of every round trip with every --loss")
+    ap.add_argument("--loss", default="0", help="fraction(s) of packets lost each way, comma-separated "
+                    "(0.001 is 0.1 %%; --via emulator)")
+    ap.add_argument("--burst", type=float, default=1.0, help="mean length of a burst of losses (1: independent)")
+    ap.add_argument("--via", choices=["emulator", "toxiproxy"], default="emulator",
+                    help="the link: forte-bench wanem (packets), or Toxiproxy (bytes; the older bench)")
+    ap.add_argument("--json", type=Path, help="also write every run's figures, setting by setting, to this file")
     ap.add_argument("--scale", type=float, default=0.003)
     ap.add_argument("--small", type=int, metavar="N",
                     help="send one batch of N small real files (1-64 kB C headers) instead of A-N")
@@ -471,7 +629,7 @@ def main():
                          "batch of MB megabytes of incompressible 32 MB files")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--only", help="comma-separated contenders to run")
-    ap.add_argument("--level", default="3",
+    ap.add_argument("--level", default="3",  # forte send's own default
                     help="forte's zstd levels, comma-separated (each a number, or auto); the first is "
                          "'forte', the others 'forte level N', in the same rounds")
     ap.add_argument("--rsync-levels", default="3",
@@ -511,12 +669,14 @@ def main():
     ap.add_argument("--compare", action="append", default=[], metavar="NAME=PATH",
                     help="also time the forte build at PATH as 'forte (NAME)', in the same rounds")
     args = ap.parse_args()
+    if args.step and args.via == "emulator":
+        sys.exit("--step changes a tbf qdisc's rate: use it with --via toxiproxy")
     compare = dict(c.split("=", 1) for c in args.compare)
     rsync_levels = args.rsync_levels.split(",")
     for tool in ["rsync", "rclone", "gpg", "zstd"]:
         if not shutil.which(tool):
             sys.exit(f"{tool} is missing: apt-get install {tool}")
-    sh(["cargo", "build", "--release", "-q"], cwd=ROOT)
+    sh(["cargo", "build", "--release", "-q", "-p", "forte", "-p", "forte-bench"], cwd=ROOT)
     storage = None if args.host_fs else Storage()
     if storage:
         storage.unmount()
@@ -538,32 +698,28 @@ def main():
              else "14 batches, small files and incompressible media" if args.mix
              else "1 batch of small files" if args.small else "14 batches")
     cpus = "site on CPU 0, data centre on CPU 1" if args.pin else "2 cores shared"
-    print(f"data: {shape}, {len(source)} files, {raw / 1e6:.1f} MB; link {args.link_rate}, "
-          f"+{args.latency_ms} ms; {cpus}", file=sys.stderr)
+    print(f"data: {shape}, {len(source)} files, {raw / 1e6:.1f} MB; link {args.link_rate} via {args.via}; "
+          f"{cpus}", file=sys.stderr)
 
     if args.pin:
         # The harness and everything it starts (relay, puller, daemons) inherit CPU 1; at_site
         # moves the site's commands to CPU 0.
         SITE_CPUS.append(0)
         os.sched_setaffinity(0, {1})
-    setup_link(parse_rate(args.link_rate))
+    global LINK
+    LINK = Emulated(args.link_rate) if args.via == "emulator" else Proxied(args.link_rate)
+    LINK.setup()
     rsyncd_conf = WORK / "rsyncd.conf"
     rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {VOLUME}/rsync-dmz\nread only = no\n"
                            f"[store]\npath = {RSYNC_STORE}\nread only = no\n")
-    daemons = [subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "127.0.0.1", "--port", "7873",
-                                 "--config", rsyncd_conf], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-               subprocess.Popen([toxiproxy_server(), "-host", "127.0.0.1", "-port", "8474"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    rsyncd = subprocess.Popen(["rsync", "--daemon", "--no-detach", "--address", "0.0.0.0", "--port",
+                               str(PORTS["rsync"]), "--config", rsyncd_conf],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    results = []
     try:
-        time.sleep(1)
-        proxies = {
-            "forte": delayed("forte", 17443, "127.0.0.1:7443", args.latency_ms),
-            "rsync": delayed("rsync", 17873, "127.0.0.1:7873", args.latency_ms),
-            "rclone": delayed("rclone", 17080, "127.0.0.1:7080", args.latency_ms),
-        }
         forte_levels = args.level.split(",")
-        c = Contenders(inbox, proxies, WORK / "gnupg", forte_levels[0], args.pull_cpu, shlex.split(args.send_args),
-                       args.relay_log, args.history, args.senders)
+        c = Contenders(inbox, WORK / "gnupg", forte_levels[0], args.pull_cpu, shlex.split(args.send_args),
+                       args.relay_log, args.history, args.senders, rsyncd)
         variants = dict(v.split("=", 1) for v in args.variant)
         contenders = {"forte": c.forte,
                       **{f"forte level {n}": (lambda out, n=n: c.forte(out, level=n)) for n in forte_levels[1:]},
@@ -574,68 +730,95 @@ def main():
                       **{f"forte ({n})": (lambda out, b=Path(b): c.forte(out, b)) for n, b in compare.items()},
                       "rsync + copy (papers' baseline)": c.rsync_copy,
                       "CB-IM + rsync": c.cb_im_rsync,
+                      "rsync": lambda _out: c.rsync_zstd(),
                       **{rsync_name(n): (lambda _out, n=n: c.rsync_zstd(n)) for n in rsync_levels},
                       "rclone copy": c.rclone}
         if args.only:
             keep = args.only.split(",")
-            contenders = {k: v for k, v in contenders.items() if any(k.startswith(o) for o in keep)}
-        times = {name: [] for name in contenders}
-        sent = {name: [] for name in contenders}
-        # Busy seconds of each CPU during each run: with --pin, CPU 0 is the site's and CPU 1
-        # the data centre's, so a side busy for the whole run is what bounds it.
-        busy = {name: [] for name in contenders}
-        for r in range(args.runs):
-            for name, run in contenders.items():
-                if storage:
-                    storage.remake()
-                subprocess.run(["sync"])
-                before, cpu_before = link_bytes(), cpu_busy()
-                with LinkSampler() as link, RateSteps(parse_rate(args.link_rate), args.step):
-                    seconds, result = run(VOLUME / "out" / slug(name))
-                sent[name].append(link_bytes() - before)
-                if args.window:
-                    w = link.window_rates(args.window)
-                    print(f"  {name}: {len(w)} whole {args.window:g}-s windows on the link: " +
-                          (f"min {min(w):.1f}, median {statistics.median(w):.1f}, max {max(w):.1f} MB/s "
-                           f"({', '.join(f'{r:.1f}' for r in w)})" if w else "none"), file=sys.stderr)
-                busy[name].append([b - a for a, b in zip(cpu_before, cpu_busy())])
-                got = digest_tree(result)
-                if got != source:
-                    missing = len(set(source) - set(got))
-                    differ = sum(1 for k in source if k in got and got[k] != source[k])
-                    sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
-                times[name].append(seconds)
-                print(f"round {r + 1}: {name}: {seconds:.2f} s, {raw / 1e6 / seconds:.1f} MB/s, "
-                      f"{sent[name][-1] / 1e6:.0f} MB on the link, CPUs busy "
-                      f"{', '.join(f'{b:.1f}' for b in busy[name][-1])} s", file=sys.stderr)
+            contenders = {k: v for k, v in contenders.items() if any(k == o or k.startswith(o + " ") for o in keep)}
+        for rtt in map(float, args.rtt_ms.split(",")):
+            for loss in map(float, args.loss.split(",")):
+                LINK.set(rtt, loss, args.burst)
+                setting = {"rtt_ms": rtt, "loss": loss, "burst": args.burst, "link_rate": args.link_rate,
+                           "via": args.via, "raw_bytes": raw, "files": len(source), "shape": shape}
+                runs = run_setting(args, contenders, c, storage, source, raw)
+                results.append({**setting, "contenders": runs})
+                report(setting, runs, raw, args)
+                if args.json:
+                    args.json.write_text(json.dumps(results, indent=1))
     finally:
-        for d in daemons:
-            d.terminate()
-            d.wait()
-        teardown_link()
+        rsyncd.terminate()
+        rsyncd.wait()
+        LINK.teardown()
         if storage:
             storage.unmount()
-
-    base = statistics.median(times.get("rsync + copy (papers' baseline)", [float("nan")]))
-    forte = statistics.median(times.get("forte", [float("nan")]))
-    sides = "site, data centre" if args.pin else "CPU 0, CPU 1"
-    print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | on the link: MB, "
-          f"raw/link ratio, MB/s | CPU busy s ({sides}) | all runs (s) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
-    for name, ts in times.items():
-        m = statistics.median(ts)
-        wire = statistics.median(sent[name])
-        cpu = ", ".join(f"{statistics.median(run[i] for run in busy[name]):.1f}" for i in range(len(busy[name][0])))
-        print(f"| {name} | {m:.2f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
-              f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {cpu} | "
-              f"{', '.join(f'{t:.2f}' for t in ts)} |")
-    if args.chart:
-        rate = {name: raw / 1e6 / statistics.median(ts) for name, ts in times.items()}
+    if args.chart and len(results) == 1:
+        runs = results[0]["contenders"]
+        rate = {name: raw / 1e6 / statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
         targets = [(2.5, "rsync + copy (papers' baseline)", "rsync + copy"),
                    (1.15, rsync_name(rsync_levels[0]), f"rsync -z {rsync_levels[0]}")]
-        bar_chart(args.chart, f"End to end over {args.link_rate}/s + {args.latency_ms} ms, "
+        bar_chart(args.chart, f"End to end over {args.link_rate}/s + {args.rtt_ms} ms, "
                   f"{raw / 1e6:.0f} MB (median of {args.runs})", "MB/s", list(rate.items()),
                   [(f * rate[name], f"{f}× {short}") for f, name, short in targets if name in rate])
+
+
+def run_setting(args, contenders, c, storage, source, raw):
+    """Every contender `args.runs` times, interleaved; each run's figures by contender."""
+    runs = {name: [] for name in contenders}
+    for r in range(args.runs):
+        for name, run in contenders.items():
+            if storage:
+                storage.remake()
+            subprocess.run(["sync"])
+            before, cpu_before, link_cpu = link_bytes(), cpu_busy(), LINK.cpu()
+            with LinkSampler() as link, RateSteps(parse_rate(args.link_rate), args.step):
+                seconds, result = run(VOLUME / "out" / slug(name))
+            wire = link_bytes() - before
+            windows = link.window_rates(args.window or 5)
+            busy = [b - a for a, b in zip(cpu_before, cpu_busy())]
+            if args.window:
+                w = windows
+                print(f"  {name}: {len(w)} whole {args.window:g}-s windows on the link: " +
+                      (f"min {min(w):.1f}, median {statistics.median(w):.1f}, max {max(w):.1f} MB/s "
+                       f"({', '.join(f'{r:.1f}' for r in w)})" if w else "none"), file=sys.stderr)
+            got = digest_tree(result)
+            if got != source:
+                missing = len(set(source) - set(got))
+                differ = sum(1 for k in source if k in got and got[k] != source[k])
+                sys.exit(f"{name}: result differs from the source ({missing} missing, {differ} differ)")
+            runs[name].append({"seconds": seconds, "wire_bytes": wire, "busy": busy, "roles": c.roles,
+                               "link_cpu": LINK.cpu() - link_cpu, "windows_5s": windows})
+            roles = ", ".join(f"{k} {v:.1f}" for k, v in c.roles.items())
+            print(f"round {r + 1}: {name}: {seconds:.2f} s, {raw / 1e6 / seconds:.1f} MB/s, "
+                  f"{wire / 1e6:.0f} MB on the link at {wire / 1e6 / seconds:.1f} MB/s, CPU-s {roles or '-'}, "
+                  f"CPUs busy {', '.join(f'{b:.1f}' for b in busy)} s, link {runs[name][-1]['link_cpu']:.1f} s",
+                  file=sys.stderr)
+    return runs
+
+
+def report(setting, runs, raw, args):
+    """The setting's table: medians, rates, bytes on the link, CPU per GB by role."""
+    def med(rs, key):
+        return statistics.median(r[key] for r in rs)
+
+    base = runs.get("rsync + copy (papers' baseline)")
+    base = med(base, "seconds") if base else float("nan")
+    forte = med(runs["forte"], "seconds") if "forte" in runs else float("nan")
+    sides = "site, data centre" if args.pin else "CPU 0, CPU 1"
+    print(f"\n{setting['shape']}, {setting['files']} files, {raw / 1e6:.0f} MB; link {setting['link_rate']}, "
+          f"RTT {setting['rtt_ms']:g} ms, loss {setting['loss'] * 100:g} % (burst {setting['burst']:g}), "
+          f"via {setting['via']}; median of {args.runs}")
+    print("| contender | median s | effective raw MB/s | vs rsync + copy | forte vs it | on the link: MB, "
+          f"raw/link ratio, MB/s | CPU-s per GB by role | CPU busy s ({sides}) | all runs (s) |")
+    print("|---|---:|---:|---:|---:|---:|---|---|---|")
+    for name, rs in runs.items():
+        m, wire = med(rs, "seconds"), med(rs, "wire_bytes")
+        cpu = ", ".join(f"{statistics.median(r['busy'][i] for r in rs):.1f}" for i in range(len(rs[0]["busy"])))
+        roles = ", ".join(f"{role} {statistics.median(r['roles'][role] for r in rs) / (raw / 1e9):.2f}"
+                          for role in rs[0]["roles"]) or "-"
+        print(f"| {name} | {m:.2f} | {raw / 1e6 / m:.1f} | {base / m:.2f}× | {m / forte:.2f}× | "
+              f"{wire / 1e6:.0f}, {raw / wire:.2f}, {wire / 1e6 / m:.1f} | {roles} | {cpu} | "
+              f"{', '.join(f'{t:.2f}' for t in (r['seconds'] for r in rs))} |", flush=True)
 
 
 if __name__ == "__main__":

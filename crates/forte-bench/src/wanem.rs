@@ -22,9 +22,12 @@ use anyhow::{bail, Context, Result};
 #[derive(clap::Args)]
 pub struct WanEm {
     /// The two namespaces (made with `ip netns add`); the first gets 10.77.0.1, the second
-    /// 10.77.0.2.
+    /// 10.77.0.2. `.` is the namespace this runs in (a bench's data centre on the host).
     #[arg(long, num_args = 2, default_values = ["wan-a", "wan-b"])]
     namespaces: Vec<String>,
+    /// The TUN device's name on each side.
+    #[arg(long, default_value = "wan0")]
+    device: String,
     /// Round trip added (half each way), e.g. 100ms.
     #[arg(long, value_parser = forte_daemon::units::parse_period, default_value = "20ms")]
     rtt: Duration,
@@ -116,8 +119,8 @@ struct InFlight {
 
 pub fn run(args: WanEm) -> Result<bool> {
     let [a, b] = [&args.namespaces[0], &args.namespaces[1]];
-    let tun_a = tun_in(a, "10.77.0.1/24")?;
-    let tun_b = tun_in(b, "10.77.0.2/24")?;
+    let tun_a = tun_in(a, &args.device, "10.77.0.1/24")?;
+    let tun_b = tun_in(b, &args.device, "10.77.0.2/24")?;
     let link = |seed| Link {
         delay: args.rtt / 2,
         rate: args.rate,
@@ -174,27 +177,33 @@ fn direction(mut from: File, mut to: File, mut link: Link) {
     }
 }
 
-/// A TUN device `wan0` made inside the namespace `ns` (this thread enters it, then returns),
-/// with `address`, up.
-fn tun_in(ns: &str, address: &str) -> Result<File> {
-    let home = File::open("/proc/self/ns/net").context("reading this namespace")?;
-    let there = File::open(format!("/var/run/netns/{ns}"))
-        .with_context(|| format!("no namespace {ns}: make it with `ip netns add {ns}`"))?;
-    enter(&there)?;
-    let tun = open_tun("wan0");
-    enter(&home)?;
-    let tun = tun?;
+/// A TUN device `device` made inside the namespace `ns` (this thread enters it, then
+/// returns; `.` is this one), with `address`, up.
+fn tun_in(ns: &str, device: &str, address: &str) -> Result<File> {
+    let here = ns == ".";
+    let tun = if here {
+        open_tun(device)?
+    } else {
+        let home = File::open("/proc/self/ns/net").context("reading this namespace")?;
+        let there = File::open(format!("/var/run/netns/{ns}"))
+            .with_context(|| format!("no namespace {ns}: make it with `ip netns add {ns}`"))?;
+        enter(&there)?;
+        let tun = open_tun(device);
+        enter(&home)?;
+        tun?
+    };
+    let in_ns: &[&str] = if here { &[] } else { &["-n", ns] };
     for args in [
-        vec!["addr", "add", address, "dev", "wan0"],
-        vec!["link", "set", "wan0", "up", "mtu", "1500"],
+        vec!["addr", "add", address, "dev", device],
+        vec!["link", "set", device, "up", "mtu", "1500"],
         vec!["link", "set", "lo", "up"],
     ] {
         let status = std::process::Command::new("ip")
-            .args(["-n", ns])
+            .args(in_ns)
             .args(&args)
             .status()?;
         if !status.success() {
-            bail!("ip -n {ns} {} failed", args.join(" "));
+            bail!("ip {} {} failed", in_ns.join(" "), args.join(" "));
         }
     }
     Ok(tun)
