@@ -145,7 +145,7 @@ impl std::str::FromStr for Scheduler {
 pub struct Budget {
     units: Mutex<Units>,
     wake: Condvar,
-    total: u64,
+    total: AtomicU64,
 }
 
 /// What a [`Budget`] has free, and the ranks of those waiting for it.
@@ -191,14 +191,30 @@ impl Budget {
                 waiting: Vec::new(),
             }),
             wake: Condvar::new(),
-            total,
+            total: AtomicU64::new(total),
         })
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// Raises the total to `total` units if it is lower (never lowers it: what is held stays
+    /// held), and wakes whoever waits for the new room.
+    pub fn grow_to(&self, total: u64) {
+        let mut state = self.units.lock();
+        let before = self.total.load(Ordering::Relaxed);
+        if total > before {
+            self.total.store(total, Ordering::Relaxed);
+            state.free += total - before;
+            self.wake.notify_all();
+        }
     }
 
     /// Waits until `units` are free and takes them. A request above the total takes the
     /// whole budget, so one oversized item still proceeds, alone.
     pub fn charge(self: &Arc<Self>, units: u64) -> Charge {
-        let units = units.min(self.total);
+        let units = units.min(self.total());
         self.acquire(units, 0);
         Charge {
             budget: self.clone(),
@@ -576,12 +592,12 @@ impl Pipeline {
                 worker_kills,
             } = self.scheduling;
             let pool = (scheduler == Scheduler::Ordo).then(|| {
-                let workers = self.budget.total as usize;
+                let workers = self.budget.total() as usize;
                 let replaced = self.replaced.clone();
                 Arc::new(Pool::new(workers, wake.clone(), replaced, worker_kills))
             });
             let rayon = (scheduler == Scheduler::Rayon).then(|| {
-                let threads = self.budget.total as usize;
+                let threads = self.budget.total() as usize;
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .thread_name(|i| format!("forte-rayon-{i}"))
@@ -1291,6 +1307,22 @@ mod tests {
         let next = budget.charge(7);
         drop((part, next));
         assert_eq!(budget.free(), 10);
+    }
+
+    #[test]
+    fn a_grown_budget_lets_a_waiting_charge_go_and_never_shrinks() {
+        let budget = Budget::new(10);
+        let held = budget.charge(10);
+        let waiter = {
+            let budget = budget.clone();
+            std::thread::spawn(move || budget.charge(5))
+        };
+        budget.grow_to(15);
+        let more = waiter.join().expect("the waiter got its 5 units");
+        assert_eq!(budget.free(), 0);
+        budget.grow_to(12);
+        drop((held, more));
+        assert_eq!(budget.free(), 15);
     }
 
     #[test]

@@ -38,8 +38,10 @@ pub struct PrepareConfig {
     /// CPU budget: the most workers hashing, compressing or encrypting at once.
     pub cpu: usize,
     /// Bytes between being read and being stored, in units of `part_size`: the memory
-    /// budget. A part counts its raw bytes until it is sealed, then its sealed bytes. Memory
-    /// stays below about `parts_in_flight × 2 × part_size` (raw and compressed copies of
+    /// budget, to which room for two parts per upload the sink may have in flight is added
+    /// (the tuner's limit, read as parts are read). A part counts its raw bytes until it is
+    /// sealed, then twice its sealed bytes (the sink's copy). Memory stays below about
+    /// `(parts_in_flight + 2 × uploads) × 2 × part_size` (raw and compressed copies of
     /// incompressible data); small files share the budget by their size.
     pub parts_in_flight: usize,
     /// Workers of the sink stage (writers or uploaders), and how many of them work at once: a
@@ -840,6 +842,10 @@ struct Pass<'s> {
     part_size: u64,
     /// Bytes between being read and being stored (raw, then sealed).
     memory: Arc<Budget>,
+    /// The memory budget's base, in parts (`parts_in_flight`), before the uploads' room.
+    parts_in_flight: u64,
+    /// The sink's gate, whose limit (uploads in flight) grows the memory budget.
+    sink_gate: Arc<Gate>,
     pools: Pools,
     levels: LevelControl,
     /// Why the pass stopped reading new files, once something failed that would fail them
@@ -856,6 +862,8 @@ impl<'s> Pass<'s> {
         Self {
             part_size,
             memory: Budget::new(cfg.parts_in_flight.max(1) as u64 * part_size),
+            parts_in_flight: cfg.parts_in_flight.max(1) as u64,
+            sink_gate: cfg.sink.clone(),
             pools: Pools {
                 raw: BufferPool::new(cpu, POOLED_BUFFER),
                 compressed: BufferPool::new(cpu, POOLED_BUFFER),
@@ -866,6 +874,18 @@ impl<'s> Pass<'s> {
             outcomes: Mutex::default(),
             sink,
         }
+    }
+
+    /// Waits for `units` of the memory budget, grown first by room for each upload the sink
+    /// may now have in flight (a sealed part is charged twice its size, see `encrypt_part`):
+    /// on a long link every upload holds its part for a round trip or more, and a budget that
+    /// did not follow the tuner's uploads left them without parts (600 ms: 19 of 64 uploads
+    /// busy, the link a third full). Never shrunk: what is held stays held.
+    fn charge(&self, units: u64) -> Charge {
+        let uploads = self.sink_gate.limit() as u64;
+        self.memory
+            .grow_to((self.parts_in_flight + 2 * uploads) * self.part_size);
+        self.memory.charge(units)
     }
 
     /// Stops the pass because of `file`'s `error`, and returns the error.
@@ -917,7 +937,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
     }
     if !job.members.is_empty() {
         emit.wait_for_demand();
-        let charge = emit.waiting(|| pass.memory.charge(job.source.size.max(MIN_CHARGE)));
+        let charge = emit.waiting(|| pass.charge(job.source.size.max(MIN_CHARGE)));
         emit.send(match read_bundle(&job, pass) {
             Ok(data) => Piece::read(job.clone(), 0, data, charge),
             Err(error) => failed(0, error),
@@ -939,7 +959,7 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
         let offset = u64::from(index) * pass.part_size;
         let len = pass.part_size.min(src.size - offset);
         emit.wait_for_demand();
-        let charge = emit.waiting(|| pass.memory.charge(len.max(MIN_CHARGE)));
+        let charge = emit.waiting(|| pass.charge(len.max(MIN_CHARGE)));
         if let Some(why) = pass.stop.get() {
             emit.send(failed(
                 index,

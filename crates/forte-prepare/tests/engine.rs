@@ -99,3 +99,70 @@ fn many_parts_pass_a_budget_of_one_part_in_flight() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(raw, 1_000_000, "every byte read once");
 }
+
+/// A sink whose uploads each wait, as on a long link, until `want` are under way at once (or
+/// a while has passed), and which keeps the most it saw at once.
+struct SlowLink {
+    inner: DirSink,
+    want: usize,
+    busy: parking_lot::Mutex<(usize, usize)>,
+    changed: parking_lot::Condvar,
+}
+
+impl forte_prepare::Sink for SlowLink {
+    fn put_part(
+        &self,
+        id: forte_format::ObjectId,
+        index: u32,
+        sealed: &[u8],
+        sha256: &str,
+    ) -> anyhow::Result<()> {
+        let mut busy = self.busy.lock();
+        busy.0 += 1;
+        busy.1 = busy.1.max(busy.0);
+        self.changed.notify_all();
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(300);
+        while busy.1 < self.want && !self.changed.wait_until(&mut busy, until).timed_out() {}
+        busy.0 -= 1;
+        drop(busy);
+        self.inner.put_part(id, index, sealed, sha256)
+    }
+    fn put_manifest(&self, manifest: &forte_format::Manifest, sealed: &[u8]) -> anyhow::Result<()> {
+        self.inner.put_manifest(manifest, sealed)
+    }
+    fn done(&self, outcomes: &[forte_prepare::FileOutcome]) {
+        self.inner.done(outcomes)
+    }
+}
+
+#[test]
+fn every_upload_the_sink_may_have_gets_a_part_whatever_the_budget_of_parts() {
+    let (dir, recipients, key) = setup();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big.bin"), vec![3u8; 16 * 4096]).unwrap();
+    let jobs = discover(&src)
+        .unwrap()
+        .files
+        .into_iter()
+        .map(PrepareJob::fresh)
+        .collect();
+    let uploads = 6;
+    let sink = SlowLink {
+        inner: DirSink::create(&dir.path().join("out")).unwrap(),
+        want: uploads,
+        busy: Default::default(),
+        changed: Default::default(),
+    };
+    let config = PrepareConfig {
+        part_size: 4096,
+        cpu: 2,
+        parts_in_flight: 1,
+        sink: forte_pipeline::Gate::fixed(uploads),
+        ..PrepareConfig::for_this_machine()
+    };
+    let outcomes = Prepare::new(config, &recipients, &key).run(jobs, &sink);
+    assert!(outcomes[0].error.is_none(), "{outcomes:?}");
+    let most = sink.busy.lock().1;
+    assert_eq!(most, uploads, "uploads under way at once, of {uploads}");
+}

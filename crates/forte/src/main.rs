@@ -221,4 +221,21 @@ mod tests {
         let current = settings::reference::markdown(&cli, commands::config::FILE_ONLY);
         assert!(written == current, "docs/config.md is not current: run `cargo run -p forte -- config reference > docs/config.md`");
     }
+
+    /// A sender's most uploads in flight and a request beside them fit under the relay's
+    /// default cap per address: at 64 each, a sender on a 600 ms link had connections closed
+    /// at once ("64 connections open from 10.77.0.1").
+    #[test]
+    fn the_relay_holds_a_senders_most_uploads_and_its_requests() {
+        let cli = Cli::try_parse_from(["forte", "relay", "--store", "s", "--tokens", "t"])
+            .expect("relay with its defaults");
+        let Command::Relay(args) = cli.command else {
+            panic!("not the relay command")
+        };
+        let per_address = args.max_connections_per_address;
+        assert!(
+            per_address > forte_daemon::settings::MAX_UPLOADS + 8,
+            "{per_address} per address"
+        );
+    }
 }

@@ -44,7 +44,9 @@ impl Default for Limits {
     fn default() -> Self {
         Self {
             total: 768,
-            per_address: 64,
+            // Above a sender's most uploads in flight (64, `send --connections`), with room
+            // for its other requests: at 64 a sender on a long link had its 65th closed.
+            per_address: 96,
             handshake: Duration::from_secs(10),
             idle: Duration::from_secs(30),
         }

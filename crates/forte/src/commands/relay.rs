@@ -61,9 +61,9 @@ pub struct Args {
     /// holds under a limit of 1 024 descriptors (ulimit -n): keep it some 250 below it [config: relay_server.max_connections].
     #[arg(long, default_value_t = 768, value_name = "N", value_parser = forte_daemon::units::parse_count)]
     max_connections: usize,
-    /// Connections open at once from one address (raise it for sites behind one NAT) [config: relay_server.max_connections_per_address].
-    #[arg(long, default_value_t = 64, value_name = "N", value_parser = forte_daemon::units::parse_count)]
-    max_connections_per_address: usize,
+    /// Connections open at once from one address: a sender's uploads (up to 64) and its requests beside them; raise it for sites behind one NAT [config: relay_server.max_connections_per_address].
+    #[arg(long, default_value_t = 96, value_name = "N", value_parser = forte_daemon::units::parse_count)]
+    pub(crate) max_connections_per_address: usize,
     /// How long a TLS handshake may take [config: relay_server.handshake_timeout].
     #[arg(long, value_parser = forte_daemon::units::parse_period, value_name = "DURATION", default_value = "10s")]
     handshake_timeout: std::time::Duration,
