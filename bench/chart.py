@@ -44,3 +44,56 @@ def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
     out.append("</svg>\n")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out))
+
+
+PALETTE = {"forte": FORTE, "rsync": "#7570b3", "rclone": "#1b9e77"}
+
+
+def line_panels(path: Path, title: str, unit: str, xs, panels, x_label="round trip (ms)"):
+    """Side-by-side line charts sharing one y axis: `panels` is [(panel title, {series label:
+    [y per x in xs, or None]})]. `xs` are drawn evenly spaced (categories, e.g. round trips).
+    A series is coloured by the first word of its label (forte, rsync, rclone)."""
+    top = max(y for _, series in panels for ys in series.values() for y in ys if y is not None) * 1.1
+    pw, ph, left, gap = 260, 220, 50, 30
+    width = left + len(panels) * (pw + gap) + 10
+    height = 60 + ph + 40 + 18 * max(len(series) for _, series in panels)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="DejaVu Sans, sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+    y0 = 50 + ph
+
+    def y_of(v):
+        return y0 - ph * v / top
+
+    for tick in range(0, 5):
+        v = top / 1.1 * tick / 4
+        out.append(f'<text x="{left - 6}" y="{y_of(v) + 4:.1f}" text-anchor="end">{v:.0f}</text>')
+    out.append(f'<text x="12" y="{50 + ph / 2}" transform="rotate(-90 12 {50 + ph / 2})" '
+               f'text-anchor="middle">{escape(unit)}</text>')
+    for k, (name, series) in enumerate(panels):
+        x0 = left + k * (pw + gap)
+
+        def x_of(i):
+            return x0 + 20 + (pw - 40) * i / max(1, len(xs) - 1)
+
+        out.append(f'<rect x="{x0}" y="50" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+        out.append(f'<text x="{x0 + pw / 2}" y="44" text-anchor="middle" font-weight="bold">{escape(name)}</text>')
+        for i, x in enumerate(xs):
+            out.append(f'<text x="{x_of(i):.1f}" y="{y0 + 16}" text-anchor="middle">{escape(str(x))}</text>')
+        out.append(f'<text x="{x0 + pw / 2}" y="{y0 + 32}" text-anchor="middle">{escape(x_label)}</text>')
+        for j, (label, ys) in enumerate(series.items()):
+            colour = PALETTE.get(label.split()[0], "#666")
+            dash = ' stroke-dasharray="5 3"' if j % 2 and label.split()[0] != "forte" else ""
+            points = [(x_of(i), y_of(y)) for i, y in enumerate(ys) if y is not None]
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2"{dash} points="'
+                       + " ".join(f"{a:.1f},{b:.1f}" for a, b in points) + '"/>')
+            out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="3" fill="{colour}"/>' for a, b in points]
+            if k == 0:
+                ly = y0 + 52 + 18 * j
+                out.append(f'<line x1="{left}" y1="{ly - 4}" x2="{left + 24}" y2="{ly - 4}" stroke="{colour}" '
+                           f'stroke-width="2"{dash}/>')
+                out.append(f'<text x="{left + 30}" y="{ly}">{escape(label)}</text>')
+    out.append("</svg>\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out))
