@@ -38,8 +38,8 @@ pub struct PrepareConfig {
     /// CPU budget: the most workers hashing, compressing or encrypting at once.
     pub cpu: usize,
     /// Bytes between being read and being stored, in units of `part_size`: the memory
-    /// budget, to which room for two parts is added per upload the sink may have in flight
-    /// beyond `parts_in_flight - cpu` (the tuner's limit, read as parts are read). A part counts its raw bytes until it is
+    /// budget, to which room for two parts is added per upload the send's tuner raises the
+    /// sink's limit to beyond where it began (read as parts are read). A part counts its raw bytes until it is
     /// sealed, then twice its sealed bytes (the sink's copy). Memory stays below about
     /// `(parts_in_flight + 2 × uploads) × 2 × part_size` (raw and compressed copies of
     /// incompressible data); small files share the budget by their size.
@@ -844,8 +844,9 @@ struct Pass<'s> {
     memory: Arc<Budget>,
     /// The memory budget's base, in parts (`parts_in_flight`), before the uploads' room.
     parts_in_flight: u64,
-    /// Of those, the parts beyond one per computing worker: what the base already leaves the
-    /// sink's uploads.
+    /// The uploads the base already leaves room for: the sink's limit as the pass began (a
+    /// fixed `--connections`, or where an untuned sender starts), or the parts beyond one per
+    /// computing worker if more.
     sink_room: u64,
     /// The sink's gate, whose limit (uploads in flight) grows the memory budget.
     sink_gate: Arc<Gate>,
@@ -866,7 +867,10 @@ impl<'s> Pass<'s> {
             part_size,
             memory: Budget::new(cfg.parts_in_flight.max(1) as u64 * part_size),
             parts_in_flight: cfg.parts_in_flight.max(1) as u64,
-            sink_room: cfg.parts_in_flight.saturating_sub(cpu) as u64,
+            sink_room: cfg
+                .parts_in_flight
+                .saturating_sub(cpu)
+                .max(cfg.sink.limit()) as u64,
             sink_gate: cfg.sink.clone(),
             pools: Pools {
                 raw: BufferPool::new(cpu, POOLED_BUFFER),
@@ -880,12 +884,14 @@ impl<'s> Pass<'s> {
         }
     }
 
-    /// Waits for `units` of the memory budget, grown first by room for each upload the sink
-    /// may now have in flight beyond the base's room for it (a sealed part is charged twice
-    /// its size, see `encrypt_part`): on a long link every upload holds its part for a round
-    /// trip or more, and a budget that did not follow the tuner's uploads left them without
-    /// parts (600 ms: 19 of 64 uploads busy, the link a third full). Never shrunk: what is
-    /// held stays held.
+    /// Waits for `units` of the memory budget, grown first by room for each upload the tuner
+    /// has raised the sink to beyond the base's room (a sealed part is charged twice its
+    /// size, see `encrypt_part`): on a long link every upload holds its part for a round trip
+    /// or more, and a budget that did not follow the tuner's uploads left them without parts
+    /// (600 ms: 19 of 64 uploads busy, the link a third full). Uploads the tuner did not ask
+    /// for get no room: under a bandwidth limit, parts all sent at once share it and all
+    /// finish at the end, and no progress shows until then. Never shrunk: what is held stays
+    /// held.
     fn charge(&self, units: u64) -> Charge {
         let uploads = self.sink_gate.limit() as u64;
         let more = 2 * uploads.saturating_sub(self.sink_room);

@@ -105,6 +105,9 @@ fn many_parts_pass_a_budget_of_one_part_in_flight() {
 struct SlowLink {
     inner: DirSink,
     want: usize,
+    /// The sink's gate, raised to `want` at the first upload as a sender's tuner does once it
+    /// has measured the link.
+    gate: std::sync::Arc<forte_pipeline::Gate>,
     busy: parking_lot::Mutex<(usize, usize)>,
     changed: parking_lot::Condvar,
 }
@@ -117,6 +120,7 @@ impl forte_prepare::Sink for SlowLink {
         sealed: &[u8],
         sha256: &str,
     ) -> anyhow::Result<()> {
+        self.gate.set_limit(self.want);
         let mut busy = self.busy.lock();
         busy.0 += 1;
         busy.1 = busy.1.max(busy.0);
@@ -136,7 +140,7 @@ impl forte_prepare::Sink for SlowLink {
 }
 
 #[test]
-fn every_upload_the_sink_may_have_gets_a_part_whatever_the_budget_of_parts() {
+fn every_upload_the_tuner_adds_gets_a_part_whatever_the_budget_of_parts() {
     let (dir, recipients, key) = setup();
     let src = dir.path().join("src");
     std::fs::create_dir_all(&src).unwrap();
@@ -148,9 +152,11 @@ fn every_upload_the_sink_may_have_gets_a_part_whatever_the_budget_of_parts() {
         .map(PrepareJob::fresh)
         .collect();
     let uploads = 6;
+    let gate = forte_pipeline::Gate::new(1, uploads);
     let sink = SlowLink {
         inner: DirSink::create(&dir.path().join("out")).unwrap(),
         want: uploads,
+        gate: gate.clone(),
         busy: Default::default(),
         changed: Default::default(),
     };
@@ -158,7 +164,7 @@ fn every_upload_the_sink_may_have_gets_a_part_whatever_the_budget_of_parts() {
         part_size: 4096,
         cpu: 2,
         parts_in_flight: 1,
-        sink: forte_pipeline::Gate::fixed(uploads),
+        sink: gate,
         ..PrepareConfig::for_this_machine()
     };
     let outcomes = Prepare::new(config, &recipients, &key).run(jobs, &sink);
