@@ -14,6 +14,20 @@ FORTE = "#d95f02"
 OTHER = "#7570b3"
 
 
+def svg_start(width, height, title):
+    """An SVG's opening lines: its size, a white ground and the title."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'font-family="DejaVu Sans, sans-serif" font-size="12">',
+            f'<rect width="{width}" height="{height}" fill="white"/>',
+            f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+
+
+def write_svg(path: Path, lines):
+    """Closes the SVG of `lines` and writes it to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines + ["</svg>\n"]))
+
+
 def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
     """Writes `rows` ([(label, value)], drawn top to bottom) as bars to `path`.
 
@@ -23,10 +37,7 @@ def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
     top = max([v for _, v in rows] + [v for v, _ in marks]) * 1.1
     height = 46 + ROW * len(rows) + 10 + 14 * len(marks)
     width = LABEL + BARS + 90
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="DejaVu Sans, sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out = svg_start(width, height, title)
     for i, (label, value) in enumerate(rows):
         y = 36 + i * ROW
         w = BARS * value / top
@@ -41,9 +52,7 @@ def bar_chart(path: Path, title: str, unit: str, rows, marks=()):
         out.append(f'<line x1="{x:.1f}" y1="30" x2="{x:.1f}" y2="{bottom}" stroke="black" '
                    f'stroke-dasharray="4 3"/>')
         out.append(f'<text x="{x:.1f}" y="{bottom + 16 + 14 * k}" text-anchor="middle">{escape(text)}</text>')
-    out.append("</svg>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
+    write_svg(path, out)
 
 
 PALETTE = {"forte": FORTE, "rsync": "#7570b3", "rclone": "#1b9e77"}
@@ -57,10 +66,7 @@ def line_panels(path: Path, title: str, unit: str, xs, panels, x_label="round tr
     pw, ph, left, gap = 260, 220, 50, 30
     width = left + len(panels) * (pw + gap) + 10
     height = 60 + ph + 40 + 18 * max(len(series) for _, series in panels)
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'font-family="DejaVu Sans, sans-serif" font-size="12">',
-           f'<rect width="{width}" height="{height}" fill="white"/>',
-           f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(title)}</text>']
+    out = svg_start(width, height, title)
     y0 = 50 + ph
 
     def y_of(v):
@@ -94,6 +100,4 @@ def line_panels(path: Path, title: str, unit: str, xs, panels, x_label="round tr
                 out.append(f'<line x1="{left}" y1="{ly - 4}" x2="{left + 24}" y2="{ly - 4}" stroke="{colour}" '
                            f'stroke-width="2"{dash}/>')
                 out.append(f'<text x="{left + 30}" y="{ly}">{escape(label)}</text>')
-    out.append("</svg>\n")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(out))
+    write_svg(path, out)

@@ -13,6 +13,19 @@ fn setup() -> (tempfile::TempDir, Recipients, EdgeKey) {
     (dir, recipients, key)
 }
 
+/// `bytes` as src/big.bin under `dir`, discovered: the jobs of a pass over it.
+fn one_file(dir: &std::path::Path, bytes: &[u8]) -> Vec<PrepareJob> {
+    let src = dir.join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("big.bin"), bytes).unwrap();
+    discover(&src)
+        .unwrap()
+        .files
+        .into_iter()
+        .map(PrepareJob::fresh)
+        .collect()
+}
+
 #[test]
 fn a_file_that_fails_fails_alone_and_leaves_no_object() {
     let (dir, recipients, key) = setup();
@@ -70,16 +83,8 @@ fn a_file_that_fails_fails_alone_and_leaves_no_object() {
 #[test]
 fn many_parts_pass_a_budget_of_one_part_in_flight() {
     let (dir, recipients, key) = setup();
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
     let bytes: Vec<u8> = (0..1_000_000u32).map(|i| (i * 31 % 251) as u8).collect();
-    std::fs::write(src.join("big.bin"), &bytes).unwrap();
-    let jobs = discover(&src)
-        .unwrap()
-        .files
-        .into_iter()
-        .map(PrepareJob::fresh)
-        .collect();
+    let jobs = one_file(dir.path(), &bytes);
     let out = dir.path().join("out");
     let sink = DirSink::create(&out).unwrap();
     let config = PrepareConfig {
@@ -142,15 +147,7 @@ impl forte_prepare::Sink for SlowLink {
 #[test]
 fn every_upload_the_tuner_adds_gets_a_part_whatever_the_budget_of_parts() {
     let (dir, recipients, key) = setup();
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("big.bin"), vec![3u8; 16 * 4096]).unwrap();
-    let jobs = discover(&src)
-        .unwrap()
-        .files
-        .into_iter()
-        .map(PrepareJob::fresh)
-        .collect();
+    let jobs = one_file(dir.path(), &[3u8; 16 * 4096]);
     let uploads = 6;
     let gate = forte_pipeline::Gate::new(1, uploads);
     let sink = SlowLink {
