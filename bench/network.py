@@ -41,10 +41,12 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a running process (its threads included), from /proc."""
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU time of a running process (its threads included; with `children`,
+    also its children that have exited and been waited for), from /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def parse_rate(text: str) -> float:

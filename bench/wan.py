@@ -63,7 +63,7 @@ from pathlib import Path
 
 from chart import bar_chart
 from corpus import build_incompressible_batch, build_inbox, build_small_inbox
-from network import NS, parse_rate, set_link_rate, setup_link, teardown_link
+from network import NS, cpu_seconds, parse_rate, set_link_rate, setup_link, teardown_link
 from site_setup import add_edge_site, make_site, start_relay
 from binary import FORTE
 
@@ -141,7 +141,7 @@ class Emulated:
 
     def cpu(self) -> float:
         """CPU-seconds the emulator has used (it shares the machine with the contenders)."""
-        return proc_cpu(self.proc.pid)
+        return cpu_seconds(self.proc.pid)
 
     def stop(self):
         if self.proc:
@@ -183,7 +183,7 @@ class Proxied:
         return f"{DC}:1{PORTS[name]}"
 
     def cpu(self) -> float:
-        return proc_cpu(self.server.pid)
+        return cpu_seconds(self.server.pid)
 
     def teardown(self):
         if self.server:
@@ -207,14 +207,6 @@ def wait_for(ready, what: str, within: float = 10.0):
 LINK = None  # the Emulated or Proxied link of this run
 
 
-def proc_cpu(pid: int, children: bool = False) -> float:
-    """User + system CPU-seconds of a running process (its threads; with `children`, also its
-    children that have exited and been waited for), from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def wait_cpu(proc: subprocess.Popen) -> float:
     """Waits for `proc` and returns its CPU-seconds (and its waited-for children's); fails the
     bench if it failed."""
@@ -234,7 +226,7 @@ def daemon_cpu(pid: int) -> float:
     """A forking daemon's CPU-seconds with its exited children's, once no child is left (the
     rsync daemon reaps a connection's processes just after the client has gone)."""
     wait_for(lambda: _no_children(pid), "the rsync daemon's children's exit")
-    return proc_cpu(pid, children=True)
+    return cpu_seconds(pid, children=True)
 
 
 def _no_children(pid: int):
@@ -515,7 +507,7 @@ class Contenders:
                 shares.report()
             elapsed = time.monotonic() - start
             mark("last file delivered")
-            self.roles = {"edge": edge, "relay": proc_cpu(relay.pid), "core": proc_cpu(puller.pid)}
+            self.roles = {"edge": edge, "relay": cpu_seconds(relay.pid), "core": cpu_seconds(puller.pid)}
             puller.terminate()
             puller.wait()
         finally:
@@ -565,7 +557,7 @@ class Contenders:
                                   f"http://{LINK.address('rclone')}", "--transfers", "4", "--exclude", ".ready"],
                                  stdout=subprocess.DEVNULL)
             elapsed = time.monotonic() - start
-            self.roles = {"sender": sender, "receiver": proc_cpu(server.pid)}
+            self.roles = {"sender": sender, "receiver": cpu_seconds(server.pid)}
             return elapsed, store
         finally:
             server.terminate()

@@ -27,16 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+from network import cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 WANEM = ROOT / "target/release/forte-bench"
 FLOW = ROOT / "bench/tcp_flow.py"
 NS = "wanem-check"
 MSS = 1448  # 1500 less IP (20), TCP (20) and timestamps (12)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
 
 
 class Link:

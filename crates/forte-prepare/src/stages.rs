@@ -39,10 +39,10 @@ pub struct PrepareConfig {
     pub cpu: usize,
     /// Bytes between being read and being stored, in units of `part_size`: the memory
     /// budget, to which room for two parts is added per upload the send's tuner raises the
-    /// sink's limit to beyond where it began (read as parts are read). A part counts its raw bytes until it is
-    /// sealed, then twice its sealed bytes (the sink's copy). Memory stays below about
-    /// `(parts_in_flight + 2 × uploads) × 2 × part_size` (raw and compressed copies of
-    /// incompressible data); small files share the budget by their size.
+    /// sink's limit to beyond where it began (read as parts are read). A part counts its raw
+    /// bytes until it is sealed, then twice its sealed bytes (the sink's copy). Memory stays
+    /// below about `(parts_in_flight + 2 × uploads) × 2 × part_size` (raw and compressed
+    /// copies of incompressible data); small files share the budget by their size.
     pub parts_in_flight: usize,
     /// Workers of the sink stage (writers or uploaders), and how many of them work at once: a
     /// limit the send's tuner changes while the pass runs.
