@@ -1147,6 +1147,128 @@ fn an_upload_tells_its_bytes_as_its_connection_takes_them() {
 }
 
 #[test]
+fn a_flood_of_tokenless_connections_from_many_addresses_cuts_no_upload_of_a_site() {
+    use forte_relay::pace::{Pacer, Timetable};
+    use forte_relay::server::connections::Limits;
+    use std::io::Read;
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_configured(tmp.path(), |c| {
+        c.connections = Limits {
+            total: 8,
+            per_address: 8,
+            ..Limits::default()
+        }
+    });
+    // A site (127.0.0.1) with four uploads paced to take seconds, after a first request that
+    // showed its token; it is the address holding the most.
+    let pacer = Arc::new(Pacer::new(Timetable::fixed(Some(1e6)), Box::new(|| 0)));
+    let edge = client(&relay, EDGE_A).uploading(4, Some(pacer));
+    edge.round_trip().unwrap();
+    let parts: Vec<(ObjectId, Vec<u8>)> = (0..4u8)
+        .map(|i| (ObjectId::random(), vec![i; 1_000_000]))
+        .collect();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let results = std::thread::scope(|s| {
+        let uploads: Vec<_> = parts
+            .iter()
+            .map(|(id, p)| s.spawn(|| edge.put_part(*id, 0, p, &sha(p))))
+            .collect();
+        while edge.sent_bytes() == Some(0) {
+            std::thread::yield_now();
+        }
+        // Three idle connections from each of eight other addresses, no TLS, no token: as
+        // the reviewer's flood, from more addresses than the site holds connections.
+        let flood: Vec<std::net::TcpStream> = (2..=9)
+            .flat_map(|a| std::iter::repeat_n(a, 3))
+            .map(|a| {
+                runtime.block_on(async {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket
+                        .bind(format!("127.0.0.{a}:0").parse().unwrap())
+                        .unwrap();
+                    let tcp = socket.connect(relay.addr).await.unwrap();
+                    tcp.into_std().unwrap()
+                })
+            })
+            .collect();
+        // Wait until the relay has answered the flood: those it refused are closed.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let refused = |mut tcp: &std::net::TcpStream| {
+            tcp.set_nonblocking(false).unwrap();
+            tcp.set_read_timeout(Some(Duration::from_millis(5)))
+                .unwrap();
+            match tcp.read(&mut [0u8; 1]) {
+                Ok(0) => true,
+                Ok(_) => false,
+                Err(e) => !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ),
+            }
+        };
+        while flood.iter().filter(|t| refused(t)).count() < 16 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the relay never refused the flood"
+            );
+        }
+        let results: Vec<_> = uploads.into_iter().map(|u| u.join().unwrap()).collect();
+        drop(flood);
+        results
+    });
+    for result in results {
+        result.expect("a site's upload cut to make room for a connection without a token");
+    }
+}
+
+#[test]
+fn a_client_counts_upload_bytes_as_its_connections_take_them_told_or_not() {
+    use forte_relay::pace::{Pacer, Timetable};
+    use std::sync::Arc;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    // Not counted unless asked (a body read piece by piece costs CPU).
+    let edge = client(&relay, EDGE_A);
+    assert_eq!(edge.sent_bytes(), None);
+    // Paced at 2 MB/s and told to no one (the tuner's case: no dashboard), a 1 MB part is
+    // counted while it goes, not only when the relay answers.
+    let pacer = Arc::new(Pacer::new(Timetable::fixed(Some(2e6)), Box::new(|| 0)));
+    let edge = client(&relay, EDGE_A).uploading(1, Some(pacer));
+    let (id, p) = (ObjectId::random(), vec![7u8; 1_000_000]);
+    let mid_upload = std::thread::scope(|s| {
+        let upload = s.spawn(|| edge.put_part(id, 1, &p, &sha(&p)));
+        let mut seen = 0;
+        while !upload.is_finished() && seen == 0 {
+            seen = edge.sent_bytes().unwrap();
+            std::thread::yield_now();
+        }
+        upload.join().unwrap().unwrap();
+        seen
+    });
+    assert!(
+        (1..p.len() as u64).contains(&mid_upload),
+        "counted {mid_upload} of {} bytes while the upload went",
+        p.len()
+    );
+    assert_eq!(edge.sent_bytes(), Some(p.len() as u64));
+
+    // A part sent whole with its manifest, by a client asked to count: every byte of the
+    // request, added.
+    let edge = client(&relay, EDGE_A);
+    edge.count_sent();
+    let (id, q) = (ObjectId::random(), vec![9u8; 300_001]);
+    edge.put_whole(id, "batch-1", &q, &sha(&q), b"manifest")
+        .unwrap();
+    assert_eq!(edge.sent_bytes(), Some(q.len() as u64 + 8));
+}
+
+#[test]
 fn a_part_larger_than_a_bucket_upload_piece_is_kept_and_given_back_whole() {
     // 40 MiB: sent on to a bucket in pieces (a multipart upload), read back as a stream.
     let tmp = tempfile::tempdir().unwrap();
@@ -1218,6 +1340,40 @@ fn an_upload_whose_body_pauses_past_the_idle_timeout_is_given_up() {
     let status = status_line(&mut std::io::BufReader::new(tls));
     let status = status.expect("no answer within 20 s: the relay still waits for the body");
     assert!(status.contains(" 422 "), "{status}");
+    let spool = tmp.path().join("store/sites/site-a/tmp");
+    assert_eq!(files_under(&spool), 0, "a spooled body was left behind");
+}
+
+#[test]
+fn an_upload_trickled_a_byte_at_a_time_is_given_up_after_the_idle_timeout() {
+    use std::io::{Read, Write};
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay_configured(tmp.path(), |c| c.connections.idle = Duration::from_secs(1));
+    let head = part_upload_head(ObjectId::random(), EDGE_A, 100_000);
+    let mut tls = raw_connection(&relay, head.as_bytes(), Duration::from_secs(20)).unwrap();
+    tls.sock
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
+    // A byte every tenth of a second: it never pauses for the idle timeout, and brings far
+    // less than the floor in it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"\r\n") && std::time::Instant::now() < deadline {
+        if tls.write_all(b"x").and_then(|()| tls.flush()).is_err() {
+            break;
+        }
+        let mut buf = [0u8; 256];
+        match tls.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => answer.extend_from_slice(&buf[..n]),
+            Err(_) => {}
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 422"),
+        "within 20 s: {answer:?}: the relay still reads a trickled body"
+    );
     let spool = tmp.path().join("store/sites/site-a/tmp");
     assert_eq!(files_under(&spool), 0, "a spooled body was left behind");
 }

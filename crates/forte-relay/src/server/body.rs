@@ -152,13 +152,23 @@ pub fn stream_out((mut reader, length): Reader, what: String) -> Response {
         .into_response()
 }
 
-/// A request body that fails once no byte of it arrived for `stall` (the idle timeout): a
-/// client that declares a body and then pauses holds its connection, its spool file or its
-/// part of the memory budget ([`super::memory`]) no longer than that.
+/// The least a body must bring in each `stall` (the idle timeout) while the relay waits for it:
+/// 137 bytes a second, below one upload's share of any link forte is used on (64 uploads
+/// through a 10 kB/s `--bwlimit` bring 4.7 KiB each in 30 s).
+pub const FLOOR_PER_STALL: u64 = 4 << 10;
+
+/// A request body that fails once it brought less than [`FLOOR_PER_STALL`] in `stall` (the idle
+/// timeout) while the relay waited for it: a client that declares a body and then pauses, or
+/// trickles it a byte at a time, holds its connection, its spool file or its part of the
+/// memory budget ([`super::memory`]) no longer than that. (Reset by any byte, a trickle of
+/// one byte every 20 s held a body and 300 MiB of that budget for as long as it went on: the
+/// review of issue 45.)
 pub struct Stalling {
     inner: Body,
     stall: Duration,
     timer: Pin<Box<tokio::time::Sleep>>,
+    /// Bytes that arrived since the timer was last set.
+    brought: u64,
 }
 
 impl Stalling {
@@ -167,6 +177,7 @@ impl Stalling {
             inner,
             stall,
             timer: Box::pin(tokio::time::sleep(stall)),
+            brought: 0,
         }
     }
 }
@@ -181,19 +192,24 @@ impl http_body::Body for Stalling {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            let next = tokio::time::Instant::now() + this.stall;
-            this.timer.as_mut().reset(next);
+            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
+                this.brought += data.map_or(0, |d| d.len() as u64);
+            }
+            if this.brought >= FLOOR_PER_STALL {
+                this.brought = 0;
+                let next = tokio::time::Instant::now() + this.stall;
+                this.timer.as_mut().reset(next);
+            }
             return Poll::Ready(frame);
         }
         ready!(this.timer.as_mut().poll(cx));
-        tracing::warn!(
-            "a request body paused for {} s: given up",
+        let what = format!(
+            "the body brought {} bytes in {} s, less than {FLOOR_PER_STALL} (paused or trickled)",
+            this.brought,
             this.stall.as_secs()
         );
-        let paused = std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            format!("the body paused for {} s", this.stall.as_secs()),
-        );
+        tracing::warn!("a request body given up: {what}");
+        let paused = std::io::Error::new(std::io::ErrorKind::TimedOut, what);
         Poll::Ready(Some(Err(axum::Error::new(paused))))
     }
 

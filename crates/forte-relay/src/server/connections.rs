@@ -1,11 +1,19 @@
 //! How many connections the relay holds, and for how long: a client that opens connections
 //! and sends nothing (no token is needed to open one) must not use up the relay's descriptors
 //! and lock every site out. A connection beyond the cap from one address is closed as soon as
-//! it is accepted, before its TLS handshake. At the cap in total, a connection from an address
-//! holding fewer connections than the address holding the most takes the place of that
-//! address's oldest connection, which is closed: whoever holds many connections from a few
-//! addresses cannot keep out a site that holds a few (a flood from as many addresses as the cap
-//! is beyond what a relay alone can tell from sites). A handshake has [`Limits::handshake`] to
+//! it is accepted, before its TLS handshake. At the cap in total, a connection takes the place
+//! of another, which is closed, only where that cannot cut a site off:
+//! - an address that showed a valid token (a request passed the gate) within [`VOUCHED_FOR`]
+//!   is vouched for, and only another vouched-for address can take one of its connections;
+//! - a new connection from any address takes the place of the oldest connection of the
+//!   not-vouched-for address holding the most, if that holds more than one more than the
+//!   asker: a flood from a few addresses cannot keep out a site holding a few;
+//! - a vouched-for address also takes the place of any not-vouched-for connection, and then
+//!   of the oldest of the vouched-for address holding the most, by the same rule.
+//!
+//! A busy sender is by nature the address holding the most: counted with the rest, a flood of
+//! idle connections from a few dozen addresses closed its uploads one after another, mid-body,
+//! until its batch failed (the review of issue 45). A handshake has [`Limits::handshake`] to
 //! finish, and a connection that sends no request (a first one, or the next on a kept-alive
 //! connection) within [`Limits::idle`] is closed.
 
@@ -17,7 +25,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum_server::accept::Accept;
 use futures_util::task::AtomicWaker;
@@ -104,6 +112,10 @@ impl Limits {
     }
 }
 
+/// How long an address stays vouched for after its last request with a valid token: longer
+/// than a daemon's pause between batches, so that its next batch's connections are safe too.
+pub const VOUCHED_FOR: Duration = Duration::from_secs(600);
+
 /// Counts open connections and refuses those over [`Limits`].
 #[derive(Clone)]
 pub struct CappedAcceptor {
@@ -118,6 +130,8 @@ struct Open {
     leaving: usize,
     /// Each address's connections, oldest first.
     by_address: HashMap<IpAddr, VecDeque<Arc<Eviction>>>,
+    /// Addresses that sent a request with a valid token, and when they last did.
+    vouched: HashMap<IpAddr, Instant>,
 }
 
 /// How a connection is told to close to make room for another.
@@ -142,15 +156,31 @@ impl Eviction {
 }
 
 impl Open {
-    /// Closes the oldest connection of the address holding the most, if it holds more than
-    /// `holds` (what the address asking for room holds): whether room was made.
-    fn make_room(&mut self, holds: usize) -> bool {
+    fn is_vouched(&self, address: &IpAddr) -> bool {
+        self.vouched
+            .get(address)
+            .is_some_and(|at| at.elapsed() < VOUCHED_FOR)
+    }
+
+    /// Closes a connection to make room for one from `asker`, which holds `holds` (see the
+    /// module's rules): whether room was made.
+    fn make_room(&mut self, asker: IpAddr, holds: usize) -> bool {
+        let vouched: Vec<bool> = self
+            .by_address
+            .keys()
+            .map(|address| self.is_vouched(address))
+            .collect();
+        let asker_vouched = self.is_vouched(&asker);
+        // Not vouched for first, the one holding the most; then, for a vouched-for asker only,
+        // the vouched-for address holding the most.
         let most = self
             .by_address
             .iter_mut()
-            .max_by_key(|(_, held)| held.len())
-            .filter(|(_, held)| held.len() > holds + 1);
-        let Some((address, held)) = most else {
+            .zip(vouched)
+            .filter(|((_, held), vouched)| !held.is_empty() && (asker_vouched || !vouched))
+            .max_by_key(|((_, held), vouched)| (!vouched, held.len()))
+            .filter(|((_, held), vouched)| (asker_vouched && !vouched) || held.len() > holds + 1);
+        let Some(((address, held), _)) = most else {
             return false;
         };
         let oldest = held.pop_front().expect("addresses listed hold connections");
@@ -171,6 +201,18 @@ impl CappedAcceptor {
         }
     }
 
+    /// A request from `address` showed a valid token: the address is vouched for from now on.
+    pub fn vouch(&self, address: IpAddr) {
+        let now = Instant::now();
+        let mut open = self.open.lock();
+        // Kept small: an entry per address that showed a token within VOUCHED_FOR.
+        if open.vouched.len() >= 1024 {
+            open.vouched
+                .retain(|_, at| now.duration_since(*at) < VOUCHED_FOR);
+        }
+        open.vouched.insert(address.to_canonical(), now);
+    }
+
     /// A slot for a connection from `address`, or why there is none.
     fn take(&self, address: IpAddr) -> Result<Slot, String> {
         let mut open = self.open.lock();
@@ -184,7 +226,7 @@ impl CappedAcceptor {
         // in use stay bounded while they go.
         let staying = open.total - open.leaving;
         let full = staying >= self.limits.total;
-        if full && (open.leaving >= self.limits.total || !open.make_room(from_there)) {
+        if full && (open.leaving >= self.limits.total || !open.make_room(address, from_there)) {
             return Err(format!(
                 "{} connections open, the most the relay holds",
                 open.total
@@ -375,6 +417,58 @@ mod tests {
         assert_eq!(self::open_counts(&acceptor), (1, 0));
         drop(site_slot);
         assert_eq!(self::open_counts(&acceptor), (0, 0));
+    }
+
+    #[test]
+    fn no_connection_of_an_address_that_showed_a_token_is_closed_for_one_that_did_not() {
+        let acceptor = CappedAcceptor::new(Limits {
+            total: 6,
+            per_address: 6,
+            ..Limits::default()
+        });
+        let site: IpAddr = "10.0.0.9".parse().unwrap();
+        let flood: Vec<IpAddr> = (1..=4)
+            .map(|i| format!("10.0.0.{i}").parse().unwrap())
+            .collect();
+        let uploads: Vec<Slot> = (0..4).map(|_| acceptor.take(site).unwrap()).collect();
+        acceptor.vouch(site);
+        let _f1 = acceptor.take(flood[0]).unwrap();
+        let _f2 = acceptor.take(flood[1]).unwrap();
+        // Full: the site, busiest by far, keeps every upload; the flood's own hold one each,
+        // not more than one more than the asker's none.
+        for address in &flood[2..] {
+            assert!(acceptor.take(*address).is_err());
+        }
+        let waker = futures_util::task::noop_waker();
+        let cx = Context::from_waker(&waker);
+        assert!(uploads.iter().all(|s| !s.eviction.evicted(&cx)));
+
+        // The site's next connection takes the place of one that showed no token, though the
+        // flood's addresses hold fewer.
+        let _fifth = acceptor.take(site).expect("the site gets its connection");
+        assert_eq!(self::open_counts(&acceptor), (7, 1));
+        assert!(uploads.iter().all(|s| !s.eviction.evicted(&cx)));
+    }
+
+    #[test]
+    fn vouched_for_addresses_make_room_among_themselves_by_the_old_rule() {
+        let acceptor = CappedAcceptor::new(Limits {
+            total: 4,
+            per_address: 4,
+            ..Limits::default()
+        });
+        let (busy, other): (IpAddr, IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        acceptor.vouch(busy);
+        acceptor.vouch(other);
+        let held: Vec<Slot> = (0..4).map(|_| acceptor.take(busy).unwrap()).collect();
+        let _other = acceptor.take(other).expect("a site holding none gets one");
+        let waker = futures_util::task::noop_waker();
+        let cx = Context::from_waker(&waker);
+        let evicted: Vec<bool> = held.iter().map(|s| s.eviction.evicted(&cx)).collect();
+        assert_eq!(evicted, [true, false, false, false]);
+        // An address that showed no token closes nothing of either.
+        assert!(acceptor.take("10.0.0.3".parse().unwrap()).is_err());
     }
 
     /// Connections open, and those of them leaving.

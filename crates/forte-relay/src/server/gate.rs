@@ -2,9 +2,10 @@
 //! size its body announces, the memory a body held whole takes ([`super::memory`]), and for an
 //! upload its site's share of the ingress ([`super::share`]).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
@@ -28,6 +29,9 @@ pub(super) async fn gate(
         Err(refused) => return refused.into_response(),
         Ok(principal) => principal,
     };
+    if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
+        relay.connections.vouch(peer.ip());
+    }
     let announced = request
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)

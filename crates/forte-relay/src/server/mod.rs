@@ -94,6 +94,9 @@ struct Relay {
     bodies: memory::BodyMemory,
     /// How long a request's body may pause before it is given up (the idle timeout).
     body_stall: std::time::Duration,
+    /// The connections it holds: the gate vouches for the address of a request with a valid
+    /// token, whose connections a flood of others cannot then close.
+    connections: connections::CappedAcceptor,
 }
 
 impl Relay {

@@ -80,7 +80,7 @@ pub fn start(config: RelayConfig) -> Result<RunningRelay> {
             runtime.block_on(async move {
                 let acceptor = axum_server::tls_rustls::RustlsAcceptor::new(tls)
                     .handshake_timeout(limits.handshake)
-                    .acceptor(connections::CappedAcceptor::new(limits));
+                    .acceptor(relay.connections.clone());
                 // HTTP/1.1 only (the relay offers no ALPN): an auto-detecting server first
                 // waits, without a timeout, for a request's first bytes to tell the version.
                 let mut server = axum_server::from_tcp(listener)
@@ -93,7 +93,9 @@ pub fn start(config: RelayConfig) -> Result<RunningRelay> {
                     .http1()
                     .timer(hyper_util::rt::TokioTimer::new())
                     .header_read_timeout(limits.idle);
-                if let Err(e) = server.serve(router(relay).into_make_service()).await {
+                // Each request carries its peer's address, which the gate vouches for.
+                let service = router(relay).into_make_service_with_connect_info::<SocketAddr>();
+                if let Err(e) = server.serve(service).await {
                     tracing::error!("relay stopped: {e}");
                 }
             });
@@ -134,6 +136,7 @@ fn prepare(config: &RelayConfig) -> Result<Prepared> {
         shares: Arc::new(Shares::new(config.fair_shares)),
         bodies: memory::BodyMemory::new(config.body_memory),
         body_stall: config.connections.idle,
+        connections: connections::CappedAcceptor::new(config.connections),
     });
     if let Some(age) = config.expire_open_after {
         expire_periodically(&relay, age)?;
