@@ -654,6 +654,9 @@ def main():
                     help="forte only: 2 runs a second sender (a second site with its own key, token and "
                          "catalogue) with the same data at the same time over the same link, and prints "
                          "each one's share of the link over time (its bytes arriving at the relay, per 10 s)")
+    ap.add_argument("--site-sysctl", action="append", default=[], metavar="KEY=VALUE",
+                    help="set a sysctl in the site's namespace only (the sender's TCP), e.g. "
+                         "net.ipv4.tcp_slow_start_after_idle=0 or 'net.ipv4.tcp_wmem=4096 16384 16777216'")
     ap.add_argument("--host-fs", action="store_true",
                     help="write into WORK on the host's file system instead of a fresh journaled ext4 "
                          "per run (see Storage)")
@@ -701,6 +704,8 @@ def main():
     global LINK
     LINK = Emulated(args.link_rate) if args.via == "emulator" else Proxied(args.link_rate)
     LINK.setup()
+    for setting in args.site_sysctl:
+        sh(at_site(["sysctl", "-q", "-w", setting]))
     rsyncd_conf = WORK / "rsyncd.conf"
     rsyncd_conf.write_text(f"use chroot = no\nuid = root\ngid = root\n[dmz]\npath = {VOLUME}/rsync-dmz\nread only = no\n"
                            f"[store]\npath = {RSYNC_STORE}\nread only = no\n")

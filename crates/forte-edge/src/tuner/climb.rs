@@ -9,7 +9,9 @@
 //! relay, size cluster and hour starts where that run ended instead.
 //!
 //! Then, every [`PROBE`] (longer until [`MIN_REQUESTS`] requests went out), a hill climb on
-//! Falcon's utility: U = T / K^n − T·B·loss, where T is the goodput (bytes acknowledged by the relay per second), n the uploads in flight,
+//! Falcon's utility: U = T / K^n − T·B·loss, where T is the goodput (bytes per second the
+//! relay acknowledged, or from a 50 ms round trip on the bytes the uploads' connections took,
+//! counted as they go), n the uploads in flight,
 //! K the cost of one more stream and loss the share of requests retried. A step that
 //! raised U is followed by a larger one the same way (Falcon's accelerating gradient); one
 //! that lowered it is undone and the direction turned; once settled it probes one small
@@ -21,9 +23,10 @@ use std::time::Duration;
 
 /// How long each setting is measured before the next decision, at least.
 pub const PROBE: Duration = Duration::from_secs(2);
-/// Requests an interval must see go out before it is judged: goodput is counted as requests
-/// finish, and two or three 16 MiB parts on a 20 MB/s link would make it jump by half from
-/// one interval to the next. An interval lasts until then, or [`LONGEST_INTERVAL`].
+/// Requests an interval must see go out before it is judged, so that the share of them
+/// retried (the utility's loss) is a share of enough. An interval lasts until then, or
+/// [`LONGEST_INTERVAL`]. On a long round trip, goodput itself is counted as the connections
+/// take the bytes (see `COUNT_AS_SENT_FROM` in the tuner).
 pub const MIN_REQUESTS: u64 = 8;
 pub const LONGEST_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -81,7 +84,8 @@ pub fn starting_point(round_trip: Duration, link: f64, request_bytes: f64) -> us
 /// What was measured over one interval at one setting.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
-    /// Bytes per second the relay acknowledged.
+    /// Bytes per second the relay acknowledged, or the uploads' connections took (the link's
+    /// rate, retries included) from a 50 ms round trip.
     pub goodput: f64,
     /// Mean uploads holding a request over the interval.
     pub busy: f64,
