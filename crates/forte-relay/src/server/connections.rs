@@ -121,6 +121,34 @@ pub const VOUCHED_FOR: Duration = Duration::from_secs(600);
 pub struct CappedAcceptor {
     limits: Limits,
     open: Arc<Mutex<Open>>,
+    refusals_said: Arc<OncePerSecond>,
+}
+
+/// Says a repeated event at most once a second, with how many went unsaid since: one client
+/// connecting and resetting in a loop wrote 4 278 refusal lines in 10 s (the review of
+/// issue 45); the metric still counts every one.
+#[derive(Debug, Default)]
+struct OncePerSecond {
+    /// When it last said one, and how many it left unsaid since.
+    said: Mutex<Option<(Instant, u64)>>,
+}
+
+impl OncePerSecond {
+    /// `Some(unsaid since the last)` if the event at `now` is to be said.
+    fn say(&self, now: Instant) -> Option<u64> {
+        let mut said = self.said.lock();
+        match &mut *said {
+            Some((at, unsaid)) if now.duration_since(*at) < Duration::from_secs(1) => {
+                *unsaid += 1;
+                None
+            }
+            _ => {
+                let unsaid = said.map_or(0, |(_, n)| n);
+                *said = Some((now, 0));
+                Some(unsaid)
+            }
+        }
+    }
 }
 
 #[derive(Default, Debug)]
@@ -198,6 +226,7 @@ impl CappedAcceptor {
         Self {
             limits,
             open: Arc::default(),
+            refusals_said: Arc::default(),
         }
     }
 
@@ -257,13 +286,19 @@ impl<S> Accept<TcpStream, S> for CappedAcceptor {
         let _ = stream.set_nodelay(true);
         let taken = stream
             .peer_addr()
-            .map_err(|e| e.to_string())
+            .map_err(|e| format!("the client was gone before it was accepted ({e})"))
             .and_then(|peer| self.take(peer.ip().to_canonical()));
         std::future::ready(match taken {
             Ok(slot) => Ok((Counted { stream, slot }, service)),
             Err(why) => {
                 super::metrics::connection_refused();
-                tracing::warn!("connection closed at once: {why}");
+                if let Some(unsaid) = self.refusals_said.say(Instant::now()) {
+                    let also = match unsaid {
+                        0 => String::new(),
+                        n => format!(" ({n} more refused in the last second, not logged)"),
+                    };
+                    tracing::warn!("connection closed at once: {why}{also}");
+                }
                 Err(io::Error::other(why))
             }
         })
@@ -469,6 +504,18 @@ mod tests {
         assert_eq!(evicted, [true, false, false, false]);
         // An address that showed no token closes nothing of either.
         assert!(acceptor.take("10.0.0.3".parse().unwrap()).is_err());
+    }
+
+    #[test]
+    fn refusals_are_said_once_a_second_with_how_many_were_not() {
+        let said = OncePerSecond::default();
+        let start = Instant::now();
+        assert_eq!(said.say(start), Some(0));
+        for ms in [1, 10, 500, 999] {
+            assert_eq!(said.say(start + Duration::from_millis(ms)), None);
+        }
+        assert_eq!(said.say(start + Duration::from_millis(1000)), Some(4));
+        assert_eq!(said.say(start + Duration::from_millis(3000)), Some(0));
     }
 
     /// Connections open, and those of them leaving.
