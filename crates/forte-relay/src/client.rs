@@ -104,11 +104,21 @@ impl RelayError {
         let chain = source_chain(&e);
         let advice = tls_cause(&e).and_then(tls_advice);
         let builder = e.is_builder();
+        let connecting = e.is_connect();
         // Without the URL: `Display` shows it once already.
         let what = format!("{}{chain}", e.without_url());
         let (message, permanent) = match advice {
             Some(advice) => (advice, true),
             None if builder => (format!("not a usable relay URL: {what}"), true),
+            None if connecting && closed_at_once(&what) => (
+                format!(
+                    "{what}: the relay closed the connection before answering; if it goes on, \
+                     it holds as many connections from this address as it allows \
+                     (relay --max-connections-per-address) or in all (--max-connections), \
+                     which its log says"
+                ),
+                false,
+            ),
             None => (what, false),
         };
         RelayError {
@@ -728,6 +738,14 @@ fn check_url(url: &str) -> anyhow::Result<()> {
         anyhow::bail!("relay URL {url:?} names no host: give --relay https://HOST:PORT");
     }
     Ok(())
+}
+
+/// Whether a failed connection was closed by the other side before a TLS handshake finished:
+/// what a relay at its connection cap does (it closes a connection as soon as it accepts it).
+fn closed_at_once(what: &str) -> bool {
+    ["tls handshake eof", "reset by peer", "unexpected eof"]
+        .iter()
+        .any(|sign| what.to_ascii_lowercase().contains(sign))
 }
 
 /// The causes behind a transport error, which reqwest keeps out of its own message.

@@ -1227,6 +1227,30 @@ fn a_flood_of_tokenless_connections_from_many_addresses_cuts_no_upload_of_a_site
 }
 
 #[test]
+fn a_connection_closed_at_once_names_the_relays_connection_caps() {
+    // What a relay at its cap does: accept, then close before the TLS handshake.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            drop(tcp);
+        }
+    });
+    let endpoint = RelayEndpoint {
+        url: format!("https://{addr}"),
+        token: EDGE_A.into(),
+        trust: RelayTrust::Fingerprint("00".repeat(32)),
+    };
+    let client = RelayClient::new(&endpoint, Duration::from_secs(10)).unwrap();
+    let err = client.round_trip().unwrap_err();
+    assert!(
+        err.message.contains("--max-connections-per-address"),
+        "{err}"
+    );
+    assert!(err.is_transient(), "{err}");
+}
+
+#[test]
 fn a_client_counts_upload_bytes_as_its_connections_take_them_told_or_not() {
     use forte_relay::pace::{Pacer, Timetable};
     use std::sync::Arc;
