@@ -4,12 +4,16 @@
 //! it is accepted, before its TLS handshake. At the cap in total, a connection takes the place
 //! of another, which is closed, only where that cannot cut a site off:
 //! - an address that showed a valid token (a request passed the gate) within [`VOUCHED_FOR`]
-//!   is vouched for, and only another vouched-for address can take one of its connections;
+//!   is vouched for, and none of its connections is ever closed to make room;
 //! - a new connection from any address takes the place of the oldest connection of the
 //!   not-vouched-for address holding the most, if that holds more than one more than the
 //!   asker: a flood from a few addresses cannot keep out a site holding a few;
-//! - a vouched-for address also takes the place of any not-vouched-for connection, and then
-//!   of the oldest of the vouched-for address holding the most, by the same rule.
+//! - a vouched-for address takes the place of any not-vouched-for connection.
+//!
+//! When the relay is full of vouched-for connections, a newcomer is refused and the refusal
+//! names the token holding the most: a site flooding from many addresses with its token cut
+//! another site's uploads while vouched-for connections could still be closed for each
+//! other (the second review of issue 45).
 //!
 //! A busy sender is by nature the address holding the most: counted with the rest, a flood of
 //! idle connections from a few dozen addresses closed its uploads one after another, mid-body,
@@ -158,8 +162,9 @@ struct Open {
     leaving: usize,
     /// Each address's connections, oldest first.
     by_address: HashMap<IpAddr, VecDeque<Arc<Eviction>>>,
-    /// Addresses that sent a request with a valid token, and when they last did.
-    vouched: HashMap<IpAddr, Instant>,
+    /// Addresses that sent a request with a valid token, when they last did, and whose token
+    /// it was ("site X", "the core").
+    vouched: HashMap<IpAddr, (Instant, String)>,
 }
 
 /// How a connection is told to close to make room for another.
@@ -187,7 +192,24 @@ impl Open {
     fn is_vouched(&self, address: &IpAddr) -> bool {
         self.vouched
             .get(address)
-            .is_some_and(|at| at.elapsed() < VOUCHED_FOR)
+            .is_some_and(|(at, _)| at.elapsed() < VOUCHED_FOR)
+    }
+
+    /// The token holding the most connections through the addresses it vouched for, and how
+    /// many: what a refusal names when the relay is full.
+    fn holding_most(&self) -> Option<(String, usize)> {
+        let mut by_holder: HashMap<&str, usize> = HashMap::new();
+        for (address, held) in &self.by_address {
+            if let Some((at, holder)) = self.vouched.get(address) {
+                if at.elapsed() < VOUCHED_FOR {
+                    *by_holder.entry(holder).or_default() += held.len();
+                }
+            }
+        }
+        by_holder
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(holder, n)| (holder.to_string(), n))
     }
 
     /// Closes a connection to make room for one from `asker`, which holds `holds` (see the
@@ -199,15 +221,14 @@ impl Open {
             .map(|address| self.is_vouched(address))
             .collect();
         let asker_vouched = self.is_vouched(&asker);
-        // Not vouched for first, the one holding the most; then, for a vouched-for asker only,
-        // the vouched-for address holding the most.
+        // Of the addresses not vouched for, the one holding the most.
         let most = self
             .by_address
             .iter_mut()
             .zip(vouched)
-            .filter(|((_, held), vouched)| !held.is_empty() && (asker_vouched || !vouched))
-            .max_by_key(|((_, held), vouched)| (!vouched, held.len()))
-            .filter(|((_, held), vouched)| (asker_vouched && !vouched) || held.len() > holds + 1);
+            .filter(|((_, held), vouched)| !held.is_empty() && !vouched)
+            .max_by_key(|((_, held), _)| held.len())
+            .filter(|((_, held), _)| asker_vouched || held.len() > holds + 1);
         let Some(((address, held), _)) = most else {
             return false;
         };
@@ -230,16 +251,23 @@ impl CappedAcceptor {
         }
     }
 
-    /// A request from `address` showed a valid token: the address is vouched for from now on.
-    pub fn vouch(&self, address: IpAddr) {
+    /// A request from `address` showed a valid token, `holder`'s ("site X", "the core"): the
+    /// address is vouched for from now on.
+    pub fn vouch(&self, address: IpAddr, holder: &str) {
         let now = Instant::now();
         let mut open = self.open.lock();
         // Kept small: an entry per address that showed a token within VOUCHED_FOR.
         if open.vouched.len() >= 1024 {
             open.vouched
-                .retain(|_, at| now.duration_since(*at) < VOUCHED_FOR);
+                .retain(|_, (at, _)| now.duration_since(*at) < VOUCHED_FOR);
         }
-        open.vouched.insert(address.to_canonical(), now);
+        let address = address.to_canonical();
+        match open.vouched.get_mut(&address) {
+            Some((at, known)) if known == holder => *at = now,
+            _ => {
+                open.vouched.insert(address, (now, holder.to_string()));
+            }
+        }
     }
 
     /// A slot for a connection from `address`, or why there is none.
@@ -256,8 +284,12 @@ impl CappedAcceptor {
         let staying = open.total - open.leaving;
         let full = staying >= self.limits.total;
         if full && (open.leaving >= self.limits.total || !open.make_room(address, from_there)) {
+            let most = match open.holding_most() {
+                Some((holder, n)) => format!("; {holder}'s token holds {n} of them"),
+                None => String::new(),
+            };
             return Err(format!(
-                "{} connections open, the most the relay holds",
+                "{} connections open, the most the relay holds{most}",
                 open.total
             ));
         }
@@ -466,7 +498,7 @@ mod tests {
             .map(|i| format!("10.0.0.{i}").parse().unwrap())
             .collect();
         let uploads: Vec<Slot> = (0..4).map(|_| acceptor.take(site).unwrap()).collect();
-        acceptor.vouch(site);
+        acceptor.vouch(site, "site s");
         let _f1 = acceptor.take(flood[0]).unwrap();
         let _f2 = acceptor.take(flood[1]).unwrap();
         // Full: the site, busiest by far, keeps every upload; the flood's own hold one each,
@@ -486,7 +518,7 @@ mod tests {
     }
 
     #[test]
-    fn vouched_for_addresses_make_room_among_themselves_by_the_old_rule() {
+    fn no_vouched_for_connection_is_closed_for_another_and_a_refusal_names_the_token() {
         let acceptor = CappedAcceptor::new(Limits {
             total: 4,
             per_address: 4,
@@ -494,15 +526,15 @@ mod tests {
         });
         let (busy, other): (IpAddr, IpAddr) =
             ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        acceptor.vouch(busy);
-        acceptor.vouch(other);
+        acceptor.vouch(busy, "site a");
+        acceptor.vouch(other, "site b");
         let held: Vec<Slot> = (0..4).map(|_| acceptor.take(busy).unwrap()).collect();
-        let _other = acceptor.take(other).expect("a site holding none gets one");
+        let refused = acceptor.take(other).unwrap_err();
+        assert!(refused.contains("site a's token holds 4"), "{refused}");
         let waker = futures_util::task::noop_waker();
         let cx = Context::from_waker(&waker);
-        let evicted: Vec<bool> = held.iter().map(|s| s.eviction.evicted(&cx)).collect();
-        assert_eq!(evicted, [true, false, false, false]);
-        // An address that showed no token closes nothing of either.
+        assert!(held.iter().all(|s| !s.eviction.evicted(&cx)));
+        // Nor for an address that showed no token.
         assert!(acceptor.take("10.0.0.3".parse().unwrap()).is_err());
     }
 

@@ -29,8 +29,12 @@ pub(super) async fn gate(
         Err(refused) => return refused.into_response(),
         Ok(principal) => principal,
     };
+    let holder = match &principal {
+        Principal::Edge { site } => format!("site {site}"),
+        Principal::Core { .. } => "the core".to_string(),
+    };
     if let Some(ConnectInfo(peer)) = request.extensions().get::<ConnectInfo<SocketAddr>>() {
-        relay.connections.vouch(peer.ip());
+        relay.connections.vouch(peer.ip(), &holder);
     }
     let announced = request
         .headers()
@@ -44,10 +48,6 @@ pub(super) async fn gate(
         )
         .into_response();
     }
-    let holder = match &principal {
-        Principal::Edge { site } => format!("site {site}"),
-        Principal::Core { .. } => "the core".to_string(),
-    };
     let stall = relay.body_stall;
     let meter = match held_in_memory(&request, announced) {
         Ok(None) => None,
