@@ -355,7 +355,16 @@ async fn probe(url: &str, shown: &str) -> Result<()> {
     let tried = tokio::time::timeout(OPEN_WITHIN, async {
         let mut conn = sqlx::AnyConnection::connect(url).await?;
         if conn.backend_name() == "SQLite" {
-            conn.execute("PRAGMA journal_mode = WAL").await?;
+            // A fresh file that several daemons open at once: switching it to WAL needs the
+            // file alone, and SQLite answers "database is locked" at once rather than wait
+            // (CI saw it: fresh_catalogues_opened_together_are_migrated_once). Tried again
+            // until it goes or the timeout above ends it.
+            while let Err(e) = conn.execute("PRAGMA journal_mode = WAL").await {
+                if !explain(&e).contains("database is locked") {
+                    return Err(e);
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
         } else {
             conn.execute("SELECT 1").await?;
         }
