@@ -30,11 +30,11 @@ const STATUS_QUERIES_AT_ONCE: usize = 8;
 /// Told of an upload's body bytes as its connection takes them: (object, part, bytes).
 pub type OnSent = Arc<dyn Fn(ObjectId, u32, u64) + Send + Sync>;
 
-/// An upload's body read piece by piece (paced, counted or told), counted into its client's
-/// [`RelayClient::sent_bytes`] as the connection reads it, and told to [`OnSent`] if one listens, a [`TOLD_EVERY`] at a time and the rest
-/// with its last byte (the connection reads no further than the length it declared): often
-/// enough to follow an upload of a few megabytes, rarely enough that telling costs nothing
-/// beside sending.
+/// An upload's body read piece by piece (paced, counted or told): counted into its client's
+/// [`RelayClient::sent_bytes`] as the connection reads it, and told to [`OnSent`] if one
+/// listens, a [`TOLD_EVERY`] at a time and the rest with its last byte (the connection reads
+/// no further than the length it declared): often enough to follow an upload of a few
+/// megabytes, rarely enough that telling costs nothing beside sending.
 struct Told {
     body: Box<dyn Read + Send>,
     part: PartOf,
@@ -303,7 +303,7 @@ impl RelayClient {
         let own = self.pacer.as_ref().and_then(|p| p.timetable().lowest());
         let paced_for = paced_for(body.len(), self.uploads_at_once, own, self.relay_share());
         let request = request.timeout(self.timeout + paced_for);
-        if self.pacer.is_none() && self.on_sent.is_none() && !self.counting_sent() {
+        if !self.reads_bodies_piecewise() {
             // As one piece: read through `Told`, reqwest sends a body 8 KiB at a time, which
             // cost the edge 8 % more CPU at 20 ms, where it is what bounds the rate.
             return request.body(body);
@@ -355,8 +355,9 @@ impl RelayClient {
         self.counting_sent.store(true, Ordering::Relaxed);
     }
 
-    fn counting_sent(&self) -> bool {
-        self.counting_sent.load(Ordering::Relaxed)
+    /// Whether upload bodies go through [`Told`], paced, counted or told, rather than whole.
+    fn reads_bodies_piecewise(&self) -> bool {
+        self.pacer.is_some() || self.on_sent.is_some() || self.counting_sent.load(Ordering::Relaxed)
     }
 
     /// The bytes of upload bodies its connections have taken so far (retries included), if
@@ -364,8 +365,8 @@ impl RelayClient {
     /// the link carries, measured as it goes rather than a whole request at a time when the
     /// relay answers. Ahead of the link by no more than the connections' send buffers.
     pub fn sent_bytes(&self) -> Option<u64> {
-        let counted = self.counting_sent() || self.pacer.is_some() || self.on_sent.is_some();
-        counted.then(|| self.sent.load(Ordering::Relaxed))
+        self.reads_bodies_piecewise()
+            .then(|| self.sent.load(Ordering::Relaxed))
     }
 
     /// The bytes its uploads have sent through its own bandwidth limit so far, if it has one:

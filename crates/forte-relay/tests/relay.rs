@@ -93,10 +93,15 @@ fn relay_configured(dir: &Path, change: impl FnOnce(&mut RelayConfig)) -> TestRe
 }
 
 fn client(relay: &RunningRelay, token: &str) -> RelayClient {
+    client_to(relay.url(), &relay.fingerprint, token)
+}
+
+/// A client of whatever listens at `url`, pinned to `fingerprint`.
+fn client_to(url: String, fingerprint: &str, token: &str) -> RelayClient {
     let endpoint = RelayEndpoint {
-        url: relay.url(),
+        url,
         token: token.into(),
-        trust: RelayTrust::Fingerprint(relay.fingerprint.clone()),
+        trust: RelayTrust::Fingerprint(fingerprint.to_string()),
     };
     RelayClient::new(&endpoint, Duration::from_secs(30)).unwrap()
 }
@@ -1236,12 +1241,7 @@ fn a_connection_closed_at_once_names_the_relays_connection_caps() {
             drop(tcp);
         }
     });
-    let endpoint = RelayEndpoint {
-        url: format!("https://{addr}"),
-        token: EDGE_A.into(),
-        trust: RelayTrust::Fingerprint("00".repeat(32)),
-    };
-    let client = RelayClient::new(&endpoint, Duration::from_secs(10)).unwrap();
+    let client = client_to(format!("https://{addr}"), &"00".repeat(32), EDGE_A);
     let err = client.round_trip().unwrap_err();
     assert!(
         err.message.contains("--max-connections-per-address"),

@@ -192,8 +192,8 @@ impl http_body::Body for Stalling {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let this = self.get_mut();
         if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let Some(Ok(data)) = frame.as_ref().map(|f| f.as_ref().map(Frame::data_ref)) {
-                this.brought += data.map_or(0, |d| d.len() as u64);
+            if let Some(Ok(arrived)) = &frame {
+                this.brought += arrived.data_ref().map_or(0, Bytes::len) as u64;
             }
             if this.brought >= FLOOR_PER_STALL {
                 this.brought = 0;

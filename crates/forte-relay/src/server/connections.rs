@@ -189,10 +189,16 @@ impl Eviction {
 }
 
 impl Open {
-    fn is_vouched(&self, address: &IpAddr) -> bool {
+    /// Whose token vouched for `address` within [`VOUCHED_FOR`], if any.
+    fn voucher(&self, address: &IpAddr) -> Option<&str> {
         self.vouched
             .get(address)
-            .is_some_and(|(at, _)| at.elapsed() < VOUCHED_FOR)
+            .filter(|(at, _)| at.elapsed() < VOUCHED_FOR)
+            .map(|(_, holder)| holder.as_str())
+    }
+
+    fn is_vouched(&self, address: &IpAddr) -> bool {
+        self.voucher(address).is_some()
     }
 
     /// The token holding the most connections through the addresses it vouched for, and how
@@ -200,10 +206,8 @@ impl Open {
     fn holding_most(&self) -> Option<(String, usize)> {
         let mut by_holder: HashMap<&str, usize> = HashMap::new();
         for (address, held) in &self.by_address {
-            if let Some((at, holder)) = self.vouched.get(address) {
-                if at.elapsed() < VOUCHED_FOR {
-                    *by_holder.entry(holder).or_default() += held.len();
-                }
+            if let Some(holder) = self.voucher(address) {
+                *by_holder.entry(holder).or_default() += held.len();
             }
         }
         by_holder
