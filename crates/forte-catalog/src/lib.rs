@@ -525,6 +525,7 @@ mod tests {
                     raw_sha256: Some("r0"),
                     ciphertext_sha256: Some("c0"),
                     ciphertext_length: Some(90),
+                    part_size: Some(1 << 20),
                 },
             )
             .unwrap();
@@ -595,9 +596,12 @@ mod tests {
             FileState::Delivered.as_str(),
         ];
         assert_eq!(lineage, states);
+        let part = &catalog.parts("o1").unwrap()[0];
+        assert_eq!(part.ciphertext_sha256.as_deref(), Some("c0"));
         assert_eq!(
-            catalog.parts("o1").unwrap()[0].ciphertext_sha256.as_deref(),
-            Some("c0")
+            part.part_size,
+            Some(1 << 20),
+            "the size it was cut at, kept"
         );
         let row = UsageRow {
             node: "edge@test".into(),

@@ -142,6 +142,8 @@ pub struct PartRow {
     pub state: PartState,
     pub raw_sha256: Option<String>,
     pub ciphertext_sha256: Option<String>,
+    /// The raw bytes per part its object was cut into, recorded when it was uploaded.
+    pub part_size: Option<i64>,
 }
 
 /// A failure: a failed attempt of a task, or a file or batch recorded as failed (or damaged)
@@ -294,6 +296,8 @@ pub struct FileProgress {
     pub state: FileState,
     pub size: i64,
     pub parts_done: i64,
+    /// The raw bytes per part it was cut into, if recorded (the last of a queue go smaller).
+    pub part_size: Option<i64>,
 }
 
 type Query<'q> = sqlx::query::Query<'q, sqlx::Any, AnyArguments<'q>>;
@@ -433,7 +437,7 @@ impl Catalog {
 
     /// Parts of an object with their state and hashes.
     pub fn parts(&self, object_id: &str) -> Result<Vec<PartRow>> {
-        let query = sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256 FROM parts WHERE object_id = $1 ORDER BY idx")
+        let query = sqlx::query("SELECT idx, state, raw_sha256, ciphertext_sha256, part_size FROM parts WHERE object_id = $1 ORDER BY idx")
             .bind(object_id);
         self.read(query, |r| {
             Ok(PartRow {
@@ -441,6 +445,7 @@ impl Catalog {
                 state: vocabulary(r, 1, PartState::parse)?,
                 raw_sha256: r.try_get(2)?,
                 ciphertext_sha256: r.try_get(3)?,
+                part_size: r.try_get(4)?,
             })
         })
     }
@@ -517,7 +522,8 @@ impl Catalog {
     pub fn progress(&self, key: &BatchKey) -> Result<Vec<FileProgress>> {
         let query = sqlx::query(
             "SELECT f.state, f.size, (SELECT COUNT(*) FROM parts p WHERE p.object_id = f.object_id
-                 AND p.state IN ('uploaded', 'sealed', 'verified')), f.object_id
+                 AND p.state IN ('uploaded', 'sealed', 'verified')), f.object_id,
+                 (SELECT MAX(p.part_size) FROM parts p WHERE p.object_id = f.object_id)
              FROM files f WHERE f.batch_key = $1",
         )
         .bind(key.to_string());
@@ -527,6 +533,7 @@ impl Catalog {
                 size: r.try_get(1)?,
                 parts_done: r.try_get(2)?,
                 object_id: r.try_get(3)?,
+                part_size: r.try_get(4)?,
             })
         })
     }

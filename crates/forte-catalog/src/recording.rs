@@ -114,6 +114,8 @@ pub struct PartHashes<'a> {
     pub raw_sha256: Option<&'a str>,
     pub ciphertext_sha256: Option<&'a str>,
     pub ciphertext_length: Option<u64>,
+    /// The raw bytes per part its object was cut into.
+    pub part_size: Option<u64>,
 }
 
 impl Catalog {
@@ -164,6 +166,7 @@ impl Catalog {
             raw_sha256: hashes.raw_sha256.map(Into::into),
             ciphertext_sha256: hashes.ciphertext_sha256.map(Into::into),
             ciphertext_length: hashes.ciphertext_length.map(|l| l as i64),
+            part_size: hashes.part_size.map(|l| l as i64),
             at: self.tick(),
         }))
     }

@@ -161,6 +161,9 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX batch_instances_by_batch ON batch_instances (batch_key);
     ALTER TABLE batch_claims ADD COLUMN process TEXT",
+    // The raw bytes per part an object was cut into, beside each uploaded part: a later run
+    // resumes the object from its parts at the relay only at that size.
+    "ALTER TABLE parts ADD COLUMN part_size BIGINT",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -63,6 +63,7 @@ pub(crate) struct PartChange {
     pub(crate) raw_sha256: Option<String>,
     pub(crate) ciphertext_sha256: Option<String>,
     pub(crate) ciphertext_length: Option<i64>,
+    pub(crate) part_size: Option<i64>,
     pub(crate) at: i64,
 }
 
@@ -515,12 +516,13 @@ async fn insert_file_events(
 /// an event.
 async fn apply_part(conn: &mut AnyConnection, p: &PartChange) -> sqlx::Result<()> {
     sqlx::query(
-        "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, state, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7)
+        "INSERT INTO parts (object_id, idx, raw_sha256, ciphertext_sha256, ciphertext_length, part_size, state, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
          ON CONFLICT (object_id, idx) DO UPDATE SET state = excluded.state,
              raw_sha256 = COALESCE(excluded.raw_sha256, parts.raw_sha256),
              ciphertext_sha256 = COALESCE(excluded.ciphertext_sha256, parts.ciphertext_sha256),
              ciphertext_length = COALESCE(excluded.ciphertext_length, parts.ciphertext_length),
+             part_size = COALESCE(excluded.part_size, parts.part_size),
              updated_at = excluded.updated_at",
     )
     .bind(&p.object_id)
@@ -528,6 +530,7 @@ async fn apply_part(conn: &mut AnyConnection, p: &PartChange) -> sqlx::Result<()
     .bind(p.raw_sha256.as_deref())
     .bind(p.ciphertext_sha256.as_deref())
     .bind(p.ciphertext_length)
+    .bind(p.part_size)
     .bind(p.state.as_str())
     .bind(p.at)
     .execute(&mut *conn)

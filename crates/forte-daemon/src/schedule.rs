@@ -286,6 +286,11 @@ impl<T> BatchQueue<T> {
         self.lock().closed = false;
     }
 
+    /// Whether no more batches will come ([`BatchQueue::close`]): what is queued is all there is.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
     /// Items and bytes queued.
     pub fn totals(&self) -> QueueTotals {
         let state = self.lock();

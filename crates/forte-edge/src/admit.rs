@@ -8,7 +8,7 @@
 //! not know of, under a new catalogue), the batch is not sealed but sent again after asking,
 //! and the relay refuses to replace what it had sealed meanwhile.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 use forte_catalog::{now_us, BatchKey, BatchRow, BatchState, FileRecord, FileRow, FileState};
 use forte_format::{InventoryEntry, ObjectId};
 use forte_prepare::{
-    discover, Compressibility, Discovery, Excluded, HeldPart, Origin, PrepareJob, SourceFile,
+    discover, Compressibility, Discovery, Excluded, Origin, PrepareJob, SourceFile,
 };
 use forte_relay::client::OpeningConnections;
 
@@ -25,7 +25,7 @@ use super::deletion::drop_emptied_dirs;
 use super::inbox::{arrival_us, Batch, READY_MARKER};
 use super::seal::seal_beside;
 use super::{object_id, Edge, InFlight, Totals, SEALED_EARLIER};
-use crate::upload::{at_relay, AtRelay};
+use crate::upload::{at_relay, resumable, AtRelay, Resume};
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 
@@ -456,11 +456,12 @@ impl Edge<'_> {
         };
         let mut planned = Vec::new();
         for mut job in jobs {
-            if let Some(held) = self.book(&batch_key, &job, &mut known, &mut flight) {
+            if let Some(resume) = self.book(&batch_key, &job, &mut known, &mut flight) {
                 self.batch_of.lock().insert(job.id, batch_key.clone());
                 flight.members.push(job.id);
                 flight.pending_files += job.members.len().max(1);
-                job.held = held;
+                job.held = resume.held;
+                job.part_size = resume.part_size;
                 let size = job.source.size;
                 flight.pending_bytes.insert(job.id, job.file_bytes());
                 planned.push((job, size));
@@ -475,15 +476,15 @@ impl Edge<'_> {
     }
 
     /// Records a discovered object's files and what the relay has of it; returns the parts it
-    /// holds when the object is still to be sent, `None` when it is not (delivered, or sealed
-    /// by an earlier run: then booked to the flight as such).
+    /// holds that the object resumes from when it is still to be sent, `None` when it is not
+    /// (delivered, or sealed by an earlier run: then booked to the flight as such).
     fn book(
         &self,
         batch_key: &BatchKey,
         job: &PrepareJob,
         known: &mut Known,
         flight: &mut InFlight,
-    ) -> Option<BTreeMap<u32, HeldPart>> {
+    ) -> Option<Resume> {
         let files = job.files();
         let record = |source: &SourceFile, id: ObjectId, state, detail: Option<&str>| {
             self.record_file(batch_key, job.id, (source, id), state, detail);
@@ -526,8 +527,8 @@ impl Edge<'_> {
                 }
                 None
             }
-            AtRelay::Nothing => Some(Default::default()),
-            AtRelay::Parts(held) => Some(held),
+            AtRelay::Nothing => Some(Resume::default()),
+            AtRelay::Parts(held) => Some(resumable(self.setup.catalog, job.id, held)),
         }
     }
 }

@@ -259,7 +259,8 @@ fn earlier_keys(catalog: &Catalog, key: &EdgeKey) -> HashMap<String, BatchKey> {
 
 impl JobQueue for Edge<'_> {
     fn next(&self) -> Option<PrepareJob> {
-        let job = self.queue.next()?;
+        let mut job = self.queue.next()?;
+        self.cut_for_the_end(&mut job);
         let key = self.batch_key(&job.batch);
         let mut flights = self.in_flight.lock();
         if let Some(flight) = flights.get_mut(&key).filter(|f| f.started_at.is_none()) {
@@ -299,6 +300,20 @@ impl<'a> Edge<'a> {
             Some(key) => key.clone(),
             None => batch_id(&self.setup.settings.key, name),
         }
+    }
+
+    /// Cuts `job` into smaller parts if it is among the last of a queue that will get no more
+    /// ([`tuner::tail`]). An object resuming from parts at the relay keeps their size; a
+    /// bundle is one part.
+    fn cut_for_the_end(&self, job: &mut PrepareJob) {
+        if job.part_size.is_some() || !job.members.is_empty() || !self.queue.is_closed() {
+            return;
+        }
+        let prepare = &self.setup.settings.prepare;
+        let after = self.queue.totals().bytes;
+        let uploads = prepare.sink.limit();
+        job.part_size =
+            tuner::tail::tail_part_size(job.source.size, after, uploads, prepare.part_size);
     }
 
     /// No batch will be admitted any more: a pass ends when the queue is empty.

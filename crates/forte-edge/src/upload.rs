@@ -79,11 +79,20 @@ impl UploadSink<'_> {
 }
 
 impl UploadSink<'_> {
-    /// Records an uploaded part and counts its bytes.
-    fn record_uploaded(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) {
+    /// Records an uploaded part, with the part size its object was cut at (which a later run
+    /// resumes the object at), and counts its bytes.
+    fn record_uploaded(
+        &self,
+        id: ObjectId,
+        index: u32,
+        part_size: u64,
+        sealed: &[u8],
+        sha256: &str,
+    ) {
         let hashes = PartHashes {
             ciphertext_sha256: Some(sha256),
             ciphertext_length: Some(sealed.len() as u64),
+            part_size: Some(part_size),
             ..PartHashes::default()
         };
         let object = id.to_string();
@@ -133,7 +142,14 @@ impl Sink for UploadSink<'_> {
         forte_daemon::monitor::part_prepared(&self.batch(id), id, index, raw_len, sealed_len);
     }
 
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()> {
+    fn put_part(
+        &self,
+        id: ObjectId,
+        index: u32,
+        part_size: u64,
+        sealed: &[u8],
+        sha256: &str,
+    ) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         (self.on_sending)(id, sha256);
         let about = About {
@@ -145,7 +161,7 @@ impl Sink for UploadSink<'_> {
             forte_daemon::monitor::part_sending(id, index);
             self.client.put_part(id, index, sealed, sha256)
         })?;
-        self.record_uploaded(id, index, sealed, sha256);
+        self.record_uploaded(id, index, part_size, sealed, sha256);
         Ok(())
     }
 
@@ -170,7 +186,7 @@ impl Sink for UploadSink<'_> {
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
         })?;
-        self.record_uploaded(id, 0, part, sha256);
+        self.record_uploaded(id, 0, manifest.part_size, part, sha256);
         self.record_sealed(manifest, &batch, sealed_manifest);
         Ok(())
     }
@@ -229,6 +245,58 @@ pub enum AtRelay {
     Sealed,
     /// Delivered to the core and acknowledged: no longer anything the batch offers.
     Delivered,
+}
+
+/// The parts of an object the relay holds that a run may resume from, and the part size they
+/// were cut at, at which the object is cut again.
+#[derive(Debug, Default, PartialEq)]
+pub struct Resume {
+    pub held: BTreeMap<u32, HeldPart>,
+    pub part_size: Option<u64>,
+}
+
+/// What of `held`, the parts of object `id` the relay holds, a run may resume from: the parts
+/// this catalogue recorded uploading with these very bytes (the same ciphertext SHA-256) and
+/// the part size the object was cut at then. An object is not always cut at the configured
+/// size (the last of a queue go in smaller parts), and a held part reused at another size
+/// would be another range of the file, which the core refuses. A part with no such record (a
+/// crash between the relay storing it and the record, another catalogue, a catalogue from
+/// before part sizes were recorded) is sent again.
+pub fn resumable(catalog: &Catalog, id: ObjectId, held: BTreeMap<u32, HeldPart>) -> Resume {
+    if held.is_empty() {
+        return Resume::default();
+    }
+    let recorded = match catalog.parts(&id.to_string()) {
+        Ok(rows) => rows,
+        Err(e) => {
+            tracing::warn!(object = %id, "parts at the relay sent again: cannot read their records: {e:#}");
+            return Resume::default();
+        }
+    };
+    let cut_at = |index: u32, part: &HeldPart| {
+        let row = recorded.iter().find(|r| r.index == i64::from(index))?;
+        let same_bytes = row.ciphertext_sha256.as_deref() == Some(&part.ciphertext_sha256);
+        same_bytes.then_some(row.part_size)?.map(|size| size as u64)
+    };
+    let part_size = held.iter().find_map(|(&index, part)| cut_at(index, part));
+    let resumable: BTreeMap<u32, HeldPart> = held
+        .iter()
+        .filter(|&(&index, part)| part_size.is_some() && cut_at(index, part) == part_size)
+        .map(|(&index, part)| (index, part.clone()))
+        .collect();
+    if resumable.len() < held.len() {
+        tracing::info!(
+            object = %id,
+            "{} of {} parts at the relay have no record of being cut at {}: sent again",
+            held.len() - resumable.len(),
+            held.len(),
+            part_size.map_or("a known size".to_string(), |s| format!("{s} bytes per part")),
+        );
+    }
+    Resume {
+        held: resumable,
+        part_size,
+    }
 }
 
 /// What the relay holds of each of `ids` (one request per thousand ids).

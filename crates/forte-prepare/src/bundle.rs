@@ -151,6 +151,7 @@ fn close(mut members: Vec<PrepareJob>, bundle_id: &dyn Fn(&[ObjectId]) -> Object
         origin,
         held: Default::default(),
         members,
+        part_size: None,
     }
 }
 

@@ -12,8 +12,16 @@ use crate::FileOutcome;
 /// how the file ended; the stored parts of a file that failed must not be mistaken for a
 /// complete object.
 pub trait Sink: Sync {
-    /// `sha256` is the hex SHA-256 of `sealed`, already computed by the pipeline.
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], sha256: &str) -> Result<()>;
+    /// Part `index` of object `id`, cut at `part_size` raw bytes per part; `sha256` is the
+    /// hex SHA-256 of `sealed`, already computed by the pipeline.
+    fn put_part(
+        &self,
+        id: ObjectId,
+        index: u32,
+        part_size: u64,
+        sealed: &[u8],
+        sha256: &str,
+    ) -> Result<()>;
     fn put_manifest(&self, manifest: &Manifest, sealed: &[u8]) -> Result<()>;
     /// A one-part object whole, its only part (`part`, SHA-256 `sha256`) with its manifest: a
     /// sink that can store both at once (the relay, in one request) saves a round trip.
@@ -24,7 +32,7 @@ pub trait Sink: Sync {
         sha256: &str,
         sealed_manifest: &[u8],
     ) -> Result<()> {
-        self.put_part(manifest.id, 0, part, sha256)?;
+        self.put_part(manifest.id, 0, manifest.part_size, part, sha256)?;
         self.put_manifest(manifest, sealed_manifest)
     }
     /// Told of each part once it is sealed and before it goes to the sink: its raw and sealed
@@ -77,7 +85,14 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 impl Sink for DirSink {
-    fn put_part(&self, id: ObjectId, index: u32, sealed: &[u8], _sha256: &str) -> Result<()> {
+    fn put_part(
+        &self,
+        id: ObjectId,
+        index: u32,
+        _part_size: u64,
+        sealed: &[u8],
+        _sha256: &str,
+    ) -> Result<()> {
         let dir = self.object_dir(id);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;

@@ -142,6 +142,10 @@ pub struct PrepareJob {
     pub held: BTreeMap<u32, HeldPart>,
     /// A bundle's files ([`crate::bundle_small`]); empty for a file or directory.
     pub members: Vec<BundleMember>,
+    /// The raw bytes per part this object is cut into, when the sender chose them (the size
+    /// its held parts were cut at; smaller parts for the last objects of a queue); else the
+    /// pass's. A bundle is always one part.
+    pub part_size: Option<u64>,
 }
 
 impl PrepareJob {
@@ -154,6 +158,7 @@ impl PrepareJob {
             origin: Origin::default(),
             held: BTreeMap::new(),
             members: Vec::new(),
+            part_size: None,
         }
     }
 
@@ -257,10 +262,11 @@ impl FileJob {
             origin,
             held,
             members,
+            part_size: chosen,
         } = job;
         // A bundle is one part, however large: each part must be a whole tar stream.
         let part_size = if members.is_empty() {
-            part_size
+            chosen.unwrap_or(part_size).max(1)
         } else {
             source.size.max(1)
         };
@@ -778,7 +784,9 @@ impl<'k> Prepare<'k> {
             .as_ref()
             .map(|e| e.ciphertext_sha256.clone())
             .unwrap_or_default();
-        let stored = pass.sink.put_part(file.id, index, &data, &sha256);
+        let stored = pass
+            .sink
+            .put_part(file.id, index, file.part_size, &data, &sha256);
         let sealed_len = data.len() as u64;
         pass.pools.sealed.give(data);
         if let Err(e) = stored {
@@ -968,8 +976,8 @@ fn read_file(job: Arc<FileJob>, pass: &Pass, emit: &mut Emit<'_, Piece>) {
         }
     };
     for index in 0..job.parts {
-        let offset = u64::from(index) * pass.part_size;
-        let len = pass.part_size.min(src.size - offset);
+        let offset = u64::from(index) * job.part_size;
+        let len = job.part_size.min(src.size - offset);
         emit.wait_for_demand();
         let charge = emit.waiting(|| pass.charge(len.max(MIN_CHARGE)));
         if let Some(why) = pass.stop.get() {

@@ -122,6 +122,7 @@ impl forte_prepare::Sink for SlowLink {
         &self,
         id: forte_format::ObjectId,
         index: u32,
+        part_size: u64,
         sealed: &[u8],
         sha256: &str,
     ) -> anyhow::Result<()> {
@@ -134,7 +135,7 @@ impl forte_prepare::Sink for SlowLink {
         while busy.1 < self.want && !self.changed.wait_until(&mut busy, until).timed_out() {}
         busy.0 -= 1;
         drop(busy);
-        self.inner.put_part(id, index, sealed, sha256)
+        self.inner.put_part(id, index, part_size, sealed, sha256)
     }
     fn put_manifest(&self, manifest: &forte_format::Manifest, sealed: &[u8]) -> anyhow::Result<()> {
         self.inner.put_manifest(manifest, sealed)

@@ -9,6 +9,7 @@
 //! history was written.
 
 pub mod climb;
+pub mod tail;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};

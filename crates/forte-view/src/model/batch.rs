@@ -49,8 +49,8 @@ pub(super) fn finished(state: BatchState) -> bool {
 }
 
 /// Raw bytes of a batch's files that are done on its node. At the edge: files at the relay or
-/// further, and of the others the parts uploaded (`part_size` each, a file's last one
-/// smaller). At the core (whose batch `bytes` are the sealed bytes on the wire): the share of
+/// further, and of the others the parts uploaded (each the size its file was cut at, recorded
+/// with the part, else `part_size`; a file's last one smaller). At the core (whose batch `bytes` are the sealed bytes on the wire): the share of
 /// the files' raw bytes verified or further.
 fn done_bytes(catalog: &Catalog, row: &BatchRow, part_size: u64) -> Result<i64> {
     if finished(row.state) {
@@ -76,7 +76,8 @@ fn done_bytes(catalog: &Catalog, row: &BatchRow, part_size: u64) -> Result<i64> 
                 if past(f.state, FileState::AtRelay) {
                     f.size
                 } else {
-                    f.size.min(f.parts_done.saturating_mul(part_size as i64))
+                    let cut_at = f.part_size.unwrap_or(part_size as i64);
+                    f.size.min(f.parts_done.saturating_mul(cut_at))
                 }
             })
             .sum(),

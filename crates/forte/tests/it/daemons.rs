@@ -267,6 +267,62 @@ fn killed_senders_resume_without_sending_parts_twice() {
     assert_no_staging(&site.root.join("dest"), "after a one-shot pull");
 }
 
+/// The last objects of a queue go in smaller parts (the end of a long link's transfer); a
+/// sender killed among them resumes each object from its parts at the relay at the size they
+/// were cut at, though the next run, with one upload, would cut them at the configured size.
+#[test]
+fn a_sender_killed_among_the_smaller_last_parts_resumes_them_at_their_size() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "tail", 2, 24 << 20);
+    let parts_held = || {
+        site.relay_objects()
+            .iter()
+            .filter(|p| p.to_string_lossy().contains("part-"))
+            .count()
+    };
+    // 48 MiB over twice 8 uploads: the first file in parts of 3 MiB, the second of 1 MiB.
+    let mut sender = spawn(&site.send(&[
+        "--part-size",
+        "8MiB",
+        "--connections",
+        "8",
+        "--bwlimit",
+        "4MB",
+    ]));
+    let some = wait_for(60, || parts_held() >= 3);
+    kill(&mut sender);
+    assert!(some, "no part reached the relay");
+    let before = site.relay_object_lengths();
+    let out: serde_json::Value = crate::common::strict_json(&ok(&site.send(&[
+        "--part-size",
+        "8MiB",
+        "--connections",
+        "1",
+        "--json",
+        "-q",
+    ])));
+    let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
+    let after = site.relay_object_lengths();
+    let new: u64 = after
+        .iter()
+        .filter(|(path, _)| !before.contains_key(*path))
+        .map(|(_, len)| len)
+        .sum();
+    assert!(
+        before
+            .iter()
+            .all(|(path, len)| after.get(path) == Some(len)),
+        "what the relay held was left as it was"
+    );
+    assert_eq!(sealed, new, "parts the relay held were sent again");
+    ok(&site.pull());
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/tail")),
+        source_hashes(&batch)
+    );
+}
+
 #[test]
 fn a_killed_relay_restarts_and_the_sender_carries_on() {
     let mut site = Site::new();
