@@ -166,6 +166,10 @@ impl FileState {
 vocabulary! {
     /// The states of one part of a file.
     PartState {
+        /// Cut, sealed and on its way to the relay, which may hold it from now on: recorded
+        /// (with its ciphertext hash and the part size its object was cut at) before the
+        /// upload starts, so that a run killed meanwhile knows what the relay may hold.
+        Sending = "sending",
         /// Accepted by the relay, its hash checked there.
         Uploaded = "uploaded",
         /// Listed in its file's manifest at the relay.

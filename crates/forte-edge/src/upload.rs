@@ -79,35 +79,37 @@ impl UploadSink<'_> {
 }
 
 impl UploadSink<'_> {
-    /// Records an uploaded part, with the part size its object was cut at (which a later run
-    /// resumes the object at), and counts its bytes.
-    fn record_uploaded(
-        &self,
-        id: ObjectId,
-        index: u32,
-        part_size: u64,
-        sealed: &[u8],
-        sha256: &str,
-    ) {
+    /// Records `part` in `state`, with its ciphertext and the part size its object was cut at
+    /// (which a later run resumes the object at).
+    fn record_part(&self, state: PartState, part: &OutgoingPart<'_>) {
         let hashes = PartHashes {
-            ciphertext_sha256: Some(sha256),
-            ciphertext_length: Some(sealed.len() as u64),
-            part_size: Some(part_size),
+            ciphertext_sha256: Some(part.sha256),
+            ciphertext_length: Some(part.sealed.len() as u64),
+            part_size: Some(part.part_size),
             ..PartHashes::default()
         };
-        let object = id.to_string();
-        self.count(id, sealed.len());
-        forte_daemon::monitor::part_sent(id, index);
+        let object = part.id.to_string();
+        let batch = self.batch(part.id);
         note(
-            "an uploaded part",
-            self.catalog.part_state(
-                &self.batch(id),
-                &object,
-                index,
-                PartState::Uploaded,
-                &hashes,
-            ),
+            "a part's state",
+            self.catalog
+                .part_state(&batch, &object, part.index, state, &hashes),
         );
+    }
+
+    /// Records a part about to be sent and waits for the record to be committed: once the
+    /// relay may hold the part, this catalogue knows the size it was cut at, without which a
+    /// later run cannot resume from it (it sends it again).
+    fn record_sending(&self, part: &OutgoingPart<'_>) {
+        self.record_part(PartState::Sending, part);
+        note("a part about to be sent", self.catalog.flush());
+    }
+
+    /// Records an uploaded part and counts its bytes.
+    fn record_uploaded(&self, part: &OutgoingPart<'_>) {
+        self.record_part(PartState::Uploaded, part);
+        self.count(part.id, part.sealed.len());
+        forte_daemon::monitor::part_sent(part.id, part.index);
     }
 
     /// Records a sealed object: its parts, and its file (a bundle: each of its files).
@@ -152,6 +154,14 @@ impl Sink for UploadSink<'_> {
     ) -> Result<()> {
         let what = format!("upload of part {index} of object {id}");
         (self.on_sending)(id, sha256);
+        let part = OutgoingPart {
+            id,
+            index,
+            part_size,
+            sealed,
+            sha256,
+        };
+        self.record_sending(&part);
         let about = About {
             task: Task::Upload,
             id,
@@ -161,7 +171,7 @@ impl Sink for UploadSink<'_> {
             forte_daemon::monitor::part_sending(id, index);
             self.client.put_part(id, index, sealed, sha256)
         })?;
-        self.record_uploaded(id, index, part_size, sealed, sha256);
+        self.record_uploaded(&part);
         Ok(())
     }
 
@@ -186,7 +196,13 @@ impl Sink for UploadSink<'_> {
             self.client
                 .put_whole(id, batch.batch(), part, sha256, sealed_manifest)
         })?;
-        self.record_uploaded(id, 0, manifest.part_size, part, sha256);
+        self.record_uploaded(&OutgoingPart {
+            id,
+            index: 0,
+            part_size: manifest.part_size,
+            sealed: part,
+            sha256,
+        });
         self.record_sealed(manifest, &batch, sealed_manifest);
         Ok(())
     }
@@ -224,6 +240,16 @@ impl Sink for UploadSink<'_> {
         let bytes = object.and_then(|id| self.sealed.lock().remove(&id));
         (self.on_done)(outcomes, bytes.unwrap_or(0));
     }
+}
+
+/// A sealed part on its way to the relay: its object, index, the raw bytes per part its object
+/// was cut at, its ciphertext and the ciphertext's SHA-256.
+struct OutgoingPart<'a> {
+    id: ObjectId,
+    index: u32,
+    part_size: u64,
+    sealed: &'a [u8],
+    sha256: &'a str,
 }
 
 /// What a request to the relay is, as its attempts are recorded: the task, the object, and

@@ -281,7 +281,7 @@ fn a_sender_killed_among_the_smaller_last_parts_resumes_them_at_their_size() {
             .filter(|p| p.to_string_lossy().contains("part-"))
             .count()
     };
-    // 48 MiB over twice 8 uploads: the first file in parts of 3 MiB, the second of 1 MiB.
+    // 48 MiB over 8 uploads: the first file in parts of 6 MiB, the second of 2 MiB.
     let mut sender = spawn(&site.send(&[
         "--part-size",
         "8MiB",
