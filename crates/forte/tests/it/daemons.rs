@@ -217,6 +217,36 @@ fn random_ms(max: u64) -> u64 {
     u64::from(nanos) % max
 }
 
+/// Parts and manifests the relay held `before` a send (whose `--json` report is `out`) were
+/// not sent again: they are as they were, and what the send sealed is exactly what the relay
+/// holds now and did not hold before.
+fn assert_nothing_held_was_sent_again(
+    site: &Site,
+    before: &BTreeMap<PathBuf, u64>,
+    out: &serde_json::Value,
+) {
+    let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
+    let after = site.relay_object_lengths();
+    let new: u64 = after
+        .iter()
+        .filter(|(path, _)| !before.contains_key(*path))
+        .map(|(_, len)| len)
+        .sum();
+    assert!(
+        before
+            .iter()
+            .all(|(path, len)| after.get(path) == Some(len)),
+        "what the relay held was left as it was"
+    );
+    assert_eq!(
+        sealed,
+        new,
+        "{} objects were held, yet {sealed} bytes were sent for {} new ones",
+        before.len(),
+        after.len() - before.len()
+    );
+}
+
 #[test]
 fn killed_senders_resume_without_sending_parts_twice() {
     let site = Site::new();
@@ -237,28 +267,7 @@ fn killed_senders_resume_without_sending_parts_twice() {
     let before = site.relay_object_lengths();
     let out: serde_json::Value =
         crate::common::strict_json(&ok(&site.send(&["--part-size", "1MiB", "--json", "-q"])));
-    let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
-    // Parts and manifests already at the relay were not sent again: what was sent is exactly
-    // what the relay holds now and did not hold before.
-    let after = site.relay_object_lengths();
-    let new: u64 = after
-        .iter()
-        .filter(|(path, _)| !before.contains_key(*path))
-        .map(|(_, len)| len)
-        .sum();
-    assert!(
-        before
-            .iter()
-            .all(|(path, len)| after.get(path) == Some(len)),
-        "what the relay held was left as it was"
-    );
-    assert_eq!(
-        sealed,
-        new,
-        "{} objects were held, yet {sealed} bytes were sent for {} new ones",
-        before.len(),
-        after.len() - before.len()
-    );
+    assert_nothing_held_was_sent_again(&site, &before, &out);
     ok(&site.pull());
     assert_eq!(
         visible(&site.root.join("dest/site-a/big")),
@@ -302,20 +311,7 @@ fn a_sender_killed_among_the_smaller_last_parts_resumes_them_at_their_size() {
         "--json",
         "-q",
     ])));
-    let sealed = out["batches"][0]["sealed_bytes"].as_u64().unwrap();
-    let after = site.relay_object_lengths();
-    let new: u64 = after
-        .iter()
-        .filter(|(path, _)| !before.contains_key(*path))
-        .map(|(_, len)| len)
-        .sum();
-    assert!(
-        before
-            .iter()
-            .all(|(path, len)| after.get(path) == Some(len)),
-        "what the relay held was left as it was"
-    );
-    assert_eq!(sealed, new, "parts the relay held were sent again");
+    assert_nothing_held_was_sent_again(&site, &before, &out);
     ok(&site.pull());
     assert_eq!(
         visible(&site.root.join("dest/site-a/tail")),
