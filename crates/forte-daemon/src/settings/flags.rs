@@ -21,7 +21,8 @@ pub struct EdgeFlags {
     /// Ed25519 signing key of this edge (edge.key) [config: keys.sign].
     #[arg(long, value_name = "FILE")]
     pub(super) sign: Option<PathBuf>,
-    /// Raw bytes per part [config: prepare.part_size] [default: 16MiB].
+    /// Raw bytes per part; `send` cuts the last objects of a one-shot send smaller, down to
+    /// 2 MiB, so its uploads finish together [config: prepare.part_size] [default: 16MiB].
     #[arg(long, value_parser = parse_size, value_name = "SIZE")]
     pub(super) part_size: Option<u64>,
     /// zstd level, or auto: adapted between 1 and 9 to whichever of CPU and link is slower
