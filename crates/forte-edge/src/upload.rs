@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, HashMap};
 
 use anyhow::Result;
-use forte_catalog::{BatchKey, Catalog, FileRecord, FileState, PartHashes, PartState, Task};
+use forte_catalog::{
+    BatchKey, Catalog, FileRecord, FileState, PartHashes, PartRow, PartState, Task,
+};
 use forte_format::{Manifest, ObjectId};
 use forte_prepare::{FileOutcome, HeldPart, Sink};
 use forte_relay::api::{ObjectState, PartRef};
@@ -275,7 +277,7 @@ pub enum AtRelay {
 
 /// The parts of an object the relay holds that a run may resume from, and the part size they
 /// were cut at, at which the object is cut again.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 pub struct Resume {
     pub held: BTreeMap<u32, HeldPart>,
     pub part_size: Option<u64>,
@@ -299,23 +301,33 @@ pub fn resumable(catalog: &Catalog, id: ObjectId, held: BTreeMap<u32, HeldPart>)
             return Resume::default();
         }
     };
+    // Each held part's recorded size, if its record names these very bytes: one look-up
+    // each, however many parts the object has.
+    let recorded: HashMap<i64, &PartRow> = recorded.iter().map(|r| (r.index, r)).collect();
     let cut_at = |index: u32, part: &HeldPart| {
-        let row = recorded.iter().find(|r| r.index == i64::from(index))?;
+        let row = recorded.get(&i64::from(index))?;
         let same_bytes = row.ciphertext_sha256.as_deref() == Some(&part.ciphertext_sha256);
         same_bytes.then_some(row.part_size)?.map(|size| size as u64)
     };
-    let part_size = held.iter().find_map(|(&index, part)| cut_at(index, part));
-    let resumable: BTreeMap<u32, HeldPart> = held
-        .iter()
-        .filter(|&(&index, part)| part_size.is_some() && cut_at(index, part) == part_size)
-        .map(|(&index, part)| (index, part.clone()))
+    let held: Vec<(u32, HeldPart, Option<u64>)> = held
+        .into_iter()
+        .map(|(index, part)| {
+            let size = cut_at(index, &part);
+            (index, part, size)
+        })
         .collect();
-    if resumable.len() < held.len() {
+    let part_size = held.iter().find_map(|&(_, _, size)| size);
+    let all = held.len();
+    let resumable: BTreeMap<u32, HeldPart> = held
+        .into_iter()
+        .filter(|(_, _, size)| size.is_some() && *size == part_size)
+        .map(|(index, part, _)| (index, part))
+        .collect();
+    if resumable.len() < all {
         tracing::info!(
             object = %id,
-            "{} of {} parts at the relay have no record of being cut at {}: sent again",
-            held.len() - resumable.len(),
-            held.len(),
+            "{} of {all} parts at the relay have no record of being cut at {}: sent again",
+            all - resumable.len(),
             part_size.map_or("a known size".to_string(), |s| format!("{s} bytes per part")),
         );
     }
