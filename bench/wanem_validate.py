@@ -11,6 +11,11 @@ to it (issue 45): one TCP flow at a time between a namespace and this one, throu
    retransmission timeouts, which matter from about 1 % on); within 20 %.
 3. Rate: one lossless flow at 20 ms fills the link (65 MB/s less the headers: 1448 of every
    1500 bytes), and the emulator's CPU while it does.
+4. Ceiling (`--only ceiling`, not run by default): what bare TCP achieves over the long, lossy
+   settings of issue 45's targets. A burst of the bytes forte puts on the wire for the 4 GB
+   A–N batches, split over 8 or 64 BBR flows opened at once, with no TLS, no requests and no
+   application: the share of the 25 MB/s link it fills from its first SYN to its last byte is
+   the most any sender on this kernel and link can fill.
 
 Reno because its model is the textbook one (this machine's default is bbr, which random loss
 does not slow; CUBIC is Reno-friendly only at short round trips).
@@ -69,6 +74,21 @@ def flow(seconds, cc, probe_at=None, rate=None):
     return float(re.search(r"([\d.]+) MB/s", out).group(1)), ss
 
 
+def burst(flows, size, cc="bbr"):
+    """FLOWS connections from the namespace send SIZE bytes between them: (seconds from the first
+    SYN to the last byte, bytes the link carried meanwhile, headers and retransmissions too)."""
+    sink = subprocess.Popen([sys.executable, FLOW, "sink", str(flows)], stdout=subprocess.PIPE, text=True)
+    assert sink.stdout.readline().strip() == "listening"
+    link = Path("/sys/class/net/wanchk0/statistics/rx_bytes")
+    before = int(link.read_text())
+    sender = subprocess.run(["ip", "netns", "exec", NS, sys.executable, FLOW, "burst", str(flows), str(size), cc],
+                            capture_output=True, text=True, check=True).stdout
+    out = sink.communicate()[0]
+    began = float(re.search(r"began at ([\d.]+)", sender).group(1))
+    ended = float(re.search(r"last at ([\d.]+)", out).group(1))
+    return ended - began, int(link.read_text()) - before
+
+
 def padhye(rtt, p, rto):
     """Segments per second (Padhye et al. 1998, b = 1: Linux counts acknowledged bytes)."""
     return 1 / (rtt * math.sqrt(2 * p / 3) + rto * min(1, 3 * math.sqrt(3 * p / 8)) * p * (1 + 32 * p * p))
@@ -78,7 +98,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=30)
-    ap.add_argument("--only", default="rtt,loss,rate", help="which checks (rtt, loss, rate), comma-separated")
+    ap.add_argument("--only", default="rtt,loss,rate", help="which checks (rtt, loss, rate, ceiling), comma-separated")
     args = ap.parse_args()
     only = args.only.split(",")
     subprocess.run(["ip", "netns", "del", NS], stderr=subprocess.DEVNULL)
@@ -103,6 +123,19 @@ def main():
             print(f"| {rtt_ms} ms, {p * 100:g} % loss | {m:.3f} ({', '.join(f'{g:.3f}' for g in got)}) | "
                   f"{mathis:.3f} | {pftk:.3f} | {(m - mathis) / mathis * 100:+.0f} %, "
                   f"{(m - pftk) / pftk * 100:+.0f} % |", flush=True)
+
+        if "ceiling" in only:
+            size = 1_314_833_288  # forte's wire bytes for the 4 GB A–N batches (wan-25mb-4gb.json)
+            print("\n| 25 MB/s link, a burst of 1.31 GB | BBR flows | seconds (runs) | share of the link filled "
+                  "(median) |\n|---|---:|---:|---:|")
+            for rtt_ms, p in [(20, 0), (300, 0.001), (600, 0.001), (600, 0.01)]:
+                for flows in [8, 64]:
+                    with Link(rtt_ms, p, "25MB"):
+                        got = [burst(flows, size) for _ in range(args.runs)]
+                    shares = [wire / secs / 25e6 for secs, wire in got]
+                    print(f"| {rtt_ms} ms, {p * 100:g} % loss | {flows} | "
+                          f"{', '.join(f'{secs:.1f}' for secs, _ in got)} | {statistics.median(shares) * 100:.0f} % "
+                          f"({', '.join(f'{x * 100:.0f}' for x in shares)}) |", flush=True)
 
         if "rate" not in only:
             return
