@@ -737,6 +737,58 @@ mod tests {
         );
         assert_eq!(catalog.last_event(&odd).unwrap(), Some(failures[0].at));
         assert!(catalog.failures(Some(&core), 10).unwrap().is_empty());
+        // A site, exactly, and a whole-name glob: another site's batch of the same name is not
+        // theirs, and a name that only contains the pattern does not match it.
+        let other = BatchKey::core("site-a2", "odd2");
+        let record = BatchRecord {
+            key: &other,
+            name: "50%_done",
+            files: 1,
+            bytes: 1,
+            state: BatchState::Delivered,
+            arrived: None,
+            detail: None,
+        };
+        catalog.batch_state(&record).unwrap();
+        let of_site = |site: &str, pattern: &str| Filter {
+            site: Some(site.into()),
+            pattern: Some(pattern.into()),
+            ..Filter::default()
+        };
+        let found = catalog.batches_matching(&of_site("site-a", "50*")).unwrap();
+        assert_eq!(
+            found.iter().map(|b| &b.batch_key).collect::<Vec<_>>(),
+            [&core]
+        );
+        assert!(catalog
+            .batches_matching(&of_site("site-a", "50"))
+            .unwrap()
+            .is_empty());
+        assert!(catalog
+            .batches_matching(&of_site("SITE-A", "50*"))
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            catalog
+                .batches_matching(&of_site("site-a2", "5?%_D*"))
+                .unwrap()
+                .len(),
+            1
+        );
+        let other_file = FileRecord::new(&other, "o2", "x/big.bin", 1, FileState::Delivered);
+        catalog.file_state(&other_file).unwrap();
+        let files_of = |site: &str| Filter {
+            site: Some(site.into()),
+            ..Filter::default()
+        };
+        assert!(catalog
+            .files_matching(&files_of("site-a"))
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            catalog.files_matching(&files_of("site-a2")).unwrap()[0].object_id,
+            "o2"
+        );
     }
 
     #[test]

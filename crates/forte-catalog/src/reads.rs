@@ -167,6 +167,12 @@ pub struct Filter {
     /// The name (a batch's) or the path or delivered path (a file's) contains this, whatever
     /// the case (on SQLite and PostgreSQL alike).
     pub name: Option<String>,
+    /// The name (a batch's) matches this glob whatever the case: `*` any text, `?` one
+    /// character, anything else itself. Five sites naming runs by date need a whole-name match,
+    /// not `name`'s "contains".
+    pub pattern: Option<String>,
+    /// Of this site only (at the core: the site that sent it; an edge's rows have no site).
+    pub site: Option<String>,
     /// In this state (the text of [`BatchState`] or [`FileState`]).
     pub state: Option<String>,
     pub role: Option<Role>,
@@ -182,6 +188,8 @@ pub struct Filter {
 struct FilterColumns {
     /// A condition on the name, `#` where its pattern goes (used once, or more as `#`).
     name: &'static str,
+    /// A condition on the site, `#` where the site goes (exactly, whatever the back end).
+    site: &'static str,
     /// The condition for each role.
     role: fn(Role) -> &'static str,
     updated: &'static str,
@@ -211,14 +219,18 @@ impl Filter {
         };
         if let Some(name) = &self.name {
             // Matched literally: LIKE's wildcards in the text match themselves.
-            let escaped = name
-                .replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_");
+            let escaped = like_literal(name);
             term(
                 columns.name,
                 Some(FilterValue::Text(format!("%{escaped}%"))),
             );
+        }
+        if let Some(pattern) = &self.pattern {
+            let like = like_literal(pattern).replace('*', "%").replace('?', "_");
+            term(columns.name, Some(FilterValue::Text(like)));
+        }
+        if let Some(site) = &self.site {
+            term(columns.site, Some(FilterValue::Text(site.clone())));
         }
         if let Some(state) = &self.state {
             term("state = #", Some(FilterValue::Text(state.clone())));
@@ -264,8 +276,16 @@ impl Filter {
     }
 }
 
+/// `text` as a LIKE pattern that matches it literally (ESCAPE '\\').
+fn like_literal(text: &str) -> String {
+    text.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
+}
+
 const BATCH_FILTER: FilterColumns = FilterColumns {
     name: "LOWER(name) LIKE LOWER(#) ESCAPE '\\'",
+    site: "site = #",
     role: |role| match role {
         Role::Edge => "role = 'edge'",
         Role::Core => "role = 'core'",
@@ -277,6 +297,7 @@ const BATCH_FILTER: FilterColumns = FilterColumns {
 const FILE_FILTER: FilterColumns = FilterColumns {
     name:
         "(LOWER(path) LIKE LOWER(#) ESCAPE '\\' OR LOWER(delivered_to) LIKE LOWER(#) ESCAPE '\\')",
+    site: "SUBSTR(batch_key, 1, LENGTH(#) + 1) = # || '/'",
     role: |role| match role {
         Role::Edge => "batch_key NOT LIKE '%/%'",
         Role::Core => "batch_key LIKE '%/%'",

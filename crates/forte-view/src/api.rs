@@ -106,6 +106,8 @@ pub(crate) async fn read<T: Send + 'static>(
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct Params {
     pub name: Option<String>,
+    pub pattern: Option<String>,
+    pub site: Option<String>,
     pub state: Option<String>,
     pub role: Option<String>,
     pub since_us: Option<i64>,
@@ -143,6 +145,8 @@ impl Params {
         }
         Ok(Filter {
             name: self.name.clone().filter(|n| !n.is_empty()),
+            pattern: self.pattern.clone().filter(|p| !p.is_empty()),
+            site: self.site.clone().filter(|s| !s.is_empty()),
             state,
             role,
             since: self.since_us,
