@@ -166,6 +166,12 @@ impl Catalog {
             .collect()
     }
 
+    /// Every instance this catalogue recorded at `role`'s end (the edge: each seal, with the
+    /// site and any receipt verified; the core: each delivery), oldest sequence first.
+    pub fn instances(&self, role: Role) -> Result<Vec<InstanceRow>> {
+        self.instances_where("role = $1", &[role.as_str()], "instances")
+    }
+
     /// Every instance recorded for `batch` (at this catalogue's end), oldest sequence first.
     pub fn instances_of(&self, batch: &BatchKey) -> Result<Vec<InstanceRow>> {
         let role = batch.role().as_str();

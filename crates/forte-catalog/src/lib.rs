@@ -29,10 +29,12 @@
 //! (the migrations), `recording` (what callers record, queued), `writer_thread` (the thread
 //! that commits it, and the statements each record is written with), `reads` (rows back),
 //! `claims` (core workers' leases on batches, read and written at once, not through the
-//! writer thread).
+//! writer thread), `custody` (batch instances and receipts), `etas` (the running batches'
+//! ETAs as the node running each published them: the one estimate every view shows).
 
 mod claims;
 mod custody;
+mod etas;
 mod reads;
 mod recording;
 mod schema;
@@ -50,6 +52,7 @@ use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use custody::{Fenced, Gap, InstanceRow};
+pub use etas::PublishedEta;
 pub use reads::{
     BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
     TaskRunRow, TunedRow, TuningSample, UsageRow,

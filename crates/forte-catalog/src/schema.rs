@@ -164,6 +164,13 @@ const MIGRATIONS: &[&str] = &[
     // The raw bytes per part an object was cut into, beside each uploaded part: a later run
     // resumes the object from its parts at the relay only at that size.
     "ALTER TABLE parts ADD COLUMN part_size BIGINT",
+    // The ETA of each running batch as the node running it works it out (with what only it
+    // knows: the parts on its wire), so that every view shows that one estimate.
+    "CREATE TABLE batch_etas (
+        batch_key TEXT PRIMARY KEY,
+        at BIGINT NOT NULL,
+        eta_s DOUBLE PRECISION NOT NULL
+    )",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -99,6 +99,8 @@ pub fn pull(
         };
         monitor::serve(http, Role::Core, catalog, progress)?;
     }
+    let default_part = forte_prepare::PrepareConfig::DEFAULT_PART_SIZE;
+    monitor::publish_etas(Role::Core, catalog, default_part, s.policy.eta_order());
     // A puller killed after the relay took a batch's acknowledgement but before recording it
     // left files `delivered` that the relay no longer lists: ask the relay again.
     // One attempt: if the relay cannot be reached, the listing below retries and reports it.

@@ -108,6 +108,7 @@ fn send_locked(settings: SendSettings, catalog: &Catalog, output: SendOutput) ->
         };
         monitor::serve(http, Role::Edge, catalog, progress)?;
     }
+    monitor::publish_etas(Role::Edge, catalog, s.edge.prepare.part_size, order);
     if s.daemon.watch {
         let watch = Watch {
             edge: &edge,

@@ -266,6 +266,17 @@ fn panels<R: Sample>(title: &str, rows: &[R], measures: &[Measure<R>], time: Tim
     nodes.sort_unstable();
     nodes.dedup();
     let panel = 150.0;
+    if rows.is_empty() {
+        // Axes over nothing read as a machine idle at 0 (and their scale is made up): say so.
+        let mut svg = header(WIDTH, TOP + 60.0, title);
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="{}" font-size="14" fill="#666" text-anchor="middle">No samples yet: nothing recorded in this period.</text></svg>"##,
+            WIDTH / 2.0,
+            TOP + 30.0
+        );
+        return svg;
+    }
     let height = TOP + panel * measures.len() as f64 + 40.0;
     let mut svg = header(WIDTH, height, title);
     let most = nodes

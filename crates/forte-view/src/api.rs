@@ -34,6 +34,7 @@ pub(crate) fn routes() -> Router<Shared> {
         .route("/api/v1/usage", get(usage))
         .route("/api/v1/failures", get(failures))
         .route("/api/v1/overview", get(overview))
+        .route("/api/v1/relay", get(relay))
         .route("/api/v1/events", get(events))
         .route("/api/v1/charts/timeline.svg", get(timeline_chart))
         .route("/api/v1/charts/utilisation.svg", get(utilisation_chart))
@@ -266,6 +267,21 @@ pub(crate) async fn read_overview(view: &Shared) -> Result<Overview, ApiError> {
         Overview::read(&v.catalogs, v.stages(), v.queue(), v.wire(), &v.progress)
     })
     .await
+}
+
+/// What the relay holds now (its store is listed: that blocks); a 404 on other servers.
+pub(crate) async fn read_relay(view: &Shared) -> Result<crate::RelayHoldings, ApiError> {
+    read(view, |v| Ok(v.live.as_ref().and_then(|l| l.relay())))
+        .await?
+        .ok_or_else(|| {
+            ApiError::not_found(
+                "only a relay (forte relay --http) serves what it holds, and its store could not be read (see its log)".into(),
+            )
+        })
+}
+
+async fn relay(State(view): State<Shared>) -> Result<Json<crate::RelayHoldings>, ApiError> {
+    Ok(Json(read_relay(&view).await?))
 }
 
 async fn overview(State(view): State<Shared>) -> Result<Json<Overview>, ApiError> {

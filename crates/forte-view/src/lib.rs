@@ -27,7 +27,10 @@ use axum::Router;
 use forte_catalog::Catalog;
 
 pub use access::Access;
-pub use live::{BatchWire, Live, QueueView, StageView, WaitingPart, WireView};
+pub use live::{
+    BatchWire, HeldBatch, Live, QueueView, RelayHoldings, ShareView, SiteUsage, StageView,
+    WaitingPart, WireView,
+};
 
 /// What serves the view.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

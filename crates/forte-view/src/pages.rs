@@ -17,10 +17,10 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::{self, ApiError, ApiQuery, Shared};
-use crate::live::{QueueView, StageView};
+use crate::live::{QueueView, RelayHoldings, StageView};
 use crate::model::{
-    self, Alert, AlertLevel, Batch, BatchDetail, FailureView, File, Lineage, Overview, Totals,
-    FILL_CRITICAL, FILL_WARNING,
+    self, Alert, AlertLevel, Batch, BatchDetail, FailureView, File, Lineage, Overview, ReceiptView,
+    Totals, FILL_CRITICAL, FILL_WARNING,
 };
 
 pub(crate) fn routes() -> Router<Shared> {
@@ -222,14 +222,17 @@ fn progress_bar(progress: f64, state: &str) -> String {
 
 fn totals(t: &Totals) -> String {
     format!(
-        "<div class=\"tiles\"><div><b>{}</b> batches</div><div><b>{}</b> sent</div>\
+        "<div class=\"tiles\"><div><b>{}</b> batches</div><div><b>{}</b> at the edge</div>\
+         <div><b>{}</b> at the relay</div><div><b>{}</b> at the core</div>\
          <div><b>{}</b> delivered</div>\
-         <div class=\"{}\"><b>{}</b> failed</div><div><b>{}</b> recorded</div></div>",
+         <div class=\"{}\"><b>{}</b> held back</div><div><b>{}</b> recorded</div></div>",
         t.batches,
-        t.sent,
+        t.at_edge,
+        t.at_relay,
+        t.at_core,
         t.delivered,
-        if t.failed > 0 { "bad" } else { "" },
-        t.failed,
+        if t.held_back > 0 { "bad" } else { "" },
+        t.held_back,
         human(t.bytes.max(0) as u64)
     )
 }
@@ -255,21 +258,22 @@ fn in_flight(batches: &[Batch], links: &Links) -> String {
         return "<p class=\"muted\">Nothing in flight.</p>".into();
     }
     let mut html = String::from(
-        "<table><thead><tr><th>batch</th><th>node</th><th>state</th><th class=\"wide\">progress</th>\
+        "<table><thead><tr><th>batch</th><th>site</th><th>where</th><th class=\"wide\">progress</th>\
          <th>done</th><th>rate</th><th>ETA</th></tr></thead><tbody>",
     );
     for b in batches {
         let _ = write!(
             html,
-            "<tr data-key=\"{key}\"><td><a href=\"{href}\">{name}</a></td><td>{role}</td>\
-             <td class=\"state {state}\">{state}</td><td class=\"wide\">{bar}</td>\
+            "<tr data-key=\"{key}\" data-phase=\"{phase}\"><td><a href=\"{href}\">{name}</a></td>\
+             <td>{site}</td><td class=\"state {phase}\">{where_}</td><td class=\"wide\">{bar}</td>\
              <td>{done} of {bytes}</td><td class=\"rate\">{rate}</td><td class=\"eta\">{eta}</td></tr>",
             key = escape(&b.key),
             href = links.batch(&b.key),
             name = escape(&b.name),
-            role = b.role,
-            state = b.state,
-            bar = progress_bar(b.progress, b.state.as_str()),
+            site = escape(&b.site),
+            phase = b.phase,
+            where_ = b.phase.text(),
+            bar = progress_bar(b.progress, b.phase.as_str()),
             done = human(b.done_bytes.max(0) as u64),
             bytes = human(b.bytes.max(0) as u64),
             rate = rate(b.rate_bytes_per_second),
@@ -387,24 +391,24 @@ fn batch_table(batches: &[Batch], links: &Links) -> String {
         return "<p class=\"muted\">No batches.</p>".into();
     }
     let mut html = String::from(
-        "<table><thead><tr><th>batch</th><th>node</th><th>state</th><th>files</th><th>bytes</th>\
+        "<table><thead><tr><th>batch</th><th>site</th><th>where</th><th>files</th><th>bytes</th>\
          <th>rate</th><th>arrived</th><th>last change</th></tr></thead><tbody>",
     );
     for b in batches {
         let _ = write!(
             html,
-            "<tr><td><a href=\"{}\">{}</a></td><td>{}{}</td><td class=\"state {}\">{}</td><td>{}</td>\
+            "<tr data-key=\"{}\" data-phase=\"{}\"><td><a href=\"{}\">{}</a></td><td>{}</td>\
+             <td class=\"state {}\" title=\"{} row: {}\">{}</td><td>{}</td>\
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&b.key),
+            b.phase,
             links.batch(&b.key),
             escape(&b.name),
+            escape(&b.site),
+            b.phase,
             b.role,
-            if b.site.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", escape(&b.site))
-            },
             b.state,
-            b.state,
+            b.phase.text(),
             b.files,
             human(b.bytes.max(0) as u64),
             rate(b.rate_bytes_per_second),
@@ -519,7 +523,118 @@ fn search_form(params: &PageParams) -> String {
     )
 }
 
+/// The relay's sections: its sites against their quota, what it holds per batch, its shares.
+fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
+    let sites = if h.sites.is_empty() {
+        "<p class=\"muted\">The relay holds nothing: every batch sent has been delivered, or none was sent yet.</p>".to_owned()
+    } else {
+        let mut html = String::from(
+            "<table><thead><tr><th>site</th><th>objects</th><th>held</th><th class=\"wide\">of its quota</th>\
+             <th>ingress now</th></tr></thead><tbody>",
+        );
+        for s in &h.sites {
+            let quota = match (s.quota_used, h.quota_per_site) {
+                (Some(used), Some(quota)) => format!(
+                    "{} of {}",
+                    progress_bar(
+                        used.min(1.0),
+                        if used >= FILL_CRITICAL { "failed" } else { "" }
+                    ),
+                    human(quota)
+                ),
+                _ => "no quota".into(),
+            };
+            let _ = write!(
+                html,
+                "<tr data-site=\"{site}\"><td>{site}</td><td class=\"objects\">{}</td><td class=\"bytes\">{}</td>\
+                 <td class=\"wide\">{quota}</td><td>{}</td></tr>",
+                s.objects,
+                human(s.bytes),
+                rate(Some(s.rate_bytes_per_second)),
+                site = escape(&s.site),
+            );
+        }
+        html.push_str("</tbody></table>");
+        html
+    };
+    let batches = if h.batches.is_empty() {
+        "<p class=\"muted\">No batch held.</p>".to_owned()
+    } else {
+        let mut html = String::from(
+            "<table><thead><tr><th>site</th><th>batch</th><th>state</th><th>objects</th><th>bytes</th>\
+             <th>age</th><th>last change</th></tr></thead><tbody>",
+        );
+        for b in &h.batches {
+            let _ = write!(
+                html,
+                "<tr class=\"held\" data-site=\"{}\" data-batch=\"{}\"><td>{}</td><td><code>{}</code></td>\
+                 <td class=\"state {}\">{}</td><td class=\"objects\">{}</td><td class=\"bytes\">{}</td><td>{}</td><td>{}</td></tr>",
+                escape(&b.site),
+                escape(b.batch.as_deref().unwrap_or("")),
+                escape(&b.site),
+                escape(b.batch.as_deref().unwrap_or("(not sealed into a batch yet)")),
+                b.state,
+                b.state,
+                b.objects,
+                human(b.bytes),
+                duration(b.age_s as f64),
+                format_utc(b.changed_us),
+            );
+        }
+        html.push_str("</tbody></table>");
+        html
+    };
+    let s = &h.shares;
+    let shares = match (s.fair, s.cap_bytes_per_second) {
+        (false, _) => {
+            "Fair shares are off (--no-fair-shares): sites split the ingress as TCP does."
+                .to_owned()
+        }
+        (true, Some(cap)) => format!(
+            "{} sites sending share the ingress: each is held to {}.",
+            s.sites_sending,
+            rate(Some(cap))
+        ),
+        (true, None) => format!(
+            "{} site(s) sending: no share in force (shares hold once two sites send at once).",
+            s.sites_sending
+        ),
+    };
+    let shares = format!(
+        "<p id=\"share-state\">{}</p><p class=\"muted\">Objects the core acknowledged and the relay deleted since it started: {}.</p>",
+        escape(&shares),
+        h.acknowledged_objects
+    );
+    vec![
+        Section::new("relay-sites", sites),
+        Section::new("relay-batches", batches),
+        Section::new("relay-shares", shares),
+    ]
+}
+
+async fn relay_page(view: &Shared) -> Result<Html<String>, ApiError> {
+    let links = Links;
+    let holdings = api::read_relay(view).await?;
+    let titles = ["Sites", "What the relay holds", "Fair shares"];
+    let mut body = String::new();
+    for (Section { id, html }, title) in relay_sections(&holdings).into_iter().zip(titles) {
+        let _ = write!(
+            body,
+            "<h2>{title}</h2><section id=\"{id}\">{html}</section>"
+        );
+    }
+    Ok(page(
+        "relay overview",
+        &links,
+        Some("/live/overview"),
+        &body,
+    ))
+}
+
 async fn overview(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
+    if view.server == crate::Server::Relay {
+        return relay_page(&view).await;
+    }
     let links = Links;
     let o = api::read_overview(&view).await?;
     let mut body = String::new();
@@ -553,6 +668,11 @@ async fn overview(State(view): State<Shared>) -> Result<Html<String>, ApiError> 
 
 async fn live_overview(State(view): State<Shared>) -> Response {
     api::every_tick(view, "sections", move |view| async move {
+        if view.server == crate::Server::Relay {
+            return Ok(section_event(relay_sections(
+                &api::read_relay(&view).await?,
+            )));
+        }
         let o = api::read_overview(&view).await?;
         let links = Links;
         Ok(section_event(overview_sections(&o, &links)))
@@ -622,11 +742,16 @@ async fn history(
 fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<Section> {
     let b = &d.batch;
     let mut summary = format!(
-        "<dl class=\"facts\"><dt>state</dt><dd class=\"state {state}\">{state}</dd>\
+        "<dl class=\"facts\"><dt>where</dt><dd class=\"state {phase}\" id=\"phase\">{where_}</dd>\
+         <dt>site</dt><dd>{site}</dd>\
+         <dt>state</dt><dd class=\"state {state}\">{state}</dd>\
          <dt>node</dt><dd>{role}</dd><dt>key</dt><dd><code>{key}</code></dd>\
          <dt>files</dt><dd>{files}</dd><dt>done</dt><dd>{done} of {bytes}</dd>\
          <dt>rate</dt><dd class=\"rate\">{rate}</dd><dt>ETA</dt><dd class=\"eta\">{eta}</dd>\
          <dt>arrived</dt><dd>{arrived}</dd></dl>{bar}",
+        phase = b.phase,
+        where_ = b.phase.text(),
+        site = escape(&b.site),
         state = b.state,
         role = b.role,
         key = escape(&b.key),
@@ -663,7 +788,35 @@ fn batch_sections(d: &BatchDetail, links: &Links) -> Vec<Section> {
         Section::new("batch-stages", stages),
         Section::new("batch-files", file_table(&d.files, links)),
         Section::new("batch-failures", failures(&d.failures, links)),
+        Section::new("batch-receipts", receipts(&d.receipts)),
     ]
+}
+
+/// The core's receipts a batch page shows: what each says and how it was checked.
+fn receipts(receipts: &[ReceiptView]) -> String {
+    if receipts.is_empty() {
+        return "<p class=\"muted\">No receipt of the core kept here yet.</p>".into();
+    }
+    let mut html = String::from(
+        "<table><thead><tr><th>instance</th><th>sequence</th><th>outcome</th><th>files</th>\
+         <th>kept at</th><th>delivered</th><th>checked</th></tr></thead><tbody>",
+    );
+    for r in receipts {
+        let _ = write!(
+            html,
+            "<tr class=\"receipt\"><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+             <td>{}</td><td class=\"verified\">{}</td></tr>",
+            escape(&r.instance),
+            r.sequence,
+            escape(r.outcome.as_deref().unwrap_or("–")),
+            r.files.map(|n| n.to_string()).unwrap_or_else(|| "–".into()),
+            escape(r.destination.as_deref().unwrap_or("–")),
+            r.delivered_us.map(format_utc).unwrap_or_else(|| "–".into()),
+            r.verified
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
 }
 
 async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
@@ -682,7 +835,7 @@ async fn batch(
     let links = Links;
     let d = read_batch(&view, &key).await?;
     let mut body = String::new();
-    let titles = ["", "Stages", "Files", "Failures"];
+    let titles = ["", "Stages", "Files", "Failures", "Receipts"];
     for (Section { id, html }, title) in batch_sections(&d, &links).into_iter().zip(titles) {
         if !title.is_empty() {
             let _ = write!(body, "<h2>{title}</h2>");

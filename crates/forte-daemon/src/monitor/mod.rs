@@ -13,6 +13,7 @@
 //! none; set by `forte_relay::pace`).
 
 mod counters;
+mod etas;
 mod stages;
 mod tasks;
 mod wire;
@@ -27,6 +28,7 @@ use crate::retry::Operation;
 use crate::settings::HttpServe;
 
 pub use counters::{batch_done, failure, queue, zstd_level};
+pub use etas::publish_etas;
 pub use stages::{item_latency, while_running};
 pub use tasks::task_try;
 pub use wire::{

@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use metrics::{counter, describe_counter, describe_gauge, Unit};
+use metrics::{counter, describe_counter, describe_gauge, gauge, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -73,6 +73,45 @@ const COUNTERS: [(&str, Unit, &str); 9] = [
     ),
 ];
 
+/// The gauges of what the store holds ([`held`]).
+const HELD: [(&str, Unit, &str); 7] = [
+    (
+        "forte_relay_held_bytes",
+        Unit::Bytes,
+        "Bytes the store holds, all sites",
+    ),
+    (
+        "forte_relay_quota_per_site_bytes",
+        Unit::Bytes,
+        "Most bytes one site may hold (0: no quota)",
+    ),
+    (
+        "forte_relay_site_held_bytes",
+        Unit::Bytes,
+        "Bytes the store holds, by site",
+    ),
+    (
+        "forte_relay_site_held_objects",
+        Unit::Count,
+        "Objects the store holds, not yet delivered, by site",
+    ),
+    (
+        "forte_relay_site_sealed_batches",
+        Unit::Count,
+        "Batches sealed and waiting for the core, by site",
+    ),
+    (
+        "forte_relay_site_oldest_held_seconds",
+        Unit::Seconds,
+        "Age of the oldest change among what a site holds",
+    ),
+    (
+        "forte_relay_site_quota_used_ratio",
+        Unit::Count,
+        "A site's held bytes over its quota (0 to 1; 0 without a quota)",
+    ),
+];
+
 /// The operations on a bucket, counted apart.
 const BUCKET_OPERATIONS: [&str; 5] = ["put", "get", "head", "delete", "list"];
 
@@ -110,6 +149,9 @@ fn describe() {
         Unit::Count,
         "Requests to the bucket store that failed"
     );
+    for (name, unit, help) in HELD {
+        describe_gauge!(name, unit, help);
+    }
     describe_gauge!(
         "forte_upload_limit_bytes_per_second",
         "The upload limit in force (0: none)"
@@ -127,6 +169,43 @@ pub fn bucket_store() {
 /// A connection closed at once, over a cap.
 pub fn connection_refused() {
     counter!("forte_relay_connections_refused_total").increment(1);
+}
+
+/// What one site holds, as the store was last read ([`held`]).
+pub struct SiteHeld<'a> {
+    pub site: &'a str,
+    pub bytes: u64,
+    pub objects: usize,
+    /// Batches sealed and waiting for the core.
+    pub sealed_batches: usize,
+    /// Seconds since the oldest change among what it holds.
+    pub oldest_age_s: u64,
+}
+
+/// Sets the gauges of what the store holds per site, and the quota: read from the store when
+/// the page or `/metrics` is asked for (the relay keeps no running count that survives its
+/// restarts; the store is the truth). A site that holds nothing any more reads 0.
+pub fn held(sites: &[SiteHeld], quota_per_site: Option<u64>, known: &[String]) {
+    for site in known {
+        let labels = [("site", site.clone())];
+        gauge!("forte_relay_site_held_bytes", &labels).set(0.0);
+        gauge!("forte_relay_site_held_objects", &labels).set(0.0);
+        gauge!("forte_relay_site_sealed_batches", &labels).set(0.0);
+        gauge!("forte_relay_site_oldest_held_seconds", &labels).set(0.0);
+        gauge!("forte_relay_site_quota_used_ratio", &labels).set(0.0);
+    }
+    for s in sites {
+        let labels = [("site", s.site.to_owned())];
+        gauge!("forte_relay_site_held_bytes", &labels).set(s.bytes as f64);
+        gauge!("forte_relay_site_held_objects", &labels).set(s.objects as f64);
+        gauge!("forte_relay_site_sealed_batches", &labels).set(s.sealed_batches as f64);
+        gauge!("forte_relay_site_oldest_held_seconds", &labels).set(s.oldest_age_s as f64);
+        if let Some(quota) = quota_per_site {
+            gauge!("forte_relay_site_quota_used_ratio", &labels).set(s.bytes as f64 / quota as f64);
+        }
+    }
+    gauge!("forte_relay_held_bytes").set(sites.iter().map(|s| s.bytes as f64).sum::<f64>());
+    gauge!("forte_relay_quota_per_site_bytes").set(quota_per_site.unwrap_or(0) as f64);
 }
 
 /// The metrics in Prometheus' text format.

@@ -33,11 +33,12 @@ mod metrics;
 pub use memory::DEFAULT_BUDGET as DEFAULT_BODY_MEMORY;
 /// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
 pub use metrics::render as metrics_text;
+pub use metrics::{held as set_held_gauges, SiteHeld};
 mod objects;
 mod pull;
 mod request;
 mod routes;
-mod share;
+pub mod share;
 mod signals;
 mod start;
 pub mod store;

@@ -67,6 +67,24 @@ const GROW: f64 = 1.15;
 /// believed: an equal split is of that, not of a total a cap has just held down.
 const PEAK_KEPT: f64 = 0.98;
 
+/// The last decision of this process's relay, for its page: like its metrics, process-wide
+/// (one relay per process outside tests).
+static LAST_DECISION: Mutex<Option<Decision>> = Mutex::new(None);
+
+/// A decision of the shares: each sending site's rate over the last interval, and the cap.
+#[derive(Debug, Clone, Default)]
+pub struct Decision {
+    /// Bytes per second each site sending got between the last two decisions.
+    pub rates: Vec<(String, f64)>,
+    /// The rate each sending site is held to; `None` while fewer than two send.
+    pub cap: Option<f64>,
+}
+
+/// The shares last decided (none before the first upload).
+pub fn last_decision() -> Decision {
+    LAST_DECISION.lock().clone().unwrap_or_default()
+}
+
 /// The sites' flows and the cap in force.
 pub struct Shares {
     /// Caps are decided; without, flows are only counted.
@@ -253,6 +271,14 @@ impl State {
         }
         ::metrics::gauge!("forte_relay_site_share_bytes_per_second").set(cap.unwrap_or(0.0));
         ::metrics::gauge!("forte_relay_sites_sending").set(self.sites.len() as f64);
+        *LAST_DECISION.lock() = Some(Decision {
+            rates: self
+                .sites
+                .iter()
+                .map(|(s, f)| (s.clone(), f.rate))
+                .collect(),
+            cap,
+        });
         self.cap = cap;
     }
 

@@ -4,7 +4,7 @@ use anyhow::Result;
 use forte_catalog::{BatchRow, BatchState, Catalog, FileState, Role, Stage, StageRow};
 use serde::Serialize;
 
-use super::Progress;
+use super::{Phase, Progress};
 
 /// A batch as the API shows it: its row, how far it has come, its rate and ETA.
 #[derive(Debug, Clone, Serialize)]
@@ -26,6 +26,12 @@ pub struct Batch {
     pub eta_s: Option<f64>,
     pub running: bool,
     pub error: Option<String>,
+    /// Where the batch is on its way: this row's alone, or, in the overview, what every
+    /// catalogue read knows of it ([`Phase`]).
+    pub phase: Phase,
+    /// The edge holds a receipt signed by the core for it, verified with a trusted key (the
+    /// overview's rows only).
+    pub receipted: bool,
 }
 
 /// Whether a batch in `state` is being worked on (or waits for it) on its node.
@@ -186,6 +192,8 @@ impl Batch {
             eta_s,
             running,
             error,
+            phase: Phase::of_row(row.role, row.state, false),
+            receipted: false,
         })
     }
 }

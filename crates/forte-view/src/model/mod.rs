@@ -8,22 +8,24 @@
 //! from its rows), `eta` (the ETAs of a node's running batches, from its rate and the batches
 //! served before each), `records` (files, stages, failures, parts, events and usage as the API
 //! shows them; one batch whole, one file's lineage), `reads` (the lists over every catalogue),
-//! `overview` (the front page in one answer) and `alerts` (what needs a look).
+//! `phase` (one batch across the catalogues: where it is on its way), `overview` (the front page in one answer) and `alerts` (what needs a look).
 
 mod alerts;
 mod batch;
 mod eta;
 mod overview;
+mod phase;
 mod reads;
 mod records;
 
 pub use alerts::{Alert, AlertLevel, FILL_CRITICAL, FILL_WARNING};
 pub use batch::{running, Batch};
-pub use eta::{Order, Progress, RATE_WINDOW_US};
+pub use eta::{Order, Progress, PUBLISHED_FRESH_US, PUBLISH_EVERY, RATE_WINDOW_US};
 pub use overview::{Overview, Totals};
+pub use phase::Phase;
 pub use reads::{batch, batches, failures, files, hour_ago, usage};
 pub use records::{
-    BatchDetail, EventView, FailureView, File, Lineage, PartView, StageSpan, UsageView,
+    BatchDetail, EventView, FailureView, File, Lineage, PartView, ReceiptView, StageSpan, UsageView,
 };
 
 /// An hour in µs: how long a batch held back stays an alert, and how far back usage is read

@@ -2,23 +2,30 @@
 //! alerts and totals, over every catalogue.
 
 use anyhow::Result;
-use forte_catalog::{BatchRow, BatchState, Catalog};
+use forte_catalog::{BatchState, Catalog};
 use serde::Serialize;
 
 use super::alerts::{bottleneck, held_back, stalled};
 use super::batch::finished;
 use super::eta::EndedBytes;
+use super::phase::{journeys, Journey, Phase};
 use super::{running, Alert, Batch, FailureView, Progress};
 use crate::live::{QueueView, StageView, WireView};
 
-/// The batches every catalogue holds, counted by how they ended, and their bytes.
+/// The batches the catalogues hold, one per batch however many nodes recorded it, counted by
+/// where each is now ([`Phase`]), and their bytes.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Totals {
     pub batches: usize,
-    /// Sent by the edge (its rows): sent, and perhaps their sources deleted since.
-    pub sent: usize,
+    /// Ready at an edge or going up to the relay.
+    pub at_edge: usize,
+    /// Sealed at the relay, waiting for the core.
+    pub at_relay: usize,
+    /// Being pulled or checked at the core.
+    pub at_core: usize,
     pub delivered: usize,
-    pub failed: usize,
+    /// Failed, quarantined or stopped: each needs a look.
+    pub held_back: usize,
     pub bytes: i64,
 }
 
@@ -26,6 +33,7 @@ pub struct Totals {
 #[derive(Debug, Clone, Serialize)]
 pub struct Overview {
     pub at_us: i64,
+    /// The batches on their way, one each (its row in charge, with its phase).
     pub in_flight: Vec<Batch>,
     pub recent: Vec<Batch>,
     pub stages: Vec<StageView>,
@@ -45,26 +53,64 @@ impl Overview {
         progress: &Progress,
     ) -> Result<Self> {
         let now = forte_catalog::now_us();
-        let mut look = Look::default();
+        let mut ended = EndedBytes::default();
+        let mut failures = vec![];
+        let mut rows = vec![];
         for catalog in catalogs {
-            look.read(catalog, progress, now)?;
+            let mine = catalog.batches()?;
+            for row in mine.iter().filter(|r| finished(r.state)) {
+                *ended.entry(row.role).or_default() += row.bytes.max(0);
+            }
+            rows.push(mine);
+            failures.extend(
+                catalog
+                    .failures(None, 10)?
+                    .into_iter()
+                    .map(FailureView::from),
+            );
         }
-        let Look {
-            totals,
-            ended,
-            newest,
-            mut in_flight,
-            stalled: mut alerts,
-            mut failures,
-        } = look;
-        progress.queue_etas(&mut in_flight, &ended, wire.as_ref(), now);
-        let mut recent = recent(newest, &in_flight, progress, now)?;
+        let journeys = journeys(catalogs, rows)?;
+        // Every running row of every node, whose ETAs are worked out together (a node serves
+        // its batches in an order), and the alerts of those that stopped moving.
+        let mut running_rows = vec![];
+        let mut alerts = vec![];
+        for journey in journeys.values() {
+            for (catalog, row) in journey.rows().filter(|(_, r)| running(r.state)) {
+                let last_moved = catalog.last_event(&row.batch_key)?;
+                let batch = Batch::of(catalog, row.clone(), progress, now)?;
+                let idle = now - last_moved.unwrap_or(batch.updated_us);
+                alerts.extend(stalled(&batch, idle));
+                running_rows.push(batch);
+            }
+        }
+        progress.queue_etas(&mut running_rows, &ended, wire.as_ref(), now);
+        for catalog in catalogs {
+            progress.show_published(catalog, &mut running_rows, now)?;
+        }
+        let totals = Totals::of(journeys.values());
+        let mut in_flight = vec![];
+        let mut newest: Vec<&Journey> = journeys.values().collect();
+        newest.sort_by_key(|j| std::cmp::Reverse(j.updated()));
+        let mut recent = vec![];
+        for journey in journeys.values() {
+            if !journey.phase().ended() {
+                in_flight.push(shown(journey, &running_rows, progress, now)?);
+            }
+        }
+        for journey in newest.into_iter().take(20) {
+            recent.push(shown(journey, &running_rows, progress, now)?);
+        }
         alerts.extend(recent.iter().filter_map(|b| held_back(b, now)));
         alerts.extend(bottleneck(&stages));
-        // Those under way first, in the order they began; then the queued, as they arrived.
-        in_flight.sort_by_key(|b| (b.state == BatchState::Queued, b.started_us, b.arrived_us));
-        recent.sort_by_key(|b| std::cmp::Reverse(b.updated_us));
-        recent.truncate(20);
+        // Those under way first, in the order they began; then the waiting, as they arrived.
+        in_flight.sort_by_key(|b| {
+            (
+                !b.running,
+                b.state == BatchState::Queued,
+                b.started_us,
+                b.arrived_us,
+            )
+        });
         failures.sort_by_key(|f| std::cmp::Reverse(f.at_us));
         failures.truncate(10);
         Ok(Self {
@@ -80,95 +126,48 @@ impl Overview {
     }
 }
 
-impl Totals {
-    /// Counts the batch `row` in.
-    fn count(&mut self, row: &BatchRow) {
-        self.delivered += usize::from(row.state == BatchState::Delivered);
-        self.sent += usize::from(matches!(
-            row.state,
-            BatchState::Sent | BatchState::SourceDeleted | BatchState::SourceKept
-        ));
-        self.failed += usize::from(matches!(
-            row.state,
-            BatchState::Failed | BatchState::Quarantined
-        ));
-        self.bytes += row.bytes.max(0);
-    }
-}
-
-/// What one look over the catalogues gathers before the running batches' ETAs can be worked
-/// out: those take every catalogue's running batches at once.
-#[derive(Default)]
-struct Look<'c> {
-    totals: Totals,
-    ended: EndedBytes,
-    newest: Vec<NewestRows<'c>>,
-    /// The running batches, each read at the look.
-    in_flight: Vec<Batch>,
-    /// Alerts for those that have not moved for a while.
-    stalled: Vec<Alert>,
-    failures: Vec<FailureView>,
-}
-
-/// A catalogue's most lately changed batch rows, read as batches once the ETAs are known.
-struct NewestRows<'c> {
-    catalog: &'c Catalog,
-    rows: Vec<BatchRow>,
-}
-
-impl<'c> Look<'c> {
-    /// Adds `catalog`'s batches at `now`: its totals, its running batches, its newest rows and
-    /// its newest failures.
-    fn read(&mut self, catalog: &'c Catalog, progress: &Progress, now: i64) -> Result<()> {
-        let rows = catalog.batches()?;
-        self.totals.batches += rows.len();
-        for row in &rows {
-            if finished(row.state) {
-                *self.ended.entry(row.role).or_default() += row.bytes.max(0);
-            }
-            self.totals.count(row);
-        }
-        let mut newest = rows.clone();
-        newest.sort_by_key(|r| std::cmp::Reverse(r.updated_at));
-        newest.truncate(20);
-        self.newest.push(NewestRows {
-            catalog,
-            rows: newest,
-        });
-        for row in rows.into_iter().filter(|r| running(r.state)) {
-            let last_moved = catalog.last_event(&row.batch_key)?;
-            let batch = Batch::of(catalog, row, progress, now)?;
-            let idle = now - last_moved.unwrap_or(batch.updated_us);
-            self.stalled.extend(stalled(&batch, idle));
-            self.in_flight.push(batch);
-        }
-        self.failures.extend(
-            catalog
-                .failures(None, 10)?
-                .into_iter()
-                .map(FailureView::from),
-        );
-        Ok(())
-    }
-}
-
-/// The `newest` rows of every catalogue as batches: a running one is the one just read, with
-/// its ETA; the others are read now.
-fn recent(
-    newest: Vec<NewestRows>,
-    in_flight: &[Batch],
+/// The batch of `journey` as the overview shows it: its row in charge (the one just read with
+/// its ETA if it runs), with the journey's phase and site.
+fn shown(
+    journey: &Journey,
+    running_rows: &[Batch],
     progress: &Progress,
     now: i64,
-) -> Result<Vec<Batch>> {
-    let mut recent = vec![];
-    for NewestRows { catalog, rows } in newest {
-        for row in rows {
-            let key = row.batch_key.to_string();
-            match in_flight.iter().find(|b| b.key == key) {
-                Some(batch) => recent.push(batch.clone()),
-                None => recent.push(Batch::of(catalog, row, progress, now)?),
-            }
-        }
+) -> Result<Batch> {
+    let (catalog, row) = journey.in_charge();
+    let key = row.batch_key.to_string();
+    let mut batch = match running_rows.iter().find(|b| b.key == key) {
+        Some(batch) => batch.clone(),
+        None => Batch::of(catalog, row.clone(), progress, now)?,
+    };
+    batch.phase = journey.phase();
+    if batch.site.is_empty() {
+        batch.site = journey.site.clone();
     }
-    Ok(recent)
+    batch.receipted = journey.receipted;
+    Ok(batch)
+}
+
+impl Totals {
+    fn of<'a, 'c: 'a>(journeys: impl Iterator<Item = &'a Journey<'c>>) -> Self {
+        let mut totals = Self::default();
+        for journey in journeys {
+            totals.batches += 1;
+            let count = match journey.phase() {
+                Phase::AtEdge | Phase::Sending => &mut totals.at_edge,
+                Phase::AtRelay => &mut totals.at_relay,
+                Phase::Pulling | Phase::Checking => &mut totals.at_core,
+                Phase::Delivered => &mut totals.delivered,
+                Phase::Quarantined | Phase::Failed | Phase::Stopped => &mut totals.held_back,
+            };
+            *count += 1;
+            // The edge's row counts raw bytes; the core's, sealed bytes on the wire.
+            let (_, row) = journey
+                .edge
+                .as_ref()
+                .unwrap_or_else(|| journey.in_charge_pair());
+            totals.bytes += row.bytes.max(0);
+        }
+        totals
+    }
 }

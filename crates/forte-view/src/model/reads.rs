@@ -4,6 +4,7 @@
 use anyhow::Result;
 use forte_catalog::{BatchKey, Catalog, Filter, UsageRow};
 
+use super::phase::journey_of;
 use super::{Batch, BatchDetail, FailureView, File, Progress, HOUR_US};
 
 /// Batches over every catalogue that the filter selects, newest change first.
@@ -51,14 +52,22 @@ pub fn failures(catalogs: &[Catalog], limit: i64) -> Result<Vec<FailureView>> {
     Ok(all)
 }
 
-/// The first catalogue that knows the batch `key`, with its detail.
+/// The first catalogue that knows the batch `key`, with its detail and its phase over them all.
 pub fn batch(
     catalogs: &[Catalog],
     key: &BatchKey,
     progress: &Progress,
 ) -> Result<Option<BatchDetail>> {
     for catalog in catalogs {
-        if let Some(detail) = BatchDetail::read(catalog, key, progress)? {
+        if let Some(mut detail) = BatchDetail::read(catalog, key, progress)? {
+            // Where it is on its way, from every catalogue's rows of it.
+            if let Some(journey) = journey_of(catalogs, key.batch())? {
+                detail.batch.phase = journey.phase();
+                detail.batch.receipted = journey.receipted;
+                if detail.batch.site.is_empty() {
+                    detail.batch.site = journey.site;
+                }
+            }
             return Ok(Some(detail));
         }
     }

@@ -100,6 +100,73 @@ pub struct BatchDetail {
     pub stages: Vec<StageSpan>,
     pub files: Vec<File>,
     pub failures: Vec<FailureView>,
+    /// The core's signed receipts for the batch's instances that this catalogue keeps.
+    pub receipts: Vec<ReceiptView>,
+}
+
+/// A receipt the core signed for one instance of a batch (each seal of it: a follow-up is an
+/// instance of its own), as kept in a catalogue.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiptView {
+    pub site: String,
+    pub instance: String,
+    pub sequence: i64,
+    /// How it was checked before it was kept: at the edge, its signature against the trusted
+    /// core keys (`--receipt-pub`) and its site against the edge's; at the core, signed there.
+    pub verified: &'static str,
+    pub outcome: Option<String>,
+    pub files: Option<usize>,
+    pub destination: Option<String>,
+    pub delivered_us: Option<i64>,
+    /// The signed document, as the core wrote it.
+    pub document: String,
+}
+
+impl ReceiptView {
+    fn of(row: forte_catalog::InstanceRow) -> Option<Self> {
+        let document = row.receipt?;
+        // The signed fields, wherever the envelope puts them (the object with `outcome`).
+        let value: serde_json::Value = serde_json::from_str(&document).unwrap_or_default();
+        let signed = find_object_with(&value, "outcome");
+        let text = |field: &str| {
+            signed
+                .and_then(|o| o.get(field))
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        Some(Self {
+            verified: match row.role {
+                forte_catalog::Role::Edge => "verified at the edge with a trusted core key",
+                forte_catalog::Role::Core => "signed by this core",
+            },
+            outcome: text("outcome"),
+            files: signed
+                .and_then(|o| o.get("files"))
+                .and_then(|f| f.as_array())
+                .map(Vec::len),
+            destination: text("destination"),
+            delivered_us: signed
+                .and_then(|o| o.get("delivered_at"))
+                .and_then(|v| v.as_i64()),
+            site: row.site,
+            instance: row.instance,
+            sequence: row.sequence,
+            document,
+        })
+    }
+}
+
+/// The first object in `value` (itself, or nested) that has `field`.
+fn find_object_with<'v>(
+    value: &'v serde_json::Value,
+    field: &str,
+) -> Option<&'v serde_json::Map<String, serde_json::Value>> {
+    match value {
+        serde_json::Value::Object(o) if o.contains_key(field) => Some(o),
+        serde_json::Value::Object(o) => o.values().find_map(|v| find_object_with(v, field)),
+        serde_json::Value::Array(a) => a.iter().find_map(|v| find_object_with(v, field)),
+        _ => None,
+    }
 }
 
 impl BatchDetail {
@@ -108,7 +175,9 @@ impl BatchDetail {
             return Ok(None);
         };
         let stages = catalog.stages(key)?;
-        let batch = Batch::with_stages(catalog, row, &stages, progress, forte_catalog::now_us())?;
+        let now = forte_catalog::now_us();
+        let mut batch = Batch::with_stages(catalog, row, &stages, progress, now)?;
+        progress.show_published(catalog, std::slice::from_mut(&mut batch), now)?;
         Ok(Some(Self {
             batch,
             stages: stages
@@ -124,6 +193,11 @@ impl BatchDetail {
                 .failures(Some(key), 100)?
                 .into_iter()
                 .map(FailureView::from)
+                .collect(),
+            receipts: catalog
+                .instances_of(key)?
+                .into_iter()
+                .filter_map(ReceiptView::of)
                 .collect(),
         }))
     }

@@ -35,6 +35,9 @@ pub struct Progress {
     pub part_size: u64,
     /// The order the node serves its running batches in.
     pub order: Order,
+    /// Whether running batches show the ETA their node published (every view but the
+    /// publisher's own, which works it out).
+    shows_published: bool,
     seen: Mutex<Seen>,
 }
 
@@ -123,13 +126,52 @@ const RATE_MIN_SPAN_US: i64 = 2_000_000;
 /// How long an ETA worked out over all running batches stands for answers about one.
 const ETA_FRESH_US: i64 = 10_000_000;
 
+/// How long a published ETA is shown: its node publishes every [`PUBLISH_EVERY`].
+pub const PUBLISHED_FRESH_US: i64 = 10_000_000;
+/// How often a daemon publishes its running batches' ETAs.
+pub const PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl Progress {
     pub fn new(part_size: u64, order: Order) -> Self {
         Self {
             part_size,
             order,
+            shows_published: true,
             seen: Mutex::default(),
         }
+    }
+
+    /// The progress of the node that publishes its running batches' ETAs: it works them out
+    /// rather than reading them back.
+    pub fn publisher(part_size: u64, order: Order) -> Self {
+        Self {
+            shows_published: false,
+            ..Self::new(part_size, order)
+        }
+    }
+
+    /// Gives each running batch of `batches` the ETA its node published in `catalog` within
+    /// [`PUBLISHED_FRESH_US`], counted down to `now`: every view shows that one estimate.
+    /// One published longer ago (its node stopped, or publishes no more) is not shown; the
+    /// view's own estimate stays.
+    pub(in crate::model) fn show_published(
+        &self,
+        catalog: &forte_catalog::Catalog,
+        batches: &mut [Batch],
+        now: i64,
+    ) -> anyhow::Result<()> {
+        if !self.shows_published || !batches.iter().any(|b| b.running) {
+            return Ok(());
+        }
+        let published = catalog.published_etas()?;
+        for b in batches.iter_mut().filter(|b| b.running) {
+            if let Some(p) = published.get(&b.key) {
+                if now - p.at <= PUBLISHED_FRESH_US {
+                    b.eta_s = Some((p.eta_s - (now - p.at) as f64 / 1e6).max(0.0));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Notes that the running batch `key` had `done` bytes at `now`; its rate over the window,

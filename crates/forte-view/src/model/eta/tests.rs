@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::live::{BatchWire, WaitingPart};
+use crate::model::Phase;
 
 fn sending(key: &str, started: i64, bytes: i64, done: i64) -> Batch {
     Batch {
@@ -22,6 +23,8 @@ fn sending(key: &str, started: i64, bytes: i64, done: i64) -> Batch {
         eta_s: None,
         running: true,
         error: None,
+        phase: Phase::Sending,
+        receipted: false,
     }
 }
 

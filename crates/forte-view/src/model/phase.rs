@@ -1,0 +1,247 @@
+//! Where a batch is on its way edge → relay → core, told from every row the view's
+//! catalogues hold of it: one state that moves forward, whichever node recorded what. The edge
+//! and the core each keep a row of the same batch (the core's key is the edge's id under the
+//! site), so a view over both would otherwise show every batch twice, the edge's row saying
+//! "sent" long after the core delivered it.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::Result;
+use forte_catalog::{BatchRow, BatchState, Catalog, Role};
+use serde::Serialize;
+
+/// A batch's place on its way, as the operator follows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Ready in the edge's inbox, waiting for its turn.
+    AtEdge,
+    /// Its files going up to the relay.
+    Sending,
+    /// Sealed at the relay, not yet taken by the core.
+    AtRelay,
+    /// The core taking it from the relay and verifying it.
+    Pulling,
+    /// Verified at the core; its site tasks run before it is promoted.
+    Checking,
+    /// Promoted at the core (at the edge: a receipt signed by the core says so).
+    Delivered,
+    /// Kept aside at the core: a site task refused it.
+    Quarantined,
+    /// Stopped by an error that needs the operator.
+    Failed,
+    /// Cancelled at the edge, or refused by a site task there.
+    Stopped,
+}
+
+impl Phase {
+    /// The phase one node's row says on its own. `receipted`: the edge holds a receipt of the
+    /// core for it, verified with a trusted core key.
+    pub fn of_row(role: Role, state: BatchState, receipted: bool) -> Self {
+        match (role, state) {
+            (Role::Edge, BatchState::Queued) => Self::AtEdge,
+            (Role::Edge, BatchState::Sent) if receipted => Self::Delivered,
+            (Role::Edge, BatchState::Sent) | (Role::Core, BatchState::Queued) => Self::AtRelay,
+            // Sources are deleted (or kept for good) only on the core's verified receipts.
+            (Role::Edge, BatchState::SourceDeleted | BatchState::SourceKept) => Self::Delivered,
+            (_, BatchState::Sending) => Self::Sending,
+            (_, BatchState::Pulling) => Self::Pulling,
+            (_, BatchState::Checking) => Self::Checking,
+            (_, BatchState::Delivered) => Self::Delivered,
+            (_, BatchState::Quarantined) => Self::Quarantined,
+            (_, BatchState::Failed) => Self::Failed,
+            (_, BatchState::Cancelled | BatchState::Refused) => Self::Stopped,
+            // A core row is never queued at the edge nor sent by it; read as the relay holding it.
+            (Role::Core, _) => Self::AtRelay,
+        }
+    }
+
+    /// Whether the batch's journey has ended, well or not.
+    pub fn ended(self) -> bool {
+        matches!(
+            self,
+            Self::Delivered | Self::Quarantined | Self::Failed | Self::Stopped
+        )
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AtEdge => "at_edge",
+            Self::Sending => "sending",
+            Self::AtRelay => "at_relay",
+            Self::Pulling => "pulling",
+            Self::Checking => "checking",
+            Self::Delivered => "delivered",
+            Self::Quarantined => "quarantined",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+        }
+    }
+
+    /// Words for the page.
+    pub fn text(self) -> &'static str {
+        match self {
+            Self::AtEdge => "at the edge",
+            Self::Sending => "sending",
+            Self::AtRelay => "at the relay",
+            Self::Pulling => "pulling",
+            Self::Checking => "checking",
+            Self::Delivered => "delivered",
+            Self::Quarantined => "quarantined",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+        }
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every row one batch has in the catalogues read: the edge's and the core's.
+pub(super) struct Journey<'c> {
+    pub(super) edge: Option<(&'c Catalog, BatchRow)>,
+    pub(super) core: Option<(&'c Catalog, BatchRow)>,
+    /// The edge holds a verified receipt of the core for it.
+    pub(super) receipted: bool,
+    /// Its site, from the core's row or the edge's seal.
+    pub(super) site: String,
+}
+
+impl<'c> Journey<'c> {
+    /// The row that says where the batch is now: the edge's while it sends (a follow-up sent
+    /// after delivery included), else the core's once the core has one, else the edge's.
+    pub(super) fn in_charge(&self) -> (&'c Catalog, &BatchRow) {
+        let (catalog, row) = self.in_charge_pair();
+        (catalog, row)
+    }
+
+    /// The row of [`Journey::in_charge`], with its catalogue.
+    pub(super) fn in_charge_pair(&self) -> &(&'c Catalog, BatchRow) {
+        match (&self.edge, &self.core) {
+            (Some(e), _) if super::running(e.1.state) => e,
+            (_, Some(c)) => c,
+            (Some(e), None) => e,
+            (None, None) => unreachable!("a journey has a row"),
+        }
+    }
+
+    pub(super) fn phase(&self) -> Phase {
+        let (_, row) = self.in_charge();
+        let phase = Phase::of_row(row.role, row.state, self.receipted);
+        // The relay holding it: but the edge may know more, from the core's receipt.
+        match (&self.edge, phase) {
+            (Some((_, e)), Phase::AtRelay) => {
+                phase.max(Phase::of_row(e.role, e.state, self.receipted))
+            }
+            _ => phase,
+        }
+    }
+
+    /// When any of its rows last changed.
+    pub(super) fn updated(&self) -> i64 {
+        self.rows().map(|(_, r)| r.updated_at).max().unwrap_or(0)
+    }
+
+    pub(super) fn rows(&self) -> impl Iterator<Item = &(&'c Catalog, BatchRow)> {
+        self.edge.iter().chain(self.core.iter())
+    }
+}
+
+/// Every batch of `catalogs`, one journey each, by its id; with `rows` read from each
+/// catalogue (in the order of `catalogs`).
+pub(super) fn journeys<'c>(
+    catalogs: &'c [Catalog],
+    rows: Vec<Vec<BatchRow>>,
+) -> Result<BTreeMap<String, Journey<'c>>> {
+    let mut all: BTreeMap<String, Journey<'c>> = BTreeMap::new();
+    for (catalog, rows) in catalogs.iter().zip(rows) {
+        let seals = Seals::read(catalog)?;
+        for row in rows {
+            let id = row.batch_key.batch().to_owned();
+            let journey = all.entry(id).or_insert_with(|| Journey {
+                edge: None,
+                core: None,
+                receipted: false,
+                site: String::new(),
+            });
+            match row.role {
+                Role::Edge => {
+                    let key = row.batch_key.to_string();
+                    journey.receipted |= seals.receipted.contains(&key);
+                    if journey.site.is_empty() {
+                        journey.site = seals.site.get(&key).cloned().unwrap_or_default();
+                    }
+                    journey.edge = Some((catalog, row));
+                }
+                Role::Core => {
+                    journey.site = row.site.clone();
+                    journey.core = Some((catalog, row));
+                }
+            }
+        }
+    }
+    Ok(all)
+}
+
+/// The journey of the batch with id `id` (an edge's key, or the part after a core key's site).
+pub(super) fn journey_of<'c>(catalogs: &'c [Catalog], id: &str) -> Result<Option<Journey<'c>>> {
+    let mut rows = vec![];
+    for catalog in catalogs {
+        let mut mine = catalog.batches()?;
+        mine.retain(|r| r.batch_key.batch() == id);
+        rows.push(mine);
+    }
+    Ok(journeys(catalogs, rows)?.remove(id))
+}
+
+/// What an edge's seals say of its batches: the site each was sealed for, and which the core's
+/// receipts (verified at the edge) cover.
+struct Seals {
+    site: HashMap<String, String>,
+    receipted: HashSet<String>,
+}
+
+impl Seals {
+    fn read(catalog: &Catalog) -> Result<Self> {
+        let mut seals = Self {
+            site: HashMap::new(),
+            receipted: HashSet::new(),
+        };
+        for instance in catalog.instances(Role::Edge)? {
+            let key = instance.batch_key.to_string();
+            if instance.receipt.is_some() {
+                seals.receipted.insert(key.clone());
+            }
+            seals.site.insert(key, instance.site);
+        }
+        Ok(seals)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_moves_forward_through_the_phases_whichever_node_says_it() {
+        use BatchState as S;
+        let edge = |s| Phase::of_row(Role::Edge, s, false);
+        let core = |s| Phase::of_row(Role::Core, s, false);
+        let path = [
+            edge(S::Queued),
+            edge(S::Sending),
+            edge(S::Sent),
+            core(S::Queued),
+            core(S::Pulling),
+            core(S::Checking),
+            core(S::Delivered),
+        ];
+        assert!(path.windows(2).all(|w| w[0] <= w[1]), "{path:?}");
+        assert_eq!(Phase::of_row(Role::Edge, S::Sent, true), Phase::Delivered);
+        assert_eq!(edge(S::SourceDeleted), Phase::Delivered);
+        assert!(core(S::Quarantined).ended() && !core(S::Checking).ended());
+    }
+}
