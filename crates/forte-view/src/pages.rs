@@ -530,24 +530,20 @@ fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
     } else {
         let mut html = String::from(
             "<table><thead><tr><th>site</th><th>objects</th><th>held</th><th class=\"wide\">of its quota</th>\
-             <th>ingress now</th></tr></thead><tbody>",
+             <th>quota</th><th>ingress now</th></tr></thead><tbody>",
         );
         for s in &h.sites {
-            let quota = match (s.quota_used, h.quota_per_site) {
-                (Some(used), Some(quota)) => format!(
-                    "{} of {}",
-                    progress_bar(
-                        used.min(1.0),
-                        if used >= FILL_CRITICAL { "failed" } else { "" }
-                    ),
-                    human(quota)
+            let (used, quota) = match (s.quota_used, h.quota_per_site) {
+                (Some(used), Some(quota)) => (
+                    progress_bar(used, if used >= FILL_CRITICAL { "failed" } else { "" }),
+                    human(quota),
                 ),
-                _ => "no quota".into(),
+                _ => (String::new(), "none".into()),
             };
             let _ = write!(
                 html,
                 "<tr data-site=\"{site}\"><td>{site}</td><td class=\"objects\">{}</td><td class=\"bytes\">{}</td>\
-                 <td class=\"wide\">{quota}</td><td>{}</td></tr>",
+                 <td class=\"wide\">{used}</td><td class=\"quota\">{quota}</td><td>{}</td></tr>",
                 s.objects,
                 human(s.bytes),
                 rate(Some(s.rate_bytes_per_second)),
@@ -567,10 +563,13 @@ fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
         for b in &h.batches {
             let _ = write!(
                 html,
-                "<tr class=\"held\" data-site=\"{}\" data-batch=\"{}\"><td>{}</td><td><code>{}</code></td>\
+                "<tr class=\"held\" data-site=\"{}\" data-batch=\"{}\" data-objects=\"{}\" data-bytes=\"{}\">\
+                 <td>{}</td><td><code>{}</code></td>\
                  <td class=\"state {}\">{}</td><td class=\"objects\">{}</td><td class=\"bytes\">{}</td><td>{}</td><td>{}</td></tr>",
                 escape(&b.site),
                 escape(b.batch.as_deref().unwrap_or("")),
+                b.objects,
+                b.bytes,
                 escape(&b.site),
                 escape(b.batch.as_deref().unwrap_or("(not sealed into a batch yet)")),
                 b.state,

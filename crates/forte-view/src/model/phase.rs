@@ -150,51 +150,88 @@ impl<'c> Journey<'c> {
     }
 }
 
-/// Every batch of `catalogs`, one journey each, by its id; with `rows` read from each
+/// A batch's identity across catalogues: its site and its id. The id alone is not enough:
+/// two sites sharing an edge key give a batch of the same name the same id.
+pub(super) type JourneyKey = (String, String);
+
+/// Every batch of `catalogs`, one journey each, by site and id; with `rows` read from each
 /// catalogue (in the order of `catalogs`).
 pub(super) fn journeys<'c>(
     catalogs: &'c [Catalog],
     rows: Vec<Vec<BatchRow>>,
-) -> Result<BTreeMap<String, Journey<'c>>> {
-    let mut all: BTreeMap<String, Journey<'c>> = BTreeMap::new();
+) -> Result<BTreeMap<JourneyKey, Journey<'c>>> {
+    let mut all: BTreeMap<JourneyKey, Journey<'c>> = BTreeMap::new();
     for (catalog, rows) in catalogs.iter().zip(rows) {
         let seals = Seals::read(catalog)?;
         for row in rows {
             let id = row.batch_key.batch().to_owned();
-            let journey = all.entry(id).or_insert_with(|| Journey {
+            let key = row.batch_key.to_string();
+            let site = match row.role {
+                Role::Edge => seals.site.get(&key).cloned().unwrap_or_default(),
+                Role::Core => row.site.clone(),
+            };
+            let journey = all.entry((site.clone(), id)).or_insert_with(|| Journey {
                 edge: None,
                 core: None,
                 receipted: false,
-                site: String::new(),
+                site,
             });
             match row.role {
                 Role::Edge => {
-                    let key = row.batch_key.to_string();
                     journey.receipted |= seals.receipted.contains(&key);
-                    if journey.site.is_empty() {
-                        journey.site = seals.site.get(&key).cloned().unwrap_or_default();
-                    }
                     journey.edge = Some((catalog, row));
                 }
-                Role::Core => {
-                    journey.site = row.site.clone();
-                    journey.core = Some((catalog, row));
-                }
+                Role::Core => journey.core = Some((catalog, row)),
             }
         }
     }
+    join_unsealed(&mut all);
     Ok(all)
 }
 
-/// The journey of the batch with id `id` (an edge's key, or the part after a core key's site).
-pub(super) fn journey_of<'c>(catalogs: &'c [Catalog], id: &str) -> Result<Option<Journey<'c>>> {
+/// An edge row whose site is not known (its catalogue kept no seal of it: sealed by an older
+/// forte) joins the one core row of its id, if there is exactly one.
+fn join_unsealed(all: &mut BTreeMap<JourneyKey, Journey>) {
+    let unsealed: Vec<JourneyKey> = all
+        .iter()
+        .filter(|((site, _), j)| site.is_empty() && j.core.is_none())
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in unsealed {
+        let partners: Vec<JourneyKey> = all
+            .iter()
+            .filter(|((site, id), j)| *id == key.1 && !site.is_empty() && j.edge.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if let [partner] = partners.as_slice() {
+            if let Some(lone) = all.remove(&key) {
+                let journey = all.get_mut(partner).expect("the partner is there");
+                journey.edge = lone.edge;
+                journey.receipted |= lone.receipted;
+            }
+        }
+    }
+}
+
+/// The journey of the batch `key` (an edge's key, or a core's, `SITE/ID`) whose row is the one
+/// in `catalogs[index]`: its rows in every catalogue, those of its site.
+pub(super) fn journey_of<'c>(
+    catalogs: &'c [Catalog],
+    index: usize,
+    key: &forte_catalog::BatchKey,
+) -> Result<Option<Journey<'c>>> {
     let mut rows = vec![];
     for catalog in catalogs {
         let mut mine = catalog.batches()?;
-        mine.retain(|r| r.batch_key.batch() == id);
+        mine.retain(|r| r.batch_key.batch() == key.batch());
         rows.push(mine);
     }
-    Ok(journeys(catalogs, rows)?.remove(id))
+    let wanted = key.to_string();
+    let found = journeys(catalogs, rows)?.into_values();
+    Ok(found.into_iter().find(|j| {
+        j.rows()
+            .any(|(c, r)| std::ptr::eq(*c, &catalogs[index]) && r.batch_key.to_string() == wanted)
+    }))
 }
 
 /// What an edge's seals say of its batches: the site each was sealed for, and which the core's

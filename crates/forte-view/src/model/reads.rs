@@ -58,10 +58,10 @@ pub fn batch(
     key: &BatchKey,
     progress: &Progress,
 ) -> Result<Option<BatchDetail>> {
-    for catalog in catalogs {
+    for (index, catalog) in catalogs.iter().enumerate() {
         if let Some(mut detail) = BatchDetail::read(catalog, key, progress)? {
             // Where it is on its way, from every catalogue's rows of it.
-            if let Some(journey) = journey_of(catalogs, key.batch())? {
+            if let Some(journey) = journey_of(catalogs, index, key)? {
                 detail.batch.phase = journey.phase();
                 detail.batch.receipted = journey.receipted;
                 if detail.batch.site.is_empty() {

@@ -128,8 +128,10 @@ def check(driver, edge, core, inbox):
     etas = [c[6] for c in seen if len(c) > 6]
     assert any(e not in ("", "–") for e in etas), f"no ETA shown: {etas}"
     print(f"in flight: {len(seen)} different rows, ETAs {sorted(set(etas))}")
-    wait("the batch is sent", 60, lambda: "sent" in text(driver, "recent") and
-         "moving" not in text(driver, "in-flight"))
+    # Sent: the relay holds it, and once the sender has the core's receipt, delivered.
+    wait("the batch is sent", 60, lambda: ("at the relay" in text(driver, "recent") or
+                                           "delivered" in text(driver, "recent")) and
+         "sending" not in text(driver, "in-flight"))
 
     # A batch the relay refuses (larger than its quota, with nothing held that a pull could
     # free): the failure and the alert appear on the open page.

@@ -603,3 +603,151 @@ fn the_dashboard_ends_cleanly_on_sigterm() {
     assert!(status.is_some_and(|s| s.success()), "{status:?}: {said}");
     assert!(said.contains("dashboard stopped (SIGTERM)"), "{said}");
 }
+
+/// Issue 46's picture of a batch from edge to core, in a browser: two sites' `send --watch`
+/// daemons send a batch of the same name through one relay, `forte dashboard` reads both
+/// edges' catalogues and the core's. Each batch is one row moving through its phases, the
+/// relay's page shows what `forte relay-store list` lists, and no page logs an error
+/// (merged_dashboard.py says what it checks).
+#[test]
+fn the_merged_dashboard_follows_each_batch_once_from_edge_to_core() {
+    let Some(python) = browser_python() else {
+        return;
+    };
+    let relay_page = free_addr();
+    let site = Site::with_relay_flags(&["--http", &relay_page, "--quota-per-site", "1GiB"]);
+    let (inbox_a, inbox_b) = (site.root.join("inbox"), site.root.join("inbox-b"));
+    for inbox in [&inbox_a, &inbox_b] {
+        std::fs::create_dir_all(inbox).unwrap();
+    }
+    let edge_a = free_addr();
+    let paced = [
+        "--watch",
+        "--interval",
+        "1",
+        "--bwlimit",
+        "1MB",
+        "--part-size",
+        "1MiB",
+    ];
+    let mut send_a = site.send(&paced);
+    send_a.extend(args!["--http", &edge_a]);
+    let _daemons = [
+        spawn(&send_a),
+        spawn(&site.send_as_site_b(&site.keys, &paced)),
+    ];
+    let mut pull = site.pull();
+    pull.extend(args![
+        "--trust",
+        format!("site-b={}", site.keys.edge_pub.display())
+    ]);
+    // The dashboard reads catalogues that exist: the core's is made by a pull of nothing yet.
+    ok(&pull);
+    let edge_b_catalog = site.root.join("edge-b.sqlite").display().to_string();
+    assert!(wait_for(20, || Path::new(&edge_b_catalog).exists()
+        && Path::new(&site.edge_catalog).exists()));
+    let dashboard = free_addr();
+    let _dashboard = spawn(&args![
+        "--catalog",
+        &site.edge_catalog,
+        "dashboard",
+        "--with",
+        &edge_b_catalog,
+        "--with",
+        &site.core_catalog,
+        "--http",
+        &dashboard
+    ]);
+    for addr in [&relay_page, &edge_a, &dashboard] {
+        assert!(wait_for(20, || http_get(addr, "/api/v1", &[]).is_some()));
+    }
+    let pull: Vec<String> = pull
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let forte_binary = std::env::var("FORTE_TEST_BINARY")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_forte").to_owned());
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/merged_dashboard.py");
+    let out = std::process::Command::new(python)
+        .arg(script)
+        .args([
+            format!("http://{dashboard}"),
+            format!("http://{relay_page}"),
+            format!("http://{edge_a}"),
+        ])
+        .args([&inbox_a, &inbox_b])
+        .arg(forte_binary)
+        .arg(&site.relay.store)
+        .arg(serde_json::to_string(&pull).unwrap())
+        .output()
+        .expect("running the browser test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "the browser test failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The ETA of a running batch in the batch list of `addr`'s overview, by name.
+fn overview_eta(addr: &str, name: &str) -> Option<f64> {
+    let overview = api(addr, "/api/v1/overview");
+    overview["in_flight"]
+        .as_array()?
+        .iter()
+        .find(|b| b["name"] == name)?["eta_s"]
+        .as_f64()
+}
+
+/// One ETA (issue 46): while a batch is sent, the send daemon's page and `forte dashboard` over
+/// its catalogue show the same estimate, sampled every 5 s (the daemon works it out with what
+/// only it knows, the parts on its wire, and publishes it; each view reads that one).
+#[test]
+fn the_send_daemon_and_the_dashboard_show_one_eta() {
+    let live = LiveSite::start(Site::new(), "1MB");
+    // Incompressible: some 24 s at 1 MB/s.
+    let staging = live.site.root.join("staging");
+    for i in 0..4 {
+        write(
+            &staging.join(format!("{i:03}.bin")),
+            &random_bytes(6_000_000),
+        );
+    }
+    write(&staging.join(".ready"), b"");
+    std::fs::rename(&staging, live.inbox.join("slow")).unwrap();
+    let dashboard = free_addr();
+    let _dashboard = spawn(&args![
+        "--catalog",
+        &live.site.edge_catalog,
+        "dashboard",
+        "--http",
+        &dashboard
+    ]);
+    assert!(wait_for(20, || http_get(&dashboard, "/api/v1", &[]).is_some()));
+    // Both show one once the daemon has published its first (its rate takes a few looks).
+    assert!(wait_for(30, || overview_eta(&live.edge, "slow").is_some()
+        && overview_eta(&dashboard, "slow").is_some()));
+    let mut samples = vec![];
+    loop {
+        let (daemon, viewed) = (
+            overview_eta(&live.edge, "slow"),
+            overview_eta(&dashboard, "slow"),
+        );
+        match daemon {
+            // The last seconds: 10 % of them is less than two requests apart.
+            Some(daemon) if daemon >= 2.0 => samples.push((daemon, viewed)),
+            _ => break,
+        }
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    }
+    println!("ETAs (daemon, dashboard): {samples:?}");
+    assert!(samples.len() >= 2, "too few samples: {samples:?}");
+    for (daemon, viewed) in &samples {
+        let viewed = &viewed.unwrap_or(f64::NAN);
+        assert!(
+            (daemon - viewed).abs() <= 0.1 * daemon.max(*viewed),
+            "the daemon says {daemon:.1} s, the dashboard {viewed:.1} s: {samples:?}"
+        );
+    }
+}
