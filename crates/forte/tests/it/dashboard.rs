@@ -532,6 +532,10 @@ fn the_relay_serves_its_metrics_and_the_api_on_http() {
     let info = api(&addr, "/api/v1");
     assert_eq!(info["role"], "relay", "{info}");
     assert_eq!(info["catalogs"].as_array().map(Vec::len), Some(0));
+    // Nothing held yet: the page says so, rather than drawing empty tables or axes.
+    let (status, empty) = http_get(&addr, "/", &[]).unwrap();
+    assert_eq!(status, 200);
+    assert!(empty.contains("The relay holds nothing"), "{empty}");
     write_batch(&site.root.join("inbox"), "one", 1, 1000);
     ok(&site.send(&[]));
     let stored = scraped(&addr, "forte_relay_batches_sealed_total", &[]);
@@ -539,6 +543,46 @@ fn the_relay_serves_its_metrics_and_the_api_on_http() {
     let (status, page) = http_get(&addr, "/", &[]).unwrap();
     assert_eq!(status, 200);
     assert!(page.contains("relay overview"), "{page}");
+    // What the store holds, in the API, on the page and in gauges: the numbers of
+    // `forte relay-store list`.
+    let listed = strict_json(&ok(&args![
+        "relay-store",
+        "list",
+        "--store",
+        &site.relay.store,
+        "--json"
+    ]));
+    let held = api(&addr, "/api/v1/relay");
+    let batch = &held["batches"][0];
+    assert_eq!(batch["site"], listed[0]["site"], "{held} {listed}");
+    assert_eq!(batch["batch"], listed[0]["batch"]);
+    assert_eq!(batch["objects"], listed[0]["objects"]);
+    assert_eq!(batch["bytes"], listed[0]["bytes"]);
+    assert_eq!(batch["state"], "sealed");
+    let bytes = listed[0]["bytes"].as_f64().unwrap();
+    let site_a = [("site", "site-a")];
+    assert_eq!(
+        scraped(&addr, "forte_relay_site_held_bytes", &site_a),
+        Some(bytes)
+    );
+    assert_eq!(
+        scraped(&addr, "forte_relay_site_sealed_batches", &site_a),
+        Some(1.0)
+    );
+    assert_eq!(scraped(&addr, "forte_relay_held_bytes", &[]), Some(bytes));
+    assert_described(&scrape(&addr).unwrap(), "the relay");
+    let page = http_get(&addr, "/", &[]).unwrap().1;
+    assert!(
+        page.contains(listed[0]["batch"].as_str().unwrap()),
+        "{page}"
+    );
+    // Delivered and acknowledged: nothing held, every gauge back to 0.
+    ok(&site.pull());
+    assert!(wait_for(20, || scraped(
+        &addr,
+        "forte_relay_site_held_bytes",
+        &site_a
+    ) == Some(0.0)));
 }
 
 /// Against DNS rebinding, a request naming another host is refused (a page elsewhere that

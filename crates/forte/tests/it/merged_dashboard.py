@@ -13,7 +13,7 @@ headless Chromium, driven by selenium, checks that:
 - no page logs a console error.
 
 With FORTE_SCREENSHOTS set to a directory, the overview, batch and relay pages are saved
-there (docs/screenshots is made so).
+there (docs/dashboard's merged-*.png and relay.png are made so).
 
 Usage: merged_dashboard.py DASHBOARD RELAY_PAGE EDGE_A_PAGE INBOX_A INBOX_B FORTE STORE PULL_JSON
 (PULL_JSON: the pull's arguments, a JSON list). Exits 0 when every check passed.
@@ -87,7 +87,7 @@ def check(driver, dashboard, relay, edge_a, inbox_a, inbox_b, forte, store, pull
     totals = text(driver, "totals")
     assert "2\nbatches" in totals or "2 batches" in totals, f"totals: {totals}"
     assert "2\nat the relay" in totals or "2 at the relay" in totals, f"totals: {totals}"
-    shot(driver, "overview-at-relay.png")
+    shot(driver, "merged-at-relay.png")
     no_console_errors(driver, "the dashboard")
 
     # The relay's page: what its store holds, as `forte relay-store list` lists it.
@@ -130,7 +130,7 @@ def check(driver, dashboard, relay, edge_a, inbox_a, inbox_b, forte, store, pull
     print("phases seen:", seen)
     totals = text(driver, "totals")
     assert "2\ndelivered" in totals or "2 delivered" in totals, f"totals: {totals}"
-    shot(driver, "overview.png")
+    shot(driver, "merged-overview.png")
     no_console_errors(driver, "the dashboard")
 
     # A batch's page: where it is, and the core's receipt.
@@ -141,7 +141,7 @@ def check(driver, dashboard, relay, edge_a, inbox_a, inbox_b, forte, store, pull
          lambda: "signed by this core" in text(driver, "batch-receipts"))
     assert text(driver, "phase") == "delivered", text(driver, "phase")
     driver.execute_script("document.getElementById('batch-stages').scrollIntoView()")
-    shot(driver, "batch.png")
+    shot(driver, "merged-batch.png")
     no_console_errors(driver, "the batch page")
 
     # site-a's own daemon: delivered once it has the core's receipt, verified.
