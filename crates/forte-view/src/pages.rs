@@ -525,7 +525,16 @@ fn search_form(params: &PageParams) -> String {
 
 /// The relay's sections: its sites against their quota, what it holds per batch, its shares.
 fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
-    let sites = if h.sites.is_empty() {
+    vec![
+        Section::new("relay-sites", relay_sites(h)),
+        Section::new("relay-batches", relay_batches(h)),
+        Section::new("relay-shares", relay_shares(h)),
+    ]
+}
+
+/// Each site's holdings against its quota, and its ingress now.
+fn relay_sites(h: &RelayHoldings) -> String {
+    if h.sites.is_empty() {
         "<p class=\"muted\">The relay holds nothing: every batch sent has been delivered, or none was sent yet.</p>".to_owned()
     } else {
         let mut html = String::from(
@@ -552,8 +561,12 @@ fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
         }
         html.push_str("</tbody></table>");
         html
-    };
-    let batches = if h.batches.is_empty() {
+    }
+}
+
+/// What the relay holds per site and batch.
+fn relay_batches(h: &RelayHoldings) -> String {
+    if h.batches.is_empty() {
         "<p class=\"muted\">No batch held.</p>".to_owned()
     } else {
         let mut html = String::from(
@@ -582,7 +595,11 @@ fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
         }
         html.push_str("</tbody></table>");
         html
-    };
+    }
+}
+
+/// The fair shares in force, and what the core acknowledged.
+fn relay_shares(h: &RelayHoldings) -> String {
     let s = &h.shares;
     let shares = match (s.fair, s.cap_bytes_per_second) {
         (false, _) => {
@@ -599,16 +616,11 @@ fn relay_sections(h: &RelayHoldings) -> Vec<Section> {
             s.sites_sending
         ),
     };
-    let shares = format!(
+    format!(
         "<p id=\"share-state\">{}</p><p class=\"muted\">Objects the core acknowledged and the relay deleted since it started: {}.</p>",
         escape(&shares),
         h.acknowledged_objects
-    );
-    vec![
-        Section::new("relay-sites", sites),
-        Section::new("relay-batches", batches),
-        Section::new("relay-shares", shares),
-    ]
+    )
 }
 
 async fn relay_page(view: &Shared) -> Result<Html<String>, ApiError> {

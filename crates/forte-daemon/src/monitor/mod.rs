@@ -14,6 +14,7 @@
 
 mod counters;
 mod etas;
+mod relay;
 mod stages;
 mod tasks;
 mod wire;
@@ -29,6 +30,7 @@ use crate::settings::HttpServe;
 
 pub use counters::{batch_done, failure, queue, zstd_level};
 pub use etas::publish_etas;
+pub use relay::relay_view;
 pub use stages::{item_latency, while_running};
 pub use tasks::task_try;
 pub use wire::{
