@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import load_example
+from conftest import GET_OR_CREATE_DAGRUN, load_example, sync_to_db
 from forte_site import SITE, Site, incompressible, place, tree
 from test_example_dags import asset_events, place_once_running, queued_runs, run, xcom
 
@@ -63,18 +63,21 @@ def delivered(site_name: str, name: str):
     return check
 
 
-def sync_to_db(dag) -> None:
-    """What the DAG processor does with a parsed DAG file: the DAG, its Assets and its Assets'
-    watchers (trigger rows tied to the Asset) into the metadata database."""
-    from airflow.dag_processing.bundles.manager import DagBundlesManager
-    from airflow.models.dagbag import DagBag, sync_bag_to_db
-    from airflow.utils.session import create_session
+def watch(dag, uri: str) -> list[tuple[int, Any]]:
+    """Syncs the DAG as the DAG processor does; the triggers of its Asset ``uri``. Airflow 3.0
+    ties an Asset's watchers to it only once the scheduler has activated the Asset (its orphanage
+    pass), at the next parse; 3.1 at the first."""
+    sync_to_db(dag)
+    if not watcher_triggers(uri):
+        from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+        from airflow.models.asset import AssetModel
+        from airflow.utils.session import create_session
 
-    with create_session() as session:
-        DagBundlesManager().sync_bundles_to_db(session=session)
-    bag = DagBag(collect_dags=False, include_examples=False)
-    bag.bag_dag(dag)
-    sync_bag_to_db(bag, "dags-folder", None)
+        with create_session() as session:
+            asset = session.query(AssetModel).filter(AssetModel.uri == uri).one()
+            SchedulerJobRunner._activate_referenced_assets([asset], session=session)
+        sync_to_db(dag)
+    return watcher_triggers(uri)
 
 
 def watcher_triggers(uri: str) -> list[tuple[int, Any]]:
@@ -91,7 +94,7 @@ def watcher_triggers(uri: str) -> list[tuple[int, Any]]:
 
 def asset_triggered_run(*, dag, session, **_):
     """The run the scheduler creates for a DAG whose Asset events are queued
-    (SchedulerJobRunner._create_dag_runs_asset_triggered, Airflow 3.1): ``asset_triggered``, no
+    (SchedulerJobRunner._create_dag_runs_asset_triggered, Airflow 3.0 and 3.1): ``asset_triggered``, no
     logical date, the Asset events of the DAG's schedule consumed, its queue emptied; RUNNING
     here, as ``dag.test()`` runs it at once."""
     from airflow.models.asset import AssetDagRunQueue, AssetEvent, DagScheduleAssetReference
@@ -141,8 +144,7 @@ def test_an_asset_watched_at_the_core_runs_its_dag_when_a_site_daemon_delivers(s
     dag = load_example("forte_on_arrival", FORTE_EXAMPLE_SITE=SITE_B, FORTE_EXAMPLE_POKE_INTERVAL=POKE)
     asset = dag.timetable.asset_condition
     assert asset.uri == f"forte://{SITE_B}/*?delivered=forte_core", asset.uri
-    sync_to_db(dag)
-    triggers = watcher_triggers(asset.uri)
+    triggers = watch(dag, asset.uri)
     assert len(triggers) == 1, triggers
     trigger_id, trigger = triggers[0]
     assert isinstance(trigger, ForteBatchArrivalTrigger)
@@ -183,7 +185,7 @@ def test_an_asset_watched_at_the_core_runs_its_dag_when_a_site_daemon_delivers(s
     assert queued_runs("forte_on_arrival") == 1
 
     # The run the scheduler would start for it, under dag.test().
-    monkeypatch.setattr("airflow.models.dagrun.get_or_create_dagrun", asset_triggered_run)
+    monkeypatch.setattr(GET_OR_CREATE_DAGRUN, asset_triggered_run)
     states, errors, dagrun = run(dag, {})
     assert errors == {} and states == {"arrived": "success"}, f"{states} {errors}\n{sites.all_logs()}"
     assert str(dagrun.run_type) in ("asset_triggered", "DagRunType.ASSET_TRIGGERED"), dagrun.run_type

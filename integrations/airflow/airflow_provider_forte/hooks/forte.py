@@ -16,7 +16,10 @@ from urllib.parse import quote
 
 import requests
 from airflow.exceptions import AirflowException
-from airflow.sdk import BaseHook
+try:
+    from airflow.sdk import BaseHook
+except ImportError:  # Airflow 3.0: the Task SDK's BaseHook came in 3.1
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
 from airflow_provider_forte import batches as b
 
