@@ -74,7 +74,8 @@ airflow_tests() {
         cp "$requirements" "$venv/requirements.txt"
     fi
     "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$airflow_wheel"
-    "$venv/bin/python" - <<'PY'
+    # (Its stdout, Airflow's log lines on import, is dropped; a failed check says why on stderr.)
+    "$venv/bin/python" - >/dev/null <<'PY'
 import importlib.metadata, json, airflow_provider_forte, sysconfig
 where = airflow_provider_forte.__file__
 assert where.startswith(sysconfig.get_paths()["purelib"]), f"the provider is imported from {where}, not the installed wheel"
