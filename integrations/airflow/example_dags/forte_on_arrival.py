@@ -8,7 +8,8 @@ that site whose name matches that pattern, and records an Asset event for each, 
 core's API needs to be reachable from Airflow; nothing of Airflow runs at the sites.
 
 ``FORTE_EXAMPLE_SITE`` (default ``*``: every site) and ``FORTE_EXAMPLE_PATTERN`` (default ``*``;
-``run-*``) choose the batches, ``FORTE_EXAMPLE_POKE_INTERVAL`` how often the core is asked (30 s).
+``run-*``) choose the batches, ``FORTE_EXAMPLE_POKE_INTERVAL`` how often the core is asked (30 s),
+``FORTE_EXAMPLE_SINCE_US`` (optional, a constant) from when.
 The task reads which batches arrived from ``triggering_asset_events``.
 """
 
@@ -28,6 +29,9 @@ arrivals = forte_arrivals(
     pattern=os.environ.get("FORTE_EXAMPLE_PATTERN") or "*",
     forte_conn_id=CORE_CONN,
     poke_interval=float(os.environ.get("FORTE_EXAMPLE_POKE_INTERVAL", "30")),
+    # Unset: from the newest batch delivered when the trigger starts. A constant (microseconds
+    # since the epoch): every batch delivered since then, after each triggerer restart too.
+    since_us=int(os.environ["FORTE_EXAMPLE_SINCE_US"]) if os.environ.get("FORTE_EXAMPLE_SINCE_US") else None,
 )
 
 with DAG(

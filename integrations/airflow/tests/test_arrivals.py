@@ -9,6 +9,7 @@ instrument would put it.
   until it yields the event of site-b's batch, the event is submitted as the triggerer submits it
   (an Asset event, a queued run of the DAG), and the DAG runs under ``dag.test()`` as the run the
   scheduler creates for those events (``asset_triggered``, the events consumed).
+- The same with Airflow's own triggerer process (``airflow triggerer``) running the watcher.
 - Two sites send a batch of the same name: the hook, the sensor (poking and deferred) and the
   triggers given ``site="site-a"`` take site-a's only; ``pattern`` matches whole names.
 """
@@ -273,3 +274,58 @@ def test_a_site_a_sensor_and_trigger_ignore_site_b_batch_of_the_same_name(sites,
     both = asyncio.run(fired(pattern="same-name-7"))
     assert sorted(both) == sorted([got["key"], b_batch["key"]]), both
     assert b_batch["key"] not in asyncio.run(fired(site=SITE))
+
+
+def test_the_triggerer_itself_records_the_asset_event(sites, tmp_path, monkeypatch):
+    """The same path with Airflow's own triggerer (``airflow triggerer``, a process of its own):
+    it loads the watcher's trigger from its row, runs it, and records the Asset event and the
+    queued run of the DAG when site-a's daemon has delivered a batch matching the pattern."""
+    import os
+    import subprocess
+    import sys
+
+    from airflow_provider_forte.hooks.forte import ForteHook
+
+    connect(monkeypatch, sites)
+    core = ForteHook("forte_core")
+    newest = core.batches(role="core", limit=1)
+    since = (newest[0]["updated_us"] if newest else 0) + 1
+    dag = load_example(
+        "forte_on_arrival",
+        FORTE_EXAMPLE_SITE=SITE,
+        FORTE_EXAMPLE_PATTERN="RUN-????",
+        FORTE_EXAMPLE_POKE_INTERVAL=POKE,
+        FORTE_EXAMPLE_SINCE_US=str(since),
+    )
+    asset = dag.timetable.asset_condition
+    (trigger_id, trigger), = watch(dag, asset.uri)
+    assert (trigger.site, trigger.pattern, trigger.since_us) == (SITE, "RUN-????", since)
+    queued_before = queued_runs("forte_on_arrival")
+
+    log = tmp_path / "triggerer.log"
+    with open(log, "wb") as out:
+        triggerer = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "triggerer"], stdout=out, stderr=subprocess.STDOUT, env=os.environ.copy()
+        )
+    try:
+        # A batch of site-a not matching the pattern, delivered first, then one that does: the
+        # trigger fires for batches oldest first, so it would have fired for the first before.
+        place(sites.inboxes[SITE], "run-12345", {"n.txt": b"five digits: not run-????\n"})
+        wait_until(delivered(SITE, "run-12345"), "run-12345 delivered", sites)
+        place(sites.inboxes[SITE], "run-0042", {"m.txt": b"matches\n"})
+
+        def recorded():
+            assert triggerer.poll() is None, f"the triggerer stopped ({triggerer.returncode}):\n{log.read_text()[-5000:]}"
+            return asset_events(asset.uri)
+
+        events = wait_until(recorded, "the triggerer's Asset event", sites, seconds=180)
+    finally:
+        triggerer.terminate()
+        try:
+            triggerer.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            triggerer.kill()
+            triggerer.wait()
+    assert [(e["payload"]["batch"]["site"], e["payload"]["batch"]["name"]) for e in events] == [(SITE, "run-0042")], events
+    assert events[0]["from_trigger"] is True and events[0]["payload"]["uri"] == f"forte://{SITE}/run-0042"
+    assert queued_runs("forte_on_arrival") == queued_before + 1
