@@ -82,7 +82,7 @@ assert where.startswith(sysconfig.get_paths()["purelib"]), f"the provider is imp
 url = json.loads(importlib.metadata.distribution("airflow-provider-forte").read_text("direct_url.json") or "{}")
 assert url.get("url", "").endswith(".whl"), f"airflow-provider-forte was not installed from a wheel: {url}"
 PY
-    echo "the Airflow provider's tests on apache-airflow $("$venv/bin/python" -c 'import airflow; print(airflow.__version__)') ($venv)" >&2
+    echo "the Airflow provider's tests on apache-airflow $("$venv/bin/python" -c 'import airflow; print(airflow.__version__)' 2>/dev/null) ($venv)" >&2
     # -p no:cacheprovider: no .pytest_cache in the source tree.
     FORTE_BIN="$PWD/target/debug/forte" "$venv/bin/python" -m pytest -q -p no:cacheprovider integrations/airflow/tests
 }
