@@ -54,19 +54,52 @@ cargo test --workspace "$@"
 FORTE_TEST_RELAY_STORE=s3 cargo test --workspace --test relay "$@"
 
 # The Airflow provider (integrations/airflow): its example DAGs under `dag.test()` against a real
-# relay, sender and puller on loopback, run by the forte binary cargo test has just built.
-# Airflow pins many packages of its own, so it gets a virtualenv of its own, installed from PyPI
-# with the pins of requirements.txt; the copy kept beside it says which pins it has, so that
-# changed pins install again.
-airflow_venv=target/airflow-venv
-if ! cmp -s integrations/airflow/requirements.txt "$airflow_venv/requirements.txt" ||
-    ! "$airflow_venv/bin/python" -c 'import airflow, pytest, airflow_provider_forte' 2>/dev/null; then
-    echo "installing apache-airflow (integrations/airflow/requirements.txt) into $airflow_venv" >&2
-    python3 -m venv "$airflow_venv"
-    "$airflow_venv/bin/pip" install -q --disable-pip-version-check -r integrations/airflow/requirements.txt
-    # The provider itself, editable, its dependencies being those pins.
-    "$airflow_venv/bin/pip" install -q --disable-pip-version-check --no-deps -e integrations/airflow
-    cp integrations/airflow/requirements.txt "$airflow_venv/requirements.txt"
-fi
-# -p no:cacheprovider: no .pytest_cache in the source tree.
-FORTE_BIN="$PWD/target/debug/forte" "$airflow_venv/bin/python" -m pytest -q -p no:cacheprovider integrations/airflow/tests
+# relay, senders and a puller on loopback, run by the forte binary cargo test has just built, on
+# the Airflow pinned today (requirements.txt, 3.1) and on the previous minor version
+# (requirements-3.0.txt). Airflow pins many packages of its own, so each gets a virtualenv of its
+# own, installed from PyPI with the pins of its file; the copy kept beside it says which pins it
+# has, so that changed pins install again.
+#
+# The provider as it ships: a wheel built from integrations/airflow (pip wheel, setuptools from
+# PyPI in an isolated build), installed with pip into each virtualenv (its dependencies being
+# those pins), every time, so the tests run the wheel of this tree. The wheel must hold every
+# subpackage, and the tests must import the installed copy, not the source tree.
+airflow_tests() {
+    local venv=$1 requirements=$2
+    if ! cmp -s "$requirements" "$venv/requirements.txt" ||
+        ! "$venv/bin/python" -c 'import airflow, pytest' 2>/dev/null; then
+        echo "installing apache-airflow ($requirements) into $venv" >&2
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install -q --disable-pip-version-check -r "$requirements"
+        cp "$requirements" "$venv/requirements.txt"
+    fi
+    "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$airflow_wheel"
+    # (Its stdout, Airflow's log lines on import, is dropped; a failed check says why on stderr.)
+    "$venv/bin/python" - >/dev/null <<'PY'
+import importlib.metadata, json, airflow_provider_forte, sysconfig
+where = airflow_provider_forte.__file__
+assert where.startswith(sysconfig.get_paths()["purelib"]), f"the provider is imported from {where}, not the installed wheel"
+url = json.loads(importlib.metadata.distribution("airflow-provider-forte").read_text("direct_url.json") or "{}")
+assert url.get("url", "").endswith(".whl"), f"airflow-provider-forte was not installed from a wheel: {url}"
+PY
+    echo "the Airflow provider's tests on apache-airflow $("$venv/bin/python" -c 'import airflow; print(airflow.__version__)' 2>/dev/null) ($venv)" >&2
+    # -p no:cacheprovider: no .pytest_cache in the source tree.
+    FORTE_BIN="$PWD/target/debug/forte" "$venv/bin/python" -m pytest -q -p no:cacheprovider integrations/airflow/tests
+}
+python3 -m venv target/airflow-build
+airflow_wheels=target/airflow-wheel
+rm -rf "$airflow_wheels"
+target/airflow-build/bin/pip wheel -q --disable-pip-version-check --no-deps -w "$airflow_wheels" integrations/airflow
+rm -rf integrations/airflow/build integrations/airflow/*.egg-info
+airflow_wheel=$(ls "$airflow_wheels"/airflow_provider_forte-*.whl)
+python3 - "$airflow_wheel" <<'PY'
+import sys, zipfile
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+for module in ("__init__", "assets", "batches", "hooks/forte", "operators/forte", "sensors/forte", "triggers/forte"):
+    path = f"airflow_provider_forte/{module}.py"
+    assert path in names, f"{sys.argv[1]} lacks {path}"
+for package in ("hooks", "operators", "sensors", "triggers"):
+    assert f"airflow_provider_forte/{package}/__init__.py" in names, f"{sys.argv[1]} lacks the package {package}"
+PY
+airflow_tests target/airflow-venv integrations/airflow/requirements.txt
+airflow_tests target/airflow-venv-3.0 integrations/airflow/requirements-3.0.txt

@@ -3,6 +3,7 @@ the operator, the sensor and the trigger."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # At the edge, a batch is at the relay (sealed, offered to the core) from `sent` on; once the
@@ -33,12 +34,24 @@ def outcome(batch: dict[str, Any] | None, role: str) -> str:
     return PENDING
 
 
-def select(batches: list[dict[str, Any]], name: str, edge_key: str | None = None) -> dict[str, Any] | None:
+def select(
+    batches: list[dict[str, Any]],
+    name: str | None,
+    edge_key: str | None = None,
+    site: str | None = None,
+    pattern: str | None = None,
+) -> dict[str, Any] | None:
     """The newest of ``batches`` named exactly ``name`` (the API's ``name`` parameter matches
-    names that *contain* it), or whose key is ``edge_key`` or ``SITE/edge_key``."""
+    names that *contain* it), or whose key is ``edge_key`` or ``SITE/edge_key``; of ``site``
+    only (exactly) and, with ``pattern``, only those whose whole name matches it (``*``, ``?``,
+    whatever the case, as the API's ``pattern``). ``name`` None: any name."""
 
     def matches(batch: dict[str, Any]) -> bool:
-        if batch.get("name") == name:
+        if site is not None and batch.get("site") != site:
+            return False
+        if pattern is not None and not name_matches(str(batch.get("name", "")), pattern):
+            return False
+        if name is None or batch.get("name") == name:
             return True
         key = str(batch.get("key", ""))
         return bool(edge_key) and (key == edge_key or key.endswith("/" + str(edge_key)))
@@ -47,6 +60,13 @@ def select(batches: list[dict[str, Any]], name: str, edge_key: str | None = None
     if not found:
         return None
     return max(found, key=lambda x: (x.get("updated_us") or 0, x.get("arrived_us") or 0))
+
+
+def name_matches(name: str, pattern: str) -> bool:
+    """The API's ``pattern``: the whole name, ``*`` any text, ``?`` one character, whatever
+    the case (``[`` is itself)."""
+    rx = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.fullmatch(rx, name, re.IGNORECASE | re.DOTALL) is not None
 
 
 def failure_text(batch: dict[str, Any], detail: dict[str, Any] | None) -> str:

@@ -1,8 +1,10 @@
 """Wait until the core has delivered a batch that something else sent (an instrument writing
 into the edge's inbox, a ``forte ingest``), then list its files.
 
-The batch's name is the parameter ``batch_name`` (default: ``FORTE_EXAMPLE_BATCH``); the core's
-API is the connection ``forte_core``. A batch the core fails to deliver fails the sensor with
+The batch's name is the parameter ``batch_name`` (default: ``FORTE_EXAMPLE_BATCH``); ``site``
+(``FORTE_EXAMPLE_SITE``) takes only that site's batch of that name, not another site's of the same
+name; ``pattern`` (``FORTE_EXAMPLE_PATTERN``, ``run-*``) with an empty ``batch_name`` waits for the
+newest batch whose name matches it. The core's API is the connection ``forte_core``. A batch the core fails to deliver fails the sensor with
 forte's error text. ``FORTE_EXAMPLE_DEFERRABLE=1`` waits in the triggerer.
 """
 
@@ -25,11 +27,17 @@ with DAG(
     start_date=datetime(2025, 1, 1),
     catchup=False,
     tags=["forte", "example"],
-    params={"batch_name": Param(os.environ.get("FORTE_EXAMPLE_BATCH", "run-1"), type="string")},
+    params={
+        "batch_name": Param(os.environ.get("FORTE_EXAMPLE_BATCH", "run-1"), type="string"),
+        "site": Param(os.environ.get("FORTE_EXAMPLE_SITE", ""), type="string"),
+        "pattern": Param(os.environ.get("FORTE_EXAMPLE_PATTERN", ""), type="string"),
+    },
 ) as dag:
     delivered = ForteBatchDeliveredSensor(
         task_id="delivered",
         batch_name="{{ params.batch_name }}",
+        site="{{ params.site }}",
+        pattern="{{ params.pattern }}",
         core_conn_id=CORE_CONN,
         deferrable=os.environ.get("FORTE_EXAMPLE_DEFERRABLE", "") not in ("", "0", "false"),
         poke_interval=float(os.environ.get("FORTE_EXAMPLE_POKE_INTERVAL", "5")),

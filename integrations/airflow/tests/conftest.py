@@ -61,3 +61,39 @@ def load_example(name: str, **env: str):
             else:
                 os.environ[k] = v
     return module.dag
+
+
+def sync_to_db(dag) -> None:
+    """What the DAG processor does with a parsed DAG file: the DAG, its Assets and its Assets'
+    watchers (trigger rows tied to the Asset) into the metadata database, in the bundle
+    ``dags-folder``. (Airflow 3.1's ``dag.test()`` does it for a DAG not in the database yet;
+    3.0's does not, and a task's outlets must be active Assets there.)"""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.models.dagbag import DagBag
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        DagBundlesManager().sync_bundles_to_db(session=session)
+    if getattr(dag, "relative_fileloc", None) is None:
+        # As a DagBag of the DAG folder sets it (the examples are that folder).
+        dag.relative_fileloc = os.path.relpath(dag.fileloc, EXAMPLE_DAGS)
+    bag = DagBag(collect_dags=False, include_examples=False)
+    bag.bag_dag(dag)
+    try:
+        from airflow.models.dagbag import sync_bag_to_db  # Airflow 3.1
+    except ImportError:  # Airflow 3.0
+        bag.sync_to_db("dags-folder", None)
+    else:
+        sync_bag_to_db(bag, "dags-folder", None)
+
+
+def airflow_3_0() -> bool:
+    import airflow
+
+    return airflow.__version__.startswith("3.0.")
+
+
+#: Where ``dag.test()`` gets its run: patched to run the run an Asset event queues.
+GET_OR_CREATE_DAGRUN = (
+    "airflow.models.dag._get_or_create_dagrun" if airflow_3_0() else "airflow.models.dagrun.get_or_create_dagrun"
+)

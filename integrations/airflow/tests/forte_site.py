@@ -82,6 +82,9 @@ class Site:
     ``interval``: the daemons' ``--interval`` (seconds between two scans).
     ``http_host``: where the daemons serve their API (a port is picked); ``http_token``: the
     token of their ``--http-token-file``, which requests from other hosts must send.
+    ``more_sites``: further sites, each with its own edge token at the relay and its own
+    ``forte send --watch`` (inbox ``root/inbox-SITE``, catalogue, API: ``inboxes[SITE]``,
+    ``edge_addrs[SITE]``); every site signs with the same edge key, which the core trusts.
     """
 
     def __init__(
@@ -93,6 +96,7 @@ class Site:
         interval: int = 1,
         http_host: str = "127.0.0.1",
         http_token: str | None = None,
+        more_sites: tuple[str, ...] = (),
     ) -> None:
         self.bin = forte_bin()
         self.root = root
@@ -104,6 +108,9 @@ class Site:
         self.dest.mkdir(parents=True)
         self.procs: list[subprocess.Popen] = []
         self.logs: dict[str, Path] = {}
+        self.more_sites = more_sites
+        self.inboxes: dict[str, Path] = {SITE: self.inbox}
+        self.edge_addrs: dict[str, str] = {}
         try:
             self._start(relay_flags, send_flags, pull_flags, interval)
         except BaseException:
@@ -135,7 +142,8 @@ class Site:
         tokens = self.root / "tokens.toml"
         tokens.write_text(
             f'[[token]]\ntoken = "{EDGE_TOKEN}"\nrole = "edge"\nsite = "{SITE}"\n'
-            f'[[token]]\ntoken = "{CORE_TOKEN}"\nrole = "core"\nsites = ["*"]\n'
+            + "".join(f'[[token]]\ntoken = "{edge_token(s)}"\nrole = "edge"\nsite = "{s}"\n' for s in self.more_sites)
+            + f'[[token]]\ntoken = "{CORE_TOKEN}"\nrole = "core"\nsites = ["*"]\n'
         )
         (self.root / "edge.token").write_text(EDGE_TOKEN)
         (self.root / "core.token").write_text(CORE_TOKEN)
@@ -164,7 +172,20 @@ class Site:
              "--identity", str(keys / "core.key"), "--trust", str(keys / "edge.pub"),
              *relay_args, "--token-file", str(self.root / "core.token"), *pull_flags],
         )
-        for addr in (self.edge_addr, self.core_addr):
+        self.edge_addrs[SITE] = self.edge_addr
+        for other in self.more_sites:
+            inbox = self.root / f"inbox-{other}"
+            inbox.mkdir()
+            self.inboxes[other] = inbox
+            (self.root / f"edge-{other}.token").write_text(edge_token(other))
+            addr = self.edge_addrs[other] = free_addr(self.http_host)
+            self._spawn(
+                f"send-{other}",
+                ["--catalog", str(self.root / f"edge-{other}.sqlite"), "send", str(inbox), *watch, "--http", addr, *http,
+                 "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"),
+                 *relay_args, "--token-file", str(self.root / f"edge-{other}.token"), *send_flags],
+            )
+        for addr in (*self.edge_addrs.values(), self.core_addr):
             self._wait_for_api(addr)
 
     def _relay_address(self, relay: subprocess.Popen) -> tuple[str, str]:
@@ -236,6 +257,20 @@ class Site:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+
+
+def edge_token(site: str) -> str:
+    return f"edge-{site}-0123456789abcdef"
+
+
+def place(inbox: Path, name: str, files: dict[str, bytes]) -> Path:
+    """Puts a batch into an inbox as an instrument would: written in a hidden directory (the
+    watcher skips those), marked ready, and renamed into place in one step."""
+    tmp = inbox / f".{name}.tmp"
+    write_batch(tmp, files)
+    (tmp / ".ready").write_bytes(b"")
+    os.rename(tmp, inbox / name)
+    return inbox / name
 
 
 def tree(root: Path) -> dict[str, bytes]:

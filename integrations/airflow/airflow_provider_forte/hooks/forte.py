@@ -16,7 +16,10 @@ from urllib.parse import quote
 
 import requests
 from airflow.exceptions import AirflowException
-from airflow.sdk import BaseHook
+try:
+    from airflow.sdk import BaseHook
+except ImportError:  # Airflow 3.0: the Task SDK's BaseHook came in 3.1
+    from airflow.hooks.base import BaseHook  # type: ignore[no-redef]
 
 from airflow_provider_forte import batches as b
 
@@ -154,9 +157,21 @@ class ForteHook(BaseHook):
         since_us: int | None = None,
         until_us: int | None = None,
         limit: int | None = None,
+        site: str | None = None,
+        pattern: str | None = None,
     ) -> list[dict[str, Any]]:
-        """Batches, newest first (``name`` matches names that contain it)."""
-        params = {"name": name, "state": state, "role": role, "since_us": since_us, "until_us": until_us, "limit": limit}
+        """Batches, newest change first: ``name`` matches names that contain it, ``pattern``
+        whole names (``run-*``, ``?``; both whatever the case), ``site`` the core's site exactly."""
+        params = {
+            "name": name,
+            "pattern": pattern,
+            "site": site,
+            "state": state,
+            "role": role,
+            "since_us": since_us,
+            "until_us": until_us,
+            "limit": limit,
+        }
         return self.get("/api/v1/batches", params)["batches"]
 
     def batch(self, key: str) -> dict[str, Any]:
@@ -164,17 +179,26 @@ class ForteHook(BaseHook):
         ``stages``, ``files``, ``failures``."""
         return self.get(batch_path(key))
 
-    def find_batch(self, name: str, role: str | None = None, edge_key: str | None = None) -> dict[str, Any] | None:
-        """The newest batch named exactly ``name`` (of ``role`` if given), or None. With
-        ``edge_key`` (the batch's key at the edge), a core batch whose key is ``SITE/edge_key``
-        is found too while the core has not read its name yet."""
-        found = self.batches(name=name, role=role)
-        if len(found) >= b.DEFAULT_LIMIT and b.select(found, name) is None:
+    def find_batch(
+        self,
+        name: str | None = None,
+        role: str | None = None,
+        edge_key: str | None = None,
+        site: str | None = None,
+        pattern: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The newest batch named exactly ``name`` (of ``role``, of ``site`` and matching
+        ``pattern`` if given), or None; ``name`` None: the newest batch of ``site`` whose name
+        matches ``pattern``. With ``edge_key`` (the batch's key at the edge), a core batch whose
+        key is ``SITE/edge_key`` is found too while the core has not read its name yet."""
+        _check_what(name, site, pattern)
+        found = self.batches(name=name, role=role, site=site, pattern=pattern)
+        if name is not None and len(found) >= b.DEFAULT_LIMIT and b.select(found, name, site=site, pattern=pattern) is None:
             # More batches contain the name than one answer holds: all of them (at most 10 000).
-            found = self.batches(name=name, role=role, limit=b.MAX_LIMIT)
+            found = self.batches(name=name, role=role, site=site, pattern=pattern, limit=b.MAX_LIMIT)
         if edge_key and role != "edge":
-            found += self.batches(name=edge_key, role=role)
-        return b.select(found, name, edge_key)
+            found += self.batches(name=edge_key, role=role, site=site)
+        return b.select(found, name, edge_key, site=site, pattern=pattern)
 
     def files(
         self,
@@ -220,6 +244,11 @@ class ForteHook(BaseHook):
         except AirflowException as e:
             return False, str(e)
         return True, f"forte {info.get('forte')} ({info.get('role')}), API version {info.get('api')}"
+
+
+def _check_what(name: str | None, site: str | None, pattern: str | None) -> None:
+    if name is None and pattern is None:
+        raise ValueError("a batch needs a name (exact) or a pattern (run-*)")
 
 
 def _with_query(url: str, query: dict[str, Any]) -> str:
@@ -281,13 +310,44 @@ class ForteAsyncClient:
     async def batch(self, key: str) -> dict[str, Any]:
         return await self.get(batch_path(key))
 
-    async def find_batch(self, name: str, role: str | None = None, edge_key: str | None = None) -> dict[str, Any] | None:
-        found = await self.batches(name=name, role=role)
-        if len(found) >= b.DEFAULT_LIMIT and b.select(found, name) is None:
-            found = await self.batches(name=name, role=role, limit=b.MAX_LIMIT)
+    async def find_batch(
+        self,
+        name: str | None = None,
+        role: str | None = None,
+        edge_key: str | None = None,
+        site: str | None = None,
+        pattern: str | None = None,
+    ) -> dict[str, Any] | None:
+        _check_what(name, site, pattern)
+        found = await self.batches(name=name, role=role, site=site, pattern=pattern)
+        if name is not None and len(found) >= b.DEFAULT_LIMIT and b.select(found, name, site=site, pattern=pattern) is None:
+            found = await self.batches(name=name, role=role, site=site, pattern=pattern, limit=b.MAX_LIMIT)
         if edge_key and role != "edge":
-            found += await self.batches(name=edge_key, role=role)
-        return b.select(found, name, edge_key)
+            found += await self.batches(name=edge_key, role=role, site=site)
+        return b.select(found, name, edge_key, site=site, pattern=pattern)
+
+    async def delivered_since(
+        self, since_us: int, site: str | None = None, pattern: str | None = None, page: int = 1000
+    ) -> list[dict[str, Any]]:
+        """Every core batch ``delivered`` whose last change is at ``since_us`` or later (of
+        ``site``, matching ``pattern``), oldest change first. The API answers newest first and
+        at most ``limit``: a full page is followed by the next, older one (``until_us`` the
+        oldest change seen, inclusive: duplicates are dropped by key)."""
+        found: dict[str, dict[str, Any]] = {}
+        until: int | None = None
+        while True:
+            rows = await self.batches(
+                role="core", state="delivered", site=site, pattern=pattern, since_us=since_us, until_us=until, limit=page
+            )
+            for row in rows:
+                found.setdefault(str(row.get("key")), row)
+            if len(rows) < page:
+                break
+            oldest = min(int(r.get("updated_us") or 0) for r in rows)
+            if until is not None and oldest >= until:
+                break  # a page of one instant only: more than `page` batches changed in one microsecond
+            until = oldest
+        return sorted(found.values(), key=lambda r: (int(r.get("updated_us") or 0), str(r.get("key"))))
 
     async def failure_text(self, batch: dict[str, Any]) -> str:
         if batch.get("error"):
