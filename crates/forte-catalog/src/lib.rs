@@ -1098,6 +1098,10 @@ mod tests {
         file(&catalog, &e, "late", 10, Discovered);
         file(&catalog, &e, "late", 10, Sealed);
         batch(&catalog, &e, 1, 10, Sent);
+        // At the core a late file's first record is its part's, verified.
+        catalog
+            .part_state(&c, "late", 0, PartState::Verified, &PartHashes::default())
+            .unwrap();
         file(&catalog, &c, "late", 10, FileState::Delivered);
         batch(&catalog, &c, 1, 10, BatchState::Delivered);
         let at = |key: &BatchKey, id: Option<&str>, state: &str| {
@@ -1125,6 +1129,7 @@ mod tests {
         assert_eq!(edge.delivered_at, None);
         assert_eq!(core.delivered_at, Some(at(&c, Some("late"), "delivered")));
         assert_eq!(core.before_late, Some(at(&c, Some("o1"), "acknowledged")));
+        assert!(core.first_at < core.delivered_at.unwrap(), "{core:?}");
         assert!(core.batch_done_at < at(&c, Some("o0"), "acknowledged"));
     }
 

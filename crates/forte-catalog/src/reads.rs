@@ -68,7 +68,8 @@ pub struct FollowUpRow {
     pub size: i64,
     /// When the batch's first send ended (edge) or its first delivery was recorded (core).
     pub batch_done_at: i64,
-    /// The file's first event in this batch (at the edge: when it was discovered).
+    /// The file's first event in this batch, its parts' included (at the edge: when it was
+    /// discovered; at the core: its first part verified).
     pub first_at: i64,
     /// Its `delivered` event, if any (the core's).
     pub delivered_at: Option<i64>,
@@ -490,7 +491,7 @@ impl Catalog {
                  SELECT e.batch_key, e.object_id, MIN(e.at) AS first_at,
                         MIN(CASE WHEN e.state = 'delivered' THEN e.at END) AS delivered_at
                  FROM events e JOIN done d ON d.batch_key = e.batch_key
-                 WHERE e.object_id IS NOT NULL AND e.part IS NULL
+                 WHERE e.object_id IS NOT NULL
                  GROUP BY e.batch_key, e.object_id),
              late AS (
                  SELECT s.batch_key, s.object_id, d.at AS done_at, s.first_at, s.delivered_at
