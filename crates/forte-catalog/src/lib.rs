@@ -54,8 +54,8 @@ pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use custody::{Fenced, Gap, InstanceRow};
 pub use etas::PublishedEta;
 pub use reads::{
-    BatchRow, Event, Failure, FileProgress, FileRow, Filter, ItemLatency, PartRow, StageRow,
-    TaskRunRow, TunedRow, TuningSample, UsageRow,
+    BatchRow, Event, Failure, FileProgress, FileRow, Filter, FollowUpRow, ItemLatency, PartRow,
+    StageRow, TaskRunRow, TunedRow, TuningSample, UsageRow,
 };
 pub use recording::{Attempt, BatchRecord, FileRecord, PartHashes, TaskRun, UsageRecorder};
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task, TaskOutcome};
@@ -1072,6 +1072,68 @@ mod tests {
         // The core's bytes are on the wire: its files' raw sizes do not replace them.
         assert_eq!((b.state, b.files, b.bytes), (Delivered, 150, 9000));
         assert_eq!((b.role, b.site.as_str()), (Role::Core, "site"));
+    }
+
+    /// A file that appears in a batch after its first send (edge) or first delivery (core)
+    /// is read as a follow-up, with when the batch was done and what came last before it;
+    /// the batch's own files are not.
+    #[test]
+    fn late_files_are_told_from_the_batchs_first_send_and_delivery() {
+        use BatchState::{Queued, Sent};
+        use FileState::{Acknowledged, Discovered, Sealed};
+        let (_dir, catalog) = one_shot();
+        let e = BatchKey::edge("e");
+        let c = BatchKey::core("site", "e");
+        batch(&catalog, &e, 2, 200, Queued);
+        for id in ["o0", "o1"] {
+            file(&catalog, &e, id, 100, Discovered);
+            file(&catalog, &e, id, 100, Sealed);
+        }
+        batch(&catalog, &e, 2, 200, Sent);
+        for id in ["o0", "o1"] {
+            file(&catalog, &c, id, 100, FileState::Delivered);
+        }
+        batch(&catalog, &c, 2, 200, BatchState::Delivered);
+        for id in ["o0", "o1"] {
+            file(&catalog, &c, id, 100, Acknowledged);
+        }
+        // The follow-up: found after the send, delivered after the first delivery.
+        file(&catalog, &e, "late", 10, Discovered);
+        file(&catalog, &e, "late", 10, Sealed);
+        batch(&catalog, &e, 1, 10, Sent);
+        // At the core a late file's first record is its part's, verified.
+        catalog
+            .part_state(&c, "late", 0, PartState::Verified, &PartHashes::default())
+            .unwrap();
+        file(&catalog, &c, "late", 10, FileState::Delivered);
+        batch(&catalog, &c, 1, 10, BatchState::Delivered);
+        let at = |key: &BatchKey, id: Option<&str>, state: &str| {
+            let events = match id {
+                Some(id) => catalog.lineage(id).unwrap(),
+                None => vec![],
+            };
+            events
+                .into_iter()
+                .find(|ev| ev.batch_key == *key && ev.state == state)
+                .map(|ev| ev.at)
+                .unwrap()
+        };
+        let rows = catalog.follow_ups().unwrap();
+        assert_eq!(rows.len(), 2, "{rows:#?}");
+        let edge = rows.iter().find(|r| r.batch_key == e).unwrap();
+        let core = rows.iter().find(|r| r.batch_key == c).unwrap();
+        assert_eq!(
+            (edge.object_id.as_str(), edge.path.as_str(), edge.size),
+            ("late", "late.bag", 10)
+        );
+        assert_eq!(edge.first_at, at(&e, Some("late"), "discovered"));
+        assert!(edge.batch_done_at > at(&e, Some("o1"), "sealed"));
+        assert!(edge.batch_done_at < edge.first_at);
+        assert_eq!(edge.delivered_at, None);
+        assert_eq!(core.delivered_at, Some(at(&c, Some("late"), "delivered")));
+        assert_eq!(core.before_late, Some(at(&c, Some("o1"), "acknowledged")));
+        assert!(core.first_at < core.delivered_at.unwrap(), "{core:?}");
+        assert!(core.batch_done_at < at(&c, Some("o0"), "acknowledged"));
     }
 
     /// A batch's state moves forward for its role; a failure may be followed by a retry, but

@@ -57,6 +57,28 @@ pub struct Event {
     pub detail: Option<String>,
 }
 
+/// A file first seen in a batch after the batch's first send ended (at the edge: its first
+/// `sent`) or after its first delivery (at the core: its first `delivered`): a late file, sent
+/// as a follow-up sealed into the same batch. [`Catalog::follow_ups`] reads them.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FollowUpRow {
+    pub batch_key: BatchKey,
+    pub object_id: String,
+    pub path: String,
+    pub size: i64,
+    /// When the batch's first send ended (edge) or its first delivery was recorded (core).
+    pub batch_done_at: i64,
+    /// The file's first event in this batch, its parts' included (at the edge: when it was
+    /// discovered; at the core: its first part verified).
+    pub first_at: i64,
+    /// Its `delivered` event, if any (the core's).
+    pub delivered_at: Option<i64>,
+    /// The batch's last event before the first event of any of its late files: as near as the
+    /// events tell, when the task that carried its first files (the first pull, at the core)
+    /// ended.
+    pub before_late: Option<i64>,
+}
+
 /// Resource utilisation of one node over one interval ending at `at`.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct UsageRow {
@@ -454,6 +476,64 @@ impl Catalog {
                 detail: r.try_get(5)?,
             })
         })
+    }
+
+    /// The files that came to their batch late ([`FollowUpRow`]), of every batch, in the
+    /// order they were first seen. Two scans of the events, whatever the number of batches.
+    pub fn follow_ups(&self) -> Result<Vec<FollowUpRow>> {
+        // The first `sent` of an edge batch, the first `delivered` of a core batch: their
+        // keys differ (a core's is `site/id`), so one catalogue shared by both serves too.
+        const LATE: &str = "WITH done AS (
+                 SELECT batch_key, MIN(at) AS at FROM events
+                 WHERE object_id IS NULL AND state IN ('sent', 'delivered')
+                 GROUP BY batch_key),
+             seen AS (
+                 SELECT e.batch_key, e.object_id, MIN(e.at) AS first_at,
+                        MIN(CASE WHEN e.state = 'delivered' THEN e.at END) AS delivered_at
+                 FROM events e JOIN done d ON d.batch_key = e.batch_key
+                 WHERE e.object_id IS NOT NULL
+                 GROUP BY e.batch_key, e.object_id),
+             late AS (
+                 SELECT s.batch_key, s.object_id, d.at AS done_at, s.first_at, s.delivered_at
+                 FROM seen s JOIN done d ON d.batch_key = s.batch_key
+                 WHERE s.first_at > d.at)";
+        let late = format!(
+            "{LATE}
+             SELECT l.batch_key, l.object_id, f.path, f.size, l.done_at, l.first_at, l.delivered_at
+             FROM late l JOIN files f ON f.batch_key = l.batch_key AND f.object_id = l.object_id
+             ORDER BY l.first_at, f.path"
+        );
+        let mut rows = self.read(sqlx::query(&late), |r| {
+            Ok(FollowUpRow {
+                batch_key: batch_key(r, 0)?,
+                object_id: r.try_get(1)?,
+                path: r.try_get(2)?,
+                size: r.try_get(3)?,
+                batch_done_at: r.try_get(4)?,
+                first_at: r.try_get(5)?,
+                delivered_at: r.try_get(6)?,
+                before_late: None,
+            })
+        })?;
+        if rows.is_empty() {
+            return Ok(rows);
+        }
+        let before = format!(
+            "{LATE},
+             cut AS (SELECT batch_key, MIN(first_at) AS at FROM late GROUP BY batch_key)
+             SELECT e.batch_key, MAX(e.at) FROM events e JOIN cut c ON c.batch_key = e.batch_key
+             WHERE e.at < c.at GROUP BY e.batch_key"
+        );
+        let cuts = self.read(sqlx::query(&before), |r| {
+            Ok((batch_key(r, 0)?, r.try_get::<Option<i64>, _>(1)?))
+        })?;
+        for row in &mut rows {
+            row.before_late = cuts
+                .iter()
+                .find(|(key, _)| *key == row.batch_key)
+                .and_then(|(_, at)| *at);
+        }
+        Ok(rows)
     }
 
     /// Parts of an object with their state and hashes.

@@ -14,6 +14,14 @@
 //! When the core fetches a batch ahead (its first files while the edge still sends the rest),
 //! `pull` counts from the end of `send`.
 //!
+//! A file that appears in a batch directory after the batch was sent goes as a follow-up,
+//! sealed into the same batch, and the catalogue widens the batch's `send` and `pull` stages
+//! to cover it. The batch's KPIs are those of its first delivery: `send` ends at the batch's
+//! first `sent`, `pull` at the core's last record before any late file (the first delivery's
+//! acknowledgement, or a site task after it), and its size leaves the late files out. Each
+//! late file is reported on its own ([`LateFile`]): how long after the send it was found, and
+//! how long it then took to be delivered.
+//!
 //! The site's own tasks (`[[task]]`) run inside `send` at the edge (before the batch is
 //! prepared) and inside `pull` at the core (between the batch's landing and its promotion, or
 //! after it): each is reported as its span (its first try queued to its last try's end) and
@@ -25,8 +33,8 @@
 use std::collections::BTreeMap;
 
 use forte_catalog::{
-    BatchKey, BatchRow, BatchState, Catalog, ItemLatency, Role, Stage, StageRow, TaskRunRow,
-    UsageRow,
+    BatchKey, BatchRow, BatchState, Catalog, FollowUpRow, ItemLatency, Role, Stage, StageRow,
+    TaskRunRow, UsageRow,
 };
 use serde::Serialize;
 
@@ -110,12 +118,46 @@ impl TaskSpan {
     }
 }
 
+/// A file that appeared in a batch after the batch was sent, and went as a follow-up: not part
+/// of the batch's KPIs, reported on its own.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LateFile {
+    /// Its path in the batch.
+    pub path: String,
+    pub object_id: String,
+    pub bytes: u64,
+    /// When the edge found it (µs since the epoch).
+    pub found: i64,
+    /// Seconds from the end of the batch's first send to when the edge found it.
+    pub after_sent_s: f64,
+    /// When the core delivered it; `None` while it is not delivered.
+    pub delivered: Option<i64>,
+    /// Seconds from when the edge found it to its delivery.
+    pub delivered_in_s: Option<f64>,
+}
+
+impl LateFile {
+    /// `FILE of BATCH arrived N s after its batch was sent, delivered in T s`.
+    pub fn sentence(&self, batch: &str) -> String {
+        let delivered = self
+            .delivered_in_s
+            .map_or("not delivered yet".to_owned(), |t| {
+                format!("delivered in {t:.1} s")
+            });
+        format!(
+            "{} of {batch} arrived {:.1} s after its batch was sent, {delivered}",
+            self.path, self.after_sent_s
+        )
+    }
+}
+
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct BatchKpi {
     pub name: String,
     pub site: String,
     /// The opaque id the relay knows the batch by.
     pub batch_id: String,
+    /// Files and raw bytes of its first delivery (late files left out).
     pub files: i64,
     pub raw_bytes: u64,
     /// Bytes on the wire (sealed parts and manifests); 0 when the core's record is missing.
@@ -130,6 +172,8 @@ pub struct BatchKpi {
     pub processing_s: f64,
     /// R_b in MB/s (decimal).
     pub rate_mb_s: Option<f64>,
+    /// Files that appeared in it after it was sent (follow-ups), in the order they were found.
+    pub late: Vec<LateFile>,
 }
 
 impl BatchKpi {
@@ -152,6 +196,10 @@ pub struct RunKpi {
     pub delivered: usize,
     pub raw_bytes: u64,
     pub sealed_bytes: u64,
+    /// Late files of the delivered batches (follow-ups), and their bytes: left out of the
+    /// figures here, reported on their own.
+    pub late_files: usize,
+    pub late_bytes: u64,
     /// Pipeline start: the first batch begins its first task.
     pub started: i64,
     /// Pipeline end: the last delivered batch finishes its last task.
@@ -174,17 +222,24 @@ pub struct RunKpi {
     pub max_latency_s: f64,
 }
 
-/// A batch row with its stages and the tries of the site's tasks on it.
-pub type BatchRecords = (BatchRow, Vec<StageRow>, Vec<TaskRunRow>);
+/// A batch row with its stages, the tries of the site's tasks on it, and the files that came to
+/// it late (follow-ups).
+pub type BatchRecords = (BatchRow, Vec<StageRow>, Vec<TaskRunRow>, Vec<FollowUpRow>);
 
-/// Every batch row of `catalog` with its stages and task tries: what [`batches`] takes, one
-/// catalogue's share.
+/// Every batch row of `catalog` with its stages, task tries and late files: what [`batches`]
+/// takes, one catalogue's share.
 pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<BatchRecords>> {
+    let follow_ups = catalog.follow_ups()?;
     let mut rows = vec![];
     for b in catalog.batches()? {
         let stages = catalog.stages(&b.batch_key)?;
         let tasks = catalog.task_runs(Some(&b.batch_key))?;
-        rows.push((b, stages, tasks));
+        let late = follow_ups
+            .iter()
+            .filter(|f| f.batch_key == b.batch_key)
+            .cloned()
+            .collect();
+        rows.push((b, stages, tasks, late));
     }
     Ok(rows)
 }
@@ -195,7 +250,7 @@ pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<BatchRecords>> {
 pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
     let core = |edge: &BatchKey| {
         rows.iter()
-            .find(|(b, _, _)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
+            .find(|(b, ..)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
     };
     let stage = |stages: &[StageRow], name: Stage| {
         stages.iter().find(|s| s.stage == name).and_then(|s| {
@@ -207,11 +262,16 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
     };
     let mut out: Vec<BatchKpi> = rows
         .iter()
-        .filter(|(b, _, _)| b.role == Role::Edge)
-        .map(|(edge, edge_stages, edge_runs)| {
+        .filter(|(b, ..)| b.role == Role::Edge)
+        .map(|(edge, edge_stages, edge_runs, edge_late)| {
             let core = core(&edge.batch_key);
             let mut spans = Vec::new();
             if let Some(Interval { started, ended }) = stage(edge_stages, Stage::Send) {
+                // A follow-up widened the stage: the batch's own send ended at its first
+                // `sent`.
+                let ended = edge_late
+                    .first()
+                    .map_or(ended, |f| ended.min(f.batch_done_at).max(started));
                 spans.push(StageSpan {
                     stage: Stage::Send,
                     queued_from: edge.created_at.min(started),
@@ -221,8 +281,9 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
                 if let Some(Interval {
                     started: pull_started,
                     ended: pull_ended,
-                }) = core.and_then(|(row, stages, _)| pull_span(row, stages))
-                {
+                }) = core.and_then(|(row, stages, runs, late)| {
+                    first_delivery(pull_span(row, stages)?, runs, late)
+                }) {
                     // The core fetches a batch's first files while the edge still sends the
                     // rest; that overlap counts as the edge's task, so the tasks stay in
                     // sequence and l_b stays their sum.
@@ -235,20 +296,24 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
                 }
             }
             // A batch a site task held back in quarantine came, but was not delivered.
-            let quarantined = core.is_some_and(|(b, _, _)| b.state == BatchState::Quarantined);
+            let quarantined = core.is_some_and(|(b, ..)| b.state == BatchState::Quarantined);
             let delivered = spans.len() == 2 && !quarantined;
             let latency_s = delivered.then(|| seconds(spans[1].ended - edge.created_at));
-            let raw_bytes = edge.bytes.max(0) as u64;
-            let core_runs = core.map_or(&[][..], |(_, _, runs)| runs);
+            let delivered_at = latency_s.map(|_| spans[1].ended);
+            let core_late = core.map_or(&[][..], |(.., late)| late);
+            let late = late_files(edge_late, core_late, delivered_at);
+            let late_bytes: u64 = late.iter().map(|f| f.bytes).sum();
+            let raw_bytes = (edge.bytes.max(0) as u64).saturating_sub(late_bytes);
+            let core_runs = core.map_or(&[][..], |(_, _, runs, _)| runs);
             let runs: Vec<TaskRunRow> = edge_runs.iter().chain(core_runs).cloned().collect();
             let tasks = TaskSpan::of(&runs, latency_s);
             BatchKpi {
                 name: edge.name.clone(),
-                site: core.map(|(b, _, _)| b.site.clone()).unwrap_or_default(),
+                site: core.map(|(b, ..)| b.site.clone()).unwrap_or_default(),
                 batch_id: edge.batch_key.batch().to_owned(),
-                files: edge.files,
+                files: (edge.files - late.len() as i64).max(0),
                 raw_bytes,
-                sealed_bytes: core.map_or(0, |(b, _, _)| b.bytes.max(0) as u64),
+                sealed_bytes: core.map_or(0, |(b, ..)| b.bytes.max(0) as u64),
                 tasks,
                 arrived: edge.created_at,
                 queueing_s: spans.iter().map(StageSpan::queueing_s).sum(),
@@ -258,6 +323,7 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
                     .map(|l| raw_bytes as f64 / 1e6 / l),
                 latency_s,
                 stages: spans,
+                late,
             }
         })
         .collect();
@@ -284,6 +350,57 @@ fn pull_span(core: &BatchRow, stages: &[StageRow]) -> Option<Interval> {
     })
 }
 
+/// A core batch's pull cut to its first delivery: when files came to the batch after it (a
+/// follow-up pulled later widened the stage), the pull ended with the batch's last record
+/// before them (its acknowledgement), or with a site task that ran after that delivery.
+fn first_delivery(pull: Interval, runs: &[TaskRunRow], late: &[FollowUpRow]) -> Option<Interval> {
+    let Some(first_late) = late.iter().map(|f| f.first_at).min() else {
+        return Some(pull);
+    };
+    let before = late.iter().find_map(|f| f.before_late);
+    let tasks = runs
+        .iter()
+        .filter(|r| r.ended_at < first_late)
+        .map(|r| r.ended_at)
+        .max();
+    let Some(ended) = before.max(tasks) else {
+        return Some(pull);
+    };
+    Some(Interval {
+        started: pull.started,
+        ended: pull.ended.min(ended).max(pull.started),
+    })
+}
+
+/// A batch's late files, as the edge found them (`edge`), each with its delivery: the core's
+/// record of it when a later pull delivered it (`core`); else, found before the batch's
+/// delivery (`delivered_at`), it went with it.
+fn late_files(
+    edge: &[FollowUpRow],
+    core: &[FollowUpRow],
+    delivered_at: Option<i64>,
+) -> Vec<LateFile> {
+    edge.iter()
+        .map(|f| {
+            let later = core
+                .iter()
+                .find(|c| c.object_id == f.object_id)
+                .and_then(|c| c.delivered_at);
+            let with_batch = delivered_at.filter(|at| *at >= f.first_at);
+            let delivered = later.or(with_batch);
+            LateFile {
+                path: f.path.clone(),
+                object_id: f.object_id.clone(),
+                bytes: f.size.max(0) as u64,
+                found: f.first_at,
+                after_sent_s: seconds(f.first_at - f.batch_done_at),
+                delivered,
+                delivered_in_s: delivered.map(|at| seconds(at - f.first_at).max(0.0)),
+            }
+        })
+        .collect()
+}
+
 /// The run's KPIs over the delivered batches; `None` when none was delivered.
 pub fn run(batches: &[BatchKpi]) -> Option<RunKpi> {
     let delivered: Vec<&BatchKpi> = batches.iter().filter(|b| b.latency_s.is_some()).collect();
@@ -307,11 +424,14 @@ pub fn run(batches: &[BatchKpi]) -> Option<RunKpi> {
         0.0
     };
     let latencies: Vec<f64> = delivered.iter().filter_map(|b| b.latency_s).collect();
+    let late = delivered.iter().flat_map(|b| &b.late);
     Some(RunKpi {
         batches: batches.len(),
         delivered: delivered.len(),
         raw_bytes,
         sealed_bytes,
+        late_files: late.clone().count(),
+        late_bytes: late.map(|f| f.bytes).sum(),
         started,
         ended,
         seconds: secs,
@@ -495,15 +615,18 @@ mod tests {
                 row(BatchKey::edge("b1"), "A", 100_000_000, 0),
                 vec![stage(Stage::Send, 2, 6)],
                 vec![],
+                vec![],
             ),
             (
                 row(BatchKey::core("mine", "b1"), "", 40_000_000, 7_000_000),
                 vec![stage(Stage::Pull, 7, 10)],
                 vec![],
+                vec![],
             ),
             (
                 row(BatchKey::edge("b2"), "B", 50_000_000, 1_000_000),
                 vec![stage(Stage::Send, 6, 8)],
+                vec![],
                 vec![],
             ),
         ];
@@ -548,6 +671,7 @@ mod tests {
                 row(BatchKey::edge("b1"), "A", 100_000_000, 0),
                 vec![stage(Stage::Send, 2, 6)],
                 vec![],
+                vec![],
             ),
             (
                 row(core.clone(), "", 40_000_000, 7_000_000),
@@ -557,6 +681,7 @@ mod tests {
                     run(1, 7.5, 8.0, 8.2),
                     run(2, 8.2, 8.2, 9.0),
                 ],
+                vec![],
             ),
         ];
         let kpi = &batches(&rows)[0];
@@ -586,13 +711,14 @@ mod tests {
                 row(BatchKey::edge("b1"), "A", 100_000_000, 0),
                 vec![stage(Stage::Send, 2, 6)],
                 vec![],
+                vec![],
             ),
-            (core.clone(), vec![open.clone()], vec![]),
+            (core.clone(), vec![open.clone()], vec![], vec![]),
         ];
         assert_eq!(batches(&rows)[0].latency_s, Some(9.0));
         // Still pulling: not delivered.
         core.state = forte_catalog::BatchState::Pulling;
-        let rows = vec![rows[0].clone(), (core, vec![open], vec![])];
+        let rows = vec![rows[0].clone(), (core, vec![open], vec![], vec![])];
         assert_eq!(batches(&rows)[0].latency_s, None);
     }
 
@@ -605,10 +731,12 @@ mod tests {
                     row(BatchKey::edge(id), id, 100_000_000, at * 1_000_000),
                     vec![stage(Stage::Send, at, at + 2)],
                     vec![],
+                    vec![],
                 ),
                 (
                     row(BatchKey::core("mine", id), "", 50_000_000, at * 1_000_000),
                     vec![stage(Stage::Pull, at + 2, at + 4)],
+                    vec![],
                     vec![],
                 ),
             ]
@@ -624,6 +752,76 @@ mod tests {
         // The offered load is what came in that hour, stated apart.
         assert_eq!(run.seconds, 3_604.0);
         assert!((run.offered_bytes_per_day - 200e6 / 3_604.0 * 86_400.0).abs() < 1.0);
+    }
+
+    /// The operator's run: a batch sent in 2 s and pulled by 5 s, then a file found in it
+    /// 8 minutes after it was sent, sent and pulled as a follow-up (the stages widened to
+    /// 483 s and 484 s). The batch's KPIs and the run's are those of the first delivery, and
+    /// the late file is reported on its own.
+    #[test]
+    fn a_follow_up_is_a_late_arrival_and_does_not_stretch_the_batch() {
+        let rows = |send_end: i64, pull_end: i64, late: bool| {
+            let follow_up =
+                |key: BatchKey, done: f64, first: f64, delivered: Option<f64>| FollowUpRow {
+                    batch_key: key,
+                    object_id: "late".into(),
+                    path: "bags/late.bag".into(),
+                    size: 1_000_000,
+                    batch_done_at: (done * 1e6) as i64,
+                    first_at: (first * 1e6) as i64,
+                    delivered_at: delivered.map(|d| (d * 1e6) as i64),
+                    before_late: Some(5_000_000),
+                };
+            let (edge_late, core_late) = if late {
+                (
+                    vec![follow_up(BatchKey::edge("b1"), 2.0, 482.0, None)],
+                    vec![follow_up(
+                        BatchKey::core("mine", "b1"),
+                        4.8,
+                        483.5,
+                        Some(483.6),
+                    )],
+                )
+            } else {
+                (vec![], vec![])
+            };
+            let extra = if late { 1_000_000 } else { 0 };
+            vec![
+                (
+                    row(BatchKey::edge("b1"), "A", 100_000_000 + extra, 0),
+                    vec![stage(Stage::Send, 0, send_end)],
+                    vec![],
+                    edge_late,
+                ),
+                (
+                    row(BatchKey::core("mine", "b1"), "", 50_000_000, 3_000_000),
+                    vec![stage(Stage::Pull, 3, pull_end)],
+                    vec![],
+                    core_late,
+                ),
+            ]
+        };
+        let alone = batches(&rows(2, 5, false));
+        let followed = batches(&rows(483, 484, true));
+        let b = &followed[0];
+        assert_eq!(
+            b.stages, alone[0].stages,
+            "the follow-up stretched the stages"
+        );
+        assert_eq!((b.latency_s, b.rate_mb_s), (Some(5.0), Some(20.0)));
+        assert_eq!((b.raw_bytes, b.files), (100_000_000, 1));
+        assert_eq!(b.late.len(), 1);
+        let late = &b.late[0];
+        assert_eq!((late.after_sent_s, late.bytes), (480.0, 1_000_000));
+        assert!((late.delivered_in_s.unwrap() - 1.6).abs() < 1e-9);
+        assert_eq!(
+            late.sentence("A"),
+            "bags/late.bag of A arrived 480.0 s after its batch was sent, delivered in 1.6 s"
+        );
+        let (alone, followed) = (run(&alone).unwrap(), run(&followed).unwrap());
+        assert_eq!(followed.daily_capacity_bytes, alone.daily_capacity_bytes);
+        assert_eq!(followed.rate_mb_s, alone.rate_mb_s);
+        assert_eq!((followed.late_files, followed.late_bytes), (1, 1_000_000));
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod kpi;
 pub mod print;
 pub mod status;
 pub mod summary;
+pub mod words;
 
 /// A size for people: `1.50 GiB`.
 pub fn human(bytes: u64) -> String {

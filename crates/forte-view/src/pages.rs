@@ -943,30 +943,52 @@ async fn file(
 async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
     let links = Links;
     let batches = api::read(&view, api::report).await?;
+    let body = report_body(&batches, &links);
+    Ok(page("Report", &links, None, &body))
+}
+
+/// The report page's body: the run's KPIs, the batches, the late arrivals, what each symbol
+/// means, and the charts. Every symbol (FORTE §2.2's) is named in words beside it.
+fn report_body(batches: &[kpi::BatchKpi], links: &Links) -> String {
+    use forte_report::words::{self, KPIS, L_B, R_B, R_P};
+    let named = |k: &words::Kpi| format!("{} <span class=\"muted\">{}</span>", k.html, k.name);
     let mut body = String::new();
-    match kpi::run(&batches) {
+    match kpi::run(batches) {
         Some(run) => {
+            let late = match run.late_files {
+                0 => String::new(),
+                n => format!(
+                    "<div><b>{n}</b> late file{} ({}) left out</div>",
+                    if n == 1 { "" } else { "s" },
+                    human(run.late_bytes)
+                ),
+            };
             let _ = write!(
                 body,
                 "<div class=\"tiles\"><div><b>{}</b> of {} batches delivered</div>\
-                 <div><b>{:.1} MB/s</b> R<sub>P</sub></div><div><b>{:.2} TB/day</b> daily capacity</div>\
-                 <div><b>{:.2}</b> compression ratio</div><div><b>{:.1} s</b> mean l<sub>b</sub></div></div>",
+                 <div><b>{:.1} MB/s</b> {}</div><div><b>{:.2} TB/day</b> daily capacity</div>\
+                 <div><b>{:.2}</b> compression ratio</div><div><b>{:.1} s</b> mean {}</div>{late}</div>",
                 run.delivered,
                 run.batches,
                 run.rate_mb_s,
+                named(&R_P),
                 run.daily_capacity_bytes / 1e12,
                 run.compression_ratio,
-                run.mean_latency_s
+                run.mean_latency_s,
+                named(&L_B)
             );
         }
         None => body.push_str("<p class=\"muted\">No batch delivered yet: no pipeline KPIs.</p>"),
     }
-    body.push_str(
+    let _ = write!(
+        body,
         "<h2>Batches</h2><table><thead><tr><th>batch</th><th>raw</th><th>queued</th><th>processing</th>\
-         <th>l<sub>b</sub></th><th>R<sub>b</sub></th></tr></thead><tbody>",
+         <th>{}</th><th>{}</th></tr></thead><tbody>",
+        named(&L_B),
+        named(&R_B)
     );
     let opt = |v: Option<f64>, unit: &str| v.map_or("–".into(), |v| format!("{v:.1} {unit}"));
-    for b in &batches {
+    for b in batches {
         let _ = write!(
             body,
             "<tr><td>{}</td><td>{}</td><td>{:.1} s</td><td>{:.1} s</td><td>{}</td><td>{}</td></tr>",
@@ -979,6 +1001,40 @@ async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
         );
     }
     body.push_str("</tbody></table>");
+    let late: Vec<String> = batches
+        .iter()
+        .flat_map(|b| b.late.iter().map(|f| escape(&f.sentence(&b.name))))
+        .collect();
+    if !late.is_empty() {
+        let _ = write!(
+            body,
+            "<h2>Late arrivals</h2><p class=\"muted\">{}.</p><ul>",
+            escape(words::LATE_ARRIVALS)
+        );
+        for line in late {
+            let _ = write!(body, "<li>{line}</li>");
+        }
+        body.push_str("</ul>");
+    }
+    body.push_str("<h2>What the figures mean</h2><dl class=\"facts\">");
+    for k in KPIS {
+        let _ = write!(
+            body,
+            "<dt>{}, {}</dt><dd>{}</dd>",
+            k.html,
+            k.name,
+            escape(k.meaning)
+        );
+    }
+    let (capacity, meaning) = words::DAILY_CAPACITY
+        .split_once(": ")
+        .expect("a name and its meaning");
+    let _ = write!(
+        body,
+        "<dt>queued, processing</dt><dd>seconds queued (q<sub>send</sub> + q<sub>relay</sub>) and worked on (t<sub>send</sub> + t<sub>pull</sub>)</dd>\
+         <dt>{capacity}</dt><dd>{}</dd></dl>",
+        escape(meaning)
+    );
     let _ = write!(
         body,
         "<h2>Timeline</h2><img class=\"chart\" alt=\"every batch's timeline\" src=\"{}\">\
@@ -986,7 +1042,7 @@ async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
         links.to("/api/v1/charts/timeline.svg"),
         links.to("/api/v1/charts/utilisation.svg"),
     );
-    Ok(page("Report", &links, None, &body))
+    body
 }
 
 #[cfg(test)]
@@ -1004,6 +1060,80 @@ mod tests {
         }
         assert_eq!(unescape_query("a+b%20c"), "a b c");
         assert_eq!(escape_path("site-a/0f 3"), "site-a/0f%203");
+    }
+
+    /// Every symbol on the report page has its name and meaning beside it, and a late file
+    /// is listed on its own.
+    #[test]
+    fn the_report_page_names_every_symbol_and_lists_late_arrivals() {
+        use forte_catalog::Stage;
+        use kpi::{BatchKpi, LateFile, StageSpan};
+        let span = |stage, queued_from, started, ended| StageSpan {
+            stage,
+            queued_from,
+            started,
+            ended,
+        };
+        let batch = BatchKpi {
+            name: "run-1".into(),
+            site: "site-a".into(),
+            batch_id: "b1".into(),
+            files: 4,
+            raw_bytes: 8_000_000,
+            sealed_bytes: 8_000_000,
+            arrived: 0,
+            stages: vec![
+                span(Stage::Send, 0, 100_000, 300_000),
+                span(Stage::Pull, 300_000, 400_000, 700_000),
+            ],
+            tasks: vec![],
+            latency_s: Some(0.7),
+            queueing_s: 0.2,
+            processing_s: 0.5,
+            rate_mb_s: Some(8.0 / 0.7),
+            late: vec![LateFile {
+                path: "bags/late.bag".into(),
+                object_id: "o".into(),
+                bytes: 100_000,
+                found: 2_800_000,
+                after_sent_s: 2.5,
+                delivered: Some(2_950_000),
+                delivered_in_s: Some(0.15),
+            }],
+        };
+        let body = report_body(&[batch], &Links);
+        // Each `X<sub>Y</sub>` on the page is one the glossary names and explains.
+        let mut rest = body.as_str();
+        let mut seen = 0;
+        while let Some(at) = rest.find("<sub>") {
+            let start = rest[..at]
+                .rfind(|c: char| !c.is_ascii_alphabetic())
+                .map_or(0, |i| i + 1);
+            let end = at + rest[at..].find("</sub>").unwrap() + "</sub>".len();
+            let html = &rest[start..end];
+            let kpi = forte_report::words::KPIS
+                .iter()
+                .find(|k| k.html == html)
+                .unwrap_or_else(|| panic!("{html} is not a KPI the page explains"));
+            let words = format!(
+                "<dt>{}, {}</dt><dd>{}</dd>",
+                kpi.html,
+                kpi.name,
+                escape(kpi.meaning)
+            );
+            assert!(body.contains(&words), "{html} without its words: {body}");
+            seen += 1;
+            rest = &rest[end..];
+        }
+        assert!(seen >= 7, "{body}");
+        assert!(
+            body.contains("R<sub>P</sub> <span class=\"muted\">pipeline rate</span>"),
+            "{body}"
+        );
+        assert!(
+            body.contains("<li>bags/late.bag of run-1 arrived 2.5 s after its batch was sent, delivered in 0.1 s</li>"),
+            "{body}"
+        );
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
     match args.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&reported.report)?),
         Format::Csv => print::csv(&reported.report.batches),
-        Format::Text => print::text(&reported.report),
+        Format::Text => print!("{}", print::text(&reported.report)),
     }
     if let (Some(dir), Format::Text) = (&args.charts, args.format) {
         let tuned = if reported.tuned { ", tuning" } else { "" };

@@ -139,7 +139,8 @@ fn report_prints_the_verdict_and_writes_charts() {
         "--title",
         "test run"
     ]));
-    assert!(text.contains("R_P = "), "{text}");
+    assert!(text.contains("R_P, pipeline rate: "), "{text}");
+    assert_eq!(unexplained(&text), Vec::<String>::new(), "{text}");
     assert!(
         text.contains("verdict: sustainable") || text.contains("verdict: NOT sustainable"),
         "{text}"
@@ -282,4 +283,129 @@ fn a_one_shot_send_learns_the_acknowledgements() {
         1,
         "re-runs do not add to the lineage: {lineage}"
     );
+}
+
+/// The symbols (FORTE §2.2's) that `text` uses without their words beside them: each token
+/// written like one (a letter, `_`, letters) must be named and explained on a line of its own,
+/// `SYMBOL, NAME: MEANING`.
+fn unexplained(text: &str) -> Vec<String> {
+    let mut missing: Vec<String> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|t| {
+            t.split_once('_').is_some_and(|(head, tail)| {
+                head.len() == 1
+                    && head.chars().all(|c| c.is_ascii_alphabetic())
+                    && !tail.is_empty()
+                    && tail.chars().all(|c| c.is_ascii_alphabetic())
+            })
+        })
+        .filter(|symbol| {
+            !text
+                .lines()
+                .any(|l| l.trim_start().starts_with(&format!("{symbol}, ")) && l.contains(": "))
+        })
+        .map(str::to_owned)
+        .collect();
+    missing.sort();
+    missing.dedup();
+    missing
+}
+
+/// The operator's run (issue 46): a batch sent and pulled, then a file that appears in its
+/// directory seconds after it was sent, sent as a follow-up into the same batch and pulled.
+/// The batch's KPIs and the run's daily capacity stay those of its first delivery (within
+/// 10 % of the report before the follow-up); the file is listed as a late arrival, with how
+/// late it came and how long it then took; every symbol printed has its words beside it.
+#[test]
+fn a_follow_up_file_is_a_late_arrival_and_does_not_stretch_its_batch() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    for i in 0..4 {
+        write(
+            &inbox.join(format!("run-1/bags/{i}.bag")),
+            &sample_bytes(2 << 20, i),
+        );
+    }
+    write(&inbox.join("run-1/.ready"), b"");
+    ok(&site.send(&["-q"]));
+    ok(&site.pull());
+    let json = |site: &Site| -> serde_json::Value {
+        crate::common::strict_json(&ok(&site.report(args!["--format", "json"])))
+    };
+    let before = json(&site);
+    let first_send = &batch(&before, "run-1")["stages"][0];
+    let send_s = (first_send["ended"].as_i64().unwrap() - first_send["started"].as_i64().unwrap())
+        as f64
+        / 1e6;
+    assert!(send_s < 1.0, "the batch's own send took {send_s} s");
+    // Found by the next send, 2.5 s after the batch was sent: lateness from the catalogue's
+    // record of its discovery (a file's own times are not recorded), so a real wait.
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    write(
+        &inbox.join("run-1/bags/late.bag"),
+        &sample_bytes(100_000, 7),
+    );
+    let sent = ok(&site.send(&["-q"]));
+    assert!(sent.contains("sent 1 of 5 files (4 sent before"), "{sent}");
+    ok(&site.pull());
+    assert!(site.root.join("dest/site-a/run-1/bags/late.bag").exists());
+
+    let after = json(&site);
+    let daily = |r: &serde_json::Value| r["run"]["daily_capacity_bytes"].as_f64().unwrap();
+    let (without, with) = (daily(&before), daily(&after));
+    eprintln!(
+        "daily capacity without the late file {:.4} TB/day, with it {:.4} TB/day",
+        without / 1e12,
+        with / 1e12
+    );
+    assert!(
+        (with - without).abs() <= 0.1 * without,
+        "daily capacity {with} with the late file, {without} without it: {after:#}"
+    );
+    let b = batch(&after, "run-1");
+    let (was, now) = (batch(&before, "run-1"), b);
+    for i in 0..2 {
+        let span = |b: &serde_json::Value| {
+            let s = &b["stages"][i];
+            (s["ended"].as_i64().unwrap() - s["started"].as_i64().unwrap()) as f64 / 1e6
+        };
+        assert!(
+            (span(now) - span(was)).abs() < 0.1,
+            "stage {i} took {} s before the follow-up, {} s after: {b:#}",
+            span(was),
+            span(now)
+        );
+    }
+    assert_eq!(b["raw_bytes"].as_u64().unwrap(), 4 * (2 << 20), "{b:#}");
+    let late = b["late"].as_array().unwrap();
+    assert_eq!(late.len(), 1, "{b:#}");
+    assert_eq!(late[0]["path"], "bags/late.bag");
+    let after_sent = late[0]["after_sent_s"].as_f64().unwrap();
+    assert!(
+        after_sent >= 2.5,
+        "found {after_sent} s after the send: {b:#}"
+    );
+    let took = late[0]["delivered_in_s"].as_f64().unwrap();
+    assert!(took < after_sent, "delivered in {took} s: {b:#}");
+    assert_eq!(after["run"]["late_files"], 1, "{after:#}");
+
+    let text = ok(&site.report(args!["--nominal-rate", "3.36TB/day"]));
+    let line = text
+        .lines()
+        .find(|l| l.contains("bags/late.bag of run-1 arrived "))
+        .unwrap_or_else(|| panic!("no late arrival in {text}"));
+    assert!(
+        line.contains(" s after its batch was sent, delivered in ") && line.ends_with(" s"),
+        "{line}"
+    );
+    assert!(text.contains("late arrivals: "), "{text}");
+    assert_eq!(unexplained(&text), Vec::<String>::new(), "{text}");
+    for words in [
+        "R_P, pipeline rate: bytes delivered per second from the first send to the last delivery",
+        "l_b, batch latency: ",
+        "R_b, batch rate: ",
+        "q_relay, waiting at the relay: ",
+    ] {
+        assert!(text.contains(words), "{words} in {text}");
+    }
 }
