@@ -252,49 +252,12 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
         rows.iter()
             .find(|(b, ..)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
     };
-    let stage = |stages: &[StageRow], name: Stage| {
-        stages.iter().find(|s| s.stage == name).and_then(|s| {
-            Some(Interval {
-                started: s.started_at,
-                ended: s.ended_at?,
-            })
-        })
-    };
     let mut out: Vec<BatchKpi> = rows
         .iter()
         .filter(|(b, ..)| b.role == Role::Edge)
         .map(|(edge, edge_stages, edge_runs, edge_late)| {
             let core = core(&edge.batch_key);
-            let mut spans = Vec::new();
-            if let Some(Interval { started, ended }) = stage(edge_stages, Stage::Send) {
-                // A follow-up widened the stage: the batch's own send ended at its first
-                // `sent`.
-                let ended = edge_late
-                    .first()
-                    .map_or(ended, |f| ended.min(f.batch_done_at).max(started));
-                spans.push(StageSpan {
-                    stage: Stage::Send,
-                    queued_from: edge.created_at.min(started),
-                    started,
-                    ended,
-                });
-                if let Some(Interval {
-                    started: pull_started,
-                    ended: pull_ended,
-                }) = core.and_then(|(row, stages, runs, late)| {
-                    first_delivery(pull_span(row, stages)?, runs, late)
-                }) {
-                    // The core fetches a batch's first files while the edge still sends the
-                    // rest; that overlap counts as the edge's task, so the tasks stay in
-                    // sequence and l_b stays their sum.
-                    spans.push(StageSpan {
-                        stage: Stage::Pull,
-                        queued_from: ended,
-                        started: pull_started.max(ended),
-                        ended: pull_ended.max(ended),
-                    });
-                }
-            }
+            let spans = spans_of(edge, edge_stages, edge_late, core);
             // A batch a site task held back in quarantine came, but was not delivered.
             let quarantined = core.is_some_and(|(b, ..)| b.state == BatchState::Quarantined);
             let delivered = spans.len() == 2 && !quarantined;
@@ -329,6 +292,57 @@ pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
         .collect();
     out.sort_by_key(|b| (b.arrived, b.name.clone()));
     out
+}
+
+/// The stage `name` of `stages`, if it ended.
+fn ended_stage(stages: &[StageRow], name: Stage) -> Option<Interval> {
+    stages.iter().find(|s| s.stage == name).and_then(|s| {
+        Some(Interval {
+            started: s.started_at,
+            ended: s.ended_at?,
+        })
+    })
+}
+
+/// A batch's send (to its first `sent`: a follow-up widened the stage) and, once the core has
+/// it, its pull to its first delivery.
+fn spans_of(
+    edge: &BatchRow,
+    edge_stages: &[StageRow],
+    edge_late: &[FollowUpRow],
+    core: Option<&BatchRecords>,
+) -> Vec<StageSpan> {
+    let mut spans = Vec::new();
+    let Some(Interval { started, ended }) = ended_stage(edge_stages, Stage::Send) else {
+        return spans;
+    };
+    let ended = edge_late
+        .first()
+        .map_or(ended, |f| ended.min(f.batch_done_at).max(started));
+    spans.push(StageSpan {
+        stage: Stage::Send,
+        queued_from: edge.created_at.min(started),
+        started,
+        ended,
+    });
+    let pull = core
+        .and_then(|(row, stages, runs, late)| first_delivery(pull_span(row, stages)?, runs, late));
+    if let Some(Interval {
+        started: pull_started,
+        ended: pull_ended,
+    }) = pull
+    {
+        // The core fetches a batch's first files while the edge still sends the rest; that
+        // overlap counts as the edge's task, so the tasks stay in sequence and l_b stays
+        // their sum.
+        spans.push(StageSpan {
+            stage: Stage::Pull,
+            queued_from: ended,
+            started: pull_started.max(ended),
+            ended: pull_ended.max(ended),
+        });
+    }
+    spans
 }
 
 /// When a stage of a batch started and ended (µs since the epoch).

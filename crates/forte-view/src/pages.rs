@@ -950,38 +950,58 @@ async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
 /// The report page's body: the run's KPIs, the batches, the late arrivals, what each symbol
 /// means, and the charts. Every symbol (FORTE §2.2's) is named in words beside it.
 fn report_body(batches: &[kpi::BatchKpi], links: &Links) -> String {
-    use forte_report::words::{self, KPIS, L_B, R_B, R_P};
-    let named = |k: &words::Kpi| format!("{} <span class=\"muted\">{}</span>", k.html, k.name);
-    let mut body = String::new();
-    match kpi::run(batches) {
-        Some(run) => {
-            let late = match run.late_files {
-                0 => String::new(),
-                n => format!(
-                    "<div><b>{n}</b> late file{} ({}) left out</div>",
-                    if n == 1 { "" } else { "s" },
-                    human(run.late_bytes)
-                ),
-            };
-            let _ = write!(
-                body,
-                "<div class=\"tiles\"><div><b>{}</b> of {} batches delivered</div>\
-                 <div><b>{:.1} MB/s</b> {}</div><div><b>{:.2} TB/day</b> daily capacity</div>\
-                 <div><b>{:.2}</b> compression ratio</div><div><b>{:.1} s</b> mean {}</div>{late}</div>",
-                run.delivered,
-                run.batches,
-                run.rate_mb_s,
-                named(&R_P),
-                run.daily_capacity_bytes / 1e12,
-                run.compression_ratio,
-                run.mean_latency_s,
-                named(&L_B)
-            );
-        }
-        None => body.push_str("<p class=\"muted\">No batch delivered yet: no pipeline KPIs.</p>"),
-    }
+    let mut body = report_tiles(batches);
+    body.push_str(&report_batches(batches));
+    body.push_str(&report_late(batches));
+    body.push_str(&report_glossary());
     let _ = write!(
         body,
+        "<h2>Timeline</h2><img class=\"chart\" alt=\"every batch's timeline\" src=\"{}\">\
+         <h2>Utilisation</h2><img class=\"chart\" alt=\"utilisation over the last hour\" src=\"{}\">",
+        links.to("/api/v1/charts/timeline.svg"),
+        links.to("/api/v1/charts/utilisation.svg"),
+    );
+    body
+}
+
+/// A KPI's symbol with its name beside it.
+fn named(k: &forte_report::words::Kpi) -> String {
+    format!("{} <span class=\"muted\">{}</span>", k.html, k.name)
+}
+
+/// The run's KPIs as tiles.
+fn report_tiles(batches: &[kpi::BatchKpi]) -> String {
+    use forte_report::words::{L_B, R_P};
+    let Some(run) = kpi::run(batches) else {
+        return "<p class=\"muted\">No batch delivered yet: no pipeline KPIs.</p>".into();
+    };
+    let late = match run.late_files {
+        0 => String::new(),
+        n => format!(
+            "<div><b>{n}</b> late file{} ({}) left out</div>",
+            if n == 1 { "" } else { "s" },
+            human(run.late_bytes)
+        ),
+    };
+    format!(
+        "<div class=\"tiles\"><div><b>{}</b> of {} batches delivered</div>\
+         <div><b>{:.1} MB/s</b> {}</div><div><b>{:.2} TB/day</b> daily capacity</div>\
+         <div><b>{:.2}</b> compression ratio</div><div><b>{:.1} s</b> mean {}</div>{late}</div>",
+        run.delivered,
+        run.batches,
+        run.rate_mb_s,
+        named(&R_P),
+        run.daily_capacity_bytes / 1e12,
+        run.compression_ratio,
+        run.mean_latency_s,
+        named(&L_B)
+    )
+}
+
+/// Each batch's KPIs.
+fn report_batches(batches: &[kpi::BatchKpi]) -> String {
+    use forte_report::words::{L_B, R_B};
+    let mut body = format!(
         "<h2>Batches</h2><table><thead><tr><th>batch</th><th>raw</th><th>queued</th><th>processing</th>\
          <th>{}</th><th>{}</th></tr></thead><tbody>",
         named(&L_B),
@@ -1001,22 +1021,33 @@ fn report_body(batches: &[kpi::BatchKpi], links: &Links) -> String {
         );
     }
     body.push_str("</tbody></table>");
+    body
+}
+
+/// The files that came after their batch was sent, each its own line.
+fn report_late(batches: &[kpi::BatchKpi]) -> String {
     let late: Vec<String> = batches
         .iter()
         .flat_map(|b| b.late.iter().map(|f| escape(&f.sentence(&b.name))))
         .collect();
-    if !late.is_empty() {
-        let _ = write!(
-            body,
-            "<h2>Late arrivals</h2><p class=\"muted\">{}.</p><ul>",
-            escape(words::LATE_ARRIVALS)
-        );
-        for line in late {
-            let _ = write!(body, "<li>{line}</li>");
-        }
-        body.push_str("</ul>");
+    if late.is_empty() {
+        return String::new();
     }
-    body.push_str("<h2>What the figures mean</h2><dl class=\"facts\">");
+    let mut body = format!(
+        "<h2>Late arrivals</h2><p class=\"muted\">{}.</p><ul>",
+        escape(forte_report::words::LATE_ARRIVALS)
+    );
+    for line in late {
+        let _ = write!(body, "<li>{line}</li>");
+    }
+    body.push_str("</ul>");
+    body
+}
+
+/// Every KPI's symbol, name and meaning.
+fn report_glossary() -> String {
+    use forte_report::words::{DAILY_CAPACITY, KPIS};
+    let mut body = String::from("<h2>What the figures mean</h2><dl class=\"facts\">");
     for k in KPIS {
         let _ = write!(
             body,
@@ -1026,7 +1057,7 @@ fn report_body(batches: &[kpi::BatchKpi], links: &Links) -> String {
             escape(k.meaning)
         );
     }
-    let (capacity, meaning) = words::DAILY_CAPACITY
+    let (capacity, meaning) = DAILY_CAPACITY
         .split_once(": ")
         .expect("a name and its meaning");
     let _ = write!(
@@ -1034,13 +1065,6 @@ fn report_body(batches: &[kpi::BatchKpi], links: &Links) -> String {
         "<dt>queued, processing</dt><dd>seconds queued (q<sub>send</sub> + q<sub>relay</sub>) and worked on (t<sub>send</sub> + t<sub>pull</sub>)</dd>\
          <dt>{capacity}</dt><dd>{}</dd></dl>",
         escape(meaning)
-    );
-    let _ = write!(
-        body,
-        "<h2>Timeline</h2><img class=\"chart\" alt=\"every batch's timeline\" src=\"{}\">\
-         <h2>Utilisation</h2><img class=\"chart\" alt=\"utilisation over the last hour\" src=\"{}\">",
-        links.to("/api/v1/charts/timeline.svg"),
-        links.to("/api/v1/charts/utilisation.svg"),
     );
     body
 }
