@@ -123,6 +123,13 @@ const MOST: i64 = 10_000;
 impl Params {
     /// The catalogue filter these parameters say, `states` deciding which states are valid.
     pub(crate) fn filter(&self, valid_state: fn(&str) -> bool) -> Result<Filter, ApiError> {
+        for (name, text) in [
+            ("name", &self.name),
+            ("pattern", &self.pattern),
+            ("site", &self.site),
+        ] {
+            check_text(name, text.as_deref())?;
+        }
         let state = match self.state.as_deref().filter(|s| !s.is_empty()) {
             Some(state) if valid_state(state) => Some(state.to_owned()),
             Some(state) => {
@@ -157,6 +164,22 @@ impl Params {
     }
 }
 
+/// Longest text a filter takes: names and paths are far shorter, and the database refuses a
+/// pattern past some length with an error that is not the caller's to read.
+const LONGEST_FILTER: usize = 1_000;
+
+/// A 400 for a text filter too long, or with a NUL (which the database would cut it at).
+fn check_text(name: &str, text: Option<&str>) -> Result<(), ApiError> {
+    match text {
+        Some(t) if t.len() > LONGEST_FILTER => Err(ApiError::bad(format!(
+            "{name}: {} bytes, at most {LONGEST_FILTER}",
+            t.len()
+        ))),
+        Some(t) if t.contains('\0') => Err(ApiError::bad(format!("{name}: contains a NUL byte"))),
+        _ => Ok(()),
+    }
+}
+
 pub(crate) fn batch_state(text: &str) -> bool {
     BatchState::parse(text).is_some()
 }
@@ -187,13 +210,21 @@ async fn batches(
     Ok(Json(json!({ "batches": batches })))
 }
 
+/// `?catalog=N`: which of the catalogues read to look in for a batch (their order in
+/// `GET /api/v1`); without it, the first that knows it.
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+pub(crate) struct InCatalog {
+    pub catalog: Option<usize>,
+}
+
 async fn batch(
     State(view): State<Shared>,
     Path(key): Path<String>,
+    ApiQuery(at): ApiQuery<InCatalog>,
 ) -> Result<Json<model::BatchDetail>, ApiError> {
     let batch_key = BatchKey::parse(&key);
     let detail = read(&view, move |v| {
-        model::batch(&v.catalogs, &batch_key, &v.progress)
+        model::batch(&v.catalogs, &batch_key, at.catalog, &v.progress)
     })
     .await?;
     detail
@@ -369,5 +400,37 @@ pub(crate) async fn metrics(State(view): State<Shared>) -> Response {
     match view.live.as_ref().and_then(|l| l.metrics()) {
         Some(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         None => ApiError::not_found("this server keeps no metrics".into()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A filter the database would refuse (SQLite: "LIKE or GLOB pattern too complex" past
+    /// 50 000 characters, a 500) or cut at a NUL is the caller's mistake: a 400 that says so
+    /// (found by the review of issue 46).
+    #[test]
+    fn a_text_filter_too_long_or_with_a_nul_is_refused() {
+        let long = Params {
+            pattern: Some("a".repeat(LONGEST_FILTER + 1)),
+            ..Params::default()
+        };
+        let ApiError(status, text) = long.filter(batch_state).unwrap_err();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(text.starts_with("pattern: 1001 bytes"), "{text}");
+        let nul = Params {
+            name: Some("run-1\0zzz".into()),
+            ..Params::default()
+        };
+        assert!(nul.filter(batch_state).unwrap_err().1.contains("NUL"));
+        let fine = Params {
+            site: Some("site-a".into()),
+            ..Params::default()
+        };
+        let Ok(filter) = fine.filter(batch_state) else {
+            panic!("a site is a filter")
+        };
+        assert_eq!(filter.site.as_deref(), Some("site-a"));
     }
 }

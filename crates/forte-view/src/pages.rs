@@ -89,6 +89,11 @@ impl Links {
         self.to(&format!("/batches/{}", escape_path(key)))
     }
 
+    /// The batch `key` in the `catalog`-th catalogue read (two edges' may hold one id).
+    fn batch_in(&self, key: &str, catalog: usize) -> String {
+        self.to(&batch_path_in(key, catalog))
+    }
+
     fn file(&self, object_id: &str) -> String {
         self.to(&format!("/files/{}", escape_path(object_id)))
     }
@@ -268,7 +273,7 @@ fn in_flight(batches: &[Batch], links: &Links) -> String {
              <td>{site}</td><td class=\"state {phase}\">{where_}</td><td class=\"wide\">{bar}</td>\
              <td>{done} of {bytes}</td><td class=\"rate\">{rate}</td><td class=\"eta\">{eta}</td></tr>",
             key = escape(&b.key),
-            href = links.batch(&b.key),
+            href = links.batch_in(&b.key, b.catalog),
             name = escape(&b.name),
             site = escape(&b.site),
             phase = b.phase,
@@ -402,7 +407,7 @@ fn batch_table(batches: &[Batch], links: &Links) -> String {
              <td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&b.key),
             b.phase,
-            links.batch(&b.key),
+            links.batch_in(&b.key, b.catalog),
             escape(&b.name),
             escape(&b.site),
             b.phase,
@@ -830,10 +835,18 @@ fn receipts(receipts: &[ReceiptView]) -> String {
     html
 }
 
-async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
+/// `/batches/KEY`, with `?catalog=N` when it is not the first catalogue read.
+fn batch_path_in(key: &str, catalog: usize) -> String {
+    match catalog {
+        0 => format!("/batches/{}", escape_path(key)),
+        n => format!("/batches/{}?catalog={n}", escape_path(key)),
+    }
+}
+
+async fn read_batch(view: &Shared, key: &str, at: api::InCatalog) -> Result<BatchDetail, ApiError> {
     let batch_key = BatchKey::parse(key);
     let detail = api::read(view, move |v| {
-        model::batch(&v.catalogs, &batch_key, &v.progress)
+        model::batch(&v.catalogs, &batch_key, at.catalog, &v.progress)
     })
     .await?;
     detail.ok_or_else(|| ApiError::not_found(format!("no catalogue here knows the batch {key}")))
@@ -842,9 +855,10 @@ async fn read_batch(view: &Shared, key: &str) -> Result<BatchDetail, ApiError> {
 async fn batch(
     State(view): State<Shared>,
     Path(key): Path<String>,
+    ApiQuery(at): ApiQuery<api::InCatalog>,
 ) -> Result<Html<String>, ApiError> {
     let links = Links;
-    let d = read_batch(&view, &key).await?;
+    let d = read_batch(&view, &key, at).await?;
     let mut body = String::new();
     let titles = ["", "Stages", "Files", "Failures", "Receipts"];
     for (Section { id, html }, title) in batch_sections(&d, &links).into_iter().zip(titles) {
@@ -869,15 +883,19 @@ async fn batch(
         );
     }
     let title = format!("Batch {}", d.batch.name);
-    let live = format!("/live/batch/{}", escape_path(&key));
+    let live = format!("/live{}", batch_path_in(&key, at.catalog.unwrap_or(0)));
     Ok(page(&title, &links, Some(&live), &body))
 }
 
-async fn live_batch(State(view): State<Shared>, Path(key): Path<String>) -> Response {
+async fn live_batch(
+    State(view): State<Shared>,
+    Path(key): Path<String>,
+    ApiQuery(at): ApiQuery<api::InCatalog>,
+) -> Response {
     api::every_tick(view, "sections", move |view| {
         let key = key.clone();
         async move {
-            let d = read_batch(&view, &key).await?;
+            let d = read_batch(&view, &key, at).await?;
             let links = Links;
             Ok(section_event(batch_sections(&d, &links)))
         }

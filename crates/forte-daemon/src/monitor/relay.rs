@@ -36,7 +36,9 @@ impl RelayView {
         let holdings = Store::inspect(self.store.clone())?
             .holdings()
             .map_err(|e| anyhow::anyhow!("cannot list the store: {e:?}"))?;
-        let shares = forte_relay::server::share::last_decision();
+        let (cap, rates) = forte_relay::server::share::last_decision()
+            .map(|d| (d.cap, d.rates))
+            .unwrap_or_default();
         let acknowledged = counter_value(
             &forte_relay::server::metrics_text(),
             "forte_relay_objects_acknowledged_total",
@@ -52,8 +54,8 @@ impl RelayView {
                 )
             }),
             self.quota_per_site,
-            forte_view::ShareView::new(self.fair, shares.cap, &shares.rates),
-            &shares.rates,
+            forte_view::ShareView::new(self.fair, cap, &rates),
+            &rates,
             acknowledged as u64,
         );
         let mut seen = self.sites_seen.lock().unwrap_or_else(|e| e.into_inner());

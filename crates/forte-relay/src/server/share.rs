@@ -72,17 +72,24 @@ const PEAK_KEPT: f64 = 0.98;
 static LAST_DECISION: Mutex<Option<Decision>> = Mutex::new(None);
 
 /// A decision of the shares: each sending site's rate over the last interval, and the cap.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Decision {
+    /// When it was decided: decisions are made as bytes arrive, so once none do, the last one
+    /// stands for a past that [`last_decision`] does not report.
+    pub at: Instant,
     /// Bytes per second each site sending got between the last two decisions.
     pub rates: Vec<(String, f64)>,
     /// The rate each sending site is held to; `None` while fewer than two send.
     pub cap: Option<f64>,
 }
 
-/// The shares last decided (none before the first upload).
-pub fn last_decision() -> Decision {
-    LAST_DECISION.lock().clone().unwrap_or_default()
+/// The shares last decided, if lately: decisions come every [`DECIDE_EVERY`] while bytes
+/// arrive, so one older than a few of those means no site sends now.
+pub fn last_decision() -> Option<Decision> {
+    LAST_DECISION
+        .lock()
+        .clone()
+        .filter(|d| d.at.elapsed() < DECIDE_EVERY * 5)
 }
 
 /// The sites' flows and the cap in force.
@@ -272,6 +279,7 @@ impl State {
         ::metrics::gauge!("forte_relay_site_share_bytes_per_second").set(cap.unwrap_or(0.0));
         ::metrics::gauge!("forte_relay_sites_sending").set(self.sites.len() as f64);
         *LAST_DECISION.lock() = Some(Decision {
+            at: now,
             rates: self
                 .sites
                 .iter()

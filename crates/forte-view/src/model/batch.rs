@@ -32,6 +32,9 @@ pub struct Batch {
     /// The edge holds a receipt signed by the core for it, verified with a trusted key (the
     /// overview's rows only).
     pub receipted: bool,
+    /// Which of the catalogues read holds this row (their order in `GET /api/v1`): two edges'
+    /// catalogues may hold a batch of one id, and a link to it names which.
+    pub catalog: usize,
 }
 
 /// Whether a batch in `state` is being worked on (or waits for it) on its node.
@@ -194,6 +197,7 @@ impl Batch {
             error,
             phase: Phase::of_row(row.role, row.state, false),
             receipted: false,
+            catalog: 0,
         })
     }
 }

@@ -141,6 +141,7 @@ fn shown(
         None => Batch::of(catalog, row.clone(), progress, now)?,
     };
     batch.phase = journey.phase();
+    batch.catalog = journey.catalog_index();
     if batch.site.is_empty() {
         batch.site = journey.site.clone();
     }

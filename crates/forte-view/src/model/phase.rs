@@ -102,6 +102,9 @@ impl std::fmt::Display for Phase {
 
 /// Every row one batch has in the catalogues read: the edge's and the core's.
 pub(super) struct Journey<'c> {
+    /// Which of the catalogues read holds the row in charge (a link names it: two edges'
+    /// catalogues may hold a batch of one id).
+    pub(super) catalogs: &'c [Catalog],
     pub(super) edge: Option<(&'c Catalog, BatchRow)>,
     pub(super) core: Option<(&'c Catalog, BatchRow)>,
     /// The edge holds a verified receipt of the core for it.
@@ -140,6 +143,12 @@ impl<'c> Journey<'c> {
         }
     }
 
+    /// The index, among the catalogues read, of the one that holds the row in charge.
+    pub(super) fn catalog_index(&self) -> usize {
+        let (catalog, _) = self.in_charge();
+        index_of(self.catalogs, catalog)
+    }
+
     /// When any of its rows last changed.
     pub(super) fn updated(&self) -> i64 {
         self.rows().map(|(_, r)| r.updated_at).max().unwrap_or(0)
@@ -171,6 +180,7 @@ pub(super) fn journeys<'c>(
                 Role::Core => row.site.clone(),
             };
             let journey = all.entry((site.clone(), id)).or_insert_with(|| Journey {
+                catalogs,
                 edge: None,
                 core: None,
                 receipted: false,
@@ -185,32 +195,9 @@ pub(super) fn journeys<'c>(
             }
         }
     }
-    join_unsealed(&mut all);
+    // An edge row not sealed yet has no site: it stays a journey of its own, never merged
+    // with a core row of the same id, which may be another site's (one edge key, one name).
     Ok(all)
-}
-
-/// An edge row whose site is not known (its catalogue kept no seal of it: sealed by an older
-/// forte) joins the one core row of its id, if there is exactly one.
-fn join_unsealed(all: &mut BTreeMap<JourneyKey, Journey>) {
-    let unsealed: Vec<JourneyKey> = all
-        .iter()
-        .filter(|((site, _), j)| site.is_empty() && j.core.is_none())
-        .map(|(k, _)| k.clone())
-        .collect();
-    for key in unsealed {
-        let partners: Vec<JourneyKey> = all
-            .iter()
-            .filter(|((site, id), j)| *id == key.1 && !site.is_empty() && j.edge.is_none())
-            .map(|(k, _)| k.clone())
-            .collect();
-        if let [partner] = partners.as_slice() {
-            if let Some(lone) = all.remove(&key) {
-                let journey = all.get_mut(partner).expect("the partner is there");
-                journey.edge = lone.edge;
-                journey.receipted |= lone.receipted;
-            }
-        }
-    }
 }
 
 /// The journey of the batch `key` (an edge's key, or a core's, `SITE/ID`) whose row is the one
@@ -232,6 +219,14 @@ pub(super) fn journey_of<'c>(
         j.rows()
             .any(|(c, r)| std::ptr::eq(*c, &catalogs[index]) && r.batch_key.to_string() == wanted)
     }))
+}
+
+/// The index of `catalog` among `catalogs` (0 if it is not one of them).
+pub(super) fn index_of(catalogs: &[Catalog], catalog: &Catalog) -> usize {
+    catalogs
+        .iter()
+        .position(|c| std::ptr::eq(c, catalog))
+        .unwrap_or(0)
 }
 
 /// What an edge's seals say of its batches: the site each was sealed for, and which the core's
@@ -280,5 +275,49 @@ mod tests {
         assert_eq!(Phase::of_row(Role::Edge, S::Sent, true), Phase::Delivered);
         assert_eq!(edge(S::SourceDeleted), Phase::Delivered);
         assert!(core(S::Quarantined).ended() && !core(S::Checking).ended());
+    }
+
+    fn record(catalog: &Catalog, key: &forte_catalog::BatchKey, state: BatchState) {
+        let record = forte_catalog::BatchRecord {
+            key,
+            name: "run-4",
+            files: 1,
+            bytes: 10,
+            state,
+            arrived: None,
+            detail: None,
+        };
+        catalog.batch_state(&record).unwrap();
+        catalog.flush().unwrap();
+    }
+
+    /// Two sites share an edge key, so their batches of one name have one id. Site-a's was
+    /// sealed and delivered; site-c's failed before it was sealed (so its row has no site).
+    /// Site-c's is its own journey, failed: never merged into site-a's delivered one (found by
+    /// the review of issue 46: it showed as "delivered, site-a").
+    #[test]
+    fn a_batch_not_sealed_is_never_merged_with_another_sites_of_the_same_id() {
+        use forte_catalog::BatchKey;
+        let dir = tempfile::tempdir().unwrap();
+        let open = |name: &str| Catalog::open(dir.path().join(name).to_str().unwrap()).unwrap();
+        let catalogs = [open("edge-a.sqlite"), open("edge-c.sqlite"), open("core.sqlite")];
+        let edge = BatchKey::edge("d5fb");
+        record(&catalogs[0], &edge, BatchState::Sent);
+        catalogs[0]
+            .edge_instance(&edge, "site-a", "content", || "0".repeat(32))
+            .unwrap();
+        record(&catalogs[1], &edge, BatchState::Failed);
+        record(&catalogs[2], &BatchKey::core("site-a", "d5fb"), BatchState::Delivered);
+        let rows = catalogs.iter().map(|c| c.batches().unwrap()).collect();
+        let all = journeys(&catalogs, rows).unwrap();
+        let phases: Vec<(&str, Phase, usize)> = all
+            .iter()
+            .map(|((site, _), j)| (site.as_str(), j.phase(), j.catalog_index()))
+            .collect();
+        assert_eq!(
+            phases,
+            [("", Phase::Failed, 1), ("site-a", Phase::Delivered, 2)],
+            "{phases:?}"
+        );
     }
 }
