@@ -883,7 +883,10 @@ async fn batch(
         );
     }
     let title = format!("Batch {}", d.batch.name);
-    let live = format!("/live{}", batch_path_in(&key, at.catalog.unwrap_or(0)));
+    let live = match at.catalog {
+        Some(n) => format!("/live/batch/{}?catalog={n}", escape_path(&key)),
+        None => format!("/live/batch/{}", escape_path(&key)),
+    };
     Ok(page(&title, &links, Some(&live), &body))
 }
 

@@ -300,14 +300,22 @@ mod tests {
         use forte_catalog::BatchKey;
         let dir = tempfile::tempdir().unwrap();
         let open = |name: &str| Catalog::open(dir.path().join(name).to_str().unwrap()).unwrap();
-        let catalogs = [open("edge-a.sqlite"), open("edge-c.sqlite"), open("core.sqlite")];
+        let catalogs = [
+            open("edge-a.sqlite"),
+            open("edge-c.sqlite"),
+            open("core.sqlite"),
+        ];
         let edge = BatchKey::edge("d5fb");
         record(&catalogs[0], &edge, BatchState::Sent);
         catalogs[0]
             .edge_instance(&edge, "site-a", "content", || "0".repeat(32))
             .unwrap();
         record(&catalogs[1], &edge, BatchState::Failed);
-        record(&catalogs[2], &BatchKey::core("site-a", "d5fb"), BatchState::Delivered);
+        record(
+            &catalogs[2],
+            &BatchKey::core("site-a", "d5fb"),
+            BatchState::Delivered,
+        );
         let rows = catalogs.iter().map(|c| c.batches().unwrap()).collect();
         let all = journeys(&catalogs, rows).unwrap();
         let phases: Vec<(&str, Phase, usize)> = all

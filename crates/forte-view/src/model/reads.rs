@@ -134,7 +134,12 @@ mod tests {
         let now = forte_catalog::now_us();
         catalog.publish_etas(now, &[(key, 12.0)]).unwrap();
         let progress = Progress::new(1 << 20, Order::AsBegun);
-        let listed = batches(std::slice::from_ref(&catalog), &Filter::default(), &progress).unwrap();
+        let listed = batches(
+            std::slice::from_ref(&catalog),
+            &Filter::default(),
+            &progress,
+        )
+        .unwrap();
         let eta = listed[0].eta_s.expect("an ETA");
         assert!((11.0..=12.0).contains(&eta), "{eta}");
     }

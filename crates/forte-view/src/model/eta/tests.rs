@@ -25,6 +25,7 @@ fn sending(key: &str, started: i64, bytes: i64, done: i64) -> Batch {
         error: None,
         phase: Phase::Sending,
         receipted: false,
+        catalog: 0,
     }
 }
 
