@@ -163,10 +163,7 @@ impl Totals {
             };
             *count += 1;
             // The edge's row counts raw bytes; the core's, sealed bytes on the wire.
-            let (_, row) = journey
-                .edge
-                .as_ref()
-                .unwrap_or_else(|| journey.in_charge_pair());
+            let (_, row) = journey.edge.as_ref().unwrap_or_else(|| journey.in_charge());
             totals.bytes += row.bytes.max(0);
         }
         totals

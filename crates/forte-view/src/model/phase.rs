@@ -116,13 +116,7 @@ pub(super) struct Journey<'c> {
 impl<'c> Journey<'c> {
     /// The row that says where the batch is now: the edge's while it sends (a follow-up sent
     /// after delivery included), else the core's once the core has one, else the edge's.
-    pub(super) fn in_charge(&self) -> (&'c Catalog, &BatchRow) {
-        let (catalog, row) = self.in_charge_pair();
-        (catalog, row)
-    }
-
-    /// The row of [`Journey::in_charge`], with its catalogue.
-    pub(super) fn in_charge_pair(&self) -> &(&'c Catalog, BatchRow) {
+    pub(super) fn in_charge(&self) -> &(&'c Catalog, BatchRow) {
         match (&self.edge, &self.core) {
             (Some(e), _) if super::running(e.1.state) => e,
             (_, Some(c)) => c,

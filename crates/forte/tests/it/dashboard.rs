@@ -508,11 +508,22 @@ fn the_dashboard_lives_in_a_browser_while_a_transfer_runs() {
         "1MB",
     );
     let (inbox, edge, core) = (&live.inbox, &live.edge, &live.core);
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/browser.py");
+    run_in_browser(
+        &python,
+        "browser.py",
+        &args![format!("http://{edge}"), format!("http://{core}"), inbox],
+    );
+}
+
+/// Runs the selenium script `script` (in tests/it) with `python` and `script_args`, printing
+/// what it printed; fails the test with its output if it failed.
+fn run_in_browser(python: &str, script: &str, script_args: &Args) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/it")
+        .join(script);
     let out = std::process::Command::new(python)
         .arg(script)
-        .args([format!("http://{edge}"), format!("http://{core}")])
-        .arg(inbox)
+        .args(script_args)
         .output()
         .expect("running the browser test");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -709,28 +720,19 @@ fn the_merged_dashboard_follows_each_batch_once_from_edge_to_core() {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let forte_binary = std::env::var("FORTE_TEST_BINARY")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_forte").to_owned());
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/it/merged_dashboard.py");
-    let out = std::process::Command::new(python)
-        .arg(script)
-        .args([
+    run_in_browser(
+        &python,
+        "merged_dashboard.py",
+        &args![
             format!("http://{dashboard}"),
             format!("http://{relay_page}"),
             format!("http://{edge_a}"),
-        ])
-        .args([&inbox_a, &inbox_b])
-        .arg(forte_binary)
-        .arg(&site.relay.store)
-        .arg(serde_json::to_string(&pull).unwrap())
-        .output()
-        .expect("running the browser test");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "the browser test failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+            &inbox_a,
+            &inbox_b,
+            forte_binary(),
+            &site.relay.store,
+            serde_json::to_string(&pull).unwrap()
+        ],
     );
 }
 

@@ -19,10 +19,12 @@ pub type Args = Vec<std::ffi::OsString>;
 /// today's tests against another build (an earlier commit's, to see which tests catch what it
 /// got wrong; docs/reliability.md).
 pub fn forte() -> Command {
-    match std::env::var_os("FORTE_TEST_BINARY") {
-        Some(binary) => Command::new(binary),
-        None => Command::new(env!("CARGO_BIN_EXE_forte")),
-    }
+    Command::new(forte_binary())
+}
+
+/// The path of the `forte` binary under test (see [`forte`]), for scripts that run it.
+pub fn forte_binary() -> std::ffi::OsString {
+    std::env::var_os("FORTE_TEST_BINARY").unwrap_or_else(|| env!("CARGO_BIN_EXE_forte").into())
 }
 
 /// Runs forte with `args`, returning its output whatever the exit status.
