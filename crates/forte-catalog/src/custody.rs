@@ -49,12 +49,84 @@ pub struct InstanceRow {
     pub recorded_at: i64,
     /// The core's signed receipt (JSON), once signed (core) or verified (edge).
     pub receipt: Option<String>,
+    /// Its place in the batch's history, as its inventory signs it (empty before format 3).
+    pub history: History,
+}
+
+/// An instance's place in its batch's history: the edge's sequence epoch, the instance's
+/// generation within it and the earlier instances it supersedes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct History {
+    /// 32 hex digits; empty for an instance sealed before format 3.
+    pub epoch: String,
+    /// The epoch's first sequence number.
+    pub epoch_from: i64,
+    /// 1 for a batch's first instance in the epoch; 0 before format 3.
+    pub generation: i64,
+    /// The earlier instances of the batch in the epoch, oldest first.
+    pub supersedes: Vec<Earlier>,
+}
+
+/// An earlier instance of a batch, superseded by a later one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Earlier {
+    pub instance: String,
+    pub sequence: i64,
+    pub content: String,
+}
+
+impl History {
+    /// The superseded instances as stored: `INSTANCE:SEQUENCE:CONTENT`, space-separated.
+    fn supersedes_text(&self) -> String {
+        let one = |e: &Earlier| format!("{}:{}:{}", e.instance, e.sequence, e.content);
+        self.supersedes
+            .iter()
+            .map(one)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn parse_supersedes(text: &str) -> Result<Vec<Earlier>> {
+        text.split_whitespace()
+            .map(|one| {
+                let mut fields = one.splitn(3, ':');
+                let (Some(instance), Some(sequence), Some(content)) =
+                    (fields.next(), fields.next(), fields.next())
+                else {
+                    anyhow::bail!("a superseded instance recorded as {one:?}");
+                };
+                Ok(Earlier {
+                    instance: instance.to_string(),
+                    sequence: sequence
+                        .parse()
+                        .with_context(|| format!("a superseded instance recorded as {one:?}"))?,
+                    content: content.to_string(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// A site's edge began a new sequence epoch after an earlier one (its catalogue was replaced,
+/// or it is a new edge for the site): its numbers start again, from `from`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EpochStart {
+    pub site: String,
+    pub epoch: String,
+    pub from: i64,
+    /// The epoch before it, and the last number seen in it.
+    pub after_epoch: String,
+    pub after_last: i64,
+    /// When the new epoch's first instance arrived.
+    pub since: i64,
 }
 
 /// Sequence numbers of a site that have not arrived while a later one has: `first..=last`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gap {
     pub site: String,
+    /// The edge's sequence epoch the numbers belong to (empty before format 3).
+    pub epoch: String,
     pub first: i64,
     pub last: i64,
     /// The sequence number after it that arrived first, and when.
@@ -62,7 +134,7 @@ pub struct Gap {
     pub since: i64,
 }
 
-const COLUMNS: &str = "SELECT role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects FROM batch_instances";
+const COLUMNS: &str = "SELECT role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects, epoch, epoch_from, generation, supersedes FROM batch_instances";
 
 fn instance_row(r: &AnyRow) -> Result<InstanceRow> {
     let role: String = r.try_get(0)?;
@@ -80,6 +152,12 @@ fn instance_row(r: &AnyRow) -> Result<InstanceRow> {
         objects: {
             let text: String = r.try_get(9)?;
             text.split_whitespace().map(str::to_string).collect()
+        },
+        history: History {
+            epoch: r.try_get(10)?,
+            epoch_from: r.try_get(11)?,
+            generation: r.try_get(12)?,
+            supersedes: History::parse_supersedes(&r.try_get::<String, _>(13)?)?,
         },
     })
 }
@@ -103,40 +181,64 @@ impl Catalog {
         rows.iter().map(instance_row).collect()
     }
 
-    /// The edge's instance for sealing `batch` with `content` at `site`: the one recorded for
-    /// that content, or a new one with the site's next sequence number, recorded now. `fresh`
-    /// makes the new instance's id (random, 32 hex digits).
+    /// The edge's instance for sealing `batch` with `content` at `site`: the batch's latest
+    /// instance if it holds that content, or a new one recorded now, with the site's next
+    /// sequence number in this catalogue's epoch, the next generation of the batch, and the
+    /// batch's earlier instances of the epoch as those it supersedes. `fresh` makes a new id
+    /// (random, 32 hex digits), for the instance and, at the site's first seal, the epoch.
     pub fn edge_instance(
         &self,
         batch: &BatchKey,
         site: &str,
         content: &str,
-        fresh: impl FnOnce() -> String,
+        fresh: impl Fn() -> String,
     ) -> Result<InstanceRow> {
         let key = batch.to_string();
-        let same = self.instances_where(
-            "role = 'edge' AND batch_key = $1 AND site = $2 AND content = $3",
-            &[&key, site, content],
+        let earlier = self.instances_where(
+            "role = 'edge' AND batch_key = $1 AND site = $2",
+            &[&key, site],
             "the batch's instances",
         )?;
-        if let Some(row) = same.into_iter().next_back() {
-            return Ok(row);
+        // Only the latest: content that comes back after another was sealed (a file changed
+        // and changed back) is a new instance, newer than both.
+        if let Some(latest) = earlier.last().filter(|r| r.content == content) {
+            return Ok(latest.clone());
         }
+        let (epoch, epoch_from) = self.sequence_epoch(site, &fresh)?;
+        let supersedes: Vec<Earlier> = earlier
+            .iter()
+            .filter(|r| r.history.epoch == epoch)
+            .map(|r| Earlier {
+                instance: r.instance.clone(),
+                sequence: r.sequence,
+                content: r.content.clone(),
+            })
+            .collect();
+        let history = History {
+            epoch,
+            epoch_from,
+            generation: supersedes.len() as i64 + 1,
+            supersedes,
+        };
         let instance = fresh();
         let now = now_us();
         self.runtime
             .block_on(
                 sqlx::query(
-                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, objects, sealed_at, recorded_at)
+                    "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, objects, sealed_at, recorded_at, epoch, epoch_from, generation, supersedes)
                      VALUES ('edge', $1, $2,
                          (SELECT COALESCE(MAX(sequence), 0) + 1 FROM batch_instances WHERE role = 'edge' AND site = $1),
-                         $3, $4, '', $5, $5)",
+                         $3, $4, '', $5, $5, $6, $7, $8, $9)",
                 )
                 .bind(site)
                 .bind(&instance)
                 .bind(&key)
                 .bind(content)
                 .bind(now)
+                .bind(&history.epoch)
+                .bind(history.epoch_from)
+                .bind(history.generation)
+                .bind(history.supersedes_text())
                 .execute(&self.pool),
             )
             .with_context(|| {
@@ -150,6 +252,41 @@ impl Catalog {
         rows.into_iter()
             .next()
             .with_context(|| format!("batch {batch}'s new instance was not recorded"))
+    }
+
+    /// This catalogue's sequence epoch for `site` and its first number: chosen at the first
+    /// seal for the site (a fresh id from `fresh`, numbered on from what the catalogue holds).
+    fn sequence_epoch(&self, site: &str, fresh: &dyn Fn() -> String) -> Result<(String, i64)> {
+        let what = || {
+            format!(
+                "cannot record the sequence epoch of site {site} in the catalogue {}",
+                self.url
+            )
+        };
+        self.runtime
+            .block_on(
+                sqlx::query(
+                    "INSERT INTO sequence_epochs (site, epoch, first_sequence, started_at)
+                     VALUES ($1, $2,
+                         (SELECT COALESCE(MAX(sequence), 0) + 1 FROM batch_instances WHERE role = 'edge' AND site = $1),
+                         $3)
+                     ON CONFLICT (site) DO NOTHING",
+                )
+                .bind(site)
+                .bind(fresh())
+                .bind(now_us())
+                .execute(&self.pool),
+            )
+            .with_context(what)?;
+        let row = self
+            .runtime
+            .block_on(
+                sqlx::query("SELECT epoch, first_sequence FROM sequence_epochs WHERE site = $1")
+                    .bind(site)
+                    .fetch_one(&self.pool),
+            )
+            .with_context(what)?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
     }
 
     /// The sites this edge has sealed batches for.
@@ -214,38 +351,85 @@ impl Catalog {
     }
 
     /// The runs of sequence numbers missing at the core below ones that arrived at least
-    /// `older_than` microseconds ago, per site, counted from 1: a batch the relay dropped, or
-    /// one still on its way (a core whose catalogue is new sees every earlier number as one
-    /// run).
+    /// `older_than` microseconds ago, per site and epoch, counted from the epoch's first number
+    /// (1 before format 3): a batch the relay dropped, or one still on its way (a core whose
+    /// catalogue is new sees every earlier number as one run). A number an instance that
+    /// arrived names as superseded was replaced, not dropped: it counts as arrived.
     pub fn sequence_gaps(&self, older_than: i64) -> Result<Vec<Gap>> {
         let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
-        let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, i64)>> = Default::default();
+        type Arrivals = (i64, Vec<(i64, i64)>);
+        let mut by_epoch: std::collections::BTreeMap<(&str, &str), Arrivals> = Default::default();
         for r in &rows {
-            by_site
-                .entry(&r.site)
-                .or_default()
-                .push((r.sequence, r.recorded_at));
+            let h = &r.history;
+            let (from, seen) = by_epoch
+                .entry((&r.site, &h.epoch))
+                .or_insert((h.epoch_from.max(1), Vec::new()));
+            seen.push((r.sequence, r.recorded_at));
+            seen.extend(h.supersedes.iter().map(|e| (e.sequence, r.recorded_at)));
+            *from = (*from).min(h.epoch_from.max(1));
         }
         let now = now_us();
         let mut gaps = Vec::new();
-        for (site, mut seen) in by_site {
+        for ((site, epoch), (from, mut seen)) in by_epoch {
             seen.sort_unstable();
             seen.dedup_by_key(|s| s.0);
-            let mut below = 0;
+            let mut below = from - 1;
             for (high, arrived) in seen {
                 if high > below + 1 && now - arrived >= older_than {
                     gaps.push(Gap {
                         site: site.to_string(),
+                        epoch: epoch.to_string(),
                         first: below + 1,
                         last: high - 1,
                         after: high,
                         since: arrived,
                     });
                 }
-                below = high;
+                below = below.max(high);
             }
         }
         Ok(gaps)
+    }
+
+    /// Each sequence epoch of a site's edge after the site's first, in the order they arrived
+    /// at the core: an edge whose catalogue was replaced, which numbers from its new epoch's
+    /// first number again.
+    pub fn epoch_starts(&self) -> Result<Vec<EpochStart>> {
+        let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
+        // Per site, per epoch: when it first arrived, its first number and its last.
+        let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, &str, i64, i64)>> =
+            Default::default();
+        for r in &rows {
+            let epochs = by_site.entry(&r.site).or_default();
+            match epochs.iter_mut().find(|e| e.1 == r.history.epoch) {
+                Some(e) => {
+                    e.0 = e.0.min(r.recorded_at);
+                    e.3 = e.3.max(r.sequence);
+                }
+                None => epochs.push((
+                    r.recorded_at,
+                    &r.history.epoch,
+                    r.history.epoch_from,
+                    r.sequence,
+                )),
+            }
+        }
+        let mut starts = Vec::new();
+        for (site, mut epochs) in by_site {
+            epochs.sort_unstable();
+            for pair in epochs.windows(2) {
+                let (before, (since, epoch, from, _)) = (pair[0], pair[1]);
+                starts.push(EpochStart {
+                    site: site.to_string(),
+                    epoch: epoch.to_string(),
+                    from,
+                    after_epoch: before.1.to_string(),
+                    after_last: before.3,
+                    since,
+                });
+            }
+        }
+        Ok(starts)
     }
 }
 
@@ -255,8 +439,8 @@ impl Leases {
     /// a worker that stalled past its lease records nothing, and so acknowledges nothing.
     pub fn record_delivered_instance(&self, lease: &Lease, row: &InstanceRow) -> Result<Fenced> {
         let sql = format!(
-            "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects)
-             SELECT 'core', $1, $2, $3, $4, $5, $6, $7, $8, $12
+            "INSERT INTO batch_instances (role, site, instance, sequence, batch_key, content, sealed_at, recorded_at, receipt, objects, epoch, epoch_from, generation, supersedes)
+             SELECT 'core', $1, $2, $3, $4, $5, $6, $7, $8, $12, $13, $14, $15, $16
              WHERE EXISTS (SELECT 1 FROM batch_claims WHERE batch_key = $9 AND worker = $10 AND attempt = $11 AND lease_until >= {now})
              ON CONFLICT (role, site, instance) DO NOTHING",
             now = self.now_sql()
@@ -283,6 +467,10 @@ impl Leases {
                     .bind(&lease.worker)
                     .bind(lease.attempt)
                     .bind(row.objects.join(" "))
+                    .bind(&row.history.epoch)
+                    .bind(row.history.epoch_from)
+                    .bind(row.history.generation)
+                    .bind(row.history.supersedes_text())
                     .execute(&self.pool),
             )
             .with_context(what)?;
@@ -330,6 +518,7 @@ mod tests {
             sealed_at: 0,
             recorded_at,
             receipt: Some("{}".into()),
+            history: History::default(),
         };
         let record = || leases.record_delivered_instance(&lease, &row).unwrap();
         assert_eq!(record(), Fenced::Recorded);
@@ -392,6 +581,7 @@ mod tests {
             sealed_at: 0,
             recorded_at: now_us(),
             receipt: None,
+            history: History::default(),
         };
         let fenced = |lease: &Lease| leases.record_delivered_instance(lease, &row).unwrap();
         assert_eq!(fenced(&stale), Fenced::LeaseLost);
@@ -436,5 +626,124 @@ mod tests {
         assert_eq!(kept.len(), 1);
         assert_eq!(kept[0].receipt.as_deref(), Some("{\"r\":1}"));
         assert_eq!(catalog.instances_of(&a).unwrap().len(), 2);
+    }
+
+    /// A new content of a batch is its next generation and supersedes the batch's earlier
+    /// instances of the epoch; content that comes back after another is newer still; a
+    /// catalogue's first seal for a site chooses its epoch, numbered on from what it holds.
+    #[test]
+    fn each_new_content_of_a_batch_is_its_next_generation_in_the_sites_epoch() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("h.sqlite").to_str().unwrap()).unwrap();
+        let a = BatchKey::edge("a");
+        let n = std::sync::atomic::AtomicU8::new(0);
+        let fresh = || {
+            let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            format!("{i:032x}")
+        };
+        let first = catalog.edge_instance(&a, "mine-7", "c1", fresh).unwrap();
+        let second = catalog.edge_instance(&a, "mine-7", "c2", fresh).unwrap();
+        let again = catalog.edge_instance(&a, "mine-7", "c2", fresh).unwrap();
+        let back = catalog.edge_instance(&a, "mine-7", "c1", fresh).unwrap();
+        assert_eq!(first.history.generation, 1);
+        assert!(first.history.supersedes.is_empty());
+        assert_eq!(first.history.epoch_from, 1);
+        assert_eq!(
+            again.instance, second.instance,
+            "the same content, the same instance"
+        );
+        assert_eq!(second.history.generation, 2);
+        assert_eq!(
+            second.history.supersedes,
+            [Earlier {
+                instance: first.instance.clone(),
+                sequence: 1,
+                content: "c1".into()
+            }]
+        );
+        assert_ne!(
+            back.instance, first.instance,
+            "newer than c2, so not c1's first instance"
+        );
+        assert_eq!((back.sequence, back.history.generation), (3, 3));
+        let epochs: std::collections::HashSet<_> = [&first, &second, &back]
+            .iter()
+            .map(|r| r.history.epoch.clone())
+            .collect();
+        assert_eq!(epochs.len(), 1, "one epoch per catalogue and site");
+        let other = catalog.edge_instance(&a, "ship-2", "c1", fresh).unwrap();
+        assert_ne!(other.history.epoch, first.history.epoch);
+    }
+
+    /// Numbers an arrived instance supersedes are not gaps; each epoch counts from its own
+    /// first number; an epoch after the first is a restart of the site's numbers.
+    #[test]
+    fn superseded_numbers_are_no_gap_and_a_new_epoch_is_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = Catalog::open(dir.path().join("g.sqlite").to_str().unwrap()).unwrap();
+        let leases = catalog.leases();
+        let old = now_us() - 60_000_000;
+        let record = |sequence: i64, epoch: &str, from: i64, supersedes: &[i64], at: i64| {
+            let batch = BatchKey::core("mine-7", format!("b{epoch}{sequence}"));
+            let long = std::time::Duration::from_secs(60);
+            let crate::Claim::Held(lease) = leases.claim(&batch, "w", long, None).unwrap() else {
+                panic!("a free batch");
+            };
+            let supersedes = supersedes
+                .iter()
+                .map(|&sequence| Earlier {
+                    instance: format!("{sequence:031x}f"),
+                    sequence,
+                    content: "c".into(),
+                })
+                .collect();
+            let row = InstanceRow {
+                role: Role::Core,
+                site: "mine-7".into(),
+                instance: format!("{epoch}{sequence:030x}"),
+                sequence,
+                batch_key: batch,
+                content: String::new(),
+                objects: Vec::new(),
+                sealed_at: 0,
+                recorded_at: at,
+                receipt: None,
+                history: History {
+                    epoch: epoch.into(),
+                    epoch_from: from,
+                    generation: 1,
+                    supersedes,
+                },
+            };
+            assert_eq!(
+                leases.record_delivered_instance(&lease, &row).unwrap(),
+                Fenced::Recorded
+            );
+        };
+        record(1, "e1", 1, &[], old);
+        // 2 and 3 were superseded by 4 (the same batch, sealed again before it was pulled).
+        record(4, "e1", 1, &[2, 3], old);
+        record(6, "e1", 1, &[], old);
+        // The edge's catalogue was replaced: a new epoch, from 1 again.
+        record(1, "e2", 1, &[], old);
+        record(3, "e2", 1, &[], old);
+        let gaps: Vec<_> = catalog
+            .sequence_gaps(30_000_000)
+            .unwrap()
+            .into_iter()
+            .map(|g| (g.epoch, g.first, g.last))
+            .collect();
+        assert_eq!(gaps, [("e1".into(), 5, 5), ("e2".into(), 2, 2)]);
+        let starts = catalog.epoch_starts().unwrap();
+        assert_eq!(starts.len(), 1, "{starts:?}");
+        assert_eq!(
+            (
+                starts[0].epoch.as_str(),
+                starts[0].from,
+                starts[0].after_epoch.as_str(),
+                starts[0].after_last
+            ),
+            ("e2", 1, "e1", 6)
+        );
     }
 }

@@ -171,6 +171,21 @@ const MIGRATIONS: &[&str] = &[
         at BIGINT NOT NULL,
         eta_s DOUBLE PRECISION NOT NULL
     )",
+    // Each instance's place in its batch's history (`custody`): the edge's sequence epoch and
+    // its first number, the instance's generation and the earlier instances it supersedes
+    // (`INSTANCE:SEQUENCE:CONTENT`, space-separated), so the core never delivers an instance
+    // older than one it knows and the gap check knows numbers replaced from numbers dropped.
+    // And the edge's epoch per site: chosen at this catalogue's first seal for the site.
+    "ALTER TABLE batch_instances ADD COLUMN epoch TEXT NOT NULL DEFAULT '';
+    ALTER TABLE batch_instances ADD COLUMN epoch_from BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE batch_instances ADD COLUMN generation BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE batch_instances ADD COLUMN supersedes TEXT NOT NULL DEFAULT '';
+    CREATE TABLE sequence_epochs (
+        site TEXT PRIMARY KEY,
+        epoch TEXT NOT NULL,
+        first_sequence BIGINT NOT NULL,
+        started_at BIGINT NOT NULL
+    )",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -128,6 +128,9 @@ vocabulary! {
         Verified = "verified",
         Delivered = "delivered",
         Acknowledged = "acknowledged",
+        /// A delivered file's later version (a newer instance of its batch) took its place at
+        /// the destination; its bytes are kept aside, as its event's detail says where.
+        Replaced = "replaced",
         Failed = "failed",
         /// A part of it arrived damaged at the core.
         Damaged = "damaged",
@@ -149,6 +152,7 @@ impl FileState {
             Self::Verified => 3,
             Self::Delivered => 4,
             Self::Acknowledged => 5,
+            Self::Replaced => 6,
             Self::Failed | Self::Damaged => return None,
         })
     }

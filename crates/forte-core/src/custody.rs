@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use forte_catalog::{format_utc, now_us, BatchKey, Fenced, Gap, InstanceRow, Role};
+use forte_catalog::{format_utc, now_us, BatchKey, Fenced, Gap, History, InstanceRow, Role};
 use forte_format::{Inventory, Outcome, Receipt, ReceiptFile, TrustedEdges};
 use parking_lot::Mutex;
 
@@ -100,25 +100,85 @@ pub(super) struct Instance {
     pub content: String,
     /// The ids of its files, as its inventory lists them.
     pub objects: Vec<String>,
+    /// Its place in the batch's history, as signed.
+    pub history: History,
 }
 
-/// A batch whose instance the core delivered before: acknowledged with its receipt, not
-/// delivered again, its tasks not run.
+impl Instance {
+    /// Whether its edge signed it as a later version of its batch: then its files replace
+    /// the earlier versions at the destination (each kept), since the core found no instance
+    /// of the batch newer than it.
+    pub fn supersedes_earlier(&self) -> bool {
+        self.history.generation > 1
+    }
+}
+
+/// A batch the core does not deliver although every byte verified: an instance it delivered
+/// before, or one older than an instance of the same batch it delivered. Acknowledged with
+/// the receipt of the instance it knows, not delivered, its tasks not run.
 #[derive(Debug)]
-pub(super) struct Replayed(pub InstanceRow);
+pub(super) struct Replayed {
+    /// The instance delivered before: this one again, or a newer one of its batch.
+    pub known: InstanceRow,
+    /// When this instance is older than `known` (and not `known` itself): its id and
+    /// generation.
+    pub superseded: Option<(String, u64)>,
+}
 
 impl std::fmt::Display for Replayed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let r = &self.0;
-        write!(
-            f,
-            "replay: instance {} (sequence {}) of site {} was delivered at {} as batch {}; acknowledged, not delivered again",
-            r.instance,
-            r.sequence,
-            r.site,
-            format_utc(r.recorded_at),
-            r.batch_key
-        )
+        let r = &self.known;
+        let when = format_utc(r.recorded_at);
+        match &self.superseded {
+            None => write!(
+                f,
+                "replay: instance {} (sequence {}) of site {} was delivered at {when} as batch {}; acknowledged, not delivered again",
+                r.instance, r.sequence, r.site, r.batch_key
+            ),
+            Some((instance, generation)) => write!(
+                f,
+                "superseded: instance {instance} (generation {generation}) of site {} is older than instance {} (generation {}, sequence {}) of the same batch, delivered at {when} as batch {}; acknowledged, not delivered (a stale version the relay offered, or one sealed before the newer was)",
+                r.site, r.instance, r.history.generation, r.sequence, r.batch_key
+            ),
+        }
+    }
+}
+
+/// Whether the instance `inventory` signs is older than `known`, an instance of the same
+/// batch: one the newer names as superseded; in the same epoch, a lower generation; across
+/// epochs (an edge whose catalogue was replaced) or before format 3, an earlier seal time.
+pub(super) fn older_than(inventory: &Inventory, known: &InstanceRow) -> bool {
+    let supersedes =
+        |list: &[forte_catalog::Earlier], id: &str| list.iter().any(|e| e.instance == id);
+    let names = |list: &[forte_format::Superseded], id: &str| list.iter().any(|e| e.instance == id);
+    if supersedes(&known.history.supersedes, &inventory.instance) {
+        return true;
+    }
+    if names(&inventory.supersedes, &known.instance) {
+        return false;
+    }
+    let same_epoch = inventory.names_its_history() && inventory.epoch == known.history.epoch;
+    match same_epoch && inventory.generation as i64 != known.history.generation {
+        true => (inventory.generation as i64) < known.history.generation,
+        false => inventory.sealed_at < known.sealed_at,
+    }
+}
+
+/// The history `inventory` signs, as the catalogue keeps it.
+fn history_of(inventory: &Inventory) -> History {
+    History {
+        epoch: inventory.epoch.clone(),
+        epoch_from: inventory.epoch_from as i64,
+        generation: inventory.generation as i64,
+        supersedes: inventory
+            .supersedes
+            .iter()
+            .map(|s| forte_catalog::Earlier {
+                instance: s.instance.clone(),
+                sequence: s.sequence as i64,
+                content: s.content.clone(),
+            })
+            .collect(),
     }
 }
 
@@ -151,7 +211,20 @@ impl Core<'_> {
             .catalog
             .delivered_instance(&inventory.site, &inventory.instance)?
         {
-            return Err(Replayed(row).into());
+            let known = row;
+            return Err(Replayed {
+                known,
+                superseded: None,
+            }
+            .into());
+        }
+        let earlier = self.setup.catalog.instances_of(key)?;
+        // Never an instance older than one of the batch delivered before: a relay offering
+        // a stale version after the current one (rollback), or one the edge replaced.
+        if let Some(newer) = earlier.iter().rev().find(|k| older_than(inventory, k)) {
+            let superseded = Some((inventory.instance.clone(), inventory.generation));
+            let known = newer.clone();
+            return Err(Replayed { known, superseded }.into());
         }
         // A new instance holding only files earlier instances of the batch delivered: the
         // relay replaying them (its tombstones removed, the edge sent them again), or an edge
@@ -160,7 +233,6 @@ impl Core<'_> {
         // late small file with members delivered before): those are placed again only where
         // they are missing.
         let listed: HashSet<String> = inventory.objects.iter().map(|o| o.id.to_string()).collect();
-        let earlier = self.setup.catalog.instances_of(key)?;
         let delivered_before: HashSet<&String> = earlier
             .iter()
             .flat_map(|e| &e.objects)
@@ -171,7 +243,12 @@ impl Core<'_> {
                 .into_iter()
                 .rfind(|e| e.objects.iter().any(|id| listed.contains(id)))
                 .expect("an earlier instance delivered them");
-            return Err(Replayed(last).into());
+            let known = last;
+            return Err(Replayed {
+                known,
+                superseded: None,
+            }
+            .into());
         }
         if !delivered_before.is_empty() {
             tracing::warn!("batch {key}: instance {} lists {} file(s) delivered before beside {} new: the new ones are delivered, the others placed again only where missing",
@@ -187,6 +264,7 @@ impl Core<'_> {
             sealed_at: inventory.sealed_at,
             content: inventory.content(),
             objects: listed.into_iter().collect(),
+            history: history_of(inventory),
         }))
     }
 
@@ -235,6 +313,7 @@ impl Core<'_> {
             receipt: receipt
                 .as_deref()
                 .map(|r| String::from_utf8_lossy(r).into_owned()),
+            history: instance.history.clone(),
         };
         match self.leases.record_delivered_instance(held.lease(), &row)? {
             Fenced::Recorded => Ok(receipt),
@@ -280,15 +359,56 @@ impl Core<'_> {
         for (site, error) in alerts(&mut custody.alerted.lock(), gaps) {
             custody.failures.alert(&site, &error);
         }
+        let Ok(starts) = self.setup.catalog.epoch_starts() else {
+            return;
+        };
+        for (site, error) in restarts(&mut custody.alerted.lock(), starts) {
+            custody.failures.alert(&site, &error);
+        }
     }
 }
 
-/// A sequence gap alerted on: its site, and the first and last missing number.
+/// A sequence gap alerted on: its site and epoch, and the first and last missing number; or
+/// a new epoch of a site (`first` its first number, `last` 0).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct Alerted {
     site: String,
+    epoch: String,
     first: i64,
     last: i64,
+}
+
+/// The alert (site, text) of each new sequence epoch not in `alerted` yet, which then holds
+/// it: an edge that numbers from 1 again (its catalogue replaced) is said once, so numbers
+/// going back are seen, and the old epoch's numbers never come.
+fn restarts(
+    alerted: &mut HashSet<Alerted>,
+    starts: Vec<forte_catalog::EpochStart>,
+) -> Vec<(String, String)> {
+    starts
+        .into_iter()
+        .filter(|s| {
+            alerted.insert(Alerted {
+                site: s.site.clone(),
+                epoch: s.epoch.clone(),
+                first: s.from,
+                last: 0,
+            })
+        })
+        .map(|s| {
+            let error = format!(
+                "site {}: its edge started numbering its batches again at {} (sequence epoch {}, first seen at {}), after number {} of epoch {}: its catalogue was replaced or is new; numbers after {} of the old epoch will not come",
+                s.site,
+                s.from,
+                s.epoch,
+                format_utc(s.since),
+                s.after_last,
+                if s.after_epoch.is_empty() { "(before epochs)" } else { &s.after_epoch },
+                s.after_last
+            );
+            (s.site, error)
+        })
+        .collect()
 }
 
 /// The alert (site, text) of each of `gaps` not in `alerted` yet, which then holds it: each
@@ -298,6 +418,7 @@ fn alerts(alerted: &mut HashSet<Alerted>, gaps: Vec<Gap>) -> Vec<(String, String
         .filter(|gap| {
             alerted.insert(Alerted {
                 site: gap.site.clone(),
+                epoch: gap.epoch.clone(),
                 first: gap.first,
                 last: gap.last,
             })
@@ -412,6 +533,7 @@ mod tests {
     fn each_gap_is_alerted_on_once() {
         let gap = |first, last| Gap {
             site: "site-a".into(),
+            epoch: String::new(),
             first,
             last,
             after: last + 1,

@@ -22,6 +22,11 @@ use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
 use forte_daemon::tasks::{Point, Refusal};
 
+/// Where the earlier versions of files replaced by a later instance of their batch are kept,
+/// under the destination (on its file system, so keeping one is a second name, not a copy),
+/// at their own relative paths.
+pub const REPLACED_DIR: &str = ".forte-replaced";
+
 /// One sealed batch being delivered: its key, where the relay keeps it, what it is.
 struct Sealed<'o> {
     key: BatchKey,
@@ -261,7 +266,7 @@ impl Core<'_> {
         start: PullStart,
         replayed: Replayed,
     ) -> DeliveryReport {
-        let receipt = replayed.0.receipt.as_deref().map(str::as_bytes);
+        let receipt = replayed.known.receipt.as_deref().map(str::as_bytes);
         report.error = self
             .acknowledge_at_relay(batch, &report.batch, receipt)
             .err()
@@ -275,7 +280,7 @@ impl Core<'_> {
         // This very batch, kept before (its acknowledgement did not reach the relay):
         // its row already says how it was kept, under its name. Recorded again it
         // turned a quarantined batch into a delivered one, named by its key.
-        let record = replayed.0.batch_key != batch.key;
+        let record = replayed.known.batch_key != batch.key;
         self.end(batch, report, start, record)
     }
 
@@ -471,11 +476,18 @@ impl Core<'_> {
             }
             _ => None,
         };
+        // A later version of the batch replaces the files of earlier ones, each kept.
+        let replaced_dir = self.setup.dest.join(REPLACED_DIR);
+        let supersedes = learned
+            .instance
+            .as_ref()
+            .is_some_and(Instance::supersedes_earlier);
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
             &ahead.staging,
             landed.as_deref().unwrap_or(self.setup.dest),
             inventory.as_ref(),
+            supersedes.then_some(replaced_dir.as_path()),
         )?;
         Ok(Committed {
             delivered,
@@ -527,14 +539,70 @@ impl Core<'_> {
                 note("a verified part", part);
             }
             let carrier = (p.carrier != p.id).then(|| p.carrier.to_string());
+            let replacing = delivered.replaced.iter().find(|r| r.by == p.id);
+            let replaced = replacing.map(|r| {
+                format!(
+                    "{by}; replaced the earlier version (SHA-256 {}), kept as {}",
+                    r.sha256,
+                    r.kept_as.display()
+                )
+            });
             let file = FileRecord {
                 carrier: carrier.as_deref(),
                 raw_sha256: Some(&p.sha256),
                 delivered_to: Some(&p.target),
-                detail: Some(if p.already { &again } else { by }),
+                detail: Some(match (&replaced, p.already) {
+                    (Some(replaced), _) => replaced,
+                    (None, true) => &again,
+                    (None, false) => by,
+                }),
                 ..FileRecord::new(key, &object, &p.path, p.size, Delivered)
             };
             note("a delivered file", self.setup.catalog.file_state(&file));
+        }
+        self.record_replaced(key, &delivered.replaced);
+    }
+
+    /// Records each earlier version the delivery replaced as such, in its own lineage, with
+    /// where it is kept.
+    fn record_replaced(&self, key: &BatchKey, replaced: &[forte_restore::Replaced]) {
+        if replaced.is_empty() {
+            return;
+        }
+        let rows = self.setup.catalog.files(key).unwrap_or_default();
+        for r in replaced {
+            tracing::info!(
+                "{}: replaced by a later version of its batch; the earlier version (SHA-256 {}) is kept as {}",
+                r.target,
+                r.sha256,
+                r.kept_as.display()
+            );
+            let earlier = rows.iter().filter(|f| {
+                f.delivered_to.as_deref() == Some(r.target.as_str())
+                    && f.object_id != r.by.to_string()
+                    && matches!(f.state, Delivered | Acknowledged)
+            });
+            for f in earlier {
+                let detail = format!(
+                    "replaced by object {} at {}; kept as {}",
+                    r.by,
+                    r.target,
+                    r.kept_as.display()
+                );
+                let file = FileRecord {
+                    raw_sha256: f.raw_sha256.as_deref(),
+                    delivered_to: Some(&r.target),
+                    detail: Some(&detail),
+                    ..FileRecord::new(
+                        key,
+                        &f.object_id,
+                        &f.path,
+                        f.size as u64,
+                        FileState::Replaced,
+                    )
+                };
+                note("a replaced file", self.setup.catalog.file_state(&file));
+            }
         }
     }
 

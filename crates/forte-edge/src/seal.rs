@@ -144,10 +144,7 @@ impl Edge<'_> {
                 ObjectId::random().to_string()
             })
             .map_err(|e| format!("{e:#}"))?;
-        inventory.site = row.site;
-        inventory.instance = row.instance;
-        inventory.sequence = row.sequence as u64;
-        inventory.sealed_at = row.sealed_at;
+        inventory.set_instance(signed_instance(row));
         let settings = self.setup.settings;
         Ok(inventory.seal(&settings.key, &settings.recipients))
     }
@@ -451,4 +448,26 @@ pub(super) fn seal_beside(batch_key: &BatchKey, flight: &mut InFlight) -> Option
         entries: std::mem::take(&mut flight.entries),
         answer_to,
     })
+}
+
+/// The instance as the inventory signs it, from the edge's record of it.
+fn signed_instance(row: forte_catalog::InstanceRow) -> Instance {
+    let history = row.history;
+    let supersedes = history.supersedes.into_iter();
+    Instance {
+        site: row.site,
+        id: row.instance,
+        epoch: history.epoch,
+        epoch_from: history.epoch_from as u64,
+        sequence: row.sequence as u64,
+        sealed_at: row.sealed_at,
+        generation: history.generation as u64,
+        supersedes: supersedes
+            .map(|e| forte_format::Superseded {
+                content: e.content,
+                instance: e.instance,
+                sequence: e.sequence as u64,
+            })
+            .collect(),
+    }
 }

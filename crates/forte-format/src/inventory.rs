@@ -15,9 +15,14 @@ use crate::manifest::ManifestError;
 use crate::manifest::{check_hex, open_document, sign_canonical, validate_path, Manifest, Opened};
 use crate::object::ObjectId;
 
-/// The `format` member of the inventories this forte writes: version 2, which names the site,
-/// the batch instance, its sequence number at the site and its seal time.
-pub const INVENTORY_FORMAT: &str = "forte-inventory/2";
+/// The `format` member of the inventories this forte writes: version 3, which names the site,
+/// the batch instance, its sequence number in the edge's epoch, its seal time, and its place in
+/// the batch's history (its generation and the instances it supersedes).
+pub const INVENTORY_FORMAT: &str = "forte-inventory/3";
+
+/// The `format` of version-2 inventories: site, instance, sequence and seal time, but no epoch
+/// and no history. Still read; such an instance is ordered among a batch's by its seal time.
+pub const INVENTORY_FORMAT_V2: &str = "forte-inventory/2";
 
 /// The `format` of version-1 inventories, which name none of those. Still read: an archive
 /// restores with a warning; a batch pulled from a relay only under a site whose keys are not
@@ -73,12 +78,29 @@ impl InventoryEntry {
 #[derive(Serialize)]
 struct Canonical<'a> {
     batch: &'a str,
+    epoch: &'a str,
+    epoch_from: u64,
     format: &'a str,
+    generation: u64,
     instance: &'a str,
     objects: Vec<CanonicalEntry<'a>>,
     sealed_at: i64,
     sequence: u64,
     site: &'a str,
+    #[serde(skip_serializing_if = "<[Superseded]>::is_empty")]
+    supersedes: &'a [Superseded],
+}
+
+/// An earlier instance of the same batch that this one replaces, as the edge recorded it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Superseded {
+    /// Its content digest ([`Inventory::content`]).
+    pub content: String,
+    /// Its instance id.
+    pub instance: String,
+    /// Its sequence number, in the same epoch: replaced, not dropped, so no gap.
+    pub sequence: u64,
 }
 
 #[derive(Serialize)]
@@ -90,28 +112,44 @@ struct CanonicalEntry<'a> {
 }
 
 /// Which batch instance an inventory seals, signed with it: the site it belongs to, an id of
-/// its own, its place in the site's sequence of seals and when the edge sealed it. What the
-/// core files a batch under, and how it tells a batch from a replay of one it delivered.
+/// its own, its place in the site's sequence of seals and when the edge sealed it, and its
+/// place in the batch's own history. What the core files a batch under, how it tells a batch
+/// from a replay of one it delivered, and how it orders two instances of one batch.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Instance {
-    /// The site, as the relay's tokens.toml names it; empty for `forte pack`.
+    /// The site, as the edge's own configuration names it; empty for `forte pack`.
     pub site: String,
     /// 32 random hex digits, fresh for every seal of new content (a follow-up is a new one).
     pub id: String,
-    /// The site's sequence number of this seal, from 1 (0 for `forte pack`).
+    /// The edge's sequence numbers: 32 random hex digits chosen at its catalogue's first seal.
+    /// A catalogue replaced starts a new epoch, so its numbers never collide with the old ones.
+    pub epoch: String,
+    /// The first sequence number of the epoch (1 for a new catalogue).
+    pub epoch_from: u64,
+    /// The site's sequence number of this seal, from `epoch_from` (0 for `forte pack`).
     pub sequence: u64,
     /// When the edge sealed it, microseconds since the Unix epoch.
     pub sealed_at: i64,
+    /// Its place in the batch's history within the epoch: 1 for the first instance, one more
+    /// for each instance that supersedes the one before.
+    pub generation: u64,
+    /// The earlier instances of the batch in the epoch, oldest first (`generation` − 1 of them).
+    pub supersedes: Vec<Superseded>,
 }
 
 impl Instance {
-    /// A fresh instance of `site` with its sequence number, sealed now.
+    /// A fresh first instance of `site` with its sequence number, sealed now, in an epoch of
+    /// its own.
     pub fn new(site: &str, sequence: u64, sealed_at: i64) -> Self {
         Self {
             site: site.to_string(),
             id: crate::ObjectId::random().to_string(),
+            epoch: crate::ObjectId::random().to_string(),
+            epoch_from: sequence.min(1),
             sequence,
             sealed_at,
+            generation: 1,
+            supersedes: Vec::new(),
         }
     }
 }
@@ -135,6 +173,19 @@ pub struct Inventory {
     /// When the edge sealed it, microseconds since the Unix epoch (version 2).
     #[serde(default)]
     pub sealed_at: i64,
+    /// The epoch of `sequence` (version 3; empty before).
+    #[serde(default)]
+    pub epoch: String,
+    /// The epoch's first sequence number (version 3; 0 before).
+    #[serde(default)]
+    pub epoch_from: u64,
+    /// The instance's place in its batch's history (version 3; 0 before).
+    #[serde(default)]
+    pub generation: u64,
+    /// The earlier instances it replaces, oldest first (version 3; empty before). Absent from
+    /// the document when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub supersedes: Vec<Superseded>,
     pub objects: Vec<InventoryEntry>,
     /// The key that signed it, once opened; never part of the document.
     #[serde(skip)]
@@ -152,6 +203,10 @@ impl Inventory {
             instance: instance.id,
             sequence: instance.sequence,
             sealed_at: instance.sealed_at,
+            epoch: instance.epoch,
+            epoch_from: instance.epoch_from,
+            generation: instance.generation,
+            supersedes: instance.supersedes,
             objects,
             signer: None,
         }
@@ -178,6 +233,23 @@ impl Inventory {
         self.format != INVENTORY_FORMAT_V1
     }
 
+    /// Whether it names its epoch and its place in the batch's history (version 3).
+    pub fn names_its_history(&self) -> bool {
+        self.format == INVENTORY_FORMAT
+    }
+
+    /// Sets which instance it seals: the site, id, sequence, seal time and history.
+    pub fn set_instance(&mut self, instance: Instance) {
+        self.site = instance.site;
+        self.instance = instance.id;
+        self.epoch = instance.epoch;
+        self.epoch_from = instance.epoch_from;
+        self.sequence = instance.sequence;
+        self.sealed_at = instance.sealed_at;
+        self.generation = instance.generation;
+        self.supersedes = instance.supersedes;
+    }
+
     /// Signed with the edge's key, then encrypted to the core: what is stored beside the
     /// objects (`inventory.age`). The relay sees only its length. Consumed, so that the list
     /// is gone before the encrypted copy is made.
@@ -194,11 +266,15 @@ impl Inventory {
     fn sign(&self, key: &EdgeKey) -> Vec<u8> {
         let canonical = Canonical {
             batch: &self.batch,
+            epoch: &self.epoch,
+            epoch_from: self.epoch_from,
             format: &self.format,
+            generation: self.generation,
             instance: &self.instance,
             sealed_at: self.sealed_at,
             sequence: self.sequence,
             site: &self.site,
+            supersedes: &self.supersedes,
             objects: self
                 .objects
                 .iter()
@@ -215,9 +291,14 @@ impl Inventory {
         let mut message = Vec::with_capacity(SIGNING_CONTEXT.len() + members + 1024);
         message.extend_from_slice(SIGNING_CONTEXT);
         serde_json::to_writer(&mut message, &canonical).expect("an inventory always serialises");
-        // `site` sorts after `signature`: it stays the document's last member.
+        // `site` and `supersedes` (when not empty) sort after `signature`: they end the
+        // document.
         let mut after = b",\"site\":".to_vec();
         serde_json::to_writer(&mut after, &self.site).expect("a string serialises");
+        if !self.supersedes.is_empty() {
+            after.extend_from_slice(b",\"supersedes\":");
+            serde_json::to_writer(&mut after, &self.supersedes).expect("a list serialises");
+        }
         sign_canonical(message, SIGNING_CONTEXT, key, &after)
     }
 
@@ -225,7 +306,7 @@ impl Inventory {
     /// keys and validates it. Whether its signer may sign for its site is the caller's to ask
     /// ([`TrustedEdges::may_sign_for`] with [`Inventory::signer`]): an archive has no site.
     pub fn open(document: &[u8], trusted: &TrustedEdges) -> Result<Self, ManifestError> {
-        let formats = [INVENTORY_FORMAT, INVENTORY_FORMAT_V1];
+        let formats = [INVENTORY_FORMAT, INVENTORY_FORMAT_V2, INVENTORY_FORMAT_V1];
         let Opened { value, signer } = open_document(document, &formats, SIGNING_CONTEXT, trusted)?;
         let mut inventory: Inventory =
             serde_json::from_value(value).map_err(|e| ManifestError::Invalid(e.to_string()))?;
@@ -243,6 +324,7 @@ impl Inventory {
                 "a version-1 inventory names no site or instance".into(),
             ));
         }
+        check_history(&inventory).map_err(ManifestError::Invalid)?;
         for o in &inventory.objects {
             validate_path(&o.path).map_err(ManifestError::Invalid)?;
             check_hex(&o.sha256, "sha256").map_err(ManifestError::Invalid)?;
@@ -292,6 +374,58 @@ impl Inventory {
         }
         problems
     }
+}
+
+/// A version-3 inventory's history must be one the edge could have written: an epoch id, a
+/// generation one more than the instances it supersedes, each of them earlier in the same
+/// epoch. Before version 3 it names none of these.
+fn check_history(inventory: &Inventory) -> Result<(), String> {
+    if !inventory.names_its_history() {
+        let none = inventory.epoch.is_empty()
+            && inventory.epoch_from == 0
+            && inventory.generation == 0
+            && inventory.supersedes.is_empty();
+        return match none {
+            true => Ok(()),
+            false => Err(format!(
+                "a {} inventory names no epoch or history",
+                inventory.format
+            )),
+        };
+    }
+    inventory
+        .epoch
+        .parse::<ObjectId>()
+        .map_err(|e| format!("epoch: {e}"))?;
+    if inventory.generation != inventory.supersedes.len() as u64 + 1 {
+        return Err(format!(
+            "generation {} with {} superseded instance(s): it must be one more",
+            inventory.generation,
+            inventory.supersedes.len()
+        ));
+    }
+    if inventory.sequence < inventory.epoch_from {
+        return Err(format!(
+            "sequence {} before its epoch's first, {}",
+            inventory.sequence, inventory.epoch_from
+        ));
+    }
+    for s in &inventory.supersedes {
+        s.instance
+            .parse::<ObjectId>()
+            .map_err(|e| format!("superseded instance: {e}"))?;
+        check_hex(&s.content, "superseded content")?;
+        if s.instance == inventory.instance
+            || s.sequence >= inventory.sequence
+            || s.sequence < inventory.epoch_from
+        {
+            return Err(format!(
+                "superseded instance {} (sequence {}) is not an earlier one of this epoch",
+                s.instance, s.sequence
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -509,6 +643,119 @@ mod tests {
                 "{from} → {to}"
             );
         }
+    }
+
+    /// An instance that supersedes another: its epoch, generation and the instances it
+    /// replaces are signed, and a history the edge could not have written is refused.
+    fn second_generation() -> Inventory {
+        let mut instance = site();
+        instance.generation = 2;
+        instance.supersedes = vec![Superseded {
+            content: "ef".repeat(32),
+            instance: ObjectId::random().to_string(),
+            sequence: 11,
+        }];
+        Inventory::new("b", instance, vec![entry("a")])
+    }
+
+    #[test]
+    fn the_epoch_generation_and_superseded_instances_are_signed() {
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let inventory = second_generation();
+        let signed = String::from_utf8(inventory.sign(&k)).unwrap();
+        assert!(
+            signed.ends_with("]}"),
+            "supersedes ends the document: {signed}"
+        );
+        let opened = Inventory::open(signed.as_bytes(), &trusted).unwrap();
+        assert!(opened.names_its_history());
+        assert_eq!(unsigned(opened), inventory);
+        let other = ObjectId::random().to_string();
+        for (from, to) in [
+            ("\"generation\":2", "\"generation\":3"),
+            ("\"sequence\":11", "\"sequence\":10"),
+            (inventory.epoch.as_str(), other.as_str()),
+            (inventory.supersedes[0].instance.as_str(), other.as_str()),
+        ] {
+            let altered = signed.replace(from, to);
+            assert_ne!(altered, signed, "{from}");
+            assert!(
+                matches!(
+                    Inventory::open(altered.as_bytes(), &trusted),
+                    Err(ManifestError::BadSignature)
+                ),
+                "{from} → {to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_history_the_edge_could_not_have_written_is_refused() {
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let good = second_generation();
+        let mut wrong_generation = good.clone();
+        wrong_generation.generation = 3;
+        let mut later = good.clone();
+        later.supersedes[0].sequence = 12;
+        let mut itself = good.clone();
+        itself.supersedes[0].instance = good.instance.clone();
+        let mut before_epoch = good.clone();
+        before_epoch.epoch_from = 12;
+        let mut no_epoch = good.clone();
+        no_epoch.epoch.clear();
+        let mut v2_with_history = good.clone();
+        v2_with_history.format = INVENTORY_FORMAT_V2.into();
+        for (why, forged) in [
+            ("generation", wrong_generation),
+            ("superseded later", later),
+            ("supersedes itself", itself),
+            ("sequence before its epoch", before_epoch),
+            ("no epoch", no_epoch),
+            ("version 2 with a history", v2_with_history),
+        ] {
+            assert!(
+                matches!(
+                    Inventory::open(&sign(&forged, &k), &trusted),
+                    Err(ManifestError::Invalid(_))
+                ),
+                "{why}"
+            );
+        }
+    }
+
+    /// Batches sealed by an edge before version 3 still open, with no epoch or history.
+    #[test]
+    fn a_version_2_inventory_opens_without_a_history() {
+        #[derive(Serialize)]
+        struct V2<'a> {
+            format: &'a str,
+            batch: &'a str,
+            site: &'a str,
+            instance: &'a str,
+            sequence: u64,
+            sealed_at: i64,
+            objects: Vec<InventoryEntry>,
+        }
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let instance = ObjectId::random().to_string();
+        let v2 = V2 {
+            format: INVENTORY_FORMAT_V2,
+            batch: "b",
+            site: "mine-7",
+            instance: &instance,
+            sequence: 4,
+            sealed_at: 5,
+            objects: vec![entry("a")],
+        };
+        let opened = Inventory::open(&sign_document(&v2, SIGNING_CONTEXT, &k), &trusted).unwrap();
+        assert!(opened.names_its_instance() && !opened.names_its_history());
+        assert_eq!(
+            (opened.sequence, opened.generation, opened.epoch.as_str()),
+            (4, 0, "")
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ pub mod seal;
 
 pub use bundle::Member;
 pub use inventory::{
-    Instance, Inventory, InventoryEntry, INVENTORY_FILE, INVENTORY_FORMAT, INVENTORY_FORMAT_V1,
+    Instance, Inventory, InventoryEntry, Superseded, INVENTORY_FILE, INVENTORY_FORMAT,
+    INVENTORY_FORMAT_V1, INVENTORY_FORMAT_V2,
 };
 pub use keys::{
     check_site_name, EdgeKey, Identities, ReceiptKey, Recipients, TrustSpec, TrustedCores,

@@ -13,7 +13,7 @@ use forte_format::seal::sha256_file;
 use forte_format::{Kind, Manifest, ObjectId};
 
 use crate::stages::{create_staged, Job, PlannedFile, StagedFile};
-use crate::{Delivered, Existing, Placed, Staged};
+use crate::{Delivered, Existing, Placed, Replaced, Staged};
 
 /// Creates a fresh staging directory on `dest`'s file system, for [`Restore::stage`].
 pub fn new_staging(dest: &Path) -> Result<PathBuf> {
@@ -81,6 +81,9 @@ fn already_in_place(target: &Path, m: &Manifest, existing: Existing) -> Result<b
         {
             Ok(true)
         }
+        // Another version of the file: whether it may be replaced is known only once the
+        // batch's inventory is, at the commit (a newer instance of the same batch).
+        (Ok(meta), Existing::KeepIdentical) if meta.is_file() && !is_dir => Ok(false),
         (Ok(meta), existing) => Err(in_the_way(target, &meta, is_dir, existing)),
     }
 }
@@ -108,11 +111,13 @@ fn in_the_way(
         Existing::Refuse if meta.is_file() && !is_dir => anyhow!(
             "{target} already exists; nothing was restored (pass --overwrite to replace files)"
         ),
-        // Only a file with other contents gets here: identical ones are kept.
+        // Only a file with other contents gets here: identical ones are kept. Moving it away
+        // is not the way out: the relay may offer any instance, a stale one too.
         Existing::KeepIdentical if meta.is_file() && !is_dir => anyhow!(
-            "{target} already exists with other contents than the delivered file; \
-             nothing of this batch was delivered (existing files are never replaced: \
-             move {target} away, or choose another --to or --layout, and pull again)"
+            "{target} already exists with other contents than the delivered file, and this \
+             instance does not supersede an earlier one of its batch; nothing of this batch \
+             was delivered (a file of another batch at the same path: choose another --to or \
+             --layout so that batches do not share paths)"
         ),
         Existing::KeepIdentical => anyhow!(
             "{target} already exists and is {found}, where {wanted} is to go; nothing \
@@ -258,11 +263,23 @@ pub(crate) fn set_staged_times_and_mode(file: &File, path: &Path, m: &Manifest) 
 }
 
 /// Moves every verified file from staging into place. The staged data is flushed to disk first,
-/// so a crash during the renames leaves whole files, never torn ones.
-pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Delivered> {
+/// so a crash during the renames leaves whole files, never torn ones. A file in the way is
+/// another version of one (the stage let only those through): kept under `replace`, when the
+/// batch may replace it, before the new one takes its name; else nothing moves.
+pub(crate) fn commit(
+    staged: Staged,
+    staging: &Path,
+    dest: &Path,
+    existing: Existing,
+    replace: Option<&Path>,
+) -> Result<Delivered> {
     let Staged { jobs, found } = staged;
     let files: Vec<&StagedFile> = jobs.iter().flat_map(|j| &j.files).collect();
     refuse_claimed_twice(&files)?;
+    let replaced = match existing {
+        Existing::KeepIdentical => set_aside_replaced(&files, dest, replace)?,
+        Existing::Refuse | Existing::Overwrite => Vec::new(),
+    };
     let mut delivered = Delivered {
         files: 0,
         already: found.len(),
@@ -270,6 +287,7 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
         bytes: 0,
         placed: found,
         inventory: false,
+        replaced,
     };
     create_empty_files(&jobs)?;
     forte_fs::syncfs(staging)?;
@@ -277,6 +295,69 @@ pub(crate) fn commit(staged: Staged, staging: &Path, dest: &Path) -> Result<Deli
     move_into_place(files, dest, &mut delivered)?;
     forte_fs::syncfs(dest)?;
     Ok(delivered)
+}
+
+/// Keeps every file at a target of `files` under `replace` (the same relative path, with
+/// `.~N~` after it if that is taken, as `cp --backup=numbered` names them) by a second name,
+/// so the rename that follows replaces it atomically and its bytes stay where the operator
+/// finds them. Without `replace`, any such file refuses the batch, before anything moves.
+fn set_aside_replaced(
+    files: &[&StagedFile],
+    dest: &Path,
+    replace: Option<&Path>,
+) -> Result<Vec<Replaced>> {
+    let mut replaced = Vec::new();
+    for file in files.iter().filter(|f| f.manifest.kind == Kind::File) {
+        let target = dest.join(&file.target);
+        let Ok(meta) = std::fs::symlink_metadata(&target) else {
+            continue;
+        };
+        let Some(keep_in) = replace.filter(|_| meta.is_file()) else {
+            return Err(in_the_way(&target, &meta, false, Existing::KeepIdentical));
+        };
+        let kept = numbered_free_name(&keep_in.join(&file.target))?;
+        let parent = kept
+            .parent()
+            .expect("under the directory of replaced files");
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        std::fs::hard_link(&target, &kept).with_context(|| {
+            format!(
+                "cannot keep {} as {} before replacing it",
+                target.display(),
+                kept.display()
+            )
+        })?;
+        replaced.push(Replaced {
+            target: file.target.clone(),
+            sha256: file_sha256(&kept)?,
+            kept_as: kept,
+            by: file.manifest.id,
+        });
+    }
+    if let Some(dir) = replace.filter(|_| !replaced.is_empty()) {
+        forte_fs::syncfs(dir)?;
+    }
+    Ok(replaced)
+}
+
+/// `path` if nothing is there, else the first of `path.~1~`, `path.~2~`, … that is free.
+fn numbered_free_name(path: &Path) -> Result<PathBuf> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(path.to_path_buf());
+    }
+    for n in 1..100_000u32 {
+        let mut name = path.as_os_str().to_owned();
+        name.push(format!(".~{n}~"));
+        let candidate = PathBuf::from(name);
+        if std::fs::symlink_metadata(&candidate).is_err() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no free name for another kept version of {}",
+        path.display()
+    )
 }
 
 /// Staged in several calls, two objects could still claim one path: an error if they do.

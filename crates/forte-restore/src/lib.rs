@@ -39,7 +39,7 @@ pub use config::{Existing, RestoreConfig};
 pub use destination::{new_staging, remove_stale_staging, replicate};
 pub use object_source::{DirSource, ObjectRef, ObjectSource, PartError};
 pub use objects::{open_inventory, open_objects, Object, UntrustedObjects};
-pub use outcome::{Delivered, Placed, Problem, RestoreFailure, Totals};
+pub use outcome::{Delivered, Placed, Problem, Replaced, RestoreFailure, Totals};
 pub use staged::Staged;
 
 /// Maps a verified manifest to its relative path at the destination.
@@ -84,7 +84,7 @@ impl<'k> Restore<'k> {
         let staging = new_staging(dest)?;
         let result = self
             .stage(source, dest, layout, &staging)
-            .and_then(|staged| self.commit(staged, &staging, dest, inventory.as_ref()));
+            .and_then(|staged| self.commit(staged, &staging, dest, inventory.as_ref(), None));
         let _ = std::fs::remove_dir_all(&staging);
         result
     }
@@ -149,16 +149,19 @@ impl<'k> Restore<'k> {
 
     /// Moves everything staged in `staging` into place at `dest`: the second half of
     /// [`Restore::run`]. First the staged objects must be exactly those of `inventory` (see
-    /// [`Restore::inventory`]); otherwise nothing moves.
+    /// [`Restore::inventory`]); otherwise nothing moves. With `replace`, a file at a target
+    /// with other contents (another version of it: the caller knows the batch may replace it)
+    /// is kept under that directory and replaced; without, it refuses the batch.
     pub fn commit(
         &self,
         staged: Staged,
         staging: &Path,
         dest: &Path,
         inventory: Option<&Inventory>,
+        replace: Option<&Path>,
     ) -> Result<Delivered> {
         staged.check_complete(inventory)?;
-        let mut delivered = commit(staged, staging, dest)?;
+        let mut delivered = commit(staged, staging, dest, self.config.existing, replace)?;
         delivered.inventory = inventory.is_some();
         Ok(delivered)
     }

@@ -1,5 +1,6 @@
 //! What a restore reports: its live totals, what it delivered, and why it refused.
 
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 
 use forte_format::{Manifest, ObjectId};
@@ -26,6 +27,21 @@ pub struct Delivered {
     /// Whether the objects were checked against a signed inventory; `false` only for a set
     /// of version-1 objects, written before inventories existed.
     pub inventory: bool,
+    /// The earlier versions of files that this delivery replaced, each kept.
+    pub replaced: Vec<Replaced>,
+}
+
+/// An earlier version of a file, replaced by a newer instance of its batch and kept.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replaced {
+    /// Its path under the destination (the layout's), where the new version now is.
+    pub target: String,
+    /// The SHA-256 of the bytes replaced.
+    pub sha256: String,
+    /// Where they are kept.
+    pub kept_as: PathBuf,
+    /// The file that replaced it.
+    pub by: ObjectId,
 }
 
 /// One object in place at the destination.

@@ -16,6 +16,7 @@ mod dashboard;
 mod failfast;
 mod faults;
 mod filters;
+mod history;
 mod ingest;
 mod interop;
 mod load;

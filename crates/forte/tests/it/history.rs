@@ -1,0 +1,205 @@
+//! A batch has a history: a file that changes after it was sent arrives as a new version,
+//! signed as superseding the batch's earlier instances, and the core never delivers an
+//! instance older than one it knows. The relay operator's moves are staged as they would be,
+//! by copying and restoring the store.
+
+use std::path::Path;
+
+use crate::common::site::*;
+use crate::common::*;
+
+/// Copies a directory tree.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// Puts the relay's store of site-a back to the snapshot `kept` (what the operator copied
+/// earlier) and restarts the relay, so it serves that.
+fn restore_store(site: &mut Site, kept: &Path) {
+    let store = site.relay.store.join("sites/site-a");
+    std::fs::remove_dir_all(&store).unwrap();
+    copy_tree(kept, &store);
+    site.restart_relay();
+}
+
+/// Rewrites `file` with `size` new sample bytes (a new size, so a new version of it).
+fn change(file: &Path, size: usize, seed: u64) -> Vec<u8> {
+    let bytes = sample_bytes(size, seed);
+    write(file, &bytes);
+    bytes
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// A pull's standard error, asserting it succeeded.
+fn pulled(site: &Site) -> String {
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// A file changed after its batch was delivered is sent as a follow-up that supersedes the
+/// first instance; the core puts the new version in place and keeps the earlier one under
+/// `.forte-replaced`, and the lineage has both. Before: the follow-up was refused on every
+/// pull ("already exists with other contents").
+#[test]
+fn a_file_changed_after_its_delivery_arrives_and_the_earlier_version_is_kept() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    let first = std::fs::read(batch.join("bags/000.bag")).unwrap();
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    let dest = site.root.join("dest");
+    let delivered = dest.join("site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(&delivered).unwrap(), first);
+
+    let second = change(&batch.join("bags/000.bag"), 60_000, 77);
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    assert_eq!(
+        std::fs::read(&delivered).unwrap(),
+        second,
+        "the current version arrives"
+    );
+    let kept = dest.join(".forte-replaced/site-a/run-1/bags/000.bag");
+    assert_eq!(
+        std::fs::read(&kept).unwrap(),
+        first,
+        "the earlier version is kept"
+    );
+    assert_no_staging(&dest, "after the follow-up");
+    assert!(
+        site.relay_objects().is_empty(),
+        "the relay holds nothing of it: {:?}",
+        site.relay_objects()
+    );
+    let lineage = site.status(&site.core_catalog, &["--file", "site-a/run-1/bags/000.bag"]);
+    assert!(lineage.contains("replaced"), "{lineage}");
+    assert!(lineage.contains(&sha256_hex(&first)), "{lineage}");
+    assert!(lineage.contains(&sha256_hex(&second)), "{lineage}");
+}
+
+/// Rollback: a file changes before the core pulled its batch, so the edge seals a second
+/// instance superseding the first; that one is delivered, a downstream user moves the batch
+/// away, and the relay operator offers the first instance from a copy of the store. The core
+/// knows a newer instance of the batch: the old one is acknowledged as superseded, never
+/// delivered. Before: the old bytes were delivered.
+#[test]
+fn a_stale_instance_offered_after_the_current_one_is_not_delivered() {
+    let mut site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
+    let second = change(&batch.join("bags/000.bag"), 60_000, 78);
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    let dest = site.root.join("dest/site-a/run-1");
+    assert_eq!(std::fs::read(dest.join("bags/000.bag")).unwrap(), second);
+    std::fs::rename(&dest, site.root.join("moved-downstream")).unwrap();
+
+    restore_store(&mut site, &kept);
+    let stderr = pulled(&site);
+    assert!(stderr.contains("superseded: instance"), "{stderr}");
+    assert!(
+        !dest.exists(),
+        "the stale instance was delivered: {:?}",
+        visible(&dest)
+    );
+}
+
+/// Reorder: the edge seals a second instance before the core pulls the first; the operator
+/// hides it and offers the first. The core delivers the first (it knows no other), then the
+/// current one when it is offered, which replaces it. Before: the current one was refused
+/// on every later pull and never arrived.
+#[test]
+fn a_hidden_current_instance_still_arrives_after_the_stale_one() {
+    let mut site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    let first = std::fs::read(batch.join("bags/000.bag")).unwrap();
+    ok(&site.send(&["-q"]));
+    let old = site.root.join("first-instance");
+    copy_tree(&site.relay.store.join("sites/site-a"), &old);
+    let second = change(&batch.join("bags/000.bag"), 60_000, 79);
+    ok(&site.send(&["-q"]));
+    let current = site.root.join("current-instance");
+    copy_tree(&site.relay.store.join("sites/site-a"), &current);
+
+    restore_store(&mut site, &old);
+    pulled(&site);
+    let delivered = site.root.join("dest/site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(&delivered).unwrap(), first);
+    restore_store(&mut site, &current);
+    pulled(&site);
+    assert_eq!(
+        std::fs::read(&delivered).unwrap(),
+        second,
+        "the current version arrives"
+    );
+}
+
+/// An edge that supersedes its own instance before the core pulled it leaves that sequence
+/// number unused at the core: it is signed as replaced, so no gap is alerted. Before: a
+/// false gap alert on every pull.
+#[test]
+fn a_superseded_sequence_number_is_no_gap() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    change(&batch.join("bags/000.bag"), 60_000, 80);
+    ok(&site.send(&["-q"]));
+    write_batch(&site.root.join("inbox"), "run-2", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    // Looked for once everything arrived: 1 was superseded by 2, never dropped.
+    let mut pull = site.pull();
+    pull.extend(args!["--gap-alert-after", "0s"]);
+    let out = run(&pull);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("missing"), "a false gap alert: {stderr}");
+    assert_eq!(visible(&site.root.join("dest/site-a")).len(), 3, "{stderr}");
+}
+
+/// An edge whose catalogue is replaced numbers its batches from 1 again, in a new epoch: the
+/// core says so once, and a number missing in the new epoch is still a gap.
+#[test]
+fn an_edge_catalogue_replaced_is_reported_as_a_restart() {
+    let site = Site::new();
+    for name in ["run-1", "run-2"] {
+        write_batch(&site.root.join("inbox"), name, 1, 10_000);
+    }
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    std::fs::remove_file(&site.edge_catalog).unwrap();
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", site.edge_catalog));
+    }
+    write_batch(&site.root.join("inbox"), "run-3", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    let mut pull = site.pull();
+    pull.extend(args!["--gap-alert-after", "0s"]);
+    let out = run(&pull);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("started numbering its batches again"),
+        "{stderr}"
+    );
+    assert!(
+        visible(&site.root.join("dest/site-a/run-3")).len() == 1,
+        "{stderr}"
+    );
+}
