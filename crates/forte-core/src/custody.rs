@@ -12,6 +12,7 @@ use forte_catalog::{format_utc, now_us, BatchKey, Fenced, Gap, History, Instance
 use forte_format::{Inventory, Outcome, Receipt, ReceiptFile, TrustedEdges};
 use parking_lot::Mutex;
 
+use super::kept_instances::KeptInstances;
 use super::lease::{Held, LeaseLost};
 use super::Core;
 
@@ -94,6 +95,8 @@ impl<'a> CustodySettings<'a> {
 #[derive(Debug, Clone)]
 pub(super) struct Instance {
     pub site: String,
+    /// The batch's name, as signed.
+    pub batch: String,
     pub id: String,
     pub sequence: u64,
     pub sealed_at: i64,
@@ -218,7 +221,16 @@ impl Core<'_> {
             }
             .into());
         }
-        let earlier = self.setup.catalog.instances_of(key)?;
+        let earlier = self.delivered_instances(key, inventory)?;
+        if let Some(known) = earlier.iter().find(|e| e.instance == inventory.instance) {
+            // Known only from the destination's record: this catalogue is newer than it.
+            let known = known.clone();
+            return Err(Replayed {
+                known,
+                superseded: None,
+            }
+            .into());
+        }
         // Never an instance older than one of the batch delivered before: a relay offering
         // a stale version after the current one (rollback), or one the edge replaced.
         if let Some(newer) = earlier.iter().rev().find(|k| older_than(inventory, k)) {
@@ -259,6 +271,7 @@ impl Core<'_> {
         }
         Ok(Some(Instance {
             site: inventory.site.clone(),
+            batch: inventory.batch.clone(),
             id: inventory.instance.clone(),
             sequence: inventory.sequence,
             sealed_at: inventory.sealed_at,
@@ -266,6 +279,22 @@ impl Core<'_> {
             objects: listed.into_iter().collect(),
             history: history_of(inventory),
         }))
+    }
+
+    /// Every instance of the batch of `inventory` delivered before, oldest first: those this
+    /// catalogue recorded under `key`, and those the destination's own record holds under the
+    /// batch's signed name (a catalogue new, restored or moved, or a relay that lists the
+    /// batch under another id, does not make them unknown).
+    fn delivered_instances(&self, key: &BatchKey, inventory: &Inventory) -> Result<Vec<InstanceRow>> {
+        let mut known = self.setup.catalog.instances_of(key)?;
+        let kept = KeptInstances::at(self.setup.dest).of(&inventory.site, &inventory.batch)?;
+        for row in kept {
+            if !known.iter().any(|k| k.instance == row.instance) {
+                known.push(row);
+            }
+        }
+        known.sort_by_key(|k| k.recorded_at);
+        Ok(known)
     }
 
     /// Signs the receipt for `instance` (when the core has a receipt key) and records the
@@ -315,6 +344,9 @@ impl Core<'_> {
                 .map(|r| String::from_utf8_lossy(r).into_owned()),
             history: instance.history.clone(),
         };
+        // Beside the destination first, so that no catalogue can forget it; then in the
+        // catalogue, under the lease.
+        KeptInstances::at(self.setup.dest).add(&instance.batch, &row)?;
         match self.leases.record_delivered_instance(held.lease(), &row)? {
             Fenced::Recorded => Ok(receipt),
             Fenced::AlreadyRecorded => {

@@ -136,7 +136,10 @@ impl Core<'_> {
         let instance = learned.instance;
         // Landed: the site's tasks decide between promotion and quarantine.
         let result =
-            result.and_then(|committed| self.check_landed(&batch, &report.batch, committed));
+            result.and_then(|committed| {
+                let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
+                self.check_landed(&batch, &report.batch, committed, supersedes)
+            });
         let result = match result {
             Ok(Checked::Quarantined {
                 verified,
@@ -315,6 +318,7 @@ impl Core<'_> {
         batch: &Sealed<'_>,
         name: &str,
         committed: Committed,
+        supersedes: bool,
     ) -> Result<Checked> {
         let Committed {
             delivered,
@@ -334,7 +338,11 @@ impl Core<'_> {
         let refusals = landing.check(Point::Core, who, &dir, placed, self.setup.catalog);
         if refusals.is_empty() {
             verified.held.check("promoting it")?;
-            landing.promote(&dir, self.setup.dest)?;
+            let mut verified = verified;
+            let replace = self.replaced_dir(supersedes);
+            let replaced = landing.promote(&dir, self.setup.dest, replace.as_deref())?;
+            let delivered = &mut verified.delivered;
+            delivered.replaced.extend(replaced_files(&delivered.placed, replaced));
             return Ok(Checked::InPlace(verified));
         }
         let kept = landing.quarantine(&dir, batch.site(), batch.id(), &refusals)?;
@@ -477,23 +485,26 @@ impl Core<'_> {
             _ => None,
         };
         // A later version of the batch replaces the files of earlier ones, each kept.
-        let replaced_dir = self.setup.dest.join(REPLACED_DIR);
-        let supersedes = learned
-            .instance
-            .as_ref()
-            .is_some_and(Instance::supersedes_earlier);
+        let supersedes = learned.instance.as_ref().is_some_and(Instance::supersedes_earlier);
+        let replace = self.replaced_dir(supersedes);
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
             &ahead.staging,
             landed.as_deref().unwrap_or(self.setup.dest),
             inventory.as_ref(),
-            supersedes.then_some(replaced_dir.as_path()),
+            replace.as_deref(),
         )?;
         Ok(Committed {
             delivered,
             held,
             landed,
         })
+    }
+
+    /// Where the files a batch replaces are kept, if it may replace any: a later version of
+    /// its batch (`supersedes`).
+    fn replaced_dir(&self, supersedes: bool) -> Option<PathBuf> {
+        supersedes.then(|| self.setup.dest.join(REPLACED_DIR))
     }
 
     /// Records the batch's state, with its totals as the relay listed them, and what the
@@ -689,6 +700,26 @@ impl Core<'_> {
             }
         }
     }
+}
+
+/// The earlier versions a promotion replaced (`replaced`: each path under the destination
+/// and where it is kept), each with the file of `placed` that took its place.
+fn replaced_files(
+    placed: &[forte_restore::Placed],
+    replaced: Vec<(PathBuf, PathBuf)>,
+) -> Vec<forte_restore::Replaced> {
+    replaced
+        .into_iter()
+        .filter_map(|(target, kept_as)| {
+            let by = placed.iter().find(|p| Path::new(&p.target) == target)?;
+            Some(forte_restore::Replaced {
+                target: by.target.clone(),
+                sha256: forte_format::seal::sha256_file(&kept_as).unwrap_or_default(),
+                kept_as,
+                by: by.id,
+            })
+        })
+        .collect()
 }
 
 /// The files of `placed` that the quarantined batch at `kept` still holds as verified (size

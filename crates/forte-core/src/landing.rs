@@ -249,14 +249,22 @@ impl Landing {
 
     /// Moves everything under the landing directory `dir` into `dest`: a directory `dest`
     /// lacks is renamed into place whole, one it has is entered; then makes it durable and
-    /// removes the emptied landing directory.
-    pub fn promote(&self, dir: &Path, dest: &Path) -> Result<()> {
-        move_into(dir, dest)?;
+    /// removes the emptied landing directory. A file in the way is refused, or, with
+    /// `replace` (a later version of its batch), kept there and replaced: each such file's
+    /// path under `dest` and where it is kept are returned.
+    pub fn promote(
+        &self,
+        dir: &Path,
+        dest: &Path,
+        replace: Option<&Path>,
+    ) -> Result<Vec<(PathBuf, PathBuf)>> {
+        let mut replaced = Vec::new();
+        move_into(dir, dest, Path::new(""), (replace, &mut replaced))?;
         forte_fs::syncfs(dest)?;
         forte_fs::remove_tree(dir)
             .with_context(|| format!("cannot remove the landing directory {}", dir.display()))?;
         remove_emptied_parents(dir);
-        Ok(())
+        Ok(replaced)
     }
 
     /// Moves the landing directory `dir` of a refused batch to the quarantine (replacing what
@@ -322,24 +330,37 @@ fn summary(changes: &[String]) -> String {
 /// Moves each entry of `from` into `to`: renamed whole where `to` has nothing of that name,
 /// entered where both are directories; a file `to` has already is an error (the destination
 /// check before staging let only files through that it lacks).
-fn move_into(from: &Path, to: &Path) -> Result<()> {
+/// Where earlier versions of files are kept when the batch may replace them, and each file
+/// replaced (its path under the destination) with where it is kept.
+type Replacing<'a> = (Option<&'a Path>, &'a mut Vec<(PathBuf, PathBuf)>);
+
+/// Moves the entries of `from` into `to`, which is `rel` under the destination.
+fn move_into(from: &Path, to: &Path, rel: &Path, replacing: Replacing<'_>) -> Result<()> {
+    let (replace, replaced) = replacing;
     std::fs::create_dir_all(to).with_context(|| format!("cannot create {}", to.display()))?;
     let entries =
         std::fs::read_dir(from).with_context(|| format!("cannot read {}", from.display()))?;
     for entry in entries {
         let entry = entry.with_context(|| format!("cannot read {}", from.display()))?;
         let (source, target) = (entry.path(), to.join(entry.file_name()));
-        match std::fs::symlink_metadata(&target) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => rename(&source, &target)?,
-            Ok(meta) if meta.is_dir() && entry.file_type()?.is_dir() => {
-                move_into(&source, &target)?
+        let rel = rel.join(entry.file_name());
+        let kind = entry.file_type()?;
+        match (std::fs::symlink_metadata(&target), replace) {
+            (Err(e), _) if e.kind() == std::io::ErrorKind::NotFound => rename(&source, &target)?,
+            (Ok(meta), _) if meta.is_dir() && kind.is_dir() => {
+                move_into(&source, &target, &rel, (replace, &mut *replaced))?
             }
-            Ok(_) => bail!(
+            (Ok(meta), Some(keep_in)) if meta.is_file() && kind.is_file() => {
+                let kept = forte_restore::keep_earlier_version(&target, &keep_in.join(&rel))?;
+                rename(&source, &target)?;
+                replaced.push((rel, kept));
+            }
+            (Ok(_), _) => bail!(
                 "cannot promote {}: {} is in the way",
                 source.display(),
                 target.display()
             ),
-            Err(e) => {
+            (Err(e), _) => {
                 return Err(e).with_context(|| format!("cannot look at {}", target.display()))
             }
         }

@@ -17,6 +17,7 @@ mod custody;
 mod deliver;
 mod destination;
 mod download;
+mod kept_instances;
 pub mod dry_run;
 mod landed;
 pub mod landing;

@@ -315,19 +315,7 @@ fn set_aside_replaced(
         let Some(keep_in) = replace.filter(|_| meta.is_file()) else {
             return Err(in_the_way(&target, &meta, false, Existing::KeepIdentical));
         };
-        let kept = numbered_free_name(&keep_in.join(&file.target))?;
-        let parent = kept
-            .parent()
-            .expect("under the directory of replaced files");
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-        std::fs::hard_link(&target, &kept).with_context(|| {
-            format!(
-                "cannot keep {} as {} before replacing it",
-                target.display(),
-                kept.display()
-            )
-        })?;
+        let kept = keep_earlier_version(&target, &keep_in.join(&file.target))?;
         replaced.push(Replaced {
             target: file.target.clone(),
             sha256: file_sha256(&kept)?,
@@ -339,6 +327,24 @@ fn set_aside_replaced(
         forte_fs::syncfs(dir)?;
     }
     Ok(replaced)
+}
+
+/// Gives the file at `target` a second name, `kept_as` or the first free numbered name after
+/// it (`.~N~`), so that a rename over `target` replaces it atomically and its bytes stay;
+/// returns the name it was kept under. Not flushed: the caller flushes once for all.
+pub fn keep_earlier_version(target: &Path, kept_as: &Path) -> Result<PathBuf> {
+    let kept = numbered_free_name(kept_as)?;
+    let parent = kept.parent().expect("under the directory of replaced files");
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    std::fs::hard_link(target, &kept).with_context(|| {
+        format!(
+            "cannot keep {} as {} before replacing it",
+            target.display(),
+            kept.display()
+        )
+    })?;
+    Ok(kept)
 }
 
 /// `path` if nothing is there, else the first of `path.~1~`, `path.~2~`, … that is free.

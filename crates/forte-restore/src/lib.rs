@@ -36,7 +36,7 @@ use destination::{check_destination, commit};
 use stages::{PlannedFile, PlannedObject};
 
 pub use config::{Existing, RestoreConfig};
-pub use destination::{new_staging, remove_stale_staging, replicate};
+pub use destination::{keep_earlier_version, new_staging, remove_stale_staging, replicate};
 pub use object_source::{DirSource, ObjectRef, ObjectSource, PartError};
 pub use objects::{open_inventory, open_objects, Object, UntrustedObjects};
 pub use outcome::{Delivered, Placed, Problem, Replaced, RestoreFailure, Totals};

@@ -203,3 +203,58 @@ fn an_edge_catalogue_replaced_is_reported_as_a_restart() {
         "{stderr}"
     );
 }
+
+/// A core whose catalogue is replaced (or a new worker on the same destination) still knows
+/// the instances it delivered there, from the record beside the destination: a replay of the
+/// batch, after a downstream user moved it away, is acknowledged and not delivered again.
+/// Before: the replay was delivered again.
+#[test]
+fn a_core_with_a_new_catalogue_still_refuses_a_replayed_instance() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
+    pulled(&site);
+    let dest = site.root.join("dest/site-a/run-1");
+    std::fs::rename(&dest, site.root.join("moved-downstream")).unwrap();
+    std::fs::remove_file(&site.core_catalog).unwrap();
+    for suffix in ["-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", site.core_catalog));
+    }
+
+    restore_store(&mut site, &kept);
+    let stderr = pulled(&site);
+    assert!(stderr.contains("replay: instance"), "{stderr}");
+    assert!(!dest.exists(), "the replay was delivered again: {:?}", visible(&dest));
+}
+
+/// With core tasks, a batch lands, its tasks pass, and it is promoted: a later version of the
+/// batch replaces the earlier files there too, each kept. Before the promotion knew, it
+/// refused the batch for ever ("is in the way").
+#[test]
+fn a_later_version_is_promoted_over_the_earlier_one_after_its_tasks() {
+    let site = Site::new();
+    let config = site.root.join("forte.toml");
+    let text = "[pull]\nlanding = \"landing\"\nquarantine = \"quarantine\"\n\n[[task]]\nname = \"check\"\nat = \"core\"\ncommand = [\"true\"]\n";
+    write(&config, text.as_bytes());
+    let pull = || {
+        let mut a = args!["--config", &config];
+        a.extend(site.pull());
+        let out = run(&a);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{stderr}");
+    };
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    let first = std::fs::read(batch.join("bags/000.bag")).unwrap();
+    ok(&site.send(&["-q"]));
+    pull();
+    let second = change(&batch.join("bags/000.bag"), 60_000, 81);
+    ok(&site.send(&["-q"]));
+    pull();
+    let dest = site.root.join("dest");
+    let delivered = dest.join("site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(&delivered).unwrap(), second);
+    let kept = dest.join(".forte-replaced/site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(kept).unwrap(), first);
+}

@@ -1,0 +1,271 @@
+//! The instances the core delivered, kept beside the destination as well as in the catalogue,
+//! so that replay protection outlives the catalogue: a core given a new, restored or moved
+//! catalogue, or a new worker on the same destination, still knows every instance it
+//! delivered there, refuses it again and never delivers an older one of the same batch.
+//!
+//! One file per batch, `DEST/.forte-custody/SITE/SHA256(BATCH NAME).json`: keyed by the site
+//! and the batch name the edge signed (never the relay's batch id, which the relay chooses),
+//! written to a temporary name, flushed and renamed before the relay may be told of the
+//! delivery. Nothing in it is secret: the catalogue holds the same rows.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use forte_catalog::{BatchKey, Earlier, History, InstanceRow, Role};
+use serde::{Deserialize, Serialize};
+
+/// The record's directory under the destination.
+pub const CUSTODY_DIR: &str = ".forte-custody";
+
+/// The `format` of a record file.
+const FORMAT: &str = "forte-delivered/1";
+
+/// The largest record file read: some 100 000 instances of one batch.
+const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+/// The records of the instances delivered into one destination.
+pub(super) struct KeptInstances {
+    dir: PathBuf,
+}
+
+/// One batch's record file.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    format: String,
+    site: String,
+    batch: String,
+    instances: Vec<Kept>,
+}
+
+/// One delivered instance, as [`InstanceRow`] holds it.
+#[derive(Serialize, Deserialize, Clone)]
+#[serde(deny_unknown_fields)]
+struct Kept {
+    instance: String,
+    sequence: i64,
+    batch_key: String,
+    content: String,
+    objects: Vec<String>,
+    sealed_at: i64,
+    recorded_at: i64,
+    receipt: Option<String>,
+    epoch: String,
+    epoch_from: i64,
+    generation: i64,
+    /// The earlier instances it supersedes: instance, sequence, content.
+    supersedes: Vec<(String, i64, String)>,
+}
+
+impl Kept {
+    fn of(row: &InstanceRow) -> Self {
+        let h = &row.history;
+        Self {
+            instance: row.instance.clone(),
+            sequence: row.sequence,
+            batch_key: row.batch_key.to_string(),
+            content: row.content.clone(),
+            objects: row.objects.clone(),
+            sealed_at: row.sealed_at,
+            recorded_at: row.recorded_at,
+            receipt: row.receipt.clone(),
+            epoch: h.epoch.clone(),
+            epoch_from: h.epoch_from,
+            generation: h.generation,
+            supersedes: h
+                .supersedes
+                .iter()
+                .map(|e| (e.instance.clone(), e.sequence, e.content.clone()))
+                .collect(),
+        }
+    }
+
+    fn row(self, site: &str) -> InstanceRow {
+        InstanceRow {
+            role: Role::Core,
+            site: site.to_string(),
+            instance: self.instance,
+            sequence: self.sequence,
+            batch_key: BatchKey::parse(&self.batch_key),
+            content: self.content,
+            objects: self.objects,
+            sealed_at: self.sealed_at,
+            recorded_at: self.recorded_at,
+            receipt: self.receipt,
+            history: History {
+                epoch: self.epoch,
+                epoch_from: self.epoch_from,
+                generation: self.generation,
+                supersedes: self
+                    .supersedes
+                    .into_iter()
+                    .map(|(instance, sequence, content)| Earlier {
+                        instance,
+                        sequence,
+                        content,
+                    })
+                    .collect(),
+            },
+        }
+    }
+}
+
+impl KeptInstances {
+    /// The records of the destination `dest`.
+    pub fn at(dest: &Path) -> Self {
+        Self {
+            dir: dest.join(CUSTODY_DIR),
+        }
+    }
+
+    /// The file of `batch` (its signed name) of `site`.
+    fn path(&self, site: &str, batch: &str) -> PathBuf {
+        use sha2::{Digest, Sha256};
+        let name = hex::encode(Sha256::digest(batch.as_bytes()));
+        self.dir.join(site).join(format!("{name}.json"))
+    }
+
+    /// Every instance of `batch` of `site` delivered into this destination, oldest first;
+    /// none if it has no record. An unreadable record is an error: a core that cannot tell
+    /// a replay must not deliver.
+    pub fn of(&self, site: &str, batch: &str) -> Result<Vec<InstanceRow>> {
+        let path = self.path(site, batch);
+        let Some(record) = read(&path)? else {
+            return Ok(Vec::new());
+        };
+        if record.site != site || record.batch != batch {
+            anyhow::bail!(
+                "{} records batch {:?} of site {}, not batch {batch:?} of site {site}: it was moved or edited (delete it only if that destination never held this batch)",
+                path.display(),
+                record.batch,
+                record.site
+            );
+        }
+        Ok(record.instances.into_iter().map(|k| k.row(site)).collect())
+    }
+
+    /// Adds `row`, an instance of `batch` just delivered, to the batch's record, durably,
+    /// before the relay may be told. Once is enough: an instance recorded already is kept as
+    /// it was (its first receipt is the one).
+    pub fn add(&self, batch: &str, row: &InstanceRow) -> Result<()> {
+        let path = self.path(&row.site, batch);
+        let mut record = read(&path)?.unwrap_or_else(|| Record {
+            format: FORMAT.into(),
+            site: row.site.clone(),
+            batch: batch.to_string(),
+            instances: Vec::new(),
+        });
+        if record.instances.iter().any(|k| k.instance == row.instance) {
+            return Ok(());
+        }
+        record.instances.push(Kept::of(row));
+        write(&path, &record)
+    }
+}
+
+/// The record at `path`, `None` if there is none.
+fn read(path: &Path) -> Result<Option<Record>> {
+    use std::io::Read;
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    };
+    let mut text = Vec::new();
+    file.take(MAX_RECORD_BYTES + 1)
+        .read_to_end(&mut text)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if text.len() as u64 > MAX_RECORD_BYTES {
+        anyhow::bail!("{} is over {MAX_RECORD_BYTES} bytes", path.display());
+    }
+    let record: Record = serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not a record of delivered instances", path.display()))?;
+    if record.format != FORMAT {
+        anyhow::bail!(
+            "{} is of format {:?}; this forte reads {FORMAT:?}",
+            path.display(),
+            record.format
+        );
+    }
+    Ok(Some(record))
+}
+
+/// Writes `record` at `path` whole or not at all: a temporary name beside it, flushed, then
+/// renamed, and the directory flushed.
+fn write(path: &Path, record: &Record) -> Result<()> {
+    use std::io::Write;
+    let dir = path.parent().expect("a record is in its site's directory");
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let temp = dir.join(format!(
+        ".{}.{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
+        std::process::id()
+    ));
+    let bytes = serde_json::to_vec(record).expect("a record serialises");
+    let written = std::fs::File::create(&temp).and_then(|mut f| {
+        f.write_all(&bytes)?;
+        f.sync_all()
+    });
+    written.with_context(|| format!("cannot write {}", temp.display()))?;
+    std::fs::rename(&temp, path)
+        .with_context(|| format!("cannot move {} into place", path.display()))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot flush {}", dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(instance: &str, generation: i64) -> InstanceRow {
+        InstanceRow {
+            role: Role::Core,
+            site: "mine-7".into(),
+            instance: instance.into(),
+            sequence: generation,
+            batch_key: BatchKey::core("mine-7", "0a1b"),
+            content: "c".into(),
+            objects: vec!["0f".into()],
+            sealed_at: 5,
+            recorded_at: 6,
+            receipt: Some("{\"r\":1}".into()),
+            history: History {
+                epoch: "e".into(),
+                epoch_from: 1,
+                generation,
+                supersedes: vec![Earlier {
+                    instance: "i0".into(),
+                    sequence: 0,
+                    content: "c0".into(),
+                }],
+            },
+        }
+    }
+
+    /// What is added is read back, once, by the batch's signed name; another batch's name,
+    /// or a record moved under it, is not taken for it.
+    #[test]
+    fn a_delivered_instance_is_read_back_by_its_site_and_batch_name() {
+        let dest = tempfile::tempdir().unwrap();
+        let kept = KeptInstances::at(dest.path());
+        assert!(kept.of("mine-7", "run 1/x").unwrap().is_empty());
+        kept.add("run 1/x", &row("i1", 1)).unwrap();
+        kept.add("run 1/x", &row("i1", 1)).unwrap();
+        kept.add("run 1/x", &row("i2", 2)).unwrap();
+        let read = kept.of("mine-7", "run 1/x").unwrap();
+        assert_eq!(read, [row("i1", 1), row("i2", 2)]);
+        assert!(kept.of("mine-7", "run 2").unwrap().is_empty());
+        assert!(kept.of("ship-2", "run 1/x").unwrap().is_empty());
+        std::fs::create_dir_all(dest.path().join(CUSTODY_DIR).join("ship-2")).unwrap();
+        std::fs::rename(
+            kept.path("mine-7", "run 1/x"),
+            kept.path("ship-2", "run 1/x"),
+        )
+        .unwrap();
+        let moved = kept.of("ship-2", "run 1/x").unwrap_err().to_string();
+        assert!(moved.contains("moved or edited"), "{moved}");
+        std::fs::write(kept.path("mine-7", "b"), b"{").unwrap();
+        assert!(kept.of("mine-7", "b").is_err(), "a damaged record is an error");
+    }
+}
