@@ -204,7 +204,8 @@ pub struct ReadyQuery {
 }
 
 /// The header of a `GET /v1/ready` answer that counts the seals (objects and batches) the relay
-/// has taken since it started; pass it back as `after` to wait for the next one.
+/// has taken since it started, of the sites the token pulls only; pass it back as `after` to
+/// wait for the next one.
 pub const GENERATION_HEADER: &str = "x-forte-generation";
 
 /// The longest a long poll of `GET /v1/ready` waits.

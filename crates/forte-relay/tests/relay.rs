@@ -411,7 +411,9 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
             .send()
             .unwrap()
     };
-    let text = get(CORE_A).text().unwrap();
+    // The token of all sites: a token limited to some sees only theirs
+    // (`a_core_token_limited_to_a_site_sees_only_that_sites_metrics`).
+    let text = get(CORE_ALL).text().unwrap();
     let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
         .expect("Prometheus text format");
     let value = |metric: &str, label: Option<(&str, &str)>| {
@@ -450,6 +452,227 @@ fn metrics_count_what_the_relay_did_for_core_tokens_only() {
     at_least("forte_relay_refused_total", Some(("status", "422")), 1.0);
     assert_eq!(get(EDGE_A).status().as_u16(), 403);
     assert_eq!(get("wrong-token-0123456789").status().as_u16(), 401);
+}
+
+/// Site `edge`'s object of `bytes` uploaded and sealed into `batch`, and, if `seal_batch`,
+/// the batch sealed.
+fn sealed_object(edge: &RelayClient, batch: &str, bytes: &[u8], seal_batch: bool) -> ObjectId {
+    let id = ObjectId::random();
+    edge.put_part(id, 0, bytes, &sha(bytes)).unwrap();
+    edge.seal(id, batch, vec![part(0, bytes)], b"manifest")
+        .unwrap();
+    if seal_batch {
+        edge.seal_batch(batch, &[id], b"inventory", None).unwrap();
+    }
+    id
+}
+
+/// Two sites send; a core token limited to site-a scrapes `/metrics` and finds nothing of
+/// site-b: none of its series, and no total that counts its bytes. The token of all sites sees
+/// both, as before.
+#[test]
+fn a_core_token_limited_to_a_site_sees_only_that_sites_metrics() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    sealed_object(&client(&relay, EDGE_A), "batch-a", &[1u8; 100], true);
+    sealed_object(&client(&relay, EDGE_B), "batch-b", &[2u8; 1000], true);
+    // What the relay's --http view sets when it reads the store (the same process serves both).
+    let held = |site, bytes| forte_relay::server::SiteHeld {
+        site,
+        bytes,
+        objects: 1,
+        sealed_batches: 1,
+        oldest_age_s: 0,
+    };
+    forte_relay::server::set_held_gauges(&[held("site-a", 100), held("site-b", 1000)], None, &[]);
+    let http = raw_http(&relay);
+    let scrape = |token: &str| {
+        let text = http
+            .get(format!("{}/metrics", relay.url()))
+            .bearer_auth(token)
+            .send()
+            .unwrap()
+            .error_for_status()
+            .unwrap()
+            .text()
+            .unwrap();
+        let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+            .expect("Prometheus text format");
+        (text, scrape)
+    };
+    let value = |scrape: &prometheus_parse::Scrape, metric: &str, site: Option<&str>| {
+        scrape
+            .samples
+            .iter()
+            .find(|s| s.metric == metric && s.labels.get("site") == site)
+            .map(|s| match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                _ => panic!("{metric} is neither a counter nor a gauge"),
+            })
+    };
+
+    let (text, limited) = scrape(CORE_A);
+    for s in &limited.samples {
+        let site = s.labels.get("site");
+        assert!(
+            site == Some("site-a") || (s.metric == "forte_relay_held_bytes" && site.is_none()),
+            "a core token of site-a is shown {} {:?}:\n{text}",
+            s.metric,
+            s.labels
+        );
+        assert!(
+            limited.docs.contains_key(&s.metric),
+            "no # HELP for {}:\n{text}",
+            s.metric
+        );
+    }
+    assert!(!text.contains("site-b"), "{text}");
+    // Its total is its own sites' (the other tests of this file hold nothing in these gauges).
+    assert_eq!(
+        value(&limited, "forte_relay_held_bytes", None),
+        Some(100.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&limited, "forte_relay_site_held_bytes", Some("site-a")),
+        Some(100.0)
+    );
+    // Counters are per process and the other tests of this file run relays too: at least
+    // what this test did.
+    let received = value(&limited, "forte_relay_received_bytes_total", Some("site-a"));
+    assert!(received.is_some_and(|v| v >= 100.0), "{text}");
+    // A description is left only with samples of its family.
+    for family in limited.docs.keys() {
+        assert!(
+            limited.samples.iter().any(|s| &s.metric == family),
+            "# HELP {family} without samples:\n{text}"
+        );
+    }
+
+    let (text, all) = scrape(CORE_ALL);
+    assert_eq!(
+        value(&all, "forte_relay_held_bytes", None),
+        Some(1100.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(&all, "forte_relay_site_held_bytes", Some("site-b")),
+        Some(1000.0)
+    );
+    let received = value(&all, "forte_relay_received_bytes_total", Some("site-b"));
+    assert!(received.is_some_and(|v| v >= 1000.0), "{text}");
+    assert!(value(&all, "forte_relay_part_bytes_total", None).is_some_and(|v| v >= 1100.0));
+}
+
+/// Every other answer a core token limited to site-a can have is about site-a only: the ready
+/// listing, open or not; the seal generation, which counts site-a's seals alone, and whose long
+/// poll site-b's seals do not end; and site-b's batches and objects, which answer as those of a
+/// site that does not exist. The edge's own routes refuse it before they look at anything.
+#[test]
+fn every_answer_to_a_core_token_limited_to_a_site_is_about_that_site_only() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let (edge_a, edge_b) = (client(&relay, EDGE_A), client(&relay, EDGE_B));
+    let (core_a, core_all) = (client(&relay, CORE_A), client(&relay, CORE_ALL));
+    sealed_object(&edge_a, "batch-a", b"from a", true);
+    let b = sealed_object(&edge_b, "batch-b", b"from b", true);
+    // An object of a batch still being sent, listed with `open`.
+    sealed_object(&edge_b, "batch-open", b"open b", false);
+
+    let sites = |listed: Vec<forte_relay::api::ReadyObject>| {
+        let mut sites: Vec<String> = listed.into_iter().map(|o| o.site).collect();
+        sites.sort();
+        sites
+    };
+    assert_eq!(sites(core_a.ready(false).unwrap()), ["site-a"]);
+    assert_eq!(sites(core_a.ready(true).unwrap()), ["site-a"]);
+    assert_eq!(
+        sites(core_all.ready(true).unwrap()),
+        ["site-a", "site-b", "site-b"]
+    );
+
+    // Two seals of site-a (its object, its batch); site-b's three count for the other token.
+    let (_, generation) = core_a.ready_after(false, None).unwrap();
+    assert_eq!(generation, Some(2));
+    assert_eq!(core_all.ready_after(false, None).unwrap().1, Some(5));
+    let sealer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        sealed_object(&edge_b, "batch-later", b"later b", true);
+    });
+    let started = std::time::Instant::now();
+    let (_, after) = core_a
+        .ready_after(false, Some((2, Duration::from_millis(600))))
+        .unwrap();
+    sealer.join().unwrap();
+    assert_eq!(
+        after,
+        Some(2),
+        "site-b's seals are counted for site-a's core"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "site-b's seal ended site-a's long poll after {:?}",
+        started.elapsed()
+    );
+
+    // site-b's things answer as a site that does not exist would, the name aside.
+    let http = raw_http(&relay);
+    let ask = |method: reqwest::Method, path: String| {
+        let r = http
+            .request(method, format!("{}{path}", relay.url()))
+            .bearer_auth(CORE_A)
+            .header("content-type", "application/json")
+            .body(r#"{"objects":[]}"#)
+            .send()
+            .unwrap();
+        (r.status().as_u16(), r.text().unwrap())
+    };
+    use reqwest::Method;
+    for (method, path) in [
+        (
+            Method::GET,
+            "/v1/sites/SITE/batches/batch-b/inventory".to_string(),
+        ),
+        (
+            Method::POST,
+            "/v1/sites/SITE/batches/batch-b/ack".to_string(),
+        ),
+        (Method::GET, format!("/v1/sites/SITE/objects/{b}/manifest")),
+        (Method::GET, format!("/v1/sites/SITE/objects/{b}/parts/0")),
+        (
+            Method::POST,
+            format!("/v1/sites/SITE/objects/{b}/parts/0/reject"),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sites/SITE/objects/{b}/manifest/reject"),
+        ),
+    ] {
+        let (status, body) = ask(method.clone(), path.replace("SITE", "site-b"));
+        let (none_status, none_body) = ask(method, path.replace("SITE", "site-z"));
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(
+            (status, body.replace("site-b", "site-z")),
+            (none_status, none_body),
+            "{path}"
+        );
+    }
+    for path in [
+        "/v1/site".to_string(),
+        "/v1/batches/batch-b/receipts".to_string(),
+        format!("/v1/objects/{b}"),
+    ] {
+        let (status, body) = ask(Method::GET, path.clone());
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(!body.contains("site-b"), "{path}: {body}");
+    }
+    // Nothing of site-b's was touched by those requests.
+    assert_eq!(
+        sites(core_all.ready(false).unwrap()),
+        ["site-a", "site-b", "site-b"]
+    );
 }
 
 mod fuzz {

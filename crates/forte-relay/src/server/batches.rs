@@ -44,16 +44,16 @@ pub(super) async fn seal_batch(
         Some(wait) => wait_for_members(&relay, &site, &batch, &objects, wait).await?,
         None => false,
     };
-    let (r, b) = (relay.clone(), batch.clone());
+    let (r, s, b) = (relay.clone(), site.clone(), batch.clone());
     blocking(move || {
         let inventory = inventory.as_deref();
         match present {
-            true => r.store.write_batch_seal(&site, &b, &objects, inventory),
-            false => r.store.seal_batch(&site, &b, &objects, inventory),
+            true => r.store.write_batch_seal(&s, &b, &objects, inventory),
+            false => r.store.seal_batch(&s, &b, &objects, inventory),
         }
     })
     .await?;
-    relay.sealed_something();
+    relay.sealed_something(&site);
     tracing::info!(batch = %batch, objects = count, "batch sealed");
     ::metrics::counter!("forte_relay_batches_sealed_total").increment(1);
     Ok(StatusCode::CREATED)

@@ -20,7 +20,8 @@
 //!   rejections, metrics
 //! - `auth.rs` (tokens), `body.rs` (streamed bodies), `connections.rs` (connection caps),
 //!   `memory.rs` (memory for bodies held whole), `share.rs` (sites' fair shares),
-//!   `metrics.rs` (Prometheus), `store/` (what the relay keeps)
+//!   `metrics.rs` (Prometheus), `site_metrics.rs` (the metrics a core token limited to some
+//!   sites sees), `store/` (what the relay keeps)
 
 mod answer;
 mod auth;
@@ -31,7 +32,8 @@ mod gate;
 mod memory;
 mod metrics;
 pub use memory::DEFAULT_BUDGET as DEFAULT_BODY_MEMORY;
-/// The relay's metrics in Prometheus' text format (what `GET /metrics` answers a core token).
+/// The relay's metrics in Prometheus' text format, every site's (what `GET /metrics` answers a
+/// core token of all sites).
 pub use metrics::render as metrics_text;
 pub use metrics::{held as set_held_gauges, SiteHeld};
 mod objects;
@@ -40,6 +42,7 @@ mod request;
 mod routes;
 pub mod share;
 mod signals;
+mod site_metrics;
 mod start;
 pub mod store;
 
@@ -87,8 +90,9 @@ struct Relay {
     store: Store,
     /// Replaced whole when tokens.toml is reloaded (SIGHUP); a request reads it once.
     tokens: parking_lot::RwLock<Arc<Tokens>>,
-    /// Counts seals of objects and batches: what a long poll of `GET /v1/ready` waits on.
-    seals: tokio::sync::watch::Sender<u64>,
+    /// Counts seals of objects and batches per site: what a long poll of `GET /v1/ready`
+    /// waits on.
+    seals: tokio::sync::watch::Sender<Seals>,
     /// Each sending site's share of the ingress, paced as its uploads' bodies are read.
     shares: Arc<Shares>,
     /// The memory request bodies held whole may take together.
@@ -101,8 +105,27 @@ struct Relay {
 }
 
 impl Relay {
-    /// Wakes every long poll waiting for a seal.
-    fn sealed_something(&self) {
-        self.seals.send_modify(|n| *n += 1);
+    /// Counts a seal of `site`'s and wakes every long poll waiting for one.
+    fn sealed_something(&self, site: &str) {
+        self.seals
+            .send_modify(|seals| *seals.by_site.entry(site.to_owned()).or_default() += 1);
+    }
+}
+
+/// The seals (objects and batches) the relay has taken since it started, by site.
+#[derive(Default)]
+struct Seals {
+    by_site: std::collections::HashMap<String, u64>,
+}
+
+impl Seals {
+    /// The seal generation `core` is told: the seals of the sites it pulls only, so that another
+    /// site's seals neither show in its count nor end its long poll.
+    fn generation(&self, core: &Principal) -> u64 {
+        self.by_site
+            .iter()
+            .filter(|(site, _)| core.pulls(site))
+            .map(|(_, n)| n)
+            .sum()
     }
 }

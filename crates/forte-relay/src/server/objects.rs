@@ -58,9 +58,9 @@ fn part_stored(stored: Stored, id: ObjectId, index: u32, length: u64) -> StatusC
     }
 }
 
-/// Wakes the long polls and logs and counts an object sealed.
-fn object_sealed(relay: &Relay, id: ObjectId) {
-    relay.sealed_something();
+/// Wakes the long polls and logs and counts an object of `site` sealed.
+fn object_sealed(relay: &Relay, site: &str, id: ObjectId) {
+    relay.sealed_something(site);
     tracing::info!(object = %id, "object sealed");
     ::metrics::counter!("forte_relay_objects_sealed_total").increment(1);
 }
@@ -90,9 +90,9 @@ pub(super) async fn put_whole(
             )
         })?;
     let part_len = length - manifest_len;
-    let r = relay.clone();
+    let (r, s) = (relay.clone(), site.clone());
     let stored = body::with_body(body, move |chunks| {
-        let mut upload = r.store.begin_part(&site, id, 0, &sha256, part_len)?;
+        let mut upload = r.store.begin_part(&s, id, 0, &sha256, part_len)?;
         let mut manifest = Vec::with_capacity(manifest_len as usize);
         let mut to_part = part_len;
         for mut chunk in chunks {
@@ -105,7 +105,7 @@ pub(super) async fn put_whole(
     })
     .await?;
     part_stored(stored, id, 0, part_len);
-    object_sealed(&relay, id);
+    object_sealed(&relay, &site, id);
     Ok(StatusCode::CREATED)
 }
 
@@ -166,8 +166,8 @@ pub(super) async fn seal(
                 format!("manifest is not base64: {e}"),
             )
         })?;
-    let r = relay.clone();
-    blocking(move || r.store.seal(&site, id, &seal.batch, &seal.parts, &manifest)).await?;
-    object_sealed(&relay, id);
+    let (r, s) = (relay.clone(), site.clone());
+    blocking(move || r.store.seal(&s, id, &seal.batch, &seal.parts, &manifest)).await?;
+    object_sealed(&relay, &site, id);
     Ok(StatusCode::CREATED)
 }

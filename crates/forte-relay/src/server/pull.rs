@@ -12,21 +12,36 @@ use base64::Engine;
 
 use super::answer::blocking;
 use super::request::{check_batch, core_for, object_id, part_index, principal};
-use super::{body, metrics, Answer, Failure, Principal, Relay};
+use super::{body, metrics, site_metrics, Answer, Failure, Principal, Relay};
 use crate::api::{BatchAck, ReadyObject, ReadyQuery, GENERATION_HEADER, MAX_WAIT_MS};
 
-/// Prometheus metrics, for a core token (scrapers authenticate like pullers).
+/// Prometheus metrics, for a core token (scrapers authenticate like pullers): a token limited
+/// to some sites sees only theirs ([`site_metrics`]).
 pub(super) async fn render_metrics(
     State(relay): State<Arc<Relay>>,
     headers: HeaderMap,
 ) -> Answer<String> {
-    match principal(&relay, &headers)? {
-        Principal::Core { .. } => Ok(metrics::render()),
-        Principal::Edge { .. } => Err(Failure::new(
-            StatusCode::FORBIDDEN,
-            "metrics need a core token".into(),
-        )),
+    let sites = match principal(&relay, &headers)? {
+        Principal::Core { sites } => sites,
+        Principal::Edge { .. } => {
+            return Err(Failure::new(
+                StatusCode::FORBIDDEN,
+                "metrics need a core token".into(),
+            ))
+        }
+    };
+    let text = metrics::render();
+    if sites.iter().any(|s| s == "*") {
+        return Ok(text);
     }
+    site_metrics::only_sites(&text, &sites).map_err(|e| {
+        // Never the whole text instead: that would show this token every site's series.
+        tracing::error!("cannot cut the relay's metrics down to sites {sites:?}: {e:#}");
+        Failure::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the relay cannot read its own metrics; see its log".into(),
+        )
+    })
 }
 
 pub(super) async fn ready(
@@ -34,23 +49,23 @@ pub(super) async fn ready(
     headers: HeaderMap,
     Query(query): Query<ReadyQuery>,
 ) -> Answer<([(&'static str, String); 1], Json<Vec<ReadyObject>>)> {
-    let sites = match principal(&relay, &headers)? {
-        Principal::Core { sites } => sites,
-        Principal::Edge { .. } => {
-            return Err(Failure::new(
-                StatusCode::FORBIDDEN,
-                "an edge token cannot pull".into(),
-            ))
-        }
+    let core = principal(&relay, &headers)?;
+    let Principal::Core { sites } = &core else {
+        return Err(Failure::new(
+            StatusCode::FORBIDDEN,
+            "an edge token cannot pull".into(),
+        ));
     };
+    let sites = sites.clone();
     let mut seals = relay.seals.subscribe();
     if let Some(after) = query.after {
         let wait = std::time::Duration::from_millis(query.wait_ms.unwrap_or(0).min(MAX_WAIT_MS));
         // Timing out is an answer too: the listing as it is.
-        let _ = tokio::time::timeout(wait, seals.wait_for(|n| *n > after)).await;
+        let next = seals.wait_for(|seals| seals.generation(&core) > after);
+        let _ = tokio::time::timeout(wait, next).await;
     }
     // Read before listing: a seal during the listing makes the next long poll return at once.
-    let generation = *seals.borrow_and_update();
+    let generation = seals.borrow_and_update().generation(&core);
     let r = relay.clone();
     let listing = blocking(move || Ok(r.store.ready(&sites, query.open))).await?;
     Ok(([(GENERATION_HEADER, generation.to_string())], Json(listing)))

@@ -132,7 +132,7 @@ fn prepare(config: &RelayConfig) -> Result<Prepared> {
     let relay = Arc::new(Relay {
         store,
         tokens,
-        seals: tokio::sync::watch::channel(0).0,
+        seals: tokio::sync::watch::channel(Default::default()).0,
         shares: Arc::new(Shares::new(config.fair_shares)),
         bodies: memory::BodyMemory::new(config.body_memory),
         body_stall: config.connections.idle,
