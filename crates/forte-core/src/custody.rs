@@ -285,7 +285,11 @@ impl Core<'_> {
     /// catalogue recorded under `key`, and those the destination's own record holds under the
     /// batch's signed name (a catalogue new, restored or moved, or a relay that lists the
     /// batch under another id, does not make them unknown).
-    fn delivered_instances(&self, key: &BatchKey, inventory: &Inventory) -> Result<Vec<InstanceRow>> {
+    fn delivered_instances(
+        &self,
+        key: &BatchKey,
+        inventory: &Inventory,
+    ) -> Result<Vec<InstanceRow>> {
         let mut known = self.setup.catalog.instances_of(key)?;
         let kept = KeptInstances::at(self.setup.dest).of(&inventory.site, &inventory.batch)?;
         for row in kept {

@@ -135,11 +135,10 @@ impl Core<'_> {
         }
         let instance = learned.instance;
         // Landed: the site's tasks decide between promotion and quarantine.
-        let result =
-            result.and_then(|committed| {
-                let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
-                self.check_landed(&batch, &report.batch, committed, supersedes)
-            });
+        let result = result.and_then(|committed| {
+            let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
+            self.check_landed(&batch, &report.batch, committed, supersedes)
+        });
         let result = match result {
             Ok(Checked::Quarantined {
                 verified,
@@ -342,7 +341,9 @@ impl Core<'_> {
             let replace = self.replaced_dir(supersedes);
             let replaced = landing.promote(&dir, self.setup.dest, replace.as_deref())?;
             let delivered = &mut verified.delivered;
-            delivered.replaced.extend(replaced_files(&delivered.placed, replaced));
+            delivered
+                .replaced
+                .extend(replaced_files(&delivered.placed, replaced));
             return Ok(Checked::InPlace(verified));
         }
         let kept = landing.quarantine(&dir, batch.site(), batch.id(), &refusals)?;
@@ -485,7 +486,10 @@ impl Core<'_> {
             _ => None,
         };
         // A later version of the batch replaces the files of earlier ones, each kept.
-        let supersedes = learned.instance.as_ref().is_some_and(Instance::supersedes_earlier);
+        let supersedes = learned
+            .instance
+            .as_ref()
+            .is_some_and(Instance::supersedes_earlier);
         let replace = self.replaced_dir(supersedes);
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),

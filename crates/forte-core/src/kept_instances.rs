@@ -198,7 +198,9 @@ fn write(path: &Path, record: &Record) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let temp = dir.join(format!(
         ".{}.{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("record"),
+        path.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("record"),
         std::process::id()
     ));
     let bytes = serde_json::to_vec(record).expect("a record serialises");
@@ -266,6 +268,9 @@ mod tests {
         let moved = kept.of("ship-2", "run 1/x").unwrap_err().to_string();
         assert!(moved.contains("moved or edited"), "{moved}");
         std::fs::write(kept.path("mine-7", "b"), b"{").unwrap();
-        assert!(kept.of("mine-7", "b").is_err(), "a damaged record is an error");
+        assert!(
+            kept.of("mine-7", "b").is_err(),
+            "a damaged record is an error"
+        );
     }
 }

@@ -111,13 +111,15 @@ fn in_the_way(
         Existing::Refuse if meta.is_file() && !is_dir => anyhow!(
             "{target} already exists; nothing was restored (pass --overwrite to replace files)"
         ),
-        // Only a file with other contents gets here: identical ones are kept. Moving it away
-        // is not the way out: the relay may offer any instance, a stale one too.
+        // Only a file with other contents gets here: identical ones are kept, and an earlier
+        // version of the batch's own file is replaced (kept aside) by a later instance. Moving
+        // it away delivers nothing stale: the core never delivers an instance older than one
+        // of the batch it delivered.
         Existing::KeepIdentical if meta.is_file() && !is_dir => anyhow!(
             "{target} already exists with other contents than the delivered file, and this \
-             instance does not supersede an earlier one of its batch; nothing of this batch \
-             was delivered (a file of another batch at the same path: choose another --to or \
-             --layout so that batches do not share paths)"
+             instance of the batch does not supersede the one that put it there; nothing of \
+             this batch was delivered (a file that is not this batch's: move {target} away, \
+             or choose another --to or --layout, and pull again)"
         ),
         Existing::KeepIdentical => anyhow!(
             "{target} already exists and is {found}, where {wanted} is to go; nothing \
@@ -334,7 +336,9 @@ fn set_aside_replaced(
 /// returns the name it was kept under. Not flushed: the caller flushes once for all.
 pub fn keep_earlier_version(target: &Path, kept_as: &Path) -> Result<PathBuf> {
     let kept = numbered_free_name(kept_as)?;
-    let parent = kept.parent().expect("under the directory of replaced files");
+    let parent = kept
+        .parent()
+        .expect("under the directory of replaced files");
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
     std::fs::hard_link(target, &kept).with_context(|| {

@@ -226,7 +226,11 @@ fn a_core_with_a_new_catalogue_still_refuses_a_replayed_instance() {
     restore_store(&mut site, &kept);
     let stderr = pulled(&site);
     assert!(stderr.contains("replay: instance"), "{stderr}");
-    assert!(!dest.exists(), "the replay was delivered again: {:?}", visible(&dest));
+    assert!(
+        !dest.exists(),
+        "the replay was delivered again: {:?}",
+        visible(&dest)
+    );
 }
 
 /// With core tasks, a batch lands, its tasks pass, and it is promoted: a later version of the
@@ -257,4 +261,62 @@ fn a_later_version_is_promoted_over_the_earlier_one_after_its_tasks() {
     assert_eq!(std::fs::read(&delivered).unwrap(), second);
     let kept = dest.join(".forte-replaced/site-a/run-1/bags/000.bag");
     assert_eq!(std::fs::read(kept).unwrap(), first);
+}
+
+/// The honest flow of issue 57: a file appended to while its batch is being sent (a watching
+/// sender held to 2 MB/s, a watching puller). The core first delivers a consistent snapshot,
+/// the edge sends the rest as a later version, and the destination ends with the file's
+/// final bytes within 10 s of the last append, the relay holding nothing of it. Before: the
+/// follow-up was refused on every pull and held at the relay for ever.
+#[test]
+fn a_file_appended_to_while_it_is_sent_ends_with_its_final_bytes() {
+    use std::io::Write;
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    let batch = write_batch(&inbox, "run-1", 1, 6_000_000);
+    let file = batch.join("bags/000.bag");
+    let (send_log, pull_log) = (site.root.join("send.log"), site.root.join("pull.log"));
+    let send = site.send(&["--watch", "--interval", "1", "--bwlimit", "2MB"]);
+    let _send = spawn_logged(&send, &send_log);
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let _pull = spawn_logged(&pull, &pull_log);
+    let said = || {
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        format!("send:\n{}\npull:\n{}", read(&send_log), read(&pull_log))
+    };
+    // Appended to while its upload runs.
+    let mut appended = Vec::new();
+    for round in 0..3u64 {
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let more = sample_bytes(500_000, 100 + round);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap();
+        f.write_all(&more).unwrap();
+        appended.push(more);
+    }
+    let last_append = std::time::Instant::now();
+    let expected = std::fs::read(&file).unwrap();
+    let delivered = site.root.join("dest/site-a/run-1/bags/000.bag");
+    assert!(
+        wait_for(60, || std::fs::read(&delivered)
+            .is_ok_and(|b| b == expected)),
+        "the final bytes never arrived: {}",
+        said()
+    );
+    let took = last_append.elapsed();
+    assert!(
+        took.as_secs_f64() <= 10.0,
+        "{took:?} after the last append: {}",
+        said()
+    );
+    assert!(
+        wait_for(30, || site.relay_objects().is_empty()),
+        "the relay still holds {:?}: {}",
+        site.relay_objects(),
+        said()
+    );
+    eprintln!("final bytes at the destination {took:?} after the last append");
 }
