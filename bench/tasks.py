@@ -46,7 +46,7 @@ def main():
     try:
         subprocess.run([FORTE, "--catalog", WORK / "edge.sqlite", "send", WORK / "inbox", "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        *conn, WORK / "edge.token"], check=True)
+                        "--site", "site", *conn, WORK / "edge.token"], check=True)
     finally:
         relay.terminate()
         relay.wait()

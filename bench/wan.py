@@ -491,8 +491,8 @@ class Contenders:
             # With two senders, each one's bytes arriving at the relay are read every second.
             shares = SiteShares(url, (WORK / "core.token").read_text().strip()) if self.senders > 1 else None
             with shares or contextlib.nullcontext():
-                sends = [send(edge_catalog, "keys", "edge.token")] + (
-                    [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
+                sends = [send(edge_catalog, "keys", "edge.token", "wan")] + (
+                    [send(second, "keys2", "edge2.token", "wan2")] if self.senders > 1 else [])
                 edge = sum(wait_cpu(p) for p in sends)
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")

@@ -182,7 +182,7 @@ class Site:
             self._spawn(
                 f"send-{other}",
                 ["--catalog", str(self.root / f"edge-{other}.sqlite"), "send", str(inbox), *watch, "--http", addr, *http,
-                 "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"),
+                 "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "--site", other,
                  *relay_args, "--token-file", str(self.root / f"edge-{other}.token"), *send_flags],
             )
         for addr in (*self.edge_addrs.values(), self.core_addr):

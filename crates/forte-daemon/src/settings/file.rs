@@ -24,8 +24,8 @@
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //!
 //! [send]
-//! site = "mine-7"                  # signed into every inventory; default: the relay's name
-//!                                  # for this token (give it when sites share a key)
+//! site = "mine-7"                  # signed into every inventory; send needs it (never takes
+//!                                  # it from the relay, whose name for the token must match)
 //! connections = "auto"             # or a number: uploads in flight, fixed
 //! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
 //! target_rate = "30MB"             # hold the upload at this rate
@@ -170,8 +170,6 @@ pub struct S3Section {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct SendSection {
-    /// This edge's site, as the relay's tokens.toml names it.
-    pub site: Option<String>,
     /// Uploads in flight: `auto` (tuned while the transfer runs) or a fixed number.
     pub connections: Option<Connections>,
     /// The upload's bandwidth limit: a rate or a timetable (`units::parse_bwlimit`).

@@ -182,6 +182,14 @@ pub struct IngestFlags {
     pub(super) scheduler: Option<Scheduler>,
 }
 
+/// A site name as `--site` (or `site` in `[send]`) gives it, by the rule the core checks
+/// signed sites with: a name the core would refuse for ever is refused before anything is
+/// signed or uploaded, the error naming the flag or the key.
+fn parse_site(text: &str) -> Result<String, String> {
+    forte_format::check_site_name(text)?;
+    Ok(text.to_string())
+}
+
 /// A Parquet page codec as a flag value.
 pub fn parse_codec(text: &str) -> Result<Codec, String> {
     text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
@@ -257,11 +265,11 @@ pub struct SendFlags {
     /// [config: keys.receipt_pub].
     #[arg(long, value_name = "FILE")]
     pub(super) receipt_pub: Vec<PathBuf>,
-    /// This edge's site, signed into every batch so the core files it under no other site
-    /// [config: send.site] [default: the relay's name for this token, asked before the first
-    /// batch is prepared]. Give it when several sites share an edge key: then a relay that
-    /// lies about it is refused at the core.
-    #[arg(long, value_name = "NAME")]
+    /// This edge's site, signed into every batch so the core files it under no other site;
+    /// `send` needs it (`--cancel` aside) and never takes it from the relay, whose name for
+    /// this token is only checked against it: a mismatch is refused before anything is
+    /// prepared [config: send.site].
+    #[arg(long, value_name = "NAME", value_parser = parse_site)]
     pub(super) site: Option<String>,
     /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
     /// relay deletes what it holds of it that the core has not taken, so the core never gets

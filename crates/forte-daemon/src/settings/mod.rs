@@ -156,69 +156,55 @@ pub fn receipt_pub(flags: &[PathBuf], config: &Config) -> Result<Option<TrustedC
     TrustedCores::load(paths).map(Some)
 }
 
-/// This edge's site: `--site`, else `[send] site`, else the relay's name for the token, asked
-/// the first time a batch is sealed (a daemon starts while the relay is down). A site given
-/// that the relay names otherwise is refused then: the relay files the batches under its own
-/// name, and the core would refuse every one.
+/// What `send` says when no site is given: it never takes one from the relay.
+const NO_SITE: &str = "send needs its site: pass --site NAME or set site in [send] of the configuration file (the relay's name for the token is only checked against it)";
+
+/// This edge's site, from its own configuration only: `--site`, or `site` in `[send]` (the
+/// file's value is the flag's default, checked by the same parser, `flags::parse_site`). Never
+/// from the relay: a relay operator who swapped two sites' names in tokens.toml would
+/// otherwise have a fresh edge of one site sign its batches as the other's. The relay's name
+/// for the token is only checked against it, once, before the first batch is prepared.
 pub struct EdgeSite {
-    given: Option<String>,
-    known: std::sync::OnceLock<String>,
+    /// None only for `send --cancel`, which signs nothing.
+    name: Option<String>,
+    /// Set once the relay's name for the token was compared with it.
+    checked: std::sync::OnceLock<()>,
 }
 
 impl EdgeSite {
-    pub fn new(flag: Option<&str>, config: &Config) -> Result<Self> {
-        let given = flag.or(config.send.site.as_deref());
-        if let Some(site) = given {
-            forte_format::check_site_name(site).map_err(|e| anyhow!("--site: {e}"))?;
+    /// The site `flag` gives (already checked as a site name by its parser); refused at once
+    /// when there is none and `signs` (every `send` but `--cancel`).
+    pub fn new(flag: Option<&str>, signs: bool) -> Result<Self> {
+        if flag.is_none() && signs {
+            bail!(NO_SITE);
         }
         Ok(Self {
-            given: given.map(str::to_string),
-            known: Default::default(),
+            name: flag.map(str::to_string),
+            checked: Default::default(),
         })
     }
 
-    /// The site, checked against the relay's name for the token once. A site learned from the
-    /// relay must be one this edge sealed for before, if it sealed any: a relay that renames
-    /// the token's site would otherwise have every batch sealed again under its new name.
-    pub fn get(&self, client: &RelayClient, catalog: &crate::record::Catalog) -> Result<&str> {
-        if let Some(site) = self.known.get() {
-            return Ok(site);
-        }
-        let site = match (self.given.as_deref(), client.site()) {
-            (Some(site), Ok(relay)) if relay != site => bail!(
-                "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
-            ),
-            (Some(site), _) => site.to_string(),
-            (None, Ok(relay)) => {
-                let before = catalog.sealed_for_sites()?;
-                if !before.is_empty() && !before.contains(&relay) {
-                    bail!(
-                        "the relay now says this token belongs to site {relay}, but this edge sealed its batches for site {}: pass --site {} (or fix the relay's tokens.toml)",
-                        before.join(", "),
-                        before[0]
-                    );
+    /// The site, compared once with the relay's name for the token: a relay that names it
+    /// otherwise is refused (it would file the batches under its own name, where the core
+    /// refuses every one). A relay that cannot be asked is not waited for: what it files
+    /// where is checked at the core against the signed site anyway.
+    pub fn get(&self, client: &RelayClient) -> Result<&str> {
+        let site = self.name.as_deref().context(NO_SITE)?;
+        if self.checked.get().is_none() {
+            if let Ok(relay) = client.site() {
+                if relay != site {
+                    bail!("this edge's site is {site} (--site or site in [send]), but the relay's tokens.toml gives this token to site {relay}: refused, nothing is signed for {relay}; fix the relay's tokens.toml, or this edge's site if it is the one that is wrong");
                 }
-                relay
             }
-            // The relay cannot be asked: the one site this edge sealed for before, if any, is
-            // the only one it would accept from the relay anyway.
-            (None, Err(e)) => match catalog.sealed_for_sites()?.as_slice() {
-                [before] => before.clone(),
-                _ => bail!(
-                    "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
-                ),
-            },
-        };
-        Ok(self.known.get_or_init(|| site))
+            let _ = self.checked.set(());
+        }
+        Ok(site)
     }
 
-    /// The site if known without asking the relay: given, or learned before; else empty.
-    pub fn known(&self) -> &str {
-        self.known
-            .get()
-            .map(String::as_str)
-            .or(self.given.as_deref())
-            .unwrap_or("")
+    /// The site, without asking the relay (empty for a `--cancel` without one): what the
+    /// failure hook is told.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
     }
 }
 

@@ -56,6 +56,41 @@ fn pull_trusting_both(site: &Site, extra: &[&str]) -> Args {
     a
 }
 
+/// A relay operator swaps two sites' names in tokens.toml and sends SIGHUP (issue 57). A fresh
+/// edge of site-a used to take its site from the relay, so it signed its batch as site-b's,
+/// and a core trusting the one key for both sites delivered site-a's data under site-b. The
+/// edge's site is its own now: without one `send` refuses to start, and with it the relay's
+/// other name is refused before anything is prepared. Nothing is signed for site-b or uploaded;
+/// with the names put back the batch goes, under site-a.
+#[test]
+fn a_relay_that_swaps_two_sites_names_gets_no_fresh_edge_to_sign_as_the_other() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 2, 100_000);
+    site.swap_site_names_at_the_relay();
+    let err = fails(&site.send_without_site(&["-q"]));
+    assert!(
+        err.contains("send needs its site: pass --site NAME"),
+        "{err}"
+    );
+    let err = fails(&site.send(&["-q"]));
+    assert!(
+        err.contains("the relay's tokens.toml gives this token to site site-b")
+            && err.contains("nothing is signed for site-b"),
+        "{err}"
+    );
+    assert_eq!(site.relay_holdings(), Vec::<PathBuf>::new());
+    let out = ok(&pull_trusting_both(&site, &[]));
+    assert!(out.contains("nothing waiting"), "{out}");
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    site.swap_site_names_at_the_relay();
+    ok(&site.send(&["-q"]));
+    ok(&pull_trusting_both(&site, &[]));
+    let dest = site.root.join("dest");
+    assert_eq!(visible(&dest.join("site-a/run-a")).len(), 2);
+    assert!(!dest.join("site-b").exists());
+}
+
 /// A relay operator moves site-b's sealed batch into site-a's namespace of the store: it is
 /// signed for site-b, so the core refuses to file it under site-a, delivers nothing and does
 /// not acknowledge it, even though the one edge key signs for both sites.
