@@ -119,7 +119,7 @@ def one_run(inbox: Path, send_flags: list, store: str, volumes) -> dict:
         sent = time.monotonic()
         stored = sum(p.stat().st_size for p in tree.rglob("part-*") if p.is_file())
         pull = timed([FORTE, "--catalog", WORK / "core.sqlite", "pull", "--to", core_root / "dest",
-                      "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "-q",
+                      "--identity", WORK / "keys/core.key", "--trust", f"scale={WORK / 'keys/edge.pub'}", "-q",
                       *conn, WORK / "core.token"])
         ended = time.monotonic()
         requests = bucket_requests(url, (WORK / "core.token").read_text().strip()) if s3 else {}

@@ -70,7 +70,7 @@ def main():
                 start = time.perf_counter()
                 subprocess.run([FORTE, "--config", config, "--catalog", WORK / "core.sqlite", "pull",
                                 "--to", WORK / "dest", "-q", "--identity", WORK / "keys/core.key",
-                                "--trust", WORK / "keys/edge.pub", "--relay", url,
+                                "--trust", f"site={WORK / 'keys/edge.pub'}", "--relay", url,
                                 "--relay-fingerprint", fingerprint, "--token-file", WORK / "core.token"],
                                check=True, stdout=subprocess.DEVNULL)
                 times[name].append(time.perf_counter() - start)

@@ -6,7 +6,8 @@
 //! sign = "keys/edge.key"        # pack: sign manifests with this edge key
 //! identity = "keys/core.key"    # unpack: decrypt with this age identity file
 //! trust = ["mine-7=keys/edge.pub"]  # unpack, pull: accept what this edge key signs for site
-//!                               # mine-7 ("keys/edge.pub" alone: for any site)
+//!                               # mine-7 ("keys/edge.pub" alone: for any site, which
+//!                               # unpack takes, and pull only with trust_any_site in [pull])
 //! receipt_key = "keys/receipt.key"  # pull: sign custody receipts with this core key
 //! receipt_pub = ["keys/receipt.pub"] # send: delete sources only under receipts it verifies
 //!
@@ -36,6 +37,7 @@
 //! landing = "landing"            # verified batches wait here while their core tasks run
 //! quarantine = "quarantine"      # batches a task refused, with its output
 //!                                # (both default to hidden directories in the destination)
+//! trust_any_site = false         # true: a key in keys.trust without SITE= signs for any site
 //!
 //! [[task]]                       # a site's own step; as many as needed, run in this order
 //! name = "parquet-columns"

@@ -57,8 +57,9 @@ pub struct CoreFlags {
     #[arg(long, value_name = "FILE")]
     pub(super) identity: Vec<PathBuf>,
     /// Trusted edge public key (edge.pub), bound to the site it may sign for as SITE=FILE
-    /// (FILE alone: any site; a relay could then file one site's batch under another site
-    /// that shares the key); repeat for several edges or sites [config: keys.trust].
+    /// (FILE alone: any site, which pull takes only with --trust-any-site, since a relay could
+    /// then file one site's batch under another site that shares the key); repeat for
+    /// several edges or sites [config: keys.trust].
     #[arg(long, value_name = "[SITE=]FILE")]
     pub(super) trust: Vec<forte_format::TrustSpec>,
     /// CPU budget [config: prepare.cpu] [default: all cores].
@@ -318,6 +319,12 @@ pub struct PullFlags {
     /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].
     #[arg(long, value_name = "FILE")]
     pub(super) receipt_key: Option<PathBuf>,
+    /// Trust an edge key given without a site (--trust FILE, or FILE alone in keys.trust) for
+    /// every site. Without this such a key is refused at the start: a relay could file one
+    /// site's batch under another site signed with it; bind each key to its site with --trust
+    /// SITE=FILE instead [config: pull.trust_any_site].
+    #[arg(long)]
+    pub(super) trust_any_site: bool,
     /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
     /// after a later one did: a batch dropped or held back at the relay [config: pull.gap_alert_after].
     #[arg(long, value_name = "DURATION", default_value = "10m")]

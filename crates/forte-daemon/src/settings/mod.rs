@@ -95,17 +95,24 @@ pub struct TrustedKeys {
     specs: parking_lot::Mutex<Vec<forte_format::TrustSpec>>,
     /// The configuration file the specs came from, if they did.
     file: Option<PathBuf>,
+    /// Whether a key given without a site may sign for every site (`--trust-any-site`).
+    any_site: bool,
     current: parking_lot::RwLock<std::sync::Arc<TrustedEdges>>,
 }
 
 impl TrustedKeys {
-    pub fn load(specs: Vec<forte_format::TrustSpec>, file: Option<PathBuf>) -> Result<Self> {
-        let current = parking_lot::RwLock::new(std::sync::Arc::new(TrustedEdges::load(&specs)?));
-        let specs = parking_lot::Mutex::new(specs);
+    /// The keys `specs` name; a spec without a site is refused unless `any_site`.
+    pub fn load(
+        specs: Vec<forte_format::TrustSpec>,
+        file: Option<PathBuf>,
+        any_site: bool,
+    ) -> Result<Self> {
+        let keys = Self::checked(&specs, file.as_deref(), any_site)?;
         Ok(Self {
-            specs,
+            specs: parking_lot::Mutex::new(specs),
             file,
-            current,
+            any_site,
+            current: parking_lot::RwLock::new(std::sync::Arc::new(keys)),
         })
     }
 
@@ -114,8 +121,9 @@ impl TrustedKeys {
         self.current.read().clone()
     }
 
-    /// Reads the key files again and puts them in force; one that does not read is refused,
-    /// and the keys in force stay. How many keys are in force.
+    /// Reads the key files again and puts them in force; one that does not read, or a key
+    /// newly given without a site (without `--trust-any-site`), is refused, and the keys in
+    /// force stay. How many keys are in force.
     pub fn reload(&self) -> Result<usize> {
         let specs = match &self.file {
             Some(file) => file::trust_in(file)?,
@@ -124,7 +132,7 @@ impl TrustedKeys {
         if specs.is_empty() {
             bail!("keys.trust is empty: the core would refuse every batch");
         }
-        let keys = TrustedEdges::load(&specs)?;
+        let keys = Self::checked(&specs, self.file.as_deref(), self.any_site)?;
         for key in keys.unbound() {
             tracing::warn!("edge key {key} is trusted for every site: a relay could file one site's batch under another site signed with it; bind it with SITE=FILE in keys.trust");
         }
@@ -132,6 +140,29 @@ impl TrustedKeys {
         *self.current.write() = std::sync::Arc::new(keys);
         *self.specs.lock() = specs;
         Ok(count)
+    }
+
+    /// The keys of `specs` (from `file`'s keys.trust, else from `--trust`), refused if one is
+    /// given without a site and `any_site` does not allow it: such a key may sign for every
+    /// site, so a relay could file one site's batch under another site that trusts it.
+    fn checked(
+        specs: &[forte_format::TrustSpec],
+        file: Option<&Path>,
+        any_site: bool,
+    ) -> Result<TrustedEdges> {
+        if let Some(spec) = specs
+            .iter()
+            .find(|s| s.site.is_none())
+            .filter(|_| !any_site)
+        {
+            let path = spec.path.display();
+            let given = match file {
+                Some(file) => format!("keys.trust of {} gives {path}", file.display()),
+                None => format!("--trust {path}"),
+            };
+            bail!("{given} without a site: its keys would be trusted for every site, and a relay could file one site's batch under another site signed with them; bind it with --trust SITE={path} (SITE={path} in keys.trust), or add --trust-any-site (trust_any_site = true in [pull]) to trust it for every site");
+        }
+        TrustedEdges::load(specs)
     }
 }
 
@@ -299,7 +330,10 @@ fn count_within(setting: &str, n: usize, most: usize) -> Result<usize> {
     Ok(n)
 }
 
-pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
+/// The core's keys and restore. `any_site`: whether an edge key given without a site may sign
+/// for every site (`pull --trust-any-site`; `unpack`, whose archives no relay files under a
+/// site, always).
+pub fn core(flags: &CoreFlags, config: &Config, any_site: bool) -> Result<CoreSettings> {
     if flags.identity.is_empty() {
         bail!("no identity: pass --identity core.key or set keys.identity in the config file");
     }
@@ -333,6 +367,7 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
                 .path
                 .clone()
                 .filter(|_| !trust.is_empty() && trust == config.keys.trust),
+            any_site,
         )?,
         restore,
     })
@@ -803,6 +838,40 @@ mod tests {
             "{:?}",
             i.schema
         );
+    }
+
+    #[test]
+    fn a_key_for_every_site_needs_the_opt_in_at_start_and_on_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = forte_format::keys::generate(dir.path()).unwrap();
+        let bound: forte_format::TrustSpec = format!("mine-7={}", keys.edge_pub.display())
+            .parse()
+            .unwrap();
+        let bare = forte_format::TrustSpec::any_site(&keys.edge_pub);
+        let e = TrustedKeys::load(vec![bare.clone()], None, false)
+            .err()
+            .unwrap();
+        let e = e.to_string();
+        assert!(
+            e.contains("--trust-any-site") && e.contains("--trust SITE="),
+            "{e}"
+        );
+        let any = TrustedKeys::load(vec![bare.clone()], None, true).unwrap();
+        assert_eq!(any.current().unbound().len(), 1);
+        // From the file: the key newly written there without a site is refused on SIGHUP,
+        // and the bound one stays in force.
+        let file = dir.path().join("core.toml");
+        let written =
+            |spec: &str| std::fs::write(&file, format!("[keys]\ntrust = [\"{spec}\"]\n")).unwrap();
+        written(&format!("mine-7={}", keys.edge_pub.display()));
+        let trusted = TrustedKeys::load(vec![bound], Some(file.clone()), false).unwrap();
+        written(&keys.edge_pub.display().to_string());
+        let e = trusted.reload().unwrap_err().to_string();
+        assert!(
+            e.contains("keys.trust of") && e.contains("trust_any_site"),
+            "{e}"
+        );
+        assert!(trusted.current().unbound().is_empty());
     }
 
     #[test]

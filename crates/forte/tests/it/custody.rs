@@ -196,6 +196,56 @@ fn a_key_bound_to_one_site_cannot_sign_for_another() {
     assert!(visible(&site.root.join("dest")).is_empty());
 }
 
+/// A key given without a site (`--trust FILE`, or FILE alone in keys.trust) signs for every
+/// site, so a relay could file one site's batch under another site signed with it (issue 57):
+/// `pull` refuses it at its start, saying how to bind it or to opt in, and takes nothing; with
+/// `--trust-any-site`, or `trust_any_site` in `[pull]`, it is taken and warned about.
+#[test]
+fn a_key_trusted_for_every_site_is_refused_at_pull_start_unless_trust_any_site_says_so() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    let key = site.keys.edge_pub.display().to_string();
+    let mut bare = site.pull();
+    let at = bare.iter().position(|a| a == "--trust").unwrap();
+    bare[at + 1] = key.clone().into();
+    let err = fails(&bare);
+    assert!(
+        err.contains(&format!("--trust {key} without a site"))
+            && err.contains(&format!("bind it with --trust SITE={key}"))
+            && err.contains("or add --trust-any-site"),
+        "{err}"
+    );
+    // The same key from the configuration file, the flag left out.
+    let config = site.root.join("core.toml");
+    write(&config, format!("[keys]\ntrust = [\"{key}\"]\n").as_bytes());
+    let mut from_file = args!["--config", &config];
+    from_file.extend(bare.iter().cloned());
+    from_file.drain(at + 2..at + 4);
+    let err = fails(&from_file);
+    assert!(
+        err.contains(&format!("keys.trust of {} gives {key}", config.display()))
+            && err.contains("trust_any_site = true in [pull]"),
+        "{err}"
+    );
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    write(
+        &config,
+        format!("[keys]\ntrust = [\"{key}\"]\n[pull]\ntrust_any_site = true\n").as_bytes(),
+    );
+    let opted_in = run(&from_file);
+    let stderr = String::from_utf8_lossy(&opted_in.stderr);
+    assert!(opted_in.status.success(), "{stderr}");
+    assert!(stderr.contains("is trusted for every site"), "{stderr}");
+    assert_eq!(visible(&site.root.join("dest/site-a/run-a")).len(), 1);
+    write_batch(&site.root.join("inbox"), "run-b", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    bare.push("--trust-any-site".into());
+    ok(&bare);
+    assert_eq!(visible(&site.root.join("dest/site-a/run-b")).len(), 1);
+}
+
 /// The relay keeps a copy of a delivered batch and offers it again (its tombstones removed)
 /// after a downstream user moved the first copy away: the core acknowledges it as a replay,
 /// does not deliver it again, and no delivered task runs for it.
