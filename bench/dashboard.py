@@ -302,10 +302,10 @@ def one_run(n: int, args, work: Path, source: Path, source_digest: dict, raw: in
         send_cmd = [FORTE, "--catalog", run / "edge.sqlite", "send", inbox, "--watch", "--interval", "1",
                     "--http", f"127.0.0.1:{p_send}", "--bwlimit", args.rate,
                     "--recipient", work / "keys/core.pub", "--sign", work / "keys/edge.key",
-                    *conn, work / "edge.token"]
+                    "--site", SITE, *conn, work / "edge.token"]
         pull_cmd = [FORTE, "--catalog", run / "core.sqlite", "pull", "--watch", "--interval", "1",
                     "--http", f"127.0.0.1:{p_pull}", "--to", dest, "--identity", work / "keys/core.key",
-                    "--trust", work / "keys/edge.pub", *conn, work / "core.token"]
+                    "--trust", f"{SITE}={work / 'keys/edge.pub'}", *conn, work / "core.token"]
         if n == 1:
             print("\ncommands (run 1):")
             for cmd in (send_cmd, pull_cmd):

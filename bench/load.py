@@ -69,9 +69,9 @@ def run(name, make):
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         send_s, send_rss = timed([FORTE, "--catalog", work / "edge.sqlite", "send", inbox, "-q",
                                   "--recipient", work / "keys/core.pub", "--sign", work / "keys/edge.key",
-                                  *SEND_ARGS, *conn, work / "edge.token"])
+                                  "--site", "load", *SEND_ARGS, *conn, work / "edge.token"])
         pull_s, pull_rss = timed([FORTE, "--catalog", work / "core.sqlite", "pull", "--to", dest, "-q",
-                                  "--identity", work / "keys/core.key", "--trust", work / "keys/edge.pub",
+                                  "--identity", work / "keys/core.key", "--trust", f"load={work / 'keys/edge.pub'}",
                                   *conn, work / "core.token"])
     finally:
         relay.terminate()

@@ -133,13 +133,13 @@ def main():
         core_cat = WORK / "core.sqlite"
         dest = WORK / "dest"
         start_puller = lambda: subprocess.Popen([FORTE, "--catalog", core_cat, "pull", "--watch", "--interval", "1", "--to", dest,
-                                   "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
+                                   "--identity", WORK / "keys/core.key", "--trust", f"mine={WORK / 'keys/edge.pub'}",
                                    *(["--cpu", str(args.pull_cpu)] if args.pull_cpu else []),
                                    *conn, WORK / "core.token", "-q"],
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         puller = None if args.pull_after else start_puller()
         send = [FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--recipient", WORK / "keys/core.pub",
-                "--sign", WORK / "keys/edge.key", *conn, WORK / "edge.token", "--connections", str(args.connections),
+                "--sign", WORK / "keys/edge.key", "--site", "mine", *conn, WORK / "edge.token", "--connections", str(args.connections),
                 "--level", str(args.level),
                 "--json", "-q"]
         if shaped:

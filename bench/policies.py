@@ -42,12 +42,12 @@ def run_policy(policy, args, source, nfiles):
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         procs.append(subprocess.Popen(
             [FORTE, "--catalog", run / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
-             "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", *schedule,
+             "--identity", WORK / "keys/core.key", "--trust", f"mine={WORK / 'keys/edge.pub'}", *schedule,
              *conn, WORK / "core.token"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         procs.append(subprocess.Popen(
             ["ip", "netns", "exec", NS, FORTE, "--catalog", run / "edge.sqlite", "send", inbox, "--watch",
              "--interval", "1", "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-             *schedule, *conn, WORK / "edge.token"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+             "--site", "mine", *schedule, *conn, WORK / "edge.token"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         # Arrivals: a batch appears complete (hard-linked copy moved in, then its marker).
         for i, (name, _) in enumerate(BATCHES):
             staged = run / f"arriving-{name}"

@@ -74,7 +74,7 @@ def main():
     try:
         subprocess.run([FORTE, "--catalog", WORK / "edge.sqlite", "send", WORK / "inbox", "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        "--relay", url, "--relay-fingerprint", fingerprint,
+                        "--site", "site", "--relay", url, "--relay-fingerprint", fingerprint,
                         "--token-file", WORK / "edge.token"], check=True)
     finally:
         relay.terminate()

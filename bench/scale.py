@@ -110,7 +110,7 @@ def one_run(inbox: Path, send_flags: list, store: str, volumes) -> dict:
         conn = ["--relay", url, "--relay-fingerprint", fingerprint, "--token-file"]
         started = time.monotonic()
         send = timed([FORTE, "--catalog", WORK / "edge.sqlite", "send", inbox, "--recipient",
-                      WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "-q", *send_flags,
+                      WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key", "--site", "scale", "-q", *send_flags,
                       *conn, WORK / "edge.token"])
         # What the relay's store holds counts as sent once durable: the directory relay flushed
         # before answering, versitygw never does (a real S3 server does), so its file system
@@ -119,7 +119,7 @@ def one_run(inbox: Path, send_flags: list, store: str, volumes) -> dict:
         sent = time.monotonic()
         stored = sum(p.stat().st_size for p in tree.rglob("part-*") if p.is_file())
         pull = timed([FORTE, "--catalog", WORK / "core.sqlite", "pull", "--to", core_root / "dest",
-                      "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub", "-q",
+                      "--identity", WORK / "keys/core.key", "--trust", f"scale={WORK / 'keys/edge.pub'}", "-q",
                       *conn, WORK / "core.token"])
         ended = time.monotonic()
         requests = bucket_requests(url, (WORK / "core.token").read_text().strip()) if s3 else {}

@@ -46,7 +46,7 @@ def main():
     try:
         subprocess.run([FORTE, "--catalog", WORK / "edge.sqlite", "send", WORK / "inbox", "-q",
                         "--recipient", WORK / "keys/core.pub", "--sign", WORK / "keys/edge.key",
-                        *conn, WORK / "edge.token"], check=True)
+                        "--site", "site", *conn, WORK / "edge.token"], check=True)
     finally:
         relay.terminate()
         relay.wait()
@@ -70,7 +70,7 @@ def main():
                 start = time.perf_counter()
                 subprocess.run([FORTE, "--config", config, "--catalog", WORK / "core.sqlite", "pull",
                                 "--to", WORK / "dest", "-q", "--identity", WORK / "keys/core.key",
-                                "--trust", WORK / "keys/edge.pub", "--relay", url,
+                                "--trust", f"site={WORK / 'keys/edge.pub'}", "--relay", url,
                                 "--relay-fingerprint", fingerprint, "--token-file", WORK / "core.token"],
                                check=True, stdout=subprocess.DEVNULL)
                 times[name].append(time.perf_counter() - start)

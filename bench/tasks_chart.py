@@ -31,9 +31,9 @@ conn = ["--relay", url, "--relay-fingerprint", fp, "--token-file"]
 (W / "forte.toml").write_text('[[task]]\nname = "header-check"\nat = "core"\nper = "file"\ncommand = "sleep 0.4"\nconcurrency = 2\n\n[[task]]\nname = "register"\nat = "core"\nper = "batch"\ncommand = "sleep 0.6"\n')
 try:
     subprocess.run([F, "--catalog", W / "edge.sqlite", "send", W / "inbox", "-q", "--bwlimit", "20MB",
-                    "--recipient", W / "keys/core.pub", "--sign", W / "keys/edge.key", *conn, W / "edge.token"], check=True)
+                    "--recipient", W / "keys/core.pub", "--sign", W / "keys/edge.key", "--site", "site-a", *conn, W / "edge.token"], check=True)
     subprocess.run([F, "--config", W / "forte.toml", "--catalog", W / "core.sqlite", "pull", "--to", W / "dest", "-q",
-                    "--identity", W / "keys/core.key", "--trust", W / "keys/edge.pub", *conn, W / "core.token"], check=True)
+                    "--identity", W / "keys/core.key", "--trust", f"site-a={W / 'keys/edge.pub'}", *conn, W / "core.token"], check=True)
 finally:
     relay.terminate(); relay.wait()
 out = subprocess.run([F, "--catalog", W / "edge.sqlite", "report", "--with", W / "core.sqlite", "--charts", W / "charts", "--title", "site tasks"], check=True, capture_output=True, text=True).stdout

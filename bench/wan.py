@@ -469,17 +469,17 @@ class Contenders:
                 cat.unlink(missing_ok=True)
             puller = subprocess.Popen(
                 [binary, "--catalog", WORK / "core.sqlite", "pull", "--watch", "--interval", "1", "--to", dest,
-                 "--identity", WORK / "keys/core.key", "--trust", WORK / "keys/edge.pub",
-                 *(["--trust", WORK / "keys2/edge.pub"] if self.senders > 1 else []), "--relay", url,
+                 "--identity", WORK / "keys/core.key", "--trust", f"wan={WORK / 'keys/edge.pub'}",
+                 *(["--trust", f"wan2={WORK / 'keys2/edge.pub'}"] if self.senders > 1 else []), "--relay", url,
                  *(["--cpu", str(self.pull_cpu)] if self.pull_cpu else []),
                  *conn, WORK / "core.token", "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = time.monotonic()
             mark("send started")
 
-            def send(catalog_path, keys, token):
+            def send(catalog_path, keys, token, site):
                 return subprocess.Popen(at_site(
                     [binary, "--catalog", catalog_path, "send", self.inbox, "-q",
-                     "--recipient", WORK / "keys/core.pub", "--sign", WORK / keys / "edge.key",
+                     "--recipient", WORK / "keys/core.pub", "--sign", WORK / keys / "edge.key", "--site", site,
                      "--level", level or self.level, *self.send_args, *more_args,
                      "--relay", f"https://{LINK.address('forte')}", *conn, WORK / token]),
                     stdout=subprocess.DEVNULL)
@@ -491,8 +491,8 @@ class Contenders:
             # With two senders, each one's bytes arriving at the relay are read every second.
             shares = SiteShares(url, (WORK / "core.token").read_text().strip()) if self.senders > 1 else None
             with shares or contextlib.nullcontext():
-                sends = [send(edge_catalog, "keys", "edge.token")] + (
-                    [send(second, "keys2", "edge2.token")] if self.senders > 1 else [])
+                sends = [send(edge_catalog, "keys", "edge.token", "wan")] + (
+                    [send(second, "keys2", "edge2.token", "wan2")] if self.senders > 1 else [])
                 edge = sum(wait_cpu(p) for p in sends)
             mark("send exited")
             want = sum(1 for p in self.inbox.rglob("*") if p.is_file() and p.name != ".ready")

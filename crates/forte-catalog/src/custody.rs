@@ -289,20 +289,6 @@ impl Catalog {
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 
-    /// The sites this edge has sealed batches for.
-    pub fn sealed_for_sites(&self) -> Result<Vec<String>> {
-        let rows = self
-            .runtime
-            .block_on(
-                sqlx::query("SELECT DISTINCT site FROM batch_instances WHERE role = 'edge'")
-                    .fetch_all(&self.pool),
-            )
-            .with_context(|| format!("cannot read sites from the catalogue {}", self.url))?;
-        rows.iter()
-            .map(|r| r.try_get::<String, _>(0).map_err(Into::into))
-            .collect()
-    }
-
     /// Every instance this catalogue recorded at `role`'s end (the edge: each seal, with the
     /// site and any receipt verified; the core: each delivery), oldest sequence first.
     pub fn instances(&self, role: Role) -> Result<Vec<InstanceRow>> {
@@ -616,9 +602,6 @@ mod tests {
             (follow_up.sequence, other.sequence, elsewhere.sequence),
             (2, 3, 1)
         );
-        let mut sites = catalog.sealed_for_sites().unwrap();
-        sites.sort();
-        assert_eq!(sites, ["mine-7", "ship-2"]);
         catalog
             .keep_receipt("mine-7", &first.instance, "{\"r\":1}")
             .unwrap();

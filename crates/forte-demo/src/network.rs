@@ -111,7 +111,9 @@ fn send_and_pull(
         "--sign",
         &keys.edge_key,
         "--receipt-pub",
-        &keys.receipt_pub
+        &keys.receipt_pub,
+        "--site",
+        SITE
     ]);
     forte.run(&send)?;
     let delivered = root.join("dest");

@@ -363,7 +363,8 @@ impl Edge<'_> {
     }
 
     /// The jobs that send the batch's `files`, each signed with this site and the batch's
-    /// arrival (`arrived_us`); none when this site is not known (the batch fails).
+    /// arrival (`arrived_us`); none when the relay gives this edge's token to another site
+    /// (the batch fails before anything of it is prepared).
     fn jobs_signed(
         &self,
         name: &str,
@@ -372,7 +373,7 @@ impl Edge<'_> {
         arrived_us: i64,
         flight: &mut InFlight,
     ) -> Vec<PrepareJob> {
-        match self.setup.site.get(self.setup.client, self.setup.catalog) {
+        match self.setup.site.get(self.setup.client) {
             Ok(site) => {
                 let origin = Origin {
                     site: site.to_string(),

@@ -458,11 +458,7 @@ impl Edge<'_> {
     /// such receipt is kept in the catalogue for audit. `None` when the relay cannot be asked.
     fn verified_receipts(&self, b: &BatchRow) -> Option<HashMap<ObjectId, ReceiptFile>> {
         let trusted = self.setup.receipts.as_ref()?;
-        let site = self
-            .setup
-            .site
-            .get(self.setup.client, self.setup.catalog)
-            .ok()?;
+        let site = self.setup.site.get(self.setup.client).ok()?;
         let documents = self.setup.client.receipts(b.batch_key.batch()).ok()?;
         let mut listed = HashMap::new();
         for document in documents {

@@ -3,8 +3,8 @@
 //! sent and acknowledged before, and with `--delete-after-ack` the sources that would be
 //! deleted under the core's receipts. Reads the inbox or the tree, the catalogue opened
 //! read-only (`Catalog::open_read_only`: nothing created, locked or written, not even its
-//! `-wal` or `-shm`) and, for deletions, asks the relay read-only questions (the site, the
-//! batch's receipts). No lock, no upload, nothing recorded or deleted.
+//! `-wal` or `-shm`) and, for deletions, asks the relay read-only questions (its name for the
+//! token, the batch's receipts). No lock, no upload, nothing recorded or deleted.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -193,6 +193,9 @@ pub fn send(flags: SendCommand, config: &Config, catalog: Option<&Catalog>) -> R
         key: key.as_ref(),
     };
     let mut plan = send_plan(flags.inbox, flags.send.settle(), &filter, &history)?;
+    if !flags.send.has_site() {
+        plan.notes.push("no site (--site NAME, or site in [send]): send would refuse to start, since it never takes its site from the relay".into());
+    }
     if flags.send.delete_after_ack() {
         let inbox = flags.inbox;
         let settings = forte_daemon::settings::send(flags, config)?;
@@ -328,15 +331,16 @@ pub struct PlannedDeletion {
 
 /// What `--delete-after-ack` would delete now: in every batch the catalogue records as sent
 /// (as `Edge::delete_acknowledged` goes through them), each source file a verified receipt
-/// of the core lists with the SHA-256 its bytes still have. Asks the relay the site (if not
-/// given) and each batch's receipts, read-only; deletes and records nothing.
+/// of the core lists with the SHA-256 its bytes still have. Asks the relay its name for the
+/// token (checked against this edge's site) and each batch's receipts, read-only; deletes and
+/// records nothing.
 pub fn deletion_plan(
     inbox: &Path,
     catalog: &Catalog,
     filter: &Filter,
     check: &ReceiptCheck,
 ) -> Result<Vec<PlannedDeletion>> {
-    let site = check.site.get(check.client, catalog)?;
+    let site = check.site.get(check.client)?;
     let mut planned = Vec::new();
     for b in catalog
         .batches()

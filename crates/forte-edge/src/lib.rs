@@ -402,7 +402,7 @@ impl<'a> Edge<'a> {
             self.batch_key(batch).batch().to_owned()
         };
         self.setup.failures.report(&Failure {
-            site: self.setup.site.known(),
+            site: self.setup.site.name(),
             batch,
             batch_id: &id,
             file,
@@ -418,7 +418,7 @@ impl<'a> Edge<'a> {
         } else {
             self.batch_key(batch).batch().to_owned()
         };
-        let site = self.setup.site.known();
+        let site = self.setup.site.name();
         self.setup.failures.cleared(site, &id, batch);
     }
 

@@ -135,7 +135,7 @@ impl Edge<'_> {
         let site = self
             .setup
             .site
-            .get(self.setup.client, self.setup.catalog)
+            .get(self.setup.client)
             .map_err(|e| format!("{e:#}"))?;
         let row = self
             .setup

@@ -84,7 +84,8 @@ class Site:
     token of their ``--http-token-file``, which requests from other hosts must send.
     ``more_sites``: further sites, each with its own edge token at the relay and its own
     ``forte send --watch`` (inbox ``root/inbox-SITE``, catalogue, API: ``inboxes[SITE]``,
-    ``edge_addrs[SITE]``); every site signs with the same edge key, which the core trusts.
+    ``edge_addrs[SITE]``); every site signs with the same edge key, which the core trusts bound
+    to each site (``--trust SITE=edge.pub``).
     """
 
     def __init__(
@@ -163,13 +164,14 @@ class Site:
         self._spawn(
             "send",
             ["--catalog", str(self.root / "edge.sqlite"), "send", str(self.inbox), *watch, "--http", self.edge_addr, *http,
-             "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"),
+             "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "--site", SITE,
              *relay_args, "--token-file", str(self.root / "edge.token"), *send_flags],
         )
         self._spawn(
             "pull",
             ["--catalog", str(self.root / "core.sqlite"), "pull", "--to", str(self.dest), *watch, "--http", self.core_addr, *http,
-             "--identity", str(keys / "core.key"), "--trust", str(keys / "edge.pub"),
+             "--identity", str(keys / "core.key"),
+             *(a for site in (SITE, *self.more_sites) for a in ("--trust", f"{site}={keys / 'edge.pub'}")),
              *relay_args, "--token-file", str(self.root / "core.token"), *pull_flags],
         )
         self.edge_addrs[SITE] = self.edge_addr
@@ -182,7 +184,7 @@ class Site:
             self._spawn(
                 f"send-{other}",
                 ["--catalog", str(self.root / f"edge-{other}.sqlite"), "send", str(inbox), *watch, "--http", addr, *http,
-                 "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"),
+                 "--recipient", str(keys / "core.pub"), "--sign", str(keys / "edge.key"), "--site", other,
                  *relay_args, "--token-file", str(self.root / f"edge-{other}.token"), *send_flags],
             )
         for addr in (*self.edge_addrs.values(), self.core_addr):

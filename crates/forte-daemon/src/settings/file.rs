@@ -6,7 +6,8 @@
 //! sign = "keys/edge.key"        # pack: sign manifests with this edge key
 //! identity = "keys/core.key"    # unpack: decrypt with this age identity file
 //! trust = ["mine-7=keys/edge.pub"]  # unpack, pull: accept what this edge key signs for site
-//!                               # mine-7 ("keys/edge.pub" alone: for any site)
+//!                               # mine-7 ("keys/edge.pub" alone: for any site, which
+//!                               # unpack takes, and pull only with trust_any_site in [pull])
 //! receipt_key = "keys/receipt.key"  # pull: sign custody receipts with this core key
 //! receipt_pub = ["keys/receipt.pub"] # send: delete sources only under receipts it verifies
 //!
@@ -24,8 +25,8 @@
 //! fingerprint = "…"              # or: ca = "relay-ca.pem"
 //!
 //! [send]
-//! site = "mine-7"                  # signed into every inventory; default: the relay's name
-//!                                  # for this token (give it when sites share a key)
+//! site = "mine-7"                  # signed into every inventory; send needs it (never takes
+//!                                  # it from the relay, whose name for the token must match)
 //! connections = "auto"             # or a number: uploads in flight, fixed
 //! bwlimit = "08:00,2MB 19:00,off"  # or a rate ("20MB"), or "Mon-08:00,2MB Sat-00:00,off"
 //! target_rate = "30MB"             # hold the upload at this rate
@@ -36,6 +37,7 @@
 //! landing = "landing"            # verified batches wait here while their core tasks run
 //! quarantine = "quarantine"      # batches a task refused, with its output
 //!                                # (both default to hidden directories in the destination)
+//! trust_any_site = false         # true: a key in keys.trust without SITE= signs for any site
 //!
 //! [[task]]                       # a site's own step; as many as needed, run in this order
 //! name = "parquet-columns"
@@ -170,8 +172,6 @@ pub struct S3Section {
 
 #[derive(Debug, Default, Deserialize)]
 pub struct SendSection {
-    /// This edge's site, as the relay's tokens.toml names it.
-    pub site: Option<String>,
     /// Uploads in flight: `auto` (tuned while the transfer runs) or a fixed number.
     pub connections: Option<Connections>,
     /// The upload's bandwidth limit: a rate or a timetable (`units::parse_bwlimit`).

@@ -123,6 +123,11 @@ impl super::SendFlags {
         std::time::Duration::from_secs(self.settle)
     }
 
+    /// Whether this edge's site is given (`--site`, or site in `[send]`): `send` needs it.
+    pub fn has_site(&self) -> bool {
+        self.site.is_some()
+    }
+
     /// Whether sources are deleted under the core's receipts (`--delete-after-ack`).
     pub fn delete_after_ack(&self) -> bool {
         self.delete_after_ack

@@ -57,8 +57,9 @@ pub struct CoreFlags {
     #[arg(long, value_name = "FILE")]
     pub(super) identity: Vec<PathBuf>,
     /// Trusted edge public key (edge.pub), bound to the site it may sign for as SITE=FILE
-    /// (FILE alone: any site; a relay could then file one site's batch under another site
-    /// that shares the key); repeat for several edges or sites [config: keys.trust].
+    /// (FILE alone: any site, which pull takes only with --trust-any-site, since a relay could
+    /// then file one site's batch under another site that shares the key); repeat for
+    /// several edges or sites [config: keys.trust].
     #[arg(long, value_name = "[SITE=]FILE")]
     pub(super) trust: Vec<forte_format::TrustSpec>,
     /// CPU budget [config: prepare.cpu] [default: all cores].
@@ -182,6 +183,14 @@ pub struct IngestFlags {
     pub(super) scheduler: Option<Scheduler>,
 }
 
+/// A site name as `--site` (or `site` in `[send]`) gives it, by the rule the core checks
+/// signed sites with: a name the core would refuse for ever is refused before anything is
+/// signed or uploaded, the error naming the flag or the key.
+fn parse_site(text: &str) -> Result<String, String> {
+    forte_format::check_site_name(text)?;
+    Ok(text.to_string())
+}
+
 /// A Parquet page codec as a flag value.
 pub fn parse_codec(text: &str) -> Result<Codec, String> {
     text.parse().map_err(|e: anyhow::Error| format!("{e:#}"))
@@ -257,11 +266,11 @@ pub struct SendFlags {
     /// [config: keys.receipt_pub].
     #[arg(long, value_name = "FILE")]
     pub(super) receipt_pub: Vec<PathBuf>,
-    /// This edge's site, signed into every batch so the core files it under no other site
-    /// [config: send.site] [default: the relay's name for this token, asked before the first
-    /// batch is prepared]. Give it when several sites share an edge key: then a relay that
-    /// lies about it is refused at the core.
-    #[arg(long, value_name = "NAME")]
+    /// This edge's site, signed into every batch so the core files it under no other site;
+    /// `send` needs it (`--cancel` aside) and never takes it from the relay, whose name for
+    /// this token is only checked against it: a mismatch is refused before anything is
+    /// prepared [config: send.site].
+    #[arg(long, value_name = "NAME", value_parser = parse_site)]
     pub(super) site: Option<String>,
     /// Cancel this batch (a directory name of the inbox; repeatable) instead of sending: the
     /// relay deletes what it holds of it that the core has not taken, so the core never gets
@@ -310,6 +319,12 @@ pub struct PullFlags {
     /// `forte keygen`): edges delete sources only under such a receipt [config: keys.receipt_key].
     #[arg(long, value_name = "FILE")]
     pub(super) receipt_key: Option<PathBuf>,
+    /// Trust an edge key given without a site (--trust FILE, or FILE alone in keys.trust) for
+    /// every site. Without this such a key is refused at the start: a relay could file one
+    /// site's batch under another site signed with it; bind each key to its site with --trust
+    /// SITE=FILE instead [config: pull.trust_any_site].
+    #[arg(long)]
+    pub(super) trust_any_site: bool,
     /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
     /// after a later one did: a batch dropped or held back at the relay [config: pull.gap_alert_after].
     #[arg(long, value_name = "DURATION", default_value = "10m")]

@@ -95,17 +95,24 @@ pub struct TrustedKeys {
     specs: parking_lot::Mutex<Vec<forte_format::TrustSpec>>,
     /// The configuration file the specs came from, if they did.
     file: Option<PathBuf>,
+    /// Whether a key given without a site may sign for every site (`--trust-any-site`).
+    any_site: bool,
     current: parking_lot::RwLock<std::sync::Arc<TrustedEdges>>,
 }
 
 impl TrustedKeys {
-    pub fn load(specs: Vec<forte_format::TrustSpec>, file: Option<PathBuf>) -> Result<Self> {
-        let current = parking_lot::RwLock::new(std::sync::Arc::new(TrustedEdges::load(&specs)?));
-        let specs = parking_lot::Mutex::new(specs);
+    /// The keys `specs` name; a spec without a site is refused unless `any_site`.
+    pub fn load(
+        specs: Vec<forte_format::TrustSpec>,
+        file: Option<PathBuf>,
+        any_site: bool,
+    ) -> Result<Self> {
+        let keys = Self::checked(&specs, file.as_deref(), any_site)?;
         Ok(Self {
-            specs,
+            specs: parking_lot::Mutex::new(specs),
             file,
-            current,
+            any_site,
+            current: parking_lot::RwLock::new(std::sync::Arc::new(keys)),
         })
     }
 
@@ -114,8 +121,9 @@ impl TrustedKeys {
         self.current.read().clone()
     }
 
-    /// Reads the key files again and puts them in force; one that does not read is refused,
-    /// and the keys in force stay. How many keys are in force.
+    /// Reads the key files again and puts them in force; one that does not read, or a key
+    /// newly given without a site (without `--trust-any-site`), is refused, and the keys in
+    /// force stay. How many keys are in force.
     pub fn reload(&self) -> Result<usize> {
         let specs = match &self.file {
             Some(file) => file::trust_in(file)?,
@@ -124,7 +132,7 @@ impl TrustedKeys {
         if specs.is_empty() {
             bail!("keys.trust is empty: the core would refuse every batch");
         }
-        let keys = TrustedEdges::load(&specs)?;
+        let keys = Self::checked(&specs, self.file.as_deref(), self.any_site)?;
         for key in keys.unbound() {
             tracing::warn!("edge key {key} is trusted for every site: a relay could file one site's batch under another site signed with it; bind it with SITE=FILE in keys.trust");
         }
@@ -132,6 +140,29 @@ impl TrustedKeys {
         *self.current.write() = std::sync::Arc::new(keys);
         *self.specs.lock() = specs;
         Ok(count)
+    }
+
+    /// The keys of `specs` (from `file`'s keys.trust, else from `--trust`), refused if one is
+    /// given without a site and `any_site` does not allow it: such a key may sign for every
+    /// site, so a relay could file one site's batch under another site that trusts it.
+    fn checked(
+        specs: &[forte_format::TrustSpec],
+        file: Option<&Path>,
+        any_site: bool,
+    ) -> Result<TrustedEdges> {
+        if let Some(spec) = specs
+            .iter()
+            .find(|s| s.site.is_none())
+            .filter(|_| !any_site)
+        {
+            let path = spec.path.display();
+            let given = match file {
+                Some(file) => format!("keys.trust of {} gives {path}", file.display()),
+                None => format!("--trust {path}"),
+            };
+            bail!("{given} without a site: its keys would be trusted for every site, and a relay could file one site's batch under another site signed with them; bind it with --trust SITE={path} (SITE={path} in keys.trust), or add --trust-any-site (trust_any_site = true in [pull]) to trust it for every site");
+        }
+        TrustedEdges::load(specs)
     }
 }
 
@@ -156,69 +187,55 @@ pub fn receipt_pub(flags: &[PathBuf], config: &Config) -> Result<Option<TrustedC
     TrustedCores::load(paths).map(Some)
 }
 
-/// This edge's site: `--site`, else `[send] site`, else the relay's name for the token, asked
-/// the first time a batch is sealed (a daemon starts while the relay is down). A site given
-/// that the relay names otherwise is refused then: the relay files the batches under its own
-/// name, and the core would refuse every one.
+/// What `send` says when no site is given: it never takes one from the relay.
+const NO_SITE: &str = "send needs its site: pass --site NAME or set site in [send] of the configuration file (the relay's name for the token is only checked against it)";
+
+/// This edge's site, from its own configuration only: `--site`, or `site` in `[send]` (the
+/// file's value is the flag's default, checked by the same parser, `flags::parse_site`). Never
+/// from the relay: a relay operator who swapped two sites' names in tokens.toml would
+/// otherwise have a fresh edge of one site sign its batches as the other's. The relay's name
+/// for the token is only checked against it, once, before the first batch is prepared.
 pub struct EdgeSite {
-    given: Option<String>,
-    known: std::sync::OnceLock<String>,
+    /// None only for `send --cancel`, which signs nothing.
+    name: Option<String>,
+    /// Set once the relay's name for the token was compared with it.
+    checked: std::sync::OnceLock<()>,
 }
 
 impl EdgeSite {
-    pub fn new(flag: Option<&str>, config: &Config) -> Result<Self> {
-        let given = flag.or(config.send.site.as_deref());
-        if let Some(site) = given {
-            forte_format::check_site_name(site).map_err(|e| anyhow!("--site: {e}"))?;
+    /// The site `flag` gives (already checked as a site name by its parser); refused at once
+    /// when there is none and `signs` (every `send` but `--cancel`).
+    pub fn new(flag: Option<&str>, signs: bool) -> Result<Self> {
+        if flag.is_none() && signs {
+            bail!(NO_SITE);
         }
         Ok(Self {
-            given: given.map(str::to_string),
-            known: Default::default(),
+            name: flag.map(str::to_string),
+            checked: Default::default(),
         })
     }
 
-    /// The site, checked against the relay's name for the token once. A site learned from the
-    /// relay must be one this edge sealed for before, if it sealed any: a relay that renames
-    /// the token's site would otherwise have every batch sealed again under its new name.
-    pub fn get(&self, client: &RelayClient, catalog: &crate::record::Catalog) -> Result<&str> {
-        if let Some(site) = self.known.get() {
-            return Ok(site);
-        }
-        let site = match (self.given.as_deref(), client.site()) {
-            (Some(site), Ok(relay)) if relay != site => bail!(
-                "--site {site}, but the relay's tokens.toml gives this token to site {relay}: fix the token file or --site"
-            ),
-            (Some(site), _) => site.to_string(),
-            (None, Ok(relay)) => {
-                let before = catalog.sealed_for_sites()?;
-                if !before.is_empty() && !before.contains(&relay) {
-                    bail!(
-                        "the relay now says this token belongs to site {relay}, but this edge sealed its batches for site {}: pass --site {} (or fix the relay's tokens.toml)",
-                        before.join(", "),
-                        before[0]
-                    );
+    /// The site, compared once with the relay's name for the token: a relay that names it
+    /// otherwise is refused (it would file the batches under its own name, where the core
+    /// refuses every one). A relay that cannot be asked is not waited for: what it files
+    /// where is checked at the core against the signed site anyway.
+    pub fn get(&self, client: &RelayClient) -> Result<&str> {
+        let site = self.name.as_deref().context(NO_SITE)?;
+        if self.checked.get().is_none() {
+            if let Ok(relay) = client.site() {
+                if relay != site {
+                    bail!("this edge's site is {site} (--site or site in [send]), but the relay's tokens.toml gives this token to site {relay}: refused, nothing is signed for {relay}; fix the relay's tokens.toml, or this edge's site if it is the one that is wrong");
                 }
-                relay
             }
-            // The relay cannot be asked: the one site this edge sealed for before, if any, is
-            // the only one it would accept from the relay anyway.
-            (None, Err(e)) => match catalog.sealed_for_sites()?.as_slice() {
-                [before] => before.clone(),
-                _ => bail!(
-                    "cannot ask the relay which site this token belongs to ({e}); pass --site NAME"
-                ),
-            },
-        };
-        Ok(self.known.get_or_init(|| site))
+            let _ = self.checked.set(());
+        }
+        Ok(site)
     }
 
-    /// The site if known without asking the relay: given, or learned before; else empty.
-    pub fn known(&self) -> &str {
-        self.known
-            .get()
-            .map(String::as_str)
-            .or(self.given.as_deref())
-            .unwrap_or("")
+    /// The site, without asking the relay (empty for a `--cancel` without one): what the
+    /// failure hook is told.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
     }
 }
 
@@ -313,7 +330,10 @@ fn count_within(setting: &str, n: usize, most: usize) -> Result<usize> {
     Ok(n)
 }
 
-pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
+/// The core's keys and restore. `any_site`: whether an edge key given without a site may sign
+/// for every site (`pull --trust-any-site`; `unpack`, whose archives no relay files under a
+/// site, always).
+pub fn core(flags: &CoreFlags, config: &Config, any_site: bool) -> Result<CoreSettings> {
     if flags.identity.is_empty() {
         bail!("no identity: pass --identity core.key or set keys.identity in the config file");
     }
@@ -347,6 +367,7 @@ pub fn core(flags: &CoreFlags, config: &Config) -> Result<CoreSettings> {
                 .path
                 .clone()
                 .filter(|_| !trust.is_empty() && trust == config.keys.trust),
+            any_site,
         )?,
         restore,
     })
@@ -817,6 +838,40 @@ mod tests {
             "{:?}",
             i.schema
         );
+    }
+
+    #[test]
+    fn a_key_for_every_site_needs_the_opt_in_at_start_and_on_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = forte_format::keys::generate(dir.path()).unwrap();
+        let bound: forte_format::TrustSpec = format!("mine-7={}", keys.edge_pub.display())
+            .parse()
+            .unwrap();
+        let bare = forte_format::TrustSpec::any_site(&keys.edge_pub);
+        let e = TrustedKeys::load(vec![bare.clone()], None, false)
+            .err()
+            .unwrap();
+        let e = e.to_string();
+        assert!(
+            e.contains("--trust-any-site") && e.contains("--trust SITE="),
+            "{e}"
+        );
+        let any = TrustedKeys::load(vec![bare.clone()], None, true).unwrap();
+        assert_eq!(any.current().unbound().len(), 1);
+        // From the file: the key newly written there without a site is refused on SIGHUP,
+        // and the bound one stays in force.
+        let file = dir.path().join("core.toml");
+        let written =
+            |spec: &str| std::fs::write(&file, format!("[keys]\ntrust = [\"{spec}\"]\n")).unwrap();
+        written(&format!("mine-7={}", keys.edge_pub.display()));
+        let trusted = TrustedKeys::load(vec![bound], Some(file.clone()), false).unwrap();
+        written(&keys.edge_pub.display().to_string());
+        let e = trusted.reload().unwrap_err().to_string();
+        assert!(
+            e.contains("keys.trust of") && e.contains("trust_any_site"),
+            "{e}"
+        );
+        assert!(trusted.current().unbound().is_empty());
     }
 
     #[test]

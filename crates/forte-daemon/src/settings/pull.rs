@@ -82,7 +82,7 @@ pub struct PullCommand<'a> {
 pub fn pull(flags: PullCommand, config: &Config) -> Result<PullSettings> {
     let f = flags.pull;
     let relay = relay(flags.relay, config)?;
-    let mut core = core(flags.core, config)?;
+    let mut core = core(flags.core, config, f.trust_any_site)?;
     core.restore.existing = Existing::KeepIdentical;
     core.restore.readers = f.connections.max(1);
     let receipt_key = receipt_key(f.receipt_key.clone(), config)?;

@@ -75,7 +75,7 @@ pub fn send(flags: SendCommand, config: &Config) -> Result<SendSettings> {
         tune,
         pacer,
         policy,
-        site: EdgeSite::new(f.site.as_deref(), config)?,
+        site: EdgeSite::new(f.site.as_deref(), f.cancel.is_empty())?,
         receipts,
         delete_after_ack: f.delete_after_ack,
         settle: Duration::from_secs(f.settle),

@@ -40,7 +40,9 @@ struct Summary<'a> {
 }
 
 pub fn run(args: Args, config: &Config) -> Result<bool> {
-    let mut core = settings::core(&args.core, config)?;
+    // An archive is not filed under a site by any relay: a key given without a site is
+    // trusted for whatever site it signed.
+    let mut core = settings::core(&args.core, config, true)?;
     if args.overwrite {
         core.restore.existing = Existing::Overwrite;
     }

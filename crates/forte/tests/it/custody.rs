@@ -56,6 +56,41 @@ fn pull_trusting_both(site: &Site, extra: &[&str]) -> Args {
     a
 }
 
+/// A relay operator swaps two sites' names in tokens.toml and sends SIGHUP (issue 57). A fresh
+/// edge of site-a used to take its site from the relay, so it signed its batch as site-b's,
+/// and a core trusting the one key for both sites delivered site-a's data under site-b. The
+/// edge's site is its own now: without one `send` refuses to start, and with it the relay's
+/// other name is refused before anything is prepared. Nothing is signed for site-b or uploaded;
+/// with the names put back the batch goes, under site-a.
+#[test]
+fn a_relay_that_swaps_two_sites_names_gets_no_fresh_edge_to_sign_as_the_other() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 2, 100_000);
+    site.swap_site_names_at_the_relay();
+    let err = fails(&site.send_without_site(&["-q"]));
+    assert!(
+        err.contains("send needs its site: pass --site NAME"),
+        "{err}"
+    );
+    let err = fails(&site.send(&["-q"]));
+    assert!(
+        err.contains("the relay's tokens.toml gives this token to site site-b")
+            && err.contains("nothing is signed for site-b"),
+        "{err}"
+    );
+    assert_eq!(site.relay_holdings(), Vec::<PathBuf>::new());
+    let out = ok(&pull_trusting_both(&site, &[]));
+    assert!(out.contains("nothing waiting"), "{out}");
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    site.swap_site_names_at_the_relay();
+    ok(&site.send(&["-q"]));
+    ok(&pull_trusting_both(&site, &[]));
+    let dest = site.root.join("dest");
+    assert_eq!(visible(&dest.join("site-a/run-a")).len(), 2);
+    assert!(!dest.join("site-b").exists());
+}
+
 /// A relay operator moves site-b's sealed batch into site-a's namespace of the store: it is
 /// signed for site-b, so the core refuses to file it under site-a, delivers nothing and does
 /// not acknowledge it, even though the one edge key signs for both sites.
@@ -159,6 +194,56 @@ fn a_key_bound_to_one_site_cannot_sign_for_another() {
         "{err}"
     );
     assert!(visible(&site.root.join("dest")).is_empty());
+}
+
+/// A key given without a site (`--trust FILE`, or FILE alone in keys.trust) signs for every
+/// site, so a relay could file one site's batch under another site signed with it (issue 57):
+/// `pull` refuses it at its start, saying how to bind it or to opt in, and takes nothing; with
+/// `--trust-any-site`, or `trust_any_site` in `[pull]`, it is taken and warned about.
+#[test]
+fn a_key_trusted_for_every_site_is_refused_at_pull_start_unless_trust_any_site_says_so() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    let key = site.keys.edge_pub.display().to_string();
+    let mut bare = site.pull();
+    let at = bare.iter().position(|a| a == "--trust").unwrap();
+    bare[at + 1] = key.clone().into();
+    let err = fails(&bare);
+    assert!(
+        err.contains(&format!("--trust {key} without a site"))
+            && err.contains(&format!("bind it with --trust SITE={key}"))
+            && err.contains("or add --trust-any-site"),
+        "{err}"
+    );
+    // The same key from the configuration file, the flag left out.
+    let config = site.root.join("core.toml");
+    write(&config, format!("[keys]\ntrust = [\"{key}\"]\n").as_bytes());
+    let mut from_file = args!["--config", &config];
+    from_file.extend(bare.iter().cloned());
+    from_file.drain(at + 2..at + 4);
+    let err = fails(&from_file);
+    assert!(
+        err.contains(&format!("keys.trust of {} gives {key}", config.display()))
+            && err.contains("trust_any_site = true in [pull]"),
+        "{err}"
+    );
+    assert!(visible(&site.root.join("dest")).is_empty());
+
+    write(
+        &config,
+        format!("[keys]\ntrust = [\"{key}\"]\n[pull]\ntrust_any_site = true\n").as_bytes(),
+    );
+    let opted_in = run(&from_file);
+    let stderr = String::from_utf8_lossy(&opted_in.stderr);
+    assert!(opted_in.status.success(), "{stderr}");
+    assert!(stderr.contains("is trusted for every site"), "{stderr}");
+    assert_eq!(visible(&site.root.join("dest/site-a/run-a")).len(), 1);
+    write_batch(&site.root.join("inbox"), "run-b", 1, 10_000);
+    ok(&site.send(&["-q"]));
+    bare.push("--trust-any-site".into());
+    ok(&bare);
+    assert_eq!(visible(&site.root.join("dest/site-a/run-b")).len(), 1);
 }
 
 /// The relay keeps a copy of a delivered batch and offers it again (its tombstones removed)

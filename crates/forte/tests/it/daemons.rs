@@ -453,16 +453,9 @@ fn the_edge_counts_as_queued_what_waits_for_a_relay_that_does_not_answer() {
     let site = Site::new();
     let inbox = site.root.join("inbox");
     std::fs::create_dir_all(&inbox).unwrap();
-    // Nothing listens there: every upload is refused a connection and retried. The site is
-    // given: a new edge without one asks the relay before it prepares anything.
-    let mut send = site.send(&[
-        "--watch",
-        "--interval",
-        "1",
-        "--site",
-        "site-a",
-        "--metrics",
-    ]);
+    // Nothing listens there: every upload is refused a connection and retried; the site is
+    // the edge's own, so nothing waits for the relay to name it.
+    let mut send = site.send(&["--watch", "--interval", "1", "--metrics"]);
     let edge_addr = free_addr();
     send.push(edge_addr.clone().into());
     let relay = send.iter().position(|a| a == "--relay").unwrap() + 1;
@@ -1138,7 +1131,7 @@ fn two_sites_sending_at_once_lose_nothing_when_the_relay_is_killed() {
     let mut pull = site.pull();
     pull.extend(args![
         "--trust",
-        &keys_b.edge_pub,
+        format!("site-b={}", keys_b.edge_pub.display()),
         "--watch",
         "--interval",
         "1"

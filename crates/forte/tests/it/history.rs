@@ -163,6 +163,9 @@ fn a_superseded_sequence_number_is_no_gap() {
     write_batch(&site.root.join("inbox"), "run-2", 1, 10_000);
     ok(&site.send(&["-q"]));
     pulled(&site);
+    let q = std::process::Command::new("python3").args(["-c", "import sqlite3,sys;print(list(sqlite3.connect(sys.argv[1]).execute('select role,sequence,generation,supersedes,batch_key from batch_instances')))", &site.core_catalog]).output().unwrap();
+    let e = std::process::Command::new("python3").args(["-c", "import sqlite3,sys;print(list(sqlite3.connect(sys.argv[1]).execute('select role,sequence,generation,supersedes,batch_key from batch_instances')))", &site.edge_catalog]).output().unwrap();
+    eprintln!("CORE {} EDGE {}", String::from_utf8_lossy(&q.stdout), String::from_utf8_lossy(&e.stdout));
     // Looked for once everything arrived: 1 was superseded by 2, never dropped.
     let mut pull = site.pull();
     pull.extend(args!["--gap-alert-after", "0s"]);

@@ -23,7 +23,7 @@ fn config_files(site: &Site) -> (std::path::PathBuf, std::path::PathBuf) {
             "catalog = \"{edge_catalog}\"\n\
              [keys]\nrecipient = [\"{core_pub}\"]\nsign = \"{edge_key}\"\nreceipt_pub = [\"{receipt_pub}\"]\n\
              {relay_section}token_file = \"../edge.token\"\n\
-             [send]\ninbox = \"../inbox\"\nsettle = 0\n\
+             [send]\ninbox = \"../inbox\"\nsite = \"site-a\"\nsettle = 0\n\
              [http]\nlisten = \"127.0.0.1:0\"\n\
              [log]\nlevel = \"warn\"\n",
             edge_catalog = site.edge_catalog,

@@ -312,3 +312,58 @@ fn a_send_on_a_held_inbox_names_the_holder_before_any_other_mistake() {
     let _ = holder.wait();
     assert!(err.contains("another forte send (PID"), "{err}");
 }
+
+/// `send` takes its site from its own configuration only (issue 57): with neither `--site` nor
+/// `site` in `[send]` it stops at once, one-shot or watching, saying how to give it, before it
+/// uploads anything; a dry run says the same in a note. It used to ask the relay.
+#[test]
+fn send_without_a_site_stops_at_once_naming_the_fix() {
+    let site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "run-a", 2, 10_000);
+    let fix =
+        "send needs its site: pass --site NAME or set site in [send] of the configuration file";
+    for extra in [&["-q"][..], &["--watch", "--interval", "1"]] {
+        let out = exits_within(10, &site.send_without_site(extra));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {stderr}");
+        assert!(stderr.contains(fix), "{extra:?}: {stderr}");
+    }
+    assert_eq!(site.relay_holdings(), Vec::<std::path::PathBuf>::new());
+    let plan = ok(&args!["send", &inbox, "--dry-run"]);
+    assert!(
+        plan.contains("note: no site (--site NAME, or site in [send]): send would refuse to start"),
+        "{plan}"
+    );
+}
+
+/// A site name the core would refuse for ever (`a b/../../c`) is refused at the edge by the
+/// core's own rule, from the flag and from the configuration file alike, each error naming
+/// where it came from, before anything is uploaded (a name from the file was refused as if
+/// it were `--site`'s).
+#[test]
+fn a_site_name_the_core_would_refuse_is_refused_before_anything_is_uploaded() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-a", 2, 10_000);
+    let bad = "a b/../../c";
+    let mut flag = site.send(&["-q"]);
+    let at = flag.iter().position(|a| a == "--site").unwrap();
+    flag[at + 1] = bad.into();
+    let config = site.root.join("edge.toml");
+    write(&config, format!("[send]\nsite = \"{bad}\"\n").as_bytes());
+    let mut from_file = args!["--config", &config];
+    from_file.extend(site.send_without_site(&["-q"]));
+    for (args, names) in [
+        (flag, "--site"),
+        (from_file, "send.site = \"a b/../../c\": "),
+    ] {
+        let out = exits_within(10, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(names) && stderr.contains(&format!("{bad:?} is not a site name")),
+            "{stderr}"
+        );
+    }
+    assert_eq!(site.relay_holdings(), Vec::<std::path::PathBuf>::new());
+}

@@ -354,7 +354,10 @@ fn two_relays_on_one_bucket_and_three_workers_deliver_everything_once_through_ki
     let pulls: Vec<Args> = (0..names.len())
         .map(|i| {
             let mut pull = via(pull_worker(&site, names[i], "3s"), &relays[i % 2]);
-            pull.extend(args!["--trust", &keys_b.edge_pub]);
+            pull.extend(args![
+                "--trust",
+                format!("site-b={}", keys_b.edge_pub.display())
+            ]);
             pull
         })
         .collect();

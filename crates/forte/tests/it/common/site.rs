@@ -244,7 +244,9 @@ impl Site {
             "--sign",
             &self.keys.edge_key,
             "--receipt-pub",
-            &self.keys.receipt_pub
+            &self.keys.receipt_pub,
+            "--site",
+            "site-a"
         ];
         a.extend(self.relay_args("edge.token"));
         a.extend(extra.iter().map(Into::into));
@@ -281,6 +283,18 @@ impl Site {
         }
         found.sort();
         found
+    }
+
+    /// The objects and sealed batches the relay's store holds for any site: what was uploaded.
+    pub fn relay_holdings(&self) -> Vec<PathBuf> {
+        let sites = std::fs::read_dir(self.relay.store.join("sites"));
+        let kinds = sites
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|site| ["objects", "batches"].map(|kind| site.path().join(kind)));
+        let held = kinds.flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten());
+        held.map(|e| e.path()).collect()
     }
 
     /// The length of each part and manifest stored at the relay right now, once the relay has
@@ -320,11 +334,53 @@ impl Site {
             "--recipient",
             &self.keys.core_pub,
             "--sign",
-            &edge.edge_key
+            &edge.edge_key,
+            "--site",
+            "site-b"
         ];
         a.extend(self.relay_args("edge-b.token"));
         a.extend(extra.iter().map(Into::into));
         a
+    }
+
+    /// [`Site::send`] with no site given: neither `--site` nor a configuration file.
+    pub fn send_without_site(&self, extra: &[&str]) -> Args {
+        let mut a = self.send(extra);
+        let at = a
+            .iter()
+            .position(|x| x == "--site")
+            .expect("send gives --site");
+        a.drain(at..at + 2);
+        a
+    }
+
+    /// The relay's tokens.toml with the names of site-a and site-b swapped (site-a's token now
+    /// site-b's and the other way round, or back), put in force with SIGHUP, as a relay
+    /// operator would; returns once the relay answers with the new names.
+    pub fn swap_site_names_at_the_relay(&self) {
+        let client = forte_relay::client::RelayClient::new(
+            &forte_relay::client::RelayEndpoint {
+                url: self.relay.url.clone(),
+                token: EDGE_TOKEN.into(),
+                trust: forte_relay::tls::RelayTrust::Fingerprint(self.relay.fingerprint.clone()),
+            },
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
+        let before = client.site().unwrap();
+        let tokens = self.root.join("tokens.toml");
+        let text = std::fs::read_to_string(&tokens).unwrap();
+        let swapped = text
+            .replace("site = \"site-a\"", "site = \"was-a\"")
+            .replace("site = \"site-b\"", "site = \"site-a\"")
+            .replace("site = \"was-a\"", "site = \"site-b\"");
+        write(&tokens, swapped.as_bytes());
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.relay.child.id() as i32, libc::SIGHUP) };
+        assert!(
+            wait_for(10, || client.site().is_ok_and(|s| s != before)),
+            "the relay did not reload tokens.toml"
+        );
     }
 
     /// `send` of the inbox with the core's recipient but another edge's signing key.
@@ -336,6 +392,8 @@ impl Site {
             &self.keys.core_pub,
             "--sign",
             &edge.edge_key,
+            "--site",
+            "site-a",
             "-q"
         ];
         a.extend(self.relay_args("edge.token"));
