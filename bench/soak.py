@@ -104,6 +104,8 @@ class FaultProxy:
         self.port = self.sock.getsockname()[1]
         self.mode = ("none", 0)
         self.generation = 0
+        # Held down by a move of the soak's own (the seals reordered), whatever the faults say.
+        self.held = False
         self.lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -117,10 +119,16 @@ class FaultProxy:
         with self.lock:
             self.generation += 1
 
+    def hold(self, down):
+        """Holds the link down (every connection cut, none accepted) until released."""
+        with self.lock:
+            self.held = down
+            self.generation += 1
+
     def _accept(self):
         while True:
             client, _ = self.sock.accept()
-            if self.mode[0] == "down":
+            if self.mode[0] == "down" or self.held:
                 client.close()
                 continue
             try:
@@ -185,13 +193,14 @@ def parse_size(text):
     return int(text)
 
 
-def tamper_store(rng, store, aside):
+def tamper_store(rng, store, aside, skip=frozenset()):
     """Removes an object of a sealed batch from the relay's store, or lists it in another
     sealed batch, as a hostile relay could. Returns the kind and a function undoing it, or None
-    when there is nothing to tamper with."""
+    when there is nothing to tamper with. Batches in `skip` (ids a move of versions over time
+    has copied or hidden) are left alone."""
     batches = {}
     for record in (store / "batches").glob("*.json"):
-        if record.name.endswith((".acking.json",)):
+        if record.name.endswith((".acking.json",)) or record.stem in skip:
             continue
         try:
             ids = json.loads(record.read_text())
@@ -277,25 +286,56 @@ def relabel(path, from_site, to_site):
 
 
 def batch_name(work, batch_id):
-    """The name of the edge's batch the relay knows as `batch_id`, from the edge's catalogue."""
+    """The name of the edge's batch the relay knows as `batch_id`, from the edge's catalogue
+    (or one it had before it was replaced mid-run)."""
+    for catalogue in [work / "edge.sqlite", *sorted(work.glob("edge-old-*.sqlite"))]:
+        try:
+            with sqlite3.connect(f"file:{catalogue}?mode=ro", uri=True) as db:
+                row = db.execute("SELECT name FROM batches WHERE batch_key = ?", (batch_id,)).fetchone()
+            if row:
+                return row[0]
+        except sqlite3.Error:
+            continue
+    return None
+
+
+def batch_id_of(work, name):
+    """The relay's id of the edge's batch `name` (derived from the edge key: the same in every
+    catalogue of the edge), or None while no catalogue knows it."""
+    for catalogue in [work / "edge.sqlite", *sorted(work.glob("edge-old-*.sqlite"))]:
+        try:
+            with sqlite3.connect(f"file:{catalogue}?mode=ro", uri=True) as db:
+                row = db.execute("SELECT batch_key FROM batches WHERE name = ?", (name,)).fetchone()
+            if row:
+                return row[0]
+        except sqlite3.Error:
+            continue
+    return None
+
+
+def edge_state(work, name):
+    """The state of batch `name` in the edge's current catalogue (None: not known to it)."""
     try:
-        with sqlite3.connect(work / "edge.sqlite") as db:
-            row = db.execute("SELECT name FROM batches WHERE batch_key = ?", (batch_id,)).fetchone()
+        with sqlite3.connect(f"file:{work / 'edge.sqlite'}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT state FROM batches WHERE name = ?", (name,)).fetchone()
         return row[0] if row else None
     except sqlite3.Error:
         return None
 
 
-def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, counts):
-    """One of the relay operator's attacks on custody. Returns (when, undo) or None."""
+def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, counts, skip=lambda b: False):
+    """One of the relay operator's attacks on custody. Returns (when, undo) or None. A batch
+    `skip` names (one whose files changed, or that a move of versions over time holds) is left
+    alone, and a batch chosen here is never changed after (`counts["hostile_ids"]`)."""
     batches = sealed_batches(store)
     ready = {b: ids for b, ids in batches.items()
-             if ids and all((store / "meta" / i / "sealed.json").exists() for i in ids)}
+             if ids and all((store / "meta" / i / "sealed.json").exists() for i in ids) and not skip(b)}
     kind = rng.choice(["relabel", "replay", "drop", "forge"])
     if not ready:
         return None
     batch = rng.choice(sorted(ready))
     ids = ready[batch]
+    counts["hostile_ids"].add(batch)
     if kind == "relabel":
         moved = []
         for p in batch_paths(store, batch, ids):
@@ -533,7 +573,10 @@ def main():
               "kills": {"send": 0, "pull": 0, "relay": 0}, "reruns": 0, "omissions": 0, "injections": 0,
               "too_large": 0, "relabelled": 0, "replayed": 0, "dropped": 0, "forged": 0,
               "forged_batches": [], "replayed_names": [], "task_kills": 0, "task_kill_misses": 0,
-              "hups": {"send": 0, "pull": 0, "relay": 0}}
+              "hups": {"send": 0, "pull": 0, "relay": 0},
+              "hostile_ids": set(), "rewrites": 0, "appends": 0, "append_races": 0, "rollbacks": 0,
+              "reorders": 0, "moves_abandoned": 0, "store_restarts": 0,
+              "catalogues_replaced": {"pull": 0, "send": 0}}
     batch_files = {}  # batch name → its expected relative paths
     tampered = {}  # name of a batch its task tampers with → {relative path: sha256}
     left_after_kill = []  # (seconds, processes) of task processes alive 5 s after their puller died
@@ -574,6 +617,310 @@ def main():
             left_after_kill.append((victim, left))
         else:
             vanish.append(took)
+    # Versions over time (issue 57): files changed after their send, older instances replayed
+    # and reordered at the relay, catalogues replaced mid-run.
+    versions = {}  # relative path under dest of a changed file → its versions' SHA-256, oldest first
+    changed_names = set()  # batches with a file changed after their send
+    reserved = set()  # batches a move below holds (its store copied, a seal hidden): left alone
+    moves = []  # [when, step] of moves under way; a step returns the seconds to its next, or None
+    rollbacks = []  # (batch, path, its current SHA-256 when the older instance was put back)
+    reorders = []  # (batch, path, whether the older instance was delivered before the newer)
+    hashes = {}  # path → ((inode, size, mtime), SHA-256) of files at the destination
+    quiet = {"until_settled": False}  # no change while the edge's catalogue waits to be replaced
+
+    def dest_hash(rel, root=None):
+        path = (root or dest) / rel
+        try:
+            st = path.stat()
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if hashes.get(str(path), (None,))[0] != key:
+                hashes[str(path)] = (key, sha256(path))
+            return hashes[str(path)][1]
+        except OSError:
+            return None
+
+    def settled(rel):
+        """Whether the destination holds the current version of `rel`."""
+        return dest_hash(rel) == expected[rel]
+
+    def changeable():
+        """Batches a file of which may change now: sent (the edge's catalogue says so), none of
+        the relay operator's custody moves on it, not tampered with nor held by a move."""
+        try:
+            with sqlite3.connect(f"file:{WORK / 'edge.sqlite'}?mode=ro", uri=True) as db:
+                rows = db.execute("SELECT name, batch_key, state FROM batches").fetchall()
+        except sqlite3.Error:
+            return []
+        return sorted(name for name, key, state in rows
+                      if name in batch_files and name not in tampered and name not in reserved
+                      and name not in counts["replayed_names"] and key not in counts["hostile_ids"]
+                      and state in ("sent", "source_kept", "source_deleted"))
+
+    def change_file(name, kind=None):
+        """Rewrites (a new file of another size renamed over it) or appends to (in place) a file
+        of batch `name` still at the edge, and makes its new bytes the expected ones. A file
+        changed before is changed again only once its current version arrived. Returns the
+        file's path under dest, or None."""
+        candidates = [f for f in sorted((inbox / name / "data").glob("*.bin"))
+                      if f"soak/{name}/data/{f.name}" in expected
+                      and (f"soak/{name}/data/{f.name}" not in versions or settled(f"soak/{name}/data/{f.name}"))]
+        if not candidates:
+            return None
+        f = rng.choice(candidates)
+        rel = f"soak/{name}/data/{f.name}"
+        kind = kind or rng.choice(["rewrite", "append"])
+        if kind == "rewrite":
+            try:
+                old_size = f.stat().st_size
+            except OSError:
+                return None
+            size = rng.choice([4_000, 60_000, 700_000, 2_500_000])
+            size += 1_000 if size == old_size else 0
+            data = os.urandom(size) if rng.random() < 0.5 else (text * (size // len(text) + 1))[:size]
+            tmp = WORK / "changing.tmp"
+            tmp.write_bytes(data)
+            os.rename(tmp, f)
+            new = hashlib.sha256(data).hexdigest()
+        else:
+            try:
+                old = f.read_bytes()
+                fd = os.open(f, os.O_WRONLY | os.O_APPEND)
+            except OSError:
+                return None
+            try:
+                if os.fstat(fd).st_size != len(old):
+                    return None
+                more = os.urandom(rng.choice([100, 20_000, 400_000]))
+                view = memoryview(more)
+                while view:
+                    view = view[os.write(fd, view):]
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            new = hashlib.sha256(old + more).hexdigest()
+            try:
+                raced = os.stat(f).st_ino != inode
+            except OSError:
+                raced = True
+            if raced:
+                # The edge had it under its hidden name, deleting it under a receipt: it puts
+                # it back (its check saw the append) or deleted it (the append came after).
+                time.sleep(3)
+                if not f.exists() or sha256(f) != new:
+                    counts["append_races"] += 1
+                    return None
+        versions.setdefault(rel, [expected[rel]]).append(new)
+        expected[rel] = new
+        changed_names.add(name)
+        counts["rewrites" if kind == "rewrite" else "appends"] += 1
+        return rel
+
+    def restart_relay_now():
+        """The relay restarted (kill -9) so that it reads what was put back in its store."""
+        procs["relay"].send_signal(signal.SIGKILL)
+        procs["relay"].wait()
+        counts["store_restarts"] += 1
+        restart_relay()
+
+    def copy_out(paths, to):
+        """Copies a batch's records and objects out of the store: [(where, the copy)]."""
+        kept = []
+        for path in paths:
+            dst = to / path.relative_to(store)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                if path.is_dir():
+                    shutil.copytree(path, dst)
+                else:
+                    shutil.copy2(path, dst)
+            except (OSError, shutil.Error):
+                continue
+            kept.append((path, dst))
+        return kept
+
+    def put_back(kept, missing_only=False):
+        for src, dst in kept:
+            if missing_only and src.exists():
+                continue
+            src.parent.mkdir(parents=True, exist_ok=True)
+            if dst.is_dir():
+                shutil.rmtree(src, ignore_errors=True)
+                shutil.copytree(dst, src, copy_function=shutil.copy)
+            else:
+                shutil.copy(dst, src)
+
+    def sealed_unsent():
+        """Changeable batches sealed at the relay (every object sealed), not being
+        acknowledged, nothing of them at the destination yet: (id, name, object ids)."""
+        names = set(changeable())
+        found = []
+        for bid, ids in sealed_batches(store).items():
+            if not ids or (store / "batches" / f"{bid}.acking.json").exists():
+                continue
+            if not all((store / "meta" / i / "sealed.json").exists() for i in ids):
+                continue
+            name = batch_name(WORK, bid)
+            if name in names and not (dest / "soak" / name).exists():
+                found.append((bid, name, ids))
+        return found
+
+    def until_gone(bid, name, began):
+        """A move's last step: it holds its batch until the relay holds no seal of it."""
+        def step():
+            if (store / "batches" / f"{bid}.json").exists() and time.monotonic() - began < 600:
+                return 5
+            reserved.discard(name)
+            return None
+        return step
+
+    def start_rollback():
+        """Replaying a snapshot of an older instance: the store's records of a sealed batch
+        copied, a file of it changed (the edge seals a newer instance), and once that one is
+        delivered, the copy put back (its tombstones removed, the relay restarted)."""
+        found = sealed_unsent()
+        if not found:
+            return
+        bid, name, ids = rng.choice(found)
+        reserved.add(name)
+        kept = copy_out(batch_paths(store, bid, ids), aside / f"rollback-{bid}-{time.monotonic_ns()}")
+        rel = change_file(name)
+        if rel is None:
+            reserved.discard(name)
+            return
+        began = time.monotonic()
+
+        def step():
+            if (store / "batches" / f"{bid}.json").exists() or not settled(rel):
+                if time.monotonic() - began > 900:
+                    counts["moves_abandoned"] += 1
+                    reserved.discard(name)
+                    return None
+                return 3
+            put_back(kept)
+            for i in ids:
+                (store / "acked" / i).unlink(missing_ok=True)
+            restart_relay_now()
+            rollbacks.append((name, rel, expected[rel]))
+            counts["rollbacks"] += 1
+            moves.append([time.monotonic() + 5, until_gone(bid, name, time.monotonic())])
+            return None
+        moves.append([time.monotonic() + 3, step])
+
+    def start_reorder():
+        """Reordering seals: while the core cannot reach the relay, a file of a sealed batch
+        changes; once the edge sealed the newer instance, its seal and inventory are moved
+        aside and the older ones put back, so the core is offered the older first; some
+        seconds later the newer seal is put back."""
+        if not sealed_unsent():
+            return
+        core_proxy.hold(True)
+        time.sleep(1)
+        found = sealed_unsent()
+        if not found:
+            core_proxy.hold(False)
+            return
+        bid, name, ids = rng.choice(found)
+        reserved.add(name)
+        record, inventory = store / "batches" / f"{bid}.json", store / "batches" / f"{bid}.inventory.age"
+        copy = aside / f"reorder-{bid}-{time.monotonic_ns()}"
+        older = copy_out(batch_paths(store, bid, ids), copy / "older")
+        try:
+            older_inventory = inventory.read_bytes()
+        except OSError:
+            older_inventory = None
+        rel = change_file(name) if older_inventory else None
+        if rel is None:
+            core_proxy.hold(False)
+            reserved.discard(name)
+            return
+        older_hash = versions[rel][-2]
+        state = {"began": time.monotonic(), "hidden": []}
+
+        def wait_newer():
+            try:
+                newer_inventory = inventory.read_bytes()
+                newer_ids = json.loads(record.read_text())
+            except (OSError, ValueError):
+                newer_inventory = None
+            if (newer_inventory in (None, older_inventory)
+                    or (store / "batches" / f"{bid}.acking.json").exists()
+                    or not all((store / "meta" / i / "sealed.json").exists() for i in newer_ids)):
+                if time.monotonic() - state["began"] > 120:
+                    core_proxy.hold(False)
+                    counts["moves_abandoned"] += 1
+                    reserved.discard(name)
+                    return None
+                return 1
+            # The newer seal hidden, the older put back (with any object of it gone since).
+            for path in (record, inventory):
+                aside_path = copy / "newer" / path.name
+                aside_path.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(path, aside_path)
+                state["hidden"].append((path, aside_path))
+            put_back(older, missing_only=True)
+            restart_relay_now()
+            core_proxy.hold(False)
+            state["offered"] = time.monotonic()
+            moves.append([time.monotonic() + 2, offered])
+            return None
+
+        def offered():
+            if record.exists() and time.monotonic() - state["offered"] < 25:
+                return 2
+            while (store / "batches" / f"{bid}.acking.json").exists() and time.monotonic() - state["offered"] < 60:
+                time.sleep(0.5)
+            older_first = dest_hash(rel) == older_hash
+            restore_hidden()
+            restart_relay_now()
+            reorders.append((name, rel, older_first))
+            counts["reorders"] += 1
+            moves.append([time.monotonic() + 5, until_gone(bid, name, time.monotonic())])
+            return None
+
+        def restore_hidden():
+            for path, aside_path in state["hidden"]:
+                os.replace(aside_path, path)
+            state["hidden"] = []
+        moves.append([time.monotonic() + 1, wait_newer])
+
+    core_catalogues = [WORK / "core.sqlite"]  # the current one, then those replaced mid-run
+
+    def replace_catalogue(who):
+        """Stops the puller or the sender (SIGTERM), moves its catalogue away (kept for the
+        report) and starts it again with a fresh one."""
+        stop_term(who)
+        if who == "pull":
+            task_check_after("pull (SIGTERM)")
+        base = "core" if who == "pull" else "edge"
+        n = len(list(WORK.glob(f"{base}-old-*.sqlite"))) + 1
+        for suffix in ("", "-wal", "-shm"):
+            src = WORK / f"{base}.sqlite{suffix}"
+            if src.exists():
+                os.rename(src, WORK / f"{base}-old-{n}.sqlite{suffix}")
+        if who == "pull":
+            core_catalogues.append(WORK / f"{base}-old-{n}.sqlite")
+        elif too_large is not None:
+            # The new catalogue does not know the batch was cancelled: the operator says so again.
+            one_shot_send("--cancel", too_large, timeout=120)
+        counts["catalogues_replaced"][who] += 1
+        print(f"{who}: catalogue replaced ({base}-old-{n}.sqlite kept)", file=sys.stderr)
+        starters[who]()
+
+    def run_moves():
+        now = time.monotonic()
+        for move in [m for m in moves if m[0] <= now]:
+            after = move[1]()
+            if after is None:
+                moves.remove(move)
+            else:
+                move[0] = time.monotonic() + after
+
+    started_at = time.monotonic()
+    next_change = started_at + 25
+    next_version_move = started_at + 40
+    replace_core_at = started_at + args.minutes * 60 * 0.3
+    replace_edge_at = started_at + args.minutes * 60 * 0.65
+    next_settle_check = 0
     print(f"soak for {args.minutes:g} min, seed {args.seed}, work in {WORK}", file=sys.stderr)
     while time.monotonic() < end:
         now = time.monotonic()
@@ -624,18 +971,47 @@ def main():
         if args.hostile and now >= next_hostile:
             core_token = (WORK / "core.token").read_text()
             act = hostile_act(rng, store, WORK / "relay" / "sites" / "other", aside, core_token, relay_port,
-                              fingerprint, counts)
+                              fingerprint, counts,
+                              skip=lambda b: batch_name(WORK, b) in changed_names | reserved)
             if act:
                 delay, action = act
                 undo.append((now + delay, action))
             next_hostile = now + rng.uniform(15, 45)
         if now >= next_tamper:
-            tamper = tamper_store(rng, store, aside)
+            tamper = tamper_store(rng, store, aside, skip={batch_id_of(WORK, n) for n in reserved})
             if tamper:
                 kind, restore = tamper
                 counts[kind] += 1
                 undo.append((now + rng.uniform(4, 15), restore))
             next_tamper = now + rng.uniform(20, 60)
+        run_moves()
+        if now >= next_change and not quiet["until_settled"]:
+            # A file changed after its send (before or after the core delivered it).
+            names = changeable()
+            if names:
+                change_file(rng.choice(names))
+            next_change = now + rng.uniform(8, 30)
+        if args.hostile and now >= next_version_move and not moves and not quiet["until_settled"]:
+            rng.choice([start_rollback, start_reorder])()
+            next_version_move = time.monotonic() + rng.uniform(30, 70)
+        if replace_core_at is not None and now >= replace_core_at:
+            replace_catalogue("pull")
+            replace_core_at = None
+        if replace_edge_at is not None and now >= replace_edge_at:
+            # Only once no change is on its way and no move runs: a change sealed by the old
+            # catalogue and not delivered would collide with the new catalogue's generation 1
+            # (docs/threat-model.md, "What survives what").
+            quiet.setdefault("since", now)
+            quiet["until_settled"] = True
+            if now - quiet["since"] > 300:
+                # A change that never arrived: the end's checks name it.
+                print("send: catalogue not replaced: a change did not arrive within 300 s", file=sys.stderr)
+                replace_edge_at, quiet["until_settled"] = None, False
+            elif not moves and now >= next_settle_check:
+                next_settle_check = now + 5
+                if all(settled(rel) for rel in versions):
+                    replace_catalogue("send")
+                    replace_edge_at, quiet["until_settled"] = None, False
         if now >= next_rerun:
             procs["send"].send_signal(signal.SIGKILL)
             procs["send"].wait()
@@ -739,11 +1115,19 @@ def main():
         return found
 
     def quarantined_names():
-        try:
-            with sqlite3.connect(WORK / "core.sqlite") as db:
-                return {r[0] for r in db.execute("SELECT name FROM batches WHERE state = 'quarantined'")}
-        except sqlite3.Error:
-            return set()
+        # In the current catalogue or one replaced mid-run.
+        found = set()
+        for catalogue in core_catalogues:
+            try:
+                with sqlite3.connect(catalogue) as db:
+                    found |= {r[0] for r in db.execute("SELECT name FROM batches WHERE state = 'quarantined'")}
+            except sqlite3.Error:
+                pass
+        return found
+
+    def relay_seals():
+        """Batches the relay still holds sealed, waiting for the core (a forged one aside)."""
+        return sorted(set(sealed_batches(store)) - set(counts["forged_batches"]))
 
     def daemons_alive():
         for victim, proc in list(procs.items()):
@@ -756,14 +1140,17 @@ def main():
     deadline = time.monotonic() + 1800
     # Waits for what must arrive; a batch whose acknowledgement was forged may have arrived
     # anyway (the forgery raced its delivery), and anything else extra is counted below.
-    while ((not set(expected) - withheld <= set(delivered()) or not awaited_quarantine <= quarantined_names())
+    while ((not set(expected) - withheld <= set(delivered()) or not awaited_quarantine <= quarantined_names()
+            or moves or not all(settled(rel) for rel in versions if rel not in withheld) or relay_seals())
            and time.monotonic() < deadline):
         time.sleep(2)
         daemons_alive()
+        run_moves()
         # An object the store lost for good (removed while the relay was restarted) comes
         # back only from the edge: a one-shot send finds what the relay lacks and seals again.
         if time.monotonic() > deadline - 1500 and int(time.monotonic()) % 60 < 2:
             one_shot_send(timeout=120)
+    core_proxy.hold(False)
     found = delivered()
     missing = sorted(set(expected) - set(found) - withheld)
     withheld_arrived = sorted(withheld & set(found))
@@ -771,12 +1158,55 @@ def main():
     other_site = sorted(str(p) for p in (dest / "other").rglob("*") if p.is_file()) if (dest / "other").exists() else []
     # Sources deleted at the edge: each must have arrived (its receipt said so).
     deleted_unsent = sorted(p for p in expected if not (inbox / p.split("/", 1)[1]).exists() and p not in found)
-    receipts = subprocess.run([FORTE, "--catalog", WORK / "core.sqlite", "receipts", "--receipt-pub",
-                               WORK / "keys/receipt.pub", "--json"], capture_output=True, text=True)
-    receipt_lines = [json.loads(line) for line in receipts.stdout.splitlines() if line.strip()]
-    receipts_ok = receipts.returncode == 0 and all(r["verified"] for r in receipt_lines)
+    # Every receipt of every catalogue the core had (the current one and those replaced).
+    receipt_lines, receipts_ok = [], True
+    for catalogue in core_catalogues:
+        receipts = subprocess.run([FORTE, "--catalog", catalogue, "receipts", "--receipt-pub",
+                                   WORK / "keys/receipt.pub", "--json"], capture_output=True, text=True)
+        lines = [json.loads(line) for line in receipts.stdout.splitlines() if line.strip()]
+        receipt_lines += lines
+        receipts_ok = receipts_ok and receipts.returncode == 0 and all(r["verified"] for r in lines)
     extra = sorted(set(found) - set(expected))
-    corrupt = sorted(p for p in expected if p in found and sha256(found[p]) != expected[p])
+    corrupt = sorted(p for p in expected if p in found and p not in versions and sha256(found[p]) != expected[p])
+    # A changed file at the destination that is not its current version: a stale version delivered.
+    stale = sorted(p for p in versions if p in found and dest_hash(p) != expected[p])
+    # What the core kept under .forte-replaced: each an earlier version of its file; the
+    # current version kept there means a stale one was delivered over it.
+    replaced_root = dest / ".forte-replaced"
+    kept_versions, kept_wrong = {}, []
+    for f in sorted(replaced_root.rglob("*")) if replaced_root.exists() else []:
+        if not f.is_file():
+            continue
+        rel = str(f.relative_to(replaced_root))
+        base = rel.rsplit(".~", 1)[0] if rel.endswith("~") else rel
+        digest = sha256(f)
+        kept_versions.setdefault(base, set()).add(digest)
+        if base in versions and digest == versions[base][-1]:
+            kept_wrong.append(f"{rel}: the current version, replaced by a stale one")
+            stale.append(base)
+        elif base not in versions or digest not in versions[base]:
+            kept_wrong.append(f"{rel}: no version of the file")
+    stale = sorted(set(stale))
+    # The lineage of every core catalogue: the versions of each changed file it delivered,
+    # each version once; every earlier one delivered must be kept under .forte-replaced.
+    lineage = {}  # path → [(catalogue, SHA-256, state)]
+    catalogued_paths = set()
+    for catalogue in core_catalogues:
+        with sqlite3.connect(catalogue) as db:
+            for site, name, path, digest, state in db.execute(
+                    "SELECT b.site, b.name, f.path, f.raw_sha256, f.state FROM files f "
+                    "JOIN batches b ON b.batch_key = f.batch_key AND b.role = 'core'"):
+                rel = f"{site}/{name}/{path}"
+                lineage.setdefault(rel, []).append((catalogue.name, digest, state))
+                if state == "acknowledged":
+                    catalogued_paths.add(rel)
+    delivered_versions = {p: {d for _, d, _ in lineage.get(p, [])} & set(versions[p]) for p in versions}
+    earlier_not_kept = sorted(f"{p} ({d[:12]})" for p, ds in delivered_versions.items() for d in ds
+                              if d != versions[p][-1] and d not in kept_versions.get(p, set()))
+    earlier_kept = sum(len((ds - {versions[p][-1]}) & kept_versions.get(p, set())) for p, ds in delivered_versions.items())
+    twice = sorted(p for p, rows in lineage.items()
+                   if len(rows) != len({(c, d) for c, d, _ in rows}))
+    multi_version = sum(1 for ds in delivered_versions.values() if len(ds) > 1)
     # A batch delivered in part: some of its files present, others not.
     incomplete = sorted(b for b, files in batch_files.items()
                         if files & set(found) and not files <= set(found))
@@ -831,11 +1261,22 @@ def main():
     # A tampered file whose source the edge deleted (under the receipt for the quarantined
     # batch) and whose verified bytes the quarantine does not hold: lost.
     tampered_lost = sorted(source_gone - kept_intact - set(found))
+    tries = {}
+    for catalogue in core_catalogues:
+        with sqlite3.connect(catalogue) as db:
+            for outcome, n in db.execute("SELECT outcome, COUNT(*) FROM task_runs GROUP BY outcome"):
+                tries[outcome] = tries.get(outcome, 0) + n
     with sqlite3.connect(WORK / "core.sqlite") as db:
-        catalogued = db.execute("SELECT COUNT(*) FROM files WHERE state = 'acknowledged'").fetchone()[0]
-        tries = dict(db.execute("SELECT outcome, COUNT(*) FROM task_runs GROUP BY outcome").fetchall())
         # A batch the core still records as being checked by its tasks, though all stopped.
         checking = [r[0] for r in db.execute("SELECT name FROM batches WHERE state = 'checking'")]
+    # Acknowledged files in the catalogues (a path in several counts once) against those on disk.
+    catalogued = len(catalogued_paths)
+    catalogue_differs = sorted(catalogued_paths ^ set(found))
+    stuck = relay_seals()
+    pull_log = (WORK / "pull.log").read_text(errors="replace")
+    superseded = pull_log.count("superseded: instance")
+    with sqlite3.connect(WORK / "edge.sqlite") as db:
+        edge_states = dict(db.execute("SELECT state, COUNT(*) FROM batches GROUP BY state").fetchall())
     reloads = {name: (WORK / f"{name}.log").read_text(errors="replace").count(needle)
                for name, needle in (("relay", "tokens file reloaded (SIGHUP)"),
                                     ("pull", "trusted edge keys read again (SIGHUP)"),
@@ -863,7 +1304,27 @@ def main():
     print(f"lost {len(missing)}, duplicated or unexpected {len(extra)}, corrupted {len(corrupt)}, "
           f"incomplete batches delivered {len(incomplete)}, left at the relay {left_at_relay}, "
           f"staging directories left {len(staging)}")
-    print(f"catalogue: {catalogued} files acknowledged at the core, {len(found)} files on disk")
+    print(f"catalogue: {catalogued} files acknowledged at the core (in {len(core_catalogues)} catalogues), "
+          f"{len(found)} files on disk, {len(catalogue_differs)} in one and not the other")
+    changed_files = len(versions)
+    print(f"versions over time: {counts['rewrites']} rewrites and {counts['appends']} appends after the send "
+          f"({counts['append_races']} appends raced with the edge deleting the file, left out) of {changed_files} "
+          f"files in {len(changed_names)} batches, {sum(len(v) for v in versions.values())} versions; the lineage "
+          f"shows {multi_version} files delivered in more than one version, {len(twice)} with a version twice in "
+          f"one catalogue; earlier versions kept under .forte-replaced {earlier_kept} (delivered but not kept "
+          f"{len(earlier_not_kept)}; kept that are no earlier version {len(kept_wrong)})")
+    if args.hostile:
+        print(f"versions, the relay operator's: {counts['rollbacks']} older instances put back after the newer "
+              f"was delivered (rollback), {counts['reorders']} newer seals hidden so the older was offered first "
+              f"({sum(1 for r in reorders if r[2])} times the older was delivered first), {counts['moves_abandoned']} "
+              f"moves abandoned, {counts['store_restarts']} relay restarts for them; 'superseded' in the puller's "
+              f"log {superseded} times")
+    print(f"catalogues replaced mid-run: core {counts['catalogues_replaced']['pull']}, edge "
+          f"{counts['catalogues_replaced']['send']}; edge batches by state at the end: "
+          f"{', '.join(f'{k} {v}' for k, v in sorted(edge_states.items()))}")
+    print(f"files lost {len(missing)}, stale versions delivered {len(stale)}, stuck batches {len(stuck)} "
+          f"(sealed at the relay, waiting) + {left_at_relay} objects left at the relay, receipts "
+          f"{len(receipt_lines)} ({'all verify' if receipts_ok else 'NOT ALL VERIFY'})")
     print(f"core task: tries {', '.join(f'{n} {o}' for o, n in sorted(tries.items())) or 'none'}; kill -9 of the "
           f"puller while a try ran {counts['task_kills']} ({counts['task_kill_misses']} times no try ran within "
           f"20 s); task processes alive 5 s after their puller died {len(left_after_kill)} "
@@ -897,12 +1358,15 @@ def main():
               f"sources deleted but not delivered {len(deleted_unsent)}, receipts {len(receipt_lines)} "
               f"({'all verify' if receipts_ok else 'NOT ALL VERIFY'})")
     ok = not (missing or extra or corrupt or incomplete or left_at_relay or cancelled_arrived
-              or catalogued != len(found) or staging or landing_left or left_after_kill or tasks_left
+              or catalogue_differs or stale or stuck or earlier_not_kept or kept_wrong or not receipts_ok or staging or landing_left or left_after_kill or tasks_left
               or tampered_promoted or not_quarantined or no_reason or tampered_lost or hup_deaths
               or term_bad or unexpected or checking)
     if args.hostile:
         ok = ok and not (other_site or replayed_again or deleted_unsent) and receipts_ok
-    for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt),
+    for name, items in (("missing", missing), ("extra", extra), ("corrupt", corrupt), ("stale", stale),
+                        ("stuck at the relay", stuck), ("earlier version delivered, not kept", earlier_not_kept),
+                        ("kept under .forte-replaced", kept_wrong),
+                        ("acknowledged in the catalogues xor on disk", catalogue_differs),
                         ("task left after its puller", left_after_kill), ("task left at the end", tasks_left),
                         ("tampered file in the destination", tampered_promoted),
                         ("tampered batch not quarantined", not_quarantined),

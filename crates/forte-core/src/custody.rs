@@ -128,6 +128,16 @@ pub(super) struct Replayed {
     pub superseded: Option<(String, u64)>,
 }
 
+impl Replayed {
+    /// `known` offered again.
+    fn again(known: InstanceRow) -> Self {
+        Self {
+            known,
+            superseded: None,
+        }
+    }
+}
+
 impl std::fmt::Display for Replayed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let r = &self.known;
@@ -145,6 +155,21 @@ impl std::fmt::Display for Replayed {
             ),
         }
     }
+}
+
+/// Refuses, as a [`Replayed`], an instance delivered before (`earlier` holds it), or one
+/// older than an instance of its batch delivered before: a relay offering a stale version
+/// after the current one (rollback), or one the edge replaced.
+fn refuse_known(inventory: &Inventory, earlier: &[InstanceRow]) -> Result<()> {
+    if let Some(known) = earlier.iter().find(|e| e.instance == inventory.instance) {
+        return Err(Replayed::again(known.clone()).into());
+    }
+    if let Some(newer) = earlier.iter().rev().find(|k| older_than(inventory, k)) {
+        let superseded = Some((inventory.instance.clone(), inventory.generation));
+        let known = newer.clone();
+        return Err(Replayed { known, superseded }.into());
+    }
+    Ok(())
 }
 
 /// Whether the instance `inventory` signs is older than `known`, an instance of the same
@@ -209,35 +234,8 @@ impl Core<'_> {
         if !inventory.names_its_instance() {
             return Ok(None);
         }
-        if let Some(row) = self
-            .setup
-            .catalog
-            .delivered_instance(&inventory.site, &inventory.instance)?
-        {
-            let known = row;
-            return Err(Replayed {
-                known,
-                superseded: None,
-            }
-            .into());
-        }
         let earlier = self.delivered_instances(key, inventory)?;
-        if let Some(known) = earlier.iter().find(|e| e.instance == inventory.instance) {
-            // Known only from the destination's record: this catalogue is newer than it.
-            let known = known.clone();
-            return Err(Replayed {
-                known,
-                superseded: None,
-            }
-            .into());
-        }
-        // Never an instance older than one of the batch delivered before: a relay offering
-        // a stale version after the current one (rollback), or one the edge replaced.
-        if let Some(newer) = earlier.iter().rev().find(|k| older_than(inventory, k)) {
-            let superseded = Some((inventory.instance.clone(), inventory.generation));
-            let known = newer.clone();
-            return Err(Replayed { known, superseded }.into());
-        }
+        refuse_known(inventory, &earlier)?;
         // A new instance holding only files earlier instances of the batch delivered: the
         // relay replaying them (its tombstones removed, the edge sent them again), or an edge
         // whose catalogue was lost. Acknowledged with the receipt that covers them, not
@@ -255,12 +253,7 @@ impl Core<'_> {
                 .into_iter()
                 .rfind(|e| e.objects.iter().any(|id| listed.contains(id)))
                 .expect("an earlier instance delivered them");
-            let known = last;
-            return Err(Replayed {
-                known,
-                superseded: None,
-            }
-            .into());
+            return Err(Replayed::again(last).into());
         }
         if !delivered_before.is_empty() {
             tracing::warn!("batch {key}: instance {} lists {} file(s) delivered before beside {} new: the new ones are delivered, the others placed again only where missing",
@@ -284,13 +277,19 @@ impl Core<'_> {
     /// Every instance of the batch of `inventory` delivered before, oldest first: those this
     /// catalogue recorded under `key`, and those the destination's own record holds under the
     /// batch's signed name (a catalogue new, restored or moved, or a relay that lists the
-    /// batch under another id, does not make them unknown).
+    /// batch under another id, does not make them unknown); and the very instance if the
+    /// catalogue recorded it under another batch.
     fn delivered_instances(
         &self,
         key: &BatchKey,
         inventory: &Inventory,
     ) -> Result<Vec<InstanceRow>> {
         let mut known = self.setup.catalog.instances_of(key)?;
+        let same = self
+            .setup
+            .catalog
+            .delivered_instance(&inventory.site, &inventory.instance)?;
+        known.extend(same.filter(|row| row.batch_key != *key));
         let kept = KeptInstances::at(self.setup.dest).of(&inventory.site, &inventory.batch)?;
         for row in kept {
             if !known.iter().any(|k| k.instance == row.instance) {

@@ -20,6 +20,7 @@ use super::{batch_key_of, sealed_bytes, Core, DeliveryReport};
 use crate::download::RelaySource;
 use forte_daemon::record::note;
 use forte_daemon::retry::Operation;
+use forte_daemon::settings::OnChanged;
 use forte_daemon::tasks::{Point, Refusal};
 
 /// Where the earlier versions of files replaced by a later instance of their batch are kept,
@@ -87,6 +88,9 @@ struct Committed {
     delivered: forte_restore::Delivered,
     held: Held,
     landed: Option<PathBuf>,
+    /// With `pull.on_changed = "keep-first"`, the targets a later version of the batch would
+    /// have replaced: then nothing was committed, and the instance is refused.
+    refused: Vec<String>,
 }
 
 /// A committed batch's verified files, and the lease that must still hold when they are
@@ -134,6 +138,14 @@ impl Core<'_> {
             report.batch = name;
         }
         let instance = learned.instance;
+        let result = match result {
+            Ok(committed) if !committed.refused.is_empty() => {
+                self.refuse_later_version(&batch, &mut report, committed, instance.as_ref());
+                // Its row keeps saying how the first version was kept.
+                return Some(self.end(&batch, report, start, false));
+            }
+            result => result,
+        };
         // Landed: the site's tasks decide between promotion and quarantine.
         let result = result.and_then(|committed| {
             let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
@@ -323,6 +335,7 @@ impl Core<'_> {
             delivered,
             held,
             landed,
+            ..
         } = committed;
         let verified = Verified { delivered, held };
         let Some(dir) = landed else {
@@ -399,6 +412,40 @@ impl Core<'_> {
                 error
             }
             Err(e) => format!("{error}; {e}"),
+        });
+    }
+
+    /// Refuses a later version of a batch whose earlier files stay (`pull.on_changed =
+    /// "keep-first"`), once and explicitly: a signed receipt of outcome `refused` listing no
+    /// file is kept and given with the acknowledgement, so the relay drops the instance, a
+    /// replay of it is known, and the edge reports it and deletes nothing on its word.
+    fn refuse_later_version(
+        &self,
+        batch: &Sealed<'_>,
+        report: &mut DeliveryReport,
+        committed: Committed,
+        instance: Option<&Instance>,
+    ) {
+        let Committed { held, refused, .. } = committed;
+        let why = format!(
+            "refused: this later version of batch {} would replace {} file(s) delivered before ({}); pull.on_changed = \"keep-first\" keeps the first version",
+            report.batch,
+            refused.len(),
+            refused.join(", ")
+        );
+        let outcome = forte_format::Outcome::Refused;
+        let acknowledged = match self.keep(batch, &held, instance, outcome, &[]) {
+            Ok(receipt) => self
+                .acknowledge_at_relay(batch, &report.batch, receipt.as_deref())
+                .map_err(|e| format!("refused, but {e}")),
+            Err(e) => Err(format!("refused, but not acknowledged: {e:#}")),
+        };
+        report.error = Some(match acknowledged {
+            Ok(()) => {
+                held.delivered();
+                format!("{why}: acknowledged with a signed refusal, which the edge reports")
+            }
+            Err(e) => format!("{why}; {e}"),
         });
     }
 
@@ -485,11 +532,23 @@ impl Core<'_> {
             }
             _ => None,
         };
-        // A later version of the batch replaces the files of earlier ones, each kept.
+        // A later version of the batch replaces the files of earlier ones, each kept; or, to
+        // keep the first version, is refused whole.
         let supersedes = learned
             .instance
             .as_ref()
             .is_some_and(Instance::supersedes_earlier);
+        if supersedes && self.setup.on_changed == OnChanged::KeepFirst {
+            let refused = ahead.staged.in_the_way(self.setup.dest);
+            if !refused.is_empty() {
+                return Ok(Committed {
+                    delivered: forte_restore::Delivered::nothing(),
+                    held,
+                    landed,
+                    refused,
+                });
+            }
+        }
         let replace = self.replaced_dir(supersedes);
         let delivered = restore.commit(
             std::mem::take(&mut ahead.staged),
@@ -502,6 +561,7 @@ impl Core<'_> {
             delivered,
             held,
             landed,
+            refused: Vec::new(),
         })
     }
 

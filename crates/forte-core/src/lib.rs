@@ -140,6 +140,8 @@ pub struct CoreSetup<'a> {
     pub catalog: &'a Catalog,
     /// Which worker this is; its leases on batches are `Core::leases`.
     pub worker: Worker,
+    /// What a later version of a batch does to the files of an earlier one.
+    pub on_changed: forte_daemon::settings::OnChanged,
 }
 
 /// What every batch of one `pull` run shares: what it delivers with (`setup`), the landing

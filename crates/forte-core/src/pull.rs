@@ -80,6 +80,7 @@ pub fn pull(
         copy_to: copy_to.as_ref(),
         catalog,
         worker: s.worker,
+        on_changed: s.on_changed,
     })
     .with_landing(landing.as_ref())
     .with_custody(CustodySettings::new(

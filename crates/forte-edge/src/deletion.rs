@@ -482,6 +482,14 @@ impl Edge<'_> {
                     .catalog
                     .keep_receipt(&receipt.site, &receipt.instance, &text),
             );
+            if receipt.outcome == forte_format::Outcome::Refused {
+                // Said once per refusal: the core keeps the version it delivered before.
+                let digest = format!("refusal {}", forte_format::seal::sha256_hex(&document));
+                if self.refused_receipts.lock().insert(digest) {
+                    let why = format!("the core refused instance {} (sequence {}) of this batch, a later version of files it delivered before: it keeps the first version (pull.on_changed = \"keep-first\"); the changed files stay here, and nothing is deleted on that receipt", receipt.instance, receipt.sequence);
+                    self.fail(&b.name, None, &why);
+                }
+            }
             listed.extend(receipt.files.into_iter().map(|f| (f.id, f)));
         }
         Some(listed)

@@ -27,12 +27,15 @@ const SIGNING_CONTEXT: &[u8] = b"forte-receipt/1\n";
 /// How the core keeps the batch: promoted to its destination, or quarantined by a site task
 /// (kept with the reason). Either way it holds durably every file the receipt lists; a
 /// quarantined batch's receipt lists only the files the quarantine holds as verified (a task
-/// may have changed others).
+/// may have changed others). Or refused: a later version of a batch whose earlier files the
+/// core keeps instead (`pull.on_changed = "keep-first"`); it lists no file, so nothing is
+/// deleted on its word, and the edge reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Delivered,
     Quarantined,
+    Refused,
 }
 
 /// One file as the core verified and keeps it.

@@ -31,6 +31,21 @@ pub struct Delivered {
     pub replaced: Vec<Replaced>,
 }
 
+impl Delivered {
+    /// Nothing delivered.
+    pub fn nothing() -> Self {
+        Self {
+            files: 0,
+            already: 0,
+            directories: 0,
+            bytes: 0,
+            placed: Vec::new(),
+            inventory: false,
+            replaced: Vec::new(),
+        }
+    }
+}
+
 /// An earlier version of a file, replaced by a newer instance of its batch and kept.
 #[derive(Debug, Clone, Serialize)]
 pub struct Replaced {

@@ -17,6 +17,17 @@ pub struct Staged {
 }
 
 impl Staged {
+    /// The targets of the staged files that something already holds at `dest`: what
+    /// committing them would replace (other versions; identical files were found in place).
+    pub fn in_the_way(&self, dest: &std::path::Path) -> Vec<String> {
+        let files = self.jobs.iter().flat_map(|j| &j.files);
+        files
+            .filter(|f| f.manifest.kind == forte_format::Kind::File)
+            .filter(|f| std::fs::symlink_metadata(dest.join(&f.target)).is_ok())
+            .map(|f| f.target.clone())
+            .collect()
+    }
+
     /// Every object staged or found in place.
     pub fn ids(&self) -> impl Iterator<Item = ObjectId> + '_ {
         let staged = self.jobs.iter().map(|j| j.object.manifest.id);

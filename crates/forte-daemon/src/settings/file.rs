@@ -38,6 +38,8 @@
 //! quarantine = "quarantine"      # batches a task refused, with its output
 //!                                # (both default to hidden directories in the destination)
 //! trust_any_site = false         # true: a key in keys.trust without SITE= signs for any site
+//! on_changed = "replace"         # a later version of a file replaces it (the earlier kept in
+//!                                # DEST/.forte-replaced); "keep-first": refused once, explicitly
 //!
 //! [[task]]                       # a site's own step; as many as needed, run in this order
 //! name = "parquet-columns"

@@ -325,6 +325,13 @@ pub struct PullFlags {
     /// SITE=FILE instead [config: pull.trust_any_site].
     #[arg(long)]
     pub(super) trust_any_site: bool,
+    /// What a later version of a batch does to the files of an earlier one it delivered (a file
+    /// changed after it was sent): `replace` puts the new version in place atomically and
+    /// keeps the earlier one under DEST/.forte-replaced; `keep-first` keeps the earlier one and
+    /// refuses the later version once, with a signed refusal the edge reports, so nothing waits
+    /// at the relay [config: pull.on_changed].
+    #[arg(long, value_name = "replace|keep-first", default_value = "replace")]
+    pub(super) on_changed: String,
     /// Alert (failure hook and standard error) when a site's batch N has not arrived this long
     /// after a later one did: a batch dropped or held back at the relay [config: pull.gap_alert_after].
     #[arg(long, value_name = "DURATION", default_value = "10m")]

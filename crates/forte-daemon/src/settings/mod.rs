@@ -41,7 +41,7 @@ pub use flags::{
     parse_codec, CoreFlags, DaemonFlags, EdgeFlags, HttpFlags, IngestFlags, PullFlags, RelayFlags,
     ScheduleFlags, SendFlags, WorkerFlags,
 };
-pub use pull::{pull, Destination, PullCommand, PullSettings};
+pub use pull::{pull, Destination, OnChanged, PullCommand, PullSettings};
 pub use send::{send, SendCommand, SendSettings};
 
 use crate::schedule::{Policy, PolicyName};

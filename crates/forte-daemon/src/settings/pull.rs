@@ -44,6 +44,8 @@ pub struct PullSettings {
     pub receipt_key: Option<ReceiptKey>,
     /// How long a missing batch may lag a later one before it is alerted.
     pub gap_alert_after: Duration,
+    /// What a later version of a batch does to the earlier files it would replace.
+    pub on_changed: OnChanged,
     pub policy: Policy,
     pub worker: Worker,
     pub credentials: forte_bucket::Credentials,
@@ -69,6 +71,30 @@ impl PullSettings {
     }
 }
 
+/// What a later version of a batch (an instance of a higher generation) does to the files an
+/// earlier one delivered, where its files differ (`--on-changed`, `pull.on_changed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnChanged {
+    /// The new version goes in place atomically; the earlier one is kept aside.
+    #[default]
+    Replace,
+    /// The earlier version stays; the later instance is refused once, explicitly.
+    KeepFirst,
+}
+
+impl std::str::FromStr for OnChanged {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "replace" => Ok(Self::Replace),
+            "keep-first" => Ok(Self::KeepFirst),
+            other => Err(format!(
+                "{other:?} is not a policy: give replace (the new version in place, the earlier kept under DEST/.forte-replaced) or keep-first"
+            )),
+        }
+    }
+}
+
 /// The flag groups `pull` parses.
 pub struct PullCommand<'a> {
     pub pull: &'a PullFlags,
@@ -88,6 +114,10 @@ pub fn pull(flags: PullCommand, config: &Config) -> Result<PullSettings> {
     let receipt_key = receipt_key(f.receipt_key.clone(), config)?;
     let gap_alert_after =
         parse_duration(&f.gap_alert_after).map_err(|e| anyhow!("--gap-alert-after: {e}"))?;
+    let on_changed = f
+        .on_changed
+        .parse()
+        .map_err(|e| anyhow!("--on-changed: {e}"))?;
     let policy = policy(flags.schedule, config)?;
     let worker = worker(flags.worker, config)?;
     let to_text = f.to.to_string_lossy().into_owned();
@@ -123,6 +153,7 @@ pub fn pull(flags: PullCommand, config: &Config) -> Result<PullSettings> {
         core,
         receipt_key,
         gap_alert_after,
+        on_changed,
         policy,
         worker,
         credentials: s3(config),

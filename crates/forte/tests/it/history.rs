@@ -165,7 +165,11 @@ fn a_superseded_sequence_number_is_no_gap() {
     pulled(&site);
     let q = std::process::Command::new("python3").args(["-c", "import sqlite3,sys;print(list(sqlite3.connect(sys.argv[1]).execute('select role,sequence,generation,supersedes,batch_key from batch_instances')))", &site.core_catalog]).output().unwrap();
     let e = std::process::Command::new("python3").args(["-c", "import sqlite3,sys;print(list(sqlite3.connect(sys.argv[1]).execute('select role,sequence,generation,supersedes,batch_key from batch_instances')))", &site.edge_catalog]).output().unwrap();
-    eprintln!("CORE {} EDGE {}", String::from_utf8_lossy(&q.stdout), String::from_utf8_lossy(&e.stdout));
+    eprintln!(
+        "CORE {} EDGE {}",
+        String::from_utf8_lossy(&q.stdout),
+        String::from_utf8_lossy(&e.stdout)
+    );
     // Looked for once everything arrived: 1 was superseded by 2, never dropped.
     let mut pull = site.pull();
     pull.extend(args!["--gap-alert-after", "0s"]);
@@ -322,4 +326,65 @@ fn a_file_appended_to_while_it_is_sent_ends_with_its_final_bytes() {
         said()
     );
     eprintln!("final bytes at the destination {took:?} after the last append");
+}
+
+/// With `--on-changed keep-first` the first version stays: the later version of the batch is
+/// refused once, explicitly: acknowledged with a signed refusal (the relay then holds nothing
+/// of it), said at the core, and reported by the edge through its failure hook, which deletes
+/// nothing on it.
+#[test]
+fn keep_first_refuses_a_later_version_once_and_the_edge_is_told() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    let first = std::fs::read(batch.join("bags/000.bag")).unwrap();
+    let pull = || {
+        let mut a = site.pull();
+        a.extend(args!["--on-changed", "keep-first"]);
+        run(&a)
+    };
+    ok(&site.send(&["-q"]));
+    assert!(pull().status.success());
+    let second = change(&batch.join("bags/000.bag"), 60_000, 82);
+    ok(&site.send(&["-q"]));
+    let out = pull();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refused: this later version of batch run-1"),
+        "{stderr}"
+    );
+    let delivered = site.root.join("dest/site-a/run-1/bags/000.bag");
+    assert_eq!(
+        std::fs::read(&delivered).unwrap(),
+        first,
+        "the first version stays"
+    );
+    assert!(
+        site.relay_objects().is_empty(),
+        "nothing is held at the relay: {:?}",
+        site.relay_objects()
+    );
+    let hook = site.root.join("edge-hook.log");
+    let on_failure = format!("echo \"$FORTE_BATCH: $FORTE_ERROR\" >> {}", hook.display());
+    let log = site.root.join("send.log");
+    let watch = site.send(&["--watch", "--interval", "1", "--on-failure", &on_failure]);
+    let mut sender = spawn_logged(&watch, &log);
+    let told = || std::fs::read_to_string(&hook).unwrap_or_default();
+    assert!(
+        wait_for(30, || told().contains("run-1: the core refused instance")),
+        "hook: {} log: {}",
+        told(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // Once: the passes after it say nothing more.
+    let said = told();
+    let passes = |log: &str| log.matches("refused instance").count();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    kill(&mut sender);
+    assert_eq!(told(), said, "said once");
+    assert_eq!(passes(&said), 1, "{said}");
+    assert_eq!(
+        std::fs::read(batch.join("bags/000.bag")).unwrap(),
+        second,
+        "kept at the edge"
+    );
 }
