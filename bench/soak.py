@@ -654,7 +654,7 @@ def main():
         return sorted(name for name, key, state in rows
                       if name in batch_files and name not in tampered and name not in reserved
                       and name not in counts["replayed_names"] and key not in counts["hostile_ids"]
-                      and state in ("sent", "source_kept", "source_deleted"))
+                      and state in ("sent", "source_kept", "source_deleted", "delivered", "acknowledged"))
 
     def change_file(name, kind=None):
         """Rewrites (a new file of another size renamed over it) or appends to (in place) a file

@@ -623,4 +623,177 @@ mod tests {
         let (any, inventory) = signed("", None);
         check_signed_site(&any, &inventory, "site-a").unwrap();
     }
+
+    /// A delivered instance of the batch, of `epoch` and `generation`, sealed at `sealed_at`,
+    /// naming `supersedes` as the instances it replaces.
+    fn known(
+        instance: &str,
+        epoch: &str,
+        generation: i64,
+        sealed_at: i64,
+        supersedes: &[&str],
+    ) -> InstanceRow {
+        InstanceRow {
+            role: Role::Core,
+            site: "site-a".into(),
+            instance: instance.into(),
+            sequence: generation,
+            batch_key: BatchKey::core("site-a", "b"),
+            content: String::new(),
+            objects: Vec::new(),
+            sealed_at,
+            recorded_at: 0,
+            receipt: None,
+            history: History {
+                epoch: epoch.into(),
+                epoch_from: 1,
+                generation,
+                supersedes: supersedes
+                    .iter()
+                    .map(|i| forte_catalog::Earlier {
+                        instance: i.to_string(),
+                        sequence: 0,
+                        content: String::new(),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    /// An inventory of instance `instance`, of `epoch` (empty: format 2) and `generation`,
+    /// sealed at `sealed_at`, superseding `supersedes`.
+    fn offered(
+        instance: &str,
+        epoch: &str,
+        generation: u64,
+        sealed_at: i64,
+        supersedes: &[&str],
+    ) -> Inventory {
+        let mut inventory =
+            Inventory::new("b", Instance::new("site-a", generation, sealed_at), vec![]);
+        inventory.instance = instance.into();
+        inventory.epoch = epoch.into();
+        inventory.generation = generation;
+        inventory.supersedes = supersedes
+            .iter()
+            .map(|i| forte_format::Superseded {
+                content: String::new(),
+                instance: i.to_string(),
+                sequence: 0,
+            })
+            .collect();
+        if epoch.is_empty() {
+            inventory.format = forte_format::INVENTORY_FORMAT_V2.into();
+        }
+        inventory
+    }
+
+    /// Which of two instances of one batch is older: the one the other names as superseded;
+    /// else in one epoch the lower generation; else (another epoch, or format 2) the earlier
+    /// seal; the same generation twice in an epoch, by seal time.
+    #[test]
+    fn an_instance_is_older_as_its_history_says() {
+        // Named as superseded by the known one, whatever its generation or time.
+        assert!(older_than(
+            &offered("i1", "e", 9, 99, &[]),
+            &known("i2", "e", 2, 1, &["i1"])
+        ));
+        // Naming the known one as superseded: newer, whatever its generation or time.
+        assert!(!older_than(
+            &offered("i2", "e", 1, 0, &["i1"]),
+            &known("i1", "e", 5, 9, &[])
+        ));
+        // One epoch: the generation decides, not the seal time.
+        assert!(older_than(
+            &offered("i1", "e", 1, 50, &[]),
+            &known("i2", "e", 2, 10, &[])
+        ));
+        assert!(!older_than(
+            &offered("i3", "e", 3, 5, &[]),
+            &known("i2", "e", 2, 10, &[])
+        ));
+        // The same generation twice (a restored edge catalogue): the seal time.
+        assert!(older_than(
+            &offered("i1", "e", 2, 5, &[]),
+            &known("i2", "e", 2, 10, &[])
+        ));
+        assert!(!older_than(
+            &offered("i1", "e", 2, 15, &[]),
+            &known("i2", "e", 2, 10, &[])
+        ));
+        // Another epoch, or format 2: the seal time, not the generation.
+        assert!(older_than(
+            &offered("i1", "e1", 5, 5, &[]),
+            &known("i2", "e2", 1, 10, &[])
+        ));
+        assert!(!older_than(
+            &offered("i1", "e1", 1, 15, &[]),
+            &known("i2", "e2", 5, 10, &[])
+        ));
+        assert!(older_than(
+            &offered("i1", "", 0, 5, &[]),
+            &known("i2", "", 0, 10, &[])
+        ));
+        assert!(!older_than(
+            &offered("i1", "", 0, 15, &[]),
+            &known("i2", "", 0, 10, &[])
+        ));
+        // A format-2 inventory whose (empty) epoch equals a format-2 row's is no generation.
+        assert!(!older_than(
+            &offered("i1", "", 0, 15, &[]),
+            &known("i2", "", 3, 10, &[])
+        ));
+    }
+
+    /// The known instance itself is a replay; an older one is superseded by the newest that
+    /// makes it older; a newer one passes.
+    #[test]
+    fn a_known_or_older_instance_is_refused_and_a_newer_one_passes() {
+        let earlier = [known("i1", "e", 1, 1, &[]), known("i2", "e", 2, 2, &["i1"])];
+        let again = refuse_known(&offered("i2", "e", 2, 2, &["i1"]), &earlier).unwrap_err();
+        let again = again.downcast::<Replayed>().unwrap();
+        assert_eq!(
+            (again.known.instance.as_str(), again.superseded),
+            ("i2", None)
+        );
+        let old = refuse_known(&offered("i0", "e", 1, 0, &[]), &earlier).unwrap_err();
+        let old = old.downcast::<Replayed>().unwrap();
+        assert_eq!(old.known.instance, "i2", "the newest that makes it older");
+        assert_eq!(old.superseded, Some(("i0".to_string(), 1)));
+        assert!(
+            old.to_string()
+                .starts_with("superseded: instance i0 (generation 1)"),
+            "{old}"
+        );
+        refuse_known(&offered("i3", "e", 3, 3, &["i1", "i2"]), &earlier).unwrap();
+    }
+
+    /// A new epoch is said once, naming where the old one ended.
+    #[test]
+    fn a_new_epoch_is_said_once() {
+        let start = forte_catalog::EpochStart {
+            site: "site-a".into(),
+            epoch: "e2".into(),
+            from: 1,
+            after_epoch: "e1".into(),
+            after_last: 7,
+            since: 0,
+        };
+        let mut alerted = HashSet::new();
+        let said = restarts(&mut alerted, vec![start.clone()]);
+        assert_eq!(said.len(), 1);
+        assert!(
+            said[0]
+                .1
+                .contains("started numbering its batches again at 1"),
+            "{}",
+            said[0].1
+        );
+        assert!(
+            said[0].1.contains("after number 7 of epoch e1"),
+            "{}",
+            said[0].1
+        );
+        assert!(restarts(&mut alerted, vec![start]).is_empty());
+    }
 }
