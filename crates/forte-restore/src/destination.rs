@@ -487,4 +487,36 @@ mod tests {
             "a live worker's and another machine's staging stay"
         );
     }
+
+    /// An earlier version is kept under its own path, or the first free numbered name after
+    /// it, by a second name for the same bytes: replacing the file keeps them.
+    #[test]
+    fn an_earlier_version_is_kept_under_the_first_free_name() {
+        let dest = tempfile::tempdir().unwrap();
+        let target = dest.path().join("site/b/f");
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let keep = dest.path().join(".forte-replaced/site/b/f");
+        let mut kept = Vec::new();
+        for version in [b"one", b"two", b"333"] {
+            std::fs::write(&target, version).unwrap();
+            kept.push(keep_earlier_version(&target, &keep).unwrap());
+            std::fs::remove_file(&target).unwrap();
+        }
+        let names: Vec<String> = kept
+            .iter()
+            .map(|k| k.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["f", "f.~1~", "f.~2~"]);
+        assert_eq!(std::fs::read(&kept[0]).unwrap(), b"one");
+        assert_eq!(std::fs::read(&kept[2]).unwrap(), b"333");
+        let missing = keep_earlier_version(&target, &keep).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("cannot keep"),
+            "{missing:#}"
+        );
+        assert_eq!(
+            numbered_free_name(&dest.path().join("free")).unwrap(),
+            dest.path().join("free")
+        );
+    }
 }
