@@ -565,6 +565,9 @@ pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
     tree(dir)
         .into_iter()
         .filter(|(p, _)| !p.starts_with(".forte-staging-"))
+        // forte's own records beside what it delivered: the instances it delivered and the
+        // earlier versions of files it replaced.
+        .filter(|(p, _)| !p.starts_with(".forte-custody/") && !p.starts_with(".forte-replaced/"))
         .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
         .collect()
 }
