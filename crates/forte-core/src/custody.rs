@@ -284,18 +284,18 @@ impl Core<'_> {
         key: &BatchKey,
         inventory: &Inventory,
     ) -> Result<Vec<InstanceRow>> {
-        let mut known = self.setup.catalog.instances_of(key)?;
+        let catalogued = self.setup.catalog.instances_of(key)?;
         let same = self
             .setup
             .catalog
             .delivered_instance(&inventory.site, &inventory.instance)?;
-        known.extend(same.filter(|row| row.batch_key != *key));
         let kept = KeptInstances::at(self.setup.dest).of(&inventory.site, &inventory.batch)?;
-        for row in kept {
-            if !known.iter().any(|k| k.instance == row.instance) {
-                known.push(row);
-            }
+        // Each instance once, as the catalogue has it if it has it.
+        let mut by_id = std::collections::BTreeMap::new();
+        for row in catalogued.into_iter().chain(same).chain(kept) {
+            by_id.entry(row.instance.clone()).or_insert(row);
         }
+        let mut known: Vec<InstanceRow> = by_id.into_values().collect();
         known.sort_by_key(|k| k.recorded_at);
         Ok(known)
     }
