@@ -773,17 +773,36 @@ def main():
             return None
         return step
 
+    def with_candidate(then):
+        """Holds the core's link down (so a batch stays sealed and undelivered) until the
+        edge has sealed one that may change, for at most 20 s; then `then(found)` (which
+        releases the link when it needs to)."""
+        core_proxy.hold(True)
+        since = time.monotonic()
+
+        def step():
+            found = sealed_unsent()
+            if found:
+                then(rng.choice(found))
+                return None
+            if time.monotonic() - since > 20:
+                core_proxy.hold(False)
+                return None
+            return 1
+        moves.append([time.monotonic() + 1, step])
+
     def start_rollback():
+        with_candidate(rollback)
+
+    def rollback(candidate):
         """Replaying a snapshot of an older instance: the store's records of a sealed batch
         copied, a file of it changed (the edge seals a newer instance), and once that one is
         delivered, the copy put back (its tombstones removed, the relay restarted)."""
-        found = sealed_unsent()
-        if not found:
-            return
-        bid, name, ids = rng.choice(found)
+        bid, name, ids = candidate
         reserved.add(name)
         kept = copy_out(batch_paths(store, bid, ids), aside / f"rollback-{bid}-{time.monotonic_ns()}")
         rel = change_file(name)
+        core_proxy.hold(False)
         if rel is None:
             reserved.discard(name)
             return
@@ -802,24 +821,20 @@ def main():
             restart_relay_now()
             rollbacks.append((name, rel, expected[rel]))
             counts["rollbacks"] += 1
+            print(f"rollback: {name}: the older instance put back after {rel} arrived", file=sys.stderr)
             moves.append([time.monotonic() + 5, until_gone(bid, name, time.monotonic())])
             return None
         moves.append([time.monotonic() + 3, step])
 
     def start_reorder():
+        with_candidate(reorder)
+
+    def reorder(candidate):
         """Reordering seals: while the core cannot reach the relay, a file of a sealed batch
         changes; once the edge sealed the newer instance, its seal and inventory are moved
         aside and the older ones put back, so the core is offered the older first; some
         seconds later the newer seal is put back."""
-        if not sealed_unsent():
-            return
-        core_proxy.hold(True)
-        time.sleep(1)
-        found = sealed_unsent()
-        if not found:
-            core_proxy.hold(False)
-            return
-        bid, name, ids = rng.choice(found)
+        bid, name, ids = candidate
         reserved.add(name)
         record, inventory = store / "batches" / f"{bid}.json", store / "batches" / f"{bid}.inventory.age"
         copy = aside / f"reorder-{bid}-{time.monotonic_ns()}"
@@ -874,6 +889,8 @@ def main():
             restart_relay_now()
             reorders.append((name, rel, older_first))
             counts["reorders"] += 1
+            print(f"reorder: {name}: the newer seal put back (the older delivered first: {older_first})",
+                  file=sys.stderr)
             moves.append([time.monotonic() + 5, until_gone(bid, name, time.monotonic())])
             return None
 

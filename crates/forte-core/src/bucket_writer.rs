@@ -16,7 +16,9 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use forte_bucket::{Bucket, Credentials};
 use object_store::path::Path as Key;
-use object_store::{Attribute, Attributes, GetOptions, PutMultipartOptions, WriteMultipart};
+use object_store::{
+    Attribute, Attributes, GetOptions, ObjectStoreExt, PutMultipartOptions, WriteMultipart,
+};
 use sha2::{Digest, Sha256};
 
 use forte_restore::Placed;
@@ -43,13 +45,14 @@ impl BucketWriter {
     /// completed only once its bytes hashed to the manifest's SHA-256. An object already there
     /// with that SHA-256 is kept; one with other contents is an error, and nothing is
     /// overwritten. Returns the files copied.
-    pub fn replicate(&self, dest: &Path, placed: &[Placed]) -> Result<usize> {
+    pub fn replicate(&self, dest: &Path, placed: &[Placed], may_replace: bool) -> Result<usize> {
         let mut copied = 0;
         for p in placed {
             let key = self.bucket.key(&p.target);
             let shown = self.bucket.shown(&key);
             match self.held_sha256(&key)? {
                 Some(held) if held == p.sha256 => continue,
+                Some(held) if may_replace => self.keep_earlier_version(&key, &p.target, &held)?,
                 Some(_) => bail!("{shown} exists with other contents; refusing to overwrite it"),
                 None => {}
             }
@@ -58,6 +61,24 @@ impl BucketWriter {
             copied += 1;
         }
         Ok(copied)
+    }
+
+    /// Copies the object at `key` (the file `target`, of SHA-256 `held`) to
+    /// `.forte-replaced/TARGET.SHA256` under the bucket's prefix before a later version of its
+    /// batch replaces it: the bucket's own copy, so its bytes stay where the operator finds
+    /// them, named by their hash so that each earlier version has a name of its own.
+    fn keep_earlier_version(&self, key: &Key, target: &str, held: &str) -> Result<()> {
+        let name = format!("{}/{target}.{held}", crate::deliver::REPLACED_DIR);
+        let kept = self.bucket.key(&name);
+        self.bucket
+            .block_on(self.bucket.store().copy(key, &kept))
+            .with_context(|| {
+                format!(
+                    "cannot keep {} as {} before replacing it",
+                    self.bucket.shown(key),
+                    self.bucket.shown(&kept)
+                )
+            })
     }
 
     /// The SHA-256 recorded on the object at `key`, `None` if there is no object; an object

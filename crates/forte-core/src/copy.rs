@@ -27,11 +27,15 @@ impl Replica {
     }
 
     /// Copies the `placed` files from `dest`; returns how many were copied (those already
-    /// there, identical, are not).
-    pub fn replicate(&self, dest: &Path, placed: &[Placed]) -> Result<usize> {
+    /// there, identical, are not). With `may_replace` (a later version of their batch), other
+    /// contents there are kept under `.forte-replaced/` of the copy first, then replaced.
+    pub fn replicate(&self, dest: &Path, placed: &[Placed], may_replace: bool) -> Result<usize> {
         match self {
-            Self::Dir(copy) => replicate(dest, copy, placed),
-            Self::Bucket(bucket) => bucket.replicate(dest, placed),
+            Self::Dir(copy) => {
+                let keep_in = copy.join(crate::deliver::REPLACED_DIR);
+                replicate(dest, copy, placed, may_replace.then_some(keep_in.as_path()))
+            }
+            Self::Bucket(bucket) => bucket.replicate(dest, placed, may_replace),
         }
     }
 }

@@ -164,8 +164,9 @@ impl Core<'_> {
             Err(e) => Err(e),
         };
         // The second copy must exist before the relay may delete anything.
+        let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
         let result = result.and_then(|verified| {
-            self.replicate(&verified.delivered)?;
+            self.replicate(&verified.delivered, supersedes)?;
             Ok(verified)
         });
         let result = result.and_then(|verified| {
@@ -182,10 +183,12 @@ impl Core<'_> {
     }
 
     /// The bucket that is the destination, then the second copy: each holds every file,
-    /// verified, before anything is acknowledged.
-    fn replicate(&self, delivered: &forte_restore::Delivered) -> Result<()> {
+    /// verified, before anything is acknowledged; a later version of the batch (`supersedes`)
+    /// replaces the earlier files there too, each kept.
+    fn replicate(&self, delivered: &forte_restore::Delivered, supersedes: bool) -> Result<()> {
+        let may_replace = supersedes && self.setup.on_changed == OnChanged::Replace;
         for copy in self.setup.into_bucket.iter().chain(&self.setup.copy_to) {
-            copy.replicate(self.setup.dest, &delivered.placed)?;
+            copy.replicate(self.setup.dest, &delivered.placed, may_replace)?;
         }
         if self.setup.into_bucket.is_some() {
             clear_scratch(self.setup.dest, &delivered.placed);

@@ -153,8 +153,15 @@ fn file_sha256(path: &Path) -> Result<String> {
 /// Copies delivered files from `dest` to a second destination `copy` under the same relative
 /// paths (FORTE's archive and analysts' copies), each atomically: a hidden temporary name in
 /// the target directory, flushed, then renamed. A file already there with the same SHA-256 is
-/// kept; a different one is an error and nothing is overwritten. Returns the files copied.
-pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
+/// kept; a different one is an error and nothing is overwritten, unless `replace` names where
+/// earlier versions are kept (a later version of their batch): then it is kept there first,
+/// as at the destination ([`keep_earlier_version`]). Returns the files copied.
+pub fn replicate(
+    dest: &Path,
+    copy: &Path,
+    placed: &[Placed],
+    replace: Option<&Path>,
+) -> Result<usize> {
     let mut copied = 0;
     for p in placed {
         let (from, to) = (dest.join(&p.target), copy.join(&p.target));
@@ -162,10 +169,13 @@ pub fn replicate(dest: &Path, copy: &Path, placed: &[Placed]) -> Result<usize> {
             if file_sha256(&to)? == p.sha256 {
                 continue;
             }
-            bail!(
-                "{} exists with other contents; refusing to overwrite it",
-                to.display()
-            );
+            let Some(keep_in) = replace else {
+                bail!(
+                    "{} exists with other contents; refusing to overwrite it",
+                    to.display()
+                );
+            };
+            keep_earlier_version(&to, &keep_in.join(&p.target))?;
         }
         let dir = to.parent().unwrap_or(copy);
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;

@@ -390,6 +390,11 @@ fn files_under(dir: &Path) -> Vec<String> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            // forte's own records beside the delivered files: not what a user looks for.
+            if [".forte-custody", ".forte-replaced"].contains(&e.file_name().to_str().unwrap_or(""))
+            {
+                continue;
+            }
             match e.file_type().unwrap().is_dir() {
                 true => stack.push(e.path()),
                 false => found.push(e.path().display().to_string()),

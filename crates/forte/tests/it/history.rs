@@ -388,3 +388,37 @@ fn keep_first_refuses_a_later_version_once_and_the_edge_is_told() {
         "kept at the edge"
     );
 }
+
+/// With a second copy (`--copy-to`), a later version replaces the earlier file there too,
+/// the earlier kept under the copy's own `.forte-replaced`. Before: the copy refused it
+/// ("exists with other contents; refusing to overwrite it") and the batch never arrived.
+#[test]
+fn a_later_version_replaces_the_earlier_one_in_the_second_copy_too() {
+    let site = Site::new();
+    let copy = site.root.join("analysts");
+    let pull = || {
+        let mut a = site.pull();
+        a.extend(args!["--copy-to", &copy]);
+        let out = run(&a);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    let first = std::fs::read(batch.join("bags/000.bag")).unwrap();
+    ok(&site.send(&["-q"]));
+    pull();
+    let second = change(&batch.join("bags/000.bag"), 60_000, 83);
+    ok(&site.send(&["-q"]));
+    pull();
+    let copied = copy.join("site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(&copied).unwrap(), second);
+    let kept = copy.join(".forte-replaced/site-a/run-1/bags/000.bag");
+    assert_eq!(std::fs::read(kept).unwrap(), first);
+    assert_eq!(
+        delivered_tree(&copy),
+        delivered_tree(&site.root.join("dest"))
+    );
+}

@@ -572,6 +572,17 @@ pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
+/// [`tree`] of a destination without forte's own records beside the delivered files (the
+/// instances it delivered, the earlier versions it replaced): what it delivered.
+pub fn delivered_tree(dest: &Path) -> std::collections::BTreeMap<String, String> {
+    let records =
+        |p: &String| p.starts_with(".forte-custody/") || p.starts_with(".forte-replaced/");
+    tree(dest)
+        .into_iter()
+        .filter(|(p, _)| !records(p))
+        .collect()
+}
+
 /// The names of the staging directories (`.forte-staging-*`) in `dest`, sorted.
 pub fn staging_dirs(dest: &Path) -> Vec<String> {
     let mut found: Vec<String> = std::fs::read_dir(dest)
