@@ -721,6 +721,14 @@ mod tests {
             &offered("i1", "e", 2, 15, &[]),
             &known("i2", "e", 2, 10, &[])
         ));
+        // Sealed in the same microsecond: not older (nothing tells them apart; delivered).
+        for (epoch, other) in [("e", "e"), ("e1", "e2")] {
+            let same_time = older_than(
+                &offered("i1", epoch, 2, 10, &[]),
+                &known("i2", other, 2, 10, &[]),
+            );
+            assert!(!same_time, "{epoch} {other}");
+        }
         // Another epoch, or format 2: the seal time, not the generation.
         assert!(older_than(
             &offered("i1", "e1", 5, 5, &[]),

@@ -701,19 +701,34 @@ mod tests {
         later.supersedes[0].sequence = 12;
         let mut itself = good.clone();
         itself.supersedes[0].instance = good.instance.clone();
-        let mut before_epoch = good.clone();
-        before_epoch.epoch_from = 12;
+        let mut superseded_before_epoch = good.clone();
+        superseded_before_epoch.epoch_from = 12;
+        let mut before_epoch = Inventory::new("b", site(), vec![entry("a")]);
+        before_epoch.epoch_from = 13;
         let mut no_epoch = good.clone();
         no_epoch.epoch.clear();
-        let mut v2_with_history = good.clone();
-        v2_with_history.format = INVENTORY_FORMAT_V2.into();
+        // A version-2 document naming any one member of a history is not one an edge wrote.
+        let v2 = |change: fn(&mut Inventory)| {
+            let mut v2 = Inventory::new("b", site(), vec![entry("a")]);
+            v2.format = INVENTORY_FORMAT_V2.into();
+            (v2.epoch, v2.epoch_from, v2.generation) = (String::new(), 0, 0);
+            change(&mut v2);
+            v2
+        };
         for (why, forged) in [
             ("generation", wrong_generation),
             ("superseded later", later),
             ("supersedes itself", itself),
+            ("superseded before its epoch", superseded_before_epoch),
             ("sequence before its epoch", before_epoch),
             ("no epoch", no_epoch),
-            ("version 2 with a history", v2_with_history),
+            ("version 2 with an epoch", v2(|i| i.epoch = "0a".repeat(16))),
+            ("version 2 with an epoch's start", v2(|i| i.epoch_from = 1)),
+            ("version 2 with a generation", v2(|i| i.generation = 1)),
+            (
+                "version 2 with superseded instances",
+                v2(|i| i.supersedes = second_generation().supersedes),
+            ),
         ] {
             assert!(
                 matches!(
@@ -723,6 +738,35 @@ mod tests {
                 "{why}"
             );
         }
+    }
+
+    /// The edge's own limits are taken: a superseded number at its epoch's first, a sequence
+    /// at it; and setting an instance sets every member of it.
+    #[test]
+    fn a_history_at_its_epochs_first_number_opens() {
+        let k = key(1);
+        let trusted = TrustedEdges::any_site(vec![k.0.verifying_key()]);
+        let mut at_first = second_generation();
+        at_first.epoch_from = 11;
+        let opened = Inventory::open(&sign(&at_first, &k), &trusted).unwrap();
+        assert_eq!(unsigned(opened), at_first);
+        let mut first = Inventory::new("b", site(), vec![entry("a")]);
+        first.epoch_from = first.sequence;
+        Inventory::open(&sign(&first, &k), &trusted).unwrap();
+        let mut set = Inventory::new("b", Instance::default(), vec![entry("a")]);
+        let wanted = second_generation();
+        set.set_instance(Instance {
+            site: wanted.site.clone(),
+            id: wanted.instance.clone(),
+            epoch: wanted.epoch.clone(),
+            epoch_from: wanted.epoch_from,
+            sequence: wanted.sequence,
+            sealed_at: wanted.sealed_at,
+            generation: wanted.generation,
+            supersedes: wanted.supersedes.clone(),
+        });
+        set.objects = wanted.objects.clone();
+        assert_eq!(set, wanted);
     }
 
     /// Batches sealed by an edge before version 3 still open, with no epoch or history.
