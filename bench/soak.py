@@ -34,6 +34,23 @@ fault proxy, and so does the puller. Meanwhile:
   a batch is expected in the quarantine (catalogue state `quarantined`,
   `DEST/.forte-quarantine/soak/ID/` with a `forte-reason.txt` saying the task changed the
   batch), never delivered, and none of its files may ever be in the destination;
+- versions over time (issue 57), always: a file of a batch already sent (before or after the
+  core delivered it) rewritten (a new file of another size renamed over it) or appended to in
+  place; its expected bytes become its current bytes (a file changes again only once its
+  current version arrived). Once, the puller is stopped, its catalogue moved away (kept as
+  core-old-N.sqlite) and it starts with a fresh one; once, the same for the sender
+  (edge-old-N.sqlite), when no change is on its way (a change the old catalogue sealed and the
+  core has not delivered would collide with the new catalogue's generation 1: docs/threat-model.md,
+  "What survives what"). With --hostile, the relay operator's moves on a batch's history, one at
+  a time, each holding the core's link down until the edge has sealed a batch not yet
+  delivered: a rollback (the store's records of the sealed batch copied, a file of it changed,
+  and once the newer instance is delivered the copy put back, its tombstones removed, the relay
+  restarted: the older must never be delivered over the newer, and the puller says
+  "superseded"); a reorder (a file of the sealed batch changed while the core cannot reach the
+  relay; once the edge sealed the newer instance its seal, inventory and new objects are moved
+  aside and the older put back, so the core is offered the older first; some seconds later the
+  store is put back as it was: the current version must arrive). The custody moves above leave
+  such batches alone, and these leave theirs;
 - SIGHUP and SIGTERM to each daemon (the watching sender, the watching puller, the relay), in
   a shuffled round of every pair: after SIGHUP the daemon must still run (the relay reloads
   tokens.toml, the puller its trusted keys; each logs it); after SIGTERM it must exit with
@@ -50,8 +67,13 @@ it again, and the edge keeps its sources): counted apart, not lost.
 Then the generator stops, the faults stop, and the soak waits until everything is delivered.
 It checks every file of every batch: arrived exactly once, byte-identical (SHA-256), no file
 outside the expected set, every delivered batch complete, no staging directory left behind,
-the relay empty after acknowledgement, and the core's catalogue counting as many acknowledged
-files as there are on disk. The tampered batches are left out of those counts: each must be
+the relay empty after acknowledgement, and the core's catalogues (the current one and those
+replaced) acknowledging exactly the files on disk. A changed file's expected bytes are its last
+ones: one that holds other bytes is a stale version delivered (as is its current version found
+under DEST/.forte-replaced); every earlier version the lineage says was delivered must be kept
+under .forte-replaced, and nothing else may be there; the lineage may show a file in several
+versions, each once. No batch may be left sealed at the relay with an object it offers (stuck),
+and every receipt of every core catalogue must verify. The tampered batches are left out of those counts: each must be
 quarantined, and none of their files in the destination, let alone differing from the source;
 the summary also says how many of their files the quarantine keeps as verified (a tampering
 task changes the quarantined copy too), and, with --hostile, how many the edge deleted at its
@@ -66,6 +88,7 @@ first with cargo; a binary given either way is run as it is). Work directory:
 $FORTE_BENCH_DIR/soak (default /tmp/forte-bench/soak).
 
 Usage: bench/soak.py [--minutes 30] [--seed N] [--quota 96MiB] [--hostile] [--binary PATH] [--grace 10]
+                     [--settle 1800]
 """
 
 import argparse
@@ -488,6 +511,8 @@ def main():
                     help="the forte binary to run (default: FORTE_BINARY, else this tree's release build, "
                          "built first); a binary given either way is run as it is, never built")
     ap.add_argument("--grace", type=float, default=10, help="--shutdown-grace of every daemon, seconds")
+    ap.add_argument("--settle", type=float, default=1800,
+                    help="the longest wait, seconds, for everything to arrive once the generation stops")
     args = ap.parse_args()
     rng = random.Random(args.seed)
 
@@ -866,12 +891,18 @@ def main():
                     reserved.discard(name)
                     return None
                 return 1
-            # The newer seal hidden, the older put back (with any object of it gone since).
-            for path in (record, inventory):
-                aside_path = copy / "newer" / path.name
+            # The newer seal hidden with its objects the older has not, the older put back
+            # (with any object of it the relay deleted since): the store as it was before.
+            hide = [record, inventory] + [store / kind / i for i in newer_ids if i not in ids
+                                          for kind in ("objects", "meta")]
+            for path in hide:
+                if not path.exists():
+                    continue
+                aside_path = copy / "newer" / path.relative_to(store)
                 aside_path.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(path, aside_path)
                 state["hidden"].append((path, aside_path))
+            state["put_back"] = [(src, dst) for src, dst in older if not src.exists()]
             put_back(older, missing_only=True)
             restart_relay_now()
             core_proxy.hold(False)
@@ -885,6 +916,11 @@ def main():
             while (store / "batches" / f"{bid}.acking.json").exists() and time.monotonic() - state["offered"] < 60:
                 time.sleep(0.5)
             older_first = dest_hash(rel) == older_hash
+            # What was put back of the older and is still there goes again (the relay had
+            # deleted it when the newer was sealed), then the newer comes back.
+            for src, _ in state["put_back"]:
+                if src.exists() and src.parent.name in ("objects", "meta"):
+                    shutil.rmtree(src, ignore_errors=True)
             restore_hidden()
             restart_relay_now()
             reorders.append((name, rel, older_first))
@@ -896,6 +932,9 @@ def main():
 
         def restore_hidden():
             for path, aside_path in state["hidden"]:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
                 os.replace(aside_path, path)
             state["hidden"] = []
         moves.append([time.monotonic() + 1, wait_newer])
@@ -1143,8 +1182,12 @@ def main():
         return found
 
     def relay_seals():
-        """Batches the relay still holds sealed, waiting for the core (a forged one aside)."""
-        return sorted(set(sealed_batches(store)) - set(counts["forged_batches"]))
+        """Batches the relay still holds sealed with an object it offers, waiting for the core
+        (a forged one aside). A seal record whose objects are all gone (one the operator put
+        back after its batch was delivered) offers nothing: counted apart."""
+        return sorted(b for b, ids in sealed_batches(store).items()
+                      if b not in counts["forged_batches"]
+                      and any((store / "meta" / i / "sealed.json").exists() for i in ids))
 
     def daemons_alive():
         for victim, proc in list(procs.items()):
@@ -1154,7 +1197,7 @@ def main():
 
     # A tampered batch is done once quarantined (unless its acknowledgement was forged).
     awaited_quarantine = set(tampered) - forged_names
-    deadline = time.monotonic() + 1800
+    deadline = time.monotonic() + args.settle
     # Waits for what must arrive; a batch whose acknowledgement was forged may have arrived
     # anyway (the forgery raced its delivery), and anything else extra is counted below.
     while ((not set(expected) - withheld <= set(delivered()) or not awaited_quarantine <= quarantined_names()
@@ -1165,7 +1208,7 @@ def main():
         run_moves()
         # An object the store lost for good (removed while the relay was restarted) comes
         # back only from the edge: a one-shot send finds what the relay lacks and seals again.
-        if time.monotonic() > deadline - 1500 and int(time.monotonic()) % 60 < 2:
+        if time.monotonic() > deadline - args.settle + 300 and int(time.monotonic()) % 60 < 2:
             one_shot_send(timeout=120)
     core_proxy.hold(False)
     found = delivered()
@@ -1290,6 +1333,7 @@ def main():
     catalogued = len(catalogued_paths)
     catalogue_differs = sorted(catalogued_paths ^ set(found))
     stuck = relay_seals()
+    empty_records = sorted(set(sealed_batches(store)) - set(stuck) - set(counts["forged_batches"]))
     pull_log = (WORK / "pull.log").read_text(errors="replace")
     superseded = pull_log.count("superseded: instance")
     with sqlite3.connect(WORK / "edge.sqlite") as db:
@@ -1340,7 +1384,8 @@ def main():
           f"{counts['catalogues_replaced']['send']}; edge batches by state at the end: "
           f"{', '.join(f'{k} {v}' for k, v in sorted(edge_states.items()))}")
     print(f"files lost {len(missing)}, stale versions delivered {len(stale)}, stuck batches {len(stuck)} "
-          f"(sealed at the relay, waiting) + {left_at_relay} objects left at the relay, receipts "
+          f"(sealed at the relay, waiting) + {left_at_relay} objects left at the relay ({len(empty_records)} seal "
+          f"records left that list no object it holds), receipts "
           f"{len(receipt_lines)} ({'all verify' if receipts_ok else 'NOT ALL VERIFY'})")
     print(f"core task: tries {', '.join(f'{n} {o}' for o, n in sorted(tries.items())) or 'none'}; kill -9 of the "
           f"puller while a try ran {counts['task_kills']} ({counts['task_kill_misses']} times no try ran within "

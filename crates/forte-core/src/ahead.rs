@@ -247,12 +247,12 @@ impl Core<'_> {
                 m.batch.as_str()
             };
             name.lock().get_or_insert_with(|| batch.to_string());
-            Ok(self.setup.layout.render(&Fields {
+            self.setup.layout.target(&Fields {
                 site: &site,
                 batch,
                 path: &m.path,
                 batch_time,
-            }))
+            })
         };
         let staged = restore.stage(&source, self.setup.dest, &place, &ahead.staging);
         ahead.name = name.into_inner();

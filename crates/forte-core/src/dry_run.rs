@@ -88,12 +88,20 @@ pub fn plan(settings: &PullSettings) -> Result<Vec<PlannedDelivery>> {
             Ok((inventory, batch_time)) => {
                 delivery.batch = inventory.batch.clone();
                 for entry in &inventory.objects {
-                    let to = layout.render(&Fields {
+                    let to = layout.target(&Fields {
                         site: &site,
                         batch: &inventory.batch,
                         path: &entry.path,
                         batch_time,
                     });
+                    let to = match to {
+                        Ok(to) => to,
+                        Err(e) => {
+                            // As the pull would: the whole batch refused.
+                            delivery.error = Some(format!("{e:#}"));
+                            continue;
+                        }
+                    };
                     delivery.files.push(PlannedFile {
                         path: entry.path.clone(),
                         size: entry.size,

@@ -18,6 +18,10 @@ pub struct Layout {
     template: String,
 }
 
+/// The names at the top of a destination that are forte's own (`.forte-staging-*`,
+/// `.forte-landing`, `.forte-quarantine`, `.forte-custody`, `.forte-replaced`).
+const RESERVED_PREFIX: &str = ".forte-";
+
 const FIELDS: [&str; 8] = ["site", "batch", "path", "yyyy", "mm", "dd", "hh", "date"];
 
 /// The values of a layout's fields for one file.
@@ -70,6 +74,24 @@ impl Layout {
         Ok(layout)
     }
 
+    /// Where the file of `f` goes under the destination: the rendered template, refused when
+    /// it lands among forte's own records there (a first component starting `.forte-`:
+    /// staging, landing, quarantine, the delivered instances, replaced versions), where a
+    /// batch under a layout such as `{path}` could otherwise write the core's records.
+    pub fn target(&self, f: &Fields<'_>) -> Result<String> {
+        let target = self.render(f);
+        let first = target.split('/').next().unwrap_or_default();
+        if first.starts_with(RESERVED_PREFIX) {
+            bail!(
+                "the layout puts file {} of batch {:?} of site {} at {target}, inside {first}, where forte keeps its own records at the destination: refused, nothing of the batch delivered (a batch may not write there; with a layout that starts with {{path}}, a file whose path starts with {RESERVED_PREFIX} cannot be delivered)",
+                f.path,
+                f.batch,
+                f.site
+            );
+        }
+        Ok(target)
+    }
+
     pub fn render(&self, f: &Fields<'_>) -> String {
         let time = DateTime::from_timestamp(f.batch_time as i64, 0).unwrap_or_default();
         let field = |format: &str| time.format(format).to_string();
@@ -88,6 +110,34 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// No file of a batch goes among forte's own records at the destination, whatever the
+    /// layout; a name that only starts like them deeper down is the batch's own.
+    #[test]
+    fn a_target_among_fortes_records_is_refused() {
+        let layout = Layout::parse("{path}").unwrap();
+        let at = |path: &str| {
+            layout.target(&Fields {
+                site: "site-b",
+                batch: "run9",
+                path,
+                batch_time: 0,
+            })
+        };
+        for reserved in [
+            ".forte-custody/site-a/x.json",
+            ".forte-replaced/a",
+            ".forte-staging-h-1-0/f",
+        ] {
+            let why = at(reserved).unwrap_err().to_string();
+            assert!(why.contains("where forte keeps its own records"), "{why}");
+        }
+        assert_eq!(
+            at("data/.forte-custody/x").unwrap(),
+            "data/.forte-custody/x"
+        );
+        assert_eq!(at(".forte/x").unwrap(), ".forte/x");
+    }
 
     #[test]
     fn layouts_render_and_reject_unknown_fields() {

@@ -226,7 +226,16 @@ impl Edge<'_> {
             // An excluded file was never sent: the relay holding none of it is no loss.
             let acknowledged =
                 |r: &FileRow| acknowledged(r) || r.state == forte_catalog::FileState::Excluded;
-            for r in rows.iter().filter(|r| !acknowledged(r)) {
+            // A version of a file that failed (it changed while it was read) and was sent
+            // again as a later version under another id: never sealed, so not lost either.
+            let failed = forte_catalog::FileState::Failed;
+            let sent_since: HashSet<&str> = rows
+                .iter()
+                .filter(|r| r.state != failed)
+                .map(|r| r.path.as_str())
+                .collect();
+            let replaced = |r: &FileRow| r.state == failed && sent_since.contains(r.path.as_str());
+            for r in rows.iter().filter(|r| !acknowledged(r) && !replaced(r)) {
                 if let Ok(id) = r.at_relay().parse() {
                     carriers.entry(id).or_default().push(i);
                 }

@@ -152,6 +152,9 @@ struct InFlight {
     /// The relay refused an upload of it because it held the object already, sealed or
     /// delivered by a run this catalogue has no record of: the batch is sent again.
     held_before: bool,
+    /// Objects of files that changed while they were read: given up at the relay once the
+    /// batch is finished, so their parts do not wait there for expiry.
+    abandoned: Vec<ObjectId>,
 }
 
 impl InFlight {
@@ -183,6 +186,7 @@ impl InFlight {
             started_at: None,
             asked: None,
             held_before: false,
+            abandoned: Vec::new(),
         }
     }
 }

@@ -149,6 +149,23 @@ impl Edge<'_> {
         Ok(inventory.seal(&settings.key, &settings.recipients))
     }
 
+    /// Gives up at the relay the open uploads of files of `batch` that changed while they
+    /// were read (`abandoned`): their parts go now, not at the relay's expiry. Only open
+    /// objects are removed, so nothing sealed or delivered is touched.
+    fn abandon_at_relay(&self, batch: &str, abandoned: &[ObjectId]) {
+        if abandoned.is_empty() {
+            return;
+        }
+        match self.setup.client.abandon_open(abandoned) {
+            Ok(dropped) => tracing::info!(
+                "batch {batch}: the relay dropped {} open upload(s) ({} bytes) of files that changed while they were read; they go again as later versions",
+                dropped.objects,
+                dropped.bytes
+            ),
+            Err(e) => tracing::warn!("batch {batch}: cannot give up the uploads of files that changed while they were read ({e}); the relay removes them at its expiry of open uploads"),
+        }
+    }
+
     /// Books one file's outcome to its batch's flight: sent, or its failure.
     fn book_outcome(&self, batch_key: &BatchKey, flight: &mut InFlight, outcome: &FileOutcome) {
         let report = &mut flight.report;
@@ -158,6 +175,10 @@ impl Edge<'_> {
                 report.raw_bytes += outcome.size;
             }
             Some(e) => {
+                if outcome.changed_while_read() && outcome.object == outcome.id {
+                    flight.abandoned.push(outcome.id);
+                }
+                let report = &mut flight.report;
                 self.fail(&report.batch, Some(&outcome.path), e);
                 let object = outcome.id.to_string();
                 let (path, size) = (&outcome.path, outcome.size);
@@ -186,9 +207,11 @@ impl Edge<'_> {
             started_at,
             asked,
             held_before,
+            abandoned,
             ..
         } = flight;
         report.seconds = admitted.elapsed().as_secs_f64();
+        self.abandon_at_relay(&report.batch, &abandoned);
         self.take_relays_answer(&mut report, asked, held_before);
         if report.send_again {
             // Queued again, so that a later scan sends it if this run does not.

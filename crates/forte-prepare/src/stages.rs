@@ -101,7 +101,18 @@ pub struct FileOutcome {
     pub error: Option<String>,
 }
 
+/// What a file's error says when it changed while it was read ([`FileOutcome::changed_while_read`]).
+const CHANGED_WHILE_READ: &str = "changed while being read";
+
 impl FileOutcome {
+    /// Whether it failed because it changed while it was read: its object is given up (the
+    /// file goes again under another id, as a later version), never resumed.
+    pub fn changed_while_read(&self) -> bool {
+        self.error
+            .as_deref()
+            .is_some_and(|e| e.contains(CHANGED_WHILE_READ))
+    }
+
     /// The inventory entry of a file whose object was stored.
     pub fn inventory_entry(&self) -> Option<forte_format::InventoryEntry> {
         Some(forte_format::InventoryEntry {
@@ -1105,7 +1116,7 @@ fn unchanged_since_listing(file: &File, src: &SourceFile) -> Result<(), String> 
         || meta.mtime_nsec() as u32 != src.mtime_ns
     {
         return Err(format!(
-            "{} changed while being read; send it again once it is complete",
+            "{} {CHANGED_WHILE_READ}; send it again once it is complete",
             src.local.display()
         ));
     }

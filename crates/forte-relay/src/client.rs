@@ -680,6 +680,24 @@ impl RelayClient {
 
     /// Cancels one of this edge's batches: the relay deletes those of `objects` not delivered,
     /// and the batch's seal.
+    /// Gives up the open (never sealed) uploads of `objects`: the relay removes their parts
+    /// and leaves any sealed or delivered one as it is.
+    pub fn abandon_open(&self, objects: &[ObjectId]) -> Result<Cancelled> {
+        let url = self.url("/v1/objects/abandon");
+        let mut dropped = Cancelled {
+            objects: 0,
+            bytes: 0,
+        };
+        for ids in objects.chunks(MAX_STATUS_QUERY) {
+            let query = StatusQuery { ids: ids.to_vec() };
+            let r = self.send(url.clone(), self.http.post(&url).json(&query))?;
+            let some: Cancelled = Self::json(&url, r)?;
+            dropped.objects += some.objects;
+            dropped.bytes += some.bytes;
+        }
+        Ok(dropped)
+    }
+
     pub fn cancel_batch(&self, batch: &str, objects: &[ObjectId]) -> Result<Cancelled> {
         let url = self.url(&format!("/v1/batches/{batch}/cancel"));
         let body = BatchAck {

@@ -120,6 +120,26 @@ pub(super) async fn object_status(
     Ok(Json(blocking(move || r.store.status(&site, id)).await?))
 }
 
+/// `POST /v1/objects/abandon`: the edge gives up open uploads of its site (never sealed);
+/// their parts go now rather than at `--expire-open-after`.
+pub(super) async fn abandon_objects(
+    State(relay): State<Arc<Relay>>,
+    headers: HeaderMap,
+    Json(query): Json<StatusQuery>,
+) -> Answer<Json<crate::api::Cancelled>> {
+    let site = edge_site(&relay, &headers)?;
+    if query.ids.len() > MAX_STATUS_QUERY {
+        return Err(Failure::new(
+            StatusCode::BAD_REQUEST,
+            format!("at most {MAX_STATUS_QUERY} ids per request"),
+        ));
+    }
+    let r = relay.clone();
+    let (objects, bytes) = blocking(move || r.store.abandon_open(&site, &query.ids)).await?;
+    tracing::info!(objects, bytes, "open uploads abandoned by their edge");
+    Ok(Json(crate::api::Cancelled { objects, bytes }))
+}
+
 pub(super) async fn object_statuses(
     State(relay): State<Arc<Relay>>,
     headers: HeaderMap,

@@ -9,7 +9,7 @@ use axum::Router;
 
 use super::batches::{cancel_batch, get_receipts, seal_batch, whoami};
 use super::gate::gate;
-use super::objects::{object_status, object_statuses, put_part, put_whole, seal};
+use super::objects::{abandon_objects, object_status, object_statuses, put_part, put_whole, seal};
 use super::pull::{
     ack_batch, get_inventory, get_manifest, get_part, ready, reject, reject_manifest,
     render_metrics,
@@ -23,6 +23,10 @@ pub(super) fn router(relay: Arc<Relay>) -> Router {
         .route(
             "/v1/objects/status",
             post(object_statuses).layer(limit(MAX_SMALL_JSON)),
+        )
+        .route(
+            "/v1/objects/abandon",
+            post(abandon_objects).layer(limit(MAX_SMALL_JSON)),
         )
         .route(
             "/v1/objects/{id}",

@@ -59,6 +59,22 @@ impl Store {
         Ok((objects, bytes))
     }
 
+    /// Deletes the objects of `ids` that are open (never sealed, nor delivered): uploads the
+    /// edge gave up, such as a file that changed while it was read and went again as a later
+    /// version under another id. A sealed or delivered object is left as it is. Returns the
+    /// objects and bytes removed.
+    pub fn abandon_open(&self, site: &str, ids: &[ObjectId]) -> Result<(usize, u64)> {
+        let what = "abandoned upload";
+        let (mut objects, mut bytes) = (0, 0);
+        for (id, status) in self.statuses(site, ids)? {
+            if status.state == crate::api::ObjectState::Open {
+                bytes += self.remove_object(site, id, what)?;
+                objects += 1;
+            }
+        }
+        Ok((objects, bytes))
+    }
+
     /// Cancels a batch by the relay's batch id alone (`forte relay-store cancel`): every
     /// object sealed into it. Open objects carry no batch yet; they expire
     /// ([`Store::expire_open`]) or are cancelled by the edge, which knows their ids.
