@@ -153,7 +153,9 @@ pub struct Cancelled {
 }
 
 /// Body of `POST /v1/objects/status`: at most [`MAX_STATUS_QUERY`] ids. The answer maps each
-/// id the relay has heard of to its [`ObjectStatus`]; ids it has not are left out.
+/// id the relay has heard of to its [`ObjectStatus`]; ids it has not are left out. Also the
+/// body of `POST /v1/objects/abandon`: the edge gives up those of the ids that are open
+/// (never sealed), and the answer is a [`Cancelled`] of what went.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusQuery {
     pub ids: Vec<ObjectId>,

@@ -468,9 +468,15 @@ fn no_file_of_a_batch_goes_among_fortes_records_at_the_destination() {
     pull.extend(args!["--layout", "{path}"]);
     let out = run(&pull);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("where forte keeps its own records"), "{stderr}");
+    assert!(
+        stderr.contains("where forte keeps its own records"),
+        "{stderr}"
+    );
     let dest = site.root.join("dest");
     assert!(!dest.join(".forte-custody/site-a/forged.json").exists());
-    assert!(!dest.join("data.bin").exists(), "nothing of the batch is delivered");
+    assert!(
+        !dest.join("data.bin").exists(),
+        "nothing of the batch is delivered"
+    );
     assert!(!site.relay_objects().is_empty(), "the relay keeps it");
 }

@@ -166,3 +166,45 @@ fn a_bucket_as_the_destination_gets_every_file_and_the_scratch_is_left_empty() {
         "{stderr}"
     );
 }
+
+/// A later version of a file (changed after its batch was delivered) replaces it in a bucket
+/// destination too, the earlier object kept in the bucket as
+/// `.forte-replaced/TARGET.SHA256`. Before: "exists with other contents; refusing to
+/// overwrite it", on every pull.
+#[test]
+fn a_later_version_replaces_the_earlier_object_in_a_bucket_which_keeps_it() {
+    let Some((site, s3, _)) = sent() else {
+        return;
+    };
+    let scratch = site.root.join("scratch");
+    let pull = || {
+        let mut args = site.pull();
+        let to = args.iter().position(|a| a == "--to").unwrap();
+        args[to + 1] = "s3://analysts/primary".into();
+        args.extend(args!["--scratch", &scratch]);
+        let out = forte().args(&args).envs(s3.env(SECRET)).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    pull();
+    let log = site.root.join("inbox/run-1/logs/a.txt");
+    write(&log, b"hello again, longer\n");
+    ok(&site.send(&["-q"]));
+    pull();
+    let primary = s3.root.join("analysts/primary");
+    assert_eq!(
+        std::fs::read(primary.join("site-a/run-1/logs/a.txt")).unwrap(),
+        b"hello again, longer\n"
+    );
+    let kept = primary.join(".forte-replaced/site-a/run-1/logs");
+    let names: Vec<String> = std::fs::read_dir(&kept)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].starts_with("a.txt."), "{names:?}");
+    assert_eq!(std::fs::read(kept.join(&names[0])).unwrap(), b"hello\n");
+}
