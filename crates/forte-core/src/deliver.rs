@@ -521,6 +521,10 @@ impl Core<'_> {
         // Before anything is staged or placed: the site it goes under, and whether it is new,
         // come from what its edge signed.
         learned.instance = self.check_custody(&batch.key, batch.site(), inventory.as_ref())?;
+        // Only what the batch's seal lists: fetched ahead, an earlier instance's object may be
+        // staged too.
+        let sealed: std::collections::HashSet<_> = batch.objects.iter().map(|o| o.id).collect();
+        ahead.staged.keep_only(&sealed);
         let rest = ahead.not_staged(batch.objects.to_vec());
         if !rest.is_empty() {
             let more = self.stage(restore, rest, &batch.key, &mut ahead);

@@ -323,6 +323,14 @@ fn group_by_batch(ready: Vec<ReadyObject>) -> Vec<Vec<ReadyObject>> {
             None => groups.push(vec![object]),
         }
     }
+    // A sealed batch is the objects its seal lists: one the relay still holds sealed under
+    // the batch's id but outside its seal is of an earlier instance its edge superseded
+    // (a file changed before the core pulled the batch), never part of it.
+    for group in &mut groups {
+        if group.iter().any(|o| o.batch_sealed) {
+            group.retain(|o| o.batch_sealed);
+        }
+    }
     groups
 }
 

@@ -17,6 +17,13 @@ pub struct Staged {
 }
 
 impl Staged {
+    /// Keeps only what objects of `ids` carry: staged ahead of a batch's seal, an object its
+    /// seal left out (of an instance its edge superseded) is not part of the batch.
+    pub fn keep_only(&mut self, ids: &std::collections::HashSet<ObjectId>) {
+        self.jobs.retain(|j| ids.contains(&j.object.manifest.id));
+        self.found.retain(|p| ids.contains(&p.carrier));
+    }
+
     /// The targets of the staged files that something already holds at `dest`: what
     /// committing them would replace (other versions; identical files were found in place).
     pub fn in_the_way(&self, dest: &std::path::Path) -> Vec<String> {

@@ -480,3 +480,34 @@ fn no_file_of_a_batch_goes_among_fortes_records_at_the_destination() {
     );
     assert!(!site.relay_objects().is_empty(), "the relay keeps it");
 }
+
+/// A file changes after its batch was sealed and before the core pulled it: the edge seals a
+/// second instance without the earlier object, which the relay still holds sealed under the
+/// batch's id. A watching core fetches ahead from the listing of open batches, which holds
+/// both: only the objects the relay's seal of the batch lists are delivered, and the current
+/// version arrives. Before (the soak of issue 57): "both restore to …; refusing to choose",
+/// or the earlier object "injected", on every pull, for ever; a one-shot pull delivered it.
+#[test]
+fn a_watching_core_delivers_a_batch_sealed_again_before_it_was_pulled() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 3, 60_000);
+    ok(&site.send(&["-q"]));
+    let current = change(&batch.join("bags/000.bag"), 80_000, 84);
+    ok(&site.send(&["-q"]));
+    let log = site.root.join("pull.log");
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let mut puller = spawn_logged(&pull, &log);
+    let delivered = site.root.join("dest/site-a/run-1/bags/000.bag");
+    let arrived = wait_for(30, || std::fs::read(&delivered).is_ok_and(|b| b == current));
+    // The earlier object went when the batch was sealed again: nothing waits at the relay.
+    let emptied = wait_for(10, || site.relay_objects().is_empty());
+    kill(&mut puller);
+    assert!(emptied, "the relay holds {:?}", site.relay_objects());
+    assert!(
+        arrived,
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(visible(&site.root.join("dest/site-a/run-1")).len(), 3);
+}

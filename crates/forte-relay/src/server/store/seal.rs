@@ -123,6 +123,37 @@ impl Store {
         self.write_batch_seal(site, batch, objects, inventory)
     }
 
+    /// The objects the batch's current seal lists; none if it has none.
+    fn batch_members(&self, site: &str, batch: &str) -> Vec<ObjectId> {
+        let record = self.backend.get(&batch_key(site, batch), "batch record");
+        record
+            .ok()
+            .flatten()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default()
+    }
+
+    /// Removes the objects an earlier seal of the batch listed (`before`) that its new seal
+    /// (`now`) leaves out and the core has not taken: its edge superseded them with a later
+    /// instance (a file changed before the core pulled the batch), so nothing would ever
+    /// acknowledge them, and they would wait at the relay for good.
+    fn remove_superseded(
+        &self,
+        site: &str,
+        batch: &str,
+        before: &[ObjectId],
+        now: &[ObjectId],
+    ) -> Result<()> {
+        let what = format!("removal of objects batch {batch} no longer holds");
+        for id in before.iter().filter(|id| !now.contains(id)) {
+            if !self.is_acked(site, *id)? {
+                let bytes = self.remove_object(site, *id, &what)?;
+                tracing::info!(batch, object = %id, bytes, "object of a superseded instance removed");
+            }
+        }
+        Ok(())
+    }
+
     /// Declares complete a batch whose `objects` were all found sealed or delivered
     /// ([`Store::unsealed`] found none missing). The sealed inventory, opaque to the relay, is
     /// stored before the batch record, so a sealed batch offered to the core always has the
@@ -152,8 +183,10 @@ impl Store {
             Some(sealed) => self.backend.put(&inventory_at, sealed, &what)?,
             None => self.backend.delete(&inventory_at, &what)?,
         }
+        let before = self.batch_members(site, batch);
         let record = serde_json::to_vec(objects).expect("serialises");
-        self.backend.put(&batch_key(site, batch), &record, &what)
+        self.backend.put(&batch_key(site, batch), &record, &what)?;
+        self.remove_superseded(site, batch, &before, objects)
     }
 
     /// Those of `objects` neither sealed nor delivered (or that cannot be told now), looked
