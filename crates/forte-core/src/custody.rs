@@ -186,9 +186,16 @@ pub(super) fn older_than(inventory: &Inventory, known: &InstanceRow) -> bool {
         return false;
     }
     let same_epoch = inventory.names_its_history() && inventory.epoch == known.history.epoch;
-    match same_epoch && inventory.generation as i64 != known.history.generation {
-        true => (inventory.generation as i64) < known.history.generation,
-        false => inventory.sealed_at < known.sealed_at,
+    use std::cmp::Ordering::{Greater, Less};
+    match (
+        same_epoch,
+        (inventory.generation as i64).cmp(&known.history.generation),
+    ) {
+        (true, Less) => true,
+        (true, Greater) => false,
+        // The same generation twice in one epoch (an edge catalogue restored from a copy),
+        // or another epoch: the signed seal time.
+        _ => inventory.sealed_at < known.sealed_at,
     }
 }
 
