@@ -31,19 +31,6 @@ fn relabel_records(dir: &Path, from: &str, to: &str) {
     }
 }
 
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// `pull` trusting the site's edge key for site-a and site-b alike (one key shared by two
 /// sites, a common deployment), with `extra` flags.
 fn pull_trusting_both(site: &Site, extra: &[&str]) -> Args {

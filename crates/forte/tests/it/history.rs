@@ -8,19 +8,6 @@ use std::path::Path;
 use crate::common::site::*;
 use crate::common::*;
 
-/// Copies a directory tree.
-fn copy_tree(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).into_iter().flatten().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().unwrap().is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
-
 /// Puts the relay's store of site-a back to the snapshot `kept` (what the operator copied
 /// earlier) and restarts the relay, so it serves that.
 fn restore_store(site: &mut Site, kept: &Path) {
@@ -35,19 +22,6 @@ fn change(file: &Path, size: usize, seed: u64) -> Vec<u8> {
     let bytes = sample_bytes(size, seed);
     write(file, &bytes);
     bytes
-}
-
-/// `len` bytes that do not compress (xorshift64 from `seed`).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -296,7 +270,7 @@ fn a_file_appended_to_while_it_is_sent_ends_with_its_final_bytes() {
     let batch = write_batch(&inbox, "run-1", 1, 0);
     let file = batch.join("bags/000.bag");
     // Bytes that do not compress, so the upload takes as long as the limit says.
-    write(&file, &noise(12_000_000, 1));
+    write(&file, &random_bytes(12_000_000));
     let (send_log, pull_log) = (site.root.join("send.log"), site.root.join("pull.log"));
     // Parts of 1 MiB: the version that changed while it was read left parts at the relay.
     let watching = [
@@ -325,7 +299,7 @@ fn a_file_appended_to_while_it_is_sent_ends_with_its_final_bytes() {
             .append(true)
             .open(&file)
             .unwrap();
-        f.write_all(&noise(size, size as u64)).unwrap();
+        f.write_all(&random_bytes(size)).unwrap();
     }
     let last_append = std::time::Instant::now();
     let expected = std::fs::read(&file).unwrap();

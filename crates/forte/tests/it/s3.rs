@@ -51,6 +51,21 @@ fn sent() -> Option<(Site, S3Server, BTreeMap<String, String>)> {
     Some((site, s3, expected))
 }
 
+/// `pull --to s3://analysts/primary` with `scratch` as its scratch directory, which must
+/// succeed.
+fn pull_into_bucket(site: &Site, s3: &S3Server, scratch: &std::path::Path) {
+    let mut args = site.pull();
+    let to = args.iter().position(|a| a == "--to").unwrap();
+    args[to + 1] = "s3://analysts/primary".into();
+    args.extend(args!["--scratch", scratch]);
+    let out = forte().args(&args).envs(s3.env(SECRET)).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn batch(site: &Site) -> BTreeMap<String, String> {
     let dir = site.root.join("inbox/run-1");
     write(&dir.join("big.bin"), &random_bytes(19 << 20));
@@ -134,16 +149,7 @@ fn a_bucket_as_the_destination_gets_every_file_and_the_scratch_is_left_empty() {
         return;
     };
     let scratch = site.root.join("scratch");
-    let mut args = site.pull();
-    let to = args.iter().position(|a| a == "--to").unwrap();
-    args[to + 1] = "s3://analysts/primary".into();
-    args.extend(args!["--scratch", &scratch]);
-    let out = forte().args(&args).envs(s3.env(SECRET)).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pull_into_bucket(&site, &s3, &scratch);
     assert_eq!(
         visible(&s3.root.join("analysts/primary/site-a/run-1")),
         expected
@@ -177,18 +183,7 @@ fn a_later_version_replaces_the_earlier_object_in_a_bucket_which_keeps_it() {
         return;
     };
     let scratch = site.root.join("scratch");
-    let pull = || {
-        let mut args = site.pull();
-        let to = args.iter().position(|a| a == "--to").unwrap();
-        args[to + 1] = "s3://analysts/primary".into();
-        args.extend(args!["--scratch", &scratch]);
-        let out = forte().args(&args).envs(s3.env(SECRET)).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let pull = || pull_into_bucket(&site, &s3, &scratch);
     pull();
     let log = site.root.join("inbox/run-1/logs/a.txt");
     write(&log, b"hello again, longer\n");
