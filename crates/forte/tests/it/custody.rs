@@ -310,8 +310,17 @@ fn a_forged_acknowledgement_and_receipt_delete_no_source() {
         std::time::Duration::from_secs(30),
     )
     .unwrap();
-    let ready = core.ready(false).unwrap();
-    assert!(!ready.is_empty());
+    // The relay writes a batch's inventory before its record: the batch is offered once
+    // the record is there too.
+    let mut ready = Vec::new();
+    assert!(
+        wait_for(30, || {
+            ready = core.ready(false).unwrap();
+            !ready.is_empty()
+        }),
+        "never offered: {}",
+        send_log()
+    );
     let relay_batch = ready[0].batch.clone();
     let ids: Vec<_> = ready.iter().map(|o| o.id).collect();
     core.ack_batch("site-a", &relay_batch, &ids, None).unwrap();
