@@ -336,87 +336,103 @@ impl Catalog {
         self.instances_where("receipt IS NOT NULL", &[], "receipts")
     }
 
-    /// The runs of sequence numbers missing at the core below ones that arrived at least
-    /// `older_than` microseconds ago, per site and epoch, counted from the epoch's first number
-    /// (1 before format 3): a batch the relay dropped, or one still on its way (a core whose
-    /// catalogue is new sees every earlier number as one run). A number an instance that
-    /// arrived names as superseded was replaced, not dropped: it counts as arrived.
-    pub fn sequence_gaps(&self, older_than: i64) -> Result<Vec<Gap>> {
+    /// What the core's sequence numbers say, from one read of the instances it delivered:
+    /// the gaps ([`sequence_gaps`], `older_than` as there) and each site's epochs after its
+    /// first ([`epoch_starts`]).
+    pub fn sequence_alerts(&self, older_than: i64) -> Result<SequenceAlerts> {
         let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
-        type Arrivals = (i64, Vec<(i64, i64)>);
-        let mut by_epoch: std::collections::BTreeMap<(&str, &str), Arrivals> = Default::default();
-        for r in &rows {
-            let h = &r.history;
-            let (from, seen) = by_epoch
-                .entry((&r.site, &h.epoch))
-                .or_insert((h.epoch_from.max(1), Vec::new()));
-            seen.push((r.sequence, r.recorded_at));
-            seen.extend(h.supersedes.iter().map(|e| (e.sequence, r.recorded_at)));
-            *from = (*from).min(h.epoch_from.max(1));
-        }
-        let now = now_us();
-        let mut gaps = Vec::new();
-        for ((site, epoch), (from, mut seen)) in by_epoch {
-            seen.sort_unstable();
-            seen.dedup_by_key(|s| s.0);
-            let mut below = from - 1;
-            for (high, arrived) in seen {
-                if high > below + 1 && now - arrived >= older_than {
-                    gaps.push(Gap {
-                        site: site.to_string(),
-                        epoch: epoch.to_string(),
-                        first: below + 1,
-                        last: high - 1,
-                        after: high,
-                        since: arrived,
-                    });
-                }
-                below = below.max(high);
-            }
-        }
-        Ok(gaps)
+        Ok(SequenceAlerts {
+            gaps: sequence_gaps(&rows, older_than),
+            starts: epoch_starts(&rows),
+        })
     }
+}
 
-    /// Each sequence epoch of a site's edge after the site's first, in the order they arrived
-    /// at the core: an edge whose catalogue was replaced, which numbers from its new epoch's
-    /// first number again.
-    pub fn epoch_starts(&self) -> Result<Vec<EpochStart>> {
-        let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
-        // Per site, per epoch: when it first arrived, its first number and its last.
-        let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, &str, i64, i64)>> =
-            Default::default();
-        for r in &rows {
-            let epochs = by_site.entry(&r.site).or_default();
-            match epochs.iter_mut().find(|e| e.1 == r.history.epoch) {
-                Some(e) => {
-                    e.0 = e.0.min(r.recorded_at);
-                    e.3 = e.3.max(r.sequence);
-                }
-                None => epochs.push((
-                    r.recorded_at,
-                    &r.history.epoch,
-                    r.history.epoch_from,
-                    r.sequence,
-                )),
-            }
-        }
-        let mut starts = Vec::new();
-        for (site, mut epochs) in by_site {
-            epochs.sort_unstable();
-            for pair in epochs.windows(2) {
-                let (before, (since, epoch, from, _)) = (pair[0], pair[1]);
-                starts.push(EpochStart {
+/// The gaps and new epochs among a site's sequence numbers at the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceAlerts {
+    pub gaps: Vec<Gap>,
+    pub starts: Vec<EpochStart>,
+}
+
+/// The runs of sequence numbers missing at the core below ones that arrived at least
+/// `older_than` microseconds ago, per site and epoch, counted from the epoch's first number
+/// (1 before format 3): a batch the relay dropped, or one still on its way (a core whose
+/// catalogue is new sees every earlier number as one run). A number an instance that
+/// arrived names as superseded was replaced, not dropped: it counts as arrived.
+fn sequence_gaps(rows: &[InstanceRow], older_than: i64) -> Vec<Gap> {
+    type Arrivals = (i64, Vec<(i64, i64)>);
+    let mut by_epoch: std::collections::BTreeMap<(&str, &str), Arrivals> = Default::default();
+    for r in rows {
+        let h = &r.history;
+        let (from, seen) = by_epoch
+            .entry((&r.site, &h.epoch))
+            .or_insert((h.epoch_from.max(1), Vec::new()));
+        seen.push((r.sequence, r.recorded_at));
+        seen.extend(h.supersedes.iter().map(|e| (e.sequence, r.recorded_at)));
+        *from = (*from).min(h.epoch_from.max(1));
+    }
+    let now = now_us();
+    let mut gaps = Vec::new();
+    for ((site, epoch), (from, mut seen)) in by_epoch {
+        seen.sort_unstable();
+        seen.dedup_by_key(|s| s.0);
+        let mut below = from - 1;
+        for (high, arrived) in seen {
+            if high > below + 1 && now - arrived >= older_than {
+                gaps.push(Gap {
                     site: site.to_string(),
                     epoch: epoch.to_string(),
-                    from,
-                    after_epoch: before.1.to_string(),
-                    after_last: before.3,
-                    since,
+                    first: below + 1,
+                    last: high - 1,
+                    after: high,
+                    since: arrived,
                 });
             }
+            below = below.max(high);
         }
-        Ok(starts)
     }
+    gaps
+}
+
+/// Each sequence epoch of a site's edge after the site's first, in the order they arrived
+/// at the core: an edge whose catalogue was replaced, which numbers from its new epoch's
+/// first number again.
+fn epoch_starts(rows: &[InstanceRow]) -> Vec<EpochStart> {
+    // Per site, per epoch: when it first arrived, its first number and its last.
+    let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, &str, i64, i64)>> =
+        Default::default();
+    for r in rows {
+        let epochs = by_site.entry(&r.site).or_default();
+        match epochs.iter_mut().find(|e| e.1 == r.history.epoch) {
+            Some(e) => {
+                e.0 = e.0.min(r.recorded_at);
+                e.3 = e.3.max(r.sequence);
+            }
+            None => epochs.push((
+                r.recorded_at,
+                &r.history.epoch,
+                r.history.epoch_from,
+                r.sequence,
+            )),
+        }
+    }
+    let mut starts = Vec::new();
+    for (site, mut epochs) in by_site {
+        epochs.sort_unstable();
+        for pair in epochs.windows(2) {
+            let (before, (since, epoch, from, _)) = (pair[0], pair[1]);
+            starts.push(EpochStart {
+                site: site.to_string(),
+                epoch: epoch.to_string(),
+                from,
+                after_epoch: before.1.to_string(),
+                after_last: before.3,
+                since,
+            });
+        }
+    }
+    starts
 }
 
 impl Leases {
@@ -521,14 +537,14 @@ mod tests {
         }
         delivered(&catalog, "mine-7", 9, now_us());
         delivered(&catalog, "ship-2", 3, old);
-        let gaps = catalog.sequence_gaps(30_000_000).unwrap();
+        let gaps = catalog.sequence_alerts(30_000_000).unwrap().gaps;
         let runs: Vec<(&str, i64, i64, i64)> = gaps
             .iter()
             .map(|g| (g.site.as_str(), g.first, g.last, g.after))
             .collect();
         // 7..8 is missing too, but 9 arrived just now: it may still be on its way.
         assert_eq!(runs, [("mine-7", 3, 4, 5), ("ship-2", 1, 2, 3)]);
-        assert_eq!(catalog.sequence_gaps(0).unwrap().len(), 3);
+        assert_eq!(catalog.sequence_alerts(0).unwrap().gaps.len(), 3);
         let row = catalog
             .delivered_instance("mine-7", &format!("{:032x}", 5))
             .unwrap();
@@ -711,13 +727,14 @@ mod tests {
         record(1, "e2", 1, &[], old);
         record(3, "e2", 1, &[], old);
         let gaps: Vec<_> = catalog
-            .sequence_gaps(30_000_000)
+            .sequence_alerts(30_000_000)
             .unwrap()
+            .gaps
             .into_iter()
             .map(|g| (g.epoch, g.first, g.last))
             .collect();
         assert_eq!(gaps, [("e1".into(), 5, 5), ("e2".into(), 2, 2)]);
-        let starts = catalog.epoch_starts().unwrap();
+        let starts = catalog.sequence_alerts(0).unwrap().starts;
         assert_eq!(starts.len(), 1, "{starts:?}");
         assert_eq!(
             (

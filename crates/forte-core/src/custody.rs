@@ -395,16 +395,14 @@ impl Core<'_> {
             return;
         }
         let older_than = custody.gap_after.as_micros() as i64;
-        let Ok(gaps) = self.setup.catalog.sequence_gaps(older_than) else {
+        // One read of the delivered instances for both.
+        let Ok(said) = self.setup.catalog.sequence_alerts(older_than) else {
             return;
         };
-        for (site, error) in alerts(&mut custody.alerted.lock(), gaps) {
+        for (site, error) in alerts(&mut custody.alerted.lock(), said.gaps) {
             custody.failures.alert(&site, &error);
         }
-        let Ok(starts) = self.setup.catalog.epoch_starts() else {
-            return;
-        };
-        for (site, error) in restarts(&mut custody.alerted.lock(), starts) {
+        for (site, error) in restarts(&mut custody.alerted.lock(), said.starts) {
             custody.failures.alert(&site, &error);
         }
     }

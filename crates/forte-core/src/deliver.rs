@@ -138,6 +138,7 @@ impl Core<'_> {
             report.batch = name;
         }
         let instance = learned.instance;
+        let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
         let result = match result {
             Ok(committed) if !committed.refused.is_empty() => {
                 self.refuse_later_version(&batch, &mut report, committed, instance.as_ref());
@@ -147,10 +148,8 @@ impl Core<'_> {
             result => result,
         };
         // Landed: the site's tasks decide between promotion and quarantine.
-        let result = result.and_then(|committed| {
-            let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
-            self.check_landed(&batch, &report.batch, committed, supersedes)
-        });
+        let result = result
+            .and_then(|committed| self.check_landed(&batch, &report.batch, committed, supersedes));
         let result = match result {
             Ok(Checked::Quarantined {
                 verified,
@@ -164,7 +163,6 @@ impl Core<'_> {
             Err(e) => Err(e),
         };
         // The second copy must exist before the relay may delete anything.
-        let supersedes = instance.as_ref().is_some_and(Instance::supersedes_earlier);
         let result = result.and_then(|verified| {
             self.replicate(&verified.delivered, supersedes)?;
             Ok(verified)
