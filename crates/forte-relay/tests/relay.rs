@@ -997,6 +997,47 @@ fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
     core.ack_batch("site-a", "batch-1", &ids, None).unwrap();
 }
 
+/// An acknowledgement that names fewer objects than the batch's seal lists (the core was
+/// offered the batch while one object was hidden from the store's listing) would delete the
+/// seal and leave that object behind for good: refused, nothing deleted, and the batch acked
+/// whole afterwards. Seen failing before the check: the acknowledgement of two deleted the
+/// seal, and the third object stayed in the store, offered to nobody (the 20-minute soak's
+/// object left at the relay).
+#[test]
+fn an_acknowledgement_must_name_every_object_the_seal_lists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let relay = relay(tmp.path(), None);
+    let edge = client(&relay, EDGE_A);
+    let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::random()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let body = vec![i as u8; 100];
+        edge.put_part(*id, 0, &body, &sha(&body)).unwrap();
+        edge.seal(*id, "batch-1", vec![part(0, &body)], b"sealed manifest")
+            .unwrap();
+    }
+    edge.seal_batch("batch-1", &ids, b"sealed inventory", None)
+        .unwrap();
+    let core = client(&relay, CORE_A);
+    let err = core
+        .ack_batch("site-a", "batch-1", &ids[..2], None)
+        .unwrap_err();
+    assert_eq!(err.status, Some(409), "{err}");
+    let text = err.to_string();
+    assert!(text.contains(&ids[2].to_string()), "{text}");
+    assert!(text.contains("nothing was deleted"), "{text}");
+    let site = tmp.path().join("store/sites/site-a");
+    assert!(site.join("batches/batch-1.json").exists());
+    assert_eq!(core.ready(false).unwrap().len(), 3, "still offered whole");
+    assert!(edge
+        .statuses(&ids)
+        .unwrap()
+        .values()
+        .all(|s| s.state != ObjectState::Delivered));
+    core.ack_batch("site-a", "batch-1", &ids, None).unwrap();
+    assert_eq!(files_under(&site.join("objects")), 0);
+    assert!(!site.join("batches/batch-1.json").exists());
+}
+
 #[test]
 fn abandoned_uploads_expire_and_sealed_batches_can_be_cancelled() {
     use forte_relay::server::store::Store;

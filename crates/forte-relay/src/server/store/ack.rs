@@ -2,6 +2,8 @@
 //! its objects is offered again, even if the relay stops half-way), its objects' tombstones
 //! written and their data deleted, and the core's receipt for it kept for the edge.
 
+use std::collections::HashSet;
+
 use forte_format::ObjectId;
 use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
@@ -40,11 +42,39 @@ impl Store {
             .collect()
     }
 
-    /// Delivery of a whole batch acknowledged: its objects are recorded first, so that none
-    /// of them is listed any more even if the relay stops half-way; then each gets a tombstone
-    /// (create-only: kept so the edge can learn what was delivered, and written once however
-    /// many relays acknowledge) and their data and records are deleted together. Idempotent.
+    /// Delivery of a whole batch acknowledged ([`Store::finish_ack`]). The acknowledgement
+    /// must name every object the batch's seal lists: one naming fewer (a core that was
+    /// offered the batch while one of its objects was hidden from the listing, or listed it
+    /// before its edge sealed it again) would delete the seal and leave the others behind,
+    /// offered to nobody and held for good. It is refused, and the core lists the batch again.
     pub fn ack_batch(
+        &self,
+        site: &str,
+        batch: &str,
+        ids: &[ObjectId],
+        receipt: Option<&[u8]>,
+    ) -> Result<()> {
+        let named: HashSet<&ObjectId> = ids.iter().collect();
+        let left_out: Vec<String> = self
+            .batch_members(site, batch)
+            .iter()
+            .filter(|id| !named.contains(id))
+            .map(ToString::to_string)
+            .collect();
+        if !left_out.is_empty() {
+            return Err(StoreError::Conflict(format!(
+                "batch {batch} of site {site}: its seal lists objects {left_out:?} this acknowledgement does not name (hidden from the listing the core was offered, or sealed since): nothing was deleted; the core lists the batch again and acknowledges it whole"
+            )));
+        }
+        self.finish_ack(site, batch, ids, receipt)
+    }
+
+    /// Its objects are recorded first, so that none of them is listed any more even if the
+    /// relay stops half-way; then each gets a tombstone (create-only: kept so the edge can
+    /// learn what was delivered, and written once however many relays acknowledge) and their
+    /// data and records are deleted together. Idempotent: an acknowledgement a stop
+    /// interrupted is finished with it.
+    pub(super) fn finish_ack(
         &self,
         site: &str,
         batch: &str,

@@ -142,7 +142,7 @@ impl Store {
         // Batch acknowledgements a stop interrupted are finished before anything is served.
         for site in &sites {
             for Acking { batch, ids } in store.acking(site) {
-                store.ack_batch(site, &batch, &ids, None).map_err(|e| {
+                store.finish_ack(site, &batch, &ids, None).map_err(|e| {
                     anyhow::anyhow!(
                         "cannot finish acknowledging batch {batch} of site {site}: {e:?}"
                     )
@@ -347,12 +347,14 @@ mod tests {
         }
         assert_eq!(counting.take(), [("get", 10)]);
         store.ack_batch("s", "b", &ids, None).unwrap();
-        // Each object's sealed record looked at and its tombstone written; the acknowledgement
-        // record written, all the objects deleted at once, then the batch's three records.
+        // The batch's seal read (the acknowledgement must name all it lists), each object's
+        // sealed record looked at and its tombstone written; the acknowledgement record
+        // written, all the objects deleted at once, then the batch's three records.
         let ack = [
             ("delete", 3),
             ("delete_under", 1),
             ("exists", 10),
+            ("get", 1),
             ("put", 1),
             ("put_new", 10),
         ];

@@ -124,7 +124,7 @@ impl Store {
     }
 
     /// The objects the batch's current seal lists; none if it has none.
-    fn batch_members(&self, site: &str, batch: &str) -> Vec<ObjectId> {
+    pub(super) fn batch_members(&self, site: &str, batch: &str) -> Vec<ObjectId> {
         let record = self.backend.get(&batch_key(site, batch), "batch record");
         record
             .ok()
