@@ -1258,7 +1258,12 @@ def main():
                     "JOIN batches b ON b.batch_key = f.batch_key AND b.role = 'core'"):
                 rel = f"{site}/{name}/{path}"
                 lineage.setdefault(rel, []).append((catalogue.name, digest, state))
-                if state == "acknowledged":
+                # A catalogue replaced mid-run never learns the acknowledgements given after
+                # it was retired (the new one acknowledges its batches as delivered before,
+                # from the record beside the destination): a file it delivered counts, and
+                # one never acknowledged at all is still at the relay, which is checked.
+                retired = catalogue != core_catalogues[0]
+                if state == "acknowledged" or (retired and state == "delivered"):
                     catalogued_paths.add(rel)
     delivered_versions = {p: {d for _, d, _ in lineage.get(p, [])} & set(versions[p]) for p in versions}
     earlier_not_kept = sorted(f"{p} ({d[:12]})" for p, ds in delivered_versions.items() for d in ds

@@ -4,7 +4,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use forte_catalog::FileState::{Acknowledged, Delivered};
-use forte_catalog::{BatchState, FileRecord, Role};
+use forte_catalog::{BatchKey, BatchState, FileRecord, FileRow, Role};
 use forte_format::ObjectId;
 
 use super::Core;
@@ -46,14 +46,30 @@ impl Core<'_> {
             {
                 continue;
             }
-            for f in pending {
-                let (path, size) = (&f.path, f.size as u64);
-                let file = FileRecord {
-                    detail: Some("acknowledged again after an interrupted pull"),
-                    ..FileRecord::new(&b.batch_key, &f.object_id, path, size, Acknowledged)
-                };
-                note("an acknowledgement", self.setup.catalog.file_state(&file));
-            }
+            let detail = "acknowledged again after an interrupted pull";
+            self.record_acknowledged(&b.batch_key, &pending, detail);
+        }
+    }
+
+    /// Records as acknowledged the files of a batch this catalogue delivered and the relay
+    /// has just acknowledged again (its answer lost before, or refused): the ones still
+    /// `delivered` among its rows.
+    pub(super) fn learn_acknowledged(&self, key: &BatchKey, detail: &str) {
+        let Ok(files) = self.setup.catalog.files(key) else {
+            return;
+        };
+        let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
+        self.record_acknowledged(key, &pending, detail);
+    }
+
+    fn record_acknowledged(&self, key: &BatchKey, pending: &[&FileRow], detail: &str) {
+        for f in pending {
+            let (path, size) = (&f.path, f.size as u64);
+            let file = FileRecord {
+                detail: Some(detail),
+                ..FileRecord::new(key, &f.object_id, path, size, Acknowledged)
+            };
+            note("an acknowledgement", self.setup.catalog.file_state(&file));
         }
     }
 }

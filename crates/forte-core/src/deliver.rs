@@ -294,8 +294,12 @@ impl Core<'_> {
         );
         // This very batch, kept before (its acknowledgement did not reach the relay):
         // its row already says how it was kept, under its name. Recorded again it
-        // turned a quarantined batch into a delivered one, named by its key.
+        // turned a quarantined batch into a delivered one, named by its key. Its files
+        // are acknowledged now.
         let record = replayed.known.batch_key != batch.key;
+        if !record && report.error.is_none() {
+            self.learn_acknowledged(&batch.key, "acknowledged by a later pull");
+        }
         self.end(batch, report, start, record)
     }
 

@@ -275,6 +275,55 @@ fn a_replayed_batch_is_acknowledged_and_not_delivered_again() {
     );
 }
 
+/// A batch delivered whose acknowledgement the relay refused is acknowledged by the next
+/// pull, which finds it delivered before (a replay of this very batch): its files are then
+/// acknowledged in the catalogue too. Seen failing before the fix: they stayed `delivered`
+/// for good (the soak's files on disk no catalogue called acknowledged), since only a start
+/// with the batch gone from the relay confirmed them.
+#[test]
+fn a_batch_whose_acknowledgement_failed_is_acknowledged_by_the_next_pull() {
+    let site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-1", 3, 50_000);
+    ok(&site.send(&["-q"]));
+    let store = site.relay.store.join("sites/site-a");
+    let batch = std::fs::read_dir(store.join("batches"))
+        .unwrap()
+        .find_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".json").map(str::to_string)
+        })
+        .expect("a sealed batch");
+    // The relay refuses the acknowledgement for good: the batch holds as many receipts as
+    // it may.
+    let receipts = store.join("receipts").join(&batch);
+    for i in 0..64 {
+        write(&receipts.join(format!("{i:064}.json")), b"{}");
+    }
+    let err = fails(&site.pull());
+    assert!(
+        err.contains("delivered, but the acknowledgement failed"),
+        "{err}"
+    );
+    assert_eq!(visible(&site.root.join("dest/site-a/run-1")).len(), 3);
+    let state = "SELECT group_concat(DISTINCT state) FROM files";
+    assert_eq!(sqlite(&site.core_catalog, state), "delivered");
+
+    std::fs::remove_dir_all(&receipts).unwrap();
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("not delivered again"), "{stderr}");
+    assert!(
+        visible(&store.join("objects")).is_empty(),
+        "the relay still holds it"
+    );
+    assert_eq!(
+        sqlite(&site.core_catalog, state),
+        "acknowledged",
+        "the catalogue never learnt the acknowledgement"
+    );
+}
+
 /// With `send --watch --delete-after-ack` and no core pulling, the relay operator forges the
 /// acknowledgement with the core's token (the relay then reports every object delivered) and
 /// plants a receipt signed by another key: the sender refuses the receipt, says so, and

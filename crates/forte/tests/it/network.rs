@@ -494,18 +494,6 @@ fn a_second_copy_that_cannot_be_made_keeps_everything_at_the_relay() {
     assert_no_staging(&dest, "after a pull");
 }
 
-/// Runs SQL on a SQLite catalogue with Python's sqlite3 (the catalogue's own API only moves
-/// states forward, which is the point); returns the first column of the first row.
-fn sqlite(catalog: &str, sql: &str) -> String {
-    let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nr=c.execute(sys.argv[2]).fetchone()\nc.commit()\nprint(r[0] if r else '')";
-    String::from_utf8(stdout_of(
-        tool("python3").args(["-c", script, catalog, sql]),
-    ))
-    .unwrap()
-    .trim()
-    .to_string()
-}
-
 #[test]
 fn a_puller_killed_after_the_relay_took_its_acknowledgement_learns_it_at_the_next_start() {
     let site = Site::new();

@@ -348,6 +348,18 @@ pub fn is_empty_dir(dir: &Path) -> bool {
     !dir.exists() || std::fs::read_dir(dir).unwrap().next().is_none()
 }
 
+/// Runs SQL on a SQLite catalogue with Python's sqlite3 (the catalogue's own API only moves
+/// states forward, which is the point); returns the first column of the first row.
+pub fn sqlite(catalog: &str, sql: &str) -> String {
+    let script = "import sqlite3,sys\nc=sqlite3.connect(sys.argv[1])\nr=c.execute(sys.argv[2]).fetchone()\nc.commit()\nprint(r[0] if r else '')";
+    String::from_utf8(stdout_of(
+        tool("python3").args(["-c", script, catalog, sql]),
+    ))
+    .unwrap()
+    .trim()
+    .to_string()
+}
+
 pub mod machine;
 pub mod proxy;
 pub mod site;
