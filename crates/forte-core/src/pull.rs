@@ -49,6 +49,11 @@ impl PullPass {
     }
 }
 
+/// What a watching puller stopped by a signal leaves to its next start, in words (for
+/// [`signals::install`], which its command calls before the puller starts).
+pub const LEFT_AT_STOP: &str =
+    "a batch not yet acknowledged is taken again at the next start (which removes what it staged)";
+
 /// Runs `pull` with `settings`: once, or watching until stopped. `on_report` is told of each
 /// batch as it is delivered.
 pub fn pull(
@@ -250,9 +255,7 @@ impl Puller<'_> {
             relay_url,
             interval.as_secs()
         );
-        signals::install(
-            "a batch not yet acknowledged is taken again at the next start (which removes what it staged)",
-        );
+        signals::install(LEFT_AT_STOP);
         signals::end_after_grace(shutdown_grace);
         self.watch(interval);
     }

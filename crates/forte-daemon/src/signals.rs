@@ -18,7 +18,10 @@ static SECOND_SIGNAL_LINE: OnceLock<Vec<u8>> = OnceLock::new();
 
 /// Installs the handlers: the first SIGTERM or SIGINT sets the flag [`stop_requested`] reads;
 /// a second ends the process at once, with status 1, after a line saying so and what is `left`
-/// to the next start.
+/// to the next start. A daemon's command installs them before its start-up (a year-old
+/// catalogue opens in seconds), so a stop asked for meanwhile is heeded once it is ready, not
+/// by the signal's default (ended with no status); its role installs them again, harmlessly:
+/// the first `left` stays.
 pub fn install(left: &'static str) {
     extern "C" fn on_signal(signal: libc::c_int) {
         if STOP.swap(true, Ordering::SeqCst) {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
+use forte_daemon::signals;
 
 /// The marker file that declares a batch complete without waiting for it to settle.
 pub const READY_MARKER: &str = ".ready";
@@ -129,10 +130,14 @@ pub struct InboxLock {
 
 impl InboxLock {
     /// [`InboxLock::take`] for a daemon: an inbox that does not exist yet (mounted later) is
-    /// waited for, looked at every `interval`, and said once.
-    pub fn take_when_there(inbox: &Path, interval: Duration) -> Result<Self> {
+    /// waited for, looked at every `interval`, and said once; `None` when a stop was asked for
+    /// meanwhile.
+    pub fn take_when_there(inbox: &Path, interval: Duration) -> Result<Option<Self>> {
         let mut said = false;
         while !inbox.is_dir() {
+            if signals::stop_requested() {
+                return Ok(None);
+            }
             if !said {
                 tracing::warn!(
                     "inbox {} does not exist yet: waiting for it (looked at every {} s)",
@@ -141,9 +146,9 @@ impl InboxLock {
                 );
                 said = true;
             }
-            std::thread::sleep(interval);
+            signals::sleep_unless_stopped(interval);
         }
-        Self::take(inbox)
+        Self::take(inbox).map(Some)
     }
 
     /// Takes `inbox`'s lock, or fails at once naming the process that holds it.

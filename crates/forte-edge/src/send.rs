@@ -54,6 +54,11 @@ pub struct SendOutput {
     pub on_finished: fn(&SendReport),
 }
 
+/// What a watching sender stopped by a signal leaves to its next start, in words (for
+/// [`signals::install`], which its command calls before the sender starts).
+pub const LEFT_AT_STOP: &str =
+    "what was not uploaded is sent at the next start, which asks the relay what it holds";
+
 /// Runs `send`: takes the inbox's lock (waiting for the inbox to exist while watching) before
 /// anything else, so that a second send on the same inbox names the first whatever else is
 /// wrong with it; then resolves the settings and cancels, sends once, or watches until stopped.
@@ -64,7 +69,15 @@ pub fn send(
     output: SendOutput,
 ) -> Result<Sent> {
     let _inbox = if flags.daemon.watch {
-        InboxLock::take_when_there(flags.inbox, flags.daemon.interval())?
+        let Some(lock) = InboxLock::take_when_there(flags.inbox, flags.daemon.interval())? else {
+            tracing::info!(
+                "stopped ({}) while waiting for the inbox {}: nothing was sent",
+                signals::which(),
+                flags.inbox.display()
+            );
+            return Ok(Sent::Stopped);
+        };
+        lock
     } else {
         InboxLock::take(flags.inbox)?
     };
@@ -117,9 +130,7 @@ fn send_locked(settings: SendSettings, catalog: &Catalog, output: SendOutput) ->
             interval: s.daemon.interval,
             delete_after_ack: s.delete_after_ack,
         };
-        signals::install(
-            "what was not uploaded is sent at the next start, which asks the relay what it holds",
-        );
+        signals::install(LEFT_AT_STOP);
         signals::end_after_grace(s.daemon.shutdown_grace);
         watch.run();
         Ok(Sent::Stopped)

@@ -498,6 +498,59 @@ mod tests {
         );
     }
 
+    /// What replaces an earlier version is looked at again as the batch commits: a symbolic
+    /// link a local user put there after the stage checked (to a file elsewhere) is in the
+    /// way, named, and neither it nor what it points to changes; a file is kept aside.
+    #[test]
+    fn only_a_file_is_replaced_whatever_the_stage_saw() {
+        let dest = tempfile::tempdir().unwrap();
+        let keep_in = dest.path().join(".forte-replaced");
+        let staged = |target: &str| StagedFile {
+            manifest: Manifest {
+                format: forte_format::FORMAT.into(),
+                id: ObjectId::random(),
+                batch: "b".into(),
+                path: target.into(),
+                kind: Kind::File,
+                size: 3,
+                mode: 0o644,
+                mtime_s: 0,
+                mtime_ns: 0,
+                sha256: "ab".repeat(32),
+                part_size: 8,
+                parts: Vec::new(),
+                members: Vec::new(),
+                site: "s".into(),
+                batch_time: 0,
+            },
+            target: target.into(),
+            staged: dest.path().join("staged"),
+            carrier: ObjectId::random(),
+        };
+        let elsewhere = dest.path().join("elsewhere");
+        std::fs::write(&elsewhere, b"not forte's").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, dest.path().join("linked")).unwrap();
+        std::fs::write(dest.path().join("earlier"), b"one").unwrap();
+
+        let link = staged("linked");
+        let err = set_aside_replaced(&[&link], dest.path(), Some(&keep_in)).unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("is a symbolic link, where a file is to go"),
+            "{text}"
+        );
+        assert_eq!(
+            std::fs::read_link(dest.path().join("linked")).unwrap(),
+            elsewhere
+        );
+        assert!(!keep_in.exists(), "the link was kept aside as a version");
+
+        let file = staged("earlier");
+        let replaced = set_aside_replaced(&[&file], dest.path(), Some(&keep_in)).unwrap();
+        assert_eq!(replaced.len(), 1);
+        assert_eq!(std::fs::read(keep_in.join("earlier")).unwrap(), b"one");
+    }
+
     /// An earlier version is kept under its own path, or the first free numbered name after
     /// it, by a second name for the same bytes: replacing the file keeps them.
     #[test]

@@ -58,6 +58,10 @@ pub fn run(args: Args, config: &Config, catalog: impl FnOnce() -> Result<Catalog
         }
         return Ok(planned.iter().all(|d| d.error.is_none()));
     }
+    if settings.daemon.watch {
+        // Before the catalogue opens: a stop asked for while it starts is heeded.
+        forte_daemon::signals::install(forte_core::pull::LEFT_AT_STOP);
+    }
     let catalog = &catalog()?;
     // Each batch is printed as it is delivered; with --json only when watching (one JSON
     // line each), since a single pass prints them all as one document at its end.

@@ -65,6 +65,10 @@ pub fn run(args: Args, config: &Config, catalog: Option<String>) -> Result<bool>
         print_as(args.output.json, &plan, || plan.text())?;
         return Ok(true);
     }
+    if args.daemon.watch {
+        // Before the catalogue opens: a stop asked for while it starts is heeded.
+        forte_daemon::signals::install(forte_edge::send::LEFT_AT_STOP);
+    }
     let catalog = &record::open(catalog, Use::Edge)?;
     let output = SendOutput {
         quiet: args.output.quiet || args.output.json,

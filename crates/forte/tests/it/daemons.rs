@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::common::site::*;
 use crate::common::*;
@@ -1174,6 +1175,65 @@ fn an_idle_watching_puller_stops_at_once_on_sigterm() {
     // Its interval is 60 s: ended within 5 s or not at all.
     let status = signal_and_wait(&mut puller, libc::SIGTERM, 5);
     assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", said());
+}
+
+/// SIGTERM while a watching daemon is still starting (its catalogue opened, the relay not
+/// answering yet; a year-old catalogue takes long here) stops it cleanly once it is ready:
+/// status 0 and a line saying so, as later. Seen failing before the handlers were installed
+/// first: both ended by the signal (no status), the soak's `pull` stopped 1 ms after its start.
+#[test]
+fn a_daemon_told_to_stop_while_it_starts_stops_cleanly() {
+    let site = Site::new();
+    // A relay that takes the connection and answers nothing until the daemon was signalled.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("https://{}", listener.local_addr().unwrap());
+    let (accepted, held) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            if accepted.send(stream).is_err() {
+                return;
+            }
+        }
+    });
+    let mut pull = site.pull();
+    pull.extend(args!["--watch", "--interval", "1"]);
+    let send = site.send(&["--watch", "--interval", "1"]);
+    // A sender waiting for its inbox (mounted later) stops too, and says so.
+    let log = site.root.join("send-waiting.log");
+    let mut waiting = spawn_logged(&send, &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_for(60, || said().contains("waiting for it")),
+        "{}",
+        said()
+    );
+    let status = signal_and_wait(&mut waiting, libc::SIGTERM, 30);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", said());
+    assert!(
+        said().contains("stopped (SIGTERM) while waiting for the inbox"),
+        "{}",
+        said()
+    );
+    std::fs::create_dir_all(site.root.join("inbox")).unwrap();
+    for (name, daemon) in [("pull", pull), ("send", send)] {
+        let log = site.root.join(format!("{name}-starting.log"));
+        let mut running = spawn_logged(&with(daemon, "--relay", &url), &log);
+        let said = || std::fs::read_to_string(&log).unwrap_or_default();
+        let first = held.recv_timeout(Duration::from_secs(60));
+        assert!(first.is_ok(), "{name} never reached the relay: {}", said());
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(running.0.id() as i32, libc::SIGTERM) };
+        // The relay goes away: the daemon's start goes on without it, and it stops.
+        drop(first);
+        let mut status = None;
+        wait_for(60, || {
+            while held.try_recv().is_ok() {}
+            status = running.0.try_wait().ok().flatten();
+            status.is_some()
+        });
+        assert_eq!(status.and_then(|s| s.code()), Some(0), "{name}: {}", said());
+        assert!(said().contains("stopped (SIGTERM)"), "{name}: {}", said());
+    }
 }
 
 /// SIGTERM stops a watching sender and puller cleanly: each says so and ends with status 0,

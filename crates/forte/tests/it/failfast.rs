@@ -2,7 +2,6 @@
 //! `--relay-fingerprint`, a relay URL that is not `https://`, an address where no TLS relay
 //! answers, a token the relay refuses. What can heal (a relay that is down) is still retried.
 
-use std::ffi::OsString;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -13,16 +12,6 @@ use crate::common::*;
 const PROMPT: Duration = Duration::from_secs(5);
 
 const WRONG_PIN: &str = "1111111111111111111111111111111111111111111111111111111111111111";
-
-/// `args` with the value after `flag` replaced.
-fn with(mut args: Args, flag: &str, value: impl Into<OsString>) -> Args {
-    let i = args
-        .iter()
-        .position(|a| a == flag)
-        .unwrap_or_else(|| panic!("no {flag} in {args:?}"));
-    args[i + 1] = value.into();
-    args
-}
 
 fn one_batch(site: &Site) {
     let dir = site.root.join("inbox/truck-1-run-1");

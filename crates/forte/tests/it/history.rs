@@ -78,6 +78,36 @@ fn a_file_changed_after_its_delivery_arrives_and_the_earlier_version_is_kept() {
     assert!(lineage.contains(&sha256_hex(&second)), "{lineage}");
 }
 
+/// A later version of a file whose delivered copy a local user replaced with a symbolic link
+/// (to a file elsewhere) replaces only a file: the link is in the way, the batch is refused
+/// naming it, and neither the link nor what it points to changes.
+#[test]
+fn a_later_version_does_not_replace_a_symbolic_link() {
+    let site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    let delivered = site.root.join("dest/site-a/run-1/bags/000.bag");
+    let elsewhere = site.root.join("elsewhere");
+    write(&elsewhere, b"not forte's\n");
+    std::fs::remove_file(&delivered).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &delivered).unwrap();
+
+    change(&batch.join("bags/000.bag"), 60_000, 78);
+    ok(&site.send(&["-q"]));
+    let err = fails(&site.pull());
+    assert!(
+        err.contains(&format!(
+            "{} already exists and is a symbolic link",
+            delivered.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_link(&delivered).unwrap(), elsewhere);
+    assert_eq!(std::fs::read(&elsewhere).unwrap(), b"not forte's\n");
+    assert!(!site.root.join("dest/.forte-replaced").exists());
+}
+
 /// Rollback: a file changes before the core pulled its batch, so the edge seals a second
 /// instance superseding the first; that one is delivered, a downstream user moves the batch
 /// away, and the relay operator offers the first instance from a copy of the store. The core
@@ -224,6 +254,54 @@ fn a_core_with_a_new_catalogue_still_refuses_a_replayed_instance() {
         !dest.exists(),
         "the replay was delivered again: {:?}",
         visible(&dest)
+    );
+}
+
+/// The relay offers an instance delivered before under a new batch id, on a destination whose
+/// record was lost (a new disk, the catalogue kept): the catalogue knows the instance by its
+/// signed id whatever the relay calls the batch, and refuses it as a replay.
+#[test]
+fn an_instance_offered_again_under_a_new_batch_id_is_a_replay() {
+    let mut site = Site::new();
+    write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
+    pulled(&site);
+    let dest = site.root.join("dest");
+    std::fs::rename(
+        dest.join("site-a/run-1"),
+        site.root.join("moved-downstream"),
+    )
+    .unwrap();
+    std::fs::remove_dir_all(dest.join(".forte-custody")).unwrap();
+
+    // The operator renames the batch: its seal, inventory and every record naming it.
+    let batches = kept.join("batches");
+    let old = std::fs::read_dir(&batches)
+        .unwrap()
+        .find_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".json").map(str::to_string)
+        })
+        .expect("a sealed batch");
+    let new = "0123456789abcdef0123456789abcdef";
+    for suffix in [".json", ".inventory.age"] {
+        let from = batches.join(format!("{old}{suffix}"));
+        std::fs::rename(from, batches.join(format!("{new}{suffix}"))).unwrap();
+    }
+    for record in std::fs::read_dir(kept.join("meta")).unwrap() {
+        let sealed = record.unwrap().path().join("sealed.json");
+        let text = std::fs::read_to_string(&sealed).unwrap();
+        assert!(text.contains(&old), "{text}");
+        std::fs::write(&sealed, text.replace(&old, new)).unwrap();
+    }
+    restore_store(&mut site, &kept);
+    let stderr = pulled(&site);
+    assert!(stderr.contains("replay: instance"), "{stderr}");
+    assert!(
+        !dest.join("site-a/run-1").exists(),
+        "the replay was delivered again"
     );
 }
 

@@ -360,6 +360,16 @@ pub fn sqlite(catalog: &str, sql: &str) -> String {
     .to_string()
 }
 
+/// `args` with the value after `flag` replaced.
+pub fn with(mut args: Args, flag: &str, value: impl Into<std::ffi::OsString>) -> Args {
+    let i = args
+        .iter()
+        .position(|a| a == flag)
+        .unwrap_or_else(|| panic!("no {flag} in {args:?}"));
+    args[i + 1] = value.into();
+    args
+}
+
 pub mod machine;
 pub mod proxy;
 pub mod site;
