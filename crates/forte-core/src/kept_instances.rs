@@ -25,7 +25,8 @@ const MAX_RECORD_BYTES: u64 = 256 << 20;
 
 /// The records of the instances delivered into one destination.
 pub(super) struct KeptInstances {
-    dir: PathBuf,
+    /// The destination; the records are under its `.forte-custody`.
+    dest: PathBuf,
 }
 
 /// One batch's record file.
@@ -114,7 +115,7 @@ impl KeptInstances {
     /// The records of the destination `dest`.
     pub fn at(dest: &Path) -> Self {
         Self {
-            dir: dest.join(CUSTODY_DIR),
+            dest: dest.to_path_buf(),
         }
     }
 
@@ -122,7 +123,10 @@ impl KeptInstances {
     fn path(&self, site: &str, batch: &str) -> PathBuf {
         use sha2::{Digest, Sha256};
         let name = hex::encode(Sha256::digest(batch.as_bytes()));
-        self.dir.join(site).join(format!("{name}.json"))
+        self.dest
+            .join(CUSTODY_DIR)
+            .join(site)
+            .join(format!("{name}.json"))
     }
 
     /// Every instance of `batch` of `site` delivered into this destination, oldest first;
@@ -148,6 +152,14 @@ impl KeptInstances {
     /// before the relay may be told. Once is enough: an instance recorded already is kept as
     /// it was (its first receipt is the one).
     pub fn add(&self, batch: &str, row: &InstanceRow) -> Result<()> {
+        // Its directory made without following a link on the way (one would take the
+        // records wherever it points), and held while the record is read and written again:
+        // two workers with catalogues of their own could otherwise each drop the other's line.
+        let dir = Path::new(CUSTODY_DIR).join(&row.site);
+        let dir = forte_fs::create_dirs_under(&self.dest, &dir)
+            .with_context(|| format!("cannot keep the record of batch {batch:?}"))?;
+        let _held = forte_fs::DirLock::take(&dir)
+            .with_context(|| format!("cannot keep the record of batch {batch:?}"))?;
         let path = self.path(&row.site, batch);
         let mut record = read(&path)?.unwrap_or_else(|| Record {
             format: FORMAT.into(),
@@ -195,7 +207,6 @@ fn read(path: &Path) -> Result<Option<Record>> {
 fn write(path: &Path, record: &Record) -> Result<()> {
     use std::io::Write;
     let dir = path.parent().expect("a record is in its site's directory");
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let temp = dir.join(format!(
         ".{}.{}",
         path.file_name()
@@ -272,5 +283,39 @@ mod tests {
             kept.of("mine-7", "b").is_err(),
             "a damaged record is an error"
         );
+    }
+
+    /// Workers with catalogues of their own adding instances of one batch at once each keep
+    /// theirs: the record is rewritten by one at a time. Seen failing without the lock:
+    /// instances lost, or a write failing on another's temporary file.
+    #[test]
+    fn instances_added_at_once_are_all_kept() {
+        let dest = tempfile::tempdir().unwrap();
+        for round in 0..20 {
+            let batch = format!("run {round}");
+            std::thread::scope(|s| {
+                for i in 0..6 {
+                    let (dest, batch) = (dest.path(), &batch);
+                    s.spawn(move || {
+                        let id = format!("i{i}");
+                        KeptInstances::at(dest).add(batch, &row(&id, 1)).unwrap();
+                    });
+                }
+            });
+            let read = KeptInstances::at(dest.path()).of("mine-7", &batch).unwrap();
+            assert_eq!(read.len(), 6, "round {round}: {read:?}");
+        }
+    }
+
+    /// A link where the records go (put there by whoever can write the destination) is not
+    /// followed: the record is refused, naming it, and nothing is written where it points.
+    #[test]
+    fn a_link_where_the_records_go_is_not_followed() {
+        let (dest, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        std::os::unix::fs::symlink(elsewhere.path(), dest.path().join(CUSTODY_DIR)).unwrap();
+        let kept = KeptInstances::at(dest.path());
+        let err = format!("{:#}", kept.add("run", &row("i1", 1)).unwrap_err());
+        assert!(err.contains(".forte-custody is a symbolic link"), "{err}");
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 }

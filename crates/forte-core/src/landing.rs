@@ -351,7 +351,7 @@ fn move_into(from: &Path, to: &Path, rel: &Path, replacing: Replacing<'_>) -> Re
                 move_into(&source, &target, &rel, (replace, &mut *replaced))?
             }
             (Ok(meta), Some(keep_in)) if meta.is_file() && kind.is_file() => {
-                let kept = forte_restore::keep_earlier_version(&target, &keep_in.join(&rel))?;
+                let kept = forte_restore::keep_earlier_version(&target, keep_in, &rel)?;
                 rename(&source, &target)?;
                 replaced.push((rel, kept));
             }

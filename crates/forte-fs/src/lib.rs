@@ -5,8 +5,10 @@
 //! dominates when files are small. And what tells one version of a file from another
 //! ([`FileIdentity`]).
 
+mod dirs;
 mod identity;
 mod tree;
+pub use dirs::{create_dirs_under, DirLock};
 pub use tree::remove_tree;
 
 pub use identity::FileIdentity;

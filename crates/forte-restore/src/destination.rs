@@ -175,7 +175,7 @@ pub fn replicate(
                     to.display()
                 );
             };
-            keep_earlier_version(&to, &keep_in.join(&p.target))?;
+            keep_earlier_version(&to, keep_in, Path::new(&p.target))?;
         }
         let dir = to.parent().unwrap_or(copy);
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
@@ -327,7 +327,7 @@ fn set_aside_replaced(
         let Some(keep_in) = replace.filter(|_| meta.is_file()) else {
             return Err(in_the_way(&target, &meta, false, Existing::KeepIdentical));
         };
-        let kept = keep_earlier_version(&target, &keep_in.join(&file.target))?;
+        let kept = keep_earlier_version(&target, keep_in, Path::new(&file.target))?;
         replaced.push(Replaced {
             target: file.target.clone(),
             sha256: file_sha256(&kept)?,
@@ -341,16 +341,19 @@ fn set_aside_replaced(
     Ok(replaced)
 }
 
-/// Gives the file at `target` a second name, `kept_as` or the first free numbered name after
-/// it (`.~N~`), so that a rename over `target` replaces it atomically and its bytes stay;
-/// returns the name it was kept under. Not flushed: the caller flushes once for all.
-pub fn keep_earlier_version(target: &Path, kept_as: &Path) -> Result<PathBuf> {
-    let kept = numbered_free_name(kept_as)?;
-    let parent = kept
-        .parent()
-        .expect("under the directory of replaced files");
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
+/// Gives the file at `target` a second name, `keep_in/rel` or the first free numbered name
+/// after it (`.~N~`), so that a rename over `target` replaces it atomically and its bytes
+/// stay; returns the name it was kept under. The directories from `keep_in` (included) down
+/// are made without following a link on the way: one would keep the version wherever it
+/// points. Not flushed: the caller flushes once for all.
+pub fn keep_earlier_version(target: &Path, keep_in: &Path, rel: &Path) -> Result<PathBuf> {
+    let (Some(root), Some(name)) = (keep_in.parent(), keep_in.file_name()) else {
+        bail!("{} cannot keep replaced files", keep_in.display());
+    };
+    let under = Path::new(name).join(rel.parent().unwrap_or(Path::new("")));
+    forte_fs::create_dirs_under(root, &under)
+        .with_context(|| format!("cannot keep {} before replacing it", target.display()))?;
+    let kept = numbered_free_name(&keep_in.join(rel))?;
     std::fs::hard_link(target, &kept).with_context(|| {
         format!(
             "cannot keep {} as {} before replacing it",
@@ -558,11 +561,11 @@ mod tests {
         let dest = tempfile::tempdir().unwrap();
         let target = dest.path().join("site/b/f");
         std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        let keep = dest.path().join(".forte-replaced/site/b/f");
+        let keep = dest.path().join(".forte-replaced");
         let mut kept = Vec::new();
         for version in [b"one", b"two", b"333"] {
             std::fs::write(&target, version).unwrap();
-            kept.push(keep_earlier_version(&target, &keep).unwrap());
+            kept.push(keep_earlier_version(&target, &keep, Path::new("site/b/f")).unwrap());
             std::fs::remove_file(&target).unwrap();
         }
         let names: Vec<String> = kept
@@ -572,7 +575,7 @@ mod tests {
         assert_eq!(names, ["f", "f.~1~", "f.~2~"]);
         assert_eq!(std::fs::read(&kept[0]).unwrap(), b"one");
         assert_eq!(std::fs::read(&kept[2]).unwrap(), b"333");
-        let missing = keep_earlier_version(&target, &keep).unwrap_err();
+        let missing = keep_earlier_version(&target, &keep, Path::new("site/b/f")).unwrap_err();
         assert!(
             format!("{missing:#}").contains("cannot keep"),
             "{missing:#}"
@@ -581,5 +584,16 @@ mod tests {
             numbered_free_name(&dest.path().join("free")).unwrap(),
             dest.path().join("free")
         );
+        // A link put where the replaced files go (to a directory elsewhere) is not followed.
+        std::fs::write(&target, b"four").unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::rename(&keep, dest.path().join("moved")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.path(), &keep).unwrap();
+        let linked = keep_earlier_version(&target, &keep, Path::new("site/b/f")).unwrap_err();
+        assert!(
+            format!("{linked:#}").contains(".forte-replaced is a symbolic link"),
+            "{linked:#}"
+        );
+        assert_eq!(std::fs::read_dir(elsewhere.path()).unwrap().count(), 0);
     }
 }
