@@ -28,10 +28,7 @@ impl Core<'_> {
                 continue;
             };
             let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
-            // The relay knows a bundle's files by the bundle.
-            let carriers: BTreeSet<&str> = pending.iter().map(|f| f.at_relay()).collect();
-            let ids: Option<Vec<ObjectId>> = carriers.iter().map(|id| id.parse().ok()).collect();
-            let Some(ids) = ids.filter(|ids| !ids.is_empty()) else {
+            let Some(ids) = carriers(&pending) else {
                 continue;
             };
             if ids.iter().any(|id| listed.contains(id)) {
@@ -49,6 +46,13 @@ impl Core<'_> {
             let detail = "acknowledged again after an interrupted pull";
             self.record_acknowledged(&b.batch_key, &pending, detail);
         }
+    }
+
+    /// The objects at the relay that carry the files this catalogue delivered as batch `key`;
+    /// `None` if it holds none.
+    pub(super) fn delivered_carriers(&self, key: &BatchKey) -> Option<Vec<ObjectId>> {
+        let files = self.setup.catalog.files(key).ok()?;
+        carriers(&files.iter().collect::<Vec<_>>())
     }
 
     /// Records as acknowledged the files of a batch this catalogue delivered and the relay
@@ -72,4 +76,12 @@ impl Core<'_> {
             note("an acknowledgement", self.setup.catalog.file_state(&file));
         }
     }
+}
+
+/// The objects that carry `files` at the relay (a bundle's files by the bundle); `None` if
+/// there are none, or one is not an object id.
+fn carriers(files: &[&FileRow]) -> Option<Vec<ObjectId>> {
+    let carriers: BTreeSet<&str> = files.iter().map(|f| f.at_relay()).collect();
+    let ids: Option<Vec<ObjectId>> = carriers.iter().map(|id| id.parse().ok()).collect();
+    ids.filter(|ids| !ids.is_empty())
 }

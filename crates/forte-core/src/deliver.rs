@@ -8,6 +8,7 @@ use anyhow::Result;
 use forte_catalog::FileState::{self, Acknowledged, Delivered};
 use forte_catalog::Stage;
 use forte_catalog::{now_us, BatchKey, BatchRecord, BatchState, FileRecord, PartHashes, PartState};
+use forte_format::ObjectId;
 use forte_relay::api::ReadyObject;
 use forte_restore::{Restore, RestoreFailure, UntrustedObjects};
 
@@ -282,8 +283,17 @@ impl Core<'_> {
         replayed: Replayed,
     ) -> DeliveryReport {
         let receipt = replayed.known.receipt.as_deref().map(str::as_bytes);
+        // This very instance of this very batch, delivered before by this catalogue: what it
+        // delivered is what is acknowledged, not what the relay lists now (an object of another batch it lists
+        // under this one would be deleted with it, withheld for good).
+        let this_delivery = replayed.superseded.is_none() && replayed.known.batch_key == batch.key;
+        let carriers = this_delivery
+            .then(|| self.delivered_carriers(&batch.key))
+            .flatten();
+        let listed: Vec<ObjectId> = batch.objects.iter().map(|o| o.id).collect();
+        let ids = carriers.as_deref().unwrap_or(&listed);
         report.error = self
-            .acknowledge_at_relay(batch, &report.batch, receipt)
+            .acknowledge_objects(batch, &report.batch, ids, receipt)
             .err()
             .map(|e| format!("{replayed}; but {e}"));
         report.replay = Some(replayed.to_string());
@@ -719,13 +729,25 @@ impl Core<'_> {
         receipt: Option<&[u8]>,
     ) -> Result<(), String> {
         let ids: Vec<_> = batch.objects.iter().map(|o| o.id).collect();
+        self.acknowledge_objects(batch, name, &ids, receipt)
+    }
+
+    /// Tells the relay it may delete batch `batch` of objects `ids` (every one its seal
+    /// lists, or it refuses).
+    fn acknowledge_objects(
+        &self,
+        batch: &Sealed<'_>,
+        name: &str,
+        ids: &[ObjectId],
+        receipt: Option<&[u8]>,
+    ) -> Result<(), String> {
         let (client, site, id) = (self.setup.client, batch.site(), batch.id());
         self.setup
             .retry
             .run(
                 Operation::Acknowledge,
                 &format!("acknowledgement of batch {name}"),
-                || client.ack_batch(site, id, &ids, receipt),
+                || client.ack_batch(site, id, ids, receipt),
             )
             .map_err(|e| format!("the acknowledgement failed: {e}"))
     }

@@ -286,19 +286,8 @@ fn a_batch_whose_acknowledgement_failed_is_acknowledged_by_the_next_pull() {
     write_batch(&site.root.join("inbox"), "run-1", 3, 50_000);
     ok(&site.send(&["-q"]));
     let store = site.relay.store.join("sites/site-a");
-    let batch = std::fs::read_dir(store.join("batches"))
-        .unwrap()
-        .find_map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".json").map(str::to_string)
-        })
-        .expect("a sealed batch");
-    // The relay refuses the acknowledgement for good: the batch holds as many receipts as
-    // it may.
-    let receipts = store.join("receipts").join(&batch);
-    for i in 0..64 {
-        write(&receipts.join(format!("{i:064}.json")), b"{}");
-    }
+    let batch = sealed_batches(&store).pop().expect("a sealed batch");
+    let receipts = refuse_acknowledgement(&store, &batch);
     let err = fails(&site.pull());
     assert!(
         err.contains("delivered, but the acknowledgement failed"),
@@ -321,6 +310,92 @@ fn a_batch_whose_acknowledgement_failed_is_acknowledged_by_the_next_pull() {
         sqlite(&site.core_catalog, state),
         "acknowledged",
         "the catalogue never learnt the acknowledgement"
+    );
+}
+
+/// The ids of the batches sealed in a site's store.
+fn sealed_batches(store: &Path) -> Vec<String> {
+    std::fs::read_dir(store.join("batches"))
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".json")
+                .filter(|n| !n.contains('.'))
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+/// Makes the relay refuse the acknowledgement of `batch` for good (it holds as many receipts
+/// as a batch may); returns the directory to remove to undo it.
+fn refuse_acknowledgement(store: &Path, batch: &str) -> PathBuf {
+    let receipts = store.join("receipts").join(batch);
+    for i in 0..64 {
+        write(&receipts.join(format!("{i:064}.json")), b"{}");
+    }
+    receipts
+}
+
+/// A batch delivered whose acknowledgement failed is offered again with an object of another
+/// batch, not pulled yet, listed under it (the operator edited both records): the core
+/// acknowledges only what it delivered, the relay refuses that while its seal lists more, and
+/// the other batch's object stays, to arrive once the records are put back. Seen failing
+/// before: the core acknowledged what the relay listed, and the other batch was deleted at the
+/// relay, never delivered (the 20-minute soak's file lost).
+#[test]
+fn an_acknowledgement_given_again_never_takes_another_batchs_object() {
+    let mut site = Site::new();
+    let inbox = site.root.join("inbox");
+    write_batch(&inbox, "run-1", 2, 50_000);
+    ok(&site.send(&["-q"]));
+    let store = site.relay.store.join("sites/site-a");
+    let first = sealed_batches(&store).pop().expect("a sealed batch");
+    let receipts = refuse_acknowledgement(&store, &first);
+    fails(&site.pull());
+    std::fs::remove_dir_all(&receipts).unwrap();
+
+    write_batch(&inbox, "run-2", 1, 50_000);
+    ok(&site.send(&["-q"]));
+    let second = sealed_batches(&store)
+        .into_iter()
+        .find(|b| *b != first)
+        .expect("the second batch");
+    let record = |b: &str| store.join("batches").join(format!("{b}.json"));
+    let second_objects: Vec<String> =
+        serde_json::from_slice(&std::fs::read(record(&second)).unwrap()).unwrap();
+    let taken = &second_objects[0];
+    let sealed = store.join("meta").join(taken).join("sealed.json");
+    let (first_record, sealed_record) = (
+        std::fs::read_to_string(record(&first)).unwrap(),
+        std::fs::read_to_string(&sealed).unwrap(),
+    );
+    let mut listed: Vec<String> = serde_json::from_str(&first_record).unwrap();
+    listed.push(taken.clone());
+    std::fs::write(record(&first), serde_json::to_vec(&listed).unwrap()).unwrap();
+    std::fs::write(&sealed, sealed_record.replace(&second, &first)).unwrap();
+    site.restart_relay();
+
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not delivered again"), "{stderr}");
+    assert!(
+        store.join("objects").join(taken).exists() && !store.join("acked").join(taken).exists(),
+        "the other batch's object was acknowledged with this one: {stderr}"
+    );
+
+    std::fs::write(record(&first), first_record).unwrap();
+    std::fs::write(&sealed, sealed_record).unwrap();
+    site.restart_relay();
+    let stderr = pulled(&site);
+    assert!(stderr.contains("not delivered again"), "{stderr}");
+    assert_eq!(
+        visible(&site.root.join("dest/site-a/run-2")),
+        source_hashes(&inbox.join("run-2"))
+    );
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
     );
 }
 

@@ -29,14 +29,6 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
-/// A pull's standard error, asserting it succeeded.
-fn pulled(site: &Site) -> String {
-    let out = run(&site.pull());
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "{stderr}");
-    stderr
-}
-
 /// A file changed after its batch was delivered is sent as a follow-up that supersedes the
 /// first instance; the core puts the new version in place and keeps the earlier one under
 /// `.forte-replaced`, and the lineage has both. Before: the follow-up was refused on every

@@ -677,3 +677,11 @@ pub fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A pull's standard error, asserting it succeeded.
+pub fn pulled(site: &Site) -> String {
+    let out = run(&site.pull());
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
