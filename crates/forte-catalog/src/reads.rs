@@ -455,6 +455,18 @@ impl Catalog {
         self.read(sqlx::query(&sql).bind(key.to_string()), file_row)
     }
 
+    /// The core's files delivered and not yet acknowledged, of batches recorded delivered, by
+    /// batch: what a pull confirms at its start (through `files_delivered`, whatever the
+    /// history).
+    pub fn delivered_unacknowledged(&self) -> Result<Vec<FileRow>> {
+        let sql = "SELECT f.object_id, f.batch_key, f.path, f.size, f.raw_sha256, f.delivered_to,
+                   f.state, f.updated_at, f.carrier FROM files f
+                   JOIN batches b ON b.batch_key = f.batch_key
+                   WHERE f.state = 'delivered' AND b.role = 'core' AND b.state = 'delivered'
+                   ORDER BY f.batch_key, f.path";
+        self.read(sqlx::query(sql), file_row)
+    }
+
     /// Files whose path (in the batch) or delivered path is `path`.
     pub fn files_at(&self, path: &str) -> Result<Vec<FileRow>> {
         let sql =

@@ -186,6 +186,21 @@ const MIGRATIONS: &[&str] = &[
         first_sequence BIGINT NOT NULL,
         started_at BIGINT NOT NULL
     )",
+    // A year of history costs what a day costs: every periodic read goes through an index.
+    // Events by batch (a running batch's last change, a report's follow-ups); files by where
+    // they were delivered (`status --file`) and by last change (the newest first, limited);
+    // failures by their own partial indexes (the overview asks every second); usage by time
+    // (windowed reads); and the files delivered but not yet acknowledged, which a pull
+    // confirms at its start (partial: nearly every file is acknowledged).
+    "CREATE INDEX events_by_batch ON events (batch_key, at);
+    CREATE INDEX files_by_delivered_to ON files (delivered_to) WHERE delivered_to IS NOT NULL;
+    CREATE INDEX files_by_updated ON files (updated_at);
+    CREATE INDEX attempts_failed ON attempts (batch_key, ended_at) WHERE outcome = 'failed';
+    CREATE INDEX task_runs_not_passed ON task_runs (batch_key, ended_at) WHERE outcome <> 'passed';
+    CREATE INDEX events_failures ON events (batch_key, at)
+        WHERE state IN ('failed', 'damaged', 'refused', 'quarantined') AND detail IS NOT NULL;
+    CREATE INDEX usage_by_at ON usage (at);
+    CREATE INDEX files_delivered ON files (batch_key, path) WHERE state = 'delivered'",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -1,10 +1,10 @@
 //! Acknowledgement: the relay may delete a batch once the core has delivered it durably (and
 //! made the second copy); an acknowledgement lost to a killed puller is given again.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use forte_catalog::FileState::{Acknowledged, Delivered};
-use forte_catalog::{BatchKey, BatchState, FileRecord, FileRow, Role};
+use forte_catalog::{BatchKey, FileRecord, FileRow};
 use forte_format::ObjectId;
 
 use super::Core;
@@ -16,25 +16,23 @@ impl Core<'_> {
     /// the puller was killed before recording it), and records the answer. A batch the relay
     /// still lists is left to the pull, which finds its files in place and acknowledges them.
     pub fn confirm_acknowledgements(&self, listed: &HashSet<ObjectId>) {
-        let Ok(batches) = self.setup.catalog.batches() else {
+        // Only the files still waiting for it: a year of acknowledged history is not read.
+        let Ok(pending) = self.setup.catalog.delivered_unacknowledged() else {
             return;
         };
-        for b in batches
-            .into_iter()
-            .filter(|b| b.role == Role::Core && b.state == BatchState::Delivered)
-        {
-            let (site, batch) = (b.batch_key.site(), b.batch_key.batch());
-            let Ok(files) = self.setup.catalog.files(&b.batch_key) else {
-                continue;
-            };
-            let pending: Vec<_> = files.iter().filter(|f| f.state == Delivered).collect();
+        let mut by_batch: BTreeMap<&BatchKey, Vec<&FileRow>> = BTreeMap::new();
+        for f in &pending {
+            by_batch.entry(&f.batch_key).or_default().push(f);
+        }
+        for (key, pending) in by_batch {
+            let (site, batch) = (key.site(), key.batch());
             let Some(ids) = carriers(&pending) else {
                 continue;
             };
             if ids.iter().any(|id| listed.contains(id)) {
                 continue;
             }
-            let receipt = self.kept_receipt(&b.batch_key);
+            let receipt = self.kept_receipt(key);
             if self
                 .setup
                 .client
@@ -44,7 +42,7 @@ impl Core<'_> {
                 continue;
             }
             let detail = "acknowledged again after an interrupted pull";
-            self.record_acknowledged(&b.batch_key, &pending, detail);
+            self.record_acknowledged(key, &pending, detail);
         }
     }
 
