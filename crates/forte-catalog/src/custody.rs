@@ -336,16 +336,78 @@ impl Catalog {
         self.instances_where("receipt IS NOT NULL", &[], "receipts")
     }
 
-    /// What the core's sequence numbers say, from one read of the instances it delivered:
-    /// the gaps ([`sequence_gaps`], `older_than` as there) and each site's epochs after its
-    /// first ([`epoch_starts`]).
-    pub fn sequence_alerts(&self, older_than: i64) -> Result<SequenceAlerts> {
-        let rows = self.instances_where("role = 'core'", &[], "delivered instances")?;
+    /// What the core's sequence numbers say: the gaps ([`sequence_gaps`], `older_than` as
+    /// there) and each site's epochs after its first ([`epoch_starts`]). `log` keeps what
+    /// earlier looks read: this one reads only the instances recorded since (by
+    /// `batch_instances_by_time`), and only their numbers, not their receipts.
+    pub fn sequence_alerts(
+        &self,
+        log: &mut SequenceLog,
+        older_than: i64,
+    ) -> Result<SequenceAlerts> {
+        // Again a little before the last read's newest: another worker's row recorded
+        // then, or by a clock a little behind, is read too (each instance is taken once).
+        let from = log.newest.saturating_sub(SEQUENCE_OVERLAP_US);
+        let query = sqlx::query(
+            "SELECT site, instance, epoch, epoch_from, sequence, recorded_at, supersedes
+             FROM batch_instances WHERE role = 'core' AND recorded_at >= $1",
+        )
+        .bind(from);
+        let rows = self
+            .runtime
+            .block_on(query.fetch_all(&self.pool))
+            .with_context(|| {
+                format!(
+                    "cannot read delivered instances from the catalogue {}",
+                    self.url
+                )
+            })?;
+        for r in &rows {
+            let (site, instance): (String, String) = (r.try_get(0)?, r.try_get(1)?);
+            let recorded_at: i64 = r.try_get(5)?;
+            log.newest = log.newest.max(recorded_at);
+            if !log.seen.insert((site.clone(), instance)) {
+                continue;
+            }
+            let superseded = History::parse_supersedes(&r.try_get::<String, _>(6)?)?;
+            log.numbers.push(Numbered {
+                site,
+                epoch: r.try_get(2)?,
+                epoch_from: r.try_get(3)?,
+                sequence: r.try_get(4)?,
+                recorded_at,
+                superseded: superseded.iter().map(|e| e.sequence).collect(),
+            });
+        }
         Ok(SequenceAlerts {
-            gaps: sequence_gaps(&rows, older_than),
-            starts: epoch_starts(&rows),
+            gaps: sequence_gaps(&log.numbers, older_than),
+            starts: epoch_starts(&log.numbers),
         })
     }
+}
+
+/// How far before the newest instance a look has read the next look reads again.
+const SEQUENCE_OVERLAP_US: i64 = 60_000_000;
+
+/// The numbers of the instances the core delivered, as the gap check has read them so far:
+/// kept between its looks, so that each reads only what was recorded since.
+#[derive(Debug, Default)]
+pub struct SequenceLog {
+    numbers: Vec<Numbered>,
+    seen: std::collections::HashSet<(String, String)>,
+    newest: i64,
+}
+
+/// One delivered instance as the gap check needs it.
+#[derive(Debug)]
+struct Numbered {
+    site: String,
+    epoch: String,
+    epoch_from: i64,
+    sequence: i64,
+    recorded_at: i64,
+    /// The numbers of the instances it supersedes.
+    superseded: Vec<i64>,
 }
 
 /// The gaps and new epochs among a site's sequence numbers at the core.
@@ -360,17 +422,16 @@ pub struct SequenceAlerts {
 /// (1 before format 3): a batch the relay dropped, or one still on its way (a core whose
 /// catalogue is new sees every earlier number as one run). A number an instance that
 /// arrived names as superseded was replaced, not dropped: it counts as arrived.
-fn sequence_gaps(rows: &[InstanceRow], older_than: i64) -> Vec<Gap> {
+fn sequence_gaps(rows: &[Numbered], older_than: i64) -> Vec<Gap> {
     type Arrivals = (i64, Vec<(i64, i64)>);
     let mut by_epoch: std::collections::BTreeMap<(&str, &str), Arrivals> = Default::default();
     for r in rows {
-        let h = &r.history;
         let (from, seen) = by_epoch
-            .entry((&r.site, &h.epoch))
-            .or_insert((h.epoch_from.max(1), Vec::new()));
+            .entry((&r.site, &r.epoch))
+            .or_insert((r.epoch_from.max(1), Vec::new()));
         seen.push((r.sequence, r.recorded_at));
-        seen.extend(h.supersedes.iter().map(|e| (e.sequence, r.recorded_at)));
-        *from = (*from).min(h.epoch_from.max(1));
+        seen.extend(r.superseded.iter().map(|&s| (s, r.recorded_at)));
+        *from = (*from).min(r.epoch_from.max(1));
     }
     let now = now_us();
     let mut gaps = Vec::new();
@@ -398,23 +459,18 @@ fn sequence_gaps(rows: &[InstanceRow], older_than: i64) -> Vec<Gap> {
 /// Each sequence epoch of a site's edge after the site's first, in the order they arrived
 /// at the core: an edge whose catalogue was replaced, which numbers from its new epoch's
 /// first number again.
-fn epoch_starts(rows: &[InstanceRow]) -> Vec<EpochStart> {
+fn epoch_starts(rows: &[Numbered]) -> Vec<EpochStart> {
     // Per site, per epoch: when it first arrived, its first number and its last.
     let mut by_site: std::collections::BTreeMap<&str, Vec<(i64, &str, i64, i64)>> =
         Default::default();
     for r in rows {
         let epochs = by_site.entry(&r.site).or_default();
-        match epochs.iter_mut().find(|e| e.1 == r.history.epoch) {
+        match epochs.iter_mut().find(|e| e.1 == r.epoch) {
             Some(e) => {
                 e.0 = e.0.min(r.recorded_at);
                 e.3 = e.3.max(r.sequence);
             }
-            None => epochs.push((
-                r.recorded_at,
-                &r.history.epoch,
-                r.history.epoch_from,
-                r.sequence,
-            )),
+            None => epochs.push((r.recorded_at, &r.epoch, r.epoch_from, r.sequence)),
         }
     }
     let mut starts = Vec::new();
@@ -537,14 +593,23 @@ mod tests {
         }
         delivered(&catalog, "mine-7", 9, now_us());
         delivered(&catalog, "ship-2", 3, old);
-        let gaps = catalog.sequence_alerts(30_000_000).unwrap().gaps;
+        let mut log = SequenceLog::default();
+        let gaps = catalog.sequence_alerts(&mut log, 30_000_000).unwrap().gaps;
         let runs: Vec<(&str, i64, i64, i64)> = gaps
             .iter()
             .map(|g| (g.site.as_str(), g.first, g.last, g.after))
             .collect();
         // 7..8 is missing too, but 9 arrived just now: it may still be on its way.
         assert_eq!(runs, [("mine-7", 3, 4, 5), ("ship-2", 1, 2, 3)]);
-        assert_eq!(catalog.sequence_alerts(0).unwrap().gaps.len(), 3);
+        assert_eq!(catalog.sequence_alerts(&mut log, 0).unwrap().gaps.len(), 3);
+        // Later looks read only what was recorded since (or a little before: another
+        // worker's rows, by a clock a little behind), and keep what they read before.
+        delivered(&catalog, "mine-7", 3, now_us() - 30_000_000);
+        delivered(&catalog, "mine-7", 4, now_us() - 30_000_000);
+        let gaps = catalog.sequence_alerts(&mut log, 0).unwrap().gaps;
+        let runs: Vec<_> = gaps.iter().map(|g| (g.site.as_str(), g.first, g.last)).collect();
+        assert_eq!(runs, [("mine-7", 7, 8), ("ship-2", 1, 2)]);
+        assert_eq!(log.numbers.len(), 8, "each instance once: {log:?}");
         let row = catalog
             .delivered_instance("mine-7", &format!("{:032x}", 5))
             .unwrap();
@@ -726,15 +791,16 @@ mod tests {
         // The edge's catalogue was replaced: a new epoch, from 1 again.
         record(1, "e2", 1, &[], old);
         record(3, "e2", 1, &[], old);
+        let mut log = SequenceLog::default();
         let gaps: Vec<_> = catalog
-            .sequence_alerts(30_000_000)
+            .sequence_alerts(&mut log, 30_000_000)
             .unwrap()
             .gaps
             .into_iter()
             .map(|g| (g.epoch, g.first, g.last))
             .collect();
         assert_eq!(gaps, [("e1".into(), 5, 5), ("e2".into(), 2, 2)]);
-        let starts = catalog.sequence_alerts(0).unwrap().starts;
+        let starts = catalog.sequence_alerts(&mut log, 0).unwrap().starts;
         assert_eq!(starts.len(), 1, "{starts:?}");
         assert_eq!(
             (

@@ -51,7 +51,9 @@ use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
-pub use custody::{Earlier, EpochStart, Fenced, Gap, History, InstanceRow, SequenceAlerts};
+pub use custody::{
+    Earlier, EpochStart, Fenced, Gap, History, InstanceRow, SequenceAlerts, SequenceLog,
+};
 pub use etas::PublishedEta;
 pub use reads::{
     BatchRow, Event, Failure, FileProgress, FileRow, Filter, FollowUpRow, ItemLatency, PartRow,

@@ -200,7 +200,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX events_failures ON events (batch_key, at)
         WHERE state IN ('failed', 'damaged', 'refused', 'quarantined') AND detail IS NOT NULL;
     CREATE INDEX usage_by_at ON usage (at);
-    CREATE INDEX files_delivered ON files (batch_key, path) WHERE state = 'delivered'",
+    CREATE INDEX files_delivered ON files (batch_key, path) WHERE state = 'delivered';
+    CREATE INDEX batch_instances_by_time ON batch_instances (role, recorded_at)",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

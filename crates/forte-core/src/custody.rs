@@ -35,6 +35,8 @@ pub struct CustodySettings<'a> {
     pub failures: forte_daemon::failures::Failures,
     /// Gaps alerted on already, each once.
     pub(super) alerted: Mutex<HashSet<Alerted>>,
+    /// The delivered instances' numbers read so far: each look reads only the new ones.
+    numbers: Mutex<forte_catalog::SequenceLog>,
     /// When the delivered instances may next be read for gaps: a watching puller looks after
     /// every delivery and every idle second, and reading every instance each time grows with
     /// the catalogue.
@@ -86,6 +88,7 @@ impl<'a> CustodySettings<'a> {
             destination,
             failures,
             alerted: Mutex::default(),
+            numbers: Mutex::default(),
             looks: Looks::for_gaps(gap_after),
         }
     }
@@ -395,8 +398,12 @@ impl Core<'_> {
             return;
         }
         let older_than = custody.gap_after.as_micros() as i64;
-        // One read of the delivered instances for both.
-        let Ok(said) = self.setup.catalog.sequence_alerts(older_than) else {
+        // One read of the instances delivered since the last look, for both.
+        let said = self
+            .setup
+            .catalog
+            .sequence_alerts(&mut custody.numbers.lock(), older_than);
+        let Ok(said) = said else {
             return;
         };
         for (site, error) in alerts(&mut custody.alerted.lock(), said.gaps) {
