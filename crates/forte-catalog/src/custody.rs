@@ -607,7 +607,10 @@ mod tests {
         delivered(&catalog, "mine-7", 3, now_us() - 30_000_000);
         delivered(&catalog, "mine-7", 4, now_us() - 30_000_000);
         let gaps = catalog.sequence_alerts(&mut log, 0).unwrap().gaps;
-        let runs: Vec<_> = gaps.iter().map(|g| (g.site.as_str(), g.first, g.last)).collect();
+        let runs: Vec<_> = gaps
+            .iter()
+            .map(|g| (g.site.as_str(), g.first, g.last))
+            .collect();
         assert_eq!(runs, [("mine-7", 7, 8), ("ship-2", 1, 2)]);
         assert_eq!(log.numbers.len(), 8, "each instance once: {log:?}");
         let row = catalog

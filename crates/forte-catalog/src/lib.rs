@@ -629,10 +629,11 @@ mod tests {
         };
         catalog.usage(row.clone()).unwrap();
         assert_eq!(
-            catalog.usage_of(Some("edge@test")).unwrap(),
+            catalog.usage_of(Some("edge@test"), 0).unwrap(),
             std::slice::from_ref(&row)
         );
-        assert_eq!(catalog.usage_of(None).unwrap(), [row]);
+        assert_eq!(catalog.usage_of(None, 0).unwrap(), [row]);
+        assert!(catalog.usage_of(None, 6).unwrap().is_empty(), "windowed");
         // The tuning history keeps one setting per relay, cluster and hour: the newest.
         let tuned = |uploads, at| TunedRow {
             relay: "https://relay:8443".into(),
@@ -1205,5 +1206,71 @@ mod tests {
             "postgres://forte:***@db:5432/forte"
         );
         assert_eq!(redact("sqlite:///tmp/x.sqlite"), "sqlite:///tmp/x.sqlite");
+    }
+
+    /// Usage history stays bounded: 1-s samples for a day, 1-min rollups for 30 days, 1-h
+    /// ones after; every second a sample covered is still covered by exactly one row.
+    /// (Samples 10 minutes apart here, so that 40 days are quick to write.)
+    #[test]
+    fn usage_history_is_rolled_up_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        usage_is_rolled_up_in(
+            &Catalog::open(dir.path().join("u.sqlite").to_str().unwrap()).unwrap(),
+        );
+    }
+
+    #[test]
+    fn postgres_usage_history_is_rolled_up_and_bounded() {
+        let Some(url) = fresh_postgres() else {
+            return;
+        };
+        usage_is_rolled_up_in(&Catalog::open(&url).unwrap());
+    }
+
+    fn usage_is_rolled_up_in(catalog: &Catalog) {
+        use writer_thread::{MINUTES_KEPT_US, SECONDS_KEPT_US};
+        let step = 600_000_000;
+        let start = 1_700_000_000_000_000 - 1_700_000_000_000_000 % (3_600_000_000);
+        let samples = 40 * 24 * 6;
+        for i in 0..samples {
+            catalog
+                .usage(UsageRow {
+                    node: "core@n".into(),
+                    at: start + i * step,
+                    seconds: 600.0,
+                    cpu_percent: 10.0,
+                    memory_used: 1 << 20,
+                    ..UsageRow::default()
+                })
+                .unwrap();
+        }
+        let now = start + (samples - 1) * step;
+        let rows = catalog.usage_of(None, 0).unwrap();
+        let covered: f64 = rows.iter().map(|r| r.seconds).sum();
+        assert_eq!(
+            covered,
+            samples as f64 * 600.0,
+            "no second lost or counted twice"
+        );
+        let raw = rows
+            .iter()
+            .filter(|r| r.seconds == 600.0 && r.at % 60_000_000 == 0);
+        assert!(rows.iter().all(|r| r.cpu_percent == 10.0));
+        let oldest_raw = catalog
+            .usage_of(None, now - SECONDS_KEPT_US - step)
+            .unwrap();
+        assert!(oldest_raw.len() < rows.len());
+        // Of 5 760 samples: a day's (144) kept, then one row a minute-bucket for 29 days,
+        // then one an hour.
+        assert!(rows.len() < 144 + 30 * 144 + 11 * 24, "{}", rows.len());
+        assert!(raw.count() > 0);
+        let before_hours = rows
+            .iter()
+            .filter(|r| r.at < now - MINUTES_KEPT_US - 3_600_000_000);
+        assert!(
+            before_hours.clone().all(|r| r.at % 3_600_000_000 == 0),
+            "older than 30 days: hours only"
+        );
+        assert!(before_hours.count() > 0);
     }
 }

@@ -80,7 +80,7 @@ pub struct FollowUpRow {
 }
 
 /// Resource utilisation of one node over one interval ending at `at`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct UsageRow {
     pub node: String,
     pub at: i64,
@@ -682,17 +682,21 @@ impl Catalog {
         })
     }
 
-    /// Utilisation samples of one node (or of every node), oldest first.
-    pub fn usage_of(&self, node: Option<&str>) -> Result<Vec<UsageRow>> {
-        const COLUMNS: &str = "SELECT node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms FROM usage";
-        let (by_node, all) = (
-            format!("{COLUMNS} WHERE node = $1 ORDER BY at"),
-            format!("{COLUMNS} ORDER BY node, at"),
+    /// Utilisation of one node (or of every node) since `since` (µs), oldest first: its 1-s
+    /// samples of the last day, then the 1-min and 1-h rollups of older ones (each a row
+    /// whose `seconds` is what it covers).
+    pub fn usage_of(&self, node: Option<&str>, since: i64) -> Result<Vec<UsageRow>> {
+        const COLUMNS: &str = "node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms";
+        let of_node = if node.is_some() { " AND node = $2" } else { "" };
+        let sql = format!(
+            "SELECT {COLUMNS} FROM usage WHERE at >= $1{of_node}
+             UNION ALL SELECT {COLUMNS} FROM usage_rollups WHERE at >= $1{of_node}
+             ORDER BY at"
         );
-        let query = match node {
-            Some(node) => sqlx::query(&by_node).bind(node),
-            None => sqlx::query(&all),
-        };
+        let mut query = sqlx::query(&sql).bind(since);
+        if let Some(node) = node {
+            query = query.bind(node);
+        }
         self.read(query, |r| {
             Ok(UsageRow {
                 node: r.try_get(0)?,

@@ -201,7 +201,27 @@ const MIGRATIONS: &[&str] = &[
         WHERE state IN ('failed', 'damaged', 'refused', 'quarantined') AND detail IS NOT NULL;
     CREATE INDEX usage_by_at ON usage (at);
     CREATE INDEX files_delivered ON files (batch_key, path) WHERE state = 'delivered';
-    CREATE INDEX batch_instances_by_time ON batch_instances (role, recorded_at)",
+    CREATE INDEX batch_instances_by_time ON batch_instances (role, recorded_at);
+    CREATE TABLE usage_rollups (
+        node TEXT NOT NULL,
+        resolution_s BIGINT NOT NULL,
+        at BIGINT NOT NULL,
+        seconds DOUBLE PRECISION NOT NULL,
+        cpu_percent DOUBLE PRECISION NOT NULL,
+        memory_used BIGINT NOT NULL,
+        disk_read_bps DOUBLE PRECISION NOT NULL,
+        disk_write_bps DOUBLE PRECISION NOT NULL,
+        net_rx_bps DOUBLE PRECISION NOT NULL,
+        net_tx_bps DOUBLE PRECISION NOT NULL,
+        own_cpu_percent DOUBLE PRECISION NOT NULL,
+        own_memory BIGINT NOT NULL,
+        latency_items BIGINT NOT NULL,
+        latency_p50_ms DOUBLE PRECISION NOT NULL,
+        latency_p87_ms DOUBLE PRECISION NOT NULL,
+        latency_p99_ms DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (node, resolution_s, at)
+    );
+    CREATE INDEX usage_rollups_by_at ON usage_rollups (at)",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -614,6 +614,8 @@ async fn widen_stage(conn: &mut AnyConnection, s: &StageSpan) -> sqlx::Result<()
 }
 
 /// Records one utilisation sample; a second sample of a node at the same time is ignored.
+/// The first sample of each minute also rolls the node's history up
+/// ([`roll_up_usage`]).
 async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()> {
     sqlx::query(
         "INSERT INTO usage (node, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms)
@@ -634,9 +636,54 @@ async fn insert_usage(conn: &mut AnyConnection, u: &UsageRow) -> sqlx::Result<()
     .bind(u.item_latency.p50_ms)
     .bind(u.item_latency.p87_ms)
     .bind(u.item_latency.p99_ms)
-    .execute(conn)
-    .await
-    .map(drop)
+    .execute(&mut *conn)
+    .await?;
+    let previous = u.at - (u.seconds * 1e6) as i64;
+    if previous.div_euclid(MINUTE_US) != u.at.div_euclid(MINUTE_US) {
+        roll_up_usage(conn, &u.node, u.at).await?;
+    }
+    Ok(())
+}
+
+const MINUTE_US: i64 = 60_000_000;
+const HOUR_US: i64 = 60 * MINUTE_US;
+/// How long 1-s samples are kept, and how long their 1-min rollups are (1-h rollups are kept
+/// for good): a year of a node's history is some 55 000 rows, not 31.5 million. Prometheus
+/// (`/metrics`) is the place for long, fine history.
+pub(crate) const SECONDS_KEPT_US: i64 = 24 * HOUR_US;
+pub(crate) const MINUTES_KEPT_US: i64 = 30 * 24 * HOUR_US;
+
+/// Rolls `node`'s samples older than a day (before its sample at `now`) into 1-min rollups,
+/// and 1-min rollups older than 30 days into 1-h ones, whole minutes and hours only, and
+/// deletes what was rolled up. Rates and CPU are averaged; memory and latency percentiles are
+/// the largest; seconds and items add up.
+async fn roll_up_usage(conn: &mut AnyConnection, node: &str, now: i64) -> sqlx::Result<()> {
+    const AGGREGATES: &str = "SUM(seconds), AVG(cpu_percent), MAX(memory_used), AVG(disk_read_bps), AVG(disk_write_bps), AVG(net_rx_bps), AVG(net_tx_bps), AVG(own_cpu_percent), MAX(own_memory), SUM(latency_items), MAX(latency_p50_ms), MAX(latency_p87_ms), MAX(latency_p99_ms)";
+    const INTO: &str = "INSERT INTO usage_rollups (node, resolution_s, at, seconds, cpu_percent, memory_used, disk_read_bps, disk_write_bps, net_rx_bps, net_tx_bps, own_cpu_percent, own_memory, latency_items, latency_p50_ms, latency_p87_ms, latency_p99_ms)";
+    let minutes_before = (now - SECONDS_KEPT_US).div_euclid(MINUTE_US) * MINUTE_US;
+    let hours_before = (now - MINUTES_KEPT_US).div_euclid(HOUR_US) * HOUR_US;
+    let steps = [
+        (
+            format!("{INTO} SELECT node, 60, (at / {MINUTE_US}) * {MINUTE_US}, {AGGREGATES} FROM usage WHERE node = $1 AND at < $2 GROUP BY node, at / {MINUTE_US} ON CONFLICT (node, resolution_s, at) DO NOTHING"),
+            "DELETE FROM usage WHERE node = $1 AND at < $2".to_string(),
+            minutes_before,
+        ),
+        (
+            format!("{INTO} SELECT node, 3600, (at / {HOUR_US}) * {HOUR_US}, {AGGREGATES} FROM usage_rollups WHERE node = $1 AND resolution_s = 60 AND at < $2 GROUP BY node, at / {HOUR_US} ON CONFLICT (node, resolution_s, at) DO NOTHING"),
+            "DELETE FROM usage_rollups WHERE node = $1 AND resolution_s = 60 AND at < $2".to_string(),
+            hours_before,
+        ),
+    ];
+    for (roll, delete, before) in steps {
+        for sql in [roll, delete] {
+            sqlx::query(&sql)
+                .bind(node)
+                .bind(before)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 /// Keeps the setting that worked for a relay, cluster and hour, replacing an older one.

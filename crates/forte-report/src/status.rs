@@ -41,7 +41,7 @@ struct Lineage {
 }
 
 fn usage(catalog: &Catalog, json: bool) -> Result<()> {
-    let rows = catalog.usage_of(None)?;
+    let rows = catalog.usage_of(None, 0)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());

@@ -63,7 +63,7 @@ impl Rows {
         };
         for c in catalogs {
             rows.batches.extend(kpi::batch_rows(c)?);
-            rows.usage.extend(c.usage_of(None)?);
+            rows.usage.extend(c.usage_of(None, 0)?);
             rows.tuning.extend(c.tuning_samples()?);
         }
         rows.usage.sort_by_key(|u| u.at);

@@ -89,12 +89,7 @@ pub fn batch(
 pub fn usage(catalogs: &[Catalog], since: i64) -> Result<Vec<UsageRow>> {
     let mut all = vec![];
     for catalog in catalogs {
-        all.extend(
-            catalog
-                .usage_of(None)?
-                .into_iter()
-                .filter(|u| u.at >= since),
-        );
+        all.extend(catalog.usage_of(None, since)?);
     }
     all.sort_by_key(|u| u.at);
     Ok(all)
