@@ -566,8 +566,9 @@ pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
         .into_iter()
         .filter(|(p, _)| !p.starts_with(".forte-staging-"))
         // forte's own records beside what it delivered: the instances it delivered and the
-        // earlier versions of files it replaced.
-        .filter(|(p, _)| !p.starts_with(".forte-custody/") && !p.starts_with(".forte-replaced/"))
+        // earlier versions of files it replaced (their directories too, empty for the moment
+        // the core makes them).
+        .filter(|(p, _)| !forte_records(p))
         .map(|(p, v)| (p, v.split(' ').next().unwrap().to_string()))
         .collect()
 }
@@ -575,12 +576,19 @@ pub fn visible(dir: &Path) -> std::collections::BTreeMap<String, String> {
 /// [`tree`] of a destination without forte's own records beside the delivered files (the
 /// instances it delivered, the earlier versions it replaced): what it delivered.
 pub fn delivered_tree(dest: &Path) -> std::collections::BTreeMap<String, String> {
-    let records =
-        |p: &String| p.starts_with(".forte-custody/") || p.starts_with(".forte-replaced/");
     tree(dest)
         .into_iter()
-        .filter(|(p, _)| !records(p))
+        .filter(|(p, _)| !forte_records(p))
         .collect()
+}
+
+/// Whether `path` (relative to a destination) is of forte's own records beside what it
+/// delivered: under `.forte-custody` or `.forte-replaced`, or one of them.
+fn forte_records(path: &str) -> bool {
+    [".forte-custody", ".forte-replaced"].iter().any(|dir| {
+        path.strip_prefix(dir)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 /// The names of the staging directories (`.forte-staging-*`) in `dest`, sorted.
