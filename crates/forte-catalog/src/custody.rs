@@ -174,6 +174,7 @@ impl Catalog {
         for b in binds {
             query = query.bind(b.to_string());
         }
+        self.issued(&query);
         let rows = self
             .runtime
             .block_on(query.fetch_all(&self.pool))
@@ -353,6 +354,7 @@ impl Catalog {
              FROM batch_instances WHERE role = 'core' AND recorded_at >= $1",
         )
         .bind(from);
+        self.issued(&query);
         let rows = self
             .runtime
             .block_on(query.fetch_all(&self.pool))

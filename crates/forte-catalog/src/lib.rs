@@ -35,6 +35,8 @@
 mod claims;
 mod custody;
 mod etas;
+#[cfg(test)]
+mod plans;
 mod reads;
 mod recording;
 mod schema;
@@ -97,6 +99,9 @@ pub struct Catalog {
     /// A private copy read instead of the catalogue (`open_read_only` of a SQLite file with a
     /// write-ahead log), removed with the handle.
     snapshot: Option<std::path::PathBuf>,
+    /// Every read's SQL, for the test that checks each one's plan (`plans`).
+    #[cfg(test)]
+    issued: std::sync::Mutex<Vec<String>>,
 }
 
 impl Drop for Catalog {
@@ -179,6 +184,8 @@ impl Catalog {
             writer: None,
             last_at: Default::default(),
             snapshot: None,
+            #[cfg(test)]
+            issued: Default::default(),
         };
         catalog.migrate()?;
         let (queue, inbox) = std::sync::mpsc::sync_channel(writer_thread::QUEUE_CAPACITY);
@@ -251,6 +258,8 @@ impl Catalog {
             writer: None,
             last_at: Default::default(),
             snapshot,
+            #[cfg(test)]
+            issued: Default::default(),
         }))
     }
 
@@ -264,6 +273,8 @@ impl Catalog {
             writer: None,
             last_at: Default::default(),
             snapshot: None,
+            #[cfg(test)]
+            issued: Default::default(),
         }
     }
 

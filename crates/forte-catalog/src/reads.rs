@@ -394,8 +394,18 @@ impl Catalog {
     /// Runs a read after every queued write is committed, and maps each row.
     fn read<T>(&self, query: Query<'_>, map: fn(&AnyRow) -> Result<T>) -> Result<Vec<T>> {
         self.flush()?;
+        self.issued(&query);
         let rows = self.runtime.block_on(query.fetch_all(&self.pool))?;
         rows.iter().map(map).collect()
+    }
+
+    /// Notes the SQL of a read, for the plan test.
+    pub(crate) fn issued(&self, _query: &Query<'_>) {
+        #[cfg(test)]
+        self.issued
+            .lock()
+            .unwrap()
+            .push(sqlx::Execute::sql(_query).to_string());
     }
 
     pub fn batches(&self) -> Result<Vec<BatchRow>> {

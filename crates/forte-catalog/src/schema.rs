@@ -202,6 +202,8 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX usage_by_at ON usage (at);
     CREATE INDEX files_delivered ON files (batch_key, path) WHERE state = 'delivered';
     CREATE INDEX batch_instances_by_time ON batch_instances (role, recorded_at);
+    CREATE INDEX batches_by_updated ON batches (updated_at);
+    CREATE INDEX batches_by_site ON batches (site, updated_at);
     CREATE TABLE usage_rollups (
         node TEXT NOT NULL,
         resolution_s BIGINT NOT NULL,
