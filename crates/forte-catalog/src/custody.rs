@@ -290,10 +290,33 @@ impl Catalog {
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 
-    /// Every instance this catalogue recorded at `role`'s end (the edge: each seal, with the
-    /// site and any receipt verified; the core: each delivery), oldest sequence first.
-    pub fn instances(&self, role: Role) -> Result<Vec<InstanceRow>> {
-        self.instances_where("role = $1", &[role.as_str()], "instances")
+    /// Each batch the edge sealed: the site it was sealed for, and whether a receipt the edge
+    /// verified covers it. Only that, not the receipts (the seal view asks on every look).
+    pub fn edge_seals(&self) -> Result<Vec<EdgeSeal>> {
+        let query = sqlx::query(
+            "SELECT batch_key, site, receipt IS NOT NULL FROM batch_instances WHERE role = 'edge'",
+        );
+        self.issued(&query);
+        let rows = self
+            .runtime
+            .block_on(query.fetch_all(&self.pool))
+            .with_context(|| {
+                format!(
+                    "cannot read the edge's seals from the catalogue {}",
+                    self.url
+                )
+            })?;
+        rows.iter()
+            .map(|r| {
+                Ok(EdgeSeal {
+                    batch_key: r.try_get(0)?,
+                    site: r.try_get(1)?,
+                    receipted: r
+                        .try_get::<bool, _>(2)
+                        .or_else(|_| r.try_get::<i64, _>(2).map(|n| n != 0))?,
+                })
+            })
+            .collect()
     }
 
     /// Every instance recorded for `batch` (at this catalogue's end), oldest sequence first.
@@ -386,6 +409,15 @@ impl Catalog {
             starts: epoch_starts(&log.numbers),
         })
     }
+}
+
+/// One of the edge's seals, as the seal view needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EdgeSeal {
+    pub batch_key: String,
+    pub site: String,
+    /// A receipt the edge verified covers it.
+    pub receipted: bool,
 }
 
 /// How far before the newest instance a look has read the next look reads again.

@@ -54,7 +54,7 @@ use sqlx::{AnyPool, Executor};
 
 pub use claims::{Claim, Heartbeat, Holder, Lease, Leases};
 pub use custody::{
-    Earlier, EpochStart, Fenced, Gap, History, InstanceRow, SequenceAlerts, SequenceLog,
+    Earlier, EdgeSeal, EpochStart, Fenced, Gap, History, InstanceRow, SequenceAlerts, SequenceLog,
 };
 pub use etas::PublishedEta;
 pub use reads::{

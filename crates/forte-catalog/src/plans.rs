@@ -3,7 +3,7 @@
 //! [`KNOWN`], each with why it still does. The reads are issued through the public API, as
 //! the views, commands and daemons issue them, and each one's SQL is explained as issued.
 //! What a plan cannot show: a search on a key most rows share reads them all the same
-//! (`instances(Role::Edge)`, the edge's seal view, is one).
+//! (`edge_seals`, the edge's seal view, is one; it reads three columns of each).
 
 use std::collections::BTreeSet;
 
@@ -145,7 +145,7 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
     catalog.usage_of(None, 0).unwrap();
     catalog.usage_of(None, 4).unwrap();
     catalog.usage_of(Some("core@n"), 4).unwrap();
-    catalog.instances(Role::Edge).unwrap();
+    catalog.edge_seals().unwrap();
     catalog.instances_of(key).unwrap();
     catalog.delivered_instance("mine-7", object).unwrap();
     catalog.receipts().unwrap();

@@ -236,12 +236,11 @@ impl Seals {
             site: HashMap::new(),
             receipted: HashSet::new(),
         };
-        for instance in catalog.instances(Role::Edge)? {
-            let key = instance.batch_key.to_string();
-            if instance.receipt.is_some() {
-                seals.receipted.insert(key.clone());
+        for seal in catalog.edge_seals()? {
+            if seal.receipted {
+                seals.receipted.insert(seal.batch_key.clone());
             }
-            seals.site.insert(key, instance.site);
+            seals.site.insert(seal.batch_key, seal.site);
         }
         Ok(seals)
     }
