@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use sqlx::Row;
 
-use crate::vocabulary::{BatchKey, BatchState, FileState, Role, Task};
+use crate::vocabulary::{BatchKey, BatchState, FileState, Task};
 use crate::{Attempt, BatchRecord, Catalog, FileRecord, Filter, UsageRow};
 
 /// Tables whose rows grow with history.
