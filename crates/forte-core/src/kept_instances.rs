@@ -178,11 +178,30 @@ impl KeptInstances {
 /// The record at `path`, `None` if there is none.
 fn read(path: &Path) -> Result<Option<Record>> {
     use std::io::Read;
-    let file = match std::fs::File::open(path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Not through a link, and without waiting on a FIFO: only a regular file is a record.
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let file = match opened {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => anyhow::bail!(
+            "{} is a symbolic link, not a record of delivered instances: move it away",
+            path.display()
+        ),
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     };
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!(
+            "{} is not a regular file, so not a record of delivered instances: move it away",
+            path.display()
+        );
+    }
     let mut text = Vec::new();
     file.take(MAX_RECORD_BYTES + 1)
         .read_to_end(&mut text)
@@ -215,10 +234,19 @@ fn write(path: &Path, record: &Record) -> Result<()> {
         std::process::id()
     ));
     let bytes = serde_json::to_vec(record).expect("a record serialises");
-    let written = std::fs::File::create(&temp).and_then(|mut f| {
-        f.write_all(&bytes)?;
-        f.sync_all()
-    });
+    // Made new, never opened through what is there: a link planted at the temporary name
+    // (it is predictable) would have the record written wherever it points. One left by a
+    // killed worker, or planted, is removed first (a link goes, not what it points to); one
+    // put back meanwhile fails the write, and the batch is acknowledged at the next try.
+    let _ = std::fs::remove_file(&temp);
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&temp)
+        .and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()
+        });
     written.with_context(|| format!("cannot write {}", temp.display()))?;
     std::fs::rename(&temp, path)
         .with_context(|| format!("cannot move {} into place", path.display()))?;
@@ -283,6 +311,36 @@ mod tests {
             kept.of("mine-7", "b").is_err(),
             "a damaged record is an error"
         );
+    }
+
+    /// A link planted at the record's temporary name is not written through; a link or a
+    /// FIFO at the record itself is refused, named, at once (a FIFO opened to read waited for
+    /// a writer for ever).
+    #[test]
+    fn the_record_is_never_written_or_read_through_a_link_or_a_fifo() {
+        let (dest, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let kept = KeptInstances::at(dest.path());
+        kept.add("run", &row("i1", 1)).unwrap();
+        let path = kept.path("mine-7", "run");
+        let name = path.file_name().unwrap().to_str().unwrap();
+        let temp = path.with_file_name(format!(".{name}.{}", std::process::id()));
+        let victim = elsewhere.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, &temp).unwrap();
+        kept.add("run", &row("i2", 2)).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(kept.of("mine-7", "run").unwrap().len(), 2);
+
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let err = kept.of("mine-7", "run").unwrap_err().to_string();
+        assert!(err.contains("is a symbolic link"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        let fifo = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: mkfifo on a path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let err = kept.of("mine-7", "run").unwrap_err().to_string();
+        assert!(err.contains("is not a regular file"), "{err}");
     }
 
     /// Workers with catalogues of their own adding instances of one batch at once each keep

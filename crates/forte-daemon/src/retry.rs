@@ -116,7 +116,8 @@ impl Retry {
         }
     }
 
-    /// Runs `op` until it succeeds, fails for good (not transient), or the attempts run out.
+    /// Runs `op` until it succeeds, fails for good (not transient), the attempts run out, or
+    /// a stop is asked for (a signal: the wait between attempts ends with it).
     /// `what` names the request in the log line of each retry; each retry is counted under
     /// `operation`.
     pub fn run<T>(
@@ -125,7 +126,7 @@ impl Retry {
         what: &str,
         op: impl FnMut() -> Result<T, RelayError>,
     ) -> Result<T, RelayError> {
-        self.run_sleeping(operation, what, op, std::thread::sleep)
+        self.run_sleeping(operation, what, op, crate::signals::sleep_unless_stopped)
     }
 
     /// [`Retry::run`] with the wait between attempts done by `sleep` (tests record it).
@@ -143,6 +144,9 @@ impl Retry {
                 Ok(v) => return Ok(v),
                 Err(e) if !e.is_transient() => return Err(e),
                 Err(e) if self.attempts.is_some_and(|n| attempt >= n) => return Err(e),
+                // A daemon asked to stop does not wait for the relay to come back: what the
+                // failure left is taken up at the next start, as after any stop.
+                Err(e) if crate::signals::stop_requested() => return Err(e),
                 Err(e) => {
                     let wait = jitter(delay);
                     operation.retries().increment(1);

@@ -1234,6 +1234,27 @@ fn a_daemon_told_to_stop_while_it_starts_stops_cleanly() {
         assert_eq!(status.and_then(|s| s.code()), Some(0), "{name}: {}", said());
         assert!(said().contains("stopped (SIGTERM)"), "{name}: {}", said());
     }
+    // A puller retrying a relay that cannot be reached stops at once too, not when its
+    // grace runs out (60 s; before, it went on retrying until then).
+    let gone = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("https://{}", listener.local_addr().unwrap())
+    };
+    let mut pull = with(site.pull(), "--relay", &gone);
+    pull.extend(args![
+        "--watch",
+        "--interval",
+        "1",
+        "--shutdown-grace",
+        "60"
+    ]);
+    let log = site.root.join("pull-retrying.log");
+    let mut retrying = spawn_logged(&pull, &log);
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(wait_for(60, || said().contains("retrying")), "{}", said());
+    let status = signal_and_wait(&mut retrying, libc::SIGTERM, 20);
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{}", said());
+    assert!(said().contains("stopped (SIGTERM)"), "{}", said());
 }
 
 /// SIGTERM stops a watching sender and puller cleanly: each says so and ends with status 0,
