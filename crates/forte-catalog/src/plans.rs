@@ -122,6 +122,7 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
     ];
     catalog.batches().unwrap();
     catalog.batch(key).unwrap();
+    catalog.any_batch_in(&[BatchState::Pulling]).unwrap();
     catalog.stages(key).unwrap();
     catalog.task_runs(Some(key)).unwrap();
     catalog.task_runs(None).unwrap();

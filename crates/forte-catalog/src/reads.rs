@@ -413,6 +413,17 @@ impl Catalog {
         self.read(sqlx::query(&sql), batch_row)
     }
 
+    /// Whether any batch is in one of `states` (by `batches_by_state`: a look costs the same
+    /// whatever the history).
+    pub fn any_batch_in(&self, states: &[BatchState]) -> Result<bool> {
+        let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+        let sql = format!(
+            "SELECT 1 FROM batches WHERE state IN ({}) LIMIT 1",
+            list.join(", ")
+        );
+        Ok(!self.read(sqlx::query(&sql), |_| Ok(()))?.is_empty())
+    }
+
     /// One batch, if the catalogue has seen it.
     pub fn batch(&self, key: &BatchKey) -> Result<Option<BatchRow>> {
         let sql = format!("{BATCH_COLUMNS} WHERE batch_key = $1");

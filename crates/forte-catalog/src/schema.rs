@@ -204,6 +204,7 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX batch_instances_by_time ON batch_instances (role, recorded_at);
     CREATE INDEX batches_by_updated ON batches (updated_at);
     CREATE INDEX batches_by_site ON batches (site, updated_at);
+    CREATE INDEX batches_by_state ON batches (state);
     CREATE TABLE usage_rollups (
         node TEXT NOT NULL,
         resolution_s BIGINT NOT NULL,

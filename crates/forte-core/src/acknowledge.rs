@@ -46,11 +46,16 @@ impl Core<'_> {
         }
     }
 
-    /// The objects at the relay that carry the files this catalogue delivered as batch `key`;
-    /// `None` if it holds none.
+    /// The objects at the relay that carry the files this catalogue delivered as batch `key`
+    /// (delivered or acknowledged: not those that failed on the way, of an instance the relay
+    /// offered before, nor earlier versions replaced since); `None` if it holds none.
     pub(super) fn delivered_carriers(&self, key: &BatchKey) -> Option<Vec<ObjectId>> {
         let files = self.setup.catalog.files(key).ok()?;
-        carriers(&files.iter().collect::<Vec<_>>())
+        let delivered: Vec<&FileRow> = files
+            .iter()
+            .filter(|f| matches!(f.state, Delivered | Acknowledged))
+            .collect();
+        carriers(&delivered)
     }
 
     /// Records as acknowledged the files of a batch this catalogue delivered and the relay

@@ -3,7 +3,7 @@
 //! catalogue, where its own page, `forte dashboard` and the terminal's bar read it back.
 
 use forte_catalog::{BatchKey, Catalog, Role};
-use forte_view::model::{Order, Overview, Progress, PUBLISH_EVERY};
+use forte_view::model::{Order, Overview, Progress, PUBLISH_EVERY, RUNNING};
 
 /// Publishes `role`'s running batches' ETAs from `catalog` on a thread of its own, for as long
 /// as the process runs. Counted as the dashboard counts: parts of `part_size`, batches in
@@ -12,6 +12,11 @@ pub fn publish_etas(role: Role, catalog: &Catalog, part_size: u64, order: Order)
     let catalog = catalog.reader();
     let progress = Progress::publisher(part_size, order);
     let publish = move || loop {
+        // Nothing running, nothing to estimate: an idle daemon reads no history.
+        if !catalog.any_batch_in(&RUNNING).unwrap_or(true) {
+            std::thread::sleep(PUBLISH_EVERY);
+            continue;
+        }
         let wire = match role {
             Role::Edge => super::wire_view(),
             Role::Core => None,

@@ -37,12 +37,17 @@ pub struct Batch {
     pub catalog: usize,
 }
 
+/// The states of a batch being worked on (or waiting for it) on its node.
+pub const RUNNING: [BatchState; 4] = [
+    BatchState::Queued,
+    BatchState::Sending,
+    BatchState::Pulling,
+    BatchState::Checking,
+];
+
 /// Whether a batch in `state` is being worked on (or waits for it) on its node.
 pub fn running(state: BatchState) -> bool {
-    matches!(
-        state,
-        BatchState::Queued | BatchState::Sending | BatchState::Pulling | BatchState::Checking
-    )
+    RUNNING.contains(&state)
 }
 
 /// Whether a batch in `state` ended with all its work done on its node (a quarantined batch's

@@ -19,7 +19,7 @@ mod reads;
 mod records;
 
 pub use alerts::{Alert, AlertLevel, FILL_CRITICAL, FILL_WARNING};
-pub use batch::{running, Batch};
+pub use batch::{running, Batch, RUNNING};
 pub use eta::{Order, Progress, PUBLISHED_FRESH_US, PUBLISH_EVERY, RATE_WINDOW_US};
 pub use overview::{Overview, Totals};
 pub use phase::Phase;

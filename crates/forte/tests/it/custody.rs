@@ -298,6 +298,16 @@ fn a_batch_whose_acknowledgement_failed_is_acknowledged_by_the_next_pull() {
     assert_eq!(sqlite(&site.core_catalog, state), "delivered");
 
     std::fs::remove_dir_all(&receipts).unwrap();
+    // A file of an earlier offer of the batch that failed on the way (the relay's copy was
+    // damaged, then sent again under another id) is no object of what was delivered. Seen
+    // failing before: it was named in the acknowledgement, which the relay refused for good
+    // (15 batches stuck in the soak).
+    let failed = format!(
+        "INSERT INTO files (object_id, batch_key, path, size, state, updated_at) \
+         VALUES ('{}', 'site-a/{batch}', 'gone.bin', 1, 'failed', 0) RETURNING 1",
+        "f".repeat(32)
+    );
+    assert_eq!(sqlite(&site.core_catalog, &failed), "1");
     let out = run(&site.pull());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -306,8 +316,9 @@ fn a_batch_whose_acknowledgement_failed_is_acknowledged_by_the_next_pull() {
         visible(&store.join("objects")).is_empty(),
         "the relay still holds it"
     );
+    let delivered = "SELECT group_concat(DISTINCT state) FROM files WHERE path <> 'gone.bin'";
     assert_eq!(
-        sqlite(&site.core_catalog, state),
+        sqlite(&site.core_catalog, delivered),
         "acknowledged",
         "the catalogue never learnt the acknowledgement"
     );
