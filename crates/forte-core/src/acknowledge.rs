@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use forte_catalog::FileState::{Acknowledged, Delivered};
+use forte_catalog::FileState::{Acknowledged, Delivered, Replaced};
 use forte_catalog::{BatchKey, FileRecord, FileRow};
 use forte_format::ObjectId;
 
@@ -46,14 +46,19 @@ impl Core<'_> {
         }
     }
 
-    /// The objects at the relay that carry the files this catalogue delivered as batch `key`
-    /// (delivered or acknowledged: not those that failed on the way, of an instance the relay
-    /// offered before, nor earlier versions replaced since); `None` if it holds none.
-    pub(super) fn delivered_carriers(&self, key: &BatchKey) -> Option<Vec<ObjectId>> {
+    /// The objects at the relay that carry the files of `instance` this catalogue delivered
+    /// as batch `key` (delivered, acknowledged, or replaced by a later version since: not a
+    /// later instance's, nor one that failed on the way); `None` if it holds none.
+    pub(super) fn delivered_carriers(
+        &self,
+        key: &BatchKey,
+        instance: &forte_catalog::InstanceRow,
+    ) -> Option<Vec<ObjectId>> {
         let files = self.setup.catalog.files(key).ok()?;
         let delivered: Vec<&FileRow> = files
             .iter()
-            .filter(|f| matches!(f.state, Delivered | Acknowledged))
+            .filter(|f| instance.objects.contains(&f.object_id))
+            .filter(|f| matches!(f.state, Delivered | Acknowledged | Replaced))
             .collect();
         carriers(&delivered)
     }

@@ -288,7 +288,7 @@ impl Core<'_> {
         // under this one would be deleted with it, withheld for good).
         let this_delivery = replayed.superseded.is_none() && replayed.known.batch_key == batch.key;
         let carriers = this_delivery
-            .then(|| self.delivered_carriers(&batch.key))
+            .then(|| self.delivered_carriers(&batch.key, &replayed.known))
             .flatten();
         let listed: Vec<ObjectId> = batch.objects.iter().map(|o| o.id).collect();
         let ids = carriers.as_deref().unwrap_or(&listed);

@@ -220,6 +220,32 @@ fn an_edge_catalogue_replaced_is_reported_as_a_restart() {
     );
 }
 
+/// An instance delivered, then replaced by a later version, offered again by the relay (the
+/// store put back to before its first delivery): acknowledged as the replay it is, with its
+/// own objects, and the relay holds nothing after. Seen failing before: the acknowledgement
+/// named the later version's objects and the relay refused it on every pull (the soak's
+/// batch stuck at the relay).
+#[test]
+fn an_earlier_version_offered_again_is_acknowledged_with_its_own_objects() {
+    let mut site = Site::new();
+    let batch = write_batch(&site.root.join("inbox"), "run-1", 1, 50_000);
+    ok(&site.send(&["-q"]));
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
+    pulled(&site);
+    change(&batch.join("bags/000.bag"), 60_000, 79);
+    ok(&site.send(&["-q"]));
+    pulled(&site);
+    restore_store(&mut site, &kept);
+    let stderr = pulled(&site);
+    assert!(stderr.contains("not delivered again"), "{stderr}");
+    assert!(
+        site.relay_objects().is_empty(),
+        "{:?}",
+        site.relay_objects()
+    );
+}
+
 /// A core whose catalogue is replaced (or a new worker on the same destination) still knows
 /// the instances it delivered there, from the record beside the destination: a replay of the
 /// batch, after a downstream user moved it away, is acknowledged and not delivered again.
