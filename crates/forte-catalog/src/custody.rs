@@ -174,11 +174,7 @@ impl Catalog {
         for b in binds {
             query = query.bind(b.to_string());
         }
-        self.issued(&query);
-        let rows = self
-            .runtime
-            .block_on(query.fetch_all(&self.pool))
-            .with_context(|| format!("cannot read {what} from the catalogue {}", self.url))?;
+        let rows = self.fetch_rows(query, what)?;
         rows.iter().map(instance_row).collect()
     }
 
@@ -290,22 +286,21 @@ impl Catalog {
         Ok((row.try_get(0)?, row.try_get(1)?))
     }
 
+    /// The rows of `query` (noted for the plan test), an error naming `what` it reads.
+    fn fetch_rows(&self, query: crate::reads::Query<'_>, what: &str) -> Result<Vec<AnyRow>> {
+        self.issued(&query);
+        self.runtime
+            .block_on(query.fetch_all(&self.pool))
+            .with_context(|| format!("cannot read {what} from the catalogue {}", self.url))
+    }
+
     /// Each batch the edge sealed: the site it was sealed for, and whether a receipt the edge
     /// verified covers it. Only that, not the receipts (the seal view asks on every look).
     pub fn edge_seals(&self) -> Result<Vec<EdgeSeal>> {
         let query = sqlx::query(
             "SELECT batch_key, site, receipt IS NOT NULL FROM batch_instances WHERE role = 'edge'",
         );
-        self.issued(&query);
-        let rows = self
-            .runtime
-            .block_on(query.fetch_all(&self.pool))
-            .with_context(|| {
-                format!(
-                    "cannot read the edge's seals from the catalogue {}",
-                    self.url
-                )
-            })?;
+        let rows = self.fetch_rows(query, "the edge's seals")?;
         rows.iter()
             .map(|r| {
                 Ok(EdgeSeal {
@@ -377,16 +372,7 @@ impl Catalog {
              FROM batch_instances WHERE role = 'core' AND recorded_at >= $1",
         )
         .bind(from);
-        self.issued(&query);
-        let rows = self
-            .runtime
-            .block_on(query.fetch_all(&self.pool))
-            .with_context(|| {
-                format!(
-                    "cannot read delivered instances from the catalogue {}",
-                    self.url
-                )
-            })?;
+        let rows = self.fetch_rows(query, "delivered instances")?;
         for r in &rows {
             let (site, instance): (String, String) = (r.try_get(0)?, r.try_get(1)?);
             let recorded_at: i64 = r.try_get(5)?;

@@ -343,7 +343,7 @@ pub struct FileProgress {
     pub part_size: Option<i64>,
 }
 
-type Query<'q> = sqlx::query::Query<'q, sqlx::Any, AnyArguments<'q>>;
+pub(crate) type Query<'q> = sqlx::query::Query<'q, sqlx::Any, AnyArguments<'q>>;
 
 /// Column `i` of `row`, read back into its vocabulary.
 fn vocabulary<T>(row: &AnyRow, i: usize, parse: fn(&str) -> Option<T>) -> Result<T> {
