@@ -941,21 +941,28 @@ fn oversize_requests_and_slow_clients_do_not_hurt_anyone_else() {
     );
 }
 
+/// Uploads and seals three one-part objects into `batch-1` and seals the batch with an
+/// inventory; returns their ids.
+fn seal_three_objects(edge: &RelayClient) -> Vec<ObjectId> {
+    let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::random()).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let body = vec![i as u8; 100];
+        edge.put_part(*id, 0, &body, &sha(&body)).unwrap();
+        edge.seal(*id, "batch-1", vec![part(0, &body)], b"sealed manifest")
+            .unwrap();
+    }
+    edge.seal_batch("batch-1", &ids, b"sealed inventory", None)
+        .unwrap();
+    ids
+}
+
 #[test]
 fn a_batch_is_acknowledged_whole_even_when_the_relay_stops_half_way() {
     let tmp = tempfile::tempdir().unwrap();
-    let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::random()).collect();
+    let ids;
     {
         let relay = relay(tmp.path(), None);
-        let edge = client(&relay, EDGE_A);
-        for (i, id) in ids.iter().enumerate() {
-            let body = vec![i as u8; 100];
-            edge.put_part(*id, 0, &body, &sha(&body)).unwrap();
-            edge.seal(*id, "batch-1", vec![part(0, &body)], b"sealed manifest")
-                .unwrap();
-        }
-        edge.seal_batch("batch-1", &ids, b"sealed inventory", None)
-            .unwrap();
+        ids = seal_three_objects(&client(&relay, EDGE_A));
         let core = client(&relay, CORE_A);
         assert_eq!(core.ready(false).unwrap().len(), 3);
         assert_eq!(
@@ -1008,15 +1015,7 @@ fn an_acknowledgement_must_name_every_object_the_seal_lists() {
     let tmp = tempfile::tempdir().unwrap();
     let relay = relay(tmp.path(), None);
     let edge = client(&relay, EDGE_A);
-    let ids: Vec<ObjectId> = (0..3).map(|_| ObjectId::random()).collect();
-    for (i, id) in ids.iter().enumerate() {
-        let body = vec![i as u8; 100];
-        edge.put_part(*id, 0, &body, &sha(&body)).unwrap();
-        edge.seal(*id, "batch-1", vec![part(0, &body)], b"sealed manifest")
-            .unwrap();
-    }
-    edge.seal_batch("batch-1", &ids, b"sealed inventory", None)
-        .unwrap();
+    let ids = seal_three_objects(&edge);
     let core = client(&relay, CORE_A);
     let err = core
         .ack_batch("site-a", "batch-1", &ids[..2], None)

@@ -17,6 +17,16 @@ fn restore_store(site: &mut Site, kept: &Path) {
     site.restart_relay();
 }
 
+/// Sends what the inbox holds, copies the relay's store of site-a aside (as its operator
+/// would, to replay it later) and pulls; returns where the copy is.
+fn send_keep_a_copy_and_pull(site: &Site) -> std::path::PathBuf {
+    ok(&site.send(&["-q"]));
+    let kept = site.root.join("kept-by-the-operator");
+    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
+    pulled(site);
+    kept
+}
+
 /// Rewrites `file` with `size` new sample bytes (a new size, so a new version of it).
 fn change(file: &Path, size: usize, seed: u64) -> Vec<u8> {
     let bytes = sample_bytes(size, seed);
@@ -229,10 +239,7 @@ fn an_edge_catalogue_replaced_is_reported_as_a_restart() {
 fn an_earlier_version_offered_again_is_acknowledged_with_its_own_objects() {
     let mut site = Site::new();
     let batch = write_batch(&site.root.join("inbox"), "run-1", 1, 50_000);
-    ok(&site.send(&["-q"]));
-    let kept = site.root.join("kept-by-the-operator");
-    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
-    pulled(&site);
+    let kept = send_keep_a_copy_and_pull(&site);
     change(&batch.join("bags/000.bag"), 60_000, 79);
     ok(&site.send(&["-q"]));
     pulled(&site);
@@ -254,10 +261,7 @@ fn an_earlier_version_offered_again_is_acknowledged_with_its_own_objects() {
 fn a_core_with_a_new_catalogue_still_refuses_a_replayed_instance() {
     let mut site = Site::new();
     write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
-    ok(&site.send(&["-q"]));
-    let kept = site.root.join("kept-by-the-operator");
-    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
-    pulled(&site);
+    let kept = send_keep_a_copy_and_pull(&site);
     let dest = site.root.join("dest/site-a/run-1");
     std::fs::rename(&dest, site.root.join("moved-downstream")).unwrap();
     std::fs::remove_file(&site.core_catalog).unwrap();
@@ -282,10 +286,7 @@ fn a_core_with_a_new_catalogue_still_refuses_a_replayed_instance() {
 fn an_instance_offered_again_under_a_new_batch_id_is_a_replay() {
     let mut site = Site::new();
     write_batch(&site.root.join("inbox"), "run-1", 2, 50_000);
-    ok(&site.send(&["-q"]));
-    let kept = site.root.join("kept-by-the-operator");
-    copy_tree(&site.relay.store.join("sites/site-a"), &kept);
-    pulled(&site);
+    let kept = send_keep_a_copy_and_pull(&site);
     let dest = site.root.join("dest");
     std::fs::rename(
         dest.join("site-a/run-1"),
