@@ -64,6 +64,22 @@ pub struct SendReport {
     pub send_again: bool,
 }
 
+impl SendReport {
+    /// One line for the operator: what went, what had gone before, what failed.
+    pub fn text(&self) -> String {
+        format!(
+            "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed",
+            self.batch,
+            self.sent,
+            self.files,
+            self.already_at_relay,
+            self.failed,
+            forte_daemon::units::human(self.raw_bytes),
+            forte_daemon::units::human(self.sealed_bytes),
+        )
+    }
+}
+
 /// The object id of a file: derived from the edge's secret and the file's identity, so a
 /// second run finds what the first one left at the relay.
 pub(crate) fn object_id(key: &EdgeKey, batch: &str, file: &SourceFile) -> ObjectId {

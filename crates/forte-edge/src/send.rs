@@ -44,6 +44,41 @@ impl PassReport {
     pub fn ok(&self) -> bool {
         self.batches.iter().all(|b| b.failed == 0) && self.refused.is_empty()
     }
+
+    /// The pass for the operator, one line each: the cancelled batches, those sent, the
+    /// totals, then those refused and those still waiting, each with what sends it again.
+    pub fn text(&self) -> String {
+        use crate::READY_MARKER;
+        use forte_daemon::units::{human, mb_per_s};
+        let mut lines: Vec<String> = self
+            .cancelled
+            .iter()
+            .map(|name| {
+                format!("batch {name}: cancelled; touch its {READY_MARKER} marker to send it again")
+            })
+            .collect();
+        lines.extend(self.batches.iter().map(SendReport::text));
+        let raw: u64 = self.batches.iter().map(|b| b.raw_bytes).sum();
+        let sealed: u64 = self.batches.iter().map(|b| b.sealed_bytes).sum();
+        lines.push(format!(
+            "sent {} batches: {} raw as {} sealed in {:.1} s ({:.1} MB/s raw)",
+            self.batches.len(),
+            human(raw),
+            human(sealed),
+            self.seconds,
+            mb_per_s(raw, self.seconds)
+        ));
+        lines.extend(self.refused.iter().map(|name| {
+            format!("batch {name}: refused by a site task, not sent (forte status says why); touch its {READY_MARKER} marker to check and send it again")
+        }));
+        lines.extend(self.waiting.iter().map(|name| {
+            format!(
+                "batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)",
+                self.settle.as_secs()
+            )
+        }));
+        lines.join("\n")
+    }
 }
 
 /// How a `send` reports as it goes.

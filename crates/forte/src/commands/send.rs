@@ -9,9 +9,8 @@ use forte_daemon::record::{self, Use};
 use forte_daemon::settings::{
     Config, DaemonFlags, EdgeFlags, RelayFlags, ScheduleFlags, SendCommand, SendFlags,
 };
-use forte_daemon::units::{human, mb_per_s};
 use forte_edge::send::{send, PassReport, SendOutput, Sent};
-use forte_edge::{SendReport, READY_MARKER};
+use forte_edge::SendReport;
 use serde::Serialize;
 
 use super::{print_as, Output};
@@ -101,30 +100,9 @@ fn print_pass(pass: &PassReport, json: bool) -> Result<bool> {
             cancelled: &pass.cancelled,
         };
         println!("{}", serde_json::to_string_pretty(&summary)?);
-        return Ok(pass.ok());
-    }
-    for name in &pass.cancelled {
-        println!("batch {name}: cancelled; touch its {READY_MARKER} marker to send it again");
-    }
-    pass.batches.iter().for_each(print_report);
-    let raw: u64 = pass.batches.iter().map(|b| b.raw_bytes).sum();
-    let sealed: u64 = pass.batches.iter().map(|b| b.sealed_bytes).sum();
-    println!(
-        "sent {} batches: {} raw as {} sealed in {:.1} s ({:.1} MB/s raw)",
-        pass.batches.len(),
-        human(raw),
-        human(sealed),
-        pass.seconds,
-        mb_per_s(raw, pass.seconds)
-    );
-    for name in &pass.refused {
-        println!("batch {name}: refused by a site task, not sent (forte status says why); touch its {READY_MARKER} marker to check and send it again");
-    }
-    for name in &pass.waiting {
-        println!(
-            "batch {name}: not ready (changed in the last {} s and no {READY_MARKER} marker)",
-            pass.settle.as_secs()
-        );
+    } else {
+        pass.batches.iter().for_each(warn_skipped);
+        println!("{}", pass.text());
     }
     Ok(pass.ok())
 }
@@ -134,18 +112,13 @@ fn print_report_json(report: &SendReport) {
 }
 
 fn print_report(report: &SendReport) {
-    println!(
-        "batch {}: sent {} of {} files ({} sent before, {} failed), {} raw as {} sealed",
-        report.batch,
-        report.sent,
-        report.files,
-        report.already_at_relay,
-        report.failed,
-        human(report.raw_bytes),
-        human(report.sealed_bytes),
-    );
-    // Failures were logged as they happened (`forte_daemon::failures`); only
-    // the skipped files, which are not failures of the transfer, are listed here.
+    println!("{}", report.text());
+    warn_skipped(report);
+}
+
+/// Failures were logged as they happened (`forte_daemon::failures`); only the skipped files,
+/// which are not failures of the transfer, are told here.
+fn warn_skipped(report: &SendReport) {
     for e in report.errors.iter().filter(|e| e.starts_with("skipped ")) {
         tracing::warn!("batch {}: {e}", report.batch);
     }
