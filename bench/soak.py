@@ -291,6 +291,22 @@ def sealed_batches(store):
     return found
 
 
+def put_back_copy(copy, path):
+    """Puts the operator's `copy` of a store record or object back at `path`, whole: copied
+    beside the store first, then renamed into place, so the relay (deleting what it delivered
+    meanwhile) never sees, nor races, a half-copied directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not copy.is_dir():
+        staged = copy.with_name(copy.name + f".staged-{time.monotonic_ns()}")
+        shutil.copy(copy, staged)
+        os.replace(staged, path)
+        return
+    staged = copy.with_name(copy.name + f".staged-{time.monotonic_ns()}")
+    shutil.copytree(copy, staged, copy_function=shutil.copy)
+    shutil.rmtree(path, ignore_errors=True)
+    os.rename(staged, path)
+
+
 def batch_paths(store, batch, ids):
     """Everything of one sealed batch in a site's store: its seal, its inventory, and each
     object's data and records."""
@@ -411,12 +427,7 @@ def hostile_act(rng, store, other, aside, core_token, url_port, fingerprint, cou
             os.rename(delivered, moved)
             counts["replayed_names"].append(name)
             for src, dst in kept:
-                src.parent.mkdir(parents=True, exist_ok=True)
-                if dst.is_dir():
-                    shutil.rmtree(src, ignore_errors=True)
-                    shutil.copytree(dst, src)
-                else:
-                    shutil.copy2(dst, src)
+                put_back_copy(dst, src)
             for i in ids:
                 (store / "acked" / i).unlink(missing_ok=True)
             counts["replayed"] += 1
@@ -767,12 +778,7 @@ def main():
         for src, dst in kept:
             if missing_only and src.exists():
                 continue
-            src.parent.mkdir(parents=True, exist_ok=True)
-            if dst.is_dir():
-                shutil.rmtree(src, ignore_errors=True)
-                shutil.copytree(dst, src, copy_function=shutil.copy)
-            else:
-                shutil.copy(dst, src)
+            put_back_copy(dst, src)
 
     def sealed_unsent():
         """Changeable batches sealed at the relay (every object sealed), not being
@@ -1448,5 +1454,24 @@ def main():
     sys.exit(0 if ok else 1)
 
 
+def kill_children():
+    """Kills every process this soak started (the daemons, the relay): a soak that fails must
+    not leave them running against its work directory."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid():
+            try:
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+            except OSError:
+                pass
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        kill_children()
+        raise
