@@ -390,6 +390,12 @@ fn file_row(r: &AnyRow) -> Result<FileRow> {
     })
 }
 
+/// `states` as an SQL list: each state is a word of the vocabulary, never the caller's text.
+fn state_list(states: &[BatchState]) -> String {
+    let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    list.join(", ")
+}
+
 impl Catalog {
     /// Runs a read after every queued write is committed, and maps each row.
     fn read<T>(&self, query: Query<'_>, map: fn(&AnyRow) -> Result<T>) -> Result<Vec<T>> {
@@ -413,13 +419,28 @@ impl Catalog {
         self.read(sqlx::query(&sql), batch_row)
     }
 
+    /// The batches in one of `states` (by `batches_by_state`), oldest first.
+    pub fn batches_in(&self, states: &[BatchState]) -> Result<Vec<BatchRow>> {
+        let sql = format!(
+            "{BATCH_COLUMNS} WHERE state IN ({}) ORDER BY created_at, batch_key",
+            state_list(states)
+        );
+        self.read(sqlx::query(&sql), batch_row)
+    }
+
+    /// The batches recorded at or after `since` (µs; by `batches_by_updated`), whatever their
+    /// state: what a daemon that keeps some batches in mind reads to stay current.
+    pub fn batches_updated_since(&self, since: i64) -> Result<Vec<BatchRow>> {
+        let sql = format!("{BATCH_COLUMNS} WHERE updated_at >= $1");
+        self.read(sqlx::query(&sql).bind(since), batch_row)
+    }
+
     /// Whether any batch is in one of `states` (by `batches_by_state`: a look costs the same
     /// whatever the history).
     pub fn any_batch_in(&self, states: &[BatchState]) -> Result<bool> {
-        let list: Vec<String> = states.iter().map(|s| format!("'{}'", s.as_str())).collect();
         let sql = format!(
             "SELECT 1 FROM batches WHERE state IN ({}) LIMIT 1",
-            list.join(", ")
+            state_list(states)
         );
         Ok(!self.read(sqlx::query(&sql), |_| Ok(()))?.is_empty())
     }
