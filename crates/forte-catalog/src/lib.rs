@@ -58,8 +58,8 @@ pub use custody::{
 };
 pub use etas::PublishedEta;
 pub use reads::{
-    BatchRow, Event, Failure, FileProgress, FileRow, Filter, FollowUpRow, ItemLatency, PartRow,
-    StageRow, TaskRunRow, TunedRow, TuningSample, UsageRow,
+    BatchCount, BatchRow, Event, Failure, FileProgress, FileRow, Filter, FollowUpRow, ItemLatency,
+    PartRow, StageRow, TaskRunRow, TunedRow, TuningSample, UsageRow,
 };
 pub use recording::{Attempt, BatchRecord, FileRecord, PartHashes, TaskRun, UsageRecorder};
 pub use vocabulary::{BatchKey, BatchState, FileState, PartState, Role, Stage, Task, TaskOutcome};

@@ -116,6 +116,15 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
             ..Filter::default()
         },
         Filter {
+            batch: Some("run-1".into()),
+            ..Filter::default()
+        },
+        Filter {
+            site: Some("mine-7".into()),
+            since: Some(1),
+            ..Filter::default()
+        },
+        Filter {
             state: Some("failed".into()),
             since: Some(1),
             limit: Some(20),
@@ -141,6 +150,10 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
     catalog.failures(None, 10).unwrap();
     catalog.failures(Some(key), 1).unwrap();
     for filter in &filters {
+        // The summary is always of a window or of one batch.
+        if filter.since.is_some() || filter.batch.is_some() {
+            catalog.batch_counts(filter).unwrap();
+        }
         catalog.batches_matching(filter).unwrap();
         catalog.files_matching(filter).unwrap();
     }

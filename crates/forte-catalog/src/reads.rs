@@ -193,6 +193,8 @@ pub struct Filter {
     /// character, anything else itself. Five sites naming runs by date need a whole-name match,
     /// not `name`'s "contains".
     pub pattern: Option<String>,
+    /// Of the batch of exactly this name (by `batches_by_name`).
+    pub batch: Option<String>,
     /// Of this site only (at the core: the site that sent it; an edge's rows have no site).
     pub site: Option<String>,
     /// In this state (the text of [`BatchState`] or [`FileState`]).
@@ -210,6 +212,8 @@ pub struct Filter {
 struct FilterColumns {
     /// A condition on the name, `#` where its pattern goes (used once, or more as `#`).
     name: &'static str,
+    /// A condition on the batch's name, `#` where it goes.
+    batch: &'static str,
     /// A condition on the site, `#` where the site goes (exactly, whatever the back end).
     site: &'static str,
     /// The condition for each role.
@@ -251,6 +255,9 @@ impl Filter {
             let like = like_literal(pattern).replace('*', "%").replace('?', "_");
             term(columns.name, Some(FilterValue::Text(like)));
         }
+        if let Some(batch) = &self.batch {
+            term(columns.batch, Some(FilterValue::Text(batch.clone())));
+        }
         if let Some(site) = &self.site {
             term(columns.site, Some(FilterValue::Text(site.clone())));
         }
@@ -287,14 +294,43 @@ impl Filter {
             "{select}{clause} ORDER BY {} DESC LIMIT {limit}",
             columns.updated
         );
-        let mut query = sqlx::query(sql.as_str());
-        for value in values {
-            query = match value {
-                FilterValue::Text(text) => query.bind(text),
-                FilterValue::Int(int) => query.bind(int),
-            };
-        }
-        query
+        bound(sqlx::query(sql.as_str()), values)
+    }
+}
+
+/// `query` with `values` bound to its placeholders, in order.
+fn bound(mut query: Query<'_>, values: Vec<FilterValue>) -> Query<'_> {
+    for value in values {
+        query = match value {
+            FilterValue::Text(text) => query.bind(text),
+            FilterValue::Int(int) => query.bind(int),
+        };
+    }
+    query
+}
+
+/// How many batches of one site are in one state, with their files and bytes: a line of the
+/// summary `forte status` opens with.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct BatchCount {
+    pub site: String,
+    pub role: Role,
+    pub state: BatchState,
+    pub batches: i64,
+    pub files: i64,
+    pub bytes: i64,
+}
+
+impl Filter {
+    /// The batches this filter matches (its limit aside), counted by site, role and state.
+    fn counts<'q>(&self, sql: &'q mut String) -> Query<'q> {
+        let WhereClause {
+            sql: clause,
+            values,
+        } = self.clause(&BATCH_FILTER);
+        // SUM is NUMERIC on PostgreSQL: cast back to what every back end reads as an integer.
+        *sql = format!("SELECT site, role, state, COUNT(*), CAST(COALESCE(SUM(files), 0) AS BIGINT), CAST(COALESCE(SUM(bytes), 0) AS BIGINT) FROM batches{clause} GROUP BY site, role, state ORDER BY site, role, state");
+        bound(sqlx::query(sql.as_str()), values)
     }
 }
 
@@ -307,6 +343,7 @@ fn like_literal(text: &str) -> String {
 
 const BATCH_FILTER: FilterColumns = FilterColumns {
     name: "LOWER(name) LIKE LOWER(#) ESCAPE '\\'",
+    batch: "name = #",
     site: "site = #",
     role: |role| match role {
         Role::Edge => "role = 'edge'",
@@ -319,6 +356,7 @@ const BATCH_FILTER: FilterColumns = FilterColumns {
 const FILE_FILTER: FilterColumns = FilterColumns {
     name:
         "(LOWER(path) LIKE LOWER(#) ESCAPE '\\' OR LOWER(delivered_to) LIKE LOWER(#) ESCAPE '\\')",
+    batch: "batch_key IN (SELECT batch_key FROM batches WHERE name = #)",
     site: "SUBSTR(batch_key, 1, LENGTH(#) + 1) = # || '/'",
     role: |role| match role {
         Role::Edge => "batch_key NOT LIKE '%/%'",
@@ -644,6 +682,21 @@ impl Catalog {
     }
 
     /// Batches the filter selects, newest change first.
+    /// The batches `filter` matches (its limit aside), counted by site, role and state.
+    pub fn batch_counts(&self, filter: &Filter) -> Result<Vec<BatchCount>> {
+        let mut sql = String::new();
+        self.read(filter.counts(&mut sql), |r| {
+            Ok(BatchCount {
+                site: r.try_get(0)?,
+                role: vocabulary(r, 1, Role::parse)?,
+                state: vocabulary(r, 2, BatchState::parse)?,
+                batches: r.try_get(3)?,
+                files: r.try_get(4)?,
+                bytes: r.try_get(5)?,
+            })
+        })
+    }
+
     pub fn batches_matching(&self, filter: &Filter) -> Result<Vec<BatchRow>> {
         let mut sql = String::new();
         self.read(

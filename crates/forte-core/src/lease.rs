@@ -12,7 +12,9 @@
 use std::time::Duration;
 
 use anyhow::Result;
-use forte_catalog::{BatchKey, Claim, Heartbeat, Holder, Lease, Leases};
+use forte_catalog::{
+    BatchKey, BatchRecord, BatchState, Catalog, Claim, Heartbeat, Holder, Lease, Leases, Role,
+};
 use forte_daemon::settings::Worker;
 
 /// A batch this worker holds: its lease, renewed in the background until dropped. Dropping it
@@ -152,6 +154,40 @@ pub fn check_name_free(leases: &Leases, worker: &Worker) -> Result<()> {
     Ok(())
 }
 
+/// Why a batch left pulling or checking by a pull that stopped is recorded failed.
+pub const INTERRUPTED: &str = "interrupted: the pull delivering it stopped (killed, crashed or the machine lost power) before it finished; what it left was removed, and the batch is pulled again when the relay offers it";
+
+/// Records failed each core batch that a pull left pulling or checking when it stopped
+/// uncleanly and that no live worker holds now (a worker holds its batches only while it
+/// runs): else the catalogue says for ever that it is being pulled, when the relay may never
+/// offer it again (acknowledged by someone else, dropped). Run at start, once what that pull
+/// left under the destination is removed; returns how many.
+pub fn record_interrupted(catalog: &Catalog, worker: &Worker) -> Result<usize> {
+    let leases = catalog.leases();
+    let mut interrupted = 0;
+    for b in catalog.batches_in(&[BatchState::Pulling, BatchState::Checking])? {
+        let abandoned = match leases.holder(&b.batch_key)? {
+            None => true,
+            Some(h) => !h.live || h.worker == worker.name || gone_from_this_machine(&h),
+        };
+        if b.role != Role::Core || !abandoned {
+            continue;
+        }
+        let record = BatchRecord {
+            key: &b.batch_key,
+            name: &b.name,
+            files: b.files.max(0) as u64,
+            bytes: b.bytes.max(0) as u64,
+            state: BatchState::Failed,
+            arrived: None,
+            detail: Some(INTERRUPTED),
+        };
+        catalog.batch_state(&record)?;
+        interrupted += 1;
+    }
+    Ok(interrupted)
+}
+
 /// A holder named `HOST:PID` for this machine whose process is not running.
 fn gone_from_this_machine(holder: &Holder) -> bool {
     let Some((host, pid)) = holder.worker.rsplit_once(':') else {
@@ -202,5 +238,59 @@ mod tests {
             ..worker
         };
         check_name_free(&catalog.leases(), &other_name).expect("another name is free");
+    }
+
+    /// A batch left pulling or checking by a pull that was killed is recorded failed at the
+    /// next start, with why; one a live worker elsewhere holds, or one never claimed but
+    /// delivered, is left as it is.
+    #[test]
+    fn a_batch_an_interrupted_pull_left_is_recorded_failed() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog =
+            forte_catalog::Catalog::open(dir.path().join("c.sqlite").to_str().unwrap()).unwrap();
+        let worker = Worker {
+            name: format!("{}:{}", forte_usage::host_name(), std::process::id()),
+            lease: Duration::from_secs(60),
+        };
+        let record = |key: &BatchKey, state| {
+            let b = BatchRecord {
+                key,
+                name: key.batch(),
+                files: 1,
+                bytes: 1,
+                state,
+                arrived: None,
+                detail: None,
+            };
+            catalog.batch_state(&b).unwrap();
+        };
+        let here = forte_usage::host_name();
+        let (killed, elsewhere, unclaimed, done) = (
+            BatchKey::core("s", "killed"),
+            BatchKey::core("s", "elsewhere"),
+            BatchKey::core("s", "unclaimed"),
+            BatchKey::core("s", "done"),
+        );
+        // The killed puller of this machine (PID 0: never running) held it while checking.
+        let gone = catalog.leases().as_process(&format!("{here}:0"));
+        gone.claim(&killed, &format!("{here}:0"), worker.lease, None)
+            .unwrap();
+        record(&killed, BatchState::Checking);
+        let other = catalog.leases().as_process("other-host:4242");
+        other
+            .claim(&elsewhere, "other-host:4242", worker.lease, None)
+            .unwrap();
+        record(&elsewhere, BatchState::Pulling);
+        record(&unclaimed, BatchState::Pulling);
+        record(&done, BatchState::Delivered);
+
+        assert_eq!(record_interrupted(&catalog, &worker).unwrap(), 2);
+        let state = |key| catalog.batch(key).unwrap().unwrap().state;
+        assert_eq!(state(&killed), BatchState::Failed);
+        assert_eq!(state(&unclaimed), BatchState::Failed);
+        assert_eq!(state(&elsewhere), BatchState::Pulling);
+        assert_eq!(state(&done), BatchState::Delivered);
+        let why = catalog.failures(Some(&killed), 1).unwrap();
+        assert_eq!(why[0].error, INTERRUPTED);
     }
 }

@@ -16,6 +16,7 @@ use forte_relay::api::ReadyObject;
 use forte_restore::{remove_stale_staging, Restore};
 
 use crate::layout::Layout;
+use crate::lease;
 use crate::{
     check_name_free, landing, Core, CoreSetup, CustodySettings, DeliveryReport, GapAlerts, Landing,
     Replica,
@@ -71,6 +72,10 @@ pub fn pull(
         into_bucket,
         copy_to,
     } = destinations(&s)?;
+    let interrupted = lease::record_interrupted(catalog, &s.worker)?;
+    if interrupted > 0 {
+        tracing::warn!("{interrupted} batch(es) left pulling or checking by an interrupted pull: recorded failed; each is pulled again when the relay offers it");
+    }
     let landing = if s.tasks.0.is_empty() {
         None
     } else {

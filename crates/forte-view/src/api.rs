@@ -160,6 +160,7 @@ impl Params {
             since: self.since_us,
             until: self.until_us,
             limit: Some(limit),
+            batch: None,
         })
     }
 }
