@@ -175,7 +175,7 @@ def main():
     for name, _ in BATCHES:
         sh(["diff", "-r", "-x", ".ready", inbox / f"batch-{name}", dest / "mine" / f"batch-{name}"])
     status = json.loads(subprocess.run([FORTE, "--catalog", core_cat, "status", "--json"], check=True,
-                                       capture_output=True, text=True).stdout)
+                                       capture_output=True, text=True).stdout)["batches"]
     files = [f for b in status for f in b["files"]]
     assert len(status) == 14 and all(b["batch"]["state"] == "delivered" for b in status), [b["batch"]["state"] for b in status]
     assert len(files) == nfiles and all(f["state"] == "acknowledged" and len(f["raw_sha256"]) == 64 for f in files), \

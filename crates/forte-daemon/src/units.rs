@@ -63,6 +63,15 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     ))
 }
 
+/// A moment for `--since` and `--until`, in µs since the epoch: an age before now (`1d`,
+/// `12h`, `2w`) or a date (`2026-12-01`, local time, or RFC 3339).
+pub fn parse_moment(text: &str) -> Result<i64, String> {
+    let at = forte_prepare::parse_moment(text, std::time::SystemTime::now())
+        .map_err(|e| format!("{e:#}"))?;
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    Ok(i64::try_from(since.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// A duration that must not be zero (a timeout, an interval): 0 would close everything at
 /// once or spin, which is a typo, not a wish.
 pub fn parse_period(text: &str) -> Result<std::time::Duration, String> {

@@ -581,6 +581,16 @@ fn parse_age(text: &str) -> Result<Option<Age>> {
         .with_context(|| "not a duration (1h30m, 2d, 3w, 1M, 1y; seconds without a unit) nor a date (2006-01-02, 2006-01-02 15:04:05)")
 }
 
+/// A moment given as an rclone age before `now` (`1d`, `12h`, `1h30m`, `2w`) or as a date
+/// (`2026-12-01`, `2026-12-01 08:00:00` in local time, or RFC 3339): what `--since` and
+/// `--until` take.
+pub fn parse_moment(text: &str, now: SystemTime) -> Result<SystemTime> {
+    match parse_age(text.trim()).with_context(|| format!("{text:?}"))? {
+        Some(age) => Ok(age.instant(now)),
+        None => anyhow::bail!("{text:?}: give a moment (1d, 12h, 2026-12-01), not off"),
+    }
+}
+
 fn seconds_of(seconds: f64) -> Result<Duration> {
     Duration::try_from_secs_f64(seconds.max(0.0)).context("out of range")
 }

@@ -18,7 +18,7 @@ mod source;
 mod stages;
 
 pub use bundle::{bundle_as_before, bundle_small, BundleLimits, BundleMember};
-pub use filter::{parse_size as parse_filter_size, Excluded, Filter, FilterSpec};
+pub use filter::{parse_moment, parse_size as parse_filter_size, Excluded, Filter, FilterSpec};
 pub use probe::{probe, Compressibility};
 pub use sink::{DirSink, Sink};
 pub use source::{discover, Discovery, SourceFile};

@@ -81,7 +81,8 @@ fn end_to_end(site: Site) {
     let edge: serde_json::Value = json(&site.status(&site.edge_catalog, &["--json"]));
     let core: serde_json::Value = json(&site.status(&site.core_catalog, &["--json"]));
     let of_role = |v: &serde_json::Value, role: &str| -> Vec<serde_json::Value> {
-        v.as_array()
+        v["batches"]
+            .as_array()
             .unwrap()
             .iter()
             .filter(|b| b["batch"]["role"] == role)

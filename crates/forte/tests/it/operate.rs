@@ -64,7 +64,7 @@ fn a_site_runs_from_its_configuration_files_with_json_only_on_stdout() {
     assert_eq!(pulled[0]["delivered_files"], 3, "{pulled:#}");
     assert_eq!(tree(&site.root.join("dest/site-a/b1")).len(), 3);
     let status = strict_json(&ok(&args!["--config", &core, "status", "--json"]));
-    let batch = &status[0];
+    let batch = &status["batches"][0];
     assert_eq!(batch["batch"]["state"], "delivered", "{status:#}");
     assert_eq!(batch["batch"]["files"], 3);
     assert_eq!(batch["files"].as_array().unwrap().len(), 3);

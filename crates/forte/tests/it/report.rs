@@ -197,7 +197,7 @@ fn sent_then_sent_again() -> (Site, serde_json::Value, serde_json::Value) {
     let edge_batch = |site: &Site| {
         let status: serde_json::Value =
             crate::common::strict_json(&site.status(&site.edge_catalog, &["--json"]));
-        status
+        status["batches"]
             .as_array()
             .unwrap()
             .iter()
