@@ -668,7 +668,7 @@ mod tests {
             reason: Some("probing".into()),
         };
         catalog.record_tuning_sample(sample.clone()).unwrap();
-        assert_eq!(catalog.tuning_samples().unwrap(), [sample]);
+        assert_eq!(catalog.tuning_samples(0).unwrap(), [sample]);
         let failed = &catalog.failures(None, 5).unwrap()[0];
         assert_eq!(
             (failed.task.as_str(), failed.error.as_str()),

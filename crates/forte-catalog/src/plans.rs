@@ -50,10 +50,6 @@ const KNOWN: &[(&str, &str)] = &[
         "task_runs(None): the report's, not windowed yet",
     ),
     (
-        "FROM tuning_samples ORDER BY",
-        "the report's tuning timeline, not windowed yet",
-    ),
-    (
         "receipt IS NOT NULL",
         "receipts(): `forte receipts` lists every receipt",
     ),
@@ -161,7 +157,7 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
     catalog.last_event(key).unwrap();
     catalog.progress(key).unwrap();
     catalog.tuned("https://relay").unwrap();
-    catalog.tuning_samples().unwrap();
+    catalog.tuning_samples(4).unwrap();
     catalog.usage_of(None, 0).unwrap();
     catalog.usage_of(None, 4).unwrap();
     catalog.usage_of(Some("core@n"), 4).unwrap();

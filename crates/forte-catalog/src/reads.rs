@@ -762,9 +762,10 @@ impl Catalog {
         })
     }
 
-    /// The tuning timeline of every send, oldest first.
-    pub fn tuning_samples(&self) -> Result<Vec<TuningSample>> {
-        let query = sqlx::query("SELECT node, at, uploads, level, goodput, reason FROM tuning_samples ORDER BY node, at");
+    /// The tuning timeline of every send since `since` (µs; by `tuning_samples_by_at`),
+    /// oldest first.
+    pub fn tuning_samples(&self, since: i64) -> Result<Vec<TuningSample>> {
+        let query = sqlx::query("SELECT node, at, uploads, level, goodput, reason FROM tuning_samples WHERE at >= $1 ORDER BY at, node").bind(since);
         self.read(query, |r| {
             Ok(TuningSample {
                 node: r.try_get(0)?,

@@ -225,8 +225,10 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (node, resolution_s, at)
     );
     CREATE INDEX usage_rollups_by_at ON usage_rollups (at)",
-    // 15: a batch found by its name (`forte status --batch`), whatever its age.
-    "CREATE INDEX batches_by_name ON batches (name, site)",
+    // 15: a batch found by its name (`forte status --batch`), whatever its age; the tuning
+    // timeline of a window (`forte report --since`).
+    "CREATE INDEX batches_by_name ON batches (name, site);
+    CREATE INDEX tuning_samples_by_at ON tuning_samples (at)",
 ];
 
 /// Brings the schema up to date on `conn`, inside the caller's transaction.

@@ -111,7 +111,7 @@ pub fn timeline_svg(title: &str, batches: &[BatchKpi], time: TimeAxis) -> String
             r#"<text x="{}" y="{}" font-size="12" text-anchor="end">{} ({})</text>"#,
             LEFT - 6.0,
             y + 15.0,
-            escape(&b.name),
+            escape(&b.label()),
             short_bytes(b.raw_bytes)
         );
         for s in &b.stages {

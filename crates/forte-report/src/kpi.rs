@@ -177,6 +177,16 @@ pub struct BatchKpi {
 }
 
 impl BatchKpi {
+    /// The batch as a chart labels it: `site/name`, or the name where no core row says the
+    /// site.
+    pub fn label(&self) -> String {
+        if self.site.is_empty() {
+            self.name.clone()
+        } else {
+            format!("{}/{}", self.site, self.name)
+        }
+    }
+
     /// The share of the batch's latency spent queueing.
     pub fn queueing_share(&self) -> Option<f64> {
         self.latency_s
@@ -226,12 +236,29 @@ pub struct RunKpi {
 /// it late (follow-ups).
 pub type BatchRecords = (BatchRow, Vec<StageRow>, Vec<TaskRunRow>, Vec<FollowUpRow>);
 
-/// Every batch row of `catalog` with its stages, task tries and late files: what [`batches`]
-/// takes, one catalogue's share.
-pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<BatchRecords>> {
+/// Which batches a report covers: those changed in a window, of one site or all.
+#[derive(Debug, Clone, Default)]
+pub struct ReportWindow {
+    /// Changed at or after this time (µs since the epoch).
+    pub since: Option<i64>,
+    /// Changed at or before this time (µs since the epoch).
+    pub until: Option<i64>,
+    /// Of this site only: its core rows, and the edge rows of the same batches.
+    pub site: Option<String>,
+}
+
+/// The batch rows of `catalog` that `window` covers, with their stages, task tries and late
+/// files: what [`batches`] takes, one catalogue's share. The site is applied by
+/// [`of_site`] once every catalogue is read: an edge's rows name no site.
+pub fn batch_rows(catalog: &Catalog, window: &ReportWindow) -> anyhow::Result<Vec<BatchRecords>> {
     let follow_ups = catalog.follow_ups()?;
+    let filter = forte_catalog::Filter {
+        since: window.since,
+        until: window.until,
+        ..Default::default()
+    };
     let mut rows = vec![];
-    for b in catalog.batches()? {
+    for b in catalog.batches_matching(&filter)? {
         let stages = catalog.stages(&b.batch_key)?;
         let tasks = catalog.task_runs(Some(&b.batch_key))?;
         let late = follow_ups
@@ -244,14 +271,30 @@ pub fn batch_rows(catalog: &Catalog) -> anyhow::Result<Vec<BatchRecords>> {
     Ok(rows)
 }
 
+/// The rows of `site`'s batches: its core rows, and the edge rows of the same batch ids.
+pub fn of_site(rows: Vec<BatchRecords>, site: &str) -> Vec<BatchRecords> {
+    let ids: std::collections::HashSet<String> = rows
+        .iter()
+        .filter(|(b, ..)| b.role == Role::Core && b.site == site)
+        .map(|(b, ..)| b.batch_key.batch().to_owned())
+        .collect();
+    rows.into_iter()
+        .filter(|(b, ..)| ids.contains(b.batch_key.batch()))
+        .filter(|(b, ..)| b.role == Role::Edge || b.site == site)
+        .collect()
+}
+
 /// Batch KPIs from every batch row (any role, any number of catalogues) with its stages.
 /// Edge rows carry arrival, size and `send`; core rows (keyed `site/id`) carry `pull` and the
 /// site's tasks.
 pub fn batches(rows: &[BatchRecords]) -> Vec<BatchKpi> {
-    let core = |edge: &BatchKey| {
-        rows.iter()
-            .find(|(b, ..)| b.role == Role::Core && b.batch_key.batch() == edge.batch())
-    };
+    // The core's row of each batch id, found by hash: a year holds tens of thousands.
+    let by_id: std::collections::HashMap<&str, &BatchRecords> = rows
+        .iter()
+        .filter(|(b, ..)| b.role == Role::Core)
+        .map(|r| (r.0.batch_key.batch(), r))
+        .collect();
+    let core = |edge: &BatchKey| by_id.get(edge.batch()).copied();
     let mut out: Vec<BatchKpi> = rows
         .iter()
         .filter(|(b, ..)| b.role == Role::Edge)
@@ -836,6 +879,26 @@ mod tests {
         assert_eq!(followed.daily_capacity_bytes, alone.daily_capacity_bytes);
         assert_eq!(followed.rate_mb_s, alone.rate_mb_s);
         assert_eq!((followed.late_files, followed.late_bytes), (1, 1_000_000));
+    }
+
+    /// A site's report keeps its core rows and the edge rows of the same batches, and no other
+    /// site's; the edge row joins its core row whatever the order of the catalogues.
+    #[test]
+    fn a_sites_report_is_its_batches_from_both_nodes() {
+        let records = |b: BatchRow| (b, vec![], vec![], vec![]);
+        let rows = vec![
+            records(row(BatchKey::core("a", "e1"), "run-1", 10, 1)),
+            records(row(BatchKey::edge("e1"), "run-1", 10, 1)),
+            records(row(BatchKey::edge("e2"), "run-2", 10, 2)),
+            records(row(BatchKey::core("b", "e2"), "run-2", 10, 2)),
+        ];
+        let all = batches(&rows);
+        let labels: Vec<String> = all.iter().map(BatchKpi::label).collect();
+        assert_eq!(labels, ["a/run-1", "b/run-2"]);
+        let of_a = of_site(rows, "a");
+        assert_eq!(of_a.len(), 2);
+        let labels: Vec<String> = batches(&of_a).iter().map(BatchKpi::label).collect();
+        assert_eq!(labels, ["a/run-1"]);
     }
 
     #[test]

@@ -21,13 +21,14 @@ fn task_times(b: &BatchKpi) -> [Option<f64>; 4] {
 
 /// One CSV line per batch, under a header.
 pub fn csv(batches: &[BatchKpi]) {
-    println!("batch,raw_bytes,sealed_bytes,arrived_us,q_send_s,t_send_s,q_pull_s,t_pull_s,latency_s,queueing_share,rate_mb_s");
+    println!("batch,site,raw_bytes,sealed_bytes,arrived_us,q_send_s,t_send_s,q_pull_s,t_pull_s,latency_s,queueing_share,rate_mb_s");
     let opt = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for b in batches {
         let [qs, ts, qp, tp] = task_times(b);
         println!(
-            "{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{}",
             b.name,
+            b.site,
             b.raw_bytes,
             b.sealed_bytes,
             b.arrived,
@@ -148,8 +149,9 @@ fn opt(v: Option<f64>) -> String {
 fn batch_table(out: &mut String, batches: &[BatchKpi]) {
     let _ = writeln!(
         out,
-        "{:<16} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9}",
+        "{:<16} {:<12} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>7} {:>9}",
         "batch",
+        "site",
         "raw",
         "q_send",
         "t_send",
@@ -164,8 +166,9 @@ fn batch_table(out: &mut String, batches: &[BatchKpi]) {
         let [qs, ts, qp, tp] = task_times(b);
         let _ = writeln!(
             out,
-            "{:<16} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1} {:>7} {:>9}",
+            "{:<16} {:<12} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8.1} {:>7} {:>9}",
             b.name,
+            if b.site.is_empty() { "-" } else { &b.site },
             human(b.raw_bytes),
             opt(qs),
             opt(ts),

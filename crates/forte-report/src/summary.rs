@@ -10,7 +10,7 @@ use forte_catalog::{Catalog, TuningSample, UsageRow};
 use serde::Serialize;
 
 use crate::chart::{timeline_svg, tuning_svg, utilisation_svg, write_svg_and_png, TimeAxis};
-use crate::kpi::{self, BatchKpi, BatchRecords, LinkUse, NodeLatency, RunKpi};
+use crate::kpi::{self, BatchKpi, BatchRecords, LinkUse, NodeLatency, ReportWindow, RunKpi};
 
 /// What `forte report` says, as its JSON prints it.
 #[derive(Serialize)]
@@ -31,6 +31,8 @@ pub struct Options<'a> {
     pub link_rate: Option<f64>,
     /// Where to write the charts, if anywhere.
     pub charts: Option<Charts<'a>>,
+    /// The batches (and samples) reported on.
+    pub window: ReportWindow,
 }
 
 /// The charts to write: timeline, utilisation and (when a send tuned itself) tuning.
@@ -55,17 +57,24 @@ struct Rows {
 }
 
 impl Rows {
-    fn read(catalogs: &[&Catalog]) -> Result<Rows> {
+    fn read(catalogs: &[&Catalog], window: &ReportWindow) -> Result<Rows> {
         let mut rows = Rows {
             batches: Vec::new(),
             usage: Vec::new(),
             tuning: Vec::new(),
         };
+        let since = window.since.unwrap_or(0);
+        let until = window.until.unwrap_or(i64::MAX);
         for c in catalogs {
-            rows.batches.extend(kpi::batch_rows(c)?);
-            rows.usage.extend(c.usage_of(None, 0)?);
-            rows.tuning.extend(c.tuning_samples()?);
+            rows.batches.extend(kpi::batch_rows(c, window)?);
+            rows.usage.extend(c.usage_of(None, since)?);
+            rows.tuning.extend(c.tuning_samples(since)?);
         }
+        if let Some(site) = &window.site {
+            rows.batches = kpi::of_site(rows.batches, site);
+        }
+        rows.usage.retain(|u| u.at <= until);
+        rows.tuning.retain(|t| t.at <= until);
         rows.usage.sort_by_key(|u| u.at);
         rows.tuning.sort_by_key(|t| t.at);
         Ok(rows)
@@ -75,7 +84,7 @@ impl Rows {
 /// The report over `catalogs` (joined: with separate SQLite files per node, the edge's and the
 /// core's), its charts written first if asked for.
 pub fn report(catalogs: &[&Catalog], options: &Options) -> Result<Reported> {
-    let rows = Rows::read(catalogs)?;
+    let rows = Rows::read(catalogs, &options.window)?;
     let batches = kpi::batches(&rows.batches);
     let run = kpi::run(&batches);
     let verdict = match (options.nominal_rate, &run) {

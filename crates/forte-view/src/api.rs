@@ -256,17 +256,44 @@ async fn lineage(
     Ok(Json(lineage))
 }
 
-/// The report's KPIs over every catalogue.
-pub(crate) fn report(view: &View) -> Result<Vec<kpi::BatchKpi>> {
+/// The report's KPIs over every catalogue, of the batches `window` covers.
+pub(crate) fn report(view: &View, window: &kpi::ReportWindow) -> Result<Vec<kpi::BatchKpi>> {
     let mut rows = vec![];
     for catalog in &view.catalogs {
-        rows.extend(kpi::batch_rows(catalog)?);
+        rows.extend(kpi::batch_rows(catalog, window)?);
+    }
+    if let Some(site) = &window.site {
+        rows = kpi::of_site(rows, site);
     }
     Ok(kpi::batches(&rows))
 }
 
-async fn kpis(State(view): State<Shared>) -> Result<Json<serde_json::Value>, ApiError> {
-    let batches = read(&view, report).await?;
+impl Params {
+    /// The report's window these parameters say: `since_us` (the last day by default),
+    /// `until_us`, `site`.
+    pub(crate) fn report_window(&self) -> Result<kpi::ReportWindow, ApiError> {
+        check_text("site", self.site.as_deref())?;
+        Ok(kpi::ReportWindow {
+            since: Some(self.since_us.unwrap_or_else(model::day_ago)),
+            until: self.until_us,
+            site: self.site.clone().filter(|s| !s.is_empty()),
+        })
+    }
+}
+
+/// The KPIs of the batches `window` covers, read off the async runtime.
+pub(crate) async fn read_report(
+    view: &Shared,
+    window: kpi::ReportWindow,
+) -> Result<Vec<kpi::BatchKpi>, ApiError> {
+    read(view, move |v| report(v, &window)).await
+}
+
+async fn kpis(
+    State(view): State<Shared>,
+    ApiQuery(params): ApiQuery<Params>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let batches = read_report(&view, params.report_window()?).await?;
     let run = kpi::run(&batches);
     Ok(Json(json!({ "batches": batches, "run": run })))
 }
@@ -374,7 +401,7 @@ async fn timeline_chart(
     ApiQuery(params): ApiQuery<Params>,
 ) -> Result<Response, ApiError> {
     let key = params.key.clone();
-    let mut batches = read(&view, report).await?;
+    let mut batches = read_report(&view, params.report_window()?).await?;
     if let Some(key) = key.filter(|k| !k.is_empty()) {
         let id = BatchKey::parse(&key).batch().to_owned();
         batches.retain(|b| b.batch_id == id);

@@ -961,9 +961,12 @@ async fn file(
     Ok(page(&format!("File {}", first.path), &links, None, &body))
 }
 
-async fn report(State(view): State<Shared>) -> Result<Html<String>, ApiError> {
+async fn report(
+    State(view): State<Shared>,
+    ApiQuery(params): ApiQuery<api::Params>,
+) -> Result<Html<String>, ApiError> {
     let links = Links;
-    let batches = api::read(&view, api::report).await?;
+    let batches = api::read_report(&view, params.report_window()?).await?;
     let body = report_body(&batches, &links);
     Ok(page("Report", &links, None, &body))
 }

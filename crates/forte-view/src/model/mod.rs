@@ -23,7 +23,7 @@ pub use batch::{running, Batch, RUNNING};
 pub use eta::{Order, Progress, PUBLISHED_FRESH_US, PUBLISH_EVERY, RATE_WINDOW_US};
 pub use overview::{Overview, Totals};
 pub use phase::Phase;
-pub use reads::{batch, batches, failures, files, hour_ago, usage};
+pub use reads::{batch, batches, day_ago, failures, files, hour_ago, usage};
 pub use records::{
     BatchDetail, EventView, FailureView, File, Lineage, PartView, ReceiptView, StageSpan, UsageView,
 };

@@ -100,6 +100,11 @@ pub fn hour_ago() -> i64 {
     forte_catalog::now_us() - HOUR_US
 }
 
+/// The last day, in µs before now: what the report covers unless told otherwise.
+pub fn day_ago() -> i64 {
+    forte_catalog::now_us() - 24 * HOUR_US
+}
+
 #[cfg(test)]
 mod tests {
     use forte_catalog::{BatchKey, BatchRecord, BatchState};

@@ -5,11 +5,12 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
+use forte_report::kpi::ReportWindow;
 use forte_report::print;
 use forte_report::summary::{report, Charts, Options};
 
 use forte_daemon::record::{self, Catalog};
-use forte_daemon::units::parse_rate;
+use forte_daemon::units::{parse_moment, parse_rate};
 use forte_edge::tuner::climb::PROBE;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +44,17 @@ pub struct Args {
     /// batches waited for it [config: report.link_rate].
     #[arg(long, value_name = "RATE")]
     link_rate: Option<String>,
+    /// Only the batches changed at or after this moment: an age (1d, 12h, 2w) or a date
+    /// (2026-12-01, local time, or RFC 3339). Default: all of history [per run].
+    #[arg(long, value_parser = parse_moment, value_name = "WHEN")]
+    since: Option<i64>,
+    /// Only the batches changed at or before this moment (as --since) [per run].
+    #[arg(long, value_parser = parse_moment, value_name = "WHEN")]
+    until: Option<i64>,
+    /// Only this site's batches (the core's rows of it, and the edge's of the same batches)
+    /// [per run].
+    #[arg(long)]
+    site: Option<String>,
 }
 
 /// A rate flag in bytes per second, if given.
@@ -61,6 +73,11 @@ pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
             title: &args.title,
             tuning_interval: PROBE,
         }),
+        window: ReportWindow {
+            since: args.since,
+            until: args.until,
+            site: args.site,
+        },
     };
     let others = args
         .with

@@ -168,7 +168,7 @@ fn report_prints_the_verdict_and_writes_charts() {
 
     let csv = ok(&site.report(args!["--format", "csv"]));
     let lines: Vec<&str> = csv.lines().collect();
-    assert!(lines[0].starts_with("batch,raw_bytes,sealed_bytes,arrived_us,q_send_s"));
+    assert!(lines[0].starts_with("batch,site,raw_bytes,sealed_bytes,arrived_us,q_send_s"));
     assert_eq!(lines.len(), 3, "{csv}");
 
     let bad = fails(&args![
