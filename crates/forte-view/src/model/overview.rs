@@ -1,19 +1,22 @@
 //! The front page in one answer: the batches in flight and lately changed, the newest failures,
 //! alerts and totals, over every catalogue.
 
+use std::collections::BTreeMap;
+
 use anyhow::Result;
-use forte_catalog::{BatchState, Catalog};
+use forte_catalog::{BatchRow, BatchState, Catalog, Filter};
 use serde::Serialize;
 
 use super::alerts::{bottleneck, held_back, stalled};
 use super::batch::finished;
 use super::eta::EndedBytes;
 use super::phase::{journeys, Journey, Phase};
-use super::{running, Alert, Batch, FailureView, Progress};
+use super::{running, Alert, Batch, FailureView, Progress, HOUR_US, RUNNING};
 use crate::live::{QueueView, StageView, WireView};
 
-/// The batches the catalogues hold, one per batch however many nodes recorded it, counted by
-/// where each is now ([`Phase`]), and their bytes.
+/// The batches of the front page (on their way, changed in the last day, and the latest),
+/// one per batch however many nodes recorded it, counted by where each is now ([`Phase`]),
+/// and their bytes.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Totals {
     pub batches: usize,
@@ -57,11 +60,8 @@ impl Overview {
         let mut failures = vec![];
         let mut rows = vec![];
         for catalog in catalogs {
-            let mine = catalog.batches()?;
-            for row in mine.iter().filter(|r| finished(r.state)) {
-                *ended.entry(row.role).or_default() += row.bytes.max(0);
-            }
-            rows.push(mine);
+            count_ended(catalog, progress, &mut ended)?;
+            rows.push(shown_rows(catalog, now)?);
             failures.extend(
                 catalog
                     .failures(None, 10)?
@@ -69,6 +69,7 @@ impl Overview {
                     .map(FailureView::from),
             );
         }
+        let rows = with_counterparts(catalogs, rows)?;
         let journeys = journeys(catalogs, rows)?;
         // Every running row of every node, whose ETAs are worked out together (a node serves
         // its batches in an order), and the alerts of those that stopped moving.
@@ -124,6 +125,81 @@ impl Overview {
             totals,
         })
     }
+}
+
+/// Adds to `ended` the bytes of `catalog`'s batches that ended done since `progress` began
+/// counting, per role.
+fn count_ended(catalog: &Catalog, progress: &Progress, ended: &mut EndedBytes) -> Result<()> {
+    let counted = Filter {
+        since: Some(progress.counted_from_us),
+        ..Filter::default()
+    };
+    for c in catalog.batch_counts(&counted)? {
+        if finished(c.state) {
+            *ended.entry(c.role).or_default() += c.bytes.max(0);
+        }
+    }
+    Ok(())
+}
+
+/// How many of the latest batches the front page lists, whatever their age.
+const RECENT: usize = 20;
+
+/// The rows the front page is made of, from one catalogue: the batches on their way (by
+/// `batches_by_state`), those changed in the last day, and the latest [`RECENT`] whatever
+/// their age (by `batches_by_updated`). Its totals are of these: history is `/history`'s.
+fn shown_rows(catalog: &Catalog, now: i64) -> Result<Vec<BatchRow>> {
+    let mut rows: BTreeMap<String, BatchRow> = BTreeMap::new();
+    let day = Filter {
+        since: Some(now - 24 * HOUR_US),
+        ..Filter::default()
+    };
+    let latest = Filter {
+        limit: Some(RECENT as i64),
+        ..Filter::default()
+    };
+    let running = catalog.batches_in(&RUNNING)?;
+    for row in running
+        .into_iter()
+        .chain(catalog.batches_matching(&day)?)
+        .chain(catalog.batches_matching(&latest)?)
+    {
+        rows.insert(row.batch_key.to_string(), row);
+    }
+    Ok(rows.into_values().collect())
+}
+
+/// `rows` (per catalogue) with, from each other catalogue, the rows of the same batches (by
+/// name, through `batches_by_name`, then by id): a batch's journey needs its rows on every
+/// node, whichever of them changed lately.
+fn with_counterparts(catalogs: &[Catalog], rows: Vec<Vec<BatchRow>>) -> Result<Vec<Vec<BatchRow>>> {
+    if catalogs.len() < 2 {
+        return Ok(rows);
+    }
+    let wanted: BTreeMap<String, std::collections::BTreeSet<String>> =
+        rows.iter().flatten().fold(BTreeMap::new(), |mut m, r| {
+            m.entry(r.name.clone())
+                .or_default()
+                .insert(r.batch_key.batch().to_owned());
+            m
+        });
+    let mut out = vec![];
+    for (catalog, mut mine) in catalogs.iter().zip(rows) {
+        let have: std::collections::HashSet<String> =
+            mine.iter().map(|r| r.batch_key.to_string()).collect();
+        for (name, ids) in &wanted {
+            let named = Filter {
+                batch: Some(name.clone()),
+                ..Filter::default()
+            };
+            let found = catalog.batches_matching(&named)?.into_iter().filter(|r| {
+                ids.contains(r.batch_key.batch()) && !have.contains(&r.batch_key.to_string())
+            });
+            mine.extend(found);
+        }
+        out.push(mine);
+    }
+    Ok(out)
 }
 
 /// The batch of `journey` as the overview shows it: its row in charge (the one just read with

@@ -201,9 +201,17 @@ pub(super) fn journey_of<'c>(
     index: usize,
     key: &forte_catalog::BatchKey,
 ) -> Result<Option<Journey<'c>>> {
+    // Its rows share its name (found through `batches_by_name`) and its id.
+    let Some(row) = catalogs[index].batch(key)? else {
+        return Ok(None);
+    };
+    let named = forte_catalog::Filter {
+        batch: Some(row.name),
+        ..forte_catalog::Filter::default()
+    };
     let mut rows = vec![];
     for catalog in catalogs {
-        let mut mine = catalog.batches()?;
+        let mut mine = catalog.batches_matching(&named)?;
         mine.retain(|r| r.batch_key.batch() == key.batch());
         rows.push(mine);
     }

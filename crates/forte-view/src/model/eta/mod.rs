@@ -38,6 +38,9 @@ pub struct Progress {
     /// Whether running batches show the ETA their node published (every view but the
     /// publisher's own, which works it out).
     shows_published: bool,
+    /// When this server began counting the bytes of batches that ended done (µs): those that
+    /// ended before are in no look's total, so none reads all of history.
+    pub counted_from_us: i64,
     seen: Mutex<Seen>,
 }
 
@@ -79,9 +82,9 @@ struct NodeTotal {
     series: Series,
 }
 
-/// Per role: the bytes of the batches that ended with their work done, however long ago. A
-/// node's done total is these and its running batches' done bytes, so a batch that began and
-/// ended between two looks counts too.
+/// Per role: the bytes of the batches that ended with their work done since the server began
+/// counting ([`Progress::counted_from_us`]). A node's done total is these and its running
+/// batches' done bytes, so a batch that began and ended between two looks counts too.
 pub(super) type EndedBytes = HashMap<Role, i64>;
 
 /// A quantity that only grows, sampled over time; its slope over the last window.
@@ -137,6 +140,7 @@ impl Progress {
             part_size,
             order,
             shows_published: true,
+            counted_from_us: forte_catalog::now_us(),
             seen: Mutex::default(),
         }
     }
