@@ -1043,7 +1043,7 @@ fn kills_during_a_small_file_batch_lose_nothing_and_deliver_nothing_twice() {
         let batches: serde_json::Value =
             crate::common::strict_json(&site.status(catalog, &["--json"]));
         let mut rows = BTreeMap::<String, Vec<String>>::new();
-        for batch in batches.as_array().unwrap() {
+        for batch in batches["batches"].as_array().unwrap() {
             for file in batch["files"].as_array().unwrap() {
                 let (name, path) = (&batch["batch"]["name"], &file["path"]);
                 let path = format!(
