@@ -181,7 +181,7 @@ impl Edge<'_> {
     /// uploads and seals what is missing (the same content is the same instance, so a core
     /// that has it already takes it as a replay).
     pub fn find_lost(&self) {
-        let Ok(batches) = self.pending.lock().current(self.setup.catalog) else {
+        let Ok(batches) = self.setup.catalog.batches() else {
             return;
         };
         let sent = self.sent_not_settled(batches);
@@ -291,7 +291,7 @@ impl Edge<'_> {
     /// stays, with its batch directory. A batch left with only files that can never be sent is
     /// reported once, through the failure hook.
     pub fn delete_acknowledged(&self, inbox: &Path) {
-        let Ok(batches) = self.pending.lock().current(self.setup.catalog) else {
+        let Ok(batches) = self.setup.catalog.batches() else {
             return;
         };
         // A batch whose sources were kept (a file could not be deleted, say) is tried again

@@ -16,7 +16,6 @@ pub mod dry_run;
 pub mod inbox;
 pub mod level_sweep;
 pub mod pack;
-mod pending;
 mod seal;
 pub mod send;
 pub mod tuner;
@@ -246,8 +245,6 @@ pub struct Edge<'a> {
     /// Sent batches the relay says were delivered, checked once each for the core's receipt,
     /// and not asked about again in this run.
     settled: Mutex<HashSet<BatchKey>>,
-    /// The batches sent and not yet deleted, as of the last pass.
-    pending: Mutex<pending::Pending>,
     /// Receipts the relay offered that were refused (by SHA-256), each reported once.
     refused_receipts: Mutex<HashSet<String>>,
     /// The keys of batches this catalogue recorded under an earlier signing key, by name: a
@@ -311,7 +308,6 @@ impl<'a> Edge<'a> {
             finished: Mutex::default(),
             refused_as_held: Mutex::default(),
             settled: Mutex::default(),
-            pending: Mutex::default(),
             refused_receipts: Mutex::default(),
             earlier_keys,
         }
