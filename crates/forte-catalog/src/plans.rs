@@ -130,10 +130,10 @@ fn read_everything(catalog: &Catalog, key: &BatchKey) {
     catalog.batches().unwrap();
     catalog.batch(key).unwrap();
     catalog.any_batch_in(&[BatchState::Pulling]).unwrap();
+    // As the overview (the running states) and a pull's start (pulling, checking) read them.
     catalog
-        .batches_in(&[BatchState::Sent, BatchState::SourceKept])
+        .batches_in(&[BatchState::Pulling, BatchState::Checking])
         .unwrap();
-    catalog.batches_updated_since(0).unwrap();
     catalog.stages(key).unwrap();
     catalog.task_runs(Some(key)).unwrap();
     catalog.task_runs(None).unwrap();

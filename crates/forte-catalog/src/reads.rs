@@ -466,13 +466,6 @@ impl Catalog {
         self.read(sqlx::query(&sql), batch_row)
     }
 
-    /// The batches recorded at or after `since` (µs; by `batches_by_updated`), whatever their
-    /// state: what a daemon that keeps some batches in mind reads to stay current.
-    pub fn batches_updated_since(&self, since: i64) -> Result<Vec<BatchRow>> {
-        let sql = format!("{BATCH_COLUMNS} WHERE updated_at >= $1");
-        self.read(sqlx::query(&sql).bind(since), batch_row)
-    }
-
     /// Whether any batch is in one of `states` (by `batches_by_state`: a look costs the same
     /// whatever the history).
     pub fn any_batch_in(&self, states: &[BatchState]) -> Result<bool> {
@@ -681,7 +674,6 @@ impl Catalog {
         })
     }
 
-    /// Batches the filter selects, newest change first.
     /// The batches `filter` matches (its limit aside), counted by site, role and state.
     pub fn batch_counts(&self, filter: &Filter) -> Result<Vec<BatchCount>> {
         let mut sql = String::new();
@@ -697,6 +689,7 @@ impl Catalog {
         })
     }
 
+    /// Batches the filter selects, newest change first.
     pub fn batches_matching(&self, filter: &Filter) -> Result<Vec<BatchRow>> {
         let mut sql = String::new();
         self.read(

@@ -165,12 +165,13 @@ pub const INTERRUPTED: &str = "interrupted: the pull delivering it stopped (kill
 pub fn record_interrupted(catalog: &Catalog, worker: &Worker) -> Result<usize> {
     let leases = catalog.leases();
     let mut interrupted = 0;
-    for b in catalog.batches_in(&[BatchState::Pulling, BatchState::Checking])? {
+    let batches = catalog.batches_in(&[BatchState::Pulling, BatchState::Checking])?;
+    for b in batches.into_iter().filter(|b| b.role == Role::Core) {
         let abandoned = match leases.holder(&b.batch_key)? {
             None => true,
             Some(h) => !h.live || h.worker == worker.name || gone_from_this_machine(&h),
         };
-        if b.role != Role::Core || !abandoned {
+        if !abandoned {
             continue;
         }
         let record = BatchRecord {
