@@ -5,11 +5,7 @@ use anyhow::Result;
 use forte_catalog::Catalog;
 use forte_daemon::units::parse_moment;
 use forte_report::status::{show, View, Window};
-
-/// How far back `forte status` looks by default: the summary is of the last day.
-const DAY_US: i64 = 86_400_000_000;
-/// How far back `forte status --usage` looks by default: an hour of 1-s samples.
-const HOUR_US: i64 = 3_600_000_000;
+use forte_view::model::{day_ago, hour_ago};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,11 +41,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args, catalog: &Catalog) -> Result<bool> {
-    let now = forte_catalog::now_us();
-    // A batch asked for by name is wanted whatever its age.
+    // The usage of the last hour, the batches of the last day (the dashboard's defaults); a
+    // batch asked for by name is wanted whatever its age.
     let back = match (args.usage, &args.batch) {
-        (true, _) => Some(now - HOUR_US),
-        (false, None) => Some(now - DAY_US),
+        (true, _) => Some(hour_ago()),
+        (false, None) => Some(day_ago()),
         (false, Some(_)) => None,
     };
     let window = Window {
